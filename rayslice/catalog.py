@@ -1,0 +1,362 @@
+"""The TPU catalog: every accelerator type rayslice knows, derived from per-generation rules.
+
+Nothing else in rayslice hard-codes a TPU fact (chips per host, a topology, a runtime version,
+a machine type, a zone). A generation is a handful of numbers in `GENERATIONS`; every slice
+shape is generated from them, for two platforms that disagree in small ways:
+
+* ``tpu-vm`` follows the Cloud TPU VM API: the 8-chip v5e/v6e shape is ONE 8-chip host and
+  tpu7x/tpu7 are not served at all.
+* ``gke`` follows GKE's TPU node pools as xpk v1.13 describes them: every multi-chip node has
+  4 chips, so ``v6e-8`` is a 2x4 topology on two ``ct6e-standard-4t`` nodes.
+
+Names are accepted as ``<gen>-<N>`` (N counts TensorCores for v2/v3/v4/v5p/tpu7x, chips for
+v5e/v6e), as ``<gen>-<topology>`` and with the GKE accelerator label as the prefix
+(``tpu-v6e-slice-16``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+from dataclasses import dataclass
+from functools import cache
+
+PLATFORMS = ("tpu-vm", "gke")
+
+# Ironwood (tpu7x) and the Ray/JAX stacks that run on it are GKE-only today.
+GKE_ONLY_HINT = "use --platform gke (set rayslice:platform to gke); the Cloud TPU VM API does not serve it"
+
+
+class CatalogError(ValueError):
+    """An accelerator type or platform the catalog does not know; the message says what to use."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The few numbers that define a TPU generation; every shape is derived from them."""
+
+    name: str  # canonical prefix of accelerator type names
+    aliases: tuple[str, ...]  # other prefixes users write (GKE label, marketing name)
+    tensorcores_per_chip: int
+    rank: int  # 2-D or 3-D torus
+    max_chips: int  # largest slice
+    gke_accelerator: str | None  # node label value; None: not on GKE
+    gke_machine_family: str | None  # machine type without the "-<chips>t" suffix
+    runtime_version: str | None  # default TPU VM runtime; None: not on the TPU VM API
+    runtime_marker: str  # substring that marks a runtime version as this generation's
+    zones: tuple[str, ...]  # documented zones (docs snapshot; may be stale)
+    multislice: bool
+    # xpk's choice of which topology owns "<gen>-<N>" when several have N chips: the most
+    # cube-like one for up to `cubic_alias_max_cubes` 4x4x4 cubes, otherwise the first one
+    # generated, except for the documented shapes in `cubic_alias_shapes`.
+    cubic_alias_max_cubes: int = 0
+    cubic_alias_shapes: tuple[str, ...] = ()
+    # 3-D generations list topologies with non-decreasing dimensions unless this is False.
+    nondecreasing: bool = True
+    # Smallest slice each platform offers (v6e-1 exists, v5p-2 does not).
+    tpu_vm_min_chips: int = 4
+    gke_min_chips: int = 4
+    # TPU VM API: the 8-chip shape is a single 8-chip host (v5e, v6e).
+    tpu_vm_single_host_8: bool = False
+    # Multi-host node pools on GKE need a workload policy instead of COMPACT placement.
+    gke_workload_policy: bool = False
+
+    @property
+    def counts_tensorcores(self) -> bool:
+        return self.tensorcores_per_chip == 2
+
+
+_UBUNTU_BASE = "tpu-ubuntu2204-base"
+
+GENERATIONS: tuple[Generation, ...] = (
+    Generation(
+        name="v2", aliases=(), tensorcores_per_chip=2, rank=2, max_chips=256,
+        gke_accelerator=None, gke_machine_family=None, runtime_version=_UBUNTU_BASE,
+        runtime_marker="", multislice=False,
+        zones=("us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "asia-east1-c"),
+    ),
+    Generation(
+        name="v3", aliases=(), tensorcores_per_chip=2, rank=2, max_chips=1024,
+        gke_accelerator=None, gke_machine_family=None, runtime_version=_UBUNTU_BASE,
+        runtime_marker="", multislice=False,
+        zones=("us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"),
+    ),
+    Generation(
+        name="v4", aliases=("tpu-v4-podslice",), tensorcores_per_chip=2, rank=3, max_chips=4096,
+        gke_accelerator="tpu-v4-podslice", gke_machine_family="ct4p-hightpu",
+        runtime_version=_UBUNTU_BASE, runtime_marker="", multislice=True,
+        zones=("us-central2-b",), nondecreasing=False,
+        cubic_alias_shapes=("4x8x8", "8x8x8", "8x8x12", "8x8x16", "8x16x16"),
+    ),
+    Generation(
+        name="v5litepod", aliases=("v5e", "tpu-v5-lite-podslice"), tensorcores_per_chip=1,
+        rank=2, max_chips=256, gke_accelerator="tpu-v5-lite-podslice",
+        gke_machine_family="ct5lp-hightpu", runtime_version="v2-alpha-tpuv5-lite",
+        runtime_marker="tpuv5-lite", multislice=True, tpu_vm_single_host_8=True,
+        tpu_vm_min_chips=1, gke_min_chips=8,
+        zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a", "europe-west4-b"),
+    ),
+    Generation(
+        name="v5p", aliases=("tpu-v5p-slice",), tensorcores_per_chip=2, rank=3, max_chips=8960,
+        gke_accelerator="tpu-v5p-slice", gke_machine_family="ct5p-hightpu",
+        runtime_version="v2-alpha-tpuv5", runtime_marker="tpuv5", multislice=True,
+        zones=("us-central1-a", "us-east5-a"),
+        cubic_alias_max_cubes=96, cubic_alias_shapes=("12x24x24", "16x20x28"),
+    ),
+    Generation(
+        name="v6e", aliases=("tpu-v6e-slice",), tensorcores_per_chip=1, rank=2, max_chips=256,
+        gke_accelerator="tpu-v6e-slice", gke_machine_family="ct6e-standard",
+        runtime_version="v2-alpha-tpuv6e", runtime_marker="tpuv6e", multislice=True,
+        tpu_vm_single_host_8=True, tpu_vm_min_chips=1, gke_min_chips=1,
+        zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+    ),
+    Generation(
+        name="tpu7x", aliases=("ironwood",), tensorcores_per_chip=2, rank=3, max_chips=9216,
+        gke_accelerator="tpu7x", gke_machine_family="tpu7x-standard", runtime_version=None,
+        runtime_marker="tpu7x", multislice=True, zones=("us-central1-c",),
+        gke_workload_policy=True, gke_min_chips=1, cubic_alias_max_cubes=96,
+        cubic_alias_shapes=("12x24x24", "16x16x32", "16x20x28", "16x24x24"),
+    ),
+    Generation(
+        name="tpu7", aliases=(), tensorcores_per_chip=2, rank=3, max_chips=256,
+        gke_accelerator="tpu7", gke_machine_family="tpu7-standard", runtime_version=None,
+        runtime_marker="tpu7-", multislice=True, zones=("us-central1-c",),
+        gke_workload_policy=True, gke_min_chips=1, cubic_alias_max_cubes=96,
+    ),
+)
+
+_BY_PREFIX = {p: g for g in GENERATIONS for p in (g.name, *g.aliases)}
+
+
+@dataclass(frozen=True)
+class TpuType:
+    """One slice shape on one platform; `as_json` is the CLI's and the docs' view of it."""
+
+    accelerator_type: str
+    generation: str
+    platform: str
+    chips: int
+    tensorcores: int
+    hosts: int
+    chips_per_host: int
+    topology: str
+    runtime_version: str | None
+    machine_type: str | None
+    gke_accelerator: str | None
+    placement: str | None  # "COMPACT", "workload-policy" or None (single host / TPU VM API)
+    zones: tuple[str, ...]
+    multislice: bool
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def ray_head_resource(self) -> str:
+        """The resource Ray's TPU detection puts on worker 0 of a slice of this type."""
+        return f"TPU-{self.accelerator_type}-head"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "accelerator_type": self.accelerator_type,
+            "generation": self.generation,
+            "platform": self.platform,
+            "chips": self.chips,
+            "tensorcores": self.tensorcores,
+            "hosts": self.hosts,
+            "chips_per_host": self.chips_per_host,
+            "topology": self.topology,
+            "runtime_version": self.runtime_version,
+            "machine_type": self.machine_type,
+            "gke_accelerator": self.gke_accelerator,
+            "placement": self.placement,
+            "zones": list(self.zones),
+            "multislice": self.multislice,
+        }
+
+
+def parse_topology(topology: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in topology.split("x"))
+
+
+def _product(dims: tuple[int, ...]) -> int:
+    return math.prod(dims)
+
+
+def _topologies(gen: Generation) -> list[str]:
+    """All topologies of a generation, in the order that decides ownership of "<gen>-<N>"."""
+    if gen.rank == 2:
+        # 2-D tori double one side at a time: 1x1, 2x2, 2x4, 4x4, 4x8, ...
+        shapes = ["1x1"]
+        side = 2
+        while side * side <= gen.max_chips:
+            shapes.append(f"{side}x{side}")
+            if side * side * 2 <= gen.max_chips:
+                shapes.append(f"{side}x{side * 2}")
+            side *= 2
+        return shapes
+    # 3-D tori: the sub-cube shapes, then multiples of the 4x4x4 cube up to the pod size.
+    shapes = ["1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"]
+    max_cubes = gen.max_chips // 64
+    sides = range(4, 257, 4)
+    for x, y, z in itertools.product(sides, repeat=3):
+        if gen.nondecreasing and not x <= y <= z:
+            continue
+        if (x // 4) * (y // 4) * (z // 4) <= max_cubes:
+            shapes.append(f"{x}x{y}x{z}")
+    return shapes
+
+
+def _alias_owner(gen: Generation, candidates: list[str]) -> str:
+    """Which of the topologies with the same chip count the name "<gen>-<N>" means."""
+    chips = _product(parse_topology(candidates[0]))
+    cubic = min(candidates, key=lambda t: (max(parse_topology(t)), sum(parse_topology(t))))
+    if chips // 64 <= gen.cubic_alias_max_cubes or cubic in gen.cubic_alias_shapes:
+        return cubic
+    return candidates[0]
+
+
+def _chips_per_host(gen: Generation, platform: str, chips: int) -> int:
+    if chips == 1:
+        return 1
+    if platform == "tpu-vm" and gen.tpu_vm_single_host_8 and chips == 8:
+        return 8
+    return 4 if chips >= 4 else chips
+
+
+def _placement(gen: Generation, platform: str, hosts: int) -> str | None:
+    if platform != "gke" or hosts == 1:
+        return None
+    return "workload-policy" if gen.gke_workload_policy else "COMPACT"
+
+
+def _offered(gen: Generation, platform: str, topology: str) -> bool:
+    chips = _product(parse_topology(topology))
+    if platform == "tpu-vm":
+        return gen.runtime_version is not None and chips >= gen.tpu_vm_min_chips
+    return gen.gke_accelerator is not None and chips >= gen.gke_min_chips
+
+
+def _make(gen: Generation, platform: str, topology: str) -> TpuType:
+    chips = _product(parse_topology(topology))
+    per_host = _chips_per_host(gen, platform, chips)
+    hosts = chips // per_host
+    tensorcores = chips * gen.tensorcores_per_chip
+    return TpuType(
+        accelerator_type=f"{gen.name}-{tensorcores}",
+        generation=gen.name,
+        platform=platform,
+        chips=chips,
+        tensorcores=tensorcores,
+        hosts=hosts,
+        chips_per_host=per_host,
+        topology=topology,
+        runtime_version=gen.runtime_version if platform == "tpu-vm" else None,
+        machine_type=f"{gen.gke_machine_family}-{per_host}t" if platform == "gke" else None,
+        gke_accelerator=gen.gke_accelerator if platform == "gke" else None,
+        placement=_placement(gen, platform, hosts),
+        zones=gen.zones,
+        multislice=gen.multislice,
+    )
+
+
+@cache
+def table(platform: str) -> dict[str, TpuType]:
+    """Every accepted canonical name ("<gen>-<N>" and "<gen>-<topology>") on a platform."""
+    _check_platform(platform)
+    names: dict[str, TpuType] = {}
+    for gen in GENERATIONS:
+        by_chips: dict[int, list[str]] = {}
+        for topology in _topologies(gen):
+            if not _offered(gen, platform, topology):
+                continue
+            names[f"{gen.name}-{topology}"] = _make(gen, platform, topology)
+            by_chips.setdefault(_product(parse_topology(topology)), []).append(topology)
+        for candidates in by_chips.values():
+            shape = _make(gen, platform, _alias_owner(gen, candidates))
+            names[shape.accelerator_type] = shape
+    return names
+
+
+def _check_platform(platform: str) -> None:
+    if platform not in PLATFORMS:
+        raise CatalogError(f"unknown platform {platform!r}; use one of: {', '.join(PLATFORMS)}")
+
+
+def generation(name: str) -> Generation:
+    """A generation by its name or any alias (``v5e``, ``tpu-v6e-slice``)."""
+    try:
+        return _BY_PREFIX[name.strip().lower()]
+    except KeyError:
+        known = ", ".join(g.name for g in GENERATIONS)
+        raise CatalogError(f"unknown TPU generation {name!r}; known generations: {known}") from None
+
+
+_NAME = re.compile(r"^(?P<prefix>[a-z0-9-]+?)-(?P<size>\d+(?:x\d+)*)$")
+
+
+def canonical_name(name: str) -> str:
+    """Rewrite alias prefixes to the canonical one: ``tpu-v6e-slice-4x4`` -> ``v6e-4x4``."""
+    text = name.strip().lower()
+    match = _NAME.match(text)
+    if match and match["prefix"] in _BY_PREFIX:
+        return f"{_BY_PREFIX[match['prefix']].name}-{match['size']}"
+    return text
+
+
+def lookup(name: str, platform: str = "tpu-vm") -> TpuType:
+    """Resolve an accelerator type on a platform, or raise CatalogError saying what to use."""
+    shapes = table(platform)
+    key = canonical_name(name)
+    if key in shapes:
+        return shapes[key]
+    raise CatalogError(_unknown_message(name, key, platform))
+
+
+def _unknown_message(name: str, key: str, platform: str) -> str:
+    match = _NAME.match(key)
+    gen = _BY_PREFIX.get(match["prefix"]) if match else None
+    if gen is not None and platform == "tpu-vm" and gen.runtime_version is None:
+        return f"{gen.name} is not available on the TPU VM API: {GKE_ONLY_HINT}"
+    if gen is not None and platform == "gke" and gen.gke_accelerator is None:
+        return f"{gen.name} is not available on GKE: use --platform tpu-vm"
+    suggestions = closest(key, platform)
+    return (
+        f"unknown accelerator type {name!r} on {platform}; closest valid types: "
+        f"{', '.join(suggestions)} (run `rayslice catalog --platform {platform}` for all)"
+    )
+
+
+def closest(key: str, platform: str, count: int = 3) -> list[str]:
+    """The valid names nearest to `key`: same generation by size when it parses, else by spelling."""
+    shapes = table(platform)
+    match = _NAME.match(key)
+    gen = _BY_PREFIX.get(match["prefix"]) if match else None
+    if gen is not None and "x" not in match["size"]:
+        wanted = int(match["size"])
+        sizes = sorted(
+            {s.tensorcores if gen.counts_tensorcores else s.chips for s in shapes.values() if s.generation == gen.name},
+            key=lambda n: (abs(n - wanted), n),
+        )
+        if sizes:
+            return [f"{gen.name}-{n}" for n in sizes[:count]]
+    plain = [n for n in shapes if "x" not in n.split("-")[-1]]
+    return difflib.get_close_matches(key, plain, n=count, cutoff=0.0)
+
+
+def generations(platform: str) -> list[Generation]:
+    """Generations that have at least one shape on a platform."""
+    present = {t.generation for t in table(platform).values()}
+    return [g for g in GENERATIONS if g.name in present]
+
+
+def runtime_generations(runtime_version: str) -> list[str]:
+    """The generations a TPU VM runtime version is built for (the Ubuntu base serves v2-v4)."""
+    marked = [g.name for g in GENERATIONS if g.runtime_marker and g.runtime_marker in runtime_version]
+    if "tpuv5-lite" in runtime_version or "v5litepod" in runtime_version:
+        return ["v5litepod"]
+    if marked:
+        return marked
+    return [g.name for g in GENERATIONS if g.runtime_version == _UBUNTU_BASE]

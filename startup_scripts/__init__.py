@@ -1,0 +1,1 @@
+"""Boot scripts for TPU hosts, rendered from Jinja templates (`rayslice.startup_scripts`)."""

@@ -1,0 +1,1 @@
+"""Bundled XLA (device-centric) and JAX (host-centric) jobs (`rayslice.workloads`)."""
