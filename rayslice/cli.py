@@ -94,6 +94,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- render ----------------------------------------------------------------------------------
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    from rayslice import startup_scripts
+
+    sys.stdout.write(startup_scripts.render(spec_from_args(args, require_zone=False)))
+    return 0
+
+
 # ---- wiring ----------------------------------------------------------------------------------
 
 Registrar = Callable[[argparse._SubParsersAction], None]
@@ -109,6 +118,10 @@ def _register_core(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a configuration without creating anything")
     add_spec_args(p)
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("render", help="print the boot script every host of a slice runs")
+    add_spec_args(p)
+    p.set_defaults(func=_cmd_render)
 
 
 REGISTRARS: list[Registrar] = [_register_core]

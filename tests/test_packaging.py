@@ -1,0 +1,26 @@
+"""The built wheel: folders map onto rayslice.* and nothing else lands at the top level."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+
+from tests.conftest import REPO
+
+
+def test_wheel_has_only_the_rayslice_package(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path), str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )
+    [wheel] = tmp_path.glob("rayslice-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"rayslice"}
+    for sub in ("infra", "startup_scripts", "workloads", "local"):
+        assert f"rayslice/{sub}/__init__.py" in names
+    assert "rayslice/startup_scripts/startup.sh.j2" in names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "rayslice = rayslice.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
