@@ -124,7 +124,25 @@ def _register_core(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_render)
 
 
-REGISTRARS: list[Registrar] = [_register_core]
+def _register_preview(sub: argparse._SubParsersAction) -> None:
+    from rayslice.preview import register  # rayslice.preview imports this module
+
+    register(sub)
+
+
+def _register_local(sub: argparse._SubParsersAction) -> None:
+    from rayslice.local.cli import register  # rayslice.local.cli imports this module
+
+    register(sub)
+
+
+def _register_run(sub: argparse._SubParsersAction) -> None:
+    from rayslice.workloads._submit import register  # rayslice.workloads._submit imports this module
+
+    register(sub)
+
+
+REGISTRARS: list[Registrar] = [_register_core, _register_preview, _register_local, _register_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,45 @@
+"""The Pulumi program `pulumi up` runs: stack config -> `ClusterSpec` -> `TpuRayCluster`.
+
+Kept apart from `__main__.py` so `rayslice preview` and the tests run the very same function
+under Pulumi's mocks. The spec is validated before any resource is declared: a bad config
+fails with the spec's messages and registers nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi.runtime
+
+from rayslice import spec
+from rayslice.infra.cluster import TpuRayCluster, TpuRayClusterArgs
+
+
+def _config_value(key: str) -> Any:
+    namespace, _, name = key.partition(":")
+    return pulumi.Config(namespace).get(name)
+
+
+def _config_keys() -> set[str]:
+    """Every config key the stack sets, so a misspelt ``rayslice:`` key is reported, not ignored.
+
+    The Pulumi SDK has no public "list config keys"; the engine hands the program its config
+    either through `set_all_config` (held in `pulumi.runtime.config.CONFIG`) or the
+    ``PULUMI_CONFIG`` environment variable, so both are read.
+    """
+    return set(pulumi.runtime.config.CONFIG.get()) | set(pulumi.runtime.get_config_env())
+
+
+def read_spec() -> spec.ClusterSpec:
+    """The stack's validated spec (raises `spec.SpecError` listing every problem)."""
+    return spec.load(spec.from_namespaced(_config_value, _config_keys()))
+
+
+def main() -> TpuRayCluster:
+    """Declare the cluster and export what a user needs next."""
+    cluster_spec = read_spec()
+    cluster = TpuRayCluster(cluster_spec.name, TpuRayClusterArgs(spec=cluster_spec))
+    for key, value in cluster.exports.items():
+        pulumi.export(key, value)
+    return cluster

@@ -1,0 +1,133 @@
+"""`rayslice preview`: what `pulumi up` would create, computed offline.
+
+Runs the real Pulumi program (`rayslice.infra.program.main`) under Pulumi's mocks with the
+stack file's config and ``--set`` overrides, and prints every resource it registers with its
+inputs, as a tree. No Pulumi CLI, credentials or network are needed, so infrastructure repos
+can run it in CI. An invalid config fails with the spec's messages before any resource is
+registered.
+
+Output formats live in `FORMATS` (name -> renderer of the recorded registrations); a new
+format (a RayCluster manifest as YAML, say) is one more entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any, Callable
+
+from rayslice import cli, spec
+
+if TYPE_CHECKING:
+    from rayslice.infra.mocks import Registration
+
+# Strings longer than this are shown as their size and hash (the startup script, mostly).
+_LONG = 160
+SECRET_SHOWN = "[secret]"
+
+
+def stack_config(stack_file: str | None, overrides: list[str]) -> dict[str, str]:
+    """Pulumi config (``rayslice:KEY`` -> string) from a stack file and ``--set`` pairs.
+
+    Values are stringified the way the Pulumi CLI hands them to a program: structured values
+    as JSON, booleans as ``true``/``false``.
+    """
+    raw = dict(spec.read_stack_file(stack_file)) if stack_file else {}
+    raw.update(spec.parse_overrides(overrides))
+    return {f"{spec.NAMESPACE}:{key}": _config_string(value) for key, value in raw.items()}
+
+
+def _config_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def display_type(token: str) -> str:
+    """``gcp:tpu/v2Vm:V2Vm`` -> ``gcp.tpu.V2Vm`` (the class a Python program would use)."""
+    package, module, kind = token.split(":")
+    lower = kind[:1].lower() + kind[1:]
+    module = module.removesuffix(f"/{lower}")
+    return ".".join(part for part in (package, module, kind) if part and part != "index")
+
+
+def shown_inputs(registration: "Registration") -> dict[str, Any]:
+    """A resource's inputs as printed: secrets masked, long strings summarised."""
+    return {key: SECRET_SHOWN if key in registration.secret_inputs else _summarise(value)
+            for key, value in sorted(registration.inputs.items())}
+
+
+def _summarise(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # the engine's wire format has only floats
+    if isinstance(value, str) and len(value) > _LONG:
+        digest = hashlib.sha256(value.encode()).hexdigest()[:12]
+        return f"<{len(value.encode())} bytes, sha256 {digest}>"
+    if isinstance(value, dict):
+        return {k: _summarise(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_summarise(v) for v in value]
+    return value
+
+
+def render_tree(registrations: list["Registration"]) -> str:
+    """Each resource under its parent, with one line per input."""
+    urns = {r.urn for r in registrations}
+    children: dict[str, list[Registration]] = {}
+    for r in registrations:
+        children.setdefault(r.parent if r.parent in urns else "", []).append(r)
+    lines: list[str] = []
+
+    def show(r: Registration, head: str, inner: str) -> None:
+        lines.append(f"{head}{display_type(r.type)}  {r.name}")
+        bar = "│   " if children.get(r.urn) else "    "
+        for key, value in shown_inputs(r).items():
+            lines.append(f"{inner}{bar}{key}: {json.dumps(value, separators=(', ', ': '))}")
+        kids = sorted(children.get(r.urn, []), key=lambda k: (k.custom, k.type, k.name))
+        for i, kid in enumerate(kids):
+            last = i == len(kids) - 1
+            show(kid, inner + ("└── " if last else "├── "), inner + ("    " if last else "│   "))
+
+    for root in children.get("", []):
+        show(root, "", "")
+    custom = sum(r.custom for r in registrations)
+    lines.append(f"\n{custom} cloud resources in {len(registrations) - custom} components "
+                 "(offline preview under Pulumi mocks; names and inputs are real, outputs are fake)")
+    return "\n".join(lines)
+
+
+def render_json(registrations: list["Registration"]) -> str:
+    """Machine-readable: one object per resource (type token, name, parent URN, inputs)."""
+    return json.dumps([
+        {"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent, "custom": r.custom,
+         "inputs": shown_inputs(r)}
+        for r in registrations
+    ], indent=2)
+
+
+FORMATS: dict[str, Callable[[list["Registration"]], str]] = {"tree": render_tree, "json": render_json}
+
+
+def preview(config: dict[str, str]) -> list["Registration"]:
+    """Run the Pulumi program offline with `config`; the resources it registered, in order."""
+    # Imported here, not at the top: `rayslice` commands that never touch Pulumi stay fast.
+    from rayslice.infra.mocks import run_offline
+    from rayslice.infra.program import main
+
+    return run_offline(main, config).registrations
+
+
+def _cmd_preview(args: argparse.Namespace) -> int:
+    registrations = preview(stack_config(args.stack_file, args.overrides))
+    print(FORMATS[args.output](registrations))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("preview", help="show the cloud resources `pulumi up` would create (offline, no credentials)")
+    cli.add_spec_args(p)
+    p.add_argument("--output", choices=sorted(FORMATS), default="tree", help="tree (default) or json")
+    p.set_defaults(func=_cmd_preview)

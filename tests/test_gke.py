@@ -1,0 +1,201 @@
+"""platform=gke under Pulumi's mocks: node pools, placement, selectors and resources per shape.
+
+Expected shapes come from xpk's table (../shared/reference/gke-tpu-system-characteristics.csv),
+not from the catalog under test, so a catalog or planning mistake shows up as a mismatch.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+import pulumi
+import pytest
+
+from rayslice import spec as specs
+from rayslice.infra.gke import GkeTpuCluster, GkeTpuClusterArgs, check
+from rayslice.infra.gke_cluster import GkePlanError
+from rayslice.infra.network import ClusterNetwork, ClusterNetworkArgs
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
+RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+SERVICE = "kubernetes:core/v1:Service"
+
+ZONES = {"v6e": "us-east5-b", "v5p": "us-east5-a", "tpu7x": "us-central1-c"}
+
+
+class Recorder(pulumi.runtime.Mocks):
+    """Records every registered resource; fakes the few outputs the program reads back."""
+
+    def __init__(self) -> None:
+        self.resources: dict[str, list[pulumi.runtime.MockResourceArgs]] = defaultdict(list)
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources[args.typ].append(args)
+        outputs = dict(args.inputs)
+        if args.typ == CLUSTER:
+            outputs.update(endpoint="203.0.113.10", masterAuth={"clusterCaCertificate": "Q0E="})
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
+            return {"project": "mock-project"}
+        if args.token == "gcp:container/getCluster:getCluster":
+            return {"endpoint": "203.0.113.20", "masterAuths": [{"clusterCaCertificate": "Q0E="}]}
+        raise AssertionError(f"unexpected call {args.token}")
+
+
+def deploy(cluster_spec: specs.ClusterSpec) -> Recorder:
+    """Run the GKE component under mocks; return what it registered."""
+    recorder = Recorder()
+    pulumi.runtime.set_mocks(recorder, project="rayslice", stack="test", preview=False)
+
+    @pulumi.runtime.test
+    def program() -> pulumi.Output:
+        network = ClusterNetwork("net", ClusterNetworkArgs(spec=cluster_spec))
+        cluster = GkeTpuCluster("gke", GkeTpuClusterArgs(spec=cluster_spec, network=network))
+        return cluster.kubeconfig
+
+    program()
+    return recorder
+
+
+def gke_spec(accelerator: str, **extra: Any) -> specs.ClusterSpec:
+    zone = ZONES[accelerator.split("-")[0]]
+    return specs.load({"platform": "gke", "acceleratorType": accelerator, "zone": zone, "name": "demo", **extra})
+
+
+@pytest.fixture(scope="module")
+def xpk(shared_dir) -> dict[str, dict[str, str]]:
+    path = shared_dir / "reference" / "gke-tpu-system-characteristics.csv"
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    return {row["accelerator_type"]: row for row in csv.DictReader(lines)}
+
+
+CASES = [("v6e-4", 1), ("v6e-16", 1), ("v5p-16", 1), ("v6e-16", 2), ("tpu7x-16", 1)]
+
+
+@pytest.mark.parametrize("accelerator,slices", CASES, ids=[f"{s}x{a}" for a, s in CASES])
+def test_node_pools_and_raycluster_follow_the_xpk_shape(accelerator, slices, xpk):
+    row = xpk[accelerator]
+    hosts, per_host = int(row["hosts"]), int(row["chips_per_host"])
+    recorder = deploy(gke_spec(accelerator, slices=slices))
+
+    pools = {p.inputs["name"]: p.inputs for p in recorder.resources[NODE_POOL]}
+    assert set(pools) == {"demo-head", *(f"demo-slice-{i}" for i in range(slices))}
+    for i in range(slices):
+        pool = pools[f"demo-slice-{i}"]
+        assert pool["nodeConfig"]["machineType"] == row["machine_type"]
+        assert pool["nodeCount"] == hosts
+        assert pool["nodeLocations"] == [pool["location"]]
+        assert pool["nodeConfig"]["taints"] == [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}]
+        placement = pool.get("placementPolicy")
+        if hosts == 1:
+            assert placement is None
+        elif accelerator.startswith("tpu7x"):
+            assert placement == {"type": "COMPACT", "policyName": "demo-tpu-policy"}
+        else:
+            assert placement == {"type": "COMPACT", "tpuTopology": row["topology"]}
+    policies = recorder.resources[POLICY]
+    if accelerator.startswith("tpu7x"):
+        assert [p.inputs["workloadPolicy"] for p in policies] == [{"type": "HIGH_THROUGHPUT", "acceleratorTopology": row["topology"]}]
+    else:
+        assert policies == []
+
+    [ray_cluster] = recorder.resources[RAYCLUSTER]
+    [group] = ray_cluster.inputs["spec"]["workerGroupSpecs"]
+    pod = group["template"]["spec"]
+    assert group["numOfHosts"] == hosts and group["replicas"] == slices
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": row["gke_accelerator"],
+                                   "cloud.google.com/gke-tpu-topology": row["topology"]}
+    container = pod["containers"][0]
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"google.com/tpu": str(per_host)}
+    assert {"name": "megascale", "containerPort": 8081} in container["ports"]
+    taint = pools["demo-slice-0"]["nodeConfig"]["taints"][0]
+    assert {"key": taint["key"], "operator": "Equal", "value": taint["value"], "effect": "NoSchedule"} in pod["tolerations"]
+    assert len(recorder.resources[SERVICE]) == slices * hosts
+
+
+def test_head_pool_and_cluster_settings():
+    recorder = deploy(gke_spec("v6e-16", headMachineType="n2-standard-8"))
+    [cluster] = recorder.resources[CLUSTER]
+    inputs = cluster.inputs
+    assert inputs["removeDefaultNodePool"] is True and inputs["initialNodeCount"] == 1
+    assert inputs["workloadIdentityConfig"] == {"workloadPool": "mock-project.svc.id.goog"}
+    assert inputs["releaseChannel"] == {"channel": "REGULAR"}
+    assert inputs["privateClusterConfig"]["enablePrivateNodes"] is True
+    assert inputs["network"] == "demo-net" and inputs["subnetwork"] == "demo-subnet"
+    assert "addonsConfig" not in inputs
+    nat = recorder.resources["gcp:compute/routerNat:RouterNat"]
+    assert len(nat) == 1
+    head = next(p.inputs for p in recorder.resources[NODE_POOL] if p.inputs["name"] == "demo-head")
+    assert head["nodeConfig"]["machineType"] == "n2-standard-8" and "taints" not in head["nodeConfig"]
+    [release] = recorder.resources[RELEASE]
+    assert release.inputs["chart"] == "kuberay-operator" and release.inputs["version"].startswith("1.7.")
+    [ray_cluster] = recorder.resources[RAYCLUSTER]
+    head_pod = ray_cluster.inputs["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head_pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "demo-head"}
+
+
+def test_spot_and_reservation_reach_every_tpu_pool():
+    spot = deploy(gke_spec("v6e-16", slices=2, capacity="spot"))
+    tpu_pools = [p.inputs for p in spot.resources[NODE_POOL] if p.inputs["name"] != "demo-head"]
+    assert [p["nodeConfig"].get("spot") for p in tpu_pools] == [True, True]
+    reserved = deploy(gke_spec("v6e-16", capacity="reserved", reservation="my-res"))
+    pool = next(p.inputs for p in reserved.resources[NODE_POOL] if p.inputs["name"] == "demo-slice-0")
+    assert pool["nodeConfig"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name", "values": ["my-res"]}
+    assert not pool["nodeConfig"].get("spot")
+
+
+def test_addon_replaces_the_helm_release():
+    recorder = deploy(gke_spec("v6e-16", kuberay="addon"))
+    [cluster] = recorder.resources[CLUSTER]
+    assert cluster.inputs["addonsConfig"] == {"rayOperatorConfigs": [{"enabled": True}]}
+    assert recorder.resources[RELEASE] == []
+    assert len(recorder.resources[RAYCLUSTER]) == 1
+
+
+def test_existing_cluster_gets_only_pools():
+    recorder = deploy(gke_spec("v6e-16", gkeCluster="team-cluster"))
+    assert recorder.resources[CLUSTER] == []
+    assert {p.inputs["cluster"] for p in recorder.resources[NODE_POOL]} == {"team-cluster"}
+
+
+def _tampered(cluster_spec: specs.ClusterSpec, **tpu_changes: Any) -> specs.ClusterSpec:
+    return dataclasses.replace(cluster_spec, tpu=dataclasses.replace(cluster_spec.tpu, **tpu_changes))
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"topology": "3x3"}, "topology 3x3 does not exist for v6e"),
+    ({"hosts": 2}, "2 hosts x 4 chips = 8 chips, but topology 4x4 has 16"),
+], ids=["topology", "num-hosts"])
+def test_inconsistent_shape_fails_before_any_resource(changes, message):
+    bad = _tampered(gke_spec("v6e-16"), **changes)
+    recorder = Recorder()
+    pulumi.runtime.set_mocks(recorder, preview=False)
+    with pytest.raises(GkePlanError, match=message):
+        GkeTpuCluster("gke", GkeTpuClusterArgs(spec=bad, network=None))  # type: ignore[arg-type]
+    assert not recorder.resources
+
+
+def test_tpu7x_without_workload_policy_is_refused():
+    bad = _tampered(gke_spec("tpu7x-16"), placement="COMPACT")
+    with pytest.raises(GkePlanError, match="multi-host tpu7x node pools need a workload policy"):
+        check(bad)
+
+
+def test_long_name_is_refused_with_the_length_to_use():
+    with pytest.raises(GkePlanError, match="shorten name to at most 32 characters"):
+        check(gke_spec("v6e-16", name="a" * 40))
+    check(gke_spec("v6e-16", name="a" * 32))  # "-slice-0" makes exactly 40
+
+
+def test_unknown_topology_is_a_spec_error_naming_valid_types():
+    with pytest.raises(specs.SpecError, match="unknown accelerator type 'v6e-3x3'"):
+        specs.load({"platform": "gke", "acceleratorType": "v6e-3x3", "zone": "us-east5-b"})
