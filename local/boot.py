@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--host-dir", type=Path, required=True, help="the host's directory (state.HostPaths)")
     parser.add_argument("--root", type=Path, required=True, help="RenderOptions.root the script was rendered with")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra script environment")
     args = parser.parse_args(argv)
     paths = HostPaths(args.host_dir)
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} boot {args.hostname}: running startup-script\n".encode())
     script_proc = subprocess.Popen(["/bin/bash", str(script_file)], stdin=subprocess.DEVNULL, stdout=console,
-                                   stderr=subprocess.STDOUT, env=host_environment(str(home)), cwd="/")
+                                   stderr=subprocess.STDOUT, env={**host_environment(str(home)), **dict(e.split("=", 1) for e in args.env)}, cwd="/")
     while True:  # init's job: reap everything, note the script's exit
         try:
             pid, status = os.wait()

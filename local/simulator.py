@@ -191,8 +191,12 @@ class Simulation:
         """The simulation's Ray token (rayAuth=token) for clients on this machine."""
         return self.state_dir / "ray-token"
 
-    def boot(self, name: str) -> None:
-        """Power the host on: a fresh PID/UTS/mount namespace runs the startup script (GCE runs it at every boot)."""
+    def boot(self, name: str, env: Mapping[str, str] | None = None) -> None:
+        """Power the host on: a fresh PID/UTS/mount namespace runs the startup script (GCE runs it at every boot).
+
+        `env` adds variables to the script's otherwise clean environment (tests shorten the
+        script's documented RAYSLICE_HEAD_DEADLINE_S with it).
+        """
         host = self.plan.host(name)
         if self.running(name):
             raise SimulatorError(f"host {name} is already running; use reboot")
@@ -202,7 +206,8 @@ class Simulation:
             "ip", "netns", "exec", host.netns,
             "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--",
             sys.executable, "-m", "rayslice.local.boot",
-            "--hostname", host.name, "--host-dir", str(paths.dir), "--root", self.plan.root])
+            "--hostname", host.name, "--host-dir", str(paths.dir), "--root", self.plan.root,
+            *(f"--env={key}={value}" for key, value in (env or {}).items())])
 
     def boot_all(self) -> None:
         for host in self.plan.hosts:
@@ -302,7 +307,7 @@ class Simulation:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
         with opener.open(request, timeout=timeout) as response:
             nodes = json.load(response)["data"]["result"]["result"]
-        return [{"ip": n["node_ip"], "head": n["is_head_node"], "resources": n["resources_total"],
+        return [{"id": n["node_id"], "ip": n["node_ip"], "head": n["is_head_node"], "resources": n["resources_total"],
                  "labels": n["labels"]} for n in nodes if n["state"] == "ALIVE"]
 
     def spec(self) -> ClusterSpec:

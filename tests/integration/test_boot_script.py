@@ -1,0 +1,154 @@
+"""The real boot script on simulated hosts: install, reuse, ordering, reboots, failures, rejoin.
+
+Every host runs the byte-identical output of `render()`; the only simulator knobs are the
+rendered ones (process supervisor, package source, root). These tests start real Ray nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rayslice import spec as spec_module
+from rayslice.local.simulator import Simulation
+from rayslice.startup_scripts import variables
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (network namespaces)"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELHOUSE = REPO / ".wheelhouse"
+
+
+def _spec(**raw: object) -> spec_module.ClusterSpec:
+    return spec_module.load({"acceleratorType": "v6e-16", **raw}, require_zone=False)
+
+
+def _all(state: str):
+    return lambda states: all(s == state for s in states.values())
+
+
+def _alive_tpu_nodes(sim: Simulation) -> list[dict]:
+    return [n for n in sim.ray_nodes() if n["resources"].get("TPU")]
+
+
+def _wait_nodes(sim: Simulation, count: int, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    nodes: list[dict] = []
+    while time.monotonic() < deadline:
+        try:
+            nodes = _alive_tpu_nodes(sim)
+        except OSError:
+            nodes = []
+        if len(nodes) == count:
+            return nodes
+        time.sleep(2)
+    raise AssertionError(f"expected {count} alive TPU nodes, saw {len(nodes)}: {[n['node_ip'] for n in nodes]}")
+
+
+def _log(sim: Simulation, host: str) -> str:
+    return (sim.paths(host).root / "var/log/rayslice/boot.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def slice16(tmp_path_factory):
+    """One v6e-16 slice whose metadata servers answer 503 for their first 6 seconds."""
+    sim = Simulation.create(_spec(), tmp_path_factory.mktemp("slice16") / "sim", metadata_unavailable_for=6)
+    try:
+        yield sim
+    finally:
+        sim.destroy()
+
+
+def test_workers_booted_before_the_head_join_once_it_appears(slice16):
+    sim = slice16
+    head = sim.plan.head.name
+    workers = [h.name for h in sim.plan.hosts if h.name != head]
+    for name in workers:
+        sim.boot(name)
+    sim.wait_for(lambda s: all(s[w] == "waiting-for-head" for w in workers), timeout=120)
+    sim.boot(head)
+    sim.wait_for(_all("joined"), timeout=180)
+    nodes = _wait_nodes(sim, 4, timeout=60)
+    assert sum(n["resources"]["TPU"] for n in nodes) == 16
+    assert sum(n["resources"].get("TPU-v6e-16-head", 0) for n in nodes) == 1
+    assert all(n["resources"].get("rayslice-slice-0") == 1 for n in nodes)
+    # The workers booted while their metadata servers still answered 503; retries rode it out.
+    for name in workers:
+        assert '" 503 ' in sim.paths(name).metadata_log.read_text(), name
+    assert all(sim.script_exit(h.name) == 0 for h in sim.plan.hosts)
+
+
+def test_second_boot_takes_the_fast_path_with_one_node_per_host(slice16):
+    sim = slice16
+    for host in sim.plan.hosts:
+        sim.reboot(host.name)
+    sim.wait_for(lambda s: all(sim.script_exit(h) == 0 for h in s), timeout=180)
+    nodes = _wait_nodes(sim, 4, timeout=180)
+    assert sorted(n["ip"] for n in nodes) == sorted(h.ip for h in sim.plan.hosts)
+    for host in sim.plan.hosts:
+        assert _log(sim, host.name).count("supervisor (process) started") == 2
+
+
+def test_every_worker_rejoins_after_a_head_restart(slice16):
+    sim = slice16
+    before = {n["id"] for n in _alive_tpu_nodes(sim)}
+    assert sim.restart_head_ray().returncode == 0
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            nodes = _alive_tpu_nodes(sim)
+        except OSError:
+            nodes = []
+        if len(nodes) == 4 and not before & {n["id"] for n in nodes}:
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError(f"workers did not rejoin: {[(n['node_ip'], n['node_id'][:8]) for n in nodes]}")
+    assert sorted(n["ip"] for n in nodes) == sorted(h.ip for h in sim.plan.hosts)
+
+
+def test_a_head_that_never_appears_fails_after_the_deadline(simulation_dir):
+    sim = Simulation.create(_spec(rayAuth="none"), simulation_dir)
+    worker = next(h.name for h in sim.plan.hosts if h.name != sim.plan.head.name)
+    sim.boot(worker, env={"RAYSLICE_HEAD_DEADLINE_S": "4"})
+    states = sim.wait_for(lambda s: s[worker].startswith("failed"), timeout=120)
+    assert states[worker] == f"failed: head {sim.plan.head.ip}:6379 not reachable after 4s"
+    sim.wait_for(lambda s: sim.script_exit(worker) is not None, timeout=30)
+    assert sim.script_exit(worker) == 1
+
+
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    """A local wheelhouse with the jax preset, Ray and uv, as an offline site would keep one."""
+    lines = variables.requirement_lines(_spec(acceleratorType="v6e-4"))
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                    "-d", str(WHEELHOUSE), *lines, "uv"], check=True, capture_output=True, timeout=1800)
+    return WHEELHOUSE
+
+
+def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhouse):
+    sim = Simulation.create(_spec(acceleratorType="v6e-4", rayAuth="none"), simulation_dir,
+                            package_source=f"wheels:{wheelhouse}")
+    [host] = [h.name for h in sim.plan.hosts]
+    sim.boot(host)
+    sim.wait_for(_all("joined"), timeout=600)
+    log = _log(sim, host)
+    assert "installing jax[tpu]" in log and "installing uv" in log
+    venv_ray = sim.paths(host).root / "opt/rayslice/venv/bin/ray"
+    assert venv_ray.exists()
+    assert _wait_nodes(sim, 1, timeout=60)[0]["resources"]["TPU"] == 4
+
+    sim.reboot(host)
+    sim.wait_for(lambda s: sim.script_exit(host) == 0, timeout=180)
+    log = _log(sim, host)
+    assert log.count("installing jax[tpu]") == 1
+    assert "requirements unchanged" in log
+    assert _wait_nodes(sim, 1, timeout=120)[0]["resources"]["TPU"] == 4
