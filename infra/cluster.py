@@ -8,7 +8,8 @@
 
 On the TPU VM API it builds the network, the firewall, the hosts' identity, the CPU head VM
 (``head=vm``) and one `TpuSlice` per slice, all rendered from the same boot script. With
-``platform=gke`` it builds the network and hands the rest to `rayslice.infra.gke`.
+``platform=gke`` it builds the network (none for an existing ``gkeCluster``, which has its own)
+and hands the rest to `rayslice.infra.gke`.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class TpuRayCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: TpuRayClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:TpuRayCluster", name, None, opts)
         spec = args.spec
-        self.network = ClusterNetwork(f"{name}-network", ClusterNetworkArgs(spec=spec), pulumi.ResourceOptions(parent=self))
+        self.network = None if spec.gke_cluster else ClusterNetwork(
+            f"{name}-network", ClusterNetworkArgs(spec=spec), pulumi.ResourceOptions(parent=self))
         if spec.platform == "gke":
             self.exports = self._gke(name, spec)
         else:
@@ -74,6 +76,7 @@ class TpuRayCluster(pulumi.ComponentResource):
         return dict(self.gke.exports)
 
     def _tpu_vm(self, name: str, spec: ClusterSpec) -> dict[str, Any]:
+        assert self.network is not None, "gkeCluster is refused for platform=tpu-vm by the spec"
         child = pulumi.ResourceOptions(parent=self)
         assert spec.zone is not None
         zone, project = spec.zone, spec.project

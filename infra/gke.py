@@ -1,8 +1,8 @@
 """`GkeTpuCluster`: ``platform=gke`` end to end — the GKE cluster with its node pools, then
 KubeRay and the Ray cluster on it, reached through a kubeconfig that never holds a key.
 
-`check` is the pure gate: it plans the node pools and builds every Kubernetes object, and
-raises on any inconsistency, so callers can run it before registering any resource.
+User input was validated by `rayslice.spec.load`; the pure planners this component calls
+(`tpu_pool_plans`, `manifests`) only assert the catalog's consistency with GKE and KubeRay.
 """
 
 from __future__ import annotations
@@ -15,17 +15,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from rayslice.infra import access
-from rayslice.infra.gke_cluster import GkeCluster, GkeClusterArgs, check_plans
-from rayslice.infra.kuberay import KubeRay, KubeRayArgs, NAMESPACE, head_service_name, manifests
+from rayslice.infra.gke_cluster import GkeCluster, GkeClusterArgs
+from rayslice.infra.kuberay import KubeRay, KubeRayArgs, NAMESPACE, head_service_name
 from rayslice.infra.network import ClusterNetwork
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import DASHBOARD_PORT
-
-
-def check(spec: ClusterSpec) -> None:
-    """Raise `GkePlanError` / ValueError if the spec's GKE resources would be inconsistent."""
-    check_plans(spec)
-    manifests(spec)
 
 
 def get_credentials_command(spec: ClusterSpec, cluster_name: str) -> str:
@@ -56,7 +50,7 @@ def token_command(spec: ClusterSpec) -> str | None:
 @dataclass(frozen=True)
 class GkeTpuClusterArgs:
     spec: ClusterSpec
-    network: ClusterNetwork  # used when rayslice creates the cluster
+    network: ClusterNetwork | None  # where rayslice creates the cluster; None with gkeCluster
 
 
 class GkeTpuCluster(pulumi.ComponentResource):
@@ -74,11 +68,9 @@ class GkeTpuCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GkeTpuClusterArgs, opts: pulumi.ResourceOptions | None = None):
         spec = args.spec
-        check(spec)  # before anything is registered
         super().__init__("rayslice:infra:GkeTpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.gke = GkeCluster(f"{name}-cluster", GkeClusterArgs(
-            spec=spec, network=args.network.network, subnetwork=args.network.subnetwork), child)
+        self.gke = GkeCluster(f"{name}-cluster", GkeClusterArgs(spec=spec, network=args.network), child)
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.gke.kubeconfig, opts=child)
         self.kuberay = KubeRay(f"{name}-kuberay", KubeRayArgs(
             spec=spec, provider=provider, operator_node_pool=self.gke.head_pool), child)

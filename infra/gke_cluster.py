@@ -1,9 +1,9 @@
 """The GKE cluster of ``platform=gke``: a cluster (or an existing one), a CPU pool for the Ray
 head and one TPU node pool per slice, shaped by the catalog.
 
-Each node pool is planned by a pure function (`tpu_pool_plans`) and checked (`plan_problems`)
-before any resource is registered, so a shape the catalog and GKE disagree on fails with a
-message instead of a half-created cluster. The component then only turns plans into resources.
+Each node pool is planned by a pure function (`tpu_pool_plans`) before the component registers
+anything; it asserts that the catalog's shape is one GKE accepts (`shape_problems`). User input
+was validated by `rayslice.spec.load` before that. The component only turns plans into resources.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import pulumi_gcp as gcp
 
 from rayslice import catalog
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.network import region_of
+from rayslice.infra.network import ClusterNetwork, region_of
 from rayslice.spec import ClusterSpec
 
-# GKE refuses node pool names longer than this.
-NODE_POOL_NAME_MAX = 40
 RELEASE_CHANNEL = "REGULAR"
 # GKE puts this taint on every TPU node; the pools declare it so the pods' toleration and the
 # nodes' taint are one fact (`TPU_TAINT`), checked together in the tests.
@@ -32,14 +30,6 @@ NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 OAUTH_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
-class GkePlanError(ValueError):
-    """The GKE resources planned for a spec are inconsistent; nothing was created."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("cannot plan the GKE cluster:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
 @dataclass(frozen=True)
 class TpuPoolPlan:
     """One TPU node pool = one slice: what GKE needs to place `hosts` nodes as one slice."""
@@ -48,10 +38,7 @@ class TpuPoolPlan:
     slice_index: int
     machine_type: str
     node_count: int
-    chips_per_host: int
     topology: str
-    gke_accelerator: str
-    generation: str
     # COMPACT placement with a tpu_topology (multi-host), a workload policy (tpu7x/tpu7
     # multi-host), or no placement at all (single host).
     placement: str | None
@@ -65,19 +52,23 @@ def head_pool_name(spec: ClusterSpec) -> str:
 
 
 def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
-    """One pool per slice from the catalog's GKE shape of the spec's accelerator type."""
+    """One pool per slice from the catalog's GKE shape of the spec's accelerator type.
+
+    `rayslice.spec.load` has refused every bad choice of the user's (unknown topology, a name
+    too long for a pool). What is asserted here is the catalog's own consistency with GKE, so
+    a catalog bug stops the program before a pool of the wrong shape is declared.
+    """
     tpu = spec.tpu
     assert spec.zone is not None and tpu.machine_type and tpu.gke_accelerator, "spec was validated for gke"
+    problems = shape_problems(tpu)
+    assert not problems, "catalog shape GKE would refuse: " + "; ".join(problems)
     return [
         TpuPoolPlan(
             name=spec.slice_name(i),
             slice_index=i,
             machine_type=tpu.machine_type,
             node_count=tpu.hosts,
-            chips_per_host=tpu.chips_per_host,
             topology=tpu.topology,
-            gke_accelerator=tpu.gke_accelerator,
-            generation=tpu.generation,
             placement=tpu.placement,
             zone=spec.zone,
             spot=spec.capacity == "spot",
@@ -87,56 +78,30 @@ def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
     ]
 
 
-def plan_problems(spec: ClusterSpec, plans: list[TpuPoolPlan]) -> list[str]:
-    """Everything wrong with the planned pools, each problem saying what to do.
+def shape_problems(tpu: catalog.TpuType) -> list[str]:
+    """How a GKE shape breaks GKE's rules for TPU node pools (empty when it is sound).
 
-    The spec has already been validated; these rules hold the catalog's shape to what GKE will
-    accept (rules the lead may move into spec validation: topology, host count, placement, names).
+    The topology must exist for the generation, hosts x chips per host must fill it, the
+    machine type must be the one that carries it, and multi-host pools need COMPACT placement,
+    or a workload policy on the generations whose pools take no ``tpu_topology`` (tpu7x).
     """
-    problems = []
-    longest = max((head_pool_name(spec), *(p.name for p in plans)), key=len)
-    if len(longest) > NODE_POOL_NAME_MAX:
-        problems.append(
-            f"node pool name {longest!r} is {len(longest)} characters; GKE allows {NODE_POOL_NAME_MAX}: "
-            f"shorten name to at most {NODE_POOL_NAME_MAX - (len(longest) - len(spec.name))} characters"
-        )
-    for plan in plans:
-        problems.extend(_pool_problems(plan))
-    return problems
-
-
-def _pool_problems(plan: TpuPoolPlan) -> list[str]:
-    problems = []
-    generation = catalog.generation(plan.generation)
+    generation = catalog.generation(tpu.generation)
     try:
-        shape = catalog.lookup(f"{plan.generation}-{plan.topology}", "gke")
+        shape = catalog.lookup(f"{tpu.generation}-{tpu.topology}", "gke")
     except catalog.CatalogError as exc:
-        return [f"{plan.name}: topology {plan.topology} does not exist for {plan.generation} on GKE ({exc})"]
-    if plan.node_count * plan.chips_per_host != shape.chips:
+        return [f"topology {tpu.topology} does not exist for {tpu.generation} on GKE ({exc})"]
+    problems = []
+    if tpu.hosts * tpu.chips_per_host != shape.chips:
         problems.append(
-            f"{plan.name}: {plan.node_count} hosts x {plan.chips_per_host} chips = "
-            f"{plan.node_count * plan.chips_per_host} chips, but topology {plan.topology} has {shape.chips}; "
-            f"use {shape.hosts} hosts of {shape.machine_type}"
+            f"{tpu.hosts} hosts x {tpu.chips_per_host} chips = {tpu.hosts * tpu.chips_per_host} chips, "
+            f"but topology {tpu.topology} has {shape.chips}; use {shape.hosts} hosts of {shape.machine_type}"
         )
-    if plan.machine_type != shape.machine_type:
-        problems.append(f"{plan.name}: machine type {plan.machine_type} does not carry topology {plan.topology}; use {shape.machine_type}")
-    if plan.node_count > 1 and generation.gke_workload_policy and plan.placement != "workload-policy":
-        problems.append(
-            f"{plan.name}: multi-host {plan.generation} node pools need a workload policy "
-            f"(placement {plan.placement!r} given); GKE refuses COMPACT + tpu_topology for {plan.generation}"
-        )
-    if plan.node_count > 1 and not generation.gke_workload_policy and plan.placement != "COMPACT":
-        problems.append(f"{plan.name}: multi-host {plan.generation} node pools need COMPACT placement, not {plan.placement!r}")
+    if tpu.machine_type != shape.machine_type:
+        problems.append(f"machine type {tpu.machine_type} does not carry topology {tpu.topology}; use {shape.machine_type}")
+    wanted = None if tpu.hosts == 1 else "workload-policy" if generation.gke_workload_policy else "COMPACT"
+    if tpu.placement != wanted:
+        problems.append(f"{tpu.hosts}-host {tpu.generation} node pools need placement {wanted!r}, not {tpu.placement!r}")
     return problems
-
-
-def check_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
-    """The pools for `spec`, or GkePlanError listing every problem."""
-    plans = tpu_pool_plans(spec)
-    problems = plan_problems(spec, plans)
-    if problems:
-        raise GkePlanError(problems)
-    return plans
 
 
 def tpu_node_selector(spec: ClusterSpec) -> dict[str, str]:
@@ -170,12 +135,21 @@ def kubeconfig(context: str, endpoint: str, ca_certificate: str) -> str:
     })
 
 
+def ip_allocation_policy(network: ClusterNetwork) -> gcp.container.ClusterIpAllocationPolicyArgs:
+    """VPC-native pod and Service addresses: the created subnet's secondary ranges, or, in an
+    existing subnetwork, ranges GKE adds to it itself (no names given)."""
+    ranges = network.secondary_ranges
+    if ranges is None:
+        return gcp.container.ClusterIpAllocationPolicyArgs()
+    return gcp.container.ClusterIpAllocationPolicyArgs(
+        cluster_secondary_range_name=ranges.pods.name, services_secondary_range_name=ranges.services.name)
+
+
 @dataclass(frozen=True)
 class GkeClusterArgs:
     spec: ClusterSpec
-    # The VPC and subnetwork of a created cluster (ignored with spec.gke_cluster).
-    network: pulumi.Input[str] | None = None
-    subnetwork: pulumi.Input[str] | None = None
+    # The network a created cluster lives in; None with spec.gke_cluster (the cluster has one).
+    network: ClusterNetwork | None = None
 
 
 class GkeCluster(pulumi.ComponentResource):
@@ -188,7 +162,7 @@ class GkeCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
         spec = args.spec
-        plans = check_plans(spec)  # before anything is registered
+        plans = tpu_pool_plans(spec)  # before anything is registered
         super().__init__("rayslice:infra:GkeCluster", name, None, opts)
         assert spec.zone is not None
         child = pulumi.ResourceOptions(parent=self)
@@ -224,13 +198,14 @@ class GkeCluster(pulumi.ComponentResource):
         })
 
     def _create_cluster(self, name: str, spec: ClusterSpec, args: GkeClusterArgs, child: pulumi.ResourceOptions) -> gcp.container.Cluster:
+        assert args.network is not None, "a created cluster needs the cluster network"
         project = pulumi.Output.from_input(spec.project) if spec.project else gcp.organizations.get_client_config_output().project
         addons = gcp.container.ClusterAddonsConfigArgs(
             ray_operator_configs=[gcp.container.ClusterAddonsConfigRayOperatorConfigArgs(enabled=True)]
         ) if spec.kuberay == "addon" else None
         return gcp.container.Cluster(
             f"{name}-cluster", name=spec.name, project=spec.project, location=spec.zone,
-            network=args.network, subnetwork=args.subnetwork,
+            network=args.network.network, subnetwork=args.network.subnetwork,
             # Every pool is declared below; GKE insists on creating a first one, removed at once.
             remove_default_node_pool=True, initial_node_count=1,
             release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
@@ -238,7 +213,7 @@ class GkeCluster(pulumi.ComponentResource):
                 workload_pool=project.apply(lambda p: f"{p}.svc.id.goog")),
             # Nodes get no external IP; egress goes through the network's Cloud NAT.
             private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(enable_private_nodes=True, enable_private_endpoint=False),
-            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(),
+            ip_allocation_policy=ip_allocation_policy(args.network),
             addons_config=addons,
             resource_labels=resource_labels(spec, "gke-cluster"),
             # `pulumi destroy` must be able to remove what `pulumi up` created.

@@ -206,9 +206,9 @@ def raycluster_manifest(spec: ClusterSpec) -> dict:
             "workerGroupSpecs": [_worker_group(spec)],
         },
     }
+    # The shape comes from the validated spec's catalog entry: a failure here is a catalog bug.
     problems = check_raycluster(manifest)
-    if problems:
-        raise ValueError("inconsistent RayCluster: " + "; ".join(problems))
+    assert not problems, "inconsistent RayCluster: " + "; ".join(problems)
     return manifest
 
 
@@ -243,14 +243,28 @@ def check_raycluster(manifest: dict) -> list[str]:
     return problems
 
 
+# The kinds of `manifests`, in the order `kubectl apply` should create them: the pods that
+# the RayCluster starts mount the ConfigMap and are named by the Services.
+APPLY_ORDER = ("ConfigMap", "Service", "RayCluster")
+
+
 def manifests(spec: ClusterSpec, package_source: str | None = None) -> list[dict]:
-    """Every object of the Ray cluster, in `kubectl apply` order (the operator excluded)."""
+    """Every object of the Ray cluster, in `APPLY_ORDER` (the operator excluded)."""
     return [pod_start_configmap(spec, package_source), *host_services(spec), raycluster_manifest(spec)]
 
 
-def manifests_yaml(spec: ClusterSpec) -> str:
-    """`manifests` as one multi-document YAML stream for ``kubectl apply -f -``."""
-    return yaml.safe_dump_all(manifests(spec), sort_keys=False)
+class _ManifestDumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings (the pod start script) as readable ``|`` blocks."""
+
+
+_ManifestDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
+def manifests_yaml(objects: list[dict]) -> str:
+    """Kubernetes objects (`manifests`, or what the program registered from them) as one
+    multi-document YAML stream for ``kubectl apply -f -``."""
+    return yaml.dump_all(objects, Dumper=_ManifestDumper, sort_keys=False)
 
 
 @dataclass(frozen=True)

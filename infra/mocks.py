@@ -25,6 +25,7 @@ from rayslice.infra.network import SUBNET_CIDR
 
 STACK_TYPE = "pulumi:pulumi:Stack"
 FAKE_PROJECT = "fake-project"
+_FAKE_CA = base64.b64encode(b"fake CA").decode()
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class FakeGcp(pulumi.runtime.Mocks):
             state["member"] = f"serviceAccount:{state['email']}"
         elif args.typ == "gcp:container/cluster:Cluster":
             state["endpoint"] = "192.0.2.10"  # TEST-NET-1: never a real address
-            state["masterAuth"] = {"clusterCaCertificate": base64.b64encode(b"fake CA").decode()}
+            state["masterAuth"] = {"clusterCaCertificate": _FAKE_CA}
         elif args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = self.token
         elif args.typ == "gcp:secretmanager/secret:Secret":
@@ -83,8 +84,13 @@ class FakeGcp(pulumi.runtime.Mocks):
             return state["name"], state
         return f"{args.name}-id", state
 
-    def call(self, args: MockCallArgs) -> tuple[dict[str, Any], None]:
-        return {}, None
+    def call(self, args: MockCallArgs) -> dict[str, Any]:
+        """Data sources: the caller's project and an existing GKE cluster (``gkeCluster``)."""
+        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
+            return {"project": FAKE_PROJECT}
+        if args.token == "gcp:container/getCluster:getCluster":
+            return {"endpoint": "192.0.2.20", "masterAuths": [{"clusterCaCertificate": _FAKE_CA}]}
+        return {}
 
 
 class _RecordingMonitor(MockMonitor):

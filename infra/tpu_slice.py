@@ -2,8 +2,9 @@
 
 A multi-host slice is one API object, so its hosts are never half-created (kuberay#3552's
 problem on GKE). Accelerator type and runtime version come from the validated spec (and so
-from the catalog); capacity maps onto the V2Vm's scheduling config. Every host of the slice
-gets the same metadata; the TPU runtime adds each host's own worker number and endpoints.
+from the catalog); capacity maps onto the V2Vm's scheduling config, and Secure Boot is on
+where the catalog's generation allows it. Every host of the slice gets the same metadata; the
+TPU runtime adds each host's own worker number and endpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice import catalog
 from rayslice.infra.firewall import cluster_tag, head_tag
 from rayslice.infra.identity import CLOUD_PLATFORM_SCOPE
 from rayslice.infra.labels import resource_labels
@@ -26,6 +28,13 @@ def scheduling(capacity: str) -> gcp.tpu.V2VmSchedulingConfigArgs | None:
         return gcp.tpu.V2VmSchedulingConfigArgs(spot=True)
     if capacity == "reserved":
         return gcp.tpu.V2VmSchedulingConfigArgs(reserved=True)
+    return None
+
+
+def shielded_instance_config(spec: ClusterSpec) -> gcp.tpu.V2VmShieldedInstanceConfigArgs | None:
+    """Secure Boot where the catalog says the generation boots with it, else the API's default."""
+    if catalog.generation(spec.tpu.generation).shielded_vm:
+        return gcp.tpu.V2VmShieldedInstanceConfigArgs(enable_secure_boot=True)
     return None
 
 
@@ -68,6 +77,7 @@ class TpuSlice(pulumi.ComponentResource):
             accelerator_type=spec.accelerator_type,
             runtime_version=spec.runtime_version,
             scheduling_config=scheduling(spec.capacity),
+            shielded_instance_config=shielded_instance_config(spec),
             network_config=gcp.tpu.V2VmNetworkConfigArgs(
                 network=args.network,
                 subnetwork=args.subnetwork,

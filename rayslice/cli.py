@@ -172,4 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so `python -m rayslice.cli` and the entry point share one
+    # set of exception classes (UserError raised by subcommand modules is rayslice.cli's).
+    from rayslice.cli import main as entry_point
+
+    sys.exit(entry_point())

@@ -6,8 +6,8 @@ inputs, as a tree. No Pulumi CLI, credentials or network are needed, so infrastr
 can run it in CI. An invalid config fails with the spec's messages before any resource is
 registered.
 
-Output formats live in `FORMATS` (name -> renderer of the recorded registrations); a new
-format (a RayCluster manifest as YAML, say) is one more entry.
+Output formats live in `FORMATS` (name -> renderer of the recorded registrations): ``tree``,
+``json``, and ``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from rayslice import cli, spec
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 # Strings longer than this are shown as their size and hash (the startup script, mostly).
 _LONG = 160
 SECRET_SHOWN = "[secret]"
+KUBERNETES = "kubernetes:"  # type tokens of the Kubernetes provider's resources
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
 def stack_config(stack_file: str | None, overrides: list[str]) -> dict[str, str]:
@@ -56,20 +59,28 @@ def display_type(token: str) -> str:
 
 def shown_inputs(registration: "Registration") -> dict[str, Any]:
     """A resource's inputs as printed: secrets masked, long strings summarised."""
-    return {key: SECRET_SHOWN if key in registration.secret_inputs else _summarise(value)
+    return {key: SECRET_SHOWN if key in registration.secret_inputs else _map_leaves(value, _summarised)
             for key, value in sorted(registration.inputs.items())}
 
 
-def _summarise(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)  # the engine's wire format has only floats
+def _map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    if isinstance(value, dict):
+        return {k: _map_leaves(v, leaf) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_map_leaves(v, leaf) for v in value]
+    return leaf(value)
+
+
+def _wire_number(value: Any) -> Any:
+    """The engine's wire format has only floats; whole ones were ints in the program."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _summarised(value: Any) -> Any:
+    value = _wire_number(value)
     if isinstance(value, str) and len(value) > _LONG:
         digest = hashlib.sha256(value.encode()).hexdigest()[:12]
         return f"<{len(value.encode())} bytes, sha256 {digest}>"
-    if isinstance(value, dict):
-        return {k: _summarise(v) for k, v in sorted(value.items())}
-    if isinstance(value, list):
-        return [_summarise(v) for v in value]
     return value
 
 
@@ -108,7 +119,42 @@ def render_json(registrations: list["Registration"]) -> str:
     ], indent=2)
 
 
-FORMATS: dict[str, Callable[[list["Registration"]], str]] = {"tree": render_tree, "json": render_json}
+def render_yaml(registrations: list["Registration"]) -> str:
+    """The Kubernetes objects of platform=gke as one YAML stream for ``kubectl apply -f -``.
+
+    Read back from what the program registered with the Kubernetes provider, so the stream is
+    what `pulumi up` applies. The engine registers in no fixed order, so objects are sorted by
+    kind (`APPLY_ORDER`) and then by name, numbers compared as numbers (``-s0-h2`` before
+    ``-s0-h10``). The operator's Helm release is left out: it is a chart, not a manifest.
+    """
+    # Imported here, not at the top: `rayslice` commands that never touch Pulumi stay fast.
+    from rayslice.infra.kuberay import APPLY_ORDER, manifests_yaml
+
+    objects = sorted(
+        (_manifest(r) for r in registrations if r.custom and r.type.startswith(KUBERNETES) and r.type != HELM_RELEASE),
+        key=lambda o: (APPLY_ORDER.index(o["kind"]), _natural(o["metadata"]["name"])))
+    if not objects:
+        raise cli.UserError("--output yaml prints the Kubernetes manifests of platform=gke, and this "
+                            "configuration declares none (platform=tpu-vm); use --output tree or json, "
+                            "or set platform=gke")
+    return manifests_yaml(objects)
+
+
+def _natural(text: str) -> list[tuple[int, int | str]]:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text)]
+
+
+def _manifest(registration: "Registration") -> dict[str, Any]:
+    """A registered Kubernetes object as its manifest: apiVersion, kind and metadata first."""
+    inputs = {key: SECRET_SHOWN if key in registration.secret_inputs else _map_leaves(value, _wire_number)
+              for key, value in registration.inputs.items()}
+    head = ("apiVersion", "kind", "metadata")
+    return {**{k: inputs[k] for k in head if k in inputs},
+            **{k: v for k, v in sorted(inputs.items()) if k not in head}}
+
+
+FORMATS: dict[str, Callable[[list["Registration"]], str]] = {
+    "tree": render_tree, "json": render_json, "yaml": render_yaml}
 
 
 def preview(config: dict[str, str]) -> list["Registration"]:
@@ -129,5 +175,5 @@ def _cmd_preview(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preview", help="show the cloud resources `pulumi up` would create (offline, no credentials)")
     cli.add_spec_args(p)
-    p.add_argument("--output", choices=sorted(FORMATS), default="tree", help="tree (default) or json")
+    p.add_argument("--output", choices=sorted(FORMATS), default="tree", help="tree (default), json, or yaml (platform=gke: the Kubernetes manifests for kubectl apply)")
     p.set_defaults(func=_cmd_preview)

@@ -56,7 +56,7 @@ KEYS: tuple[Key, ...] = (
     Key("head", "string", "Where the Ray head runs: slice (worker 0 of slice 0) or vm (a CPU VM); default slice for one slice, vm for several."),
     Key("headMachineType", "string", "Machine type of the CPU head VM (head=vm) or the GKE head node pool.", "n1-standard-16"),
     Key("network", "string", "Existing VPC network name; absent: rayslice creates one with Cloud NAT."),
-    Key("subnetwork", "string", "Existing subnetwork name; absent: created with the network."),
+    Key("subnetwork", "string", "Existing subnetwork of `network` (set both); absent: created with the network."),
     Key("externalIps", "boolean", "Give TPU hosts external IPs (off: hosts reach package indexes through Cloud NAT).", False),
     Key("dashboardSourceRanges", "array", "CIDR ranges, besides the cluster itself, allowed to reach the Ray dashboard / Jobs API.", ()),
     Key("preset", "string", "Requirement set from the guide: jax (host-centric) or xla (PyTorch/XLA, device-centric).", "jax"),
@@ -91,6 +91,13 @@ _RAY_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 _URL = re.compile(r"^(https?|file)://[^\s'\"`$;\\]+$")
 # Longest name rayslice derives from `name` is "<name>-slice-NN-fw-internal" (63 max).
 _NAME_MAX = 40
+# GKE refuses node pool names longer than this; the longest pool is the last slice's.
+GKE_NODE_POOL_NAME_MAX = 40
+
+
+def slice_name(name: str, index: int) -> str:
+    """The name of slice `index`: its TPU VM, or its GKE node pool."""
+    return f"{name}-slice-{index}"
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ class ClusterSpec:
         return self.tpu.hosts * self.slices
 
     def slice_name(self, index: int) -> str:
-        return f"{self.name}-slice-{index}"
+        return slice_name(self.name, index)
 
     def as_config(self) -> dict[str, Any]:
         """The spec as config keys (camelCase), the form stack files and `--set` use."""
@@ -183,6 +190,8 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_runtime(values, tpu, problems)
     _check_slices(values, tpu, problems)
     _check_requirements(values, problems)
+    _check_network(values, problems)
+    _check_gke(values, problems)
     _check_misc(values, problems)
     if problems:
         raise SpecError(problems)
@@ -377,12 +386,44 @@ def _check_misc(values: dict[str, Any], problems: list[str]) -> None:
             continue
         if net.prefixlen == 0:
             problems.append(f"dashboardSourceRanges: {cidr} opens the Ray dashboard and Jobs API to the internet; list your own ranges")
-    if values["capacity"] == "reserved" and values["platform"] == "gke" and not values["reservation"]:
-        problems.append("capacity=reserved on GKE needs reservation=<name of your reservation>")
+
+
+def _check_network(values: dict[str, Any], problems: list[str]) -> None:
+    # A subnetwork name alone cannot be used: rayslice would create a new VPC and look for the
+    # subnetwork in it.
+    if values["subnetwork"] is not None and values["network"] is None:
+        problems.append(
+            f"subnetwork={values['subnetwork']!r} is set without network: set network to the VPC "
+            "that holds this subnetwork too (or remove subnetwork to let rayslice create both)"
+        )
+
+
+def _check_gke(values: dict[str, Any], problems: list[str]) -> None:
+    """GKE's own limits on what the user chose, so `pulumi up` never fails half-way on them."""
     if values["platform"] != "gke":
-        for key in ("gkeCluster",):
+        if values["gkeCluster"] is not None:
+            problems.append("gkeCluster applies to platform=gke only; remove it or set platform=gke")
+        return
+    if values["capacity"] == "reserved" and not values["reservation"]:
+        problems.append("capacity=reserved on GKE needs reservation=<name of your reservation>")
+    if values["gkeCluster"] is not None:
+        for key in ("network", "subnetwork"):
             if values[key] is not None:
-                problems.append(f"{key} applies to platform=gke only; remove it or set platform=gke")
+                problems.append(
+                    f"{key} is not used with gkeCluster (the existing cluster brings its own "
+                    f"network); remove {key}, or remove gkeCluster to create a cluster in it"
+                )
+    name, slices = values["name"], values["slices"]
+    if name is None or slices is None or not 1 <= slices <= 64:
+        return  # reported above
+    longest = slice_name(name, slices - 1)  # "<name>-head" is shorter
+    if len(longest) > GKE_NODE_POOL_NAME_MAX:
+        room = GKE_NODE_POOL_NAME_MAX - (len(longest) - len(name))
+        problems.append(
+            f"name={name!r} is too long for platform=gke: node pool {longest!r} would have "
+            f"{len(longest)} characters and GKE allows {GKE_NODE_POOL_NAME_MAX}; shorten name "
+            f"to at most {room} characters"
+        )
 
 
 # ---- where raw values come from ------------------------------------------------------------

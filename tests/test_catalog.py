@@ -90,6 +90,12 @@ def test_every_generation_is_on_some_platform():
     assert on_gke == {"v4", "v5litepod", "v5p", "v6e", "tpu7x", "tpu7"}
 
 
+def test_secure_boot_only_where_the_tpu_vm_api_creates_the_vms():
+    """Secure Boot is a V2Vm setting: a GKE-only generation (no runtime version) cannot carry it."""
+    for gen in catalog.GENERATIONS:
+        assert not gen.shielded_vm or gen.runtime_version is not None, gen.name
+
+
 def test_multislice_only_from_v4():
     assert {g.name for g in catalog.GENERATIONS if not g.multislice} == {"v2", "v3"}
 

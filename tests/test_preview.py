@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
-from rayslice import cli, preview
+from rayslice import cli, preview, spec
+from rayslice.infra import kuberay
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 
@@ -43,6 +46,56 @@ def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, hea
         assert f'machineType: "{head_machine}"' in out
     assert 'secretData: "[secret]"' in out
     assert "startup-script\": \"<" in out  # the script is summarised, not dumped
+
+
+def _tree_resources(text: str) -> list[tuple[str, dict]]:
+    """(display type, inputs) of every resource in a printed tree, in order."""
+    found: list[tuple[str, dict]] = []
+    for line in text.splitlines():
+        if resource := re.search(r"(?:^|── )(\S+)  \S+$", line):
+            found.append((resource[1], {}))
+        elif (value := re.match(r"^[│ ]*(\w+): (.*)$", line)) and found:
+            found[-1][1][value[1]] = json.loads(value[2])
+    return found
+
+
+def test_preview_of_the_gke_example(capsys):
+    assert cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-gke-v6e-16.yaml")]) == 0
+    resources = _tree_resources(capsys.readouterr().out)
+    kinds = Counter(kind for kind, _ in resources)
+    for kind in ("gcp.container.Cluster", "kubernetes.helm.sh/v3.Release", "kubernetes.ray.io/v1.RayCluster"):
+        assert kinds[kind] == 1, kind
+    pools = [inputs for kind, inputs in resources if kind == "gcp.container.NodePool"]
+    tpu_pools = [p for p in pools if p["nodeConfig"]["machineType"] != "n1-standard-16"]
+    assert [(p["nodeConfig"]["machineType"], p["nodeCount"], p["placementPolicy"]) for p in tpu_pools] == [
+        ("ct6e-standard-4t", 4, {"type": "COMPACT", "tpuTopology": "4x4"})]
+    [release] = [inputs for kind, inputs in resources if kind == "kubernetes.helm.sh/v3.Release"]
+    assert (release["chart"], release["version"]) == ("kuberay-operator", kuberay.KUBERAY_VERSION)
+
+
+@pytest.mark.parametrize("name", ["Pulumi.example-gke-v6e-16.yaml", "Pulumi.example-gke-multislice.yaml"])
+def test_yaml_output_is_what_kubectl_applies(capsys, name, crd_validator):
+    path = str(ROOT / name)
+    assert cli.main(["preview", "--stack-file", path, "--output", "yaml"]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    cluster_spec = spec.load_cli(path, [])
+    hosts = cluster_spec.tpu.hosts * cluster_spec.slices
+    assert [d["kind"] for d in documents] == ["ConfigMap"] + ["Service"] * hosts + ["RayCluster"]  # no Helm release
+    assert documents == kuberay.manifests(cluster_spec)  # what the program registered = the pure builder
+    ray_cluster = documents[-1]
+    errors = sorted(crd_validator.iter_errors(ray_cluster), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+    [volume] = ray_cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    assert type(volume["configMap"]["defaultMode"]) is int  # not the engine's float
+    assert type(ray_cluster["spec"]["workerGroupSpecs"][0]["numOfHosts"]) is int
+
+
+def test_yaml_output_on_tpu_vm_is_an_error(capsys):
+    code = cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "yaml"])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_INVALID
+    assert "platform=gke" in captured.err and "platform=tpu-vm" in captured.err
+    assert captured.out == ""
 
 
 def test_multislice_tree_nests_resources_under_components(capsys):

@@ -97,7 +97,7 @@ def test_tpu7x_on_gke_is_valid():
     ("network", "my net"), ("subnetwork", "$(touch /tmp/x)"), ("project", "p"),
 ])
 def test_gcp_names(key, value):
-    [message] = problems(**{key: value})
+    [message] = problems(**{key: value}, **({"network": "vpc"} if key == "subnetwork" else {}))
     assert key in message and repr(value) in message
 
 
@@ -174,6 +174,29 @@ def test_reserved_on_gke_needs_a_reservation():
 def test_gke_keys_on_tpu_vm():
     [message] = problems(gkeCluster="prod")
     assert "platform=gke" in message
+
+
+def test_subnetwork_needs_its_network():
+    [problem] = problems(subnetwork="tpu-subnet")
+    assert "set network to the VPC that holds this subnetwork too" in problem
+    assert load(network="shared-vpc", subnetwork="tpu-subnet").subnetwork == "tpu-subnet"
+
+
+@pytest.mark.parametrize("slices, longest_ok", [(1, 32), (10, 32), (11, 31)])
+def test_gke_name_leaves_room_for_the_longest_node_pool(slices, longest_ok):
+    """GKE allows 40 characters per node pool; "<name>-slice-<last index>" is the longest."""
+    gke = {"platform": "gke", "slices": slices, "head": "vm"}
+    assert len(load(**gke, name="a" * longest_ok).slice_name(slices - 1)) <= spec.GKE_NODE_POOL_NAME_MAX
+    [problem] = problems(**gke, name="a" * (longest_ok + 1))
+    assert f"shorten name to at most {longest_ok} characters" in problem
+    assert load(name="a" * (longest_ok + 1), slices=slices, head="vm").name  # TPU VM names may be longer
+
+
+@pytest.mark.parametrize("key", ["network", "subnetwork"])
+def test_existing_gke_cluster_brings_its_own_network(key):
+    extra = {"network": "shared-vpc"} if key == "subnetwork" else {}
+    found = problems(platform="gke", gkeCluster="team", **extra, **{key: "x-net"})
+    assert any(f"{key} is not used with gkeCluster" in p for p in found), found
 
 
 def test_unknown_key_suggests_the_right_one():
