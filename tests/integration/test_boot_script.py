@@ -7,8 +7,6 @@ rendered ones (process supervisor, package source, root). These tests start real
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation
-from rayslice.startup_scripts import variables
+from rayslice.local.wheelhouse import ensure_wheelhouse
 
 pytestmark = [
     pytest.mark.slow,
@@ -128,10 +126,7 @@ def test_a_head_that_never_appears_fails_after_the_deadline(simulation_dir):
 @pytest.fixture(scope="module")
 def wheelhouse() -> Path:
     """A local wheelhouse with the jax preset, Ray and uv, as an offline site would keep one."""
-    lines = variables.requirement_lines(_spec(acceleratorType="v6e-4"))
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                    "-d", str(WHEELHOUSE), *lines, "uv"], check=True, capture_output=True, timeout=1800)
-    return WHEELHOUSE
+    return ensure_wheelhouse(WHEELHOUSE, _spec(acceleratorType="v6e-4"))
 
 
 def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhouse):
