@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,13 +16,13 @@ from pathlib import Path
 from rayslice import cli
 from rayslice.local.netns import NetnsError
 from rayslice.local.simulator import FAILED_PREFIX, JOINED, Simulation, SimulatorError, require_root
+from rayslice.local.state import DEFAULT_STATE_DIR, default_state_dir
 from rayslice.local.status import status_report, format_report
 
-DEFAULT_STATE_DIR = Path(".state/local")
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.state_dir or os.environ.get("RAYSLICE_STATE_DIR") or DEFAULT_STATE_DIR)
+    return Path(args.state_dir) if args.state_dir else default_state_dir()
 
 
 def _cmd_up(args: argparse.Namespace) -> int:

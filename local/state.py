@@ -23,6 +23,13 @@ from rayslice.local.processes import ProcessRef
 from rayslice.spec import ClusterSpec
 
 STATE_FILE = "state.json"
+STATE_DIR_ENV = "RAYSLICE_STATE_DIR"
+DEFAULT_STATE_DIR = Path(".state/local")
+
+
+def default_state_dir() -> Path:
+    """Where `rayslice local` keeps a simulation unless told otherwise (and where `run` looks)."""
+    return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 # Every host runs the same script, rendered with one root: ROOTS_DIR/<run id>. Inside each host's
 # mount namespace that path is a bind mount of the host's own directory under the state dir. The
 # path is short because Ray's AF_UNIX socket paths below the root must stay under 108 bytes.
