@@ -45,6 +45,6 @@ want=$(cat "$REPO/pyproject.toml" "$REPO/scripts/setup.sh" | sha256sum | cut -d'
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "setup: installing rayslice and its dependencies into $VENV (first run: several minutes)"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$REPO[dev]"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$REPO[dev,xla]"
   echo "$want" >"$stamp"
 fi
