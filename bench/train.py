@@ -15,13 +15,13 @@ import time
 
 from rayslice.workloads.jax_train import train
 
-# Dense bf16 peak TFLOP/s per device (one JAX device: a chip, or one GPU), matched against
+# Dense bf16 peak TFLOP/s per JAX device (a TensorCore on v2/v3, a chip from v4 on, one GPU), matched against
 # `jax.Device.device_kind` by prefix, first match wins. Sources: Google Cloud TPU system
 # architecture pages (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v5p, v6e, tpu7x) and the
 # NVIDIA A100 / H100 / H200 datasheets (dense, without sparsity).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("TPU v2", 45.0),
-    ("TPU v3", 123.0),
+    ("TPU v2", 22.5),         # 45 per chip, two devices per chip
+    ("TPU v3", 61.5),         # 123 per chip, two devices per chip
     ("TPU v4", 275.0),
     ("TPU v5 lite", 197.0),   # v5e
     ("TPU v5", 459.0),        # v5p

@@ -10,7 +10,7 @@ rule that ties them together before anything is applied.
 TPU identity: one headless Service per (slice, host) selects exactly one pod by KubeRay's
 replica and host index labels, and the pod start command (``startup_scripts/pod_start.sh.j2``)
 derives ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``, ``TPU_NAME`` and ``MEGASCALE_*`` from the
-same labels. docs/gke.md says why this replaces the kuberay-tpu-webhook.
+same labels. The README (GKE section) says why this replaces the kuberay-tpu-webhook.
 """
 
 from __future__ import annotations
