@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from rayslice import spec as spec_module
-from rayslice.local.simulator import Simulation
+from rayslice.local.simulator import Simulation, default_package_source
+from rayslice.startup_scripts import RenderOptions, render
 from rayslice.local.wheelhouse import ensure_wheelhouse
 
 pytestmark = [
@@ -147,3 +148,14 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
     assert log.count("installing jax[tpu]") == 1
     assert "requirements unchanged" in log
     assert _wait_nodes(sim, 1, timeout=120)[0]["resources"]["TPU"] == 4
+
+
+def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
+    sim = Simulation.create(_spec(rayAuth="none"), simulation_dir)
+    head = sim.plan.head.name
+    other = render(_spec(acceleratorType="v6e-4", rayAuth="none"),
+                   RenderOptions(supervisor="process", package_source=default_package_source(), root=sim.plan.root))
+    sim.paths(head).script.write_text(other)
+    sim.boot(head)
+    states = sim.wait_for(lambda s: s[head].startswith("failed"), timeout=60)
+    assert states[head] == "failed: this script was rendered for v6e-4 but the host is v6e-16; render it for this slice"
