@@ -32,12 +32,20 @@ def host_environment(home: str) -> dict[str, str]:
             "LANG": "C.UTF-8"}
 
 
+def _under_tmp(paths: list[Path]) -> list[Path]:
+    """The existing directories among `paths` that a private /tmp would hide, outermost first."""
+    found = sorted({p.resolve() for p in paths if p.is_dir() and p.resolve().is_relative_to("/tmp")}, key=lambda p: len(p.parts))
+    return [p for i, p in enumerate(found) if not any(p.is_relative_to(q) for q in found[:i])]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--host-dir", type=Path, required=True, help="the host's directory (state.HostPaths)")
     parser.add_argument("--root", type=Path, required=True, help="RenderOptions.root the script was rendered with")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra script environment")
+    parser.add_argument("--share", action="append", default=[], type=Path, metavar="DIR",
+                        help="a directory of the machine that stays visible if it lies under /tmp")
     args = parser.parse_args(argv)
     paths = HostPaths(args.host_dir)
 
@@ -48,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("tmp", "root"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
     socket.sethostname(args.hostname)
-    for mount in (["--bind", str(paths.root), str(args.root)], ["--bind", str(args.root / "tmp"), "/tmp"],
-                  ["-t", "tmpfs", "tmpfs", "/dev/shm"]):
+    private_tmp = paths.root / "tmp"
+    subprocess.run(["mount", "--bind", str(paths.root), str(args.root)], check=True)
+    for shared in _under_tmp(args.share):  # carried into the private /tmp at the same path
+        target = private_tmp / shared.relative_to("/tmp")
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(shared), str(target)], check=True)
+    for mount in (["--rbind", str(private_tmp), "/tmp"], ["-t", "tmpfs", "tmpfs", "/dev/shm"]):
         subprocess.run(["mount", *mount], check=True)
     script_file = Path("/tmp/rayslice-startup-script")  # where GCE's runner puts it, too
     script_file.write_text(script)

@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import rayslice
 from rayslice import spec as spec_module
 from rayslice.local import netns
 from rayslice.local.boot import host_environment
@@ -95,11 +96,12 @@ class Simulation:
         host_count = spec.total_hosts + (1 if spec.head == "vm" else 0)
         network = netns.free_subnet(subnet_prefix(host_count), netns.used_networks(), random.Random())
         plan = make_plan(spec, run_id=new_run_id(), network=network, roots_dir=roots_dir)
-        sim = cls(SimulationState(plan=plan, state_dir=str(state_dir)))
+        source = package_source or default_package_source()
+        shared = (sys.prefix, str(Path(rayslice.__file__).resolve().parents[1]), source.partition(":")[2])
+        sim = cls(SimulationState(plan=plan, state_dir=str(state_dir), shared_paths=shared))
         sim.state.save()  # before anything exists: `down` works from here on
         if script is None:
-            options = RenderOptions(supervisor="process", package_source=package_source or default_package_source(),
-                                    root=plan.root)
+            options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
             script = render(spec, options)
         sim._build(spec, script, metadata_unavailable_for)
         return sim
@@ -207,6 +209,7 @@ class Simulation:
             "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--",
             sys.executable, "-m", "rayslice.local.boot",
             "--hostname", host.name, "--host-dir", str(paths.dir), "--root", self.plan.root,
+            *(f"--share={path}" for path in self.state.shared_paths),
             *(f"--env={key}={value}" for key, value in (env or {}).items())])
 
     def boot_all(self) -> None:

@@ -89,6 +89,9 @@ class SimulationState:
     plan: Plan
     state_dir: str
     processes: dict[str, ProcessRef] = field(default_factory=dict)  # "metadata:<host>" / "boot:<host>"
+    # Directories of this machine every host must see although each host gets a private /tmp:
+    # the venv and source tree rayslice runs from and the package source (they may live in /tmp).
+    shared_paths: tuple[str, ...] = ()
 
     def save(self) -> None:
         path = Path(self.state_dir) / STATE_FILE
@@ -107,6 +110,7 @@ class SimulationState:
             plan=Plan(**{**plan, "hosts": tuple(HostPlan(**h) for h in plan["hosts"])}),
             state_dir=raw["state_dir"],
             processes={k: ProcessRef(**v) for k, v in raw["processes"].items()},
+            shared_paths=tuple(raw.get("shared_paths", ())),
         )
 
 
