@@ -9,9 +9,10 @@ on purpose.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 from rayslice import catalog, spec
 
@@ -105,9 +106,6 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 # ---- wiring ----------------------------------------------------------------------------------
 
-Registrar = Callable[[argparse._SubParsersAction], None]
-
-
 def _register_core(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("catalog", help="show TPU generations or one accelerator type")
     p.add_argument("type", nargs="?", help="accelerator type, e.g. v5p-16, v6e-4x4, tpu-v6e-slice-16")
@@ -124,32 +122,17 @@ def _register_core(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_render)
 
 
-def _register_preview(sub: argparse._SubParsersAction) -> None:
-    from rayslice.preview import register  # rayslice.preview imports this module
-
-    register(sub)
-
-
-def _register_local(sub: argparse._SubParsersAction) -> None:
-    from rayslice.local.cli import register  # rayslice.local.cli imports this module
-
-    register(sub)
-
-
-def _register_run(sub: argparse._SubParsersAction) -> None:
-    from rayslice.workloads._submit import register  # rayslice.workloads._submit imports this module
-
-    register(sub)
-
-
-REGISTRARS: list[Registrar] = [_register_core, _register_preview, _register_local, _register_run]
+# Command groups defined next to the code they drive. Those modules import this one (for
+# UserError and the spec arguments), so they are imported when the parser is built.
+COMMAND_MODULES = ("rayslice.preview", "rayslice.local.cli", "rayslice.workloads._submit")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayslice", description="Ray clusters on Cloud TPU slices.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in REGISTRARS:
-        register(sub)
+    _register_core(sub)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     return parser
 
 
@@ -157,10 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except spec.SpecError as exc:
-        print(f"rayslice: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except catalog.CatalogError as exc:
+    except (spec.SpecError, catalog.CatalogError) as exc:
         print(f"rayslice: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except UserError as exc:
