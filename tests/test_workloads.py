@@ -152,3 +152,15 @@ def test_jax_train_loss_falls_on_the_local_devices():
     assert report.flops_per_step > 0 and report.steps_per_s > 0
     assert report.samples_per_s == pytest.approx(report.steps_per_s * report.global_batch)
     assert "samples/s" in report.lines()[-1]
+
+
+@pytest.mark.parametrize("module", ["jax_train", "xla_train"])
+def test_training_needs_two_steps_because_the_first_compiles(module, capsys):
+    import importlib
+
+    parser = importlib.import_module(f"rayslice.workloads.{module}").build_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--steps", "1"])
+    assert exit_info.value.code == 2
+    assert "steps must be at least 2" in capsys.readouterr().err
+    assert parser.parse_args(["--steps", "2"]).steps == 2

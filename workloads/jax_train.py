@@ -24,6 +24,7 @@ from rayslice.workloads import _cluster, _jax_hosts
 
 FEATURES = 64
 LEARNING_RATE = 3e-3
+MIN_STEPS = 2  # the first step compiles and is not timed
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,31 @@ class TrainReport:
                 f"({self.flops_per_step / 1e6:.2f} MFLOP per step from {self.flops_source})"]
 
 
+def check_steps(steps: int) -> int:
+    """Both training loops time every step after the first, which compiles."""
+    if steps < MIN_STEPS:
+        raise ValueError(f"steps must be at least {MIN_STEPS}: the first step compiles and is not timed")
+    return steps
+
+
+def add_training_args(parser: argparse.ArgumentParser, batch_flag: str, batch_default: int) -> None:
+    """The options jax_train and xla_train share (slice choice, steps, model size) plus a batch flag."""
+    _cluster.add_slice_args(parser)
+    parser.add_argument("--steps", type=_steps_arg, default=30)
+    parser.add_argument(batch_flag, type=int, default=batch_default)
+    parser.add_argument("--hidden", type=int, default=256)
+
+
+def _steps_arg(text: str) -> int:
+    try:
+        return check_steps(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: int = 0) -> TrainReport:
     """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`)."""
-    if steps < 2:
-        raise ValueError("steps must be at least 2: the first step compiles and is not timed")
+    check_steps(steps)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -114,17 +136,12 @@ def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax_train", description=__doc__.splitlines()[0])
-    _cluster.add_slice_args(parser)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch-per-device", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=256)
+    add_training_args(parser, "--batch-per-device", 32)
     parser.add_argument("--coordinator-port", type=int, default=_cluster.JAX_COORDINATOR_PORT)
     return parser
 
 
 def run(args: argparse.Namespace) -> TrainReport:
-    if args.steps < 2:
-        raise _cluster.WorkloadError("--steps must be at least 2: the first step compiles")
     (tpu_slice,) = _cluster.choose_slices(1, slice_name=args.slice_name,
                                           accelerator_type=args.accelerator_type)
     print(f"slice {tpu_slice.describe()}", flush=True)

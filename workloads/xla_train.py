@@ -22,13 +22,12 @@ import time
 import ray
 
 from rayslice.workloads import _cluster
-from rayslice.workloads.jax_train import FEATURES, LEARNING_RATE, TrainReport
+from rayslice.workloads.jax_train import FEATURES, LEARNING_RATE, TrainReport, add_training_args, check_steps
 
 
 def train(steps: int = 30, batch: int = 128, hidden: int = 256, seed: int = 0) -> TrainReport:
     """Train on this process's XLA device (PJRT_DEVICE must be set before torch_xla is imported)."""
-    if steps < 2:
-        raise ValueError("steps must be at least 2: the first step compiles and is not timed")
+    check_steps(steps)
     import torch
     import torch_xla
     from torch.utils.flop_counter import FlopCounterMode
@@ -77,16 +76,11 @@ def train_on_chip(steps: int, batch: int, hidden: int) -> TrainReport:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xla_train", description=__doc__.splitlines()[0])
-    _cluster.add_slice_args(parser)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=256)
+    add_training_args(parser, "--batch", 128)
     return parser
 
 
 def run(args: argparse.Namespace) -> TrainReport:
-    if args.steps < 2:
-        raise _cluster.WorkloadError("--steps must be at least 2: the first step compiles")
     (tpu_slice,) = _cluster.choose_slices(1, slice_name=args.slice_name,
                                           accelerator_type=args.accelerator_type)
     task = train_on_chip.options(**_cluster.one_host_options(1, tpu_slice))
