@@ -16,7 +16,8 @@ import pulumi_gcp as gcp
 from rayslice.infra.firewall import cluster_tag, head_tag
 from rayslice.infra.identity import CLOUD_PLATFORM_SCOPE
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, host_metadata
+from rayslice.infra.metadata import host_metadata
+from rayslice.startup_scripts import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
 from rayslice.spec import ClusterSpec
 
 # Same OS family as the TPU VM runtime images (Ubuntu 22.04), so one boot script fits both.

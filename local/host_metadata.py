@@ -15,10 +15,9 @@ from typing import Mapping
 
 from rayslice.local.metadata import Json, Tree
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import ATTR_ROLE, host_attributes
+from rayslice.startup_scripts import HEAD_VM_SLICE_INDEX, host_attributes
 
 LOCAL_PROJECT = "rayslice-local"  # the project the simulator reports when the spec names none
-HEAD_VM_ROLE = "head-vm"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 
 
@@ -53,7 +52,7 @@ def tpu_attributes(spec: ClusterSpec, slice_index: int, worker: int, slice_ips: 
 
 def head_vm_attributes(spec: ClusterSpec) -> dict[str, str]:
     """`instance/attributes/` of the CPU head VM (head=vm): no TPU attributes, role head-vm."""
-    return {**host_attributes(spec, -1), ATTR_ROLE: HEAD_VM_ROLE}
+    return host_attributes(spec, HEAD_VM_SLICE_INDEX)
 
 
 def instance_tree(spec: ClusterSpec, *, hostname: str, ip: str, network: IPv4Network, gateway: str,

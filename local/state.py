@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rayslice.local.processes import ProcessRef
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
 
 STATE_FILE = "state.json"
 STATE_DIR_ENV = "RAYSLICE_STATE_DIR"
@@ -37,7 +38,7 @@ DEFAULT_ROOTS_DIR = Path("/run/rayslice-local")
 
 ROLE_HEAD = "head"          # worker 0 of slice 0 with head=slice
 ROLE_WORKER = "worker"      # every other TPU host
-ROLE_HEAD_VM = "head-vm"    # the CPU head VM with head=vm
+ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network,
     head_vm = spec.head == "vm"
     layout: list[tuple[str, str, int, int]] = []
     if head_vm:
-        layout.append((f"{spec.name}-head", ROLE_HEAD_VM, -1, -1))
+        layout.append((f"{spec.name}-head", ROLE_HEAD_VM, HEAD_VM_SLICE_INDEX, -1))
     for s in range(spec.slices):
         for w in range(spec.tpu.hosts):
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER

@@ -32,7 +32,9 @@ ATTR_HEAD_ADDRESS = "rayslice-head-address"
 ATTR_SLICE_INDEX = "rayslice-slice-index"
 ATTR_NUM_SLICES = "rayslice-num-slices"
 ATTR_CONFIG_HASH = "rayslice-config-hash"
-ATTR_ROLE = "rayslice-role"  # "head-vm" on the CPU head VM; absent on TPU hosts
+ATTR_ROLE = "rayslice-role"  # HEAD_VM_ROLE on the CPU head VM; absent on TPU hosts
+HEAD_VM_ROLE = "head-vm"
+HEAD_VM_SLICE_INDEX = -1  # host_attributes' slice index for the CPU head VM
 ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, never the token
 
 
@@ -70,13 +72,15 @@ def config_hash(spec: ClusterSpec) -> str:
 
 def host_attributes(spec: ClusterSpec, slice_index: int, head_address: str | None = None,
                     token_secret: str | None = None) -> dict[str, str]:
-    """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, slice_index -1)."""
+    """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`)."""
     attributes = {
         ATTR_HEAD_MODE: spec.head,
         ATTR_SLICE_INDEX: str(slice_index),
         ATTR_NUM_SLICES: str(spec.slices),
         ATTR_CONFIG_HASH: config_hash(spec),
     }
+    if slice_index == HEAD_VM_SLICE_INDEX:
+        attributes[ATTR_ROLE] = HEAD_VM_ROLE
     if head_address is not None:
         attributes[ATTR_HEAD_ADDRESS] = head_address
     if token_secret is not None:

@@ -75,5 +75,6 @@ def script_variables(spec: ClusterSpec, options: "ss.RenderOptions") -> dict[str
         "attr_num_slices": ss.ATTR_NUM_SLICES,
         "attr_config_hash": ss.ATTR_CONFIG_HASH,
         "attr_role": ss.ATTR_ROLE,
+        "head_vm_role": ss.HEAD_VM_ROLE,
         "attr_token_secret": ss.ATTR_TOKEN_SECRET,
     }

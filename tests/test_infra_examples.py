@@ -167,3 +167,11 @@ def test_example_header_states_the_slice(example):
     assert f"{t.accelerator_type} = " in header
     assert f"{t.hosts} host" in header and f"x {t.chips_per_host} chips" in header
     assert f"topology {t.topology}" in path.read_text() and t.runtime_version in path.read_text()
+
+
+def test_every_host_reports_its_boot_state_through_guest_attributes(example):
+    """The boot script's states are guest attributes, which GCE serves only when asked for."""
+    _, _, run = example
+    metadata = [r.inputs["metadata"] for r in (*run.of_type(V2VM), *run.of_type(INSTANCE))]
+    assert metadata and all(m["enable-guest-attributes"] == "TRUE" for m in metadata)
+    assert all(m["enable-oslogin"] == "TRUE" for m in metadata)

@@ -129,3 +129,10 @@ def test_script_never_reads_a_token_from_metadata():
     script = ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]))
     assert "attributes/ray-token" not in script and "RAY_AUTH_TOKEN=" not in script
     assert "RAY_AUTH_TOKEN_PATH" in script
+
+
+def test_only_the_head_vm_carries_the_head_vm_role():
+    s = _spec({"acceleratorType": "v6e-16", "slices": 2})
+    assert ss.host_attributes(s, ss.HEAD_VM_SLICE_INDEX)[ss.ATTR_ROLE] == ss.HEAD_VM_ROLE
+    assert ss.ATTR_ROLE not in ss.host_attributes(s, 0, head_address="10.0.0.2")
+    assert _assignments(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE
