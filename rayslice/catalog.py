@@ -161,11 +161,6 @@ class TpuType:
     def multi_host(self) -> bool:
         return self.hosts > 1
 
-    @property
-    def ray_head_resource(self) -> str:
-        """The resource Ray's TPU detection puts on worker 0 of a slice of this type."""
-        return f"TPU-{self.accelerator_type}-head"
-
     def as_json(self) -> dict[str, object]:
         return {
             "accelerator_type": self.accelerator_type,

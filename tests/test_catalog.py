@@ -143,10 +143,6 @@ def test_unknown_platform():
         catalog.table("tpu-pod")
 
 
-def test_ray_head_resource_name():
-    assert catalog.lookup("v6e-16").ray_head_resource == "TPU-v6e-16-head"
-
-
 @pytest.mark.parametrize("runtime, generations", [
     ("v2-alpha-tpuv6e", ["v6e"]),
     ("v2-alpha-tpuv5", ["v5p"]),
