@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 OBJECT_STORE = 100 * 1024 * 1024
 
 
-def wait_for_nodes(sim: Simulation, count: int, timeout: float, exclude: frozenset[str] = frozenset()) -> float:
+def wait_for_nodes(
+    sim: Simulation, count: int, timeout: float, exclude: frozenset[str] = frozenset()
+) -> float:
     """Seconds until `count` alive TPU nodes (none of them in `exclude`) are registered."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -52,8 +54,10 @@ def guide_script(head_ip: str, head_name: str, wheelhouse: Path, lines: list[str
     """The guide's manual steps as one host would type them (venv, pip install, ray start)."""
     q = shlex.quote
     requirements = "\\n".join(lines)
-    common = f"--node-ip-address=\"$(hostname -i | cut -d' ' -f1)\" --resources={q(json.dumps({'TPU': chips}))} " \
-             f"--object-store-memory={OBJECT_STORE} --disable-usage-stats"
+    common = (
+        f"--node-ip-address=\"$(hostname -i | cut -d' ' -f1)\" --resources={q(json.dumps({'TPU': chips}))} "
+        f"--object-store-memory={OBJECT_STORE} --disable-usage-stats"
+    )
     return f"""#!/bin/bash
 set -euo pipefail
 export RAY_AUTH_MODE=disabled
@@ -64,7 +68,7 @@ guide-venv/bin/pip install --quiet --no-index --find-links {q(str(wheelhouse))} 
 if [[ $(hostname) == {q(head_name)} ]]; then
   guide-venv/bin/ray start --head --port={GCS_PORT} --dashboard-host={q(head_ip)} {common}
 else
-  guide-venv/bin/ray start --address={q(f'{head_ip}:{GCS_PORT}')} {common}
+  guide-venv/bin/ray start --address={q(f"{head_ip}:{GCS_PORT}")} {common}
 fi
 """
 
@@ -120,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     hosts = spec.tpu.hosts
     print(f"simulated {spec.accelerator_type}: {hosts} hosts, same wheelhouse, this machine")
     print(f"guide, host after host (pip, ray start):   {guide:7.1f} s")
-    print(f"rayslice boot script, all hosts at once:   {first:7.1f} s   guide / rayslice = {guide / first:.2f}x")
-    print(f"rayslice reboot (requirements installed):  {reboot:7.1f} s   first boot / reboot = {first / reboot:.2f}x")
+    print(
+        f"rayslice boot script, all hosts at once:   {first:7.1f} s   guide / rayslice = {guide / first:.2f}x"
+    )
+    print(
+        f"rayslice reboot (requirements installed):  {reboot:7.1f} s   first boot / reboot = {first / reboot:.2f}x"
+    )
     return 0
 
 

@@ -20,15 +20,15 @@ from rayslice.workloads.jax_train import train
 # architecture pages (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v5p, v6e, tpu7x) and the
 # NVIDIA A100 / H100 / H200 datasheets (dense, without sparsity).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("TPU v2", 22.5),         # 45 per chip, two devices per chip
-    ("TPU v3", 61.5),         # 123 per chip, two devices per chip
+    ("TPU v2", 22.5),  # 45 per chip, two devices per chip
+    ("TPU v3", 61.5),  # 123 per chip, two devices per chip
     ("TPU v4", 275.0),
-    ("TPU v5 lite", 197.0),   # v5e
-    ("TPU v5", 459.0),        # v5p
-    ("TPU v6 lite", 918.0),   # v6e (Trillium)
-    ("TPU7x", 2307.0),        # Ironwood: 4,614 TFLOP/s FP8, half that in bf16
+    ("TPU v5 lite", 197.0),  # v5e
+    ("TPU v5", 459.0),  # v5p
+    ("TPU v6 lite", 918.0),  # v6e (Trillium)
+    ("TPU7x", 2307.0),  # Ironwood: 4,614 TFLOP/s FP8, half that in bf16
     ("NVIDIA H200", 989.0),
-    ("NVIDIA H100", 989.0),   # SXM
+    ("NVIDIA H100", 989.0),  # SXM
     ("NVIDIA A100", 312.0),
 )
 
@@ -58,7 +58,7 @@ def matmul_baseline(size: int, repeats: int = 10) -> float:
     chain(a).block_until_ready()  # compile
     start = time.perf_counter()
     chain(a).block_until_ready()
-    return 2 * size ** 3 * repeats * devices / (time.perf_counter() - start)
+    return 2 * size**3 * repeats * devices / (time.perf_counter() - start)
 
 
 def ratio(numerator: float, denominator: float | None) -> str:
@@ -81,14 +81,20 @@ def main() -> None:
     peak_all = None if peak is None else peak * devices
     baseline = matmul_baseline(args.matmul_size)
     report = train(args.steps, args.batch_per_device, args.hidden)
-    print(f"devices: {devices} x {kind}; peak (dense bf16): "
-          f"{'unknown' if peak is None else f'{peak_all / 1e12:.0f} TFLOP/s'}")
-    print(f"baseline bf16 matmul {args.matmul_size}^2: {baseline / 1e9:10.2f} GFLOP/s  "
-          f"of peak {ratio(baseline, peak_all)}")
-    print(f"jax_train (f32, hidden {args.hidden}):  {report.flops_per_s / 1e9:10.2f} GFLOP/s  "
-          f"of peak {ratio(report.flops_per_s, peak_all)}, of baseline {ratio(report.flops_per_s, baseline)}"
-          f"  ({report.steps_per_s:.1f} steps/s, {report.samples_per_s:.0f} samples/s, "
-          f"loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f})")
+    print(
+        f"devices: {devices} x {kind}; peak (dense bf16): "
+        f"{'unknown' if peak is None else f'{peak_all / 1e12:.0f} TFLOP/s'}"
+    )
+    print(
+        f"baseline bf16 matmul {args.matmul_size}^2: {baseline / 1e9:10.2f} GFLOP/s  "
+        f"of peak {ratio(baseline, peak_all)}"
+    )
+    print(
+        f"jax_train (f32, hidden {args.hidden}):  {report.flops_per_s / 1e9:10.2f} GFLOP/s  "
+        f"of peak {ratio(report.flops_per_s, peak_all)}, of baseline {ratio(report.flops_per_s, baseline)}"
+        f"  ({report.steps_per_s:.1f} steps/s, {report.samples_per_s:.0f} samples/s, "
+        f"loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from rayslice import catalog, spec
 
@@ -28,9 +28,17 @@ class UserError(Exception):
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stack-file", metavar="F", help="Pulumi stack file (Pulumi.<stack>.yaml) to read config from")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable), e.g. --set acceleratorType=v5p-16")
+    parser.add_argument(
+        "--stack-file", metavar="F", help="Pulumi stack file (Pulumi.<stack>.yaml) to read config from"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable), e.g. --set acceleratorType=v5p-16",
+    )
 
 
 def spec_from_args(args: argparse.Namespace, *, require_zone: bool = True) -> spec.ClusterSpec:
@@ -38,6 +46,7 @@ def spec_from_args(args: argparse.Namespace, *, require_zone: bool = True) -> sp
 
 
 # ---- catalog ---------------------------------------------------------------------------------
+
 
 def _cmd_catalog(args: argparse.Namespace) -> int:
     if args.type:
@@ -59,8 +68,10 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
     print("  ".join(h.ljust(widths[h]) for h in headers))
     for row in rows:
         print("  ".join(str(row[h]).ljust(widths[h]) for h in headers))
-    print(f"\n`rayslice catalog TYPE --platform {args.platform}` shows one type; sizes count "
-          "TensorCores for v2/v3/v4/v5p/tpu7x and chips for v5litepod/v6e.")
+    print(
+        f"\n`rayslice catalog TYPE --platform {args.platform}` shows one type; sizes count "
+        "TensorCores for v2/v3/v4/v5p/tpu7x and chips for v5litepod/v6e."
+    )
     return 0
 
 
@@ -68,34 +79,45 @@ def _generation_rows(platform: str) -> list[dict[str, object]]:
     """One summary row per generation on a platform, for the readable table."""
     rows = []
     for gen in catalog.generations(platform):
-        shapes = [s for n, s in catalog.table(platform).items() if n == s.accelerator_type and s.generation == gen.name]
+        shapes = [
+            s
+            for n, s in catalog.table(platform).items()
+            if n == s.accelerator_type and s.generation == gen.name
+        ]
         shapes.sort(key=lambda s: s.chips)
-        rows.append({
-            "generation": gen.name,
-            "aliases": ",".join(gen.aliases) or "-",
-            "smallest": shapes[0].accelerator_type,
-            "largest": shapes[-1].accelerator_type,
-            "chips/host": ",".join(str(c) for c in sorted({s.chips_per_host for s in shapes})),
-            "runtime" if platform == "tpu-vm" else "machine": (
-                gen.runtime_version if platform == "tpu-vm" else f"{gen.gke_machine_family}-Nt"),
-            "multislice": "yes" if gen.multislice else "no",
-            "zones": ",".join(gen.zones),
-        })
+        rows.append(
+            {
+                "generation": gen.name,
+                "aliases": ",".join(gen.aliases) or "-",
+                "smallest": shapes[0].accelerator_type,
+                "largest": shapes[-1].accelerator_type,
+                "chips/host": ",".join(str(c) for c in sorted({s.chips_per_host for s in shapes})),
+                "runtime" if platform == "tpu-vm" else "machine": (
+                    gen.runtime_version if platform == "tpu-vm" else f"{gen.gke_machine_family}-Nt"
+                ),
+                "multislice": "yes" if gen.multislice else "no",
+                "zones": ",".join(gen.zones),
+            }
+        )
     return rows
 
 
 # ---- validate --------------------------------------------------------------------------------
 
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     cluster = spec_from_args(args)
     t = cluster.tpu
-    print(f"valid: {cluster.slices} x {t.accelerator_type} on {cluster.platform} in {cluster.zone} "
-          f"({t.hosts} host(s) x {t.chips_per_host} chips per slice, topology {t.topology}, "
-          f"head={cluster.head}, preset={cluster.preset})")
+    print(
+        f"valid: {cluster.slices} x {t.accelerator_type} on {cluster.platform} in {cluster.zone} "
+        f"({t.hosts} host(s) x {t.chips_per_host} chips per slice, topology {t.topology}, "
+        f"head={cluster.head}, preset={cluster.preset})"
+    )
     return 0
 
 
 # ---- render ----------------------------------------------------------------------------------
+
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from rayslice import startup_scripts
@@ -105,6 +127,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 # ---- wiring ----------------------------------------------------------------------------------
+
 
 def _register_core(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("catalog", help="show TPU generations or one accelerator type")

@@ -16,7 +16,8 @@ import argparse
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rayslice import cli, spec
 
@@ -57,10 +58,12 @@ def display_type(token: str) -> str:
     return ".".join(part for part in (package, module, kind) if part and part != "index")
 
 
-def shown_inputs(registration: "Registration") -> dict[str, Any]:
+def shown_inputs(registration: Registration) -> dict[str, Any]:
     """A resource's inputs as printed: secrets masked, long strings summarised."""
-    return {key: SECRET_SHOWN if key in registration.secret_inputs else _map_leaves(value, _summarised)
-            for key, value in sorted(registration.inputs.items())}
+    return {
+        key: SECRET_SHOWN if key in registration.secret_inputs else _map_leaves(value, _summarised)
+        for key, value in sorted(registration.inputs.items())
+    }
 
 
 def _map_leaves(value: Any, leaf: Callable[[Any], Any]) -> Any:
@@ -84,7 +87,7 @@ def _summarised(value: Any) -> Any:
     return value
 
 
-def render_tree(registrations: list["Registration"]) -> str:
+def render_tree(registrations: list[Registration]) -> str:
     """Each resource under its parent, with one line per input."""
     urns = {r.urn for r in registrations}
     children: dict[str, list[Registration]] = {}
@@ -105,21 +108,32 @@ def render_tree(registrations: list["Registration"]) -> str:
     for root in children.get("", []):
         show(root, "", "")
     custom = sum(r.custom for r in registrations)
-    lines.append(f"\n{custom} cloud resources in {len(registrations) - custom} components "
-                 "(offline preview under Pulumi mocks; names and inputs are real, outputs are fake)")
+    lines.append(
+        f"\n{custom} cloud resources in {len(registrations) - custom} components "
+        "(offline preview under Pulumi mocks; names and inputs are real, outputs are fake)"
+    )
     return "\n".join(lines)
 
 
-def render_json(registrations: list["Registration"]) -> str:
+def render_json(registrations: list[Registration]) -> str:
     """Machine-readable: one object per resource (type token, name, parent URN, inputs)."""
-    return json.dumps([
-        {"type": r.type, "name": r.name, "urn": r.urn, "parent": r.parent, "custom": r.custom,
-         "inputs": shown_inputs(r)}
-        for r in registrations
-    ], indent=2)
+    return json.dumps(
+        [
+            {
+                "type": r.type,
+                "name": r.name,
+                "urn": r.urn,
+                "parent": r.parent,
+                "custom": r.custom,
+                "inputs": shown_inputs(r),
+            }
+            for r in registrations
+        ],
+        indent=2,
+    )
 
 
-def render_yaml(registrations: list["Registration"]) -> str:
+def render_yaml(registrations: list[Registration]) -> str:
     """The Kubernetes objects of platform=gke as one YAML stream for ``kubectl apply -f -``.
 
     Read back from what the program registered with the Kubernetes provider, so the stream is
@@ -131,12 +145,19 @@ def render_yaml(registrations: list["Registration"]) -> str:
     from rayslice.infra.kuberay import APPLY_ORDER, manifests_yaml
 
     objects = sorted(
-        (_manifest(r) for r in registrations if r.custom and r.type.startswith(KUBERNETES) and r.type != HELM_RELEASE),
-        key=lambda o: (APPLY_ORDER.index(o["kind"]), _natural(o["metadata"]["name"])))
+        (
+            _manifest(r)
+            for r in registrations
+            if r.custom and r.type.startswith(KUBERNETES) and r.type != HELM_RELEASE
+        ),
+        key=lambda o: (APPLY_ORDER.index(o["kind"]), _natural(o["metadata"]["name"])),
+    )
     if not objects:
-        raise cli.UserError("--output yaml prints the Kubernetes manifests of platform=gke, and this "
-                            "configuration declares none (platform=tpu-vm); use --output tree or json, "
-                            "or set platform=gke")
+        raise cli.UserError(
+            "--output yaml prints the Kubernetes manifests of platform=gke, and this "
+            "configuration declares none (platform=tpu-vm); use --output tree or json, "
+            "or set platform=gke"
+        )
     return manifests_yaml(objects)
 
 
@@ -144,20 +165,27 @@ def _natural(text: str) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text)]
 
 
-def _manifest(registration: "Registration") -> dict[str, Any]:
+def _manifest(registration: Registration) -> dict[str, Any]:
     """A registered Kubernetes object as its manifest: apiVersion, kind and metadata first."""
-    inputs = {key: SECRET_SHOWN if key in registration.secret_inputs else _map_leaves(value, _wire_number)
-              for key, value in registration.inputs.items()}
+    inputs = {
+        key: SECRET_SHOWN if key in registration.secret_inputs else _map_leaves(value, _wire_number)
+        for key, value in registration.inputs.items()
+    }
     head = ("apiVersion", "kind", "metadata")
-    return {**{k: inputs[k] for k in head if k in inputs},
-            **{k: v for k, v in sorted(inputs.items()) if k not in head}}
+    return {
+        **{k: inputs[k] for k in head if k in inputs},
+        **{k: v for k, v in sorted(inputs.items()) if k not in head},
+    }
 
 
-FORMATS: dict[str, Callable[[list["Registration"]], str]] = {
-    "tree": render_tree, "json": render_json, "yaml": render_yaml}
+FORMATS: dict[str, Callable[[list[Registration]], str]] = {
+    "tree": render_tree,
+    "json": render_json,
+    "yaml": render_yaml,
+}
 
 
-def preview(config: dict[str, str]) -> list["Registration"]:
+def preview(config: dict[str, str]) -> list[Registration]:
     """Run the Pulumi program offline with `config`; the resources it registered, in order."""
     # Imported here, not at the top: `rayslice` commands that never touch Pulumi stay fast.
     from rayslice.infra.mocks import run_offline
@@ -173,7 +201,14 @@ def _cmd_preview(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("preview", help="show the cloud resources `pulumi up` would create (offline, no credentials)")
+    p = sub.add_parser(
+        "preview", help="show the cloud resources `pulumi up` would create (offline, no credentials)"
+    )
     cli.add_spec_args(p)
-    p.add_argument("--output", choices=sorted(FORMATS), default="tree", help="tree (default), json, or yaml (platform=gke: the Kubernetes manifests for kubectl apply)")
+    p.add_argument(
+        "--output",
+        choices=sorted(FORMATS),
+        default="tree",
+        help="tree (default), json, or yaml (platform=gke: the Kubernetes manifests for kubectl apply)",
+    )
     p.set_defaults(func=_cmd_preview)

@@ -12,9 +12,10 @@ import difflib
 import ipaddress
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -44,29 +45,89 @@ class Key:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("name", "string", "Prefix of every resource name (GCP name rules: lowercase letter, then letters, digits, hyphens).", "rayslice"),
+    Key(
+        "name",
+        "string",
+        "Prefix of every resource name (GCP name rules: lowercase letter, then letters, digits, hyphens).",
+        "rayslice",
+    ),
     Key("project", "string", "GCP project; falls back to gcp:project."),
     Key("platform", "string", "Where the TPUs run: tpu-vm (Cloud TPU VM API) or gke.", "tpu-vm"),
-    Key("acceleratorType", "string", "TPU slice type, e.g. v6e-16, v5p-2x2x2 or tpu-v6e-slice-16 (see `rayslice catalog`).", "v6e-16"),
+    Key(
+        "acceleratorType",
+        "string",
+        "TPU slice type, e.g. v6e-16, v5p-2x2x2 or tpu-v6e-slice-16 (see `rayslice catalog`).",
+        "v6e-16",
+    ),
     Key("slices", "integer", "Number of identical slices; more than one is multislice (v4 and newer).", 1),
     Key("zone", "string", "GCP zone that offers the generation; falls back to gcp:zone."),
-    Key("runtimeVersion", "string", "TPU VM runtime (software) version; default: the generation's from the catalog."),
+    Key(
+        "runtimeVersion",
+        "string",
+        "TPU VM runtime (software) version; default: the generation's from the catalog.",
+    ),
     Key("capacity", "string", "on-demand, spot or reserved.", "on-demand"),
-    Key("reservation", "string", "Reservation name for capacity=reserved on GKE (TPU VMs use any matching reservation)."),
-    Key("head", "string", "Where the Ray head runs: slice (worker 0 of slice 0) or vm (a CPU VM); default slice for one slice, vm for several."),
-    Key("headMachineType", "string", "Machine type of the CPU head VM (head=vm) or the GKE head node pool.", "n1-standard-16"),
+    Key(
+        "reservation",
+        "string",
+        "Reservation name for capacity=reserved on GKE (TPU VMs use any matching reservation).",
+    ),
+    Key(
+        "head",
+        "string",
+        "Where the Ray head runs: slice (worker 0 of slice 0) or vm (a CPU VM); default slice for one slice, vm for several.",
+    ),
+    Key(
+        "headMachineType",
+        "string",
+        "Machine type of the CPU head VM (head=vm) or the GKE head node pool.",
+        "n1-standard-16",
+    ),
     Key("network", "string", "Existing VPC network name; absent: rayslice creates one with Cloud NAT."),
-    Key("subnetwork", "string", "Existing subnetwork of `network` (set both); absent: created with the network."),
-    Key("externalIps", "boolean", "Give TPU hosts external IPs (off: hosts reach package indexes through Cloud NAT).", False),
-    Key("dashboardSourceRanges", "array", "CIDR ranges, besides the cluster itself, allowed to reach the Ray dashboard / Jobs API.", ()),
-    Key("preset", "string", "Requirement set from the guide: jax (host-centric) or xla (PyTorch/XLA, device-centric).", "jax"),
+    Key(
+        "subnetwork",
+        "string",
+        "Existing subnetwork of `network` (set both); absent: created with the network.",
+    ),
+    Key(
+        "externalIps",
+        "boolean",
+        "Give TPU hosts external IPs (off: hosts reach package indexes through Cloud NAT).",
+        False,
+    ),
+    Key(
+        "dashboardSourceRanges",
+        "array",
+        "CIDR ranges, besides the cluster itself, allowed to reach the Ray dashboard / Jobs API.",
+        (),
+    ),
+    Key(
+        "preset",
+        "string",
+        "Requirement set from the guide: jax (host-centric) or xla (PyTorch/XLA, device-centric).",
+        "jax",
+    ),
     Key("requirements", "array", "Extra PEP 508 requirement lines installed on every host.", ()),
     Key("packageIndex", "string", "Python package index URL used instead of PyPI (hosts without internet)."),
     Key("rayVersion", "string", "Ray version installed on every host (X.Y.Z).", DEFAULT_RAY_VERSION),
     Key("labels", "object", "GCP labels added to every resource (GCP label rules apply).", {}),
-    Key("rayAuth", "string", "Ray token authentication: token (token kept in Secret Manager) or none.", "token"),
-    Key("kuberay", "string", "GKE only: how the KubeRay operator is installed: helm (pinned release) or addon (GKE Ray add-on).", "helm"),
-    Key("gkeCluster", "string", "GKE only: name of an existing cluster to add node pools to; absent: one is created."),
+    Key(
+        "rayAuth",
+        "string",
+        "Ray token authentication: token (token kept in Secret Manager) or none.",
+        "token",
+    ),
+    Key(
+        "kuberay",
+        "string",
+        "GKE only: how the KubeRay operator is installed: helm (pinned release) or addon (GKE Ray add-on).",
+        "helm",
+    ),
+    Key(
+        "gkeCluster",
+        "string",
+        "GKE only: name of an existing cluster to add node pools to; absent: one is created.",
+    ),
 )
 KEY_NAMES = {k.name for k in KEYS}
 
@@ -146,16 +207,29 @@ class ClusterSpec:
     def as_config(self) -> dict[str, Any]:
         """The spec as config keys (camelCase), the form stack files and `--set` use."""
         values = {
-            "name": self.name, "project": self.project, "platform": self.platform,
-            "acceleratorType": self.accelerator_type, "slices": self.slices, "zone": self.zone,
-            "runtimeVersion": self.runtime_version, "capacity": self.capacity,
-            "reservation": self.reservation, "head": self.head,
-            "headMachineType": self.head_machine_type, "network": self.network,
-            "subnetwork": self.subnetwork, "externalIps": self.external_ips,
-            "dashboardSourceRanges": list(self.dashboard_source_ranges), "preset": self.preset,
-            "requirements": list(self.requirements), "packageIndex": self.package_index,
-            "rayVersion": self.ray_version, "labels": dict(self.labels), "rayAuth": self.ray_auth,
-            "kuberay": self.kuberay, "gkeCluster": self.gke_cluster,
+            "name": self.name,
+            "project": self.project,
+            "platform": self.platform,
+            "acceleratorType": self.accelerator_type,
+            "slices": self.slices,
+            "zone": self.zone,
+            "runtimeVersion": self.runtime_version,
+            "capacity": self.capacity,
+            "reservation": self.reservation,
+            "head": self.head,
+            "headMachineType": self.head_machine_type,
+            "network": self.network,
+            "subnetwork": self.subnetwork,
+            "externalIps": self.external_ips,
+            "dashboardSourceRanges": list(self.dashboard_source_ranges),
+            "preset": self.preset,
+            "requirements": list(self.requirements),
+            "packageIndex": self.package_index,
+            "rayVersion": self.ray_version,
+            "labels": dict(self.labels),
+            "rayAuth": self.ray_auth,
+            "kuberay": self.kuberay,
+            "gkeCluster": self.gke_cluster,
         }
         assert set(values) == KEY_NAMES, "as_config must list every key"
         return values
@@ -204,7 +278,9 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
         platform=values["platform"],
         slices=slices,
         zone=values["zone"] or tpu.zones[0],
-        runtime_version=(values["runtimeVersion"] or tpu.runtime_version) if values["platform"] == "tpu-vm" else None,
+        runtime_version=(values["runtimeVersion"] or tpu.runtime_version)
+        if values["platform"] == "tpu-vm"
+        else None,
         capacity=values["capacity"],
         reservation=values["reservation"],
         head=values["head"] or ("slice" if slices == 1 else "vm"),
@@ -297,10 +373,14 @@ def _check_names(values: dict[str, Any], problems: list[str]) -> None:
             "letters, digits or hyphens, starting with a letter"
         )
     if values["headMachineType"] is not None and not _MACHINE_TYPE.match(values["headMachineType"]):
-        problems.append(f"headMachineType={values['headMachineType']!r} is not a machine type name (e.g. n1-standard-16)")
+        problems.append(
+            f"headMachineType={values['headMachineType']!r} is not a machine type name (e.g. n1-standard-16)"
+        )
     labels = values["labels"] or {}
     if len(labels) > 60:
-        problems.append(f"labels: {len(labels)} labels given; GCP allows 64 per resource and rayslice adds 4: use at most 60")
+        problems.append(
+            f"labels: {len(labels)} labels given; GCP allows 64 per resource and rayslice adds 4: use at most 60"
+        )
     for key, value in labels.items():
         if not _LABEL_KEY.match(key):
             problems.append(
@@ -314,7 +394,9 @@ def _check_names(values: dict[str, Any], problems: list[str]) -> None:
             )
 
 
-def _check_zone(values: dict[str, Any], tpu: catalog.TpuType | None, problems: list[str], required: bool) -> None:
+def _check_zone(
+    values: dict[str, Any], tpu: catalog.TpuType | None, problems: list[str], required: bool
+) -> None:
     zone = values["zone"]
     if zone is None:
         if required:
@@ -334,10 +416,14 @@ def _check_runtime(values: dict[str, Any], tpu: catalog.TpuType | None, problems
     if runtime is None or tpu is None:
         return
     if values["platform"] == "gke":
-        problems.append("runtimeVersion applies to the TPU VM API only; remove it for platform=gke (GKE picks the TPU runtime)")
+        problems.append(
+            "runtimeVersion applies to the TPU VM API only; remove it for platform=gke (GKE picks the TPU runtime)"
+        )
         return
     if not _RUNTIME.match(runtime):
-        problems.append(f"runtimeVersion={runtime!r} is not a runtime version name (e.g. {tpu.runtime_version})")
+        problems.append(
+            f"runtimeVersion={runtime!r} is not a runtime version name (e.g. {tpu.runtime_version})"
+        )
         return
     built_for = catalog.runtime_generations(runtime)
     if tpu.generation not in built_for:
@@ -355,9 +441,13 @@ def _check_slices(values: dict[str, Any], tpu: catalog.TpuType | None, problems:
         problems.append(f"slices={slices} is out of range; use 1 to 64")
     elif slices > 1 and tpu is not None and not tpu.multislice:
         capable = ", ".join(g.name for g in catalog.GENERATIONS if g.multislice)
-        problems.append(f"slices={slices}: {tpu.generation} does not support multislice; use slices=1 or one of: {capable}")
+        problems.append(
+            f"slices={slices}: {tpu.generation} does not support multislice; use slices=1 or one of: {capable}"
+        )
     if values["head"] == "slice" and slices > 1:
-        problems.append("head=slice with several slices puts the head on one slice's host; use head=vm for multislice")
+        problems.append(
+            "head=slice with several slices puts the head on one slice's host; use head=vm for multislice"
+        )
 
 
 def _check_requirements(values: dict[str, Any], problems: list[str]) -> None:
@@ -365,16 +455,22 @@ def _check_requirements(values: dict[str, Any], problems: list[str]) -> None:
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            problems.append(f"requirements: {line!r} is not a valid PEP 508 requirement ({exc}); e.g. 'optax>=0.2'")
+            problems.append(
+                f"requirements: {line!r} is not a valid PEP 508 requirement ({exc}); e.g. 'optax>=0.2'"
+            )
             continue
         if req.url:
-            problems.append(f"requirements: {line!r} installs from a URL; list a package name and use packageIndex for a private index")
+            problems.append(
+                f"requirements: {line!r} installs from a URL; list a package name and use packageIndex for a private index"
+            )
     ray_version = values["rayVersion"]
     if ray_version is not None and not _RAY_VERSION.match(ray_version):
         problems.append(f"rayVersion={ray_version!r} is malformed; use a release like {DEFAULT_RAY_VERSION}")
     index = values["packageIndex"]
     if index is not None and not _URL.match(index):
-        problems.append(f"packageIndex={index!r} is not an http(s):// or file:// URL without quotes or spaces")
+        problems.append(
+            f"packageIndex={index!r} is not an http(s):// or file:// URL without quotes or spaces"
+        )
 
 
 def _check_misc(values: dict[str, Any], problems: list[str]) -> None:
@@ -385,7 +481,9 @@ def _check_misc(values: dict[str, Any], problems: list[str]) -> None:
             problems.append(f"dashboardSourceRanges: {cidr!r} is not a CIDR range (e.g. 10.0.0.0/8)")
             continue
         if net.prefixlen == 0:
-            problems.append(f"dashboardSourceRanges: {cidr} opens the Ray dashboard and Jobs API to the internet; list your own ranges")
+            problems.append(
+                f"dashboardSourceRanges: {cidr} opens the Ray dashboard and Jobs API to the internet; list your own ranges"
+            )
 
 
 def _check_network(values: dict[str, Any], problems: list[str]) -> None:
@@ -427,6 +525,7 @@ def _check_gke(values: dict[str, Any], problems: list[str]) -> None:
 
 
 # ---- where raw values come from ------------------------------------------------------------
+
 
 def read_stack_file(path: str | Path) -> dict[str, Any]:
     """Raw values from a Pulumi stack file (``config:`` with ``rayslice:`` and ``gcp:`` keys)."""
@@ -472,8 +571,13 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return raw
 
 
-def load_cli(stack_file: str | None, overrides: list[str], *, require_zone: bool = True,
-             defaults: Mapping[str, Any] | None = None) -> ClusterSpec:
+def load_cli(
+    stack_file: str | None,
+    overrides: list[str],
+    *,
+    require_zone: bool = True,
+    defaults: Mapping[str, Any] | None = None,
+) -> ClusterSpec:
     """The spec as the CLI sees it: defaults, then the stack file, then ``--set`` overrides."""
     raw: dict[str, Any] = dict(defaults or {})
     if stack_file:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import jsonschema
@@ -10,15 +11,33 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Markers live here, in one place: everything under tests/integration/ starts simulated
+    hosts or real Ray nodes (`slow`) inside network namespaces (`root`)."""
+    for item in items:
+        if INTEGRATION in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.root)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Root-only tests skip on a developer's machine without root, but fail under CI (`CI=true`):
+    a CI run that could run none of them must not go green."""
+    if item.get_closest_marker("root") is None or os.geteuid() == 0:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail("CI=true but not root: the simulator tests need root (network namespaces)")
+    pytest.skip("needs root (network namespaces); run as root")
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """../shared beside the checkout (design docs, reference tables, fixtures)."""
-    if not SHARED.is_dir():
-        pytest.fail(f"{SHARED} is missing: the tests need ../shared beside the checkout")
-    return SHARED
+def fixtures_dir() -> Path:
+    """Files copied into the repository for tests; each folder's SOURCE.md names origin and license."""
+    return FIXTURES
 
 
 def _strict(schema: dict) -> dict:
@@ -27,8 +46,11 @@ def _strict(schema: dict) -> dict:
 
     def walk(node: object) -> None:
         if isinstance(node, dict):
-            if ("properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 walk(value)
@@ -41,9 +63,9 @@ def _strict(schema: dict) -> dict:
 
 
 @pytest.fixture(scope="session")
-def crd_validator(shared_dir) -> jsonschema.Draft7Validator:
-    """KubeRay's RayCluster CRD schema (../shared/fixtures/kuberay-v*), strict."""
-    [path] = (shared_dir / "fixtures").glob("kuberay-v*/ray.io_rayclusters.yaml")
+def crd_validator(fixtures_dir: Path) -> jsonschema.Draft7Validator:
+    """KubeRay's RayCluster CRD schema (tests/fixtures/kuberay-v*), strict."""
+    [path] = fixtures_dir.glob("kuberay-v*/ray.io_rayclusters.yaml")
     crd = yaml.safe_load(path.read_text())
     [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))

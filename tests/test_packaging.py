@@ -11,9 +11,21 @@ from tests.conftest import REPO
 
 def test_wheel_has_only_the_rayslice_package(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     [wheel] = tmp_path.glob("rayslice-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

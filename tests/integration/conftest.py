@@ -7,13 +7,14 @@ failing test never leaves namespaces or processes behind.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from rayslice.local.simulator import Simulation
 from rayslice.local.state import STATE_FILE
+
 
 @pytest.fixture
 def simulation_dir(tmp_path: Path) -> Iterator[Path]:

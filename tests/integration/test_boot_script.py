@@ -6,7 +6,6 @@ rendered ones (process supervisor, package source, root). These tests start real
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -14,13 +13,8 @@ import pytest
 
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation, default_package_source
-from rayslice.startup_scripts import RenderOptions, render
 from rayslice.local.wheelhouse import ensure_wheelhouse
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (network namespaces)"),
-]
+from rayslice.startup_scripts import RenderOptions, render
 
 REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = REPO / ".wheelhouse"
@@ -49,7 +43,9 @@ def _wait_nodes(sim: Simulation, count: int, timeout: float) -> list[dict]:
         if len(nodes) == count:
             return nodes
         time.sleep(2)
-    raise AssertionError(f"expected {count} alive TPU nodes, saw {len(nodes)}: {[n['node_ip'] for n in nodes]}")
+    raise AssertionError(
+        f"expected {count} alive TPU nodes, saw {len(nodes)}: {[n['node_ip'] for n in nodes]}"
+    )
 
 
 def _log(sim: Simulation, host: str) -> str:
@@ -131,8 +127,9 @@ def wheelhouse() -> Path:
 
 
 def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhouse):
-    sim = Simulation.create(_spec(acceleratorType="v6e-4", rayAuth="none"), simulation_dir,
-                            package_source=f"wheels:{wheelhouse}")
+    sim = Simulation.create(
+        _spec(acceleratorType="v6e-4", rayAuth="none"), simulation_dir, package_source=f"wheels:{wheelhouse}"
+    )
     [host] = [h.name for h in sim.plan.hosts]
     sim.boot(host)
     sim.wait_for(_all("joined"), timeout=600)
@@ -153,9 +150,14 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
 def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
     sim = Simulation.create(_spec(rayAuth="none"), simulation_dir)
     head = sim.plan.head.name
-    other = render(_spec(acceleratorType="v6e-4", rayAuth="none"),
-                   RenderOptions(supervisor="process", package_source=default_package_source(), root=sim.plan.root))
+    other = render(
+        _spec(acceleratorType="v6e-4", rayAuth="none"),
+        RenderOptions(supervisor="process", package_source=default_package_source(), root=sim.plan.root),
+    )
     sim.paths(head).script.write_text(other)
     sim.boot(head)
     states = sim.wait_for(lambda s: s[head].startswith("failed"), timeout=60)
-    assert states[head] == "failed: this script was rendered for v6e-4 but the host is v6e-16; render it for this slice"
+    assert (
+        states[head]
+        == "failed: this script was rendered for v6e-4 but the host is v6e-16; render it for this slice"
+    )

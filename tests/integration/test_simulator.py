@@ -4,7 +4,6 @@ then the real rendered startup script bringing up real Ray clusters through the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.error
@@ -16,8 +15,6 @@ from rayslice import cli, spec
 from rayslice.local import netns
 from rayslice.local.processes import is_alive
 from rayslice.local.simulator import Simulation
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="the simulator needs root (network namespaces)")]
 
 # Just enough of a boot script to observe a host from inside: it waits for metadata (which may
 # answer 503 at first), publishes what it sees as guest attributes (a boot counter among them),
@@ -63,7 +60,9 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
         assert facts["outside"] == "unreachable"
         assert facts["http_proxy"] == "none"
         assert sim.script_exit(host.name) == 0
-    assert " 503 " in sim.paths(sim.plan.hosts[0].name).metadata_log.read_text(), "metadata answered 503 at first"
+    assert " 503 " in sim.paths(sim.plan.hosts[0].name).metadata_log.read_text(), (
+        "metadata answered 503 at first"
+    )
 
     # A reboot runs the same script again on that host only; a power-off ends all its processes.
     target = sim.plan.hosts[2]
@@ -105,6 +104,7 @@ def test_down_cleans_up_after_an_interrupted_up(simulation_dir, monkeypatch):
 
 
 # ---- the real startup script, through the CLI ---------------------------------------------------
+
 
 def _status(state_dir, capsys) -> dict:
     capsys.readouterr()

@@ -19,10 +19,6 @@ import pytest
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root (network namespaces)"),
-]
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 
 
@@ -54,15 +50,21 @@ def single(tmp_path_factory):
     sim.destroy()
 
 
-def rayslice_run(sim: Simulation, target: str, *job_args: str,
-                 timeout: float = 600) -> subprocess.CompletedProcess:
+def rayslice_run(
+    sim: Simulation, target: str, *job_args: str, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """`rayslice run TARGET --address URL [--token-file F] [-- JOB_ARGS]`, as a user types it."""
     argv = [target, "--address", sim.dashboard_url()]
     if sim.token_file.exists():
         argv += ["--token-file", str(sim.token_file)]
     argv += ["--", *job_args] if job_args else []
-    result = subprocess.run([RAYSLICE, "run", *argv], capture_output=True, text=True, timeout=timeout,
-                            env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")})
+    result = subprocess.run(
+        [RAYSLICE, "run", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")},
+    )
     print(result.stdout[-5000:], result.stderr[-3000:])  # shown when a test fails
     return result
 
@@ -86,8 +88,12 @@ def test_jax_single_host_on_a_v6e_4_returns_4(single):
 def test_jax_multislice_over_two_v6e_16_slices(cluster):
     result = rayslice_run(cluster, "jax_multislice")
     assert result.returncode == 0
-    hosts = re.findall(r"^slice_id=(\d) slice=\S+ worker=\d process_id=(\d+) devices=(\d+) "
-                       r"MEGASCALE_SLICE_ID=(\d)$", result.stdout, re.M)
+    hosts = re.findall(
+        r"^slice_id=(\d) slice=\S+ worker=\d process_id=(\d+) devices=(\d+) "
+        r"MEGASCALE_SLICE_ID=(\d)$",
+        result.stdout,
+        re.M,
+    )
     assert len(hosts) == 8
     assert {h[0] for h in hosts} == {"0", "1"} == {h[3] for h in hosts}
     assert sorted(int(h[1]) for h in hosts) == list(range(8))
@@ -100,8 +106,9 @@ def test_jax_train_loss_falls_and_flops_are_reported(cluster):
     curve = losses(result.stdout)
     assert len(curve) == 12
     assert sum(curve[-3:]) / 3 < curve[0]
-    assert re.search(r"^16 x cpu, global batch 512: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s",
-                     result.stdout, re.M)
+    assert re.search(
+        r"^16 x cpu, global batch 512: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s", result.stdout, re.M
+    )
 
 
 def test_a_job_asking_for_more_chips_than_a_host_has_fails_clearly(single):
@@ -113,14 +120,17 @@ def test_a_job_asking_for_more_chips_than_a_host_has_fails_clearly(single):
 def test_a_users_script_runs_with_its_directory(cluster, tmp_path):
     (tmp_path / "data.txt").write_text("from the working dir")
     script = tmp_path / "mine.py"
-    script.write_text("import sys\nfrom rayslice.workloads import _cluster\n_cluster.connect()\n"
-                      "print(open('data.txt').read(), len(_cluster.tpu_slices()), sys.argv[1:])\n")
+    script.write_text(
+        "import sys\nfrom rayslice.workloads import _cluster\n_cluster.connect()\n"
+        "print(open('data.txt').read(), len(_cluster.tpu_slices()), sys.argv[1:])\n"
+    )
     result = rayslice_run(cluster, str(script), "--flag", "x y")
     assert result.returncode == 0
     assert "from the working dir 2 ['--flag', 'x y']" in result.stdout
 
 
 # ---- PyTorch/XLA (the `xla` extra, installed by scripts/setup.sh) --------------------------------
+
 
 def test_xla_single_prints_a_tensor_on_an_xla_device(cluster):
     result = rayslice_run(cluster, "xla_single")

@@ -1,0 +1,66 @@
+"""Every error rayslice expects, and the exit code each one ends in.
+
+A failure the user can act on is raised as a `RaysliceError` subclass whose message says what to
+do; the CLI prints the message on stderr and exits with the class's `exit_code`. Anything else is
+a bug and keeps its traceback. The codes are part of the interface scripts rely on:
+
+- 0: success
+- 1: the job ran and failed (`JobFailed`)
+- 2: bad input, caught before anything was created or touched (`InvalidInput` and subclasses)
+- 3: no cluster reachable, or no credentials (`NoCluster`, `NoCredentials`)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_INVALID = 2
+EXIT_NO_CLUSTER = 3
+
+
+class RaysliceError(Exception):
+    """Base of every expected failure; `exit_code` is what the CLI exits with."""
+
+    exit_code = EXIT_INVALID
+
+
+class InvalidInput(RaysliceError):
+    """Input that cannot work: a bad config value, an unknown name, a hostile string."""
+
+    exit_code = EXIT_INVALID
+
+
+class SpecError(InvalidInput):
+    """One or more invalid config keys; `problems` lists each with what to do."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class CatalogError(InvalidInput):
+    """An accelerator type or generation the catalog does not know, or not on that platform."""
+
+
+class SimulatorError(RaysliceError):
+    """The local simulation cannot do what was asked (not root, tampered state, host failed)."""
+
+    exit_code = EXIT_INVALID
+
+
+class JobFailed(RaysliceError):
+    """A submitted job ended in a state other than SUCCEEDED."""
+
+    exit_code = EXIT_JOB_FAILED
+
+
+class NoCluster(RaysliceError):
+    """No Ray cluster (or simulated slice) answers at the address rayslice would use."""
+
+    exit_code = EXIT_NO_CLUSTER
+
+
+class NoCredentials(RaysliceError):
+    """Cloud credentials (Application Default Credentials) are missing or rejected."""
+
+    exit_code = EXIT_NO_CLUSTER

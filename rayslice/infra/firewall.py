@@ -1,0 +1,115 @@
+"""Firewall rules of a TPU VM cluster: open inside, closed outside.
+
+Ray (GCS, raylets, object managers, workers, Jobs API), the JAX coordinator (8476, 8482 since
+0.8.1), megascale (8081) and the TPU runtime all talk between the cluster's own hosts on many
+ports, several chosen at random; one rule allows all TCP/UDP between hosts that carry the
+cluster's network tag instead of chasing port lists (FACTS.md: the JAX hangs that stale port
+lists cause). From outside, SSH comes only from IAP's TCP-forwarding range, and the Ray
+dashboard / Jobs API only from the ranges the user lists. No rule admits 0.0.0.0/0: the spec
+refuses a /0 dashboard range and nothing else takes a range from the user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import DASHBOARD_PORT
+
+# Google's documented source range of IAP TCP forwarding (`gcloud ... --tunnel-through-iap`).
+IAP_SOURCE_RANGE = "35.235.240.0/20"
+SSH_PORT = 22
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ingress rule, as plain data so tests and the preview can read it."""
+
+    suffix: str
+    description: str
+    protocols: tuple[tuple[str, tuple[str, ...]], ...]  # (protocol, ports); no ports: all
+    target_tags: tuple[str, ...]
+    source_tags: tuple[str, ...] = ()
+    source_ranges: tuple[str, ...] = ()
+
+
+def cluster_tag(spec: ClusterSpec) -> str:
+    """The network tag every host of the cluster carries."""
+    return f"{spec.name}-host"
+
+
+def head_tag(spec: ClusterSpec) -> str:
+    """The network tag of the host(s) that may run the Ray head (dashboard, Jobs API)."""
+    return f"{spec.name}-head"
+
+
+def firewall_rules(spec: ClusterSpec) -> list[Rule]:
+    """The cluster's ingress rules; the dashboard rule exists only when ranges are listed."""
+    rules = [
+        Rule(
+            suffix="internal",
+            description="rayslice: all TCP/UDP (and ping) between the cluster's hosts: Ray, JAX, megascale, TPU runtime",
+            protocols=(("tcp", ()), ("udp", ()), ("icmp", ())),
+            source_tags=(cluster_tag(spec),),
+            target_tags=(cluster_tag(spec),),
+        ),
+        Rule(
+            suffix="iap-ssh",
+            description="rayslice: SSH through Identity-Aware Proxy only",
+            protocols=(("tcp", (str(SSH_PORT),)),),
+            source_ranges=(IAP_SOURCE_RANGE,),
+            target_tags=(cluster_tag(spec),),
+        ),
+    ]
+    if spec.dashboard_source_ranges:
+        rules.append(
+            Rule(
+                suffix="dashboard",
+                description="rayslice: Ray dashboard / Jobs API from the listed ranges",
+                protocols=(("tcp", (str(DASHBOARD_PORT),)),),
+                source_ranges=tuple(spec.dashboard_source_ranges),
+                target_tags=(head_tag(spec),),
+            )
+        )
+    return rules
+
+
+@dataclass(frozen=True)
+class ClusterFirewallArgs:
+    spec: ClusterSpec
+    network: pulumi.Input[str]
+
+
+class ClusterFirewall(pulumi.ComponentResource):
+    """The rules of `firewall_rules`, created in the cluster's network."""
+
+    rule_names: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, args: ClusterFirewallArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("rayslice:infra:ClusterFirewall", name, None, opts)
+        spec = args.spec
+        created = [
+            gcp.compute.Firewall(
+                f"{name}-{rule.suffix}",
+                name=f"{spec.name}-fw-{rule.suffix}",
+                project=spec.project,
+                network=args.network,
+                direction="INGRESS",
+                description=rule.description,
+                allows=[
+                    gcp.compute.FirewallAllowArgs(protocol=p, ports=list(ports) or None)
+                    for p, ports in rule.protocols
+                ],
+                source_tags=list(rule.source_tags) or None,
+                source_ranges=list(rule.source_ranges) or None,
+                target_tags=list(rule.target_tags),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for rule in firewall_rules(spec)
+        ]
+        self.rule_names = pulumi.Output.all(*[fw.name for fw in created])
+        # Repeated from the annotation: registered outputs are what `pulumi stack` shows.
+        self.register_outputs({"rule_names": self.rule_names})

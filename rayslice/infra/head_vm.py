@@ -1,0 +1,86 @@
+"""The CPU head VM (``head=vm``): a Compute Engine instance that runs only the Ray head.
+
+Multislice needs a head that no slice owns: a preempted or recreated slice must not take the
+GCS, the Jobs API and the multislice coordinator down with it. The VM boots the same script
+as the TPU hosts; the ``rayslice-role: head-vm`` attribute makes it start the head. It is
+always on-demand, even when the slices are spot, for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from rayslice.infra.firewall import cluster_tag, head_tag
+from rayslice.infra.identity import CLOUD_PLATFORM_SCOPE
+from rayslice.infra.labels import resource_labels
+from rayslice.infra.metadata import host_metadata
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
+
+# Same OS family as the TPU VM runtime images (Ubuntu 22.04), so one boot script fits both.
+HEAD_VM_IMAGE = "ubuntu-os-cloud/ubuntu-2204-lts"
+HEAD_VM_DISK_GB = 100
+
+
+def head_vm_name(spec: ClusterSpec) -> str:
+    return f"{spec.name}-head"
+
+
+@dataclass(frozen=True)
+class HeadVmArgs:
+    spec: ClusterSpec
+    script: str
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str | None]
+    service_account_email: pulumi.Input[str]
+    token_secret: str | None
+
+
+class HeadVm(pulumi.ComponentResource):
+    """The head instance; `internal_ip` is the address every TPU host joins."""
+
+    instance_name: pulumi.Output[str]
+    internal_ip: pulumi.Output[str]
+
+    def __init__(self, name: str, args: HeadVmArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("rayslice:infra:HeadVm", name, None, opts)
+        spec = args.spec
+        instance = gcp.compute.Instance(
+            f"{name}-instance",
+            name=head_vm_name(spec),
+            project=spec.project,
+            zone=spec.zone,
+            machine_type=spec.head_machine_type,
+            boot_disk=gcp.compute.InstanceBootDiskArgs(
+                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                    image=HEAD_VM_IMAGE, size=HEAD_VM_DISK_GB, type="pd-balanced"
+                ),
+            ),
+            network_interfaces=[
+                gcp.compute.InstanceNetworkInterfaceArgs(
+                    network=args.network,
+                    subnetwork=args.subnetwork,
+                    access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
+                    if spec.external_ips
+                    else None,
+                )
+            ],
+            service_account=gcp.compute.InstanceServiceAccountArgs(
+                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
+            ),
+            shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
+                enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
+            ),
+            metadata=host_metadata(spec, args.script, HEAD_VM_SLICE_INDEX, token_secret=args.token_secret),
+            labels=resource_labels(spec, HEAD_VM_ROLE),
+            tags=[cluster_tag(spec), head_tag(spec)],
+            allow_stopping_for_update=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.instance_name = instance.name
+        self.internal_ip = instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
+        # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
+        self.register_outputs({"instance_name": self.instance_name, "internal_ip": self.internal_ip})

@@ -1,0 +1,123 @@
+"""Who the hosts are: a dedicated service account with only what a host needs, and the Ray token.
+
+A host writes logs and metrics and, with ``rayAuth=token``, reads the cluster's Ray token. The
+account gets exactly those three permissions, the last one on the one secret only (not on
+the project). The token is a `random.RandomPassword`: generated at the stack's first
+``pulumi up`` and then kept in the stack's state (encrypted as a secret), so every later run
+and every rebooted host sees the same token. It reaches hosts only through Secret Manager:
+metadata carries the secret's *name*, and no output carries the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_random as random
+
+from rayslice.infra.labels import resource_labels
+from rayslice.spec import ClusterSpec
+
+# Project-level roles of the hosts' account: Cloud Logging and Cloud Monitoring writers.
+HOST_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
+# The scope stays broad on purpose: GCP's recommended pattern is a cloud-platform scope with
+# permissions limited by IAM roles, which the account above is.
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+TOKEN_LENGTH = 48
+_ACCOUNT_ID_MAX = 30
+
+
+def account_id(cluster_name: str) -> str:
+    """The service account ID (6-30 characters) for a cluster name of up to 40 characters.
+
+    Names that do not fit are cut and given a hash of the full name, so two long cluster names
+    that share a prefix still get different accounts.
+    """
+    wanted = f"{cluster_name}-hosts"
+    if len(wanted) <= _ACCOUNT_ID_MAX:
+        return wanted
+    digest = hashlib.sha256(cluster_name.encode()).hexdigest()[:6]
+    head = cluster_name[: _ACCOUNT_ID_MAX - len(digest) - 1].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def token_secret_id(spec: ClusterSpec) -> str:
+    """The Secret Manager secret that holds the Ray token (the name hosts find in metadata)."""
+    return f"{spec.name}-ray-token"
+
+
+@dataclass(frozen=True)
+class ClusterIdentityArgs:
+    spec: ClusterSpec
+
+
+class ClusterIdentity(pulumi.ComponentResource):
+    """The hosts' service account and, with rayAuth=token, the token's secret."""
+
+    service_account_email: pulumi.Output[str]
+    token_secret: str | None  # the secret ID, known before deployment; None without token auth
+
+    def __init__(self, name: str, args: ClusterIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("rayslice:infra:ClusterIdentity", name, None, opts)
+        spec = args.spec
+        child = pulumi.ResourceOptions(parent=self)
+        account = gcp.serviceaccount.Account(
+            f"{name}-hosts",
+            account_id=account_id(spec.name),
+            project=spec.project,
+            display_name=f"rayslice {spec.name} hosts",
+            description="Ray hosts of a rayslice cluster: write logs and metrics, read the Ray token",
+            opts=child,
+        )
+        for role in HOST_PROJECT_ROLES:
+            gcp.projects.IAMMember(
+                f"{name}-{role.split('/')[-1]}",
+                project=account.project,
+                role=role,
+                member=account.member,
+                opts=child,
+            )
+        self.service_account_email = account.email
+        self.token_secret = None
+        if spec.ray_auth == "token":
+            self.token_secret = token_secret_id(spec)
+            self._token(name, spec, account)
+        # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
+        self.register_outputs(
+            {
+                "service_account_email": self.service_account_email,
+                "token_secret": self.token_secret,
+            }
+        )
+
+    def _token(self, name: str, spec: ClusterSpec, account: gcp.serviceaccount.Account) -> None:
+        child = pulumi.ResourceOptions(parent=self)
+        token = random.RandomPassword(f"{name}-ray-token", length=TOKEN_LENGTH, special=False, opts=child)
+        secret = gcp.secretmanager.Secret(
+            f"{name}-ray-token",
+            secret_id=self.token_secret,
+            project=spec.project,
+            replication=gcp.secretmanager.SecretReplicationArgs(
+                auto=gcp.secretmanager.SecretReplicationAutoArgs()
+            ),
+            labels=resource_labels(spec, "ray-token"),
+            opts=child,
+        )
+        in_secret = pulumi.ResourceOptions(parent=secret)
+        gcp.secretmanager.SecretVersion(
+            f"{name}-ray-token-v1",
+            secret=secret.id,
+            secret_data=token.result,
+            opts=in_secret,
+        )
+        gcp.secretmanager.SecretIamMember(
+            f"{name}-ray-token-reader",
+            project=secret.project,
+            secret_id=secret.secret_id,
+            role=SECRET_ACCESSOR_ROLE,
+            member=account.member,
+            opts=in_secret,
+        )

@@ -1,0 +1,35 @@
+"""Instance metadata of a host: the boot script plus the ``rayslice-*`` attributes it reads.
+
+Every host of every slice, and the CPU head VM, boots the same rendered script and learns its
+role from these attributes (ARCHITECTURE.md: heads are found through metadata). No secret is
+ever placed here: with token auth the attributes name the Secret Manager secret only.
+"""
+
+from __future__ import annotations
+
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import host_attributes
+
+STARTUP_SCRIPT_KEY = "startup-script"
+# OS Login keeps SSH keys out of instance metadata: without it `gcloud ... ssh` writes keys
+# into the metadata Pulumi manages, and the next `pulumi up` would remove them again.
+OS_LOGIN_KEY = "enable-oslogin"
+# Guest attributes are off unless the instance asks for them; the boot script reports its
+# state (installing, waiting-for-head, joined, failed: ...) through them.
+GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
+
+
+def host_metadata(
+    spec: ClusterSpec,
+    script: str,
+    slice_index: int,
+    head_address: str | None = None,
+    token_secret: str | None = None,
+) -> dict[str, str]:
+    """Metadata of slice `slice_index`'s hosts, or of the head VM (`HEAD_VM_SLICE_INDEX`)."""
+    return {
+        STARTUP_SCRIPT_KEY: script,
+        OS_LOGIN_KEY: "TRUE",
+        GUEST_ATTRIBUTES_KEY: "TRUE",
+        **host_attributes(spec, slice_index, head_address=head_address, token_secret=token_secret),
+    }

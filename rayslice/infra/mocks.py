@@ -1,0 +1,184 @@
+"""Run a Pulumi program offline: Pulumi's mocks plus a fake GCP that answers like the real one.
+
+`rayslice preview` and the tests use `run_offline` to execute the real program without the
+Pulumi CLI, credentials or network. Every registered resource is recorded with its parent and
+inputs, so callers can print a tree or check what would be created. The fake fills in the
+outputs the program reads back (host IPs, the service account's email, the token), keyed on
+the type token, as the real provider would after creation.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi.runtime
+from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
+
+from rayslice import catalog
+from rayslice.infra.network import SUBNET_CIDR
+
+STACK_TYPE = "pulumi:pulumi:Stack"
+FAKE_PROJECT = "fake-project"
+_FAKE_CA = base64.b64encode(b"fake CA").decode()
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One resource the program registered, as the engine would have seen it."""
+
+    urn: str
+    parent: str  # parent URN; "" for children of the stack
+    type: str
+    name: str
+    custom: bool
+    inputs: dict[str, Any]  # plain values, secrets unwrapped (the fake engine's view)
+    secret_inputs: frozenset[str]  # top-level input keys whose value is (or holds) a secret
+
+
+@dataclass
+class OfflineRun:
+    registrations: list[Registration]
+    value: Any  # the program's return value with every Output resolved
+    fake: FakeGcp
+
+    def of_type(self, type_token: str) -> list[Registration]:
+        return [r for r in self.registrations if r.type == type_token]
+
+
+class FakeGcp(pulumi.runtime.Mocks):
+    """Outputs of created GCP resources: addresses from the subnet, ids, the generated token."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_urlsafe(24)  # the fake "generated" Ray token
+        self._addresses = ipaddress.ip_network(SUBNET_CIDR).hosts()
+        next(self._addresses)  # .1 is the subnet's gateway
+
+    def _address(self) -> str:
+        return str(next(self._addresses))
+
+    def new_resource(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        inputs = dict(args.inputs)
+        project = inputs.get("project") or FAKE_PROJECT
+        state: dict[str, Any] = {"project": project, **inputs}
+        if args.typ == "gcp:tpu/v2Vm:V2Vm":
+            hosts = catalog.lookup(inputs["acceleratorType"]).hosts
+            state["networkEndpoints"] = [{"ipAddress": self._address(), "port": 8470} for _ in range(hosts)]
+        elif args.typ == "gcp:compute/instance:Instance":
+            state["networkInterfaces"] = [
+                {**nic, "networkIp": self._address()} for nic in inputs["networkInterfaces"]
+            ]
+        elif args.typ == "gcp:serviceaccount/account:Account":
+            state["email"] = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
+            state["member"] = f"serviceAccount:{state['email']}"
+        elif args.typ == "gcp:container/cluster:Cluster":
+            state["endpoint"] = "192.0.2.10"  # TEST-NET-1: never a real address
+            state["masterAuth"] = {"clusterCaCertificate": _FAKE_CA}
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            state["result"] = self.token
+        elif args.typ == "gcp:secretmanager/secret:Secret":
+            state["name"] = f"projects/{project}/secrets/{inputs['secretId']}"
+            return state["name"], state
+        return f"{args.name}-id", state
+
+    def call(self, args: MockCallArgs) -> dict[str, Any]:
+        """Data sources: the caller's project and an existing GKE cluster (``gkeCluster``)."""
+        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
+            return {"project": FAKE_PROJECT}
+        if args.token == "gcp:container/getCluster:getCluster":
+            return {"endpoint": "192.0.2.20", "masterAuths": [{"clusterCaCertificate": _FAKE_CA}]}
+        return {}
+
+
+class _RecordingMonitor(MockMonitor):
+    """Pulumi's mock monitor, also keeping each registration's parent and inputs."""
+
+    def __init__(self, mocks: FakeGcp) -> None:
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != STACK_TYPE:
+            raw = rpc.deserialize_properties(request.object)
+            self.registrations.append(
+                Registration(
+                    urn=response.urn,
+                    parent=request.parent,
+                    type=request.type,
+                    name=request.name,
+                    custom=bool(request.custom),
+                    inputs=_unwrap(raw),
+                    secret_inputs=frozenset(k for k, v in raw.items() if _holds_secret(v)),
+                )
+            )
+        return response
+
+
+def _holds_secret(value: Any) -> bool:
+    if rpc.is_rpc_secret(value):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_secret(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_secret(v) for v in value)
+    return False
+
+
+def _unwrap(value: Any) -> Any:
+    value = rpc.unwrap_rpc_secret(value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    return value
+
+
+class OfflineEngine:
+    """One offline deployment: the fake cloud and what the program registered with it."""
+
+    def __init__(self) -> None:
+        self.fake = FakeGcp()
+        self._monitor = _RecordingMonitor(self.fake)
+
+    @property
+    def registrations(self) -> list[Registration]:
+        return list(self._monitor.registrations)
+
+    def run(
+        self,
+        program: Callable[[], Any],
+        config: Mapping[str, str] | None = None,
+        project: str = "rayslice",
+        stack: str = "offline",
+    ) -> Any:
+        """Run `program` with `config` (``namespace:key`` -> string) as the stack's config.
+
+        Returns the program's return value with every Output resolved. Exceptions from the
+        program (a `SpecError`, for one) propagate unchanged.
+        """
+        pulumi.runtime.set_mocks(
+            self.fake, project=project, stack=stack, preview=False, monitor=self._monitor
+        )
+        pulumi.runtime.set_all_config(dict(config or {}))
+        result: dict[str, Any] = {}
+
+        @pulumi.runtime.test
+        def _run() -> pulumi.Output[Any]:
+            return pulumi.Output.from_input(program()).apply(lambda value: result.update(value=value))
+
+        _run()
+        return result.get("value")
+
+
+def run_offline(program: Callable[[], Any], config: Mapping[str, str] | None = None) -> OfflineRun:
+    """Run `program` once in a fresh `OfflineEngine`."""
+    engine = OfflineEngine()
+    value = engine.run(program, config)
+    return OfflineRun(registrations=engine.registrations, value=value, fake=engine.fake)

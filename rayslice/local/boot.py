@@ -1,0 +1,115 @@
+"""PID 1 of a simulated host: what a VM's init and guest agent do at boot, and nothing more.
+
+The simulator starts it as ``ip netns exec NS unshare --pid --fork --kill-child --mount-proc
+--uts python -m rayslice.local.boot ...``, so it runs in the host's network namespace, as PID 1
+of a fresh PID namespace with its own UTS and mount namespaces. It sets the hostname, binds the
+host's own directory over the shared root path (so every host runs the same script text with
+the same root), gives the host a private /tmp (``<root>/tmp``) and /dev/shm (tmpfs) as separate
+VMs have, runs
+the startup script once as root with a clean environment — output to the console log, exit
+status to a file, as GCE's startup-script runner does — then reaps orphans until it is killed.
+Killing it (or the ``unshare`` above it) ends every process of the host: a power-off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rayslice.local.state import HostPaths
+
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_environment(home: str) -> dict[str, str]:
+    """The environment of every process a simulated host starts (nothing leaks from the caller)."""
+    return {
+        "PATH": HOST_PATH,
+        "HOME": home,
+        "USER": "root",
+        "LOGNAME": "root",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+    }
+
+
+def _under_tmp(paths: list[Path]) -> list[Path]:
+    """The existing directories among `paths` that a private /tmp would hide, outermost first."""
+    found = sorted(
+        {p.resolve() for p in paths if p.is_dir() and p.resolve().is_relative_to("/tmp")},
+        key=lambda p: len(p.parts),
+    )
+    return [p for i, p in enumerate(found) if not any(p.is_relative_to(q) for q in found[:i])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hostname", required=True)
+    parser.add_argument("--host-dir", type=Path, required=True, help="the host's directory (state.HostPaths)")
+    parser.add_argument(
+        "--root", type=Path, required=True, help="RenderOptions.root the script was rendered with"
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="extra script environment"
+    )
+    parser.add_argument(
+        "--share",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="a directory of the machine that stays visible if it lies under /tmp",
+    )
+    args = parser.parse_args(argv)
+    paths = HostPaths(args.host_dir)
+
+    # Everything in the host dir is opened before /tmp is replaced (the state dir may be under /tmp).
+    script = paths.script.read_text()
+    console = open(paths.console, "ab", buffering=0)
+    exit_file = open(paths.exit_file, "w")
+    for sub in ("tmp", "root"):
+        (paths.root / sub).mkdir(parents=True, exist_ok=True)
+    socket.sethostname(args.hostname)
+    private_tmp = paths.root / "tmp"
+    subprocess.run(["mount", "--bind", str(paths.root), str(args.root)], check=True)
+    for shared in _under_tmp(args.share):  # carried into the private /tmp at the same path
+        target = private_tmp / shared.relative_to("/tmp")
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(shared), str(target)], check=True)
+    for mount in (["--rbind", str(private_tmp), "/tmp"], ["-t", "tmpfs", "tmpfs", "/dev/shm"]):
+        subprocess.run(["mount", *mount], check=True)
+    script_file = Path("/tmp/rayslice-startup-script")  # where GCE's runner puts it, too
+    script_file.write_text(script)
+    home = args.root / "root"
+
+    console.write(
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S')} boot {args.hostname}: running startup-script\n".encode()
+    )
+    script_proc = subprocess.Popen(
+        ["/bin/bash", str(script_file)],
+        stdin=subprocess.DEVNULL,
+        stdout=console,
+        stderr=subprocess.STDOUT,
+        env={**host_environment(str(home)), **dict(e.split("=", 1) for e in args.env)},
+        cwd="/",
+    )
+    while True:  # init's job: reap everything, note the script's exit
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            time.sleep(1)
+            continue
+        if pid == script_proc.pid:
+            code = os.waitstatus_to_exitcode(status)
+            exit_file.write(f"{code}\n")
+            exit_file.flush()
+            console.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} startup-script exited {code}\n".encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

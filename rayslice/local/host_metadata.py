@@ -1,0 +1,109 @@
+"""The metadata a simulated host sees: the same paths and values a real TPU VM (or the CPU head VM)
+gets from its GCE metadata server, built from the spec and the simulated network.
+
+The result is a `metadata.Tree` that `metadata.MetadataServer` serves. Values follow FACTS.md:
+`worker-network-endpoints` entries are ``unknown:unknown:<ip>`` like real TPU VMs, `tpu-env`
+lines are ``KEY: 'value'``. Slices are independent TPU VMs (as infra
+creates them), so `tpu-env` carries no MEGASCALE_* values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from ipaddress import IPv4Network
+
+from rayslice.local.metadata import Json, Tree
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import HEAD_VM_SLICE_INDEX, host_attributes
+
+LOCAL_PROJECT = "rayslice-local"  # the project the simulator reports when the spec names none
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+
+
+def numeric_id(text: str, digits: int = 16) -> str:
+    """A stable fake numeric id (GCE instance ids and project numbers are numbers)."""
+    return str(int(hashlib.sha256(text.encode()).hexdigest(), 16))[:digits]
+
+
+def tpu_attributes(
+    spec: ClusterSpec, slice_index: int, worker: int, slice_ips: list[str], head_address: str | None
+) -> dict[str, str]:
+    """`instance/attributes/` of TPU host `worker` of slice `slice_index` (IPs of that slice in worker order)."""
+    tpu = spec.tpu
+    slice_name = spec.slice_name(slice_index)
+    tpu_env = {
+        "ACCELERATOR_TYPE": tpu.accelerator_type,
+        "CONSUMER_PROJECT_ID": spec.project or LOCAL_PROJECT,
+        "NODE_ID": slice_name,
+        "RUNTIME_VERSION": spec.runtime_version or tpu.runtime_version or "",
+        "TOPOLOGY": tpu.topology,
+        "WORKER_ID": str(worker),
+        "ZONE": spec.zone or "",
+    }
+    return {
+        "accelerator-type": tpu.accelerator_type,
+        "agent-worker-number": str(worker),
+        "instance-id": slice_name,
+        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in slice_ips),
+        "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),
+        **host_attributes(spec, slice_index, head_address=head_address),
+    }
+
+
+def head_vm_attributes(spec: ClusterSpec) -> dict[str, str]:
+    """`instance/attributes/` of the CPU head VM (head=vm): no TPU attributes, role head-vm."""
+    return host_attributes(spec, HEAD_VM_SLICE_INDEX)
+
+
+def instance_tree(
+    spec: ClusterSpec,
+    *,
+    hostname: str,
+    ip: str,
+    network: IPv4Network,
+    gateway: str,
+    attributes: Mapping[str, str],
+    startup_script: str,
+) -> Tree:
+    """The whole metadata tree (``instance/`` and ``project/``) of one simulated host."""
+    project = spec.project or LOCAL_PROJECT
+    number = numeric_id(project, 12)
+    zone = spec.zone or ""
+    email = f"{number}-compute@developer.gserviceaccount.com"
+    account = {
+        "aliases": ["default"],
+        "email": email,
+        "scopes": list(SCOPES),
+        "token": Json(
+            {
+                "access_token": f"simulated-token-{numeric_id(hostname)}",
+                "expires_in": 3599,
+                "token_type": "Bearer",
+            }
+        ),
+    }
+    return {
+        "instance": {
+            "attributes": {**attributes, "startup-script": startup_script},
+            "guest-attributes": {},  # served from the server's own store
+            "hostname": f"{hostname}.{zone}.c.{project}.internal",
+            "id": numeric_id(f"{project}/{hostname}"),
+            "name": hostname,
+            "network-interfaces": [
+                {
+                    "gateway": gateway,
+                    "ip": ip,
+                    "network": f"projects/{number}/networks/{spec.name}",
+                    "subnetmask": str(network.netmask),
+                }
+            ],
+            "service-accounts": {"default": account, email: account},
+            "zone": f"projects/{number}/zones/{zone}",
+        },
+        "project": {
+            "attributes": {},
+            "numeric-project-id": number,
+            "project-id": project,
+        },
+    }

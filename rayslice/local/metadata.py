@@ -1,0 +1,298 @@
+"""A fake GCE metadata server that real clients accept (google-auth, Ray's TPU detection, JAX).
+
+Each simulated host runs one, inside its network namespace on 169.254.169.254:80, which the
+host's ``/etc/hosts`` names ``metadata.google.internal`` — so clients that hard-code that name
+(Ray) work unchanged. It behaves like the real one where clients can tell: ``Metadata-Flavor:
+Google`` is required on requests (403 without) and sent on every response; directories answer
+with a listing when the path ends in ``/`` and redirect otherwise; ``?recursive=true`` returns
+JSON with camelCase keys (attribute names kept); ``?alt=json|text`` choose the format; guest
+attributes (``instance/guest-attributes/<ns>/<key>``) take PUT, GET and DELETE. Requests in
+proxy form (``GET http://metadata.google.internal/...``) are accepted, so a client that honours
+``http_proxy`` can be pointed at a server on any port.
+
+Two knobs exist for the simulator and its tests: ``unavailable_for`` answers 503 to everything
+for the first N seconds (to exercise the boot script's retries), and ``guest_file``, a JSON copy
+of the guest attributes rewritten atomically on every change, which the owner reads without
+entering the host's namespace. A server started on an existing guest file keeps its values, as
+guest attributes survive a real VM's reboot.
+
+Run as ``python -m rayslice.local.metadata --tree FILE --guest-file FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Union
+from urllib.parse import parse_qs, urlsplit
+
+METADATA_IP = "169.254.169.254"
+METADATA_HOST = "metadata.google.internal"
+API_PREFIX = "/computeMetadata/v1/"
+FLAVOR_HEADER = "Metadata-Flavor"
+FLAVOR = "Google"
+GUEST_ATTRIBUTES = "guest-attributes"
+# Directories whose entry names are user data: recursive JSON keeps them as they are.
+_VERBATIM_DIRS = ("attributes", GUEST_ATTRIBUTES)
+_JSON_TAG = "$json"
+
+
+@dataclass(frozen=True)
+class Json:
+    """A value served as a JSON document (e.g. a service-account token), left out of recursive views."""
+
+    value: Any
+
+
+Tree = dict[str, Union["Tree", str, list, Json]]
+
+
+def dump_tree(tree: Tree) -> str:
+    """The tree as JSON text (the server's ``--tree`` file); `Json` leaves are tagged."""
+    return json.dumps(tree, default=lambda leaf: {_JSON_TAG: leaf.value}, indent=1, sort_keys=True)
+
+
+def load_tree(text: str) -> Tree:
+    return json.loads(text, object_hook=lambda d: Json(d[_JSON_TAG]) if set(d) == {_JSON_TAG} else d)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: str = ""
+    content_type: str = "application/text"
+    location: str | None = None
+
+
+class MetadataServer(ThreadingHTTPServer):
+    """Serves one host's metadata `tree` plus its guest attributes until `shutdown()`."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        tree: Tree,
+        *,
+        guest_file: Path | None = None,
+        unavailable_for: float = 0.0,
+    ):
+        self.tree = tree
+        self.guest_file = guest_file
+        self.unavailable_until = time.monotonic() + unavailable_for
+        self._lock = threading.Lock()
+        self.guest: dict[str, dict[str, str]] = (
+            json.loads(guest_file.read_text()) if guest_file is not None and guest_file.exists() else {}
+        )
+        super().__init__(address, _Handler)
+        self._save_guest()  # the file's existence tells the owner the server listens
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def respond(self, method: str, target: str, body: str, headers: dict[str, str]) -> Response:
+        """The answer to one request (`target` in origin or proxy form)."""
+        if time.monotonic() < self.unavailable_until:
+            return Response(503, "metadata server not ready yet (simulated)\n")
+        if headers.get(FLAVOR_HEADER.lower()) != FLAVOR:
+            return Response(403, f"Missing required header: {FLAVOR_HEADER}: {FLAVOR}\n")
+        url = urlsplit(target)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        path = url.path or "/"
+        if path == "/":
+            return _listing(["computeMetadata/"], query)
+        if path == "/computeMetadata/":
+            return _listing(["v1/"], query)
+        if not (path + "/").startswith(API_PREFIX):
+            return Response(404, f"{path} not found\n")
+        relative = path[len(API_PREFIX) :]
+        segments = [s for s in relative.split("/") if s]
+        if method in ("PUT", "DELETE"):
+            return self._write_guest(method, segments, body)
+        if method != "GET":
+            return Response(405, f"{method} not allowed\n")
+        node = self._view()
+        for segment in segments:
+            node = _child(node, segment)
+            if node is None:
+                return Response(404, f"{path} not found\n")
+        return _render(
+            node,
+            path,
+            query,
+            directory=not segments or relative.endswith("/"),
+            verbatim=bool(segments) and segments[-1] in _VERBATIM_DIRS,
+        )
+
+    def _view(self) -> Tree:
+        with self._lock:
+            guest = {ns: dict(keys) for ns, keys in self.guest.items()}
+        instance = {**self.tree.get("instance", {}), GUEST_ATTRIBUTES: guest}  # type: ignore[dict-item]
+        return {**self.tree, "instance": instance}
+
+    def _write_guest(self, method: str, segments: list[str], body: str) -> Response:
+        if len(segments) != 4 or segments[:2] != ["instance", GUEST_ATTRIBUTES]:
+            return Response(
+                405, f"{method} is allowed only on instance/{GUEST_ATTRIBUTES}/<namespace>/<key>\n"
+            )
+        namespace, key = segments[2:]
+        with self._lock:
+            if method == "PUT":
+                self.guest.setdefault(namespace, {})[key] = body
+            elif key not in self.guest.get(namespace, {}):
+                return Response(404, f"guest attribute {namespace}/{key} not found\n")
+            else:
+                del self.guest[namespace][key]
+            self._save_guest()
+        return Response(200)
+
+    def _save_guest(self) -> None:
+        """Rewrite the guest file atomically (called with the lock held, or before serving)."""
+        if self.guest_file is None:
+            return
+        tmp = self.guest_file.with_name(self.guest_file.name + ".tmp")
+        tmp.write_text(json.dumps(self.guest, indent=1, sort_keys=True))
+        os.replace(tmp, self.guest_file)
+
+
+def _child(node: object, segment: str) -> object:
+    if isinstance(node, dict):
+        return node.get(segment)
+    if isinstance(node, list) and segment.isdigit() and int(segment) < len(node) and not _is_value(node):
+        return node[int(segment)]
+    return None
+
+
+def _is_value(node: object) -> bool:
+    """Strings, `Json` documents and lists of strings are values; dicts and other lists are directories."""
+    return isinstance(node, (str, Json)) or (isinstance(node, list) and all(isinstance(x, str) for x in node))
+
+
+def _render(node: object, path: str, query: dict[str, str], *, directory: bool, verbatim: bool) -> Response:
+    alt = query.get("alt")
+    if isinstance(node, Json):
+        return Response(200, json.dumps(node.value), "application/json")
+    if _is_value(node):
+        if alt == "json":
+            return Response(200, json.dumps(node), "application/json")
+        return Response(200, "\n".join(node) + "\n" if isinstance(node, list) else node)  # type: ignore[arg-type]
+    if query.get("recursive") == "true":
+        data = _recursive(node, verbatim)
+        if alt == "text":
+            return Response(200, "".join(f"{k} {v}\n" for k, v in _flatten(data, "")))
+        return Response(200, json.dumps(data), "application/json")
+    if not directory:
+        return Response(301, "", location=path + "/")
+    names = list(node) if isinstance(node, dict) else [str(i) for i in range(len(node))]  # type: ignore[arg-type]
+    children = node if isinstance(node, dict) else dict(zip(names, node))  # type: ignore[arg-type]
+    return _listing([n if _is_value(children[n]) else n + "/" for n in names], query)
+
+
+def _listing(names: list[str], query: dict[str, str]) -> Response:
+    if query.get("alt") == "json":
+        return Response(200, json.dumps(names), "application/json")
+    return Response(200, "".join(f"{n}\n" for n in names))
+
+
+def _recursive(node: object, verbatim: bool) -> object:
+    """The JSON view of a directory: keys camelCased (except user-named entries), `Json` leaves left out."""
+    if isinstance(node, dict):
+        return {
+            (k if verbatim else _camel(k)): _recursive(v, k in _VERBATIM_DIRS)
+            for k, v in node.items()
+            if not isinstance(v, Json)
+        }
+    if isinstance(node, list):
+        return [_recursive(v, False) for v in node]
+    return node
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("-")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _flatten(data: object, prefix: str) -> list[tuple[str, str]]:
+    if isinstance(data, dict):
+        return [kv for k, v in data.items() for kv in _flatten(v, f"{prefix}{k}/")]
+    if isinstance(data, list) and not all(isinstance(x, str) for x in data):
+        return [kv for i, v in enumerate(data) for kv in _flatten(v, f"{prefix}{i}/")]
+    value = " ".join(data) if isinstance(data, list) else str(data)
+    return [(prefix.rstrip("/"), value)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as clients expect from the real server
+    server_version = "Metadata Server for VM"
+    sys_version = ""
+    timeout = 60  # an idle keep-alive connection does not hold a thread forever
+    server: MetadataServer
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_PUT(self) -> None:
+        self._answer("PUT")
+
+    def do_DELETE(self) -> None:
+        self._answer("DELETE")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def _answer(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode() if length else ""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        response = self.server.respond(method, self.path, body, headers)
+        payload = response.body.encode()
+        self.send_response(response.status)
+        self.send_header(FLAVOR_HEADER, FLAVOR)
+        self.send_header("Content-Type", response.content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("ETag", hashlib.sha256(payload).hexdigest()[:16])
+        if response.location:
+            self.send_header("Location", response.location)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        if self.server.guest_file is not None:  # a standalone server logs to its stderr file
+            super().log_message(format, *args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", type=Path, required=True, help="metadata tree (JSON, see dump_tree)")
+    parser.add_argument("--guest-file", type=Path, required=True, help="JSON copy of the guest attributes")
+    parser.add_argument("--bind", default=METADATA_IP)
+    parser.add_argument("--port", type=int, default=80)
+    parser.add_argument(
+        "--unavailable-for",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="answer 503 to every request for this long after start",
+    )
+    args = parser.parse_args(argv)
+    server = MetadataServer(
+        (args.bind, args.port),
+        load_tree(args.tree.read_text()),
+        guest_file=args.guest_file,
+        unavailable_for=args.unavailable_for,
+    )
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

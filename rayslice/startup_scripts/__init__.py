@@ -1,0 +1,101 @@
+"""Boot scripts for TPU hosts, rendered from Jinja templates (`rayslice.startup_scripts`).
+
+One script per slice: every host of the slice runs the same text at every boot and decides
+its role from its own metadata. What a host reads (besides the TPU VM's own attributes) is
+the set of ``rayslice-*`` attributes from `host_attributes`, which infra writes into instance
+metadata and the local simulator serves from its fake metadata server.
+
+`RenderOptions` holds the only differences between a real host and a simulated one, each a
+documented, rendered knob: the supervisor, the package source and the file-system root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.templating import render_template
+
+# GCE metadata values are limited to 256 KB; the script must fit in one.
+METADATA_VALUE_LIMIT = 256 * 1024
+
+# Ports (one source of truth for scripts, firewall and workloads).
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+CLIENT_PORT = 10001
+GUEST_ATTRIBUTE_NAMESPACE = "rayslice"
+
+ATTR_HEAD_MODE = "rayslice-head-mode"
+ATTR_HEAD_ADDRESS = "rayslice-head-address"
+ATTR_SLICE_INDEX = "rayslice-slice-index"
+ATTR_NUM_SLICES = "rayslice-num-slices"
+ATTR_CONFIG_HASH = "rayslice-config-hash"
+ATTR_ROLE = "rayslice-role"  # HEAD_VM_ROLE on the CPU head VM; absent on TPU hosts
+HEAD_VM_ROLE = "head-vm"
+HEAD_VM_SLICE_INDEX = -1  # host_attributes' slice index for the CPU head VM
+ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, never the token
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Where a real host and a simulated one differ; the defaults are a real TPU VM.
+
+    supervisor: ``systemd`` (a unit with Restart=always) or ``process`` (a restart loop in a
+        plain background process, for hosts without systemd such as the simulator).
+    package_source: None installs from PyPI (or the spec's packageIndex); ``wheels:DIR`` installs
+        offline from a local wheelhouse; ``venv:DIR`` reuses an existing venv that already has
+        everything (no install at all).
+    root: prefix of every path the script writes (state, logs, venv, token file, Ray's temp dir).
+    object_store_bytes: Ray's object store size per node; 0 lets the script take a quarter of the
+        host's memory. Simulated hosts share one /dev/shm, so the simulator sets it small.
+    """
+
+    supervisor: str = "systemd"
+    package_source: str | None = None
+    root: str = ""
+    object_store_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.supervisor not in ("systemd", "process"):
+            raise ValueError(f"supervisor must be systemd or process, not {self.supervisor!r}")
+        if self.package_source is not None and not self.package_source.startswith(("wheels:", "venv:")):
+            raise ValueError(f"package_source must start with wheels: or venv:, not {self.package_source!r}")
+
+
+def config_hash(spec: ClusterSpec) -> str:
+    """A short hash of everything that changes what a host installs or runs."""
+    text = json.dumps(spec.as_config(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def host_attributes(
+    spec: ClusterSpec, slice_index: int, head_address: str | None = None, token_secret: str | None = None
+) -> dict[str, str]:
+    """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`)."""
+    attributes = {
+        ATTR_HEAD_MODE: spec.head,
+        ATTR_SLICE_INDEX: str(slice_index),
+        ATTR_NUM_SLICES: str(spec.slices),
+        ATTR_CONFIG_HASH: config_hash(spec),
+    }
+    if slice_index == HEAD_VM_SLICE_INDEX:
+        attributes[ATTR_ROLE] = HEAD_VM_ROLE
+    if head_address is not None:
+        attributes[ATTR_HEAD_ADDRESS] = head_address
+    if token_secret is not None:
+        attributes[ATTR_TOKEN_SECRET] = token_secret
+    return attributes
+
+
+def render(spec: ClusterSpec, options: RenderOptions = RenderOptions()) -> str:
+    """The boot script for every host of a slice of `spec` (and for its head VM)."""
+    from rayslice.startup_scripts.variables import script_variables
+
+    script = render_template("startup.sh.j2", **script_variables(spec, options))
+    if len(script.encode()) > METADATA_VALUE_LIMIT:
+        raise ValueError(
+            f"rendered startup script is {len(script.encode())} bytes; GCE metadata allows {METADATA_VALUE_LIMIT}"
+        )
+    return script

@@ -1,0 +1,304 @@
+"""What every bundled workload shares: reading the TPU shape off a live Ray cluster, and the
+per-host set-up that lets the same task code run on a TPU host and on a simulated (CPU) one.
+
+Workloads never assume a topology. The slices, their hosts and each host's TPU worker id come
+from the labels Ray's own TPU detection puts on every node (`ray.io/tpu-*`) and its `TPU`
+resource; the catalog says how many hosts a complete slice of that type has. A bundle index of a
+placement group is not a TPU worker id, so tasks read their worker id from their node's label.
+
+Driver-side helpers import only `ray`; JAX and torch_xla are imported inside tasks, after
+`use_cpu_if_no_tpu` / `use_cpu_pjrt_if_no_tpu` have set up the process for the host it runs on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.util.tpu
+
+from rayslice import catalog
+
+TPU_RESOURCE = "TPU"
+# Node label keys set by Ray's TPU detection (ray._private.accelerators.tpu).
+SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
+WORKER_ID_LABEL = "ray.io/tpu-worker-id"
+TOPOLOGY_LABEL = "ray.io/tpu-topology"
+POD_TYPE_LABEL = "ray.io/tpu-pod-type"
+# jax.distributed's coordinator port: JAX's own default moved to 8482 in 0.8.1, but GCP's default
+# TPU firewall opens 8476, so pin it.
+JAX_COORDINATOR_PORT = 8476
+EXIT_USER_ERROR = 2
+
+
+class WorkloadError(Exception):
+    """A failure the user can fix (wrong cluster, too many chips asked for); the message says how."""
+
+
+@dataclass(frozen=True)
+class TpuHost:
+    """One Ray node with TPU chips, as Ray's TPU detection described it."""
+
+    node_id: str
+    ip: str
+    slice_name: str
+    worker_id: int
+    pod_type: str
+    topology: str
+    chips: int
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """The alive hosts of one slice, ordered by TPU worker id, and the slice's catalog shape."""
+
+    name: str
+    pod_type: str
+    topology: str
+    chips_per_host: int
+    expected_hosts: int
+    hosts: tuple[TpuHost, ...]
+
+    @property
+    def complete(self) -> bool:
+        return [h.worker_id for h in self.hosts] == list(range(self.expected_hosts))
+
+    @property
+    def generation(self) -> str:
+        return catalog.canonical_name(self.pod_type).rsplit("-", 1)[0]
+
+    @property
+    def chips(self) -> int:
+        return self.chips_per_host * len(self.hosts)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name} ({self.pod_type}, topology {self.topology}, "
+            f"{len(self.hosts)}/{self.expected_hosts} hosts x {self.chips_per_host} chips)"
+        )
+
+
+def tpu_hosts(nodes: Sequence[dict[str, Any]] | None = None) -> list[TpuHost]:
+    """Every alive node that has TPU chips and the labels Ray's TPU detection adds."""
+    found = []
+    for node in ray.nodes() if nodes is None else nodes:
+        labels = node.get("Labels") or {}
+        chips = int(node.get("Resources", {}).get(TPU_RESOURCE, 0))
+        if not node.get("Alive") or chips == 0 or WORKER_ID_LABEL not in labels:
+            continue
+        found.append(
+            TpuHost(
+                node_id=node["NodeID"],
+                ip=node["NodeManagerAddress"],
+                slice_name=labels.get(SLICE_NAME_LABEL, ""),
+                worker_id=int(labels[WORKER_ID_LABEL]),
+                pod_type=labels.get(POD_TYPE_LABEL, ""),
+                topology=labels.get(TOPOLOGY_LABEL, ""),
+                chips=chips,
+            )
+        )
+    return found
+
+
+def _expected_hosts(pod_type: str, chips_per_host: int) -> int:
+    """Hosts in a complete slice, from the catalog shape whose chips per host match what Ray saw.
+
+    The TPU VM API and GKE disagree for 8-chip v5e/v6e (one 8-chip host vs two 4-chip nodes), so
+    the platform is recognised by the chips each host reports.
+    """
+    shapes = [
+        catalog.lookup(pod_type, platform)
+        for platform in catalog.PLATFORMS
+        if catalog.canonical_name(pod_type) in catalog.table(platform)
+    ]
+    for shape in shapes:
+        if shape.chips_per_host == chips_per_host:
+            return shape.hosts
+    if not shapes:
+        catalog.lookup(pod_type)  # raises CatalogError naming the closest types
+    raise WorkloadError(
+        f"hosts of {pod_type} report {chips_per_host} TPU chips each, which no "
+        f"platform's {pod_type} has; check the nodes' TPU resources"
+    )
+
+
+def tpu_slices(hosts: Sequence[TpuHost] | None = None) -> list[TpuSlice]:
+    """The slices present in the cluster, sorted by name, complete or not."""
+    by_name: dict[str, list[TpuHost]] = {}
+    for host in tpu_hosts() if hosts is None else hosts:
+        by_name.setdefault(host.slice_name, []).append(host)
+    slices = []
+    for name, members in sorted(by_name.items()):
+        members.sort(key=lambda h: h.worker_id)
+        first = members[0]
+        slices.append(
+            TpuSlice(
+                name=name,
+                pod_type=first.pod_type,
+                topology=first.topology,
+                chips_per_host=first.chips,
+                expected_hosts=_expected_hosts(first.pod_type, first.chips),
+                hosts=tuple(members),
+            )
+        )
+    return slices
+
+
+def choose_slices(
+    count: int | None = 1,
+    *,
+    slice_name: str | None = None,
+    accelerator_type: str | None = None,
+    slices: Sequence[TpuSlice] | None = None,
+) -> list[TpuSlice]:
+    """`count` complete slices of one type (all of that type when `count` is None).
+
+    Without `accelerator_type` or `slice_name`, the largest slices are preferred (most hosts,
+    then by name): a multi-host job should not land on a single-host slice by chance. Raises
+    WorkloadError listing what the cluster has when the request can't be met.
+    """
+    present = tpu_slices() if slices is None else list(slices)
+    if not present:
+        raise WorkloadError(
+            "the Ray cluster has no TPU hosts (no node with a TPU resource and "
+            f"a {WORKER_ID_LABEL} label); start a TPU cluster or the simulated slice"
+        )
+    have = "; ".join(s.describe() for s in present)
+    candidates = sorted((s for s in present if s.complete), key=lambda s: (-s.expected_hosts, s.name))
+    if slice_name is not None:
+        candidates = [s for s in candidates if s.name == slice_name]
+    if accelerator_type is not None:
+        wanted = catalog.canonical_name(accelerator_type)
+        candidates = [s for s in candidates if catalog.canonical_name(s.pod_type) == wanted]
+    if not candidates:
+        asked = " ".join(x for x in (slice_name, accelerator_type) if x) or "any"
+        raise WorkloadError(f"no complete TPU slice matches {asked}; the cluster has: {have}")
+    same_type = [s for s in candidates if s.pod_type == candidates[0].pod_type]
+    if count is None:
+        return same_type
+    if len(same_type) < count:
+        raise WorkloadError(
+            f"asked for {count} complete {candidates[0].pod_type} slices, the "
+            f"cluster has {len(same_type)}: {have}"
+        )
+    return same_type[:count]
+
+
+def check_chips_on_one_host(chips: int, hosts: Sequence[TpuHost]) -> None:
+    """Fail fast where Ray would wait forever: a task asking for more chips than any host has."""
+    largest = max((h.chips for h in hosts), default=0)
+    if chips < 1 or chips > largest:
+        raise WorkloadError(
+            f"this job asks for {chips} TPU chips on one host, but the largest host in the "
+            f"cluster has {largest}; ask for 1..{largest} chips (Ray accepts 1, 2, 4 or 8)"
+        )
+
+
+def one_host_options(chips: int, tpu_slice: TpuSlice) -> dict[str, Any]:
+    """Task options holding `chips` chips on one host of `tpu_slice` (checked against its hosts)."""
+    check_chips_on_one_host(chips, tpu_slice.hosts)
+    return {
+        "num_cpus": 0,
+        "resources": {TPU_RESOURCE: chips},
+        "label_selector": {SLICE_NAME_LABEL: tpu_slice.name},
+    }
+
+
+def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[Any]:
+    """`ray.get` that turns a hang (a busy slice, a host that never joins) into a clear error."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) != len(refs):
+        raise WorkloadError(
+            f"{what} did not finish within {timeout_s:.0f} s "
+            f"({len(ready)}/{len(refs)} done); is another job holding the chips?"
+        )
+    return ray.get(refs)
+
+
+# ---- inside a task ---------------------------------------------------------------------------
+
+
+def host_has_tpu() -> bool:
+    """Whether this machine has real TPU chips (/dev/accel*, TPU VFIO groups), not just a resource."""
+    return ray.util.tpu.get_num_tpu_chips_on_node() > 0
+
+
+def use_cpu_if_no_tpu(devices: int) -> bool:
+    """On a host without TPU chips, make JAX show `devices` CPU devices, one per simulated chip.
+
+    Must run before JAX is imported in the process; tasks that call it use `max_calls=1` so each
+    gets a fresh worker. On a real TPU host nothing is changed. Returns True when on CPU.
+    """
+    if host_has_tpu():
+        return False
+    if "jax" in sys.modules:
+        raise RuntimeError("JAX was imported before the CPU device count could be set")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    flag = f"--xla_force_host_platform_device_count={devices}"
+    os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), flag) if f)
+    return True
+
+
+def use_cpu_pjrt_if_no_tpu() -> bool:
+    """On a host without TPU chips, run torch_xla on its CPU PJRT device. Returns True when on CPU."""
+    on_cpu = not host_has_tpu()
+    os.environ["PJRT_DEVICE"] = "CPU" if on_cpu else "TPU"
+    return on_cpu
+
+
+def current_worker_id() -> int:
+    """This task's host's TPU worker id, from the node label (not the bundle index)."""
+    return int(ray.get_runtime_context().get_node_labels()[WORKER_ID_LABEL])
+
+
+# ---- the command line of every workload -------------------------------------------------------
+
+
+def add_slice_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--slice",
+        dest="slice_name",
+        metavar="NAME",
+        help="run on this slice (default: a complete slice with the most hosts)",
+    )
+    parser.add_argument(
+        "--accelerator-type", metavar="TYPE", help="run on a slice of this type, e.g. v6e-16 (default: any)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up when the tasks have not finished after S seconds",
+    )
+
+
+def connect() -> None:
+    """Join the running cluster: RAY_ADDRESS when set (a Ray job), else the one on this host."""
+    try:
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=True)
+    except ConnectionError as exc:
+        raise WorkloadError(
+            f"no Ray cluster to join ({exc}); run this on a cluster host or submit it with `rayslice run`"
+        ) from None
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    body: Callable[[argparse.Namespace], None],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Parse, connect, run; a WorkloadError becomes a one-line message and exit status 2."""
+    args = parser.parse_args(argv)
+    try:
+        connect()
+        body(args)
+    except (WorkloadError, catalog.CatalogError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0

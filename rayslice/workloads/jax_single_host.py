@@ -1,0 +1,53 @@
+"""JAX on one TPU host: a task holding every chip of one host returns `jax.device_count()`.
+
+The guide's single-host example, scheduled by Ray: the task asks for the host's chips
+(`{"TPU": N}`, N read from the cluster, or `--chips`) on a host of the chosen slice, so a v6e-4
+prints 4. Asking for more chips than a host has is refused up front (Ray would wait forever).
+On a host without TPU chips JAX shows one CPU device per requested chip.
+
+    python -m rayslice.workloads.jax_single_host [--chips N] [--slice NAME] [--accelerator-type TYPE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import ray
+
+from rayslice.workloads import _cluster
+
+
+@ray.remote(max_calls=1)  # a fresh process: the CPU device count is fixed at JAX import
+def device_count(chips: int) -> int:
+    _cluster.use_cpu_if_no_tpu(chips)
+    import jax
+
+    return jax.device_count()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jax_single_host", description=__doc__.splitlines()[0])
+    _cluster.add_slice_args(parser)
+    parser.add_argument("--chips", type=int, help="TPU chips to hold (default: all of one host)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    (tpu_slice,) = _cluster.choose_slices(
+        1, slice_name=args.slice_name, accelerator_type=args.accelerator_type
+    )
+    chips = tpu_slice.chips_per_host if args.chips is None else args.chips
+    task = device_count.options(**_cluster.one_host_options(chips, tpu_slice))
+    (count,) = _cluster.wait_ready([task.remote(chips)], args.timeout, "the JAX task")
+    print(f"{chips} chip(s) of a {tpu_slice.pod_type} host: jax.device_count() = {count}")
+    print(count)
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _cluster.run_main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

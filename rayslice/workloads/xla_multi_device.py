@@ -1,0 +1,69 @@
+"""PyTorch/XLA on every chip of one host: `torch_xla.launch` runs one process per local device.
+
+The guide's second device-centric example, in one Ray task that holds all chips of a host of the
+chosen slice. Each launched function prints its device and a tensor, and returns nothing (as in
+the guide); the task reports how many devices ran it.
+
+On a host without TPU chips, torch_xla's CPU client shows `CPU_NUM_DEVICES` devices (set to the
+host's chip count) and `torch_xla.launch` runs one THREAD per device in a single process instead
+of one process per chip; the printed devices are `xla:0`..`xla:N-1` rather than `xla:0` N times.
+
+    python -m rayslice.workloads.xla_multi_device [--slice NAME] [--accelerator-type TYPE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import ray
+
+from rayslice.workloads import _cluster
+
+
+def print_on_device(index: int) -> None:
+    import torch
+    import torch_xla
+
+    t = torch.randn(2, 2, device=torch_xla.device())
+    print(f"[{index}] {t.device}\n{t}", flush=True)
+
+
+@ray.remote(max_calls=1)  # a fresh process: PJRT settings are read once, at torch_xla import
+def launch_on_host(chips: int) -> int:
+    if _cluster.use_cpu_pjrt_if_no_tpu():
+        os.environ["CPU_NUM_DEVICES"] = str(chips)
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    # launch() pickles the function by reference: name it through its module, never `__main__`
+    from rayslice.workloads import xla_multi_device
+
+    torch_xla.launch(xla_multi_device.print_on_device, args=())
+    return xr.global_runtime_device_count()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xla_multi_device", description=__doc__.splitlines()[0])
+    _cluster.add_slice_args(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    (tpu_slice,) = _cluster.choose_slices(
+        1, slice_name=args.slice_name, accelerator_type=args.accelerator_type
+    )
+    chips = tpu_slice.chips_per_host
+    task = launch_on_host.options(**_cluster.one_host_options(chips, tpu_slice))
+    (devices,) = _cluster.wait_ready([task.remote(chips)], args.timeout, "torch_xla.launch")
+    print(f"torch_xla.launch ran on {devices} device(s) of one {tpu_slice.pod_type} host")
+    return devices
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _cluster.run_main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

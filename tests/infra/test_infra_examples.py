@@ -1,0 +1,212 @@
+"""The example stacks run under Pulumi's mocks: what each would create, and that it is safe."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rayslice import preview, spec
+from rayslice.infra.firewall import IAP_SOURCE_RANGE
+from rayslice.infra.mocks import run_offline
+from rayslice.infra.program import main
+from rayslice.startup_scripts import (
+    ATTR_HEAD_ADDRESS,
+    ATTR_ROLE,
+    ATTR_TOKEN_SECRET,
+    METADATA_VALUE_LIMIT,
+    render,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+INSTANCE = "gcp:compute/instance:Instance"
+FIREWALL = "gcp:compute/firewall:Firewall"
+
+# Written out by hand (not derived from the code under test): what each example must create.
+COMMON = {
+    "gcp:compute/network:Network": 1,
+    "gcp:compute/subnetwork:Subnetwork": 1,
+    "gcp:compute/router:Router": 1,
+    "gcp:compute/routerNat:RouterNat": 1,
+    "gcp:serviceaccount/account:Account": 1,
+    "gcp:projects/iAMMember:IAMMember": 2,
+    "random:index/randomPassword:RandomPassword": 1,
+    "gcp:secretmanager/secret:Secret": 1,
+    "gcp:secretmanager/secretVersion:SecretVersion": 1,
+    "gcp:secretmanager/secretIamMember:SecretIamMember": 1,
+}
+EXAMPLES = {
+    "Pulumi.example-v6e-4.yaml": dict(
+        counts={**COMMON, V2VM: 1, FIREWALL: 2},
+        accelerator="v6e-4",
+        runtime="v2-alpha-tpuv6e",
+        scheduling=None,
+        hosts=1,
+        head_vm=False,
+    ),
+    "Pulumi.example-v6e-16.yaml": dict(
+        counts={**COMMON, V2VM: 1, FIREWALL: 2},
+        accelerator="v6e-16",
+        runtime="v2-alpha-tpuv6e",
+        scheduling={"spot": True},
+        hosts=4,
+        head_vm=False,
+    ),
+    "Pulumi.example-v5p-16-xla.yaml": dict(
+        counts={**COMMON, V2VM: 1, FIREWALL: 2},
+        accelerator="v5p-16",
+        runtime="v2-alpha-tpuv5",
+        scheduling=None,
+        hosts=2,
+        head_vm=False,
+    ),
+    "Pulumi.example-multislice.yaml": dict(
+        counts={**COMMON, V2VM: 2, FIREWALL: 3, INSTANCE: 1},
+        accelerator="v6e-16",
+        runtime="v2-alpha-tpuv6e",
+        scheduling={"reserved": True},
+        hosts=4,
+        head_vm=True,
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(EXAMPLES))
+def example(request):
+    path = ROOT / request.param
+    run = run_offline(lambda: main().exports, preview.stack_config(str(path), []))
+    return EXAMPLES[request.param], spec.load_cli(str(path), []), run
+
+
+def _hosts(run):
+    return run.of_type(V2VM) + run.of_type(INSTANCE)
+
+
+def test_resource_types_and_counts(example):
+    expected, _, run = example
+    custom = Counter(r.type for r in run.registrations if r.custom)
+    assert dict(custom) == expected["counts"]
+
+
+def test_every_child_is_parented_and_prefixed(example):
+    _, cluster_spec, run = example
+    by_urn = {r.urn: r for r in run.registrations}
+    for r in run.registrations:
+        if r.type == "rayslice:infra:TpuRayCluster":
+            continue
+        parent = by_urn[r.parent]  # KeyError: parented to the stack, not to a component
+        while parent.custom:  # resources may nest under a resource (subnet in VPC)
+            parent = by_urn[parent.parent]
+        assert r.name.startswith(parent.name + "-"), (r.name, parent.name)
+        assert r.name.startswith(cluster_spec.name)
+
+
+def test_slices_accelerator_runtime_and_scheduling(example):
+    expected, _, run = example
+    for vm in run.of_type(V2VM):
+        assert vm.inputs["acceleratorType"] == expected["accelerator"]
+        assert vm.inputs["runtimeVersion"] == expected["runtime"]
+        assert vm.inputs.get("schedulingConfig") == expected["scheduling"]
+
+
+def test_startup_script_is_the_rendered_script_and_fits(example):
+    _, cluster_spec, run = example
+    script = render(cluster_spec)
+    for host in _hosts(run):
+        assert host.inputs["metadata"]["startup-script"] == script
+        assert len(script.encode()) < METADATA_VALUE_LIMIT
+
+
+def test_no_external_ips(example):
+    _, _, run = example
+    for vm in run.of_type(V2VM):
+        assert vm.inputs["networkConfig"]["enableExternalIps"] is False
+    for instance in run.of_type(INSTANCE):
+        assert all(not nic.get("accessConfigs") for nic in instance.inputs["networkInterfaces"])
+
+
+def test_firewall_sources(example):
+    _, cluster_spec, run = example
+    rules = run.of_type(FIREWALL)
+    for rule in rules:
+        ranges = rule.inputs.get("sourceRanges") or []
+        # GCP reads a rule without any source as 0.0.0.0/0: every rule must name one.
+        assert ranges or rule.inputs.get("sourceTags")
+        assert all(ipaddress.ip_network(r).prefixlen > 0 for r in ranges), rule.name
+        ports = {p for allow in rule.inputs["allows"] for p in allow.get("ports") or []}
+        if "22" in ports:
+            assert ranges == [IAP_SOURCE_RANGE]
+        if ranges and ranges != [IAP_SOURCE_RANGE]:
+            assert ranges == list(cluster_spec.dashboard_source_ranges)
+            assert ports == {"8265"}
+    internal = [r for r in rules if r.inputs.get("sourceTags")]
+    assert len(internal) == 1 and internal[0].inputs["sourceTags"] == internal[0].inputs["targetTags"]
+
+
+def test_outputs_present(example):
+    expected, cluster_spec, run = example
+    out = run.value
+    assert out["slice_names"] == [cluster_spec.slice_name(i) for i in range(cluster_spec.slices)]
+    assert [len(ips) for ips in out["slice_host_ips"].values()] == [expected["hosts"]] * cluster_spec.slices
+    assert out["jobs_api_address"] == f"http://{out['head_internal_ip']}:8265"
+    assert "--tunnel-through-iap" in out["dashboard_tunnel_command"]
+    assert f"8265:{out['head_internal_ip']}:8265" in out["dashboard_tunnel_command"]
+    assert set(out["ssh_commands"]) >= set(out["slice_names"])
+    assert all(
+        "--tunnel-through-iap" in c and "--project=my-gcp-project" in c for c in out["ssh_commands"].values()
+    )
+    assert out["ray_token_command"].endswith(
+        f"--secret={cluster_spec.name}-ray-token --project=my-gcp-project"
+    )
+    assert out["service_account_email"].endswith("@my-gcp-project.iam.gserviceaccount.com")
+
+
+def test_head_address_and_roles(example):
+    expected, _, run = example
+    head_ip = run.value["head_internal_ip"]
+    slice_metadata = [vm.inputs["metadata"] for vm in run.of_type(V2VM)]
+    if expected["head_vm"]:
+        (instance,) = run.of_type(INSTANCE)
+        assert instance.inputs["metadata"][ATTR_ROLE] == "head-vm"
+        assert instance.inputs["machineType"] == "n1-standard-16"
+        assert all(m[ATTR_HEAD_ADDRESS] == head_ip for m in slice_metadata)
+    else:
+        assert head_ip == run.value["slice_host_ips"][run.value["slice_names"][0]][0]
+        assert all(ATTR_HEAD_ADDRESS not in m and ATTR_ROLE not in m for m in slice_metadata)
+
+
+def test_no_secret_value_in_metadata_or_outputs(example):
+    _, cluster_spec, run = example
+    token = run.fake.token
+    for host in _hosts(run):
+        assert token not in json.dumps(host.inputs["metadata"])
+        assert host.inputs["metadata"][ATTR_TOKEN_SECRET] == f"{cluster_spec.name}-ray-token"
+    holders = [r for r in run.registrations if token in json.dumps(r.inputs)]
+    assert [(r.type, sorted(r.secret_inputs)) for r in holders] == [
+        ("gcp:secretmanager/secretVersion:SecretVersion", ["secretData"])
+    ]
+    assert token not in json.dumps(run.value)
+
+
+def test_example_header_states_the_slice(example):
+    expected, cluster_spec, _ = example
+    path = next(ROOT / name for name, e in EXAMPLES.items() if e is expected)
+    header = path.read_text().splitlines()[0]
+    t = cluster_spec.tpu
+    assert header.startswith("# Slice: ")
+    assert f"{t.accelerator_type} = " in header
+    assert f"{t.hosts} host" in header and f"x {t.chips_per_host} chips" in header
+    assert f"topology {t.topology}" in path.read_text() and t.runtime_version in path.read_text()
+
+
+def test_every_host_reports_its_boot_state_through_guest_attributes(example):
+    """The boot script's states are guest attributes, which GCE serves only when asked for."""
+    _, _, run = example
+    metadata = [r.inputs["metadata"] for r in (*run.of_type(V2VM), *run.of_type(INSTANCE))]
+    assert metadata and all(m["enable-guest-attributes"] == "TRUE" for m in metadata)
+    assert all(m["enable-oslogin"] == "TRUE" for m in metadata)

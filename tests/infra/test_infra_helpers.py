@@ -1,0 +1,105 @@
+"""Pure helpers of rayslice.infra: firewall rules, names, labels, scheduling, gcloud commands."""
+
+from __future__ import annotations
+
+import shlex
+
+from rayslice import spec
+from rayslice.infra import access
+from rayslice.infra.firewall import IAP_SOURCE_RANGE, cluster_tag, firewall_rules, head_tag
+from rayslice.infra.identity import account_id
+from rayslice.infra.labels import resource_labels
+from rayslice.infra.network import region_of
+from rayslice.infra.tpu_slice import scheduling, slice_tags
+
+
+def _spec(**raw):
+    return spec.load({"acceleratorType": "v6e-16", "zone": "us-east5-b", **raw})
+
+
+def test_firewall_rules_without_dashboard_ranges():
+    rules = {r.suffix: r for r in firewall_rules(_spec())}
+    assert set(rules) == {"internal", "iap-ssh"}
+    assert rules["internal"].source_tags == rules["internal"].target_tags == ("rayslice-host",)
+    assert rules["internal"].source_ranges == ()
+    assert rules["iap-ssh"].source_ranges == (IAP_SOURCE_RANGE,)
+    assert rules["iap-ssh"].protocols == (("tcp", ("22",)),)
+
+
+def test_dashboard_rule_targets_only_the_head():
+    rules = {
+        r.suffix: r for r in firewall_rules(_spec(dashboardSourceRanges=["10.0.0.0/8", "192.168.1.0/24"]))
+    }
+    assert rules["dashboard"].source_ranges == ("10.0.0.0/8", "192.168.1.0/24")
+    assert rules["dashboard"].target_tags == ("rayslice-head",)
+    assert rules["dashboard"].protocols == (("tcp", ("8265",)),)
+
+
+def test_head_tag_goes_to_slice_zero_only_with_head_on_the_slice():
+    on_slice = _spec()
+    assert slice_tags(on_slice, 0) == [cluster_tag(on_slice), head_tag(on_slice)]
+    with_vm = _spec(slices=2, head="vm")
+    assert [slice_tags(with_vm, i) for i in range(2)] == [[cluster_tag(with_vm)]] * 2
+
+
+def test_account_id_fits_gcp_rules_and_stays_unique():
+    assert account_id("rayslice") == "rayslice-hosts"
+    long_a, long_b = "a" * 35 + "-one", "a" * 35 + "-two"
+    ids = {account_id(long_a), account_id(long_b)}
+    assert len(ids) == 2
+    assert all(6 <= len(i) <= 30 and not i.endswith("-") and i[0].isalpha() for i in ids)
+
+
+def test_labels_keep_the_users_and_add_rayslice_ones():
+    labels = resource_labels(_spec(labels={"team": "ml", "rayslice-cluster": "spoofed"}), "tpu-slice", 1)
+    assert labels == {
+        "team": "ml",
+        "rayslice-cluster": "rayslice",
+        "rayslice-role": "tpu-slice",
+        "rayslice-slice": "1",
+        "managed-by": "rayslice",
+    }
+
+
+def test_scheduling_per_capacity():
+    assert scheduling("on-demand") is None
+    assert scheduling("spot").spot is True
+    assert scheduling("reserved").reserved is True
+
+
+def test_region_of_zone():
+    assert region_of("us-east5-b") == "us-east5"
+    assert region_of("europe-west4-a") == "europe-west4"
+
+
+def test_commands_are_shell_safe_and_go_through_iap():
+    tunnel = access.tpu_dashboard_tunnel("s-0", "us-east5-b", "p-1", "10.0.0.5")
+    assert shlex.split(tunnel) == [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        "s-0",
+        "--zone=us-east5-b",
+        "--project=p-1",
+        "--worker=0",
+        "--tunnel-through-iap",
+        "--",
+        "-N",
+        "-L",
+        "8265:10.0.0.5:8265",
+    ]
+    assert shlex.split(access.vm_ssh("head", "us-east5-b", None)) == [
+        "gcloud",
+        "compute",
+        "ssh",
+        "head",
+        "--zone=us-east5-b",
+        "--tunnel-through-iap",
+    ]
+    assert access.tpu_ssh("s", "z-a1-b", None, worker="all").endswith("--worker=all --tunnel-through-iap")
+    assert (
+        access.token_command("t", "p-1") == "gcloud secrets versions access latest --secret=t --project=p-1"
+    )
+    assert access.jobs_api_address("10.0.0.5") == "http://10.0.0.5:8265"

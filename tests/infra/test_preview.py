@@ -1,0 +1,181 @@
+"""`rayslice preview`: the offline tree of what `pulumi up` would create."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayslice import cli, preview, spec
+from rayslice.infra import kuberay
+from rayslice.infra.mocks import run_offline
+from rayslice.infra.program import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (example, V2Vm count, accelerator type, runtime, head VM machine type or None)
+EXAMPLES = [
+    ("Pulumi.example-v6e-4.yaml", 1, "v6e-4", "v2-alpha-tpuv6e", None),
+    ("Pulumi.example-v6e-16.yaml", 1, "v6e-16", "v2-alpha-tpuv6e", None),
+    ("Pulumi.example-v5p-16-xla.yaml", 1, "v5p-16", "v2-alpha-tpuv5", None),
+    ("Pulumi.example-multislice.yaml", 2, "v6e-16", "v2-alpha-tpuv6e", "n1-standard-16"),
+]
+
+
+def _resource_lines(text: str, display_type: str) -> list[str]:
+    return [line for line in text.splitlines() if re.search(rf"(^|── ){re.escape(display_type)}  ", line)]
+
+
+@pytest.mark.parametrize("name, slices, accelerator, runtime, head_machine", EXAMPLES)
+def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, head_machine):
+    assert cli.main(["preview", "--stack-file", str(ROOT / name)]) == 0
+    out = capsys.readouterr().out
+    assert len(_resource_lines(out, "gcp.tpu.V2Vm")) == slices
+    assert out.count(f'acceleratorType: "{accelerator}"') == slices
+    assert out.count(f'runtimeVersion: "{runtime}"') == slices
+    for kind in (
+        "gcp.compute.Network",
+        "gcp.compute.Subnetwork",
+        "gcp.compute.RouterNat",
+        "gcp.serviceaccount.Account",
+        "gcp.secretmanager.Secret",
+    ):
+        assert len(_resource_lines(out, kind)) == 1, kind
+    assert len(_resource_lines(out, "gcp.compute.Firewall")) >= 2
+    assert len(_resource_lines(out, "gcp.compute.Instance")) == (1 if head_machine else 0)
+    if head_machine:
+        assert f'machineType: "{head_machine}"' in out
+    assert 'secretData: "[secret]"' in out
+    assert 'startup-script": "<' in out  # the script is summarised, not dumped
+
+
+def _tree_resources(text: str) -> list[tuple[str, dict]]:
+    """(display type, inputs) of every resource in a printed tree, in order."""
+    found: list[tuple[str, dict]] = []
+    for line in text.splitlines():
+        if resource := re.search(r"(?:^|── )(\S+)  \S+$", line):
+            found.append((resource[1], {}))
+        elif (value := re.match(r"^[│ ]*(\w+): (.*)$", line)) and found:
+            found[-1][1][value[1]] = json.loads(value[2])
+    return found
+
+
+def test_preview_of_the_gke_example(capsys):
+    assert cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-gke-v6e-16.yaml")]) == 0
+    resources = _tree_resources(capsys.readouterr().out)
+    kinds = Counter(kind for kind, _ in resources)
+    for kind in ("gcp.container.Cluster", "kubernetes.helm.sh/v3.Release", "kubernetes.ray.io/v1.RayCluster"):
+        assert kinds[kind] == 1, kind
+    pools = [inputs for kind, inputs in resources if kind == "gcp.container.NodePool"]
+    tpu_pools = [p for p in pools if p["nodeConfig"]["machineType"] != "n1-standard-16"]
+    assert [(p["nodeConfig"]["machineType"], p["nodeCount"], p["placementPolicy"]) for p in tpu_pools] == [
+        ("ct6e-standard-4t", 4, {"type": "COMPACT", "tpuTopology": "4x4"})
+    ]
+    [release] = [inputs for kind, inputs in resources if kind == "kubernetes.helm.sh/v3.Release"]
+    assert (release["chart"], release["version"]) == ("kuberay-operator", kuberay.KUBERAY_VERSION)
+
+
+@pytest.mark.parametrize("name", ["Pulumi.example-gke-v6e-16.yaml", "Pulumi.example-gke-multislice.yaml"])
+def test_yaml_output_is_what_kubectl_applies(capsys, name, crd_validator):
+    path = str(ROOT / name)
+    assert cli.main(["preview", "--stack-file", path, "--output", "yaml"]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    cluster_spec = spec.load_cli(path, [])
+    hosts = cluster_spec.tpu.hosts * cluster_spec.slices
+    assert [d["kind"] for d in documents] == ["ConfigMap"] + ["Service"] * hosts + [
+        "RayCluster"
+    ]  # no Helm release
+    assert documents == kuberay.manifests(cluster_spec)  # what the program registered = the pure builder
+    ray_cluster = documents[-1]
+    errors = sorted(crd_validator.iter_errors(ray_cluster), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+    [volume] = ray_cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    assert type(volume["configMap"]["defaultMode"]) is int  # not the engine's float
+    assert type(ray_cluster["spec"]["workerGroupSpecs"][0]["numOfHosts"]) is int
+
+
+def test_yaml_output_on_tpu_vm_is_an_error(capsys):
+    code = cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "yaml"])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_INVALID
+    assert "platform=gke" in captured.err and "platform=tpu-vm" in captured.err
+    assert captured.out == ""
+
+
+def test_multislice_tree_nests_resources_under_components(capsys):
+    cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-multislice.yaml")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "rayslice.infra.TpuRayCluster  jax-multislice"
+    head = lines.index("├── rayslice.infra.HeadVm  jax-multislice-head")
+    assert lines[head + 1] == "│   └── gcp.compute.Instance  jax-multislice-head-instance"
+
+
+def test_set_overrides_the_stack_file(capsys):
+    cli.main(
+        [
+            "preview",
+            "--stack-file",
+            str(ROOT / "Pulumi.example-v6e-4.yaml"),
+            "--set",
+            "capacity=spot",
+            "--set",
+            "rayslice:acceleratorType=v6e-8",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert 'schedulingConfig: {"spot": true}' in out
+    assert 'acceleratorType: "v6e-8"' in out
+
+
+def test_invalid_config_fails_with_the_spec_message(capsys):
+    code = cli.main(["preview", "--set", "acceleratorType=v6e-3", "--set", "zone=us-east5-b"])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_INVALID
+    assert "unknown accelerator type 'v6e-3'" in captured.err and "closest valid types" in captured.err
+    assert captured.out == ""
+
+
+def test_json_output_masks_the_token(capsys):
+    cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "json"])
+    resources = json.loads(capsys.readouterr().out)
+    (version,) = [r for r in resources if r["type"] == "gcp:secretmanager/secretVersion:SecretVersion"]
+    assert version["inputs"]["secretData"] == preview.SECRET_SHOWN
+
+
+def test_rendered_tree_never_shows_the_token():
+    run = run_offline(main, preview.stack_config(str(ROOT / "Pulumi.example-v6e-16.yaml"), []))
+    assert run.fake.token not in preview.render_tree(run.registrations)
+    assert run.fake.token not in preview.render_json(run.registrations)
+
+
+def test_stack_config_stringifies_like_pulumi(tmp_path):
+    stack = tmp_path / "Pulumi.t.yaml"
+    stack.write_text(
+        "config:\n  gcp:zone: us-east5-b\n  rayslice:externalIps: true\n"
+        "  rayslice:slices: 2\n  rayslice:labels: {team: ml}\n"
+    )
+    assert preview.stack_config(str(stack), ['requirements=["optax"]']) == {
+        "rayslice:zone": "us-east5-b",
+        "rayslice:externalIps": "true",
+        "rayslice:slices": "2",
+        "rayslice:labels": '{"team": "ml"}',
+        "rayslice:requirements": '["optax"]',
+    }
+
+
+@pytest.mark.parametrize(
+    "token, shown",
+    [
+        ("gcp:tpu/v2Vm:V2Vm", "gcp.tpu.V2Vm"),
+        ("gcp:compute/routerNat:RouterNat", "gcp.compute.RouterNat"),
+        ("random:index/randomPassword:RandomPassword", "random.RandomPassword"),
+        ("rayslice:infra:TpuSlice", "rayslice.infra.TpuSlice"),
+        ("kubernetes:ray.io/v1:RayCluster", "kubernetes.ray.io/v1.RayCluster"),
+    ],
+)
+def test_display_type(token, shown):
+    assert preview.display_type(token) == shown

@@ -1,0 +1,280 @@
+"""The fake metadata server, proven with the real clients that read it on a TPU VM:
+google-auth's compute-engine helpers, Ray's TPU detection and JAX's Cloud TPU cluster detection.
+Each server here listens on 127.0.0.1 in-process; no root needed."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rayslice import spec
+from rayslice.local.host_metadata import head_vm_attributes, instance_tree, tpu_attributes
+from rayslice.local.metadata import MetadataServer, dump_tree, load_tree
+from rayslice.startup_scripts import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_SLICE_INDEX
+
+NETWORK = ipaddress.IPv4Network("100.64.7.0/24")
+SLICE_IPS = ["100.64.7.2", "100.64.7.3", "100.64.7.4", "100.64.7.5"]
+
+
+def _serve(tree, **kwargs) -> MetadataServer:
+    server = MetadataServer(("127.0.0.1", 0), tree, **kwargs)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _tree(worker: int, cluster=None, head_address=None):
+    cluster = cluster or spec.load({}, require_zone=False)
+    attributes = tpu_attributes(cluster, 0, worker, SLICE_IPS, head_address)
+    return instance_tree(
+        cluster,
+        hostname=f"rayslice-slice-0-w-{worker}",
+        ip=SLICE_IPS[worker],
+        network=NETWORK,
+        gateway="100.64.7.1",
+        attributes=attributes,
+        startup_script="#!/bin/bash\necho hi\n",
+    )
+
+
+@pytest.fixture
+def worker0():
+    server = _serve(_tree(0))
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def worker2():
+    server = _serve(_tree(2))
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _get(server, path, flavor=True, method="GET", data=None):
+    request = urllib.request.Request(
+        server.url + path, method=method, data=data, headers={"Metadata-Flavor": "Google"} if flavor else {}
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+    try:
+        with opener.open(request, timeout=5) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read().decode()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # the test looks at the 301 itself
+        return None
+
+
+# ---- the protocol -------------------------------------------------------------------------------
+
+
+def test_flavor_header_is_required_and_always_sent(worker0):
+    status, headers, _ = _get(worker0, "/computeMetadata/v1/instance/id", flavor=False)
+    assert status == 403
+    assert headers["Metadata-Flavor"] == "Google"
+    status, headers, body = _get(worker0, "/computeMetadata/v1/instance/id")
+    assert status == 200 and headers["Metadata-Flavor"] == "Google" and body.isdigit()
+
+
+def test_values_listings_recursive_and_alt(worker0):
+    v1 = "/computeMetadata/v1/"
+    assert _get(worker0, v1 + "instance/attributes/accelerator-type")[2] == "v6e-16"
+    assert _get(worker0, v1 + "instance/network-interfaces/0/ip")[2] == SLICE_IPS[0]
+    assert _get(worker0, v1 + "instance/zone")[2].endswith("/zones/us-central1-b")
+    assert _get(worker0, v1 + "instance/attributes/startup-script")[2] == "#!/bin/bash\necho hi\n"
+
+    status, headers, _ = _get(worker0, v1 + "instance")
+    assert status == 301 and headers["Location"].endswith("/computeMetadata/v1/instance/")
+    listing = _get(worker0, v1 + "instance/")[2].splitlines()
+    assert {"attributes/", "id", "network-interfaces/", "service-accounts/", "zone"} <= set(listing)
+    assert _get(worker0, v1 + "instance/network-interfaces/")[2] == "0/\n"
+
+    status, headers, body = _get(worker0, v1 + "instance/?recursive=true")
+    data = json.loads(body)
+    assert headers["Content-Type"] == "application/json"
+    assert data["networkInterfaces"][0]["ip"] == SLICE_IPS[0]  # camelCase keys ...
+    assert data["attributes"]["agent-worker-number"] == "0"  # ... except attribute names
+    assert "token" not in data["serviceAccounts"]["default"]
+
+    assert json.loads(_get(worker0, v1 + "instance/attributes/instance-id?alt=json")[2]) == "rayslice-slice-0"
+    text = _get(worker0, v1 + "instance/attributes/?recursive=true&alt=text")[2]
+    assert "agent-worker-number 0\n" in text
+    assert _get(worker0, "/")[2] == "computeMetadata/\n"
+    assert _get(worker0, v1 + "instance/no-such-thing")[0] == 404
+
+
+def test_tpu_attributes_look_like_a_tpu_vm(worker2):
+    attrs = "/computeMetadata/v1/instance/attributes/"
+    assert _get(worker2, attrs + "agent-worker-number")[2] == "2"
+    endpoints = _get(worker2, attrs + "worker-network-endpoints")[2].split(",")
+    assert [e.split(":")[2] for e in endpoints] == SLICE_IPS
+    tpu_env = _get(worker2, attrs + "tpu-env")[2]
+    for line in ("ACCELERATOR_TYPE: 'v6e-16'", "TOPOLOGY: '4x4'", "WORKER_ID: '2'", "ZONE: 'us-central1-b'"):
+        assert line in tpu_env.splitlines()
+    assert _get(worker2, attrs + ATTR_SLICE_INDEX)[2] == "0"
+    assert _get(worker2, attrs + ATTR_HEAD_ADDRESS)[0] == 404  # head=slice, slice 0: found via endpoints
+
+
+def test_head_vm_and_multislice_attributes():
+    cluster = spec.load({"slices": 2, "acceleratorType": "v6e-4"}, require_zone=False)
+    assert cluster.head == "vm"
+    head = head_vm_attributes(cluster)
+    assert head[ATTR_ROLE] == "head-vm" and "agent-worker-number" not in head
+    worker = tpu_attributes(cluster, 1, 0, ["100.64.7.9"], "100.64.7.2")
+    assert worker[ATTR_HEAD_ADDRESS] == "100.64.7.2" and worker["instance-id"] == "rayslice-slice-1"
+
+
+def test_guest_attributes_put_get_list_and_file(tmp_path):
+    guest_file = tmp_path / "guest.json"
+    server = _serve(_tree(0), guest_file=guest_file)
+    try:
+        assert json.loads(guest_file.read_text()) == {}  # written at start: the owner's "listening" signal
+        path = "/computeMetadata/v1/instance/guest-attributes/rayslice/state"
+        assert _get(server, path)[0] == 404
+        assert _get(server, path, method="PUT", data=b"waiting-for-head")[0] == 200
+        assert _get(server, path)[2] == "waiting-for-head"
+        assert _get(server, "/computeMetadata/v1/instance/guest-attributes/")[2] == "rayslice/\n"
+        assert _get(server, "/computeMetadata/v1/instance/guest-attributes/rayslice/")[2] == "state\n"
+        assert json.loads(guest_file.read_text()) == {"rayslice": {"state": "waiting-for-head"}}
+        assert _get(server, "/computeMetadata/v1/instance/attributes/foo", method="PUT", data=b"x")[0] == 405
+        assert _get(server, path, method="DELETE")[0] == 200
+        assert _get(server, path)[0] == 404
+        _get(server, path, method="PUT", data=b"joined")
+    finally:
+        server.shutdown()
+        server.server_close()
+    restarted = _serve(_tree(0), guest_file=guest_file)  # values survive, as across a VM reboot
+    try:
+        assert _get(restarted, "/computeMetadata/v1/instance/guest-attributes/rayslice/state")[2] == "joined"
+    finally:
+        restarted.shutdown()
+        restarted.server_close()
+
+
+def test_unavailable_for_answers_503_then_recovers():
+    server = _serve(_tree(0), unavailable_for=0.6)
+    try:
+        assert _get(server, "/computeMetadata/v1/instance/id")[0] == 503
+        time.sleep(0.7)
+        assert _get(server, "/computeMetadata/v1/instance/id")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_tree_file_round_trip():
+    tree = _tree(1)
+    assert load_tree(dump_tree(tree)) == tree
+
+
+# ---- real clients -------------------------------------------------------------------------------
+
+_GOOGLE_AUTH_CLIENT = """
+import json, sys
+import google.auth.transport.requests as tr
+from google.auth.compute_engine import _metadata
+request = tr.Request()
+print(json.dumps({
+    "ping": _metadata.ping(request),
+    "project": _metadata.get_project_id(request),
+    "worker": _metadata.get(request, "instance/attributes/agent-worker-number"),
+    "account": _metadata.get_service_account_info(request),
+    "token": _metadata.get_service_account_token(request)[0],
+}))
+"""
+
+
+def test_google_auth_metadata_helpers(worker0):
+    """google-auth reads GCE_METADATA_HOST / GCE_METADATA_IP at import, so it runs in a fresh process."""
+    host = worker0.url.removeprefix("http://")
+    env = {"GCE_METADATA_HOST": host, "GCE_METADATA_IP": host, "PATH": "/usr/bin:/bin", "NO_PROXY": "*"}
+    out = subprocess.run(
+        [sys.executable, "-c", _GOOGLE_AUTH_CLIENT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    result = json.loads(out)
+    assert result["ping"] is True
+    assert result["project"] == "rayslice-local"
+    assert result["worker"] == "0"
+    assert result["account"]["email"].endswith("-compute@developer.gserviceaccount.com")
+    assert result["token"].startswith("simulated-token-")
+
+
+@pytest.fixture
+def ray_via_proxy(monkeypatch):
+    """Ray hard-codes metadata.google.internal but honours http_proxy: point it at a server."""
+
+    def use(server):
+        for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        for name in ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_ID", "TPU_TOPOLOGY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("http_proxy", server.url)
+        from ray._private.accelerators.tpu import TPUAcceleratorManager
+
+        return TPUAcceleratorManager
+
+    return use
+
+
+def test_ray_tpu_detection_on_worker_0(worker0, ray_via_proxy):
+    tpu = ray_via_proxy(worker0)
+    assert tpu.get_current_node_tpu_pod_type() == "v6e-16"
+    assert tpu.get_current_node_tpu_name() == "rayslice-slice-0"
+    assert tpu.get_current_node_tpu_worker_id() == 0
+    assert tpu.get_current_node_tpu_topology() == "4x4"
+    assert tpu.get_current_node_accelerator_type() == "TPU-V6E"
+    assert tpu.get_current_node_additional_resources() == {"rayslice-slice-0": 1, "TPU-v6e-16-head": 1}
+    labels = tpu.get_current_node_accelerator_labels()
+    assert labels["ray.io/tpu-slice-name"] == "rayslice-slice-0" and labels["ray.io/tpu-worker-id"] == "0"
+
+
+def test_ray_tpu_detection_on_other_workers(worker2, ray_via_proxy):
+    tpu = ray_via_proxy(worker2)
+    assert tpu.get_current_node_tpu_worker_id() == 2
+    assert tpu.get_current_node_additional_resources() == {"rayslice-slice-0": 1}  # no head resource
+
+
+def test_jax_cloud_tpu_cluster_detection(worker2, monkeypatch):
+    """JAX reads GCE_METADATA_IP at call time; it derives the process layout from metadata alone."""
+    from jax._src.clusters.cloud_tpu_cluster import GceTpuCluster, get_metadata, get_tpu_env_value
+
+    monkeypatch.setenv("GCE_METADATA_IP", worker2.url.removeprefix("http://"))
+    for name in (
+        "no_proxy",
+        "NO_PROXY",
+        "http_proxy",
+        "HTTP_PROXY",
+        "TOPOLOGY",
+        "MEGASCALE_NUM_SLICES",
+        "MEGASCALE_SLICE_ID",
+        "MEGASCALE_COORDINATOR_ADDRESS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "*")
+    assert get_metadata("agent-worker-number") == ("2", 200)
+    assert GceTpuCluster._get_worker_list_in_slice() == SLICE_IPS
+    assert GceTpuCluster._get_process_id_in_slice() == 2
+    assert GceTpuCluster.get_process_count() == 4
+    assert GceTpuCluster.get_process_id() == 2
+    assert get_tpu_env_value("TOPOLOGY") == "4x4"
+    assert (
+        GceTpuCluster.get_coordinator_address(timeout_secs=5, override_coordinator_port=None)
+        == f"{SLICE_IPS[0]}:8482"
+    )

@@ -1,0 +1,114 @@
+"""The CLI as a user runs it: exit codes, JSON shape, messages on stderr."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rayslice import cli
+
+JSON_KEYS = [
+    "accelerator_type",
+    "generation",
+    "platform",
+    "chips",
+    "tensorcores",
+    "hosts",
+    "chips_per_host",
+    "topology",
+    "runtime_version",
+    "machine_type",
+    "gke_accelerator",
+    "placement",
+    "zones",
+    "multislice",
+]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rayslice.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_catalog_json_v5p_16():
+    result = run("catalog", "v5p-16", "--platform", "tpu-vm", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert list(data) == JSON_KEYS
+    assert (data["hosts"], data["chips_per_host"], data["topology"], data["runtime_version"]) == (
+        2,
+        4,
+        "2x2x2",
+        "v2-alpha-tpuv5",
+    )
+    assert data["machine_type"] is None and data["placement"] is None
+
+
+def test_catalog_json_v6e_8_is_one_host_on_tpu_vm(capsys):
+    assert cli.main(["catalog", "v6e-8", "--platform", "tpu-vm", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["hosts"], data["chips_per_host"]) == (1, 8)
+
+
+def test_catalog_json_gke(capsys):
+    assert cli.main(["catalog", "tpu-v6e-slice-16", "--platform", "gke", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["machine_type"], data["gke_accelerator"], data["placement"], data["runtime_version"]) == (
+        "ct6e-standard-4t",
+        "tpu-v6e-slice",
+        "COMPACT",
+        None,
+    )
+
+
+def test_catalog_table_lists_generations(capsys):
+    assert cli.main(["catalog"]) == 0
+    out = capsys.readouterr().out
+    for gen in ("v2", "v3", "v4", "v5litepod", "v5p", "v6e"):
+        assert f"\n{gen} " in out
+    assert "\ntpu7x " not in out
+    assert cli.main(["catalog", "--platform", "gke"]) == 0
+    assert "\ntpu7x " in capsys.readouterr().out
+
+
+def test_catalog_readable_one_type(capsys):
+    assert cli.main(["catalog", "v6e-16"]) == 0
+    assert "topology" in capsys.readouterr().out
+
+
+def test_catalog_unknown_type_exits_2(capsys):
+    assert cli.main(["catalog", "v6e-12"]) == 2
+    assert "closest valid types: v6e-8, v6e-16" in capsys.readouterr().err
+
+
+def test_validate_unknown_type_exits_2_with_neighbours():
+    result = run("validate", "--set", "acceleratorType=v5p-7")
+    assert result.returncode == 2
+    assert "v5p-8, v5p-16, v5p-32" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_validate_ok(tmp_path, capsys):
+    stack = tmp_path / "Pulumi.dev.yaml"
+    stack.write_text("config:\n  rayslice:acceleratorType: v5p-16\n  gcp:zone: us-east5-a\n")
+    assert cli.main(["validate", "--stack-file", str(stack), "--set", "slices=2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 x v5p-16" in out and "head=vm" in out
+
+
+def test_render_prints_the_script(capsys):
+    assert cli.main(["render", "--set", "acceleratorType=v6e-4"]) == 0
+    assert capsys.readouterr().out.startswith("#!/bin/bash")
+
+
+@pytest.mark.parametrize(
+    "argv", [["validate", "--set", "nokey"], ["validate", "--stack-file", "/nonexistent"]]
+)
+def test_bad_arguments_exit_2(argv, capsys):
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith("rayslice: ")

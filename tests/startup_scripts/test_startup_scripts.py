@@ -1,0 +1,161 @@
+"""Rendering the boot script: roles, presets, head modes, quoting, shellcheck, size."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayslice import spec
+from rayslice import startup_scripts as ss
+from rayslice.startup_scripts import variables
+
+SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+
+VARIANTS = {
+    "v6e-16 jax head=slice": {"acceleratorType": "v6e-16"},
+    "v6e-4 single host": {"acceleratorType": "v6e-4"},
+    "v5p-16 xla": {"acceleratorType": "v5p-16", "preset": "xla"},
+    "2 x v6e-16 head=vm": {"acceleratorType": "v6e-16", "slices": 2},
+    "no auth, index, extras": {
+        "acceleratorType": "v6e-8",
+        "rayAuth": "none",
+        "packageIndex": "https://pypi.example.internal/simple",
+        "requirements": ['requests; python_version < "3.12"', "optax>=0.2"],
+    },
+}
+OPTIONS = {
+    "real host": ss.RenderOptions(),
+    "simulated, venv": ss.RenderOptions(
+        supervisor="process", package_source="venv:/opt/prepared venv", root="/tmp/sim/h0"
+    ),
+    "simulated, wheels": ss.RenderOptions(
+        supervisor="process",
+        package_source="wheels:/tmp/wheel house",
+        root="/tmp/sim/h1",
+        object_store_bytes=100_000_000,
+    ),
+}
+
+
+def _spec(raw):
+    return spec.load(raw, require_zone=False)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_passes_bash_n_and_shellcheck(tmp_path, variant, option):
+    script = ss.render(_spec(VARIANTS[variant]), OPTIONS[option])
+    path = tmp_path / "boot.sh"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    result = subprocess.run([SHELLCHECK, "--severity=style", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    assert len(script.encode()) < ss.METADATA_VALUE_LIMIT
+
+
+def _assignments(script: str) -> dict[str, str]:
+    """The rendered values, as bash itself reads them."""
+    header = script.split("# ---- paths")[0]
+    names = [
+        line.split("=", 1)[0] for line in header.splitlines() if "=" in line and not line.startswith("#")
+    ]
+    dump = header + "\n" + "\n".join(f'printf "%s=%s\\0" {n} "${{{n}[*]}}"' for n in names)
+    out = subprocess.run(["bash", "-c", dump], capture_output=True, text=True, check=True).stdout
+    return dict(item.split("=", 1) for item in out.split("\0") if item)
+
+
+def test_rendered_values():
+    values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
+    assert values["TPU_RESOURCES"] == '{"TPU": 4}'
+    assert values["REQUIREMENTS"] == "jax[tpu]>=0.10.2,<0.11 ray[default]==2.60.0"
+    assert values["RAY_AUTH_MODE_VALUE"] == "token"
+    assert values["SUPERVISOR"] == "systemd" and values["PACKAGE_MODE"] == "pypi" and values["ROOT"] == ""
+
+
+def test_xla_preset_uses_the_guides_find_links():
+    values = _assignments(ss.render(_spec(VARIANTS["v5p-16 xla"])))
+    assert values["REQUIREMENTS"].startswith("torch~=2.9.0 torch_xla[tpu]~=2.9.0")
+    assert "libtpu-releases" in values["FIND_LINKS"]
+
+
+def test_single_host_8_chip_type_gets_8_tpus():
+    assert _assignments(ss.render(_spec({"acceleratorType": "v6e-8"})))["TPU_RESOURCES"] == '{"TPU": 8}'
+
+
+def test_no_auth_disables_ray_auth_explicitly():
+    values = _assignments(ss.render(_spec(VARIANTS["no auth, index, extras"])))
+    assert values["RAY_AUTH_MODE_VALUE"] == "disabled"
+    assert values["PACKAGE_INDEX"] == "https://pypi.example.internal/simple"
+
+
+def test_simulator_knobs_are_rendered():
+    values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]), OPTIONS["simulated, wheels"]))
+    assert (
+        values["SUPERVISOR"],
+        values["PACKAGE_MODE"],
+        values["PACKAGE_DIR"],
+        values["ROOT"],
+        values["OBJECT_STORE_BYTES"],
+    ) == ("process", "wheels", "/tmp/wheel house", "/tmp/sim/h1", "100000000")
+
+
+def test_hostile_values_in_every_string_reaching_the_script_are_literal(tmp_path):
+    """Defence in depth: even a spec that bypassed validation cannot inject shell code."""
+    marker = tmp_path / "pwned"
+    hostile = f"$(touch {marker})`touch {marker}`'\";\ntouch {marker}"
+    base = _spec(VARIANTS["v6e-16 jax head=slice"])
+    bad = dataclasses.replace(base, package_index=hostile, requirements=(hostile,), ray_version=hostile)
+    options = ss.RenderOptions(supervisor="process", package_source=f"wheels:{hostile}", root=hostile)
+    values = _assignments(ss.render(bad, options))
+    assert (
+        values["PACKAGE_INDEX"] == hostile and values["PACKAGE_DIR"] == hostile and values["ROOT"] == hostile
+    )
+    assert hostile in values["REQUIREMENTS"]
+    assert not marker.exists()
+
+
+def test_install_fingerprint_follows_requirements():
+    a = _spec({"acceleratorType": "v6e-16"})
+    b = _spec({"acceleratorType": "v6e-16", "requirements": ["optax"]})
+    c = _spec({"acceleratorType": "v6e-4"})
+    fp = variables.install_fingerprint
+    assert fp(a, ss.RenderOptions()) != fp(b, ss.RenderOptions())
+    assert fp(a, ss.RenderOptions()) == fp(c, ss.RenderOptions())  # same packages, other shape
+
+
+def test_host_attributes():
+    s = _spec({"acceleratorType": "v6e-16", "slices": 2})
+    attrs = ss.host_attributes(s, 1, head_address="10.0.0.2", token_secret="rayslice-token")
+    assert attrs == {
+        "rayslice-head-mode": "vm",
+        "rayslice-slice-index": "1",
+        "rayslice-num-slices": "2",
+        "rayslice-config-hash": ss.config_hash(s),
+        "rayslice-head-address": "10.0.0.2",
+        "rayslice-token-secret": "rayslice-token",
+    }
+
+
+def test_render_options_are_checked():
+    with pytest.raises(ValueError, match="supervisor"):
+        ss.RenderOptions(supervisor="cron")
+    with pytest.raises(ValueError, match="package_source"):
+        ss.RenderOptions(package_source="/tmp/wheels")
+
+
+def test_script_never_reads_a_token_from_metadata():
+    script = ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]))
+    assert "attributes/ray-token" not in script and "RAY_AUTH_TOKEN=" not in script
+    assert "RAY_AUTH_TOKEN_PATH" in script
+
+
+def test_only_the_head_vm_carries_the_head_vm_role():
+    s = _spec({"acceleratorType": "v6e-16", "slices": 2})
+    assert ss.host_attributes(s, ss.HEAD_VM_SLICE_INDEX)[ss.ATTR_ROLE] == ss.HEAD_VM_ROLE
+    assert ss.ATTR_ROLE not in ss.host_attributes(s, 0, head_address="10.0.0.2")
+    assert _assignments(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE

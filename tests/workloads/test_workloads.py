@@ -1,0 +1,209 @@
+"""Unit tests of the workloads' cluster reading, the `rayslice run` command line and jax_train."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayslice import catalog, cli
+from rayslice.local.state import STATE_DIR_ENV
+from rayslice.workloads import _cluster, _jax_hosts, _submit
+
+ALL = [
+    "jax_multihost",
+    "jax_multislice",
+    "jax_single_host",
+    "jax_train",
+    "xla_multi_device",
+    "xla_multihost",
+    "xla_single",
+    "xla_train",
+]
+
+
+def node(
+    slice_name: str,
+    worker: int,
+    pod_type: str,
+    topology: str,
+    chips: int = 4,
+    alive: bool = True,
+    ip: str | None = None,
+) -> dict:
+    """A `ray.nodes()` entry as Ray's TPU detection leaves it."""
+    return {
+        "NodeID": f"{slice_name}-{worker}",
+        "NodeManagerAddress": ip or f"10.0.0.{worker}",
+        "Alive": alive,
+        "Resources": {"CPU": 2.0, "TPU": float(chips), slice_name: 1.0},
+        "Labels": {
+            _cluster.SLICE_NAME_LABEL: slice_name,
+            _cluster.WORKER_ID_LABEL: str(worker),
+            _cluster.TOPOLOGY_LABEL: topology,
+            _cluster.POD_TYPE_LABEL: pod_type,
+        },
+    }
+
+
+def v6e_16(name: str, workers=range(4)) -> list[dict]:
+    return [node(name, w, "v6e-16", "4x4") for w in workers]
+
+
+def slices_of(nodes: list[dict]) -> list[_cluster.TpuSlice]:
+    return _cluster.tpu_slices(_cluster.tpu_hosts(nodes))
+
+
+def test_hosts_without_tpu_or_dead_are_not_tpu_hosts():
+    cpu_head = {
+        "NodeID": "h",
+        "NodeManagerAddress": "10.0.0.9",
+        "Alive": True,
+        "Resources": {"CPU": 8.0},
+        "Labels": {},
+    }
+    dead = node("s", 1, "v6e-16", "4x4", alive=False)
+    hosts = _cluster.tpu_hosts([cpu_head, dead, node("s", 0, "v6e-16", "4x4")])
+    assert [(h.slice_name, h.worker_id, h.chips) for h in hosts] == [("s", 0, 4)]
+
+
+def test_a_slice_is_ordered_by_worker_id_and_complete_only_with_every_host():
+    (full,) = slices_of(list(reversed(v6e_16("a"))))
+    assert [h.worker_id for h in full.hosts] == [0, 1, 2, 3] and full.complete
+    assert full.chips == 16 and full.generation == "v6e"
+    (partial,) = slices_of(v6e_16("b", [0, 1, 3]))
+    assert not partial.complete
+
+
+def test_expected_hosts_follow_the_platform_the_chips_per_host_reveal():
+    # v6e-8: one 8-chip host on the TPU VM API, two 4-chip nodes on GKE.
+    assert _cluster._expected_hosts("v6e-8", 8) == 1
+    assert _cluster._expected_hosts("v6e-8", 4) == 2
+    assert _cluster._expected_hosts("v5p-16", 4) == catalog.lookup("v5p-16").hosts == 2
+    with pytest.raises(_cluster.WorkloadError, match="report 3 TPU chips"):
+        _cluster._expected_hosts("v6e-16", 3)
+    with pytest.raises(catalog.CatalogError):
+        _cluster._expected_hosts("v6e-17", 4)
+
+
+def test_the_largest_complete_slice_is_chosen_by_default():
+    slices = slices_of([node("aaa", 0, "v6e-4", "2x2"), *v6e_16("zzz"), *v6e_16("bbb", [0, 1])])
+    assert [s.name for s in _cluster.choose_slices(1, slices=slices)] == ["zzz"]
+    assert [s.name for s in _cluster.choose_slices(1, accelerator_type="v6e-4", slices=slices)] == ["aaa"]
+    assert [s.name for s in _cluster.choose_slices(None, slices=slices)] == ["zzz"]
+
+
+def test_choosing_slices_that_are_not_there_says_what_the_cluster_has():
+    slices = slices_of([*v6e_16("a"), *v6e_16("b", [0, 1, 2])])
+    with pytest.raises(
+        _cluster.WorkloadError,
+        match=r"asked for 2 complete v6e-16 slices, the cluster "
+        r"has 1: a \(v6e-16.*4/4 hosts.*b \(v6e-16.*3/4 hosts",
+    ):
+        _cluster.choose_slices(2, slices=slices)
+    with pytest.raises(_cluster.WorkloadError, match="no complete TPU slice matches v5p-8"):
+        _cluster.choose_slices(1, accelerator_type="v5p-8", slices=slices)
+    with pytest.raises(_cluster.WorkloadError, match="no TPU hosts"):
+        _cluster.choose_slices(1, slices=[])
+
+
+def test_asking_for_more_chips_than_any_host_has_is_refused():
+    (tpu_slice,) = slices_of(v6e_16("a"))
+    assert _cluster.one_host_options(4, tpu_slice) == {
+        "num_cpus": 0,
+        "resources": {"TPU": 4},
+        "label_selector": {_cluster.SLICE_NAME_LABEL: "a"},
+    }
+    with pytest.raises(
+        _cluster.WorkloadError,
+        match="asks for 8 TPU chips on one host, but the largest host in the cluster has 4",
+    ):
+        _cluster.one_host_options(8, tpu_slice)
+
+
+def test_megascale_env_names_slice_0_worker_0_as_coordinator():
+    slices = slices_of(
+        [
+            *[node("a", w, "v6e-16", "4x4", ip=f"10.0.1.{w}") for w in range(4)],
+            *[node("b", w, "v6e-16", "4x4", ip=f"10.0.2.{w}") for w in range(4)],
+        ]
+    )
+    assert _jax_hosts.megascale_env(slices[:1], 0) == {}
+    env = _jax_hosts.megascale_env(slices, 1)
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "10.0.1.0"
+    assert (env["MEGASCALE_NUM_SLICES"], env["MEGASCALE_SLICE_ID"]) == ("2", "1")
+    assert env["MEGASCALE_PORT"]
+
+
+def test_every_workload_module_is_listed_with_its_summary():
+    listed = _submit.workloads()
+    assert sorted(listed) == ALL
+    assert all(summary for summary in listed.values())
+
+
+def test_run_list_prints_one_line_per_workload(capsys):
+    assert cli.main(["run", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ALL
+
+
+@pytest.mark.parametrize(
+    "address, url",
+    [
+        ("http://10.0.0.2:8265", "http://10.0.0.2:8265"),
+        ("10.0.0.2:8265", "http://10.0.0.2:8265"),
+        ("head", "http://head:8265"),
+    ],
+)
+def test_jobs_url(address, url):
+    assert _submit.jobs_url(address) == url
+
+
+def test_a_name_that_is_not_a_workload_is_refused_with_suggestions(capsys):
+    assert cli.main(["run", "jax_multihots", "--address", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "'jax_multihots' is not a workload (did you mean jax_multihost" in err
+
+
+def test_no_cluster_reachable_is_a_clear_error(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))  # no simulation there
+    assert cli.main(["run", "jax_multihost"]) == _submit.EXIT_NO_CLUSTER
+    assert "no Ray cluster to submit to" in capsys.readouterr().err
+    assert cli.main(["run", "jax_multihost", "--address", "http://127.0.0.1:9"]) == _submit.EXIT_NO_CLUSTER
+    assert "no Ray cluster reachable at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_job_arguments_after_the_double_dash_are_kept_apart(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(_submit, "submit", lambda *a: seen.setdefault("call", a) and 0)
+    cli.main(["run", "jax_train", "--address", "http://h:8265", "--", "--steps", "5", "--address", "x"])
+    assert seen["call"] == ("jax_train", ["--steps", "5", "--address", "x"], "http://h:8265", None)
+
+
+def test_the_staged_package_holds_core_and_workloads_only(tmp_path):
+    package = _submit._stage_rayslice(tmp_path)
+    assert (package / "catalog.py").is_file()
+    assert sorted(p.stem for p in (package / "workloads").glob("[!_]*.py")) == ALL
+    assert not (package / "local").exists() and not (package / "infra").exists()
+
+
+def test_jax_train_loss_falls_on_the_local_devices():
+    from rayslice.workloads.jax_train import train
+
+    report = train(steps=15, batch_per_device=32, hidden=64)
+    assert len(report.losses) == 15
+    assert sum(report.losses[-3:]) / 3 < report.losses[0]
+    assert report.flops_per_step > 0 and report.steps_per_s > 0
+    assert report.samples_per_s == pytest.approx(report.steps_per_s * report.global_batch)
+    assert "samples/s" in report.lines()[-1]
+
+
+@pytest.mark.parametrize("module", ["jax_train", "xla_train"])
+def test_training_needs_two_steps_because_the_first_compiles(module, capsys):
+    import importlib
+
+    parser = importlib.import_module(f"rayslice.workloads.{module}").build_parser()
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--steps", "1"])
+    assert exit_info.value.code == 2
+    assert "steps must be at least 2" in capsys.readouterr().err
+    assert parser.parse_args(["--steps", "2"]).steps == 2
