@@ -23,14 +23,12 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from rayslice.errors import CatalogError
+
 PLATFORMS = ("tpu-vm", "gke")
 
 # Ironwood (tpu7x) and the Ray/JAX stacks that run on it are GKE-only today.
 GKE_ONLY_HINT = "use --platform gke (set rayslice:platform to gke); the Cloud TPU VM API does not serve it"
-
-
-class CatalogError(ValueError):
-    """An accelerator type or platform the catalog does not know; the message says what to use."""
 
 
 @dataclass(frozen=True)
@@ -434,3 +432,28 @@ def runtime_generations(runtime_version: str) -> list[str]:
     if marked:
         return marked
     return [g.name for g in GENERATIONS if g.runtime_version == _UBUNTU_BASE]
+
+
+def generation_rows(platform: str) -> list[dict[str, object]]:
+    """One summary row per generation on a platform, for the readable table."""
+    rows = []
+    for gen in generations(platform):
+        shapes = [
+            s for n, s in table(platform).items() if n == s.accelerator_type and s.generation == gen.name
+        ]
+        shapes.sort(key=lambda s: s.chips)
+        rows.append(
+            {
+                "generation": gen.name,
+                "aliases": ",".join(gen.aliases) or "-",
+                "smallest": shapes[0].accelerator_type,
+                "largest": shapes[-1].accelerator_type,
+                "chips/host": ",".join(str(c) for c in sorted({s.chips_per_host for s in shapes})),
+                "runtime" if platform == "tpu-vm" else "machine": (
+                    gen.runtime_version if platform == "tpu-vm" else f"{gen.gke_machine_family}-Nt"
+                ),
+                "multislice": "yes" if gen.multislice else "no",
+                "zones": ",".join(gen.zones),
+            }
+        )
+    return rows

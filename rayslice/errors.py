@@ -35,7 +35,7 @@ class SpecError(InvalidInput):
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        super().__init__("invalid rayslice configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class CatalogError(InvalidInput):

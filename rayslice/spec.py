@@ -21,17 +21,10 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
 from rayslice import catalog
+from rayslice.errors import SpecError
 
 NAMESPACE = "rayslice"
 DEFAULT_RAY_VERSION = "2.60.0"
-
-
-class SpecError(ValueError):
-    """Invalid user input; `problems` holds one actionable message per problem."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid rayslice configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import rayslice
 from rayslice import spec as spec_module
+from rayslice.errors import SimulatorError
 from rayslice.local import netns
 from rayslice.local.boot import host_environment
 from rayslice.local.host_metadata import head_vm_attributes, instance_tree, tpu_attributes
@@ -51,10 +52,6 @@ STATE_KEY = "state"  # guest attribute the boot script publishes its progress in
 JOINED = "joined"
 FAILED_PREFIX = "failed"
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount")
-
-
-class SimulatorError(RuntimeError):
-    """A failure the user can act on; the message says what to do."""
 
 
 def require_root() -> None:
