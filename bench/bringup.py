@@ -27,7 +27,7 @@ from pathlib import Path
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation
 from rayslice.local.wheelhouse import ensure_wheelhouse
-from rayslice.startup_scripts import GCS_PORT
+from rayslice.names import GCS_PORT
 from rayslice.startup_scripts.variables import requirement_lines
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,6 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from rayslice import catalog
 from rayslice.errors import SpecError
+from rayslice.names import slice_name
 
 NAMESPACE = "rayslice"
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -147,11 +148,6 @@ _URL = re.compile(r"^(https?|file)://[^\s'\"`$;\\]+$")
 _NAME_MAX = 40
 # GKE refuses node pool names longer than this; the longest pool is the last slice's.
 GKE_NODE_POOL_NAME_MAX = 40
-
-
-def slice_name(name: str, index: int) -> str:
-    """The name of slice `index`: its TPU VM, or its GKE node pool."""
-    return f"{name}-slice-{index}"
 
 
 @dataclass(frozen=True)

@@ -35,4 +35,4 @@ def test_wheel_has_only_the_rayslice_package(tmp_path):
         assert f"rayslice/{sub}/__init__.py" in names
     assert "rayslice/startup_scripts/startup.sh.j2" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "rayslice = rayslice.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "rayslice = rayslice.cli:entry_point" in zipfile.ZipFile(wheel).read(entry_points).decode()

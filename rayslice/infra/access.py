@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-from rayslice.startup_scripts import DASHBOARD_PORT
+from rayslice.names import DASHBOARD_PORT
 
 
 def _scope(zone: str, project: str | None) -> list[str]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.names import DASHBOARD_PORT
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import DASHBOARD_PORT
 
 # Google's documented source range of IAP TCP forwarding (`gcloud ... --tunnel-through-iap`).
 IAP_SOURCE_RANGE = "35.235.240.0/20"

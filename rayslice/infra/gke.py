@@ -18,8 +18,8 @@ from rayslice.infra import access
 from rayslice.infra.gke_cluster import GkeCluster, GkeClusterArgs
 from rayslice.infra.kuberay import NAMESPACE, KubeRay, KubeRayArgs, head_service_name
 from rayslice.infra.network import ClusterNetwork
+from rayslice.names import DASHBOARD_PORT
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import DASHBOARD_PORT
 
 
 def get_credentials_command(spec: ClusterSpec, cluster_name: str) -> str:

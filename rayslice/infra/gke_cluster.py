@@ -17,6 +17,7 @@ import pulumi_gcp as gcp
 from rayslice import catalog
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.network import ClusterNetwork, region_of
+from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
 
 RELEASE_CHANNEL = "REGULAR"
@@ -31,7 +32,7 @@ K8S_TAINT_EFFECT = {
 }
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
-OAUTH_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+OAUTH_SCOPES = [CLOUD_PLATFORM_SCOPE]
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from rayslice.infra.firewall import cluster_tag, head_tag
-from rayslice.infra.identity import CLOUD_PLATFORM_SCOPE
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import host_metadata
+from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
 
 # Same OS family as the TPU VM runtime images (Ubuntu 22.04), so one boot script fits both.
 HEAD_VM_IMAGE = "ubuntu-os-cloud/ubuntu-2204-lts"

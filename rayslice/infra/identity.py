@@ -23,9 +23,6 @@ from rayslice.spec import ClusterSpec
 # Project-level roles of the hosts' account: Cloud Logging and Cloud Monitoring writers.
 HOST_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
-# The scope stays broad on purpose: GCP's recommended pattern is a cloud-platform scope with
-# permissions limited by IAM roles, which the account above is.
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 TOKEN_LENGTH = 48
 _ACCOUNT_ID_MAX = 30
 

@@ -31,8 +31,9 @@ from rayslice.infra.gke_cluster import (
     head_node_selector,
     tpu_node_selector,
 )
+from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, MEGASCALE_PORT
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, pod
+from rayslice.startup_scripts import pod
 
 # The operator release; the CRD in ../shared/fixtures/kuberay-v<version>/ is the one it installs.
 KUBERAY_VERSION = "1.7.0"
@@ -117,7 +118,7 @@ def host_services(spec: ClusterSpec) -> list[dict]:
                         # megascale coordinator need their peers before Ray reports ready.
                         "publishNotReadyAddresses": True,
                         "selector": selector,
-                        "ports": [{"name": "megascale", "port": pod.MEGASCALE_PORT}],
+                        "ports": [{"name": "megascale", "port": MEGASCALE_PORT}],
                     },
                 }
             )
@@ -226,7 +227,7 @@ def _worker_group(spec: ClusterSpec) -> dict:
         "ray-worker",
         "worker",
         env,
-        [{"name": "megascale", "containerPort": pod.MEGASCALE_PORT}],
+        [{"name": "megascale", "containerPort": MEGASCALE_PORT}],
         {"requests": dict(chips), "limits": dict(chips)},
     )
     pod_spec: dict = {

@@ -16,9 +16,9 @@ import pulumi_gcp as gcp
 
 from rayslice import catalog
 from rayslice.infra.firewall import cluster_tag, head_tag
-from rayslice.infra.identity import CLOUD_PLATFORM_SCOPE
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import host_metadata
+from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
 
 

@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from ipaddress import IPv4Network
 
 from rayslice.local.metadata import Json, Tree
+from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import HEAD_VM_SLICE_INDEX, host_attributes
+from rayslice.startup_scripts import host_attributes
 
 LOCAL_PROJECT = "rayslice-local"  # the project the simulator reports when the spec names none
-SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+SCOPES = (CLOUD_PLATFORM_SCOPE,)
 
 
 def numeric_id(text: str, digits: int = 16) -> str:

@@ -44,8 +44,9 @@ from rayslice.local.state import (
     new_run_id,
     subnet_prefix,
 )
+from rayslice.names import DASHBOARD_PORT, GUEST_ATTRIBUTE_NAMESPACE
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import DASHBOARD_PORT, GUEST_ATTRIBUTE_NAMESPACE, RenderOptions, render
+from rayslice.startup_scripts import RenderOptions, render
 
 TOKEN_PATH = "etc/rayslice/ray-token"  # below a host's root, where the boot script reads it
 STATE_KEY = "state"  # guest attribute the boot script publishes its progress in

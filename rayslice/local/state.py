@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rayslice.local.processes import ProcessRef
+from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
 
 STATE_FILE = "state.json"
 STATE_DIR_ENV = "RAYSLICE_STATE_DIR"

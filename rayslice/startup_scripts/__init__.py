@@ -15,27 +15,22 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from rayslice.names import (
+    ATTR_CONFIG_HASH,
+    ATTR_HEAD_ADDRESS,
+    ATTR_HEAD_MODE,
+    ATTR_NUM_SLICES,
+    ATTR_ROLE,
+    ATTR_SLICE_INDEX,
+    ATTR_TOKEN_SECRET,
+    HEAD_VM_ROLE,
+    HEAD_VM_SLICE_INDEX,
+)
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.templating import render_template
 
 # GCE metadata values are limited to 256 KB; the script must fit in one.
 METADATA_VALUE_LIMIT = 256 * 1024
-
-# Ports (one source of truth for scripts, firewall and workloads).
-GCS_PORT = 6379
-DASHBOARD_PORT = 8265
-CLIENT_PORT = 10001
-GUEST_ATTRIBUTE_NAMESPACE = "rayslice"
-
-ATTR_HEAD_MODE = "rayslice-head-mode"
-ATTR_HEAD_ADDRESS = "rayslice-head-address"
-ATTR_SLICE_INDEX = "rayslice-slice-index"
-ATTR_NUM_SLICES = "rayslice-num-slices"
-ATTR_CONFIG_HASH = "rayslice-config-hash"
-ATTR_ROLE = "rayslice-role"  # HEAD_VM_ROLE on the CPU head VM; absent on TPU hosts
-HEAD_VM_ROLE = "head-vm"
-HEAD_VM_SLICE_INDEX = -1  # host_attributes' slice index for the CPU head VM
-ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, never the token
 
 
 @dataclass(frozen=True)

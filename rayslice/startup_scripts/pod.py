@@ -16,6 +16,7 @@ script, installs the same requirement lines from the same package sources, then 
 
 from __future__ import annotations
 
+from rayslice import names
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.templating import render_template
 from rayslice.startup_scripts.variables import PRESET_FIND_LINKS, PYTHON_VERSION, requirement_lines
@@ -23,7 +24,6 @@ from rayslice.startup_scripts.variables import PRESET_FIND_LINKS, PYTHON_VERSION
 TEMPLATE = "pod_start.sh.j2"
 
 # Multislice: the port the megascale coordinator (worker 0 of slice 0) listens on.
-MEGASCALE_PORT = 8081
 
 # Labels KubeRay >= 1.5 (feature gate RayMultiHostIndexing, on by default in 1.7) sets on worker pods.
 LABEL_REPLICA_INDEX = "ray.io/worker-group-replica-index"
@@ -66,7 +66,7 @@ def pod_variables(spec: ClusterSpec, package_source: str | None = None) -> dict[
         "slice_names": [spec.slice_name(i) for i in range(spec.slices)],
         "slice_hostnames": [",".join(slice_hostnames(spec, i)) for i in range(spec.slices)],
         "megascale_coordinator": host_service_name(spec, 0, 0),
-        "megascale_port": MEGASCALE_PORT,
+        "megascale_port": names.MEGASCALE_PORT,
         "package_mode": mode,
         "package_dir": location,
         "package_index": spec.package_index or "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from rayslice import names
 from rayslice import startup_scripts as ss
 from rayslice.spec import ClusterSpec
 
@@ -62,19 +63,19 @@ def script_variables(spec: ClusterSpec, options: ss.RenderOptions) -> dict[str, 
         "install_fingerprint": install_fingerprint(spec, options),
         "python_version": PYTHON_VERSION,
         "ray_auth_mode": "token" if spec.ray_auth == "token" else "disabled",
-        "gcs_port": ss.GCS_PORT,
-        "dashboard_port": ss.DASHBOARD_PORT,
-        "client_port": ss.CLIENT_PORT,
+        "gcs_port": names.GCS_PORT,
+        "dashboard_port": names.DASHBOARD_PORT,
+        "client_port": names.CLIENT_PORT,
         "object_store_bytes": options.object_store_bytes or 0,
         "head_wait_deadline_s": HEAD_WAIT_DEADLINE_S,
         "restart_delay_s": SUPERVISOR_RESTART_DELAY_S,
-        "guest_namespace": ss.GUEST_ATTRIBUTE_NAMESPACE,
-        "attr_head_mode": ss.ATTR_HEAD_MODE,
-        "attr_head_address": ss.ATTR_HEAD_ADDRESS,
-        "attr_slice_index": ss.ATTR_SLICE_INDEX,
-        "attr_num_slices": ss.ATTR_NUM_SLICES,
-        "attr_config_hash": ss.ATTR_CONFIG_HASH,
-        "attr_role": ss.ATTR_ROLE,
-        "head_vm_role": ss.HEAD_VM_ROLE,
-        "attr_token_secret": ss.ATTR_TOKEN_SECRET,
+        "guest_namespace": names.GUEST_ATTRIBUTE_NAMESPACE,
+        "attr_head_mode": names.ATTR_HEAD_MODE,
+        "attr_head_address": names.ATTR_HEAD_ADDRESS,
+        "attr_slice_index": names.ATTR_SLICE_INDEX,
+        "attr_num_slices": names.ATTR_NUM_SLICES,
+        "attr_config_hash": names.ATTR_CONFIG_HASH,
+        "attr_role": names.ATTR_ROLE,
+        "head_vm_role": names.HEAD_VM_ROLE,
+        "attr_token_secret": names.ATTR_TOKEN_SECRET,
     }

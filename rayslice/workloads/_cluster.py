@@ -22,17 +22,13 @@ from typing import Any
 import ray
 import ray.util.tpu
 
-from rayslice import catalog
+from rayslice import catalog, names
 
 TPU_RESOURCE = "TPU"
 # Node label keys set by Ray's TPU detection (ray._private.accelerators.tpu).
-SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
 TOPOLOGY_LABEL = "ray.io/tpu-topology"
 POD_TYPE_LABEL = "ray.io/tpu-pod-type"
-# jax.distributed's coordinator port: JAX's own default moved to 8482 in 0.8.1, but GCP's default
-# TPU firewall opens 8476, so pin it.
-JAX_COORDINATOR_PORT = 8476
 EXIT_USER_ERROR = 2
 
 
@@ -95,7 +91,7 @@ def tpu_hosts(nodes: Sequence[dict[str, Any]] | None = None) -> list[TpuHost]:
             TpuHost(
                 node_id=node["NodeID"],
                 ip=node["NodeManagerAddress"],
-                slice_name=labels.get(SLICE_NAME_LABEL, ""),
+                slice_name=labels.get(names.SLICE_NAME_LABEL, ""),
                 worker_id=int(labels[WORKER_ID_LABEL]),
                 pod_type=labels.get(POD_TYPE_LABEL, ""),
                 topology=labels.get(TOPOLOGY_LABEL, ""),
@@ -205,7 +201,7 @@ def one_host_options(chips: int, tpu_slice: TpuSlice) -> dict[str, Any]:
     return {
         "num_cpus": 0,
         "resources": {TPU_RESOURCE: chips},
-        "label_selector": {SLICE_NAME_LABEL: tpu_slice.name},
+        "label_selector": {names.SLICE_NAME_LABEL: tpu_slice.name},
     }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 import ray.util.tpu
 
+from rayslice import names
 from rayslice.workloads import _cluster
 from rayslice.workloads._cluster import TpuSlice
 
@@ -81,7 +82,7 @@ def run_on_hosts(
     fn: Callable[[], Any],
     slices: Sequence[TpuSlice],
     *,
-    coordinator_port: int = _cluster.JAX_COORDINATOR_PORT,
+    coordinator_port: int = names.JAX_COORDINATOR_PORT,
     timeout_s: float = 600.0,
 ) -> list[HostReport]:
     """Run `fn` on every host of `slices` (all of one type) in one JAX program; reports by process id."""
@@ -94,7 +95,7 @@ def run_on_hosts(
         chips_per_vm=first.chips_per_host,
         pg_per_slice=True,
         # Pin the bundles to the slices chosen from the cluster, so Ray does not pick others.
-        bundle_label_selector=[{_cluster.SLICE_NAME_LABEL: s.name} for s in slices for _ in s.hosts],
+        bundle_label_selector=[{names.SLICE_NAME_LABEL: s.name} for s in slices for _ in s.hosts],
     )
     try:
         _cluster.wait_ready(

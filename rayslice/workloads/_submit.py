@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rayslice import cli
-from rayslice.startup_scripts import DASHBOARD_PORT
+from rayslice.names import DASHBOARD_PORT
 from rayslice.workloads import __path__ as WORKLOADS_PATH
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rayslice import names
 from rayslice.workloads import _cluster, _jax_hosts
 
 
@@ -27,7 +28,7 @@ def global_device_count() -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax_multihost", description=__doc__.splitlines()[0])
     _cluster.add_slice_args(parser)
-    parser.add_argument("--coordinator-port", type=int, default=_cluster.JAX_COORDINATOR_PORT)
+    parser.add_argument("--coordinator-port", type=int, default=names.JAX_COORDINATOR_PORT)
     return parser
 
 

@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from rayslice import names
 from rayslice.workloads import _cluster, _jax_hosts
 
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--slices", type=int, help="number of slices (default: every complete slice of the chosen type)"
     )
-    parser.add_argument("--coordinator-port", type=int, default=_cluster.JAX_COORDINATOR_PORT)
+    parser.add_argument("--coordinator-port", type=int, default=names.JAX_COORDINATOR_PORT)
     return parser
 
 

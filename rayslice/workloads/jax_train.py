@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from rayslice import names
 from rayslice.workloads import _cluster, _jax_hosts
 
 FEATURES = 64
@@ -148,7 +149,7 @@ def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax_train", description=__doc__.splitlines()[0])
     add_training_args(parser, "--batch-per-device", 32)
-    parser.add_argument("--coordinator-port", type=int, default=_cluster.JAX_COORDINATOR_PORT)
+    parser.add_argument("--coordinator-port", type=int, default=names.JAX_COORDINATOR_PORT)
     return parser
 
 

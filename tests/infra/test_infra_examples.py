@@ -13,13 +13,8 @@ from rayslice import preview, spec
 from rayslice.infra.firewall import IAP_SOURCE_RANGE
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
-from rayslice.startup_scripts import (
-    ATTR_HEAD_ADDRESS,
-    ATTR_ROLE,
-    ATTR_TOKEN_SECRET,
-    METADATA_VALUE_LIMIT,
-    render,
-)
+from rayslice.names import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_TOKEN_SECRET
+from rayslice.startup_scripts import METADATA_VALUE_LIMIT, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

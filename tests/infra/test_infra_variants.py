@@ -12,7 +12,7 @@ from rayslice import spec
 from rayslice.infra import TpuRayCluster, TpuRayClusterArgs
 from rayslice.infra.mocks import OfflineEngine, run_offline
 from rayslice.infra.program import main
-from rayslice.startup_scripts import ATTR_TOKEN_SECRET
+from rayslice.names import ATTR_TOKEN_SECRET
 
 NETWORK_TYPES = (
     "gcp:compute/network:Network",

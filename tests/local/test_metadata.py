@@ -18,7 +18,7 @@ import pytest
 from rayslice import spec
 from rayslice.local.host_metadata import head_vm_attributes, instance_tree, tpu_attributes
 from rayslice.local.metadata import MetadataServer, dump_tree, load_tree
-from rayslice.startup_scripts import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_SLICE_INDEX
+from rayslice.names import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_SLICE_INDEX
 
 NETWORK = ipaddress.IPv4Network("100.64.7.0/24")
 SLICE_IPS = ["100.64.7.2", "100.64.7.3", "100.64.7.4", "100.64.7.5"]

@@ -23,7 +23,7 @@ def test_project_runs_the_infra_program():
     assert project["name"] == spec.NAMESPACE
     assert project["runtime"]["name"] == "python"
     assert project["runtime"]["options"]["virtualenv"] == ".venv"
-    assert project["main"] == "infra/"
+    assert project["main"] == "rayslice/infra/"
     assert (PROJECT.parent / "infra" / "__main__.py").is_file()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayslice import catalog, cli
+from rayslice import catalog, cli, names
 from rayslice.local.state import STATE_DIR_ENV
 from rayslice.workloads import _cluster, _jax_hosts, _submit
 
@@ -36,7 +36,7 @@ def node(
         "Alive": alive,
         "Resources": {"CPU": 2.0, "TPU": float(chips), slice_name: 1.0},
         "Labels": {
-            _cluster.SLICE_NAME_LABEL: slice_name,
+            names.SLICE_NAME_LABEL: slice_name,
             _cluster.WORKER_ID_LABEL: str(worker),
             _cluster.TOPOLOGY_LABEL: topology,
             _cluster.POD_TYPE_LABEL: pod_type,
@@ -110,7 +110,7 @@ def test_asking_for_more_chips_than_any_host_has_is_refused():
     assert _cluster.one_host_options(4, tpu_slice) == {
         "num_cpus": 0,
         "resources": {"TPU": 4},
-        "label_selector": {_cluster.SLICE_NAME_LABEL: "a"},
+        "label_selector": {names.SLICE_NAME_LABEL: "a"},
     }
     with pytest.raises(
         _cluster.WorkloadError,

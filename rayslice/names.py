@@ -1,0 +1,48 @@
+"""Ports, names and scopes that more than one part of rayslice must agree on; defined once here.
+
+The boot script, the firewall, the KubeRay manifests, the simulator and `rayslice run` all read
+these. A value that only one module uses stays in that module.
+"""
+
+from __future__ import annotations
+
+# Ray's ports. The dashboard port also serves the Jobs API that `rayslice run` submits to.
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+CLIENT_PORT = 10001
+# jax.distributed's coordinator: JAX's own default moved to 8482 in 0.8.1, but GCP's default TPU
+# firewall opens 8476, so rayslice pins it.
+JAX_COORDINATOR_PORT = 8476
+# Multislice (megascale) DCN traffic, the port MEGASCALE_PORT names.
+MEGASCALE_PORT = 8081
+
+# OAuth scope of every identity rayslice creates; IAM roles, not scopes, limit what it can do.
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+# Guest attributes a host publishes (instance/guest-attributes/<namespace>/<key>).
+GUEST_ATTRIBUTE_NAMESPACE = "rayslice"
+STATE_KEY = "state"
+
+# Instance metadata attributes that infra writes and the boot script reads.
+ATTR_HEAD_MODE = "rayslice-head-mode"
+ATTR_HEAD_ADDRESS = "rayslice-head-address"
+ATTR_SLICE_INDEX = "rayslice-slice-index"
+ATTR_NUM_SLICES = "rayslice-num-slices"
+ATTR_CONFIG_HASH = "rayslice-config-hash"
+ATTR_ROLE = "rayslice-role"  # HEAD_VM_ROLE on the CPU head VM; absent on TPU hosts
+ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, never the token
+HEAD_VM_ROLE = "head-vm"
+HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
+
+# Ray's TPU slice label (ray.util.tpu and the workloads read it).
+SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
+
+
+def slice_name(cluster: str, index: int) -> str:
+    """Slice `index` of cluster `cluster`: its TPU VM, MIG or GKE node pool."""
+    return f"{cluster}-slice-{index}"
+
+
+def head_name(cluster: str) -> str:
+    """The CPU head VM (head=vm)."""
+    return f"{cluster}-head"
