@@ -1,8 +1,12 @@
 #!/bin/bash
-# Sets up .venv (scripts/setup.sh) and runs the whole test suite; extra arguments go to pytest,
-# e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
+# Sets up .venv (scripts/setup.sh), checks lint, format and types, then runs the test suite;
+# extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$REPO/scripts/setup.sh"
 cd "$REPO"
+echo "test: ruff check, ruff format --check, mypy"
+.venv/bin/ruff check --quiet .
+.venv/bin/ruff format --check --quiet .
+.venv/bin/mypy
 exec "$REPO/.venv/bin/python" -m pytest "$@"
