@@ -22,6 +22,13 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Guest attributes a host publishes (instance/guest-attributes/<namespace>/<key>).
 GUEST_ATTRIBUTE_NAMESPACE = "rayslice"
 STATE_KEY = "state"
+# Values of the state key: a host is WAITING on something outside it (``waiting: head``),
+# RETRYING a step that failed transiently (``retrying: install (attempt 3)``), JOINED, or FAILED
+# for a reason no retry can fix (``failed: <reason>``).
+STATE_JOINED = "joined"
+STATE_WAITING_PREFIX = "waiting: "
+STATE_RETRYING_PREFIX = "retrying: "
+STATE_FAILED_PREFIX = "failed: "
 
 # Instance metadata attributes that infra writes and the boot script reads.
 ATTR_HEAD_MODE = "rayslice-head-mode"
@@ -31,6 +38,15 @@ ATTR_NUM_SLICES = "rayslice-num-slices"
 ATTR_CONFIG_HASH = "rayslice-config-hash"
 ATTR_ROLE = "rayslice-role"  # HEAD_VM_ROLE on the CPU head VM; absent on TPU hosts
 ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, never the token
+# Secret Manager secret *name* holding the package index's credentials (``USERNAME:PASSWORD``);
+# hosts read it into uv's index credential variables, never into metadata or argv.
+ATTR_INDEX_CREDENTIALS_SECRET = "rayslice-index-credentials-secret"
+# Compute Engine hosts (platform: compute) lack the Cloud-TPU-API-only attributes (instance-id,
+# agent-worker-number, worker-network-endpoints): infra writes the slice's name and its hosts'
+# instance names (comma-separated, in worker order) instead; a host's worker number is the
+# position of its own instance/name in that list.
+ATTR_SLICE_NAME = "rayslice-slice-name"
+ATTR_SLICE_HOSTS = "rayslice-slice-hosts"
 HEAD_VM_ROLE = "head-vm"
 HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
 
