@@ -62,3 +62,12 @@ def slice_name(cluster: str, index: int) -> str:
 def head_name(cluster: str) -> str:
     """The CPU head VM (head=vm)."""
     return f"{cluster}-head"
+
+
+def host_name(slice_name: str, worker: int) -> str:
+    """Instance name of host `worker` of a Compute Engine slice (its MIG's per-instance config).
+
+    Sequential and predictable, so infra can list a slice's hosts in ``ATTR_SLICE_HOSTS``
+    before they exist, and the simulator names its compute hosts the same way.
+    """
+    return f"{slice_name}-w{worker}"
