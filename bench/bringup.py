@@ -1,53 +1,95 @@
-"""Bring-up of a simulated v6e-16 slice: rayslice's boot script against the guide done literally.
+"""Bring-up of a simulated slice: rayslice's boot script against the guide done literally and the floor.
 
-Measured in one process, on the same simulated hosts and the same local wheelhouse:
+Measured in one run, on the same kind of simulated hosts and from the same local wheelhouse:
 
-* rayslice: every host boots at once and runs the rendered boot script (uv install into a
-  venv, role from metadata, wait for the head, Ray under a supervisor); the clock stops when
-  the head's state API shows every host as an alive Ray node.
 * guide: what the guide asks a person to do, host after host: create a venv, ``pip install -r
   requirements.txt``, then ``ray start --head`` on the first host and ``ray start --address``
-  on the others (the address pasted in); the clock stops at the same condition.
-* reboot: every host of the rayslice slice reboots; the script finds its requirements
-  installed (the fast path) and the clock stops when all hosts are alive Ray nodes again.
+  on the others (the address pasted in).
+* first boot: every host boots at once and runs the rendered boot script (uv install into a
+  venv, role from metadata, wait for the head, Ray under a supervisor).
+* reboot: every host of that slice reboots; the script finds its requirements installed (the
+  fast path).
+* floor: the same hosts, everything already installed, and each host's boot runs nothing but a
+  supervisor loop around ``ray start`` with the head's address written in. No boot script can
+  beat it, so it is the yardstick for the reboot.
 
-Run as root: ``.venv/bin/python bench/bringup.py`` (prints seconds and ratios).
+Every clock stops when the head's state API shows every host as an alive Ray node with TPU
+chips. The reboot and the floor are repeated (``--repeats``) and their medians reported. Each
+figure is printed as a multiple of the floor and as a share of the guide.
+
+Run as root: ``.venv/bin/python bench/bringup.py`` (it takes several minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import shlex
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation
+from rayslice.local.state import HostPlan
 from rayslice.local.wheelhouse import ensure_wheelhouse
-from rayslice.names import GCS_PORT
+from rayslice.names import DASHBOARD_PORT, GCS_PORT
 from rayslice.startup_scripts.variables import requirement_lines
 
 REPO = Path(__file__).resolve().parents[1]
 OBJECT_STORE = 100 * 1024 * 1024
+NODE_TIMEOUT_S = 900
+SUPERVISOR_DELAY_S = 1
 
 
-def wait_for_nodes(
-    sim: Simulation, count: int, timeout: float, exclude: frozenset[str] = frozenset()
-) -> float:
-    """Seconds until `count` alive TPU nodes (none of them in `exclude`) are registered."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        try:
-            nodes = [n for n in sim.ray_nodes() if n["resources"].get("TPU") and n["id"] not in exclude]
-        except OSError:
-            nodes = []
-        if len(nodes) == count:
-            return time.monotonic() - start
-        time.sleep(0.5)
-    raise RuntimeError(f"{count} nodes did not come up within {timeout:.0f}s; states: {sim.states()}")
+@dataclass(frozen=True)
+class Figures:
+    """Seconds until every host is an alive Ray node, for each way of bringing a slice up."""
+
+    guide: float
+    first_boot: float
+    reboot: float
+    floor: float
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    seconds: float
+    of_floor: float  # seconds / floor: how many floors this path takes
+    of_guide: float  # seconds / guide: the share of the guide's time
+
+
+def rows(figures: Figures) -> list[Row]:
+    """Each figure with its ratio to the floor and to the guide, floor first, guide last."""
+    for field, value in vars(figures).items():
+        if not value > 0:
+            raise ValueError(f"{field} must be a positive number of seconds, not {value!r}")
+    labels = [
+        ("floor: installed, only supervisor + ray start", figures.floor),
+        ("rayslice reboot (requirements installed)", figures.reboot),
+        ("rayslice first boot, all hosts at once", figures.first_boot),
+        ("guide done literally, host after host", figures.guide),
+    ]
+    return [Row(label, s, s / figures.floor, s / figures.guide) for label, s in labels]
+
+
+def report(figures: Figures, accelerator_type: str, hosts: int, repeats: int, date: str) -> str:
+    """The table the benchmark prints (and docs/benchmarks.md records)."""
+    lines = [
+        f"{date}: simulated {accelerator_type}, {hosts} hosts, one wheelhouse, one run on this machine "
+        f"(reboot and floor: median of {repeats})",
+        "",
+        "| path | seconds | x floor | x guide |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {r.label} | {r.seconds:.1f} | {r.of_floor:.2f} | {r.of_guide:.3f} |" for r in rows(figures)]
+    return "\n".join(lines)
 
 
 def guide_script(head_ip: str, head_name: str, wheelhouse: Path, lines: list[str], chips: int) -> str:
@@ -73,19 +115,109 @@ fi
 """
 
 
-def run_rayslice(spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path) -> tuple[float, float]:
-    sim = Simulation.create(spec, workdir / "rayslice", package_source=f"wheels:{wheelhouse}")
+def floor_script(host: HostPlan, head_ip: str, ray: str, temp_dir: str, chips: int) -> str:
+    """One host's boot in the floor run: a supervisor loop around `ray start`, nothing else.
+
+    No metadata, no install check, no wait for the head: the worker's `ray start` retries the
+    head's GCS port itself. `ray` is the Ray the boot script installed on this host.
+    """
+    q = shlex.quote
+    args = [
+        "start",
+        "--block",
+        "--disable-usage-stats",
+        f"--node-ip-address={host.ip}",
+        f"--object-store-memory={OBJECT_STORE}",
+        f"--temp-dir={temp_dir}",
+        f"--resources={json.dumps({'TPU': chips})}",
+    ]
+    if host.ip == head_ip:
+        args += [
+            "--head",
+            f"--port={GCS_PORT}",
+            f"--dashboard-host={host.ip}",
+            f"--dashboard-port={DASHBOARD_PORT}",
+        ]
+    else:
+        args += [f"--address={head_ip}:{GCS_PORT}"]
+    argv = " ".join(q(a) for a in [ray, *args])
+    return f"""#!/bin/bash
+# bench/bringup.py floor run on {q(host.name)}: only a supervisor and ray start.
+set -euo pipefail
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+# shellcheck disable=SC2016 # "$@" expands in the inner bash
+setsid bash -c 'while :; do "$@" || true; sleep {SUPERVISOR_DELAY_S}; done' _ {argv} \\
+  </dev/null >/dev/null 2>&1 &
+"""
+
+
+def installed_ray(host_root: Path) -> Path:
+    """The `ray` executable the boot script installed below a host's root (one venv under opt/)."""
+    found = sorted(p for p in host_root.glob("opt/**/bin/ray") if p.is_file())
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected one venv with bin/ray under {host_root / 'opt'}, found {[str(p) for p in found]}: "
+            "the floor reuses what the boot script installed"
+        )
+    return found[0]
+
+
+def wait_for_nodes(
+    sim: Simulation, count: int, timeout: float, exclude: frozenset[str] = frozenset()
+) -> float:
+    """Seconds until `count` alive TPU nodes (none of them in `exclude`) are registered."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            nodes = [n for n in sim.ray_nodes() if n["resources"].get("TPU") and n["id"] not in exclude]
+        except (OSError, ValueError, KeyError):  # head down or starting: no answer, or not JSON yet
+            nodes = []
+        if len(nodes) == count:
+            return time.monotonic() - start
+        time.sleep(0.5)
+    raise RuntimeError(f"{count} nodes did not come up within {timeout:.0f}s; states: {sim.states()}")
+
+
+def _alive_ids(sim: Simulation) -> frozenset[str]:
     try:
-        start = time.monotonic()
-        sim.boot_all()
-        wait_for_nodes(sim, spec.tpu.hosts, timeout=900)
-        first = time.monotonic() - start
-        before = frozenset(n["id"] for n in sim.ray_nodes())
-        start = time.monotonic()
-        for host in sim.plan.hosts:
+        return frozenset(n["id"] for n in sim.ray_nodes())
+    except (OSError, ValueError, KeyError):
+        return frozenset()
+
+
+def _timed(power_cycle: Callable[[], None], sim: Simulation, hosts: int) -> float:
+    before = _alive_ids(sim)
+    start = time.monotonic()
+    power_cycle()
+    wait_for_nodes(sim, hosts, timeout=NODE_TIMEOUT_S, exclude=before)
+    return time.monotonic() - start
+
+
+def run_rayslice(
+    spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, repeats: int
+) -> tuple[float, list[float], list[float]]:
+    """First boot, then `repeats` reboots, then `repeats` floor runs, on one simulated slice."""
+    sim = Simulation.create(spec, workdir / "rayslice", package_source=f"wheels:{wheelhouse}")
+    hosts = sim.plan.hosts
+    count = spec.tpu.hosts
+
+    def reboot_all() -> None:
+        for host in hosts:
             sim.reboot(host.name)
-        wait_for_nodes(sim, spec.tpu.hosts, timeout=900, exclude=before)
-        return first, time.monotonic() - start
+
+    try:
+        first = _timed(sim.boot_all, sim, count)
+        reboots = [_timed(reboot_all, sim, count) for _ in range(repeats)]
+        head_ip = sim.plan.head.ip
+        for host in hosts:
+            paths = sim.paths(host.name)
+            ray = installed_ray(paths.root)
+            inner = f"{sim.plan.root}/{ray.relative_to(paths.root)}"  # the same file, seen from inside
+            paths.script.write_text(
+                floor_script(host, head_ip, inner, f"{sim.plan.root}/tmp/ray", spec.tpu.chips_per_host)
+            )
+        floors = [_timed(reboot_all, sim, count) for _ in range(repeats)]
+        return first, reboots, floors
     finally:
         sim.destroy()
 
@@ -111,25 +243,26 @@ def run_guide(spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--accelerator-type", default="v6e-16")
     parser.add_argument("--wheelhouse", type=Path, default=REPO / ".wheelhouse")
+    parser.add_argument("--repeats", type=int, default=3, help="reboots and floor runs to take the median of")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     spec = spec_module.load({"acceleratorType": args.accelerator_type, "rayAuth": "none"}, require_zone=False)
     wheelhouse = ensure_wheelhouse(args.wheelhouse, spec)
     with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:
         workdir = Path(tmp)
         guide = run_guide(spec, wheelhouse, workdir)
-        first, reboot = run_rayslice(spec, wheelhouse, workdir)
-    hosts = spec.tpu.hosts
-    print(f"simulated {spec.accelerator_type}: {hosts} hosts, same wheelhouse, this machine")
-    print(f"guide, host after host (pip, ray start):   {guide:7.1f} s")
-    print(
-        f"rayslice boot script, all hosts at once:   {first:7.1f} s   guide / rayslice = {guide / first:.2f}x"
+        first, reboots, floors = run_rayslice(spec, wheelhouse, workdir, args.repeats)
+    figures = Figures(
+        guide=guide, first_boot=first, reboot=statistics.median(reboots), floor=statistics.median(floors)
     )
-    print(
-        f"rayslice reboot (requirements installed):  {reboot:7.1f} s   first boot / reboot = {first / reboot:.2f}x"
-    )
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    print(report(figures, spec.accelerator_type, spec.tpu.hosts, args.repeats, date))
+    each = {"reboots": reboots, "floors": floors}
+    print("\n" + "; ".join(f"{k}: {', '.join(f'{s:.1f}' for s in v)} s" for k, v in each.items()))
     return 0
 
 

@@ -1,0 +1,156 @@
+"""bench/bringup.py: the ratios and table it prints, and the scripts it gives the simulated hosts.
+
+The benchmark itself runs by hand (it takes minutes and needs root); these are its pure parts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayslice.local.state import HostPlan
+
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_bringup", Path(__file__).parents[2] / "bench" / "bringup.py"
+)
+assert _SPEC is not None and _SPEC.loader is not None
+bringup = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = bringup  # dataclasses look their module up while the class is built
+_SPEC.loader.exec_module(bringup)
+
+SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
+FIGURES = bringup.Figures(guide=300.0, first_boot=45.0, reboot=15.0, floor=10.0)
+
+
+def _host(name: str, ip: str) -> HostPlan:
+    return HostPlan(
+        name=name, role="worker", slice_index=0, worker=0, ip=ip, netns="n", veth="v", veth_peer="p"
+    )
+
+
+def test_each_figure_is_a_ratio_to_the_floor_and_to_the_guide():
+    table = [(r.seconds, r.of_floor, r.of_guide) for r in bringup.rows(FIGURES)]
+    expected = [(10.0, 1.0, 1 / 30), (15.0, 1.5, 0.05), (45.0, 4.5, 0.15), (300.0, 30.0, 1.0)]
+    assert len(table) == len(expected)
+    for got, want in zip(table, expected, strict=True):
+        assert got == pytest.approx(want)
+
+
+def test_report_prints_one_table_row_per_figure():
+    text = bringup.report(FIGURES, "v6e-16", 4, 3, "2026-12-02 18:55 UTC")
+    lines = text.splitlines()
+    assert lines[0].startswith("2026-12-02 18:55 UTC: simulated v6e-16, 4 hosts")
+    assert "median of 3" in lines[0]
+    assert "| floor: installed, only supervisor + ray start | 10.0 | 1.00 | 0.033 |" in lines
+    assert "| rayslice reboot (requirements installed) | 15.0 | 1.50 | 0.050 |" in lines
+    assert "| rayslice first boot, all hosts at once | 45.0 | 4.50 | 0.150 |" in lines
+    assert "| guide done literally, host after host | 300.0 | 30.00 | 1.000 |" in lines
+
+
+@pytest.mark.parametrize("field, value", [("floor", 0.0), ("guide", -1.0), ("reboot", math.nan)])
+def test_a_figure_that_is_not_a_positive_time_is_refused(field, value):
+    figures = bringup.Figures(**{**vars(FIGURES), field: value})
+    with pytest.raises(ValueError, match=field):
+        bringup.rows(figures)
+
+
+def _run_with_stub_setsid(tmp_path: Path, script: str) -> list[str]:
+    """Run a floor script with `setsid` replaced by a stub; return the argv it was given."""
+    stub_dir = tmp_path / "bin"
+    stub_dir.mkdir()
+    record = tmp_path / "argv"
+    stub = stub_dir / "setsid"
+    stub.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {record}\n')
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    path = tmp_path / "floor.sh"
+    path.write_text(script)
+    env = {"PATH": f"{stub_dir}:{os.defpath}", "HOME": str(tmp_path)}
+    subprocess.run(["bash", str(path)], check=True, env=env, timeout=30)
+    for _ in range(100):  # the stub runs in the background
+        if record.exists() and record.read_bytes().endswith(b"\0"):
+            break
+        subprocess.run(["sleep", "0.05"], check=True)
+    return record.read_bytes().decode().split("\0")[:-1]
+
+
+def test_floor_script_on_the_head_starts_only_a_supervised_ray_head(tmp_path):
+    head = _host("rayslice-slice-0-w-0", "10.1.0.2")
+    script = bringup.floor_script(head, "10.1.0.2", "/run/x/opt/venv/bin/ray", "/run/x/tmp/ray", 4)
+    argv = _run_with_stub_setsid(tmp_path, script)
+    assert argv[:2] == ["bash", "-c"]
+    assert "while :" in argv[2]
+    assert argv[3:] == [
+        "_",
+        "/run/x/opt/venv/bin/ray",
+        "start",
+        "--block",
+        "--disable-usage-stats",
+        "--node-ip-address=10.1.0.2",
+        f"--object-store-memory={100 * 1024 * 1024}",
+        "--temp-dir=/run/x/tmp/ray",
+        '--resources={"TPU": 4}',
+        "--head",
+        "--port=6379",
+        "--dashboard-host=10.1.0.2",
+        "--dashboard-port=8265",
+    ]
+
+
+def test_floor_script_on_a_worker_joins_the_head_address(tmp_path):
+    worker = _host("rayslice-slice-0-w-3", "10.1.0.5")
+    argv = _run_with_stub_setsid(
+        tmp_path, bringup.floor_script(worker, "10.1.0.2", "/opt/v/bin/ray", "/tmp/ray", 4)
+    )
+    assert "--address=10.1.0.2:6379" in argv
+    assert "--head" not in argv
+    assert "--node-ip-address=10.1.0.5" in argv
+
+
+def test_floor_script_quotes_what_it_is_given(tmp_path):
+    marker = tmp_path / "pwned"
+    worker = _host("w", "10.1.0.5")
+    ray = f"/opt/$(touch {marker})/bin/ray"
+    argv = _run_with_stub_setsid(tmp_path, bringup.floor_script(worker, "10.1.0.2", ray, "/tmp/ray", 4))
+    assert argv[4] == ray
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("script", ["floor", "guide"])
+def test_bench_scripts_pass_bash_n_and_shellcheck(tmp_path, script):
+    if script == "floor":
+        text = bringup.floor_script(_host("h", "10.1.0.2"), "10.1.0.2", "/opt/v/bin/ray", "/tmp/ray", 4)
+    else:
+        text = bringup.guide_script(
+            "10.1.0.2", "h", tmp_path / "wheels", ["jax[tpu]", "ray[default]==2.60.0"], 4
+        )
+    path = tmp_path / f"{script}.sh"
+    path.write_text(text)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    result = subprocess.run([SHELLCHECK, str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_installed_ray_finds_the_one_venv_the_boot_script_made(tmp_path):
+    ray = tmp_path / "opt" / "rayslice" / "venv" / "bin" / "ray"
+    ray.parent.mkdir(parents=True)
+    ray.write_text("")
+    (tmp_path / "opt" / "rayslice" / "uv" / "bin").mkdir(parents=True)
+    (tmp_path / "opt" / "rayslice" / "uv" / "bin" / "uv").write_text("")
+    assert bringup.installed_ray(tmp_path) == ray
+
+
+@pytest.mark.parametrize("venvs", [0, 2])
+def test_installed_ray_refuses_none_or_several(tmp_path, venvs):
+    for i in range(venvs):
+        ray = tmp_path / "opt" / f"venv{i}" / "bin" / "ray"
+        ray.parent.mkdir(parents=True)
+        ray.write_text("")
+    with pytest.raises(RuntimeError, match="expected one venv"):
+        bringup.installed_ray(tmp_path)
