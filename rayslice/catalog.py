@@ -1,13 +1,20 @@
 """The TPU catalog: every accelerator type rayslice knows, derived from per-generation rules.
 
 Nothing else in rayslice hard-codes a TPU fact (chips per host, a topology, a runtime version,
-a machine type, a zone). A generation is a handful of numbers in `GENERATIONS`; every slice
-shape is generated from them, for two platforms that disagree in small ways:
+a machine type, an image, a zone). A generation is a handful of numbers in `GENERATIONS`; every
+slice shape is generated from them, for three platforms that disagree in small ways:
 
+* ``compute`` follows Compute Engine's TPU machine types (a TPU host is an ordinary VM instance,
+  a multi-host slice a managed instance group bound to a workload policy). Google offers v5p,
+  v6e and tpu7x there; the 8-chip v6e shape is ONE ``ct6e-standard-8t`` host.
 * ``tpu-vm`` follows the Cloud TPU VM API: the 8-chip v5e/v6e shape is ONE 8-chip host and
   tpu7x/tpu7 are not served at all.
 * ``gke`` follows GKE's TPU node pools as xpk v1.13 describes them: every multi-chip node has
   4 chips, so ``v6e-8`` is a 2x4 topology on two ``ct6e-standard-4t`` nodes.
+
+It also holds the one Compute Engine fact that is not a TPU's: which machine families each zone
+the catalog lists offers (`MACHINE_FAMILIES_BY_ZONE`), so a head VM's type is checked before
+anything is created.
 
 Names are accepted as ``<gen>-<N>`` (N counts TensorCores for v2/v3/v4/v5p/tpu7x, chips for
 v5e/v6e), as ``<gen>-<topology>`` and with the GKE accelerator label as the prefix
@@ -25,10 +32,24 @@ from functools import cache
 
 from rayslice.errors import CatalogError
 
-PLATFORMS = ("tpu-vm", "gke")
+PLATFORMS = ("compute", "tpu-vm", "gke")
 
-# Ironwood (tpu7x) and the Ray/JAX stacks that run on it are GKE-only today.
-GKE_ONLY_HINT = "use --platform gke (set rayslice:platform to gke); the Cloud TPU VM API does not serve it"
+# What each platform is, for messages that name the platforms offering a generation.
+PLATFORM_NAMES = {
+    "compute": "Compute Engine",
+    "tpu-vm": "the Cloud TPU VM API",
+    "gke": "GKE",
+}
+
+# Compute Engine's TPU OS images. Project and families from SkyPilot's GCP provisioner and its
+# unit test `test_gcp_compute_tpu_uses_accelerator_image_by_default`
+# (skypilot-org/skypilot, tests/unit_tests/test_sky/clouds/test_gcp.py): ct6e-standard-4t boots
+# `ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e`, tpu7x-standard-4t `ubuntu-accel-2404-amd64-tpu-tpu7x`,
+# both in project `ubuntu-os-accelerator-images`. The v5p family is the same v5e-v5p-v6e image by
+# its name; no public run on a ct5p host was found.
+TPU_IMAGE_PROJECT = "ubuntu-os-accelerator-images"
+_IMAGE_V5_V6 = "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+_IMAGE_TPU7X = "ubuntu-accel-2404-amd64-tpu-tpu7x"
 
 
 @dataclass(frozen=True)
@@ -60,6 +81,14 @@ class Generation:
     tpu_vm_single_host_8: bool = False
     # Multi-host node pools on GKE need a workload policy instead of COMPACT placement.
     gke_workload_policy: bool = False
+    # Compute Engine: machine type family ("<family>-<chips per host>t") and the chips-per-host
+    # sizes Google documents for it; None: Compute Engine does not offer the generation.
+    compute_machine_family: str | None = None
+    compute_chips_per_host: tuple[int, ...] = ()
+    compute_image_family: str | None = None
+    compute_min_chips: int = 4
+    # Cloud TPU VM API: topologies of the rules that the API does not offer (see each generation).
+    tpu_vm_missing: tuple[str, ...] = ()
     # TPU VMs of this generation are created with Secure Boot (a shielded VM). Only where a
     # public source shows it working: Google's TPU docs do not list Secure Boot support per
     # generation (gcloud's `tpu-vm create --shielded-secure-boot` and the API's
@@ -71,6 +100,22 @@ class Generation:
     @property
     def counts_tensorcores(self) -> bool:
         return self.tensorcores_per_chip == 2
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """The platforms that offer this generation, in `PLATFORMS` order."""
+        offered = {
+            "compute": self.compute_machine_family is not None,
+            "tpu-vm": self.runtime_version is not None,
+            "gke": self.gke_accelerator is not None,
+        }
+        return tuple(p for p in PLATFORMS if offered[p])
+
+    @property
+    def default_platform(self) -> str:
+        """Compute Engine where Google offers the generation there (the Cloud TPU VM API gets
+        bug fixes only), otherwise the TPU VM API, otherwise GKE."""
+        return self.platforms[0]
 
 
 _UBUNTU_BASE = "tpu-ubuntu2204-base"
@@ -89,6 +134,9 @@ GENERATIONS: tuple[Generation, ...] = (
         multislice=False,
         zones=("us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "asia-east1-c"),
         shielded_vm=True,
+        # Google's "TPU v2" page lists v2-8, v2-32, v2-128, v2-256 and v2-512 as the supported
+        # types (cloud.google.com/tpu/docs/v2, read 2026-12): no 2x4 (v2-16) or 4x8 (v2-64).
+        tpu_vm_missing=("2x4", "4x8"),
     ),
     Generation(
         name="v3",
@@ -102,6 +150,9 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_marker="",
         multislice=False,
         zones=("us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"),
+        # Google's TPU regions-and-zones table lists v3-8, 32, 64, 128, 256, 512, 1024 and 2048
+        # (cloud.google.com/tpu/docs/regions-zones, read 2026-12): no 2x4 (v3-16).
+        tpu_vm_missing=("2x4",),
     ),
     Generation(
         name="v4",
@@ -148,6 +199,11 @@ GENERATIONS: tuple[Generation, ...] = (
         zones=("us-central1-a", "us-east5-a"),
         cubic_alias_max_cubes=96,
         cubic_alias_shapes=("12x24x24", "16x20x28"),
+        # ct5p-hightpu-{1,2,4}t (xpk, SkyPilot). The rules make no 1- or 2-chip v5p shape (the
+        # smallest slice on the other platforms is v5p-8), so only -4t is used.
+        compute_machine_family="ct5p-hightpu",
+        compute_chips_per_host=(1, 2, 4),
+        compute_image_family=_IMAGE_V5_V6,
     ),
     Generation(
         name="v6e",
@@ -164,6 +220,11 @@ GENERATIONS: tuple[Generation, ...] = (
         tpu_vm_min_chips=1,
         gke_min_chips=1,
         zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+        # ct6e-standard-{1,4,8}t (xpk, SkyPilot); -8t is the one 8-chip host, as on the TPU VM API.
+        compute_machine_family="ct6e-standard",
+        compute_chips_per_host=(1, 4, 8),
+        compute_image_family=_IMAGE_V5_V6,
+        compute_min_chips=1,
     ),
     Generation(
         name="tpu7x",
@@ -181,6 +242,11 @@ GENERATIONS: tuple[Generation, ...] = (
         gke_min_chips=1,
         cubic_alias_max_cubes=96,
         cubic_alias_shapes=("12x24x24", "16x16x32", "16x20x28", "16x24x24"),
+        # tpu7x-standard-{1,4}t (xpk, SkyPilot).
+        compute_machine_family="tpu7x-standard",
+        compute_chips_per_host=(1, 4),
+        compute_image_family=_IMAGE_TPU7X,
+        compute_min_chips=1,
     ),
     Generation(
         name="tpu7",
@@ -202,6 +268,73 @@ GENERATIONS: tuple[Generation, ...] = (
 
 _BY_PREFIX = {p: g for g in GENERATIONS for p in (g.name, *g.aliases)}
 
+# ---- CPU machine families per zone (for the head VM and GKE's head node pool) -------------------
+#
+# Source: Google's Compute Engine page "Regions and zones", section "Available regions and zones"
+# (cloud.google.com/compute/docs/regions-zones#available), as summarised by this project's cloud
+# review of 2026-12. That review settled the zones of us-east5 and us-south1: they offer e2, n2,
+# n2d and c3 but NOT n1. For the other zones only the long-standing general-purpose families
+# (e2, n1, n2, n2d) are listed; the page was not re-read, machine family by machine family, in a
+# stored copy while writing this table, so a family missing here may still exist there (the spec
+# then refuses it and names the families listed: re-check the page and extend the table).
+# `None` marks a zone no source settled: us-central2-b (the TPU v4 zone) is absent from the
+# public zone table we could read, so rayslice accepts any well-formed machine type there and
+# docs/configuration.md says so.
+HEAD_MACHINE_FAMILIES = ("e2", "n1", "n2", "n2d", "c3")  # families the table knows at all
+_GENERAL = frozenset({"e2", "n1", "n2", "n2d"})
+_NO_N1 = frozenset({"e2", "n2", "n2d", "c3"})
+MACHINE_FAMILIES_BY_ZONE: dict[str, frozenset[str] | None] = {
+    "asia-east1-c": _GENERAL,
+    "europe-west4-a": _GENERAL,
+    "europe-west4-b": _GENERAL,
+    "us-central1-a": _GENERAL,
+    "us-central1-b": _GENERAL,
+    "us-central1-c": _GENERAL,
+    "us-central1-f": _GENERAL,
+    "us-central2-b": None,
+    "us-east1-d": _GENERAL,
+    "us-east5-a": _NO_N1,
+    "us-east5-b": _NO_N1,
+    "us-south1-a": _NO_N1,
+    "us-west1-c": _GENERAL,
+    "us-west4-a": _GENERAL,
+}
+MACHINE_FAMILIES_SOURCE = (
+    "Compute Engine 'Available regions and zones' (cloud.google.com/compute/docs/regions-zones), "
+    "project review 2026-12"
+)
+
+
+def machine_family(machine_type: str) -> str:
+    """``n2-standard-16`` -> ``n2``; custom types (``n2-custom-8-32768``) keep their family."""
+    return machine_type.split("-", 1)[0]
+
+
+def zone_machine_families(zone: str) -> frozenset[str] | None:
+    """The machine families a catalog zone offers; None where no source settled it (or unknown)."""
+    return MACHINE_FAMILIES_BY_ZONE.get(zone)
+
+
+def head_machine_problem(machine_type: str, zone: str) -> str | None:
+    """Why a CPU machine type cannot run in a zone (None: it can, or the zone is not settled)."""
+    families = zone_machine_families(zone)
+    if families is None:
+        return None
+    family = machine_family(machine_type)
+    if family in families:
+        return None
+    known = "an unknown machine family" if family not in HEAD_MACHINE_FAMILIES else "not offered there"
+    return (
+        f"machine family {family!r} of {machine_type} is {known} in zone {zone}; "
+        f"use a type of one of the families {zone} offers: {', '.join(sorted(families))} "
+        f"(e.g. {DEFAULT_HEAD_MACHINE_TYPE})"
+    )
+
+
+# The head VM's default: n2 is offered in every settled zone above (n1 is not in us-east5 and
+# us-south1); 16 vCPUs / 64 GB like the n1-standard-16 of Google's Ray-on-TPU guide.
+DEFAULT_HEAD_MACHINE_TYPE = "n2-standard-16"
+
 
 @dataclass(frozen=True)
 class TpuType:
@@ -221,6 +354,8 @@ class TpuType:
     placement: str | None  # "COMPACT", "workload-policy" or None (single host / TPU VM API)
     zones: tuple[str, ...]
     multislice: bool
+    image_project: str | None = None  # Compute Engine only: the TPU OS image
+    image_family: str | None = None
 
     @property
     def multi_host(self) -> bool:
@@ -242,7 +377,11 @@ class TpuType:
             "placement": self.placement,
             "zones": list(self.zones),
             "multislice": self.multislice,
-        }
+        } | (
+            {"image_project": self.image_project, "image_family": self.image_family}
+            if self.platform == "compute"
+            else {}
+        )
 
 
 def parse_topology(topology: str) -> tuple[int, ...]:
@@ -289,21 +428,32 @@ def _alias_owner(gen: Generation, candidates: list[str]) -> str:
 def _chips_per_host(gen: Generation, platform: str, chips: int) -> int:
     if chips == 1:
         return 1
-    if platform == "tpu-vm" and gen.tpu_vm_single_host_8 and chips == 8:
+    if platform in ("tpu-vm", "compute") and gen.tpu_vm_single_host_8 and chips == 8:
         return 8
     return 4 if chips >= 4 else chips
 
 
 def _placement(gen: Generation, platform: str, hosts: int) -> str | None:
-    if platform != "gke" or hosts == 1:
+    if platform == "tpu-vm" or hosts == 1:
         return None
-    return "workload-policy" if gen.gke_workload_policy else "COMPACT"
+    # Compute Engine: every multi-host slice is a MIG bound to a workload policy.
+    return "workload-policy" if gen.gke_workload_policy or platform == "compute" else "COMPACT"
 
 
 def _offered(gen: Generation, platform: str, topology: str) -> bool:
     chips = _product(parse_topology(topology))
     if platform == "tpu-vm":
-        return gen.runtime_version is not None and chips >= gen.tpu_vm_min_chips
+        return (
+            gen.runtime_version is not None
+            and chips >= gen.tpu_vm_min_chips
+            and topology not in gen.tpu_vm_missing
+        )
+    if platform == "compute":
+        return (
+            gen.compute_machine_family is not None
+            and chips >= gen.compute_min_chips
+            and _chips_per_host(gen, platform, chips) in gen.compute_chips_per_host
+        )
     return gen.gke_accelerator is not None and chips >= gen.gke_min_chips
 
 
@@ -322,12 +472,19 @@ def _make(gen: Generation, platform: str, topology: str) -> TpuType:
         chips_per_host=per_host,
         topology=topology,
         runtime_version=gen.runtime_version if platform == "tpu-vm" else None,
-        machine_type=f"{gen.gke_machine_family}-{per_host}t" if platform == "gke" else None,
+        machine_type=_machine_type(gen, platform, per_host),
         gke_accelerator=gen.gke_accelerator if platform == "gke" else None,
         placement=_placement(gen, platform, hosts),
         zones=gen.zones,
         multislice=gen.multislice,
+        image_project=TPU_IMAGE_PROJECT if platform == "compute" else None,
+        image_family=gen.compute_image_family if platform == "compute" else None,
     )
+
+
+def _machine_type(gen: Generation, platform: str, per_host: int) -> str | None:
+    family = {"gke": gen.gke_machine_family, "compute": gen.compute_machine_family}.get(platform)
+    return f"{family}-{per_host}t" if family else None
 
 
 @cache
@@ -383,13 +540,20 @@ def lookup(name: str, platform: str = "tpu-vm") -> TpuType:
     raise CatalogError(_unknown_message(name, key, platform))
 
 
+def not_offered_message(gen: Generation, platform: str) -> str:
+    """Why a generation cannot be used on a platform, naming the platforms that offer it."""
+    return (
+        f"{gen.name} is not available on {platform} ({PLATFORM_NAMES[platform]} does not offer it); "
+        f"it is offered on: {', '.join(gen.platforms)}: set platform to one of them "
+        f"(--set platform={gen.platforms[0]}, or --platform {gen.platforms[0]} for `rayslice catalog`)"
+    )
+
+
 def _unknown_message(name: str, key: str, platform: str) -> str:
     match = _NAME.match(key)
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
-    if gen is not None and platform == "tpu-vm" and gen.runtime_version is None:
-        return f"{gen.name} is not available on the TPU VM API: {GKE_ONLY_HINT}"
-    if gen is not None and platform == "gke" and gen.gke_accelerator is None:
-        return f"{gen.name} is not available on GKE: use --platform tpu-vm"
+    if gen is not None and platform not in gen.platforms:
+        return not_offered_message(gen, platform)
     suggestions = closest(key, platform)
     return (
         f"unknown accelerator type {name!r} on {platform}; closest valid types: "
@@ -402,7 +566,7 @@ def closest(key: str, platform: str, count: int = 3) -> list[str]:
     shapes = table(platform)
     match = _NAME.match(key)
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
-    if gen is not None and "x" not in match["size"]:
+    if match is not None and gen is not None and "x" not in match["size"]:
         wanted = int(match["size"])
         sizes = sorted(
             {
@@ -436,24 +600,27 @@ def runtime_generations(runtime_version: str) -> list[str]:
 
 def generation_rows(platform: str) -> list[dict[str, object]]:
     """One summary row per generation on a platform, for the readable table."""
-    rows = []
+    rows: list[dict[str, object]] = []
     for gen in generations(platform):
         shapes = [
             s for n, s in table(platform).items() if n == s.accelerator_type and s.generation == gen.name
         ]
         shapes.sort(key=lambda s: s.chips)
-        rows.append(
-            {
-                "generation": gen.name,
-                "aliases": ",".join(gen.aliases) or "-",
-                "smallest": shapes[0].accelerator_type,
-                "largest": shapes[-1].accelerator_type,
-                "chips/host": ",".join(str(c) for c in sorted({s.chips_per_host for s in shapes})),
-                "runtime" if platform == "tpu-vm" else "machine": (
-                    gen.runtime_version if platform == "tpu-vm" else f"{gen.gke_machine_family}-Nt"
-                ),
-                "multislice": "yes" if gen.multislice else "no",
-                "zones": ",".join(gen.zones),
-            }
-        )
+        row: dict[str, object] = {
+            "generation": gen.name,
+            "aliases": ",".join(gen.aliases) or "-",
+            "smallest": shapes[0].accelerator_type,
+            "largest": shapes[-1].accelerator_type,
+            "chips/host": ",".join(str(c) for c in sorted({s.chips_per_host for s in shapes})),
+            "runtime" if platform == "tpu-vm" else "machine": (
+                gen.runtime_version
+                if platform == "tpu-vm"
+                else ",".join(sorted({str(s.machine_type) for s in shapes}))
+            ),
+            "multislice": "yes" if gen.multislice else "no",
+            "zones": ",".join(gen.zones),
+        }
+        if platform == "compute":
+            row["image"] = f"{TPU_IMAGE_PROJECT}/{gen.compute_image_family}"
+        rows.append(row)
     return rows

@@ -87,16 +87,25 @@ def test_every_shape_is_consistent(platform):
         assert len(catalog.parse_topology(shape.topology)) == gen.rank, name
         assert shape.accelerator_type == f"{gen.name}-{shape.tensorcores}", name
         assert shape.multislice == gen.multislice
+        assert platform in gen.platforms, name
+        multi_host_placement = "workload-policy" if gen.gke_workload_policy else "COMPACT"
         if platform == "gke":
             assert shape.machine_type == f"{gen.gke_machine_family}-{shape.chips_per_host}t"
-            expected = (
-                None if shape.hosts == 1 else ("workload-policy" if gen.gke_workload_policy else "COMPACT")
+            assert shape.placement == (None if shape.hosts == 1 else multi_host_placement), name
+            assert shape.runtime_version is None and shape.image_family is None
+        elif platform == "compute":
+            assert shape.machine_type == f"{gen.compute_machine_family}-{shape.chips_per_host}t", name
+            assert shape.chips_per_host in gen.compute_chips_per_host, name
+            assert shape.placement == (None if shape.hosts == 1 else "workload-policy"), name
+            assert shape.runtime_version is None and shape.gke_accelerator is None
+            assert (shape.image_project, shape.image_family) == (
+                "ubuntu-os-accelerator-images",
+                gen.compute_image_family,
             )
-            assert shape.placement == expected, name
-            assert shape.runtime_version is None
         else:
             assert shape.machine_type is None and shape.placement is None
             assert shape.runtime_version == gen.runtime_version
+            assert shape.image_family is None
 
 
 def test_every_generation_is_on_some_platform():
@@ -104,8 +113,92 @@ def test_every_generation_is_on_some_platform():
     assert names == {"v2", "v3", "v4", "v5litepod", "v5p", "v6e", "tpu7x", "tpu7"}
     on_vm = {g.name for g in catalog.generations("tpu-vm")}
     on_gke = {g.name for g in catalog.generations("gke")}
+    on_compute = {g.name for g in catalog.generations("compute")}
     assert on_vm == {"v2", "v3", "v4", "v5litepod", "v5p", "v6e"}
     assert on_gke == {"v4", "v5litepod", "v5p", "v6e", "tpu7x", "tpu7"}
+    assert on_compute == {"v5p", "v6e", "tpu7x"}
+
+
+@pytest.mark.parametrize(
+    "generation, platforms, default",
+    [
+        ("v2", ("tpu-vm",), "tpu-vm"),
+        ("v4", ("tpu-vm", "gke"), "tpu-vm"),
+        ("v5litepod", ("tpu-vm", "gke"), "tpu-vm"),
+        ("v5p", ("compute", "tpu-vm", "gke"), "compute"),
+        ("v6e", ("compute", "tpu-vm", "gke"), "compute"),
+        ("tpu7x", ("compute", "gke"), "compute"),
+        ("tpu7", ("gke",), "gke"),
+    ],
+)
+def test_platforms_per_generation(generation, platforms, default):
+    gen = catalog.generation(generation)
+    assert (gen.platforms, gen.default_platform) == (platforms, default)
+
+
+@pytest.mark.parametrize(
+    "name, hosts, per_host, topology, machine_type, image_family",
+    [
+        ("v6e-1", 1, 1, "1x1", "ct6e-standard-1t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("v6e-4", 1, 4, "2x2", "ct6e-standard-4t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("v6e-8", 1, 8, "2x4", "ct6e-standard-8t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("v6e-16", 4, 4, "4x4", "ct6e-standard-4t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("v6e-256", 64, 4, "16x16", "ct6e-standard-4t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("v5p-8", 1, 4, "2x2x1", "ct5p-hightpu-4t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("v5p-16", 2, 4, "2x2x2", "ct5p-hightpu-4t", "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"),
+        ("tpu7x-2", 1, 1, "1x1x1", "tpu7x-standard-1t", "ubuntu-accel-2404-amd64-tpu-tpu7x"),
+        ("tpu7x-8", 1, 4, "2x2x1", "tpu7x-standard-4t", "ubuntu-accel-2404-amd64-tpu-tpu7x"),
+        ("tpu7x-16", 2, 4, "2x2x2", "tpu7x-standard-4t", "ubuntu-accel-2404-amd64-tpu-tpu7x"),
+    ],
+)
+def test_compute_shapes(name, hosts, per_host, topology, machine_type, image_family):
+    shape = catalog.lookup(name, "compute")
+    assert (shape.hosts, shape.chips_per_host, shape.topology, shape.machine_type, shape.image_family) == (
+        hosts,
+        per_host,
+        topology,
+        machine_type,
+        image_family,
+    )
+
+
+def test_compute_json_has_the_other_platforms_keys_plus_the_image():
+    compute = catalog.lookup("v6e-16", "compute").as_json()
+    other = catalog.lookup("v6e-16", "tpu-vm").as_json()
+    assert list(compute) == [*other, "image_project", "image_family"]
+    assert compute["machine_type"] == "ct6e-standard-4t"
+    assert compute["image_project"] == "ubuntu-os-accelerator-images"
+
+
+def test_compute_generation_rows():
+    rows = {r["generation"]: r for r in catalog.generation_rows("compute")}
+    assert set(rows) == {"v5p", "v6e", "tpu7x"}
+    assert rows["v6e"]["machine"] == "ct6e-standard-1t,ct6e-standard-4t,ct6e-standard-8t"
+    assert rows["v6e"]["smallest"] == "v6e-1" and rows["tpu7x"]["smallest"] == "tpu7x-2"
+    assert rows["tpu7x"]["image"] == "ubuntu-os-accelerator-images/ubuntu-accel-2404-amd64-tpu-tpu7x"
+
+
+@pytest.mark.parametrize(
+    "missing, nearest",
+    [
+        # Google's v2 page lists v2-8, 32, 128, 256, 512; the v3 table v3-8, 32, 64 ... 2048.
+        ("v2-16", "v2-8, v2-32"),
+        ("v2-64", "v2-32, v2-8, v2-128"),
+        ("v3-16", "v3-8, v3-32"),
+    ],
+)
+def test_tpu_vm_sizes_the_api_does_not_offer(missing, nearest):
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.lookup(missing, "tpu-vm")
+    assert nearest in str(err.value)
+
+
+def test_tpu_vm_v2_and_v3_sizes_are_the_documented_ones():
+    def sizes(gen):
+        return sorted({s.tensorcores for s in catalog.table("tpu-vm").values() if s.generation == gen})
+
+    assert sizes("v2") == [8, 32, 128, 256, 512]
+    assert sizes("v3") == [8, 32, 64, 128, 256, 512, 1024, 2048]
 
 
 def test_secure_boot_only_where_the_tpu_vm_api_creates_the_vms():
@@ -135,14 +228,22 @@ def test_alias_names_resolve(alias, canonical):
     assert catalog.lookup(alias).accelerator_type == canonical
 
 
-def test_tpu7x_on_tpu_vm_points_to_gke():
-    with pytest.raises(catalog.CatalogError, match="--platform gke"):
-        catalog.lookup("tpu7x-16", "tpu-vm")
-
-
-def test_v2_on_gke_points_to_tpu_vm():
-    with pytest.raises(catalog.CatalogError, match="--platform tpu-vm"):
-        catalog.lookup("v2-8", "gke")
+@pytest.mark.parametrize(
+    "name, platform, offered",
+    [
+        ("tpu7x-16", "tpu-vm", "compute, gke"),
+        ("v2-8", "gke", "tpu-vm"),
+        ("v2-8", "compute", "tpu-vm"),
+        ("v5litepod-16", "compute", "tpu-vm, gke"),
+        ("tpu7-8", "compute", "gke"),
+    ],
+)
+def test_generation_not_on_a_platform_names_the_platforms_that_offer_it(name, platform, offered):
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.lookup(name, platform)
+    message = str(err.value)
+    assert f"is not available on {platform}" in message
+    assert f"it is offered on: {offered}: set platform to one of them" in message
 
 
 def test_unknown_type_names_three_closest():
@@ -160,7 +261,7 @@ def test_unknown_generation_suggests_by_spelling():
 
 
 def test_unknown_platform():
-    with pytest.raises(catalog.CatalogError, match="tpu-vm, gke"):
+    with pytest.raises(catalog.CatalogError, match="use one of: compute, tpu-vm, gke"):
         catalog.table("tpu-pod")
 
 
@@ -198,11 +299,15 @@ def test_lookup_never_crashes(text):
         assert shape.chips >= 1
 
 
-@given(st.sampled_from([g for g in catalog.GENERATIONS if g.rank == 2]), st.integers(1, 4096))
-def test_two_d_sizes_are_powers_of_two(gen, size):
-    name = f"{gen.name}-{size}"
-    try:
-        shape = catalog.lookup(name)
-    except catalog.CatalogError:
-        return
-    assert shape.chips & (shape.chips - 1) == 0
+@pytest.mark.parametrize("platform", catalog.PLATFORMS)
+def test_two_d_sizes_are_powers_of_two(platform):
+    """Every 2-D shape has a power-of-two chip count, and no other size resolves."""
+    two_d = {g.name for g in catalog.GENERATIONS if g.rank == 2}
+    shapes = [s for s in catalog.table(platform).values() if s.generation in two_d]
+    assert shapes  # v6e is 2-D and on every platform
+    for shape in shapes:
+        assert shape.chips & (shape.chips - 1) == 0, shape.accelerator_type
+    for gen in sorted(two_d & {g.name for g in catalog.generations(platform)}):
+        for size in (3, 6, 12, 24, 48, 96):
+            with pytest.raises(catalog.CatalogError, match="closest valid types"):
+                catalog.lookup(f"{gen}-{size}", platform)
