@@ -51,7 +51,27 @@ def load_spec(
     return spec.load_cli(stack_file, list(overrides), require_zone=require_zone)
 
 
-class RaysliceGroup(click.Group):
+class Group(click.Group):
+    """A click group whose `--help` lists each command's whole first sentence, not 45 characters."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands; one whose package fails to import is listed with the error instead
+        of taking the whole help page down with it."""
+        rows = []
+        for name in self.list_commands(ctx):
+            try:
+                command = self.get_command(ctx, name)
+            except Exception as exc:  # any import failure of a plugin package: shown, not hidden
+                rows.append((name, f"(unavailable: {type(exc).__name__}: {exc})"))
+                continue
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=200)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class RaysliceGroup(Group):
     """The core commands plus every command registered under ``rayslice.commands``."""
 
     def _registered(self) -> dict[str, Any]:
@@ -67,7 +87,12 @@ class RaysliceGroup(click.Group):
         return command
 
 
-@click.group(cls=RaysliceGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=RaysliceGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="`rayslice COMMAND --help` describes each command. Exit status: 0 success, 1 the job "
+    "(or bring-up) failed, 2 bad input, 3 no cluster reachable or no credentials.",
+)
 def app() -> None:
     """Ray clusters on Cloud TPU slices, from one validated description."""
 

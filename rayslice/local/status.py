@@ -1,20 +1,54 @@
-"""What `rayslice local status` shows: hosts, roles, boot states, Ray nodes and resources.
+"""What `rayslice local status` shows: hosts, roles, boot states, each host's Ray nodes, resources.
 
 `status_report` gathers it as plain data (the ``--json`` form); `format_report` lays it out.
-Ray's view comes from the head's dashboard API over the bridge, so nothing runs inside a host.
+Ray's view comes from the head's dashboard API over the bridge, so nothing runs inside a host and
+no root is needed: only the state dir and the dashboard are read.
+
+Ray nodes are shown per host, matched by IP. A host that was rebooted comes back as a new Ray
+node while Ray still lists the old one as alive until its heartbeats time out; on one host only
+the newest node (by its start time) is current, and only while the host runs. Every other node
+on that host reads as ``stale``, so a 4-host slice never looks like 5 nodes.
 """
 
 from __future__ import annotations
 
 import urllib.error
 from collections import Counter
+from typing import Any
 
 from rayslice.local.simulator import Simulation
+
+CURRENT = "current"
+STALE = "stale"
+
+
+def mark_nodes(hosts: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each node with the host it runs on (by IP) and whether it is `CURRENT` or `STALE`."""
+    by_ip = {h["ip"]: h for h in hosts}
+    marked = []
+    newest: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        host = by_ip.get(node["ip"])
+        if host is not None and host["running"]:
+            best = newest.get(node["ip"])
+            if best is None or (node.get("start_time_ms") or 0) > (best.get("start_time_ms") or 0):
+                newest[node["ip"]] = node
+    for node in nodes:
+        host = by_ip.get(node["ip"])
+        marked.append(
+            {
+                **node,
+                "host": host["name"] if host is not None else None,
+                "status": CURRENT if newest.get(node["ip"]) is node else STALE,
+            }
+        )
+    return marked
 
 
 def status_report(sim: Simulation) -> dict:
     spec = sim.spec()
-    hosts, states = [], sim.states()
+    hosts: list[dict[str, Any]] = []
+    states = sim.states()
     for host in sim.plan.hosts:
         hosts.append(
             {
@@ -42,13 +76,24 @@ def status_report(sim: Simulation) -> dict:
     }
     try:
         nodes = sim.ray_nodes()
+    except PermissionError as exc:
+        report["ray"] = {
+            "error": f"cannot read the cluster's token ({exc.filename}); run as its owner or root"
+        }
+        return report
     except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
         report["ray"] = {"error": f"head dashboard not reachable: {exc}"}
         return report
+    marked = mark_nodes(hosts, nodes)
     totals: Counter[str] = Counter()
-    for node in nodes:
-        totals.update(node["resources"])
-    report["ray"] = {"nodes": nodes, "totals": dict(sorted(totals.items()))}
+    for node in marked:
+        if node["status"] == CURRENT:
+            totals.update(node["resources"])
+    for row in hosts:
+        row["ray_nodes"] = [
+            {"id": n["id"], "status": n["status"]} for n in marked if n["host"] == row["name"]
+        ]
+    report["ray"] = {"nodes": marked, "totals": dict(sorted(totals.items()))}
     return report
 
 
@@ -57,22 +102,50 @@ def format_report(report: dict) -> str:
         f"simulation {report['run_id']}: {report['slices']} x {report['accelerator_type']}, "
         f"head={report['head']}, network {report['network']}, dashboard {report['dashboard']}"
     ]
-    rows = [("HOST", "ROLE", "IP", "UP", "STATE")]
-    rows += [
-        (h["name"], h["role"], h["ip"], "yes" if h["running"] else "no", h["state"] or "-")
-        for h in report["hosts"]
-    ]
-    lines += _table(rows)
     ray = report["ray"]
-    if "error" in ray:
+    reachable = "error" not in ray
+    rows = [("HOST", "ROLE", "IP", "UP", "STATE", *(("RAY NODE",) if reachable else ()))]
+    for h in report["hosts"]:
+        row: tuple[str, ...] = (
+            h["name"],
+            h["role"],
+            h["ip"],
+            "yes" if h["running"] else "no",
+            h["state"] or "-",
+        )
+        if reachable:
+            row += (_host_nodes(h.get("ray_nodes", [])),)
+        rows.append(row)
+    lines += _table(rows)
+    if not reachable:
         lines.append(f"Ray: {ray['error']}")
         return "\n".join(lines)
-    lines.append(f"Ray: {len(ray['nodes'])} node(s) alive")
-    rows = [("NODE IP", "RESOURCES")]
-    rows += [(n["ip"], _resources(n["resources"])) for n in sorted(ray["nodes"], key=lambda n: n["ip"])]
+    current = [n for n in ray["nodes"] if n["status"] == CURRENT]
+    stale = [n for n in ray["nodes"] if n["status"] == STALE]
+    summary = f"Ray: {len(current)} of {len(report['hosts'])} host(s) have a current node"
+    if stale:
+        summary += (
+            f"; {len(stale)} stale node(s) from a host that was powered off or rebooted "
+            "(Ray drops them when their heartbeats time out)"
+        )
+    lines.append(summary)
+    rows = [("NODE IP", "HOST", "RESOURCES")]
+    rows += [
+        (n["ip"], n["host"] or "(not a simulated host)", _resources(n["resources"]))
+        for n in sorted(current, key=lambda n: n["ip"])
+    ]
     lines += _table(rows)
     lines.append(f"cluster: {_resources(ray['totals'])}")
     return "\n".join(lines)
+
+
+def _host_nodes(nodes: list[dict[str, Any]]) -> str:
+    current = [n for n in nodes if n["status"] == CURRENT]
+    stale = [n for n in nodes if n["status"] == STALE]
+    parts = [f"{n['id'][:8]} current" for n in current]
+    if stale:
+        parts.append(f"{len(stale)} stale")
+    return ", ".join(parts) or "-"
 
 
 def _resources(resources: dict[str, float]) -> str:
@@ -84,4 +157,4 @@ def _resources(resources: dict[str, float]) -> str:
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -1,23 +1,11 @@
-"""Unit tests of the workloads' cluster reading, the `rayslice run` command line and jax_train."""
+"""Unit tests of the workloads' cluster reading and jax_train (`rayslice run`: test_submit.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rayslice import catalog, cli, names
-from rayslice.local.state import STATE_DIR_ENV
-from rayslice.workloads import _cluster, _jax_hosts, _submit
-
-ALL = [
-    "jax_multihost",
-    "jax_multislice",
-    "jax_single_host",
-    "jax_train",
-    "xla_multi_device",
-    "xla_multihost",
-    "xla_single",
-    "xla_train",
-]
+from rayslice import catalog, names
+from rayslice.workloads import _cluster, _jax_hosts
 
 
 def node(
@@ -131,59 +119,6 @@ def test_megascale_env_names_slice_0_worker_0_as_coordinator():
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "10.0.1.0"
     assert (env["MEGASCALE_NUM_SLICES"], env["MEGASCALE_SLICE_ID"]) == ("2", "1")
     assert env["MEGASCALE_PORT"]
-
-
-def test_every_workload_module_is_listed_with_its_summary():
-    listed = _submit.workloads()
-    assert sorted(listed) == ALL
-    assert all(summary for summary in listed.values())
-
-
-def test_run_list_prints_one_line_per_workload(capsys):
-    assert cli.main(["run", "--list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ALL
-
-
-@pytest.mark.parametrize(
-    "address, url",
-    [
-        ("http://10.0.0.2:8265", "http://10.0.0.2:8265"),
-        ("10.0.0.2:8265", "http://10.0.0.2:8265"),
-        ("head", "http://head:8265"),
-    ],
-)
-def test_jobs_url(address, url):
-    assert _submit.jobs_url(address) == url
-
-
-def test_a_name_that_is_not_a_workload_is_refused_with_suggestions(capsys):
-    assert cli.main(["run", "jax_multihots", "--address", "http://127.0.0.1:9"]) == 2
-    err = capsys.readouterr().err
-    assert "'jax_multihots' is not a workload (did you mean jax_multihost" in err
-
-
-def test_no_cluster_reachable_is_a_clear_error(capsys, monkeypatch, tmp_path):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))  # no simulation there
-    assert cli.main(["run", "jax_multihost"]) == _submit.EXIT_NO_CLUSTER
-    assert "no Ray cluster to submit to" in capsys.readouterr().err
-    assert cli.main(["run", "jax_multihost", "--address", "http://127.0.0.1:9"]) == _submit.EXIT_NO_CLUSTER
-    assert "no Ray cluster reachable at http://127.0.0.1:9" in capsys.readouterr().err
-
-
-def test_job_arguments_after_the_double_dash_are_kept_apart(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(_submit, "submit", lambda *a: seen.setdefault("call", a) and 0)
-    cli.main(["run", "jax_train", "--address", "http://h:8265", "--", "--steps", "5", "--address", "x"])
-    assert seen["call"] == ("jax_train", ["--steps", "5", "--address", "x"], "http://h:8265", None)
-
-
-def test_the_staged_package_holds_core_and_workloads_only(tmp_path):
-    package = _submit._stage_rayslice(tmp_path)
-    assert (package / "catalog.py").is_file()
-    assert sorted(p.stem for p in (package / "workloads").glob("[!_]*.py")) == ALL
-    assert not (package / "local").exists() and not (package / "infra").exists()
 
 
 def test_jax_train_loss_falls_on_the_local_devices():

@@ -1,0 +1,210 @@
+"""`rayslice local up|status|down|reboot|restart-head`: flag wiring and display for the simulator.
+
+The simulation lives in a state directory (``--state-dir``, default ``$RAYSLICE_STATE_DIR`` or
+``./.state/local``), one simulation per directory. `up` writes the state file before creating
+anything, so `down` also cleans up after a crashed or interrupted `up`.
+
+Only the commands that create, change or remove namespaces and processes need root; `status`
+reads the state file and asks the head's dashboard, so any user who can read the state dir may
+run it. `default_cluster` is how `rayslice run` finds the simulated slice: it reaches this module
+through the ``local`` entry point, so the workloads never import the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from rayslice.cli import Group, load_spec, spec_options
+from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
+from rayslice.local.netns import NetnsError
+from rayslice.local.simulator import FAILED_PREFIX, JOINED, Simulation, require_root
+from rayslice.local.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
+from rayslice.local.status import format_report, status_report
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+def default_cluster() -> tuple[str, Path | None] | None:
+    """(dashboard URL, token file or None) of the simulation in the default state dir, if any."""
+    state_dir = default_state_dir()
+    if not (state_dir / STATE_FILE).is_file():
+        return None
+    try:
+        sim = Simulation.open(state_dir)
+    except (SimulatorError, OSError, ValueError, KeyError, TypeError):
+        return None
+    token = sim.token_file
+    return sim.dashboard_url(), token if token.is_file() else None
+
+
+def state_dir_option(func: F) -> F:
+    return click.option(
+        "--state-dir",
+        metavar="DIR",
+        type=click.Path(file_okay=False, path_type=Path),
+        help=f"Where the simulation's state lives (default: ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR}).",
+    )(func)
+
+
+def _open(state_dir: Path | None) -> Simulation:
+    return Simulation.open(state_dir or default_state_dir())
+
+
+def _as_root(action: Callable[[], T]) -> T:
+    """Run a simulator action that needs root; without root, say so before touching anything.
+
+    A failed `ip` command (`NetnsError`) is an expected failure too: it ends as its message.
+    """
+    require_root()
+    try:
+        return action()
+    except NetnsError as exc:
+        raise SimulatorError(str(exc)) from exc
+
+
+@click.group("local", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+def local_group() -> None:
+    """A simulated TPU slice on this machine (network namespaces; needs root except `status`)."""
+
+
+@local_group.command("up")
+@spec_options
+@state_dir_option
+@click.option(
+    "--wheelhouse",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Install from this local wheelhouse (default: reuse the venv rayslice runs from).",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=600,
+    show_default=True,
+    metavar="S",
+    help="Give up waiting after S seconds.",
+)
+def up_command(
+    stack_file: str | None,
+    overrides: tuple[str, ...],
+    state_dir: Path | None,
+    wheelhouse: str | None,
+    timeout: float,
+) -> int:
+    """Create the simulated hosts, boot them and wait until all joined Ray."""
+    spec = load_spec(stack_file, overrides, require_zone=False)
+    package_source = f"wheels:{Path(wheelhouse).resolve()}" if wheelhouse else None
+    where = state_dir or default_state_dir()
+    sim = _as_root(lambda: Simulation.create(spec, where, package_source=package_source))
+    hosts = sim.plan.hosts
+    click.echo(
+        f"simulating {spec.slices} x {spec.accelerator_type} ({spec.tpu.hosts} host(s) x "
+        f"{spec.tpu.chips_per_host} chips per slice), head={spec.head}: {len(hosts)} hosts on "
+        f"{sim.plan.network}, state in {sim.state_dir}"
+    )
+    start = time.monotonic()
+    width = max(len(h.name) for h in hosts)
+    shown: dict[str, str] = {}
+
+    def show(states: dict[str, str]) -> None:
+        for name, state in states.items():
+            if state != shown.get(name):
+                click.echo(f"[{time.monotonic() - start:6.1f}s] {name:<{width}}  {state or 'booting'}")
+                shown[name] = state
+
+    try:
+        _as_root(sim.boot_all)
+        states = sim.wait_for(
+            lambda s: all(v == JOINED or v.startswith(FAILED_PREFIX) for v in s.values()),
+            timeout,
+            on_change=show,
+        )
+    except SimulatorError as exc:
+        click.echo(f"rayslice: {exc}", err=True)
+        states = sim.states()
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted; the simulation stays as it is: "
+            f"`rayslice local down --state-dir {sim.state_dir}` removes it",
+            err=True,
+        )
+        raise
+    ok = all(v == JOINED for v in states.values())
+    click.echo(f"{'all hosts joined' if ok else 'bring-up failed'} after {time.monotonic() - start:.1f}s\n")
+    click.echo(format_report(status_report(sim)))
+    if not ok:
+        click.echo(
+            f"\nboot logs: {sim.state_dir}/hosts/<host>/console.log; `rayslice local down` removes everything"
+        )
+    return EXIT_OK if ok else EXIT_JOB_FAILED
+
+
+@local_group.command("status")
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_command(state_dir: Path | None, as_json: bool) -> int:
+    """Hosts, roles, boot states, each host's Ray node(s) and the cluster's resources (no root needed)."""
+    report = status_report(_open(state_dir))
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    return EXIT_OK
+
+
+@local_group.command("down")
+@state_dir_option
+def down_command(state_dir: Path | None) -> int:
+    """Remove every namespace, veth, bridge, process and file of the simulation."""
+    sim = _as_root(lambda: _open(state_dir))
+    _as_root(sim.destroy)
+    click.echo(f"removed simulation {sim.plan.run_id}: {len(sim.plan.hosts)} hosts, bridge {sim.plan.bridge}")
+    return EXIT_OK
+
+
+@local_group.command("reboot")
+@state_dir_option
+@click.argument("host")
+def reboot_command(state_dir: Path | None, host: str) -> int:
+    """Power HOST off and boot it again (its startup script runs again).
+
+    HOST is a host name as `rayslice local status` lists it.
+    """
+    sim = _as_root(lambda: _open(state_dir))
+    try:
+        sim.plan.host(host)
+    except KeyError as exc:
+        raise SimulatorError(str(exc.args[0])) from None
+    _as_root(lambda: sim.reboot(host))
+    click.echo(f"rebooted {host}; `rayslice local status` shows its progress")
+    return EXIT_OK
+
+
+@local_group.command("restart-head")
+@state_dir_option
+def restart_head_command(state_dir: Path | None) -> int:
+    """`ray stop` on the head host; its supervisor starts Ray again.
+
+    Prints one line per host; Ray's own output goes to the host's restart-head.log.
+    """
+    sim = _as_root(lambda: _open(state_dir))
+    head = sim.plan.head
+    result = sim.restart_head_ray()
+    log = sim.paths(head.name).dir / "restart-head.log"
+    with log.open("a") as out:
+        out.write(
+            f"==== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ray stop --force (exit {result.returncode})\n"
+        )
+        out.write(result.stdout + result.stderr)
+    if result.returncode != 0:
+        click.echo(f"{head.name}: `ray stop` failed (exit {result.returncode}); see {log}")
+        return EXIT_JOB_FAILED
+    click.echo(f"{head.name}: Ray stopped; its supervisor starts it again (detail: {log})")
+    for host in sim.plan.hosts:
+        if host.name != head.name:
+            click.echo(f"{host.name}: untouched; its Ray node rejoins the head once it is back")
+    return EXIT_OK

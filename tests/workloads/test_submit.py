@@ -1,0 +1,328 @@
+"""`rayslice run` without a cluster: its command line, what it uploads, where it sends a token.
+
+What a working dir uploads is checked with Ray's own packer (`_zip_files`, the function that builds
+the package the Jobs API receives), so the test sees exactly what a job would see. The token tests
+answer Ray's client from a small HTTP server that records the headers it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import rayslice
+from rayslice import cli, spec
+from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput
+from rayslice.local.state import STATE_DIR_ENV, SimulationState, make_plan
+from rayslice.workloads import _submit
+
+ALL = [
+    "jax_multihost",
+    "jax_multislice",
+    "jax_single_host",
+    "jax_train",
+    "xla_multi_device",
+    "xla_multihost",
+    "xla_single",
+    "xla_train",
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_cluster(monkeypatch, tmp_path):
+    """No RAY_ADDRESS and an empty default state dir, unless a test sets them."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "no-simulation"))
+
+
+def test_every_workload_module_is_listed_with_its_summary():
+    listed = _submit.workloads()
+    assert sorted(listed) == ALL
+    assert all(summary for summary in listed.values())
+
+
+def test_run_list_prints_one_line_per_workload(capsys):
+    assert cli.main(["run", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ALL
+
+
+@pytest.mark.parametrize(
+    "address, url",
+    [
+        ("http://10.0.0.2:8265", "http://10.0.0.2:8265"),
+        ("http://10.0.0.2:8265/", "http://10.0.0.2:8265"),
+        ("10.0.0.2:8265", "http://10.0.0.2:8265"),
+        ("head", "http://head:8265"),
+    ],
+)
+def test_jobs_url(address, url):
+    assert _submit.jobs_url(address) == url
+
+
+def test_a_name_that_is_not_a_workload_is_refused_with_suggestions(capsys):
+    assert cli.main(["run", "jax_multihots", "--address", "http://127.0.0.1:9"]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "'jax_multihots' is not a workload (did you mean jax_multihost" in err
+
+
+def test_no_cluster_reachable_is_a_clear_error(capsys):
+    assert cli.main(["run", "jax_multihost"]) == EXIT_NO_CLUSTER
+    assert "no Ray cluster to submit to" in capsys.readouterr().err
+    assert cli.main(["run", "jax_multihost", "--address", "http://127.0.0.1:9"]) == EXIT_NO_CLUSTER
+    assert "no Ray cluster reachable at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+# ---- arguments after `--` reach the job wherever run's options stand --------------------------
+
+
+@pytest.fixture
+def submitted(monkeypatch) -> list[tuple]:
+    calls: list[tuple] = []
+
+    def fake_submit(target, job_args, **options):
+        calls.append((target, list(job_args), options["address"]))
+        return "SUCCEEDED"
+
+    monkeypatch.setattr(_submit, "submit", fake_submit)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["jax_train", "--", "--steps", "20"], ("jax_train", ["--steps", "20"], None)),
+        (["--address", "X", "jax_train", "--", "--steps", "20"], ("jax_train", ["--steps", "20"], "X")),
+        (["jax_train", "--address", "X", "--", "--steps", "20"], ("jax_train", ["--steps", "20"], "X")),
+        (["jax_train", "--address=X"], ("jax_train", [], "X")),
+        # a job option that has the same name as one of run's stays the job's
+        (
+            ["jax_train", "--address", "h", "--", "--steps", "5", "--address", "x", "--"],
+            ("jax_train", ["--steps", "5", "--address", "x", "--"], "h"),
+        ),
+        (["dir/mine.py", "--", "a b", "-x"], ("dir/mine.py", ["a b", "-x"], None)),
+    ],
+)
+def test_job_arguments_after_the_double_dash_reach_the_job(argv, expected, submitted):
+    assert cli.main(["run", *argv]) == 0
+    assert submitted == [expected]
+
+
+@pytest.mark.parametrize(
+    "argv", [["jax_train", "--steps", "20"], ["jax_train", "stray", "--", "--steps", "2"]]
+)
+def test_job_arguments_without_the_double_dash_are_refused(argv, submitted, capsys):
+    assert cli.main(["run", *argv]) == EXIT_INVALID
+    assert submitted == []
+    assert "Error:" in capsys.readouterr().err
+
+
+def test_the_module_form_runs_the_same_command(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "rayslice", "run", "--address", "http://127.0.0.1:9", "jax_train", "--", "-x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_NO_CLUSTER, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---- staging rayslice for py_modules --------------------------------------------------------
+
+
+def test_the_staged_package_holds_core_and_workloads_only(tmp_path):
+    package = _submit.stage_rayslice(tmp_path)
+    assert (package / "catalog.py").is_file() and (package / "errors.py").is_file()
+    assert sorted(p.stem for p in (package / "workloads").glob("[!_]*.py") if p.stem != "commands") == ALL
+    for left_behind in ("local", "infra", "startup_scripts"):
+        assert not (package / left_behind).exists()
+    assert not list(package.rglob("__pycache__"))
+
+
+def test_staging_from_an_installed_package_that_already_holds_workloads(tmp_path, monkeypatch):
+    """The wheel's layout (site-packages/rayslice/workloads/...) once raised FileExistsError."""
+    import shutil
+
+    installed = tmp_path / "site-packages" / "rayslice"
+    shutil.copytree(Path(rayslice.__file__).parent, installed)
+    (installed / "workloads" / "marker_from_install.txt").write_text("installed copy")
+    monkeypatch.setattr(rayslice, "__file__", str(installed / "__init__.py"))
+    package = _submit.stage_rayslice(tmp_path / "staging")
+    assert (package / "workloads" / "marker_from_install.txt").read_text() == "installed copy"
+
+
+# ---- what a script's working dir uploads ------------------------------------------------------
+
+
+def uploaded(job: _submit.Job, tmp_path: Path) -> set[str]:
+    """The files Ray's own packer puts in the working_dir package for this job."""
+    from ray._private.runtime_env.packaging import _zip_files
+
+    env = _submit.runtime_env(job, tmp_path / "staging")
+    out = tmp_path / "package.zip"
+    _zip_files(env["working_dir"], env["excludes"], str(out), include_gitignore=True)
+    return {n for n in zipfile.ZipFile(out).namelist() if not n.endswith("/")}
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A script's folder as it often looks: a venv, the simulator's state, a token, keys, data."""
+    root = tmp_path / "project"
+    files = {
+        "train.py": "print('hi')\n",
+        "data/input.csv": "1,2\n",
+        "lib/util.py": "X = 1\n",
+        ".venv/bin/python": "",
+        ".venv/lib/site.py": "",
+        ".state/local/state.json": "{}",
+        ".state/local/ray-token": "secret",
+        "ray-token": "secret",
+        "sub/ray-token": "secret",
+        "server.pem": "-----BEGIN",
+        "deploy.key": "k",
+        ".env": "API_KEY=1",
+        ".git/config": "[core]",
+        "lib/__pycache__/util.cpython-311.pyc": "",
+        "big/weights.bin": "0",
+        ".rayignore": "big/\n",
+    }
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_scripts_folder_uploads_without_venv_state_tokens_keys_and_ignored_files(project, tmp_path):
+    job = _submit.resolve(str(project / "train.py"))
+    assert job.entrypoint == "python train.py" and job.working_dir == project
+    assert uploaded(job, tmp_path) == {"train.py", "data/input.csv", "lib/util.py", ".rayignore"}
+
+
+def test_working_dir_overrides_the_folder_and_the_script_runs_from_inside_it(project, tmp_path):
+    job = _submit.resolve(str(project / "lib" / "util.py"), working_dir=str(project))
+    assert job.entrypoint == "python lib/util.py" and job.working_dir == project
+    only_lib = _submit.resolve(str(project / "lib" / "util.py"))
+    assert uploaded(only_lib, tmp_path) == {"util.py"}
+
+
+def test_a_script_outside_the_working_dir_is_refused(project):
+    with pytest.raises(InvalidInput, match="is not inside --working-dir"):
+        _submit.resolve(str(project / "train.py"), working_dir=str(project / "data"))
+
+
+def test_the_home_folder_itself_is_never_uploaded(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notebook.py").write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(InvalidInput, match=r"refusing to upload .*home"):
+        _submit.resolve(str(home / "notebook.py"))
+    (home / "job").mkdir()
+    (home / "job" / "run.py").write_text("")
+    with pytest.raises(InvalidInput, match="refusing to upload"):
+        _submit.resolve(str(home / "job" / "run.py"), working_dir=str(home))
+    assert _submit.resolve(str(home / "job" / "run.py")).working_dir == home / "job"
+
+
+# ---- which cluster, and which token --------------------------------------------------------
+
+
+def fake_simulation(state_dir: Path, *, token: str | None) -> str:
+    """A state dir as `rayslice local up` leaves it (state file, token); returns the head's IP."""
+    import ipaddress
+
+    state_dir.mkdir(mode=0o700, parents=True)
+    plan = make_plan(
+        spec.load({"acceleratorType": "v6e-4"}, require_zone=False),
+        run_id="c0ffee",
+        network=ipaddress.IPv4Network("100.64.77.0/24"),
+    )
+    SimulationState(plan=plan, state_dir=str(state_dir)).save()
+    if token is not None:
+        (state_dir / "ray-token").write_text(token)
+    return plan.head.ip
+
+
+def test_the_simulated_slice_is_found_in_the_default_state_dir(tmp_path, monkeypatch):
+    state_dir = tmp_path / "sim"
+    head_ip = fake_simulation(state_dir, token="sim-secret")
+    monkeypatch.setenv(STATE_DIR_ENV, str(state_dir))
+    target = _submit.choose_target(None, None)
+    assert target.url == f"http://{head_ip}:8265" and target.source == "simulator"
+    assert target.token_file is not None and target.token_file.read_text() == "sim-secret"
+
+
+def test_ray_address_wins_over_the_simulator_and_gets_no_simulator_token(tmp_path, monkeypatch):
+    state_dir = tmp_path / "sim"
+    fake_simulation(state_dir, token="sim-secret")
+    monkeypatch.setenv(STATE_DIR_ENV, str(state_dir))
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.1.2.3:8265")
+    assert _submit.choose_target(None, None) == _submit.Target("http://10.1.2.3:8265", None, "RAY_ADDRESS")
+    assert _submit.choose_target("other:8265", None) == _submit.Target("http://other:8265", None, "--address")
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[dict[str, str]] = []
+
+    def do_GET(self) -> None:  # the Jobs client's version check
+        type(self).seen.append(dict(self.headers))
+        body = json.dumps({"ray_version": "2.60.0", "version": "4", "ray_commit": "x", "session_name": "s"})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    _Recorder.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Recorder.seen
+    server.shutdown()
+    server.server_close()
+
+
+def _authorization(headers: list[dict[str, str]]) -> set[str | None]:
+    return {next((v for k, v in h.items() if k.lower() == "authorization"), None) for h in headers}
+
+
+def test_the_simulators_token_goes_to_the_simulator_only(tmp_path, monkeypatch, recorder):
+    url, seen = recorder
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    token = tmp_path / "sim-token"
+    token.write_text("sim-secret\n")
+    monkeypatch.setattr(_submit, "simulated_cluster", lambda: (url, token))
+    _submit.connect(_submit.choose_target(None, None))
+    assert _authorization(seen) == {"Bearer sim-secret"}
+    seen.clear()
+    _submit.connect(_submit.choose_target(url, None))  # the same server, named by the user
+    assert seen and _authorization(seen) == {None}
+    seen.clear()
+    mine = tmp_path / "mine"
+    mine.write_text("user-secret")
+    _submit.connect(_submit.choose_target(url, mine))
+    assert _authorization(seen) == {"Bearer user-secret"}
+
+
+def test_an_unreadable_or_empty_token_file_is_bad_input(tmp_path):
+    with pytest.raises(InvalidInput, match="cannot read token file"):
+        _submit.auth_headers(tmp_path / "missing")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(InvalidInput, match="is empty"):
+        _submit.auth_headers(tmp_path / "empty")
