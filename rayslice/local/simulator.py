@@ -403,6 +403,7 @@ class Simulation:
                 "head": n["is_head_node"],
                 "resources": n["resources_total"],
                 "labels": n["labels"],
+                "start_time_ms": n.get("start_time_ms"),  # tells a rebooted host's old node from its new one
             }
             for n in nodes
             if n["state"] == "ALIVE"
