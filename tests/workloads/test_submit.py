@@ -13,6 +13,7 @@ import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -273,7 +274,7 @@ def test_ray_address_wins_over_the_simulator_and_gets_no_simulator_token(tmp_pat
 
 
 class _Recorder(BaseHTTPRequestHandler):
-    seen: list[dict[str, str]] = []
+    seen: ClassVar[list[dict[str, str]]] = []
 
     def do_GET(self) -> None:  # the Jobs client's version check
         type(self).seen.append(dict(self.headers))
