@@ -23,17 +23,17 @@ import ray
 import ray.util.tpu
 
 from rayslice import catalog, names
+from rayslice.errors import EXIT_INVALID, InvalidInput
 
 TPU_RESOURCE = "TPU"
 # Node label keys set by Ray's TPU detection (ray._private.accelerators.tpu).
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
 TOPOLOGY_LABEL = "ray.io/tpu-topology"
 POD_TYPE_LABEL = "ray.io/tpu-pod-type"
-EXIT_USER_ERROR = 2
-
-
-class WorkloadError(Exception):
-    """A failure the user can fix (wrong cluster, too many chips asked for); the message says how."""
+# A failure the user can fix (wrong cluster, too many chips asked for) is the one hierarchy's
+# InvalidInput, and exits with its code; the old names stay for the workloads that use them.
+EXIT_USER_ERROR = EXIT_INVALID
+WorkloadError = InvalidInput
 
 
 @dataclass(frozen=True)
