@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from rayslice.local import tpu_runtime
 from rayslice.local.state import HostPaths
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         target = private_tmp / shared.relative_to("/tmp")
         target.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "--bind", str(shared), str(target)], check=True)
+    runtime_env = tpu_runtime.install(paths.metadata_tree, paths.dir / "tpu-runtime")  # TPU hosts only
     for mount in (["--rbind", str(private_tmp), "/tmp"], ["-t", "tmpfs", "tmpfs", "/dev/shm"]):
         subprocess.run(["mount", *mount], check=True)
     script_file = Path("/tmp/rayslice-startup-script")  # where GCE's runner puts it, too
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         stdin=subprocess.DEVNULL,
         stdout=console,
         stderr=subprocess.STDOUT,
-        env={**host_environment(str(home)), **dict(e.split("=", 1) for e in args.env)},
+        env={**host_environment(str(home)), **runtime_env, **dict(e.split("=", 1) for e in args.env)},
         cwd="/",
     )
     while True:  # init's job: reap everything, note the script's exit

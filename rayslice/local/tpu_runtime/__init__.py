@@ -1,0 +1,79 @@
+"""The simulated TPU runtime: what makes a simulated host look like a TPU host to any program.
+
+A real TPU VM has chips at ``/dev/accel*`` and libtpu, which gives a JAX or PyTorch/XLA process
+the chips it holds and, on a multi-host slice, joins the processes of all hosts into one program.
+A simulated host has neither, so `install` (called once by `rayslice.local.boot`, inside the
+host's private mount namespace) gives it both edges:
+
+- ``/dev/accel0..N-1`` (empty files in a private overlay of ``/dev``), N = the chips per host of
+  the host's accelerator type, so Ray counts the chips as on hardware and
+  ``ray.util.tpu.get_num_tpu_chips_on_node()`` answers N;
+- an environment (`environment`) that puts ``site/`` on PYTHONPATH: its ``sitecustomize`` loads
+  ``rayslice_simulated_tpu`` in every Python process the host starts (Ray's raylet and workers
+  included), which maps chips onto CPU devices for JAX and torch_xla (see that module).
+
+The head VM and anything outside a simulated host get neither. Nothing in `rayslice.workloads`
+knows about it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from rayslice import catalog, names
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+ENABLE_VAR = "RAYSLICE_SIMULATED_TPU"
+COORDINATOR_PORT_VAR = "RAYSLICE_SIMULATED_TPU_COORDINATOR_PORT"
+
+
+def environment() -> dict[str, str]:
+    """What a simulated TPU host's processes inherit so that the runtime loads in each of them."""
+    return {
+        "PYTHONPATH": str(SITE_DIR),
+        ENABLE_VAR: "1",
+        COORDINATOR_PORT_VAR: str(names.JAX_COORDINATOR_PORT),
+    }
+
+
+def chips_per_host(attributes: dict[str, object]) -> int:
+    """Chips of one host, from its metadata: the type's chips over the slice's hosts; 0 if not a TPU VM."""
+    accelerator_type = attributes.get("accelerator-type")
+    endpoints = attributes.get("worker-network-endpoints")
+    if not isinstance(accelerator_type, str) or not isinstance(endpoints, str):
+        return 0
+    hosts = len([e for e in endpoints.split(",") if e])
+    return catalog.lookup(accelerator_type).chips // max(hosts, 1)
+
+
+def host_attributes(metadata_tree: Path) -> dict[str, object]:
+    """``instance/attributes`` of the host's metadata tree file (the simulator's `metadata.json`)."""
+    tree = json.loads(metadata_tree.read_text())
+    attributes = tree.get("instance", {}).get("attributes", {})
+    return attributes if isinstance(attributes, dict) else {}
+
+
+def install(metadata_tree: Path, work_dir: Path) -> dict[str, str]:
+    """Give this (already private) mount namespace TPU chips; return the environment to add.
+
+    Must run as root inside the host's own mount namespace, before anything else is started: the
+    overlay hides ``/dev``'s sub-mounts (``/dev/shm`` is mounted again by the caller). Returns {}
+    for a host that is not a TPU VM (the CPU head VM).
+    """
+    chips = chips_per_host(host_attributes(metadata_tree))
+    if chips == 0:
+        return {}
+    work_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(work_dir)], check=True)
+    upper, work = work_dir / "upper", work_dir / "work"
+    upper.mkdir()
+    work.mkdir()
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/dev,upperdir={upper},workdir={work}", "/dev"],
+        check=True,
+    )
+    for chip in range(chips):
+        Path(f"/dev/accel{chip}").touch(mode=0o666)
+    return environment()

@@ -1,0 +1,283 @@
+"""The simulated TPU runtime, as every Python process on a simulated TPU host loads it.
+
+It stands in for what libtpu and the TPU VM image give a real host, so that unmodified JAX and
+PyTorch/XLA programs see the host's chips:
+
+- a process sees the chips it holds: those in ``TPU_VISIBLE_CHIPS`` (Ray sets it for a task that
+  holds part of a host), else every ``/dev/accel*`` of the host;
+- JAX runs on CPU with one device per chip held (``jax_platforms=cpu``, ``jax_num_cpu_devices``);
+- a JAX process that holds all of a host's chips on a multi-host slice joins the other hosts'
+  processes by itself before its first computation (as libtpu does), with the coordinator on
+  worker 0 of the slice, the process id from the host's TPU worker id, and gloo collectives; a
+  user's own ``jax.distributed.initialize()`` finds the same values through a JAX cluster
+  environment;
+- torch_xla runs on its CPU PJRT client with one device per chip held.
+
+The host's identity comes from where a TPU VM has it: ``TPU_WORKER_ID`` /
+``TPU_WORKER_HOSTNAMES`` / ``MEGASCALE_*`` when set, else the metadata server
+(``agent-worker-number``, ``worker-network-endpoints``). It is imported by the
+``sitecustomize`` beside it only when ``RAYSLICE_SIMULATED_TPU=1``, which only simulated TPU hosts
+have; it imports nothing outside the standard library until JAX or torch_xla is imported.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar
+
+ENABLE_VAR = "RAYSLICE_SIMULATED_TPU"
+COORDINATOR_PORT_VAR = "RAYSLICE_SIMULATED_TPU_COORDINATOR_PORT"
+DEFAULT_COORDINATOR_PORT = 8476
+VISIBLE_CHIPS_VAR = "TPU_VISIBLE_CHIPS"  # what Ray sets for a task holding part of a host
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+METADATA_TIMEOUT_S = 5.0
+
+
+def host_chips() -> int:
+    """The chips of this host, counted the way Ray and libtpu find them: ``/dev/accel*``."""
+    return len([p for p in glob.glob("/dev/accel*") if not os.path.isdir(p)])
+
+
+def chips_held(environ: dict[str, str] | None = None) -> int:
+    """The chips this process may use: ``TPU_VISIBLE_CHIPS`` if set, else all of the host's."""
+    env = os.environ if environ is None else environ
+    visible = env.get(VISIBLE_CHIPS_VAR, "").strip()
+    if visible:
+        return len([c for c in visible.split(",") if c.strip()])
+    return host_chips()
+
+
+def metadata(key: str) -> str | None:
+    """One ``instance/attributes/`` value from the host's metadata server; None when absent."""
+    request = urllib.request.Request(METADATA_URL + key, headers={"Metadata-Flavor": "Google"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=METADATA_TIMEOUT_S) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class SliceIdentity:
+    """Where this host sits: its worker id, its slice's hosts (worker order) and the multislice."""
+
+    worker_id: int
+    hosts: tuple[str, ...]
+    num_slices: int = 1
+    slice_id: int = 0
+    megascale_coordinator: str | None = None
+
+    @property
+    def process_count(self) -> int:
+        return len(self.hosts) * self.num_slices
+
+    @property
+    def process_id(self) -> int:
+        """What JAX's Cloud TPU cluster detection computes: slice id x hosts per slice + worker id."""
+        return self.slice_id * len(self.hosts) + self.worker_id
+
+    def coordinator(self, port: int) -> str:
+        host = self.megascale_coordinator or self.hosts[0]
+        return f"{host.split(':')[0]}:{port}"  # MEGASCALE_COORDINATOR_ADDRESS may carry a port
+
+
+def parse_endpoints(endpoints: str) -> tuple[str, ...]:
+    """``worker-network-endpoints`` (``unknown:unknown:<ip>,...``) as IPs, worker 0 first."""
+    return tuple(entry.split(":")[2] for entry in endpoints.split(",") if entry.count(":") >= 2)
+
+
+def identity(
+    environ: dict[str, str] | None = None, lookup: Callable[[str], str | None] = metadata
+) -> SliceIdentity | None:
+    """The host's identity from ``TPU_*`` / ``MEGASCALE_*`` variables, else from metadata."""
+    env = os.environ if environ is None else environ
+    worker = env.get("TPU_WORKER_ID") or lookup("agent-worker-number")
+    hostnames = env.get("TPU_WORKER_HOSTNAMES")
+    if hostnames:
+        hosts = tuple(h.strip() for h in hostnames.split(",") if h.strip())
+    else:
+        hosts = parse_endpoints(lookup("worker-network-endpoints") or "")
+    if worker is None or not worker.strip().isdigit() or not hosts:
+        return None
+    num_slices = int(env.get("MEGASCALE_NUM_SLICES") or 1)
+    return SliceIdentity(
+        worker_id=int(worker),
+        hosts=hosts,
+        num_slices=num_slices,
+        slice_id=int(env.get("MEGASCALE_SLICE_ID") or 0) if num_slices > 1 else 0,
+        megascale_coordinator=(env.get("MEGASCALE_COORDINATOR_ADDRESS") or None) if num_slices > 1 else None,
+    )
+
+
+def coordinator_port(environ: dict[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    return int(env.get(COORDINATOR_PORT_VAR) or DEFAULT_COORDINATOR_PORT)
+
+
+def joins_slice(held: int, on_host: int, ident: SliceIdentity | None) -> bool:
+    """libtpu's rule: a process spans the slice only when it holds the whole host of a multi-host slice."""
+    return ident is not None and held == on_host > 0 and ident.process_count > 1
+
+
+# ---- JAX ----------------------------------------------------------------------------------------
+
+
+def _distributed_initialized() -> bool:
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
+def _make_cluster_env() -> None:
+    """Register a JAX cluster environment, so a bare ``jax.distributed.initialize()`` finds the slice."""
+    from jax._src import clusters
+
+    class SimulatedTpuCluster(clusters.ClusterEnv):
+        name = "rayslice-simulated-tpu"
+        opt_in_only_method = False
+
+        @classmethod
+        def is_env_present(cls) -> bool:
+            return host_chips() > 0 and identity() is not None
+
+        @classmethod
+        def get_coordinator_address(
+            cls, timeout_secs: int | None, override_coordinator_port: Any = None
+        ) -> str:
+            ident = identity()
+            assert ident is not None  # is_env_present said so
+            return ident.coordinator(int(override_coordinator_port or coordinator_port()))
+
+        @classmethod
+        def get_process_count(cls) -> int:
+            ident = identity()
+            return ident.process_count if ident and joins_slice(chips_held(), host_chips(), ident) else 1
+
+        @classmethod
+        def get_process_id(cls) -> int:
+            ident = identity()
+            return ident.process_id if ident and joins_slice(chips_held(), host_chips(), ident) else 0
+
+        @classmethod
+        def get_local_process_id(cls) -> int | None:
+            return None
+
+    # Checked before the others, as JAX's own TPU detection would be on a TPU VM.
+    types = clusters.ClusterEnv._cluster_types
+    types.remove(SimulatedTpuCluster)
+    types.insert(0, SimulatedTpuCluster)
+
+
+def _configure_jax_backend() -> None:
+    """Before JAX's first computation: CPU devices, one per chip held; join the slice if whole host."""
+    import jax
+
+    held = chips_held()
+    platforms = getattr(jax.config, "jax_platforms", None) or ""
+    if not platforms or "tpu" in platforms:
+        jax.config.update("jax_platforms", "cpu")
+    if held > 0:
+        jax.config.update("jax_num_cpu_devices", held)
+    ident = identity()
+    if joins_slice(held, host_chips(), ident) and not _distributed_initialized():
+        assert ident is not None
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            ident.coordinator(coordinator_port()),
+            num_processes=ident.process_count,
+            process_id=ident.process_id,
+        )
+
+
+def _patch_jax(_module: ModuleType) -> None:
+    from jax._src import xla_bridge
+
+    original = xla_bridge.backends
+    configured = False
+
+    def backends() -> Any:
+        nonlocal configured
+        if not configured and not xla_bridge.backends_are_initialized():
+            configured = True
+            _configure_jax_backend()
+        return original()
+
+    backends.__doc__ = original.__doc__
+    xla_bridge.backends = backends  # the runtime's one hook into JAX
+    _make_cluster_env()
+
+
+# ---- torch_xla ----------------------------------------------------------------------------------
+
+
+def _prepare_torch_xla() -> None:
+    """PJRT's CPU client with one device per chip held, in place of the TPU client."""
+    if os.environ.get("PJRT_DEVICE", "TPU").upper() == "TPU":
+        os.environ["PJRT_DEVICE"] = "CPU"
+    held = chips_held()
+    if held > 0 and "CPU_NUM_DEVICES" not in os.environ:
+        os.environ["CPU_NUM_DEVICES"] = str(held)
+
+
+# ---- import hook --------------------------------------------------------------------------------
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, with a step before and after the module's code."""
+
+    def __init__(
+        self, inner: importlib.abc.Loader, before: Callable[[], None], after: Callable[[ModuleType], None]
+    ):
+        self.inner = inner
+        self.before = before
+        self.after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.before()
+        self.inner.exec_module(module)
+        self.after(module)
+
+    def __getattr__(self, name: str) -> Any:  # resource readers and the like: the real loader's
+        return getattr(self.inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wraps the loading of ``jax`` and ``torch_xla`` (top-level packages only, once each)."""
+
+    hooks: ClassVar[dict[str, tuple[Callable[[], None], Callable[[ModuleType], None]]]] = {
+        "jax": (lambda: None, _patch_jax),
+        "torch_xla": (_prepare_torch_xla, lambda _m: None),
+    }
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                before, after = self.hooks[fullname]
+                spec.loader = _Loader(spec.loader, before, after)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Put the import hook first on ``sys.meta_path`` (once per process)."""
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
