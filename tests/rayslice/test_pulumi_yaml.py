@@ -1,21 +1,18 @@
-"""Pulumi.yaml declares the config schema that rayslice.spec.KEYS defines, and nothing else."""
+"""Pulumi.yaml and docs/configuration.md are generated from the spec model and kept current."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import pytest
 import yaml
+from pydantic import Field
 
-from rayslice import spec
+from rayslice import config_reference, spec
 
-PROJECT = Path(__file__).resolve().parents[2] / "Pulumi.yaml"
-# Pulumi config declarations support only these types, and a declared key without a default
-# is required by Pulumi: such keys stay undeclared (and are listed in a comment).
-PULUMI_TYPES = {"string", "integer", "boolean", "array"}
-
-
-def _declarable(key: spec.Key) -> bool:
-    return key.type in PULUMI_TYPES and key.default is not None
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = REPO / "Pulumi.yaml"
 
 
 def test_project_runs_the_infra_program():
@@ -24,25 +21,105 @@ def test_project_runs_the_infra_program():
     assert project["runtime"]["name"] == "python"
     assert project["runtime"]["options"]["virtualenv"] == ".venv"
     assert project["main"] == "rayslice/infra/"
-    assert (PROJECT.parent / "infra" / "__main__.py").is_file()
+    assert (REPO / "rayslice" / "infra" / "__main__.py").is_file()
 
 
-def test_config_declarations_match_spec_keys():
+def test_generated_files_are_current():
+    """Fails when a key changed in the model without `python -m rayslice.config_reference --write`."""
+    assert config_reference.stale() == [], "run: python -m rayslice.config_reference --write"
+
+
+def test_declared_keys_are_exactly_the_declarable_ones():
     declared = yaml.safe_load(PROJECT.read_text())["config"]
-    expected = {f"{spec.NAMESPACE}:{k.name}": k for k in spec.KEYS if _declarable(k)}
-    assert set(declared) == set(expected)
-    for name, key in expected.items():
-        entry = declared[name]
-        assert entry["type"] == key.type, name
-        assert entry["description"] == key.description, name
-        default = list(key.default) if isinstance(key.default, tuple) else key.default
-        assert entry["default"] == default, name
-        if key.type == "array":
-            assert entry["items"] == {"type": "string"}, name
+    # Written out, so a wrong rule in the generator cannot hide behind itself.
+    assert set(declared) == {
+        f"rayslice:{k}"
+        for k in (
+            "name",
+            "acceleratorType",
+            "slices",
+            "capacity",
+            "headMachineType",
+            "externalIps",
+            "dashboardSourceRanges",
+            "preset",
+            "requirements",
+            "allowInsecurePackageIndex",
+            "rayVersion",
+            "rayAuth",
+            "recovery",
+            "kuberay",
+            "gkeAuthorizedNetworks",
+        )
+    }
+    assert declared["rayslice:headMachineType"]["default"] == "n2-standard-16"
+    assert declared["rayslice:recovery"] == {
+        "type": "boolean",
+        "default": True,
+        "description": spec.ClusterSpec.__pydantic_fields__["recovery"].description,
+    }
+    assert declared["rayslice:gkeAuthorizedNetworks"]["items"] == {"type": "string"}
+    assert declared["rayslice:gkeAuthorizedNetworks"]["default"] == []
 
 
-def test_undeclarable_keys_are_documented():
+def test_undeclared_keys_are_listed_in_a_comment():
     text = PROJECT.read_text()
+    for name in (
+        "project",
+        "platform",
+        "zone",
+        "head",
+        "runtimeVersion",
+        "labels",
+        "packageIndexCredentialsSecret",
+    ):
+        assert f"#   rayslice:{name} (" in text, name
+
+
+def test_docs_list_every_key_with_its_default():
+    text = (REPO / "docs" / "configuration.md").read_text()
     for key in spec.KEYS:
-        if not _declarable(key):
-            assert f"#   {spec.NAMESPACE}:{key.name} ({key.type}): {key.description}" in text
+        assert f"| `{key.name}` |" in text, key.name
+    assert '| `headMachineType` | string | `"n2-standard-16"` |' in text
+    assert "| `platform` | `compute` \\| `tpu-vm` \\| `gke` | derived (see description) |" in text
+    assert "| us-east5-a | c3, e2, n2, n2d |" in text
+    assert "| us-central2-b | not settled by a source" in text
+
+
+@pytest.fixture
+def model_with_an_extra_key(monkeypatch):
+    """ClusterSpec plus one new field, as a developer would add it: nothing else edited."""
+
+    @spec.dataclass(frozen=True, kw_only=True, config=spec.ClusterSpec.__pydantic_config__)
+    class Extended(spec.ClusterSpec):
+        max_restarts: spec.Int = Field(3, description="How often a job is resubmitted after a node loss.")
+
+    monkeypatch.setattr(spec, "ClusterSpec", Extended)
+    monkeypatch.setattr(spec, "KEYS", spec._keys())
+    return Extended
+
+
+def test_a_new_model_field_reaches_both_files(model_with_an_extra_key):
+    assert "maxRestarts" in {k.name for k in spec.KEYS}
+    config = yaml.safe_load(config_reference.pulumi_yaml(PROJECT.read_text()))["config"]
+    assert config["rayslice:maxRestarts"] == {
+        "type": "integer",
+        "default": 3,
+        "description": "How often a job is resubmitted after a node loss.",
+    }
+    assert (
+        "| `maxRestarts` | integer | `3` | How often a job is resubmitted"
+        in config_reference.configuration_md()
+    )
+
+
+def test_stale_file_is_reported(tmp_path, monkeypatch):
+    copy = tmp_path / "Pulumi.yaml"
+    copy.write_text(PROJECT.read_text().replace("n2-standard-16", "n1-standard-16"))
+    monkeypatch.setattr(config_reference, "PULUMI_YAML", copy)
+    assert config_reference.stale() == [copy]
+    assert config_reference.main(["--check"]) == 1
+
+
+def test_spec_fields_are_dataclass_fields():
+    assert "recovery" in {f.name for f in dataclasses.fields(spec.ClusterSpec)}

@@ -1,10 +1,16 @@
-"""ClusterSpec: defaults, coercion, and one test per validation error."""
+"""ClusterSpec: defaults, coercion, and one table row per validation error.
+
+Every row of `ERRORS` is one invalid config; the test asserts that it yields exactly one problem
+and that the message names the key and says what to do (the fragments listed in the row).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from rayslice import spec
+from rayslice import catalog, spec
 
 BASE = {"acceleratorType": "v6e-16", "zone": "us-east5-b"}
 
@@ -19,49 +25,315 @@ def problems(**overrides) -> list[str]:
     return err.value.problems
 
 
+# ---- defaults and coercion ---------------------------------------------------------------------
+
+
 def test_defaults():
     s = load()
     assert s.accelerator_type == "v6e-16" and s.tpu.hosts == 4
-    assert (s.platform, s.slices, s.head, s.preset, s.ray_auth, s.capacity) == (
-        "tpu-vm",
+    assert (s.platform, s.slices, s.head, s.preset, s.ray_auth, s.capacity, s.recovery) == (
+        "compute",
         1,
         "slice",
         "jax",
         "token",
         "on-demand",
+        True,
     )
-    assert s.runtime_version == "v2-alpha-tpuv6e"
-    assert s.external_ips is False
+    assert s.tpu.machine_type == "ct6e-standard-4t" and s.runtime_version is None
+    assert s.external_ips is False and s.allow_insecure_package_index is False
+    assert s.package_index_credentials_secret is None and s.gke_authorized_networks == ()
     assert s.ray_version == spec.DEFAULT_RAY_VERSION
+    assert s.head_machine_type == "n2-standard-16"
 
 
-def test_head_defaults_to_vm_for_several_slices():
-    assert load(slices="2").head == "vm"
+@pytest.mark.parametrize(
+    "accelerator, zone, platform",
+    [
+        ("v6e-16", "us-east5-b", "compute"),
+        ("v5p-16", "us-east5-a", "compute"),
+        ("tpu7x-16", "us-central1-c", "compute"),
+        ("v5litepod-16", "us-south1-a", "tpu-vm"),
+        ("v4-16", "us-central2-b", "tpu-vm"),
+        ("v2-8", "us-central1-b", "tpu-vm"),
+        ("tpu7-8", "us-central1-c", "gke"),
+    ],
+)
+def test_default_platform_per_generation(accelerator, zone, platform):
+    assert spec.load({"acceleratorType": accelerator, "zone": zone}).platform == platform
+
+
+def test_tpu_vm_fills_the_runtime_version():
+    s = load(platform="tpu-vm")
+    assert (s.platform, s.runtime_version, s.tpu.machine_type) == ("tpu-vm", "v2-alpha-tpuv6e", None)
+
+
+@pytest.mark.parametrize(
+    "overrides, head",
+    [
+        ({}, "slice"),
+        ({"slices": "2"}, "vm"),
+        ({"capacity": "spot"}, "vm"),
+        ({"capacity": "spot", "recovery": "false"}, "vm"),
+        ({"capacity": "spot", "recovery": "false", "head": "slice"}, "slice"),
+        ({"capacity": "reserved"}, "slice"),
+    ],
+)
+def test_head_default(overrides, head):
+    assert load(**overrides).head == head
 
 
 def test_strings_are_coerced_like_pulumi_config():
-    s = load(slices="2", externalIps="true", labels='{"team": "ml"}', requirements='["optax>=0.2"]')
-    assert (s.slices, s.external_ips, dict(s.labels), s.requirements) == (
+    s = load(
+        slices="2",
+        externalIps="true",
+        recovery="false",
+        labels='{"team": "ml"}',
+        requirements='["optax>=0.2"]',
+        dashboardSourceRanges="10.0.0.0/8\n192.168.0.0/16",
+    )
+    assert (s.slices, s.external_ips, s.recovery, dict(s.labels), s.requirements) == (
         2,
         True,
+        False,
         {"team": "ml"},
         ("optax>=0.2",),
     )
+    assert s.dashboard_source_ranges == ("10.0.0.0/8", "192.168.0.0/16")
 
 
-def test_unknown_accelerator_type_names_neighbours():
-    [message] = problems(acceleratorType="v5p-7", zone="us-east5-a")
-    assert "v5p-8, v5p-16, v5p-32" in message
+def test_zone_is_optional_for_the_simulator():
+    assert spec.load({"acceleratorType": "v6e-16"}, require_zone=False).zone == "us-central1-b"
 
 
-def test_zone_without_the_generation_lists_zones():
-    [message] = problems(zone="us-central2-b")
-    assert "does not offer TPU v6e" in message and "us-east5-b" in message
+def test_spec_is_frozen():
+    s = load()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.slices = 3  # type: ignore[misc]  # the point of the test
 
 
-def test_malformed_zone():
-    [message] = problems(zone="moon-1")
-    assert "not a GCP zone name" in message
+def test_as_config_round_trips():
+    s = load(slices="2", labels={"team": "ml"}, requirements=["optax"], platform="tpu-vm")
+    config = s.as_config()
+    assert set(config) == spec.KEY_NAMES
+    assert spec.load(config) == s
+
+
+def test_every_key_is_a_field_with_a_description():
+    fields = {f.name for f in dataclasses.fields(spec.ClusterSpec)} - {"tpu"}
+    assert {k.field for k in spec.KEYS} == fields
+    for key in spec.KEYS:
+        assert key.description.endswith((".", ")")), key.name
+        assert key.type in ("string", "integer", "boolean", "array", "object"), key.name
+
+
+@pytest.mark.parametrize(
+    "overrides, secure",
+    [
+        ({"dashboardSourceRanges": ["10.0.0.0/8", "34.1.2.0/24"]}, "token auth"),
+        ({"dashboardSourceRanges": ["10.0.0.0/8"], "rayAuth": "none"}, "private range, no auth"),
+        ({"packageIndex": "https://pypi.internal/simple", "packageIndexCredentialsSecret": "pip-cred"}, ""),
+        ({"packageIndex": "http://mirror.lan/simple", "allowInsecurePackageIndex": "true"}, "opt-in"),
+        ({"packageIndex": "file:///opt/wheels"}, "local"),
+        ({"platform": "gke", "gkeAuthorizedNetworks": ["203.0.113.0/24"]}, "gke"),
+        ({"platform": "gke", "headMachineType": "e2-standard-8"}, "gke head pool"),
+        ({"slices": "2", "headMachineType": "c3-standard-22"}, "c3 in us-east5"),
+        ({"acceleratorType": "v4-16", "zone": "us-central2-b", "head": "vm", "headMachineType": "m1-x"}, ""),
+    ],
+)
+def test_valid_configs(overrides, secure):
+    """Configs next to the refused ones below that must stay valid (`secure` says why)."""
+    assert load(**overrides).name == "rayslice", secure
+
+
+def test_head_machine_type_is_checked_only_where_a_head_machine_runs():
+    # head=slice on one slice: no head VM, so the (unused) type is not refused.
+    assert load(headMachineType="n1-standard-16").head == "slice"
+
+
+# ---- one row per validation error ---------------------------------------------------------------
+
+# (id, overrides on BASE, fragments the single problem must contain: the key, and the fix)
+ERRORS = [
+    ("unknown-key", {"acceleratortype": "v6e-16"}, ["did you mean 'acceleratorType'"]),
+    ("unknown-key-far", {"colour": "red"}, ["unknown config key 'colour'", "known keys:"]),
+    ("accelerator-unknown", {"acceleratorType": "v5p-7", "zone": "us-east5-a"}, ["v5p-8, v5p-16, v5p-32"]),
+    (
+        "generation-not-on-platform",
+        {"platform": "compute", "acceleratorType": "v5litepod-16", "zone": "us-south1-a"},
+        ["v5litepod is not available on compute", "offered on: tpu-vm, gke", "set platform"],
+    ),
+    (
+        "tpu7x-not-on-tpu-vm",
+        {"platform": "tpu-vm", "acceleratorType": "tpu7x-16", "zone": "us-central1-c"},
+        ["offered on: compute, gke", "--set platform=compute"],
+    ),
+    ("v2-16-does-not-exist", {"platform": "tpu-vm", "acceleratorType": "v2-16"}, ["v2-8, v2-32"]),
+    ("zone-without-generation", {"zone": "us-central2-b"}, ["does not offer TPU v6e", "us-east5-b"]),
+    ("zone-malformed", {"zone": "moon-1"}, ["not a GCP zone name", "us-central1-b"]),
+    (
+        "runtime-other-generation",
+        {"platform": "tpu-vm", "runtimeVersion": "v2-alpha-tpuv5"},
+        ["built for v5p, not v6e", "use v2-alpha-tpuv6e"],
+    ),
+    ("runtime-malformed", {"platform": "tpu-vm", "runtimeVersion": "a b"}, ["not a runtime version name"]),
+    (
+        "runtime-on-gke",
+        {"platform": "gke", "runtimeVersion": "v2-alpha-tpuv6e"},
+        ["TPU VM API only", "remove"],
+    ),
+    ("runtime-on-compute", {"runtimeVersion": "v2-alpha-tpuv6e"}, ["TPU VM API only", "platform=compute"]),
+    (
+        "multislice-unsupported",
+        {"platform": "tpu-vm", "acceleratorType": "v3-32", "zone": "us-central1-a", "slices": "2"},
+        ["v3 does not support multislice", "use slices=1"],
+    ),
+    ("slices-out-of-range", {"slices": "0"}, ["out of range", "use 1 to 64"]),
+    ("head-slice-multislice", {"slices": "2", "head": "slice"}, ["use head=vm for multislice"]),
+    (
+        "head-slice-spot",
+        {"capacity": "spot", "head": "slice"},
+        ["head=slice with capacity=spot", "use head=vm", "recovery=false"],
+    ),
+    (
+        "head-machine-family-missing-in-zone",
+        {"slices": "2", "headMachineType": "n1-standard-16"},
+        ["'n1'", "not offered in zone us-east5-b", "a family it offers: c3, e2, n2, n2d"],
+    ),
+    (
+        "head-machine-family-unknown",
+        {"head": "vm", "headMachineType": "zz9-standard-4"},
+        ["'zz9'", "is unknown", "us-east5-b offers: c3, e2, n2, n2d"],
+    ),
+    (
+        "head-machine-family-gke-us-south1",
+        {
+            "platform": "gke",
+            "acceleratorType": "v5litepod-16",
+            "zone": "us-south1-a",
+            "headMachineType": "n1-standard-8",
+        },
+        ["not offered in zone us-south1-a"],
+    ),
+    ("head-machine-malformed", {"headMachineType": "N2 big"}, ["not a machine type name", "n2-standard-16"]),
+    ("name-uppercase", {"name": "Rayslice"}, ["name='Rayslice'", "GCP naming rules"]),
+    ("name-underscore", {"name": "ray_slice"}, ["GCP naming rules", "lowercase"]),
+    ("name-too-long", {"name": "a" * 41}, ["use 1-40 characters"]),
+    ("name-trailing-hyphen", {"name": "x-"}, ["not ending in a hyphen"]),
+    ("network-name", {"network": "my net"}, ["network='my net'", "valid GCP resource name"]),
+    (
+        "subnetwork-name",
+        {"network": "vpc", "subnetwork": "$(touch /tmp/x)"},
+        ["subnetwork='$(touch /tmp/x)'", "valid GCP resource name"],
+    ),
+    ("subnetwork-without-network", {"subnetwork": "tpu-subnet"}, ["set network to the VPC"]),
+    ("project-id", {"project": "p"}, ["project='p'", "6-30 lowercase"]),
+    ("label-key-uppercase", {"labels": {"Team": "ml"}}, ["GCP label rules", "start with a lowercase"]),
+    ("label-value-uppercase", {"labels": {"team": "ML"}}, ["GCP label rules", "lowercase"]),
+    ("label-value-space", {"labels": {"team": "a b"}}, ["GCP label rules"]),
+    ("label-value-shell", {"labels": {"team": "$(id)"}}, ["GCP label rules"]),
+    ("label-key-digit", {"labels": {"1team": "x"}}, ["GCP label rules"]),
+    ("label-value-long", {"labels": {"t": "x" * 64}}, ["up to 63"]),
+    ("labels-too-many", {"labels": {f"k{i}": "v" for i in range(61)}}, ["use at most 60"]),
+    ("requirement-shell", {"requirements": ["$(touch /tmp/x)"]}, ["PEP 508", "e.g. 'optax>=0.2'"]),
+    ("requirement-space", {"requirements": ["foo bar"]}, ["PEP 508"]),
+    ("requirement-operator", {"requirements": ["numpy>>1"]}, ["PEP 508"]),
+    ("requirement-backtick", {"requirements": ["`id`"]}, ["PEP 508"]),
+    ("requirement-url", {"requirements": ["pkg @ https://x.invalid/p.whl"]}, ["use packageIndex"]),
+    ("ray-version-short", {"rayVersion": "2.60"}, ["rayVersion", "malformed", "2.60.0"]),
+    ("ray-version-word", {"rayVersion": "latest"}, ["malformed"]),
+    ("ray-version-shell", {"rayVersion": "2.60.0; rm -rf /"}, ["malformed"]),
+    ("ray-version-prefix", {"rayVersion": "v2.60.0"}, ["malformed"]),
+    ("package-index-quote", {"packageIndex": "https://x.invalid/simple'; id"}, ["packageIndex", "https://"]),
+    (
+        "package-index-credentials",
+        {"packageIndex": "https://user:pw@example.com/simple"},
+        ["credentials in its URL", "packageIndexCredentialsSecret=<secret name>"],
+    ),
+    (
+        "package-index-plain-http",
+        {"packageIndex": "http://example.com/simple"},
+        ["plain http", "use https://", "allowInsecurePackageIndex=true"],
+    ),
+    (
+        "credentials-secret-without-index",
+        {"packageIndexCredentialsSecret": "pip-cred"},
+        ["without packageIndex", "set packageIndex"],
+    ),
+    (
+        "credentials-secret-path",
+        {"packageIndex": "https://x.example/simple", "packageIndexCredentialsSecret": "projects/p/secrets/s"},
+        ["not a Secret Manager secret name", "the secret's ID"],
+    ),
+    ("dashboard-not-cidr", {"dashboardSourceRanges": ["office"]}, ["not a CIDR range", "10.0.0.0/8"]),
+    ("dashboard-everything", {"dashboardSourceRanges": ["0.0.0.0/0"]}, ["whole address space", "your own"]),
+    (
+        "dashboard-halves",
+        {"dashboardSourceRanges": ["0.0.0.0/1", "128.0.0.0/1"]},
+        ["0.0.0.0/1, 128.0.0.0/1 together cover the whole address space"],
+    ),
+    (
+        "dashboard-pieces",
+        {"dashboardSourceRanges": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"], "rayAuth": "none"},
+        ["whole address space"],
+    ),
+    ("dashboard-ipv6-everything", {"dashboardSourceRanges": ["::/1", "8000::/1"]}, ["whole address space"]),
+    (
+        "dashboard-public-without-auth",
+        {"dashboardSourceRanges": ["34.1.2.0/24"], "rayAuth": "none"},
+        ["public range", "remote code execution", "set rayAuth=token"],
+    ),
+    ("gke-cluster-on-compute", {"gkeCluster": "prod"}, ["gkeCluster applies to platform=gke only"]),
+    (
+        "gke-authorized-networks-on-compute",
+        {"gkeAuthorizedNetworks": ["10.0.0.0/8"]},
+        ["gkeAuthorizedNetworks applies to platform=gke only"],
+    ),
+    (
+        "gke-authorized-networks-everything",
+        {"platform": "gke", "gkeAuthorizedNetworks": ["0.0.0.0/0"]},
+        ["whole address space", "private endpoint only"],
+    ),
+    (
+        "gke-authorized-networks-not-cidr",
+        {"platform": "gke", "gkeAuthorizedNetworks": ["office"]},
+        ["gkeAuthorizedNetworks: 'office' is not a CIDR range"],
+    ),
+    ("gke-reserved-needs-reservation", {"platform": "gke", "capacity": "reserved"}, ["reservation=<name"]),
+    (
+        "gke-cluster-with-network",
+        {"platform": "gke", "gkeCluster": "team", "network": "x-net"},
+        ["network is not used with gkeCluster", "remove network"],
+    ),
+    ("choice-platform", {"platform": "tpu-pod"}, ["platform='tpu-pod' is not valid", "compute, tpu-vm, gke"]),
+    (
+        "choice-capacity",
+        {"capacity": "cheap"},
+        ["capacity='cheap' is not valid", "on-demand, spot, reserved"],
+    ),
+    ("choice-head", {"head": "laptop"}, ["head='laptop' is not valid", "slice, vm"]),
+    ("choice-preset", {"preset": "tf"}, ["preset='tf' is not valid", "jax, xla"]),
+    ("choice-ray-auth", {"rayAuth": "disabled"}, ["rayAuth='disabled' is not valid", "token, none"]),
+    ("choice-kuberay", {"kuberay": "manual"}, ["kuberay='manual' is not valid", "helm, addon"]),
+    ("type-integer", {"slices": "two"}, ["slices must be a whole number"]),
+    ("type-integer-bool", {"slices": True}, ["slices must be a whole number"]),
+    ("type-boolean", {"externalIps": "yes"}, ["externalIps must be true or false"]),
+    ("type-boolean-recovery", {"recovery": "off"}, ["recovery must be true or false"]),
+    ("type-mapping", {"labels": "[1]"}, ["labels must be a mapping of strings"]),
+    ("type-list", {"requirements": '{"a": 1}'}, ["requirements must be a list of strings"]),
+    ("type-string", {"zone": ["us-east5-b"]}, ["zone must be a string"]),
+]
+
+
+@pytest.mark.parametrize("overrides, fragments", [row[1:] for row in ERRORS], ids=[row[0] for row in ERRORS])
+def test_validation_error(overrides, fragments):
+    [message] = problems(**overrides)
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_error_ids_are_unique():
+    assert len({row[0] for row in ERRORS}) == len(ERRORS)
 
 
 def test_missing_zone_names_where_the_generation_is():
@@ -70,155 +342,6 @@ def test_missing_zone_names_where_the_generation_is():
     assert err.value.problems == [
         "zone is not set: set rayslice:zone or gcp:zone (v5p is offered in us-central1-a, us-east5-a)"
     ]
-
-
-def test_zone_is_optional_for_the_simulator():
-    assert spec.load({"acceleratorType": "v6e-16"}, require_zone=False).zone == "us-central1-b"
-
-
-def test_runtime_version_of_another_generation():
-    [message] = problems(runtimeVersion="v2-alpha-tpuv5")
-    assert "built for v5p, not v6e" in message and "v2-alpha-tpuv6e" in message
-
-
-def test_runtime_version_on_gke_is_refused():
-    [message] = problems(platform="gke", runtimeVersion="v2-alpha-tpuv6e")
-    assert "TPU VM API only" in message
-
-
-def test_multislice_on_a_generation_without_it():
-    [message] = problems(acceleratorType="v3-32", zone="us-central1-a", slices="2")
-    assert "v3 does not support multislice" in message
-
-
-def test_slices_out_of_range():
-    [message] = problems(slices="0")
-    assert "out of range" in message
-
-
-def test_tpu7x_on_tpu_vm_points_to_gke():
-    [message] = problems(acceleratorType="tpu7x-16", zone="us-central1-c")
-    assert "--platform gke" in message
-
-
-def test_tpu7x_on_gke_is_valid():
-    assert (
-        load(platform="gke", acceleratorType="tpu7x-16", zone="us-central1-c").tpu.placement
-        == "workload-policy"
-    )
-
-
-@pytest.mark.parametrize(
-    "key, value",
-    [
-        ("name", "Rayslice"),
-        ("name", "ray_slice"),
-        ("name", "a" * 41),
-        ("name", "x-"),
-        ("network", "my net"),
-        ("subnetwork", "$(touch /tmp/x)"),
-        ("project", "p"),
-    ],
-)
-def test_gcp_names(key, value):
-    [message] = problems(**{key: value}, **({"network": "vpc"} if key == "subnetwork" else {}))
-    assert key in message and repr(value) in message
-
-
-@pytest.mark.parametrize(
-    "labels",
-    [
-        {"Team": "ml"},
-        {"team": "ML"},
-        {"team": "a b"},
-        {"team": "$(id)"},
-        {"1team": "x"},
-        {"t": "x" * 64},
-    ],
-)
-def test_labels_break_gcp_rules(labels):
-    [message] = problems(labels=labels)
-    assert "GCP label rules" in message
-
-
-@pytest.mark.parametrize("line", ["$(touch /tmp/x)", "foo bar", "numpy>>1", "`id`"])
-def test_requirement_lines_must_be_pep508(line):
-    [message] = problems(requirements=[line])
-    assert "PEP 508" in message
-
-
-def test_requirement_urls_are_refused():
-    [message] = problems(requirements=["pkg @ https://example.invalid/pkg.whl"])
-    assert "packageIndex" in message
-
-
-def test_requirements_with_markers_are_kept_literally():
-    line = 'requests; python_version < "3.12"'
-    assert load(requirements=[line]).requirements == (line,)
-
-
-@pytest.mark.parametrize("version", ["2.60", "latest", "2.60.0; rm -rf /", "v2.60.0"])
-def test_malformed_ray_version(version):
-    [message] = problems(rayVersion=version)
-    assert "rayVersion" in message and "malformed" in message
-
-
-@pytest.mark.parametrize(
-    "key, value",
-    [
-        ("platform", "tpu-pod"),
-        ("capacity", "cheap"),
-        ("head", "laptop"),
-        ("preset", "tf"),
-        ("rayAuth", "disabled"),
-        ("kuberay", "manual"),
-    ],
-)
-def test_choices(key, value):
-    [message] = problems(**{key: value})
-    assert f"{key}={value!r} is not valid" in message
-
-
-@pytest.mark.parametrize("key, value", [("slices", "two"), ("externalIps", "yes"), ("labels", "[1]")])
-def test_types(key, value):
-    [message] = problems(**{key: value})
-    assert key in message
-
-
-def test_dashboard_open_to_the_internet_is_refused():
-    [message] = problems(dashboardSourceRanges=["0.0.0.0/0"])
-    assert "internet" in message
-
-
-def test_dashboard_range_must_be_cidr():
-    [message] = problems(dashboardSourceRanges=["office"])
-    assert "CIDR" in message
-
-
-def test_package_index_must_be_a_plain_url():
-    [message] = problems(packageIndex="https://x.invalid/simple'; id")
-    assert "packageIndex" in message
-
-
-def test_head_slice_with_several_slices():
-    [message] = problems(slices="2", head="slice")
-    assert "head=vm" in message
-
-
-def test_reserved_on_gke_needs_a_reservation():
-    [message] = problems(platform="gke", capacity="reserved")
-    assert "reservation=" in message
-
-
-def test_gke_keys_on_tpu_vm():
-    [message] = problems(gkeCluster="prod")
-    assert "platform=gke" in message
-
-
-def test_subnetwork_needs_its_network():
-    [problem] = problems(subnetwork="tpu-subnet")
-    assert "set network to the VPC that holds this subnetwork too" in problem
-    assert load(network="shared-vpc", subnetwork="tpu-subnet").subnetwork == "tpu-subnet"
 
 
 @pytest.mark.parametrize("slices, longest_ok", [(1, 32), (10, 32), (11, 31)])
@@ -231,26 +354,45 @@ def test_gke_name_leaves_room_for_the_longest_node_pool(slices, longest_ok):
     assert load(name="a" * (longest_ok + 1), slices=slices, head="vm").name  # TPU VM names may be longer
 
 
-@pytest.mark.parametrize("key", ["network", "subnetwork"])
-def test_existing_gke_cluster_brings_its_own_network(key):
-    extra = {"network": "shared-vpc"} if key == "subnetwork" else {}
-    found = problems(platform="gke", gkeCluster="team", **extra, **{key: "x-net"})
-    assert any(f"{key} is not used with gkeCluster" in p for p in found), found
-
-
-def test_unknown_key_suggests_the_right_one():
-    [message] = problems(acceleratortype="v6e-16")
-    assert "did you mean 'acceleratorType'" in message
-
-
 def test_every_problem_is_reported_at_once():
     found = problems(acceleratorType="v5p-7", slices="x", preset="tf", labels={"A": "b"})
     assert len(found) == 4
 
 
-def test_as_config_round_trips():
-    s = load(slices="2", labels={"team": "ml"}, requirements=["optax"])
-    assert spec.load(s.as_config()) == s
+def test_field_and_cross_field_problems_are_reported_together():
+    found = problems(
+        rayAuth="none", dashboardSourceRanges=["8.8.8.0/24"], recovery="maybe", packageIndex="http://x.lan/s"
+    )
+    assert len(found) == 3, found
+    assert any("remote code execution" in p for p in found)
+    assert any("recovery must be true or false" in p for p in found)
+    assert any("plain http" in p for p in found)
+
+
+# ---- the machine-family table ---------------------------------------------------------------------
+
+
+def test_default_head_machine_type_exists_in_every_settled_catalog_zone():
+    zones = {z for g in catalog.GENERATIONS for z in g.zones}
+    assert zones <= set(catalog.MACHINE_FAMILIES_BY_ZONE), zones - set(catalog.MACHINE_FAMILIES_BY_ZONE)
+    family = catalog.machine_family(spec.DEFAULT_RAY_VERSION and catalog.DEFAULT_HEAD_MACHINE_TYPE)
+    for zone in sorted(zones):
+        families = catalog.zone_machine_families(zone)
+        assert families is None or family in families, zone
+
+
+@pytest.mark.parametrize("zone", ["us-east5-a", "us-east5-b", "us-south1-a"])
+def test_n1_is_refused_where_compute_engine_lacks_it(zone):
+    assert "n1" in str(catalog.head_machine_problem("n1-standard-16", zone))
+    assert catalog.head_machine_problem("n2d-standard-16", zone) is None
+
+
+def test_unsettled_zone_accepts_any_family():
+    assert catalog.zone_machine_families("us-central2-b") is None
+    assert catalog.head_machine_problem("n1-standard-16", "us-central2-b") is None
+
+
+# ---- where raw values come from -----------------------------------------------------------------
 
 
 def test_stack_file_with_gcp_fallbacks(tmp_path):
@@ -291,3 +433,8 @@ def test_override_syntax():
     with pytest.raises(spec.SpecError, match="KEY=VALUE"):
         spec.parse_overrides(["slices"])
     assert spec.parse_overrides(["rayslice:zone=us-east5-a"]) == {"zone": "us-east5-a"}
+
+
+def test_requirements_with_markers_are_kept_literally():
+    line = 'requests; python_version < "3.12"'
+    assert load(requirements=[line]).requirements == (line,)
