@@ -1,13 +1,14 @@
-"""What every bundled workload shares: reading the TPU shape off a live Ray cluster, and the
-per-host set-up that lets the same task code run on a TPU host and on a simulated (CPU) one.
+"""What every bundled workload shares: reading the TPU shape off a live Ray cluster, choosing
+slices and hosts, and the command line.
 
 Workloads never assume a topology. The slices, their hosts and each host's TPU worker id come
 from the labels Ray's own TPU detection puts on every node (`ray.io/tpu-*`) and its `TPU`
 resource; the catalog says how many hosts a complete slice of that type has. A bundle index of a
 placement group is not a TPU worker id, so tasks read their worker id from their node's label.
 
-Driver-side helpers import only `ray`; JAX and torch_xla are imported inside tasks, after
-`use_cpu_if_no_tpu` / `use_cpu_pjrt_if_no_tpu` have set up the process for the host it runs on.
+Driver-side helpers import only `ray`; JAX and torch_xla are imported inside tasks, on the host
+whose chips the task holds. Expected failures are `rayslice.errors` classes and end in their exit
+codes.
 """
 
 from __future__ import annotations
@@ -20,20 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-import ray.util.tpu
 
 from rayslice import catalog, names
-from rayslice.errors import EXIT_INVALID, InvalidInput
+from rayslice.errors import InvalidInput, JobFailed, NoCluster, RaysliceError
 
 TPU_RESOURCE = "TPU"
 # Node label keys set by Ray's TPU detection (ray._private.accelerators.tpu).
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
 TOPOLOGY_LABEL = "ray.io/tpu-topology"
 POD_TYPE_LABEL = "ray.io/tpu-pod-type"
-# A failure the user can fix (wrong cluster, too many chips asked for) is the one hierarchy's
-# InvalidInput, and exits with its code; the old names stay for the workloads that use them.
-EXIT_USER_ERROR = EXIT_INVALID
-WorkloadError = InvalidInput
 
 
 @dataclass(frozen=True)
@@ -117,7 +113,7 @@ def _expected_hosts(pod_type: str, chips_per_host: int) -> int:
             return shape.hosts
     if not shapes:
         catalog.lookup(pod_type)  # raises CatalogError naming the closest types
-    raise WorkloadError(
+    raise InvalidInput(
         f"hosts of {pod_type} report {chips_per_host} TPU chips each, which no "
         f"platform's {pod_type} has; check the nodes' TPU resources"
     )
@@ -156,11 +152,12 @@ def choose_slices(
 
     Without `accelerator_type` or `slice_name`, the largest slices are preferred (most hosts,
     then by name): a multi-host job should not land on a single-host slice by chance. Raises
-    WorkloadError listing what the cluster has when the request can't be met.
+    InvalidInput listing what the cluster has when the request can't be met (NoCluster when it
+    has no TPU host at all).
     """
     present = tpu_slices() if slices is None else list(slices)
     if not present:
-        raise WorkloadError(
+        raise NoCluster(
             "the Ray cluster has no TPU hosts (no node with a TPU resource and "
             f"a {WORKER_ID_LABEL} label); start a TPU cluster or the simulated slice"
         )
@@ -173,12 +170,12 @@ def choose_slices(
         candidates = [s for s in candidates if catalog.canonical_name(s.pod_type) == wanted]
     if not candidates:
         asked = " ".join(x for x in (slice_name, accelerator_type) if x) or "any"
-        raise WorkloadError(f"no complete TPU slice matches {asked}; the cluster has: {have}")
+        raise InvalidInput(f"no complete TPU slice matches {asked}; the cluster has: {have}")
     same_type = [s for s in candidates if s.pod_type == candidates[0].pod_type]
     if count is None:
         return same_type
     if len(same_type) < count:
-        raise WorkloadError(
+        raise InvalidInput(
             f"asked for {count} complete {candidates[0].pod_type} slices, the "
             f"cluster has {len(same_type)}: {have}"
         )
@@ -189,7 +186,7 @@ def check_chips_on_one_host(chips: int, hosts: Sequence[TpuHost]) -> None:
     """Fail fast where Ray would wait forever: a task asking for more chips than any host has."""
     largest = max((h.chips for h in hosts), default=0)
     if chips < 1 or chips > largest:
-        raise WorkloadError(
+        raise InvalidInput(
             f"this job asks for {chips} TPU chips on one host, but the largest host in the "
             f"cluster has {largest}; ask for 1..{largest} chips (Ray accepts 1, 2, 4 or 8)"
         )
@@ -209,7 +206,7 @@ def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[A
     """`ray.get` that turns a hang (a busy slice, a host that never joins) into a clear error."""
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if len(ready) != len(refs):
-        raise WorkloadError(
+        raise JobFailed(
             f"{what} did not finish within {timeout_s:.0f} s "
             f"({len(ready)}/{len(refs)} done); is another job holding the chips?"
         )
@@ -217,34 +214,6 @@ def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[A
 
 
 # ---- inside a task ---------------------------------------------------------------------------
-
-
-def host_has_tpu() -> bool:
-    """Whether this machine has real TPU chips (/dev/accel*, TPU VFIO groups), not just a resource."""
-    return ray.util.tpu.get_num_tpu_chips_on_node() > 0
-
-
-def use_cpu_if_no_tpu(devices: int) -> bool:
-    """On a host without TPU chips, make JAX show `devices` CPU devices, one per simulated chip.
-
-    Must run before JAX is imported in the process; tasks that call it use `max_calls=1` so each
-    gets a fresh worker. On a real TPU host nothing is changed. Returns True when on CPU.
-    """
-    if host_has_tpu():
-        return False
-    if "jax" in sys.modules:
-        raise RuntimeError("JAX was imported before the CPU device count could be set")
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    flag = f"--xla_force_host_platform_device_count={devices}"
-    os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), flag) if f)
-    return True
-
-
-def use_cpu_pjrt_if_no_tpu() -> bool:
-    """On a host without TPU chips, run torch_xla on its CPU PJRT device. Returns True when on CPU."""
-    on_cpu = not host_has_tpu()
-    os.environ["PJRT_DEVICE"] = "CPU" if on_cpu else "TPU"
-    return on_cpu
 
 
 def current_worker_id() -> int:
@@ -279,7 +248,7 @@ def connect() -> None:
     try:
         ray.init(address=os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=True)
     except ConnectionError as exc:
-        raise WorkloadError(
+        raise NoCluster(
             f"no Ray cluster to join ({exc}); run this on a cluster host or submit it with `rayslice run`"
         ) from None
 
@@ -289,12 +258,12 @@ def run_main(
     body: Callable[[argparse.Namespace], None],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """Parse, connect, run; a WorkloadError becomes a one-line message and exit status 2."""
+    """Parse, connect, run; an expected failure becomes a one-line message and its exit code."""
     args = parser.parse_args(argv)
     try:
         connect()
         body(args)
-    except (WorkloadError, catalog.CatalogError) as exc:
+    except RaysliceError as exc:  # CatalogError included
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return exc.exit_code
     return 0

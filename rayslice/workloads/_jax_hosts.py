@@ -9,8 +9,7 @@ for multislice), the worker id read from the host's `ray.io/tpu-worker-id` label
 With more than one slice, each slice's tasks also get `MEGASCALE_COORDINATOR_ADDRESS`,
 `MEGASCALE_NUM_SLICES`, `MEGASCALE_SLICE_ID` and `MEGASCALE_PORT` from the live cluster
 (`ray.util.tpu.get_tpu_coordinator_env_vars`), which libtpu uses for the data-centre network
-between slices. On CPU libtpu is absent: the variables are set and reported, and the processes
-of all slices form one JAX CPU cluster over gloo instead.
+between slices.
 """
 
 from __future__ import annotations
@@ -38,11 +37,10 @@ class HostReport:
     slice_id: int
     worker_id: int
     process_id: int
-    on_cpu: bool
     result: Any
 
 
-@ray.remote(max_calls=1)  # a fresh process per task: XLA flags and jax.distributed are per process
+@ray.remote(max_calls=1)  # a fresh process per task: jax.distributed and the chips are per process
 def _host_task(
     fn: Callable[[], Any],
     env: dict[str, str],
@@ -51,10 +49,8 @@ def _host_task(
     hosts_per_slice: int,
     num_processes: int,
     coordinator: str,
-    devices_per_host: int,
 ) -> HostReport:
     os.environ.update(env)
-    on_cpu = _cluster.use_cpu_if_no_tpu(devices_per_host)
     import jax
 
     worker_id = _cluster.current_worker_id()
@@ -66,7 +62,7 @@ def _host_task(
     finally:
         if num_processes > 1:
             jax.distributed.shutdown()
-    return HostReport(slice_name, slice_id, worker_id, process_id, on_cpu, result)
+    return HostReport(slice_name, slice_id, worker_id, process_id, result)
 
 
 def megascale_env(slices: Sequence[TpuSlice], slice_id: int) -> dict[str, str]:
@@ -114,7 +110,6 @@ def run_on_hosts(
                 hosts,
                 hosts * len(slices),
                 f"{first.hosts[0].ip}:{coordinator_port}",
-                first.chips_per_host,
                 tpu_slice=handle,
                 slice_index=slice_id,
             )

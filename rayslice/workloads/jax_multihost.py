@@ -3,9 +3,7 @@
 The guide's host-centric example: one Ray task per host, all started together through a slice
 placement group, each calling `jax.distributed.initialize` (coordinator on TPU worker 0, process id
 = the host's TPU worker id from its `ray.io/tpu-worker-id` label). Every host then sees every chip
-of the slice, so a v6e-16 (4 hosts x 4 chips) prints `[16, 16, 16, 16]`. On hosts without TPU
-chips each host shows one CPU device per chip (`--xla_force_host_platform_device_count`) and the
-processes talk over gloo; the code is otherwise the one that runs on a TPU.
+of the slice, so a v6e-16 (4 hosts x 4 chips) prints `[16, 16, 16, 16]`.
 
     python -m rayslice.workloads.jax_multihost [--slice NAME] [--accelerator-type TYPE]
 """

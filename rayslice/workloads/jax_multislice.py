@@ -6,9 +6,6 @@ task, all started together; each slice's tasks get `MEGASCALE_COORDINATOR_ADDRES
 processes join one `jax.distributed` system (process id = slice id x hosts per slice + worker id).
 2 x v6e-16 gives 2 slice ids, 8 process ids and 32 global devices.
 
-On CPU: the MEGASCALE_* variables are set and reported but only libtpu reads them, so the
-cross-slice network (DCN) is not exercised; the processes of all slices form one gloo cluster.
-
     python -m rayslice.workloads.jax_multislice [--slices N] [--accelerator-type TYPE]
 """
 

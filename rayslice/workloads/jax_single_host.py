@@ -3,7 +3,6 @@
 The guide's single-host example, scheduled by Ray: the task asks for the host's chips
 (`{"TPU": N}`, N read from the cluster, or `--chips`) on a host of the chosen slice, so a v6e-4
 prints 4. Asking for more chips than a host has is refused up front (Ray would wait forever).
-On a host without TPU chips JAX shows one CPU device per requested chip.
 
     python -m rayslice.workloads.jax_single_host [--chips N] [--slice NAME] [--accelerator-type TYPE]
 """
@@ -18,9 +17,8 @@ import ray
 from rayslice.workloads import _cluster
 
 
-@ray.remote(max_calls=1)  # a fresh process: the CPU device count is fixed at JAX import
-def device_count(chips: int) -> int:
-    _cluster.use_cpu_if_no_tpu(chips)
+@ray.remote(max_calls=1)  # a fresh process: JAX holds its chips until the process ends
+def device_count() -> int:
     import jax
 
     return jax.device_count()
@@ -39,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     )
     chips = tpu_slice.chips_per_host if args.chips is None else args.chips
     task = device_count.options(**_cluster.one_host_options(chips, tpu_slice))
-    (count,) = _cluster.wait_ready([task.remote(chips)], args.timeout, "the JAX task")
+    (count,) = _cluster.wait_ready([task.remote()], args.timeout, "the JAX task")
     print(f"{chips} chip(s) of a {tpu_slice.pod_type} host: jax.device_count() = {count}")
     print(count)
     return count

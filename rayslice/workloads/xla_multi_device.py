@@ -4,17 +4,12 @@ The guide's second device-centric example, in one Ray task that holds all chips 
 chosen slice. Each launched function prints its device and a tensor, and returns nothing (as in
 the guide); the task reports how many devices ran it.
 
-On a host without TPU chips, torch_xla's CPU client shows `CPU_NUM_DEVICES` devices (set to the
-host's chip count) and `torch_xla.launch` runs one THREAD per device in a single process instead
-of one process per chip; the printed devices are `xla:0`..`xla:N-1` rather than `xla:0` N times.
-
     python -m rayslice.workloads.xla_multi_device [--slice NAME] [--accelerator-type TYPE]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import ray
@@ -30,10 +25,8 @@ def print_on_device(index: int) -> None:
     print(f"[{index}] {t.device}\n{t}", flush=True)
 
 
-@ray.remote(max_calls=1)  # a fresh process: PJRT settings are read once, at torch_xla import
-def launch_on_host(chips: int) -> int:
-    if _cluster.use_cpu_pjrt_if_no_tpu():
-        os.environ["CPU_NUM_DEVICES"] = str(chips)
+@ray.remote(max_calls=1)  # a fresh process: the PJRT client is made once per process
+def launch_on_host() -> int:
     import torch_xla
     import torch_xla.runtime as xr
 
@@ -56,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     )
     chips = tpu_slice.chips_per_host
     task = launch_on_host.options(**_cluster.one_host_options(chips, tpu_slice))
-    (devices,) = _cluster.wait_ready([task.remote(chips)], args.timeout, "torch_xla.launch")
+    (devices,) = _cluster.wait_ready([task.remote()], args.timeout, "torch_xla.launch")
     print(f"torch_xla.launch ran on {devices} device(s) of one {tpu_slice.pod_type} host")
     return devices
 

@@ -5,12 +5,8 @@ the chips of the chosen slices (every complete slice of one type by default, `--
 the local world size is the chips per host Ray's TPU detection reported, and each task's local
 rank is the chip Ray gave it (`TPU_VISIBLE_CHIPS`). On a TPU host each task then runs PJRT's
 multi-process initialisation (`pjrt.initialize_multiprocess(local_rank, local_world_size)`), so
-`xr.global_ordinal()` / `xr.world_size()` are the real ranks.
-
-On a host without TPU chips (the simulated slice) PJRT's multi-process TPU initialisation does
-not exist: each task runs torch_xla on its own CPU device (`PJRT_DEVICE=CPU`, world size 1) and
-reports the place Ray gave it. Collectives across processes (`xm.all_reduce` and friends) need
-TPUs and are not run on CPU, nor faked.
+`xr.global_ordinal()` / `xr.world_size()` are the ranks PJRT reports. No collective runs across
+the tasks: each prints a tensor on its own chip, as in the guide.
 
     python -m rayslice.workloads.xla_multihost [--slice NAME] [--accelerator-type TYPE]
 """
@@ -34,22 +30,18 @@ class ChipReport:
     device: str
     xla_world_size: int
     xla_ordinal: int
-    on_cpu: bool
 
 
 @ray.remote(max_calls=1)  # a fresh process per chip: PJRT is initialised once per process
 def print_tensor(slice_name: str, local_world_size: int) -> ChipReport:
-    on_cpu = _cluster.use_cpu_pjrt_if_no_tpu()
     import torch
     import torch_xla
     import torch_xla.runtime as xr
+    from torch_xla._internal import pjrt
 
     local_rank = int(ray.get_runtime_context().get_accelerator_ids()[_cluster.TPU_RESOURCE][0])
-    if not on_cpu:
-        from torch_xla._internal import pjrt
-
-        pjrt.initialize_multiprocess(local_rank, local_world_size)
-        xr._init_world_size_ordinal()
+    pjrt.initialize_multiprocess(local_rank, local_world_size)
+    xr._init_world_size_ordinal()
     t = torch.randn(2, 2, device=torch_xla.device())
     print(f"{t.device}\n{t}", flush=True)
     return ChipReport(
@@ -59,7 +51,6 @@ def print_tensor(slice_name: str, local_world_size: int) -> ChipReport:
         str(t.device),
         xr.world_size(),
         xr.global_ordinal(),
-        on_cpu,
     )
 
 
@@ -82,7 +73,7 @@ def run(args: argparse.Namespace) -> list[ChipReport]:
     for r in reports:
         print(
             f"{r.slice_name} worker {r.worker_id} chip {r.local_rank}: {r.device} "
-            f"(xla ordinal {r.xla_ordinal} of {r.xla_world_size}{', CPU' if r.on_cpu else ''})"
+            f"(xla ordinal {r.xla_ordinal} of {r.xla_world_size})"
         )
     places = {(r.slice_name, r.worker_id, r.local_rank) for r in reports}
     print(f"{len(reports)} tasks on {len(places)} distinct chips")

@@ -1,8 +1,7 @@
 """PyTorch/XLA on one TPU chip: a task holding one chip puts a tensor on the XLA device and prints it.
 
 The guide's first device-centric example, scheduled by Ray on a chip of the chosen slice
-(`{"TPU": 1}`). On a TPU host torch_xla runs on PJRT_DEVICE=TPU; on a host without TPU chips
-it runs on PJRT_DEVICE=CPU, and the device is still `xla:0`.
+(`{"TPU": 1}`); the device is `xla:0`.
 
 Needs torch and torch_xla on the hosts (`pip install -e '.[xla]'`).
 
@@ -19,9 +18,8 @@ import ray
 from rayslice.workloads import _cluster
 
 
-@ray.remote(max_calls=1)  # a fresh process: PJRT_DEVICE is read once, at torch_xla import
+@ray.remote(max_calls=1)  # a fresh process: the PJRT client is made once per process
 def tensor_on_device() -> tuple[str, str]:
-    _cluster.use_cpu_pjrt_if_no_tpu()
     import torch
     import torch_xla
 

@@ -7,8 +7,7 @@ backward pass (the optimizer's element-wise work is left out), and the first ste
 compiles, is left out of the timing. The report is `jax_train.TrainReport`.
 
 One chip only: data parallelism across torch_xla processes needs cross-process collectives,
-which run on TPU and not on CPU (see xla_multihost); on a host without TPU chips this runs on
-PJRT_DEVICE=CPU.
+which this job does not need (see xla_multihost).
 
     python -m rayslice.workloads.xla_train [--steps N] [--batch B] [--hidden H]
 """
@@ -26,7 +25,7 @@ from rayslice.workloads.jax_train import FEATURES, LEARNING_RATE, TrainReport, a
 
 
 def train(steps: int = 30, batch: int = 128, hidden: int = 256, seed: int = 0) -> TrainReport:
-    """Train on this process's XLA device (PJRT_DEVICE must be set before torch_xla is imported)."""
+    """Train on this process's XLA device."""
     check_steps(steps)
     import torch
     import torch_xla
@@ -77,9 +76,8 @@ def train(steps: int = 30, batch: int = 128, hidden: int = 256, seed: int = 0) -
     )
 
 
-@ray.remote(max_calls=1)  # a fresh process: PJRT_DEVICE is read once, at torch_xla import
+@ray.remote(max_calls=1)  # a fresh process: the PJRT client is made once per process
 def train_on_chip(steps: int, batch: int, hidden: int) -> TrainReport:
-    _cluster.use_cpu_pjrt_if_no_tpu()
     return train(steps, batch, hidden)
 
 
