@@ -15,16 +15,21 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from rayslice.errors import InvalidInput
 from rayslice.names import (
     ATTR_CONFIG_HASH,
     ATTR_HEAD_ADDRESS,
     ATTR_HEAD_MODE,
+    ATTR_INDEX_CREDENTIALS_SECRET,
     ATTR_NUM_SLICES,
     ATTR_ROLE,
+    ATTR_SLICE_HOSTS,
     ATTR_SLICE_INDEX,
+    ATTR_SLICE_NAME,
     ATTR_TOKEN_SECRET,
     HEAD_VM_ROLE,
     HEAD_VM_SLICE_INDEX,
+    host_name,
 )
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.templating import render_template
@@ -53,10 +58,11 @@ class RenderOptions:
     object_store_bytes: int = 0
 
     def __post_init__(self) -> None:
+        from rayslice.startup_scripts.variables import PackageSource
+
         if self.supervisor not in ("systemd", "process"):
-            raise ValueError(f"supervisor must be systemd or process, not {self.supervisor!r}")
-        if self.package_source is not None and not self.package_source.startswith(("wheels:", "venv:")):
-            raise ValueError(f"package_source must start with wheels: or venv:, not {self.package_source!r}")
+            raise InvalidInput(f"supervisor must be systemd or process, not {self.supervisor!r}")
+        PackageSource.parse(self.package_source)  # refuses anything but None, wheels:DIR, venv:DIR
 
 
 def config_hash(spec: ClusterSpec) -> str:
@@ -66,9 +72,19 @@ def config_hash(spec: ClusterSpec) -> str:
 
 
 def host_attributes(
-    spec: ClusterSpec, slice_index: int, head_address: str | None = None, token_secret: str | None = None
+    spec: ClusterSpec,
+    slice_index: int,
+    head_address: str | None = None,
+    token_secret: str | None = None,
+    index_credentials_secret: str | None = None,
 ) -> dict[str, str]:
-    """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`)."""
+    """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`).
+
+    On ``platform: compute`` the slice's hosts are plain Compute Engine instances, which may lack
+    the Cloud TPU API's identity attributes: they get the slice name and the slice's instance
+    names in worker order (`names.host_name`) instead, from which each host finds its worker
+    number. `token_secret` and `index_credentials_secret` are Secret Manager secret *names*.
+    """
     attributes = {
         ATTR_HEAD_MODE: spec.head,
         ATTR_SLICE_INDEX: str(slice_index),
@@ -81,6 +97,12 @@ def host_attributes(
         attributes[ATTR_HEAD_ADDRESS] = head_address
     if token_secret is not None:
         attributes[ATTR_TOKEN_SECRET] = token_secret
+    if index_credentials_secret is not None:
+        attributes[ATTR_INDEX_CREDENTIALS_SECRET] = index_credentials_secret
+    if spec.platform == "compute" and slice_index != HEAD_VM_SLICE_INDEX:
+        name = spec.slice_name(slice_index)
+        attributes[ATTR_SLICE_NAME] = name
+        attributes[ATTR_SLICE_HOSTS] = ",".join(host_name(name, worker) for worker in range(spec.tpu.hosts))
     return attributes
 
 
@@ -90,7 +112,9 @@ def render(spec: ClusterSpec, options: RenderOptions = RenderOptions()) -> str:
 
     script = render_template("startup.sh.j2", **script_variables(spec, options))
     if len(script.encode()) > METADATA_VALUE_LIMIT:
-        raise ValueError(
-            f"rendered startup script is {len(script.encode())} bytes; GCE metadata allows {METADATA_VALUE_LIMIT}"
+        size = len(script.encode())
+        raise InvalidInput(
+            f"rendered startup script is {size} bytes; GCE metadata allows {METADATA_VALUE_LIMIT}; "
+            "shorten requirements"
         )
     return script

@@ -19,7 +19,7 @@ from __future__ import annotations
 from rayslice import names
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.templating import render_template
-from rayslice.startup_scripts.variables import PRESET_FIND_LINKS, PYTHON_VERSION, requirement_lines
+from rayslice.startup_scripts.variables import PYTHON_VERSION, PackageSource, package_variables
 
 TEMPLATE = "pod_start.sh.j2"
 
@@ -56,22 +56,14 @@ def pod_variables(spec: ClusterSpec, package_source: str | None = None) -> dict[
     from PyPI or the spec's packageIndex, ``wheels:DIR`` offline from a wheelhouse, ``venv:DIR``
     runs Ray from an existing venv without installing (tests, or an image built with everything).
     """
-    if package_source is not None and not package_source.startswith(("wheels:", "venv:")):
-        raise ValueError(f"package_source must start with wheels: or venv:, not {package_source!r}")
-    mode, _, location = (package_source or "pypi:").partition(":")
     return {
-        "accelerator_type": spec.accelerator_type,
+        **package_variables(spec, PackageSource.parse(package_source)),
         "hosts": spec.tpu.hosts,
         "num_slices": spec.slices,
         "slice_names": [spec.slice_name(i) for i in range(spec.slices)],
         "slice_hostnames": [",".join(slice_hostnames(spec, i)) for i in range(spec.slices)],
         "megascale_coordinator": host_service_name(spec, 0, 0),
         "megascale_port": names.MEGASCALE_PORT,
-        "package_mode": mode,
-        "package_dir": location,
-        "package_index": spec.package_index or "",
-        "find_links": list(PRESET_FIND_LINKS[spec.preset]),
-        "requirements": requirement_lines(spec),
         "dns_deadline_s": DNS_DEADLINE_S,
         "env_role": ENV_ROLE,
         "env_replica_index": ENV_REPLICA_INDEX,

@@ -1,16 +1,18 @@
-"""Everything the boot script needs, computed in Python so the template only lays it out."""
+"""Everything the boot scripts need, computed in Python so the templates only lay it out."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from rayslice import names
 from rayslice import startup_scripts as ss
+from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 
-# The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9 (FACTS.md); libtpu
-# wheels for torch_xla come from Google's find-links pages, as in the guide.
+# The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9; libtpu wheels for
+# torch_xla come from Google's find-links pages, as in the guide.
 PRESETS: dict[str, tuple[str, ...]] = {
     "jax": ("jax[tpu]>=0.10.2,<0.11",),
     "xla": ("torch~=2.9.0", "torch_xla[tpu]~=2.9.0"),
@@ -23,11 +25,54 @@ PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
     ),
 }
 
-# How long a worker waits for the head's GCS port before it reports failure. The head VM
-# installs the same requirements first, so this covers a cold install plus `ray start`.
-HEAD_WAIT_DEADLINE_S = 1200
+# uv, pinned by version and by the sha256 of each wheel a host may install (pip
+# --require-hashes refuses anything else). Hashes of the files PyPI serves for uv 0.13.9,
+# computed here with `pip download uv==0.13.9 --no-deps --only-binary :all: --platform …` and
+# `sha256sum`. TPU hosts and the head VM are x86_64; the aarch64 wheel covers Arm head VMs.
+UV_VERSION = "0.13.9"
+UV_WHEEL_SHA256 = (
+    "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",  # manylinux_2_17_x86_64
+    "5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe",  # manylinux_2_17_aarch64
+)
+
+# Secret Manager's REST endpoint; a host reads `projects/*/secrets/*/versions/latest:access`,
+# whose answer is {"name": …, "payload": {"data": <base64>}} (Secret Manager API reference,
+# projects.secrets.versions.access).
+SECRET_MANAGER_API = "https://secretmanager.googleapis.com/v1"
+# uv reads a named index's credentials from UV_INDEX_<NAME>_USERNAME / _PASSWORD (uv docs,
+# "Package indexes" → "Providing credentials directly"); the index is passed as NAME=URL.
+INDEX_NAME = "rayslice"
+
+# Seconds, each overridable on the host by the RAYSLICE_*_S variable of the same name (tests).
+METADATA_DEADLINE_S = 300  # boot gives up (exit 1, logged) when the metadata server never answers
+TOKEN_DEADLINE_S = 600  # one round of Secret Manager retries; the supervisor then starts over
+RETRY_MAX_DELAY_S = 60  # backoff cap of every retried step
 SUPERVISOR_RESTART_DELAY_S = 5
+# Exit statuses of the supervised run: TEMPFAIL is restarted, CONFIG ends supervision (sysexits.h).
+EXIT_TEMPFAIL = 75
+EXIT_PERMANENT = 78
 PYTHON_VERSION = "3.11"
+
+
+@dataclass(frozen=True)
+class PackageSource:
+    """Where hosts get their packages, parsed once from ``None`` | ``wheels:DIR`` | ``venv:DIR``.
+
+    ``pypi`` installs from PyPI or the spec's packageIndex; ``wheels`` installs offline from a
+    local wheelhouse; ``venv`` reuses an existing venv that already has everything (no install).
+    """
+
+    mode: str
+    location: str = ""
+
+    @classmethod
+    def parse(cls, text: str | None) -> PackageSource:
+        if text is None:
+            return cls("pypi")
+        mode, sep, location = text.partition(":")
+        if not sep or mode not in ("wheels", "venv") or not location:
+            raise InvalidInput(f"package source must be wheels:DIR or venv:DIR, not {text!r}")
+        return cls(mode, location)
 
 
 def requirement_lines(spec: ClusterSpec) -> list[str]:
@@ -35,41 +80,59 @@ def requirement_lines(spec: ClusterSpec) -> list[str]:
     return [*PRESETS[spec.preset], f"ray[default]=={spec.ray_version}", *spec.requirements]
 
 
-def install_fingerprint(spec: ClusterSpec, options: ss.RenderOptions) -> str:
+def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
     """Changes whenever a host would install something different (the reboot fast-path key)."""
     payload = {
         "requirements": requirement_lines(spec),
         "find_links": PRESET_FIND_LINKS[spec.preset],
         "index": spec.package_index,
-        "source": options.package_source,
+        "source": [source.mode, source.location],
         "python": PYTHON_VERSION,
+        "uv": UV_VERSION,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def script_variables(spec: ClusterSpec, options: ss.RenderOptions) -> dict[str, object]:
-    mode, _, location = (options.package_source or "pypi:").partition(":")
+def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, object]:
+    """The variables of the install block both templates include (``install.sh.j2``)."""
     return {
+        "package_mode": source.mode,
+        "package_dir": source.location,
+        "package_index": spec.package_index or "",
+        "index_name": INDEX_NAME,
+        "find_links": list(PRESET_FIND_LINKS[spec.preset]),
+        "requirements": requirement_lines(spec),
+    }
+
+
+def script_variables(spec: ClusterSpec, options: ss.RenderOptions) -> dict[str, object]:
+    source = PackageSource.parse(options.package_source)
+    return {
+        **package_variables(spec, source),
         "accelerator_type": spec.accelerator_type,
+        "topology": spec.tpu.topology,
         "chips_per_host": spec.tpu.chips_per_host,
         "tpu_resources": json.dumps({"TPU": spec.tpu.chips_per_host}),
         "root": options.root,
         "supervisor": options.supervisor,
-        "package_mode": mode,
-        "package_dir": location,
-        "package_index": spec.package_index or "",
-        "find_links": list(PRESET_FIND_LINKS[spec.preset]),
-        "requirements": requirement_lines(spec),
-        "install_fingerprint": install_fingerprint(spec, options),
+        "install_fingerprint": install_fingerprint(spec, source),
         "python_version": PYTHON_VERSION,
+        "uv_requirement": f"uv=={UV_VERSION}",
+        "uv_hashes": [f"--hash=sha256:{digest}" for digest in UV_WHEEL_SHA256],
         "ray_auth_mode": "token" if spec.ray_auth == "token" else "disabled",
         "gcs_port": names.GCS_PORT,
         "dashboard_port": names.DASHBOARD_PORT,
         "client_port": names.CLIENT_PORT,
         "object_store_bytes": options.object_store_bytes or 0,
-        "head_wait_deadline_s": HEAD_WAIT_DEADLINE_S,
+        "metadata_deadline_s": METADATA_DEADLINE_S,
+        "token_deadline_s": TOKEN_DEADLINE_S,
+        "retry_max_delay_s": RETRY_MAX_DELAY_S,
         "restart_delay_s": SUPERVISOR_RESTART_DELAY_S,
+        "exit_tempfail": EXIT_TEMPFAIL,
+        "exit_permanent": EXIT_PERMANENT,
+        "secret_manager_api": SECRET_MANAGER_API,
         "guest_namespace": names.GUEST_ATTRIBUTE_NAMESPACE,
+        "state_key": names.STATE_KEY,
         "attr_head_mode": names.ATTR_HEAD_MODE,
         "attr_head_address": names.ATTR_HEAD_ADDRESS,
         "attr_slice_index": names.ATTR_SLICE_INDEX,
@@ -78,4 +141,7 @@ def script_variables(spec: ClusterSpec, options: ss.RenderOptions) -> dict[str, 
         "attr_role": names.ATTR_ROLE,
         "head_vm_role": names.HEAD_VM_ROLE,
         "attr_token_secret": names.ATTR_TOKEN_SECRET,
+        "attr_index_credentials_secret": names.ATTR_INDEX_CREDENTIALS_SECRET,
+        "attr_slice_name": names.ATTR_SLICE_NAME,
+        "attr_slice_hosts": names.ATTR_SLICE_HOSTS,
     }

@@ -7,13 +7,13 @@ import subprocess
 import jinja2
 import pytest
 
+from rayslice.errors import InvalidInput
 from rayslice.startup_scripts import templating
 
 HOSTILE = [
     "$(touch {marker})",
     "`touch {marker}`",
     "a'b\"c",
-    "line1\nline2; touch {marker}",
     "; touch {marker} #",
     "${{HOME}}",
     "*",
@@ -31,7 +31,7 @@ def test_missing_variable_is_an_error():
 
 
 def test_none_is_refused():
-    with pytest.raises(ValueError, match="None"):
+    with pytest.raises(InvalidInput, match="None"):
         _render_source("X={{ value | q }}", value=None)
 
 
@@ -40,7 +40,7 @@ def test_booleans_become_0_and_1():
 
 
 def test_qjoin_refuses_a_plain_string():
-    with pytest.raises(ValueError, match="list"):
+    with pytest.raises(InvalidInput, match="list"):
         _render_source("X=({{ v | qjoin }})", v="abc")
 
 
@@ -56,12 +56,60 @@ def test_hostile_values_are_carried_literally(tmp_path, raw):
     assert not marker.exists()
 
 
-def test_templates_with_unquoted_values_are_refused(tmp_path, monkeypatch):
-    (tmp_path / "bad.sh.j2").write_text("echo {{ value }}\n")
+@pytest.mark.parametrize("char", ["\n", "\r", "\t", "\x1b", "\x00", "\x7f"])
+def test_control_characters_are_refused(char):
+    with pytest.raises(InvalidInput, match="control character"):
+        _render_source("X={{ v | q }}", v=f"a{char}touch /tmp/x")
+    with pytest.raises(InvalidInput, match="control character"):
+        _render_source("X=({{ v | qjoin }})", v=["ok", f"a{char}b"])
+
+
+UNSAFE = {
+    "no filter": ("echo {{ value }}\n", "quoting filter outermost"),
+    "other filter outermost": ("echo {{ value | q | upper }}\n", "quoting filter outermost"),
+    "concat bypass": ("echo {{ a ~ b | q }}\n", "found Concat"),
+    "conditional bypass": ("echo {{ b if c else a | q }}\n", "found CondExpr"),
+    "inside double quotes": ('echo "{{ a | q }}"\n', "inside double quotes"),
+    "inside single quotes": ("echo 'x{{ a | q }}'\n", "inside single quotes"),
+    "double quotes opened earlier": ('echo "x $(date) {{ a | q }}"\n', "inside double quotes"),
+    "comment": ("# built for {{ a | q }}\n", "into a comment"),
+    "trailing comment": ("X=1  # {{ a | q }}\n", "into a comment"),
+    "filter with arguments": ("echo {{ a | q(1) }}\n", "quoting filter outermost"),
+    "in an if block": ("{% if c %}\necho {{ a }}\n{% endif %}\n", "quoting filter outermost"),
+}
+
+
+@pytest.mark.parametrize("case", UNSAFE)
+def test_unsafe_templates_are_refused(tmp_path, monkeypatch, case):
+    source, message = UNSAFE[case]
+    (tmp_path / "bad.sh.j2").write_text(source)
     monkeypatch.setattr(templating, "TEMPLATE_DIR", tmp_path)
     templating.environment.cache_clear()
     try:
-        with pytest.raises(jinja2.TemplateError, match="without \\| q"):
-            templating.render_template("bad.sh.j2", value="x")
+        with pytest.raises(templating.UnsafeTemplate, match=message):
+            templating.render_template("bad.sh.j2", value="x", a="$(id)", b="y", c=True)
     finally:
         templating.environment.cache_clear()
+
+
+SAFE = [
+    "X={{ a | q }}\n",
+    "echo {{ a | q }} '#' \"$HOME\" {{ b | q }}\n",
+    "X=${Y:-{{ a | q }}}\n",
+    "A=({{ l | qjoin }})\n",
+    'echo "closed" {{ a | q }}\n',
+]
+
+
+@pytest.mark.parametrize("source", SAFE)
+def test_quoted_values_in_plain_context_are_accepted(source):
+    templating.check_template("ok.sh.j2", source, templating.environment())
+
+
+@pytest.mark.parametrize("name", ["startup.sh.j2", "pod_start.sh.j2", "_install.sh.j2"])
+def test_shipped_templates_pass_the_check_and_keep_values_out_of_comments(name):
+    source = (templating.TEMPLATE_DIR / name).read_text()
+    templating.check_template(name, source, templating.environment())
+    for line in source.splitlines():
+        if line.lstrip().startswith("#"):
+            assert "{{" not in line, line
