@@ -1,4 +1,4 @@
-"""The CLI as a user runs it: exit codes, JSON shape, messages on stderr."""
+"""The CLI as a user runs it: exit codes, JSON shape, messages on stderr, help, registered commands."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 
-from rayslice import cli
+from rayslice import cli, errors
 
 JSON_KEYS = [
     "accelerator_type",
@@ -30,7 +31,7 @@ JSON_KEYS = [
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rayslice.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rayslice", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -112,3 +113,83 @@ def test_render_prints_the_script(capsys):
 def test_bad_arguments_exit_2(argv, capsys):
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.startswith("rayslice: ")
+
+
+# ---- commands registered by entry point, help, and the one exit-code table ------------------------
+
+REGISTERED = {"render", "preview", "local", "run"}
+
+
+def test_every_registered_command_loads_under_its_own_name():
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.load() for ep in entry_points(group=cli.COMMANDS_GROUP)}
+    assert set(found) == REGISTERED
+    for name, command in found.items():
+        assert isinstance(command, click.Command) and command.name == name
+
+
+def test_top_level_help_lists_every_command_with_its_summary():
+    result = run("--help")
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.split("Commands:")[1].split("\n\n")[0].splitlines()
+    listed = {line.split()[0] for line in commands if line.startswith("  ") and not line.startswith("    ")}
+    assert listed >= {"catalog", "validate", *REGISTERED}
+    assert "unavailable" not in result.stdout
+    assert "Exit status: 0 success, 1" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["catalog", "--help"], ["--platform", "tpu-vm", "--json", "[TYPE]"]),
+        (["validate", "--help"], ["--stack-file", "--set KEY=VALUE"]),
+        (
+            ["run", "--help"],
+            ["--address", "--token-file", "--working-dir", "--list", "-- JOB ARGS", "Exit status"],
+        ),
+        (["local", "--help"], ["up", "status", "down", "reboot", "restart-head"]),
+        (["local", "up", "--help"], ["--stack-file", "--set", "--wheelhouse", "--timeout", "--state-dir"]),
+        (["local", "status", "--help"], ["--json", "--state-dir", "no root"]),
+        (["local", "reboot", "--help"], ["HOST"]),
+    ],
+)
+def test_each_help_page_names_its_options(argv, expected, capsys):
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for text in expected:
+        assert text in out, (text, out)
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (errors.InvalidInput("bad value"), 2),
+        (errors.SpecError(["acceleratorType: no such type"]), 2),
+        (errors.CatalogError("unknown type"), 2),
+        (errors.SimulatorError("needs root"), 2),
+        (errors.JobFailed("job FAILED"), 1),
+        (errors.NoCluster("nothing at http://h:8265"), 3),
+        (errors.NoCredentials("no ADC"), 3),
+    ],
+)
+def test_an_expected_failure_ends_as_one_line_and_its_exit_code(error, code, monkeypatch, capsys):
+    @click.command("boom")
+    def boom() -> int:
+        raise error
+
+    monkeypatch.setitem(cli.app.commands, "boom", boom)
+    assert cli.main(["boom"]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("rayslice: ") and "Traceback" not in err
+
+
+def test_a_usage_error_exits_2_and_an_unknown_command_names_the_choices(capsys):
+    assert cli.main(["nosuch"]) == 2
+    assert "No such command 'nosuch'" in capsys.readouterr().err
+
+
+def test_python_dash_m_rayslice_is_the_same_command():
+    result = run("catalog", "v6e-16", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["hosts"] == 4
