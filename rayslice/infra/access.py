@@ -1,7 +1,16 @@
 """The exact commands a user runs next: SSH and IAP tunnels to hosts, fetching the Ray token.
 
 Hosts have no external IP and the firewall admits SSH only from IAP, so every command goes
-through ``--tunnel-through-iap``. The Ray dashboard binds to the head's internal address
+through ``--tunnel-through-iap``. Which command has that flag differs by platform:
+
+- Compute Engine instances (``compute`` hosts and the CPU head VM): GA ``gcloud compute ssh``
+  has it (cloud.google.com/sdk/gcloud/reference/compute/ssh).
+- Cloud TPU VMs (``tpu-vm``): GA ``gcloud compute tpus tpu-vm ssh`` does NOT; its synopsis
+  lists ``--internal-ip`` only (cloud.google.com/sdk/gcloud/reference/compute/tpus/tpu-vm/ssh).
+  The alpha command has ``--tunnel-through-iap``
+  (cloud.google.com/sdk/gcloud/reference/alpha/compute/tpus/tpu-vm/ssh), so TPU VM commands
+  use ``gcloud alpha`` (a user may need ``gcloud components install alpha``).
+ The Ray dashboard binds to the head's internal address
 (the boot script passes ``--dashboard-host``), so the tunnel forwards a local port to that
 address rather than to the head's localhost. Pure functions of strings: the cluster applies
 them to its outputs, tests call them directly.
@@ -22,11 +31,16 @@ def _forward(head_ip: str) -> list[str]:
     return ["--", "-N", "-L", f"{DASHBOARD_PORT}:{head_ip}:{DASHBOARD_PORT}"]
 
 
+# The gcloud release track whose `compute tpus tpu-vm ssh` has --tunnel-through-iap.
+TPU_VM_SSH_TRACK = "alpha"
+
+
 def tpu_ssh(slice_name: str, zone: str, project: str | None, worker: str = "0") -> str:
     """SSH to one host of a TPU VM slice (``worker="all"`` runs a command on every host)."""
     return shlex.join(
         [
             "gcloud",
+            TPU_VM_SSH_TRACK,
             "compute",
             "tpus",
             "tpu-vm",
@@ -40,7 +54,7 @@ def tpu_ssh(slice_name: str, zone: str, project: str | None, worker: str = "0") 
 
 
 def vm_ssh(instance: str, zone: str, project: str | None) -> str:
-    """SSH to a Compute Engine VM (the CPU head)."""
+    """SSH to a Compute Engine VM: the CPU head, or a host of a ``compute`` slice."""
     return shlex.join(["gcloud", "compute", "ssh", instance, *_scope(zone, project), "--tunnel-through-iap"])
 
 

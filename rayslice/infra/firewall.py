@@ -46,12 +46,20 @@ def head_tag(spec: ClusterSpec) -> str:
     return f"{spec.name}-head"
 
 
+def slice_tags(spec: ClusterSpec, index: int) -> list[str]:
+    """Network tags of a slice's hosts; with head=slice, slice 0 also carries the head tag."""
+    if spec.head == "slice" and index == 0:
+        return [cluster_tag(spec), head_tag(spec)]
+    return [cluster_tag(spec)]
+
+
 def firewall_rules(spec: ClusterSpec) -> list[Rule]:
     """The cluster's ingress rules; the dashboard rule exists only when ranges are listed."""
     rules = [
         Rule(
             suffix="internal",
-            description="rayslice: all TCP/UDP (and ping) between the cluster's hosts: Ray, JAX, megascale, TPU runtime",
+            description="rayslice: all TCP/UDP (and ping) between the cluster's hosts: "
+            "Ray, JAX, megascale, TPU runtime",
             protocols=(("tcp", ()), ("udp", ()), ("icmp", ())),
             source_tags=(cluster_tag(spec),),
             target_tags=(cluster_tag(spec),),

@@ -3,7 +3,8 @@
 Multislice needs a head that no slice owns: a preempted or recreated slice must not take the
 GCS, the Jobs API and the multislice coordinator down with it. The VM boots the same script
 as the TPU hosts; the ``rayslice-role: head-vm`` attribute makes it start the head. It is
-always on-demand, even when the slices are spot, for the same reason.
+always on-demand, even when the slices are spot, for the same reason. Like the slices, it is
+replaced, not patched, when its metadata (the boot script) changes.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pulumi_gcp as gcp
 
 from rayslice.infra.firewall import cluster_tag, head_tag
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import host_metadata
-from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
+from rayslice.infra.metadata import REPLACE_ON_METADATA, host_metadata
+from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
 from rayslice.spec import ClusterSpec
 
 # Same OS family as the TPU VM runtime images (Ubuntu 22.04), so one boot script fits both.
@@ -25,7 +26,7 @@ HEAD_VM_DISK_GB = 100
 
 
 def head_vm_name(spec: ClusterSpec) -> str:
-    return f"{spec.name}-head"
+    return head_name(spec.name)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,9 @@ class HeadVm(pulumi.ComponentResource):
             labels=resource_labels(spec, HEAD_VM_ROLE),
             tags=[cluster_tag(spec), head_tag(spec)],
             allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(
+                parent=self, replace_on_changes=[REPLACE_ON_METADATA], delete_before_replace=True
+            ),
         )
         self.instance_name = instance.name
         self.internal_ip = instance.network_interfaces.apply(lambda nics: nics[0].network_ip)

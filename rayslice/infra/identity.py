@@ -6,6 +6,11 @@ the project). The token is a `random.RandomPassword`: generated at the stack's f
 ``pulumi up`` and then kept in the stack's state (encrypted as a secret), so every later run
 and every rebooted host sees the same token. It reaches hosts only through Secret Manager:
 metadata carries the secret's *name*, and no output carries the value.
+
+IAM is eventually consistent: a new account and its grants can take a while to be usable.
+pulumi-gcp's own TPU example (``tpu_v2_vm_full``) waits 60 s after creating the account
+before creating the VM; rayslice does the same with a `pulumiverse_time.Sleep` after every
+grant, and `ready` is what hosts depend on.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
+import pulumiverse_time as time
 
 from rayslice.infra.labels import resource_labels
 from rayslice.spec import ClusterSpec
@@ -25,6 +31,8 @@ HOST_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter"
 SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
 TOKEN_LENGTH = 48
 _ACCOUNT_ID_MAX = 30
+# How long hosts wait after the grants (pulumi-gcp's TPU example waits 60 s after the account).
+IAM_PROPAGATION_WAIT = "60s"
 
 
 def account_id(cluster_name: str) -> str:
@@ -56,6 +64,7 @@ class ClusterIdentity(pulumi.ComponentResource):
 
     service_account_email: pulumi.Output[str]
     token_secret: str | None  # the secret ID, known before deployment; None without token auth
+    ready: time.Sleep  # created IAM_PROPAGATION_WAIT after every grant; hosts depend on it
 
     def __init__(self, name: str, args: ClusterIdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:ClusterIdentity", name, None, opts)
@@ -69,19 +78,26 @@ class ClusterIdentity(pulumi.ComponentResource):
             description="Ray hosts of a rayslice cluster: write logs and metrics, read the Ray token",
             opts=child,
         )
+        grants: list[pulumi.Resource] = [account]
         for role in HOST_PROJECT_ROLES:
-            gcp.projects.IAMMember(
+            grant = gcp.projects.IAMMember(
                 f"{name}-{role.split('/')[-1]}",
                 project=account.project,
                 role=role,
                 member=account.member,
                 opts=child,
             )
+            grants.append(grant)
         self.service_account_email = account.email
         self.token_secret = None
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
-            self._token(name, spec, account)
+            grants.extend(self._token(name, spec, account))
+        self.ready = time.Sleep(
+            f"{name}-iam-propagation",
+            create_duration=IAM_PROPAGATION_WAIT,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=grants),
+        )
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs(
             {
@@ -90,7 +106,10 @@ class ClusterIdentity(pulumi.ComponentResource):
             }
         )
 
-    def _token(self, name: str, spec: ClusterSpec, account: gcp.serviceaccount.Account) -> None:
+    def _token(
+        self, name: str, spec: ClusterSpec, account: gcp.serviceaccount.Account
+    ) -> list[pulumi.Resource]:
+        """The token, its secret and the hosts' read grant; returns what hosts must wait for."""
         child = pulumi.ResourceOptions(parent=self)
         token = random.RandomPassword(f"{name}-ray-token", length=TOKEN_LENGTH, special=False, opts=child)
         secret = gcp.secretmanager.Secret(
@@ -104,13 +123,13 @@ class ClusterIdentity(pulumi.ComponentResource):
             opts=child,
         )
         in_secret = pulumi.ResourceOptions(parent=secret)
-        gcp.secretmanager.SecretVersion(
+        version = gcp.secretmanager.SecretVersion(
             f"{name}-ray-token-v1",
             secret=secret.id,
             secret_data=token.result,
             opts=in_secret,
         )
-        gcp.secretmanager.SecretIamMember(
+        reader = gcp.secretmanager.SecretIamMember(
             f"{name}-ray-token-reader",
             project=secret.project,
             secret_id=secret.secret_id,
@@ -118,3 +137,4 @@ class ClusterIdentity(pulumi.ComponentResource):
             member=account.member,
             opts=in_secret,
         )
+        return [version, reader]

@@ -13,7 +13,7 @@ import base64
 import ipaddress
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -23,9 +23,13 @@ from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
 from rayslice import catalog
 from rayslice.infra.network import SUBNET_CIDR
+from rayslice.infra.tpu_vm.slice import API_ACCELERATOR_TYPES
 
 STACK_TYPE = "pulumi:pulumi:Stack"
 FAKE_PROJECT = "fake-project"
+# A VPC created without an explicit MTU gets 1460 (Compute Engine's default): what the fake
+# reports for an existing network, so the multislice MTU warning shows in an offline preview.
+FAKE_EXISTING_VPC_MTU = 1460
 _FAKE_CA = base64.b64encode(b"fake CA").decode()
 
 
@@ -40,6 +44,8 @@ class Registration:
     custom: bool
     inputs: dict[str, Any]  # plain values, secrets unwrapped (the fake engine's view)
     secret_inputs: frozenset[str]  # top-level input keys whose value is (or holds) a secret
+    replace_on_changes: tuple[str, ...] = ()  # inputs whose change replaces the resource
+    custom_timeouts: Mapping[str, str] = field(default_factory=dict)  # create/update/delete
 
 
 @dataclass
@@ -59,6 +65,13 @@ class FakeGcp(pulumi.runtime.Mocks):
         self.token = secrets.token_urlsafe(24)  # the fake "generated" Ray token
         self._addresses = ipaddress.ip_network(SUBNET_CIDR).hosts()
         next(self._addresses)  # .1 is the subnet's gateway
+        self._instance_ips: dict[str, str] = {}  # instance name -> its address, stable per run
+
+    def instance_ip(self, name: str) -> str:
+        """The internal IP of a (MIG-created) instance, the same for every look-up of `name`."""
+        if name not in self._instance_ips:
+            self._instance_ips[name] = self._address()
+        return self._instance_ips[name]
 
     def _address(self) -> str:
         return str(next(self._addresses))
@@ -68,17 +81,36 @@ class FakeGcp(pulumi.runtime.Mocks):
         project = inputs.get("project") or FAKE_PROJECT
         state: dict[str, Any] = {"project": project, **inputs}
         if args.typ == "gcp:tpu/v2Vm:V2Vm":
-            hosts = catalog.lookup(inputs["acceleratorType"]).hosts
+            config = inputs["acceleratorConfig"]
+            generation = {v: k for k, v in API_ACCELERATOR_TYPES.items()}[config["type"]]
+            hosts = catalog.lookup(f"{generation}-{config['topology']}").hosts
             state["networkEndpoints"] = [{"ipAddress": self._address(), "port": 8470} for _ in range(hosts)]
         elif args.typ == "gcp:compute/instance:Instance":
             state["networkInterfaces"] = [
                 {**nic, "networkIp": self._address()} for nic in inputs["networkInterfaces"]
             ]
+        elif args.typ in _SELF_LINKED:
+            if inputs.get("region"):
+                scope = f"regions/{inputs['region']}"
+            elif inputs.get("zone"):
+                scope = f"zones/{inputs['zone']}"
+            else:
+                scope = "global"
+            name = inputs.get("name", args.name)
+            state["selfLink"] = f"projects/{project}/{scope}/{_SELF_LINKED[args.typ]}/{name}"
+            state["selfLinkUnique"] = f"{state['selfLink']}?uniqueId=1"
+            if args.typ == "gcp:compute/address:Address":
+                state["address"] = self._address()
         elif args.typ == "gcp:serviceaccount/account:Account":
             state["email"] = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
             state["member"] = f"serviceAccount:{state['email']}"
         elif args.typ == "gcp:container/cluster:Cluster":
             state["endpoint"] = "192.0.2.10"  # TEST-NET-1: never a real address
+            if inputs.get("privateClusterConfig", {}).get("enablePrivateEndpoint"):
+                state["privateClusterConfig"] = {
+                    **inputs["privateClusterConfig"],
+                    "privateEndpoint": "192.0.2.11",
+                }
             state["masterAuth"] = {"clusterCaCertificate": _FAKE_CA}
         elif args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = self.token
@@ -91,9 +123,30 @@ class FakeGcp(pulumi.runtime.Mocks):
         """Data sources: the caller's project and an existing GKE cluster (``gkeCluster``)."""
         if args.token == "gcp:organizations/getClientConfig:getClientConfig":
             return {"project": FAKE_PROJECT}
+        if args.token == "gcp:compute/getInstance:getInstance":
+            ip = self.instance_ip(args.args["name"])
+            return {"name": args.args["name"], "networkInterfaces": [{"networkIp": ip}]}
+        if args.token == "gcp:compute/getNetwork:getNetwork":
+            return {"name": args.args["name"], "mtu": FAKE_EXISTING_VPC_MTU}
         if args.token == "gcp:container/getCluster:getCluster":
-            return {"endpoint": "192.0.2.20", "masterAuths": [{"clusterCaCertificate": _FAKE_CA}]}
+            # An existing cluster fit for rayslice: Workload Identity on, Dataplane V2.
+            return {
+                "endpoint": "192.0.2.20",
+                "masterAuths": [{"clusterCaCertificate": _FAKE_CA}],
+                "workloadIdentityConfigs": [{"workloadPool": f"{FAKE_PROJECT}.svc.id.goog"}],
+                "datapathProvider": "ADVANCED_DATAPATH",
+            }
         return {}
+
+
+# Resources the program refers to by self link, and the collection their link names.
+_SELF_LINKED = {
+    "gcp:compute/address:Address": "addresses",
+    "gcp:compute/resourcePolicy:ResourcePolicy": "resourcePolicies",
+    "gcp:compute/instanceTemplate:InstanceTemplate": "instanceTemplates",
+    "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate": "instanceTemplates",
+    "gcp:compute/instanceGroupManager:InstanceGroupManager": "instanceGroupManagers",
+}
 
 
 class _RecordingMonitor(MockMonitor):
@@ -116,9 +169,22 @@ class _RecordingMonitor(MockMonitor):
                     custom=bool(request.custom),
                     inputs=_unwrap(raw),
                     secret_inputs=frozenset(k for k, v in raw.items() if _holds_secret(v)),
+                    replace_on_changes=tuple(request.replaceOnChanges),
+                    custom_timeouts=_timeouts(request),
                 )
             )
         return response
+
+
+def _timeouts(request: Any) -> dict[str, str]:
+    if not request.HasField("customTimeouts"):
+        return {}
+    timeouts = request.customTimeouts
+    return {
+        k: v
+        for k, v in (("create", timeouts.create), ("update", timeouts.update), ("delete", timeouts.delete))
+        if v
+    }
 
 
 def _holds_secret(value: Any) -> bool:

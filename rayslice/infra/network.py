@@ -6,6 +6,12 @@ Google Access so Secret Manager and Logging are reached without the NAT; for a G
 rayslice creates, the subnet also carries the pods' and Services' secondary ranges. An existing
 network is used as it is: providing egress (NAT, proxy or ``packageIndex``) is then its owner's
 job. With an existing GKE cluster (``gkeCluster``) no network is declared at all.
+
+A created VPC has MTU 8896, the value MaxText's multislice guide recommends for DCN traffic
+between slices (Compute Engine's default is 1460). An existing VPC keeps its MTU; with
+multislice, `ClusterNetwork` reads it through the API at deploy time and warns when it is lower.
+An offline preview cannot read it (the mocks answer Compute Engine's default), so the warning
+there says what to check rather than what is.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ SUBNET_CIDR = "10.128.0.0/20"
 # /20: 4,096 Services) and apart from SUBNET_CIDR.
 PODS_CIDR = "10.16.0.0/14"
 SERVICES_CIDR = "10.20.0.0/20"
+# MTU of a created VPC: MaxText's multislice guide recommends 8896 for DCN traffic.
+MULTISLICE_MTU = 8896
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,19 @@ def secondary_ranges(spec: ClusterSpec) -> SecondaryRanges | None:
         return None
     return SecondaryRanges(
         pods=IpRange(f"{spec.name}-pods", PODS_CIDR), services=IpRange(f"{spec.name}-services", SERVICES_CIDR)
+    )
+
+
+def mtu_warning(network: str, mtu: int | None) -> str | None:
+    """The warning for a multislice cluster on an existing VPC whose MTU is below 8896."""
+    if mtu is not None and mtu >= MULTISLICE_MTU:
+        return None
+    shown = "unknown" if mtu is None else str(mtu)
+    return (
+        f"network {network!r} has MTU {shown}; multislice DCN traffic between slices is slower "
+        f"below {MULTISLICE_MTU} (MaxText's recommendation). Raise it with `gcloud compute "
+        f"networks update {network} --mtu={MULTISLICE_MTU}` (all VMs in the network must be "
+        "stopped), or let rayslice create the network (leave `network` unset)."
     )
 
 
@@ -77,9 +98,22 @@ class ClusterNetwork(pulumi.ComponentResource):
         else:
             self.network = pulumi.Output.from_input(spec.network)
             self.subnetwork = pulumi.Output.from_input(spec.subnetwork)
+            if spec.multislice and spec.platform != "gke":
+                self._check_mtu(spec)
         # Declared as attributes above and repeated here so they appear in the component's
         # state (`pulumi stack --show-urns`) and other programs can depend on them.
         self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})
+
+    def _check_mtu(self, spec: ClusterSpec) -> None:
+        assert spec.network is not None
+        network = spec.network
+
+        def warn(mtu: int | None) -> None:
+            if message := mtu_warning(network, mtu):
+                pulumi.log.warn(message, resource=self)
+
+        existing = gcp.compute.get_network_output(name=network, project=spec.project)
+        existing.mtu.apply(warn)
 
     def _create(self, name: str, spec: ClusterSpec) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
         assert spec.zone is not None
@@ -91,6 +125,7 @@ class ClusterNetwork(pulumi.ComponentResource):
             project=spec.project,
             auto_create_subnetworks=False,
             routing_mode="REGIONAL",
+            mtu=MULTISLICE_MTU,
             description=f"rayslice cluster {spec.name}",
             opts=child,
         )

@@ -1,25 +1,53 @@
-"""One TPU slice: a single `gcp.tpu.V2Vm`, which the TPU API creates and deletes as a whole.
+"""One TPU slice on the Cloud TPU API: a single `gcp.tpu.V2Vm`, created and deleted as a whole.
 
 A multi-host slice is one API object, so its hosts are never half-created (kuberay#3552's
 problem on GKE). Accelerator type and runtime version come from the validated spec (and so
 from the catalog); capacity maps onto the V2Vm's scheduling config, and Secure Boot is on
 where the catalog's generation allows it. Every host of the slice gets the same metadata; the
 TPU runtime adds each host's own worker number and endpoints.
+
+The shape is sent as ``accelerator_config`` (type and topology), not as ``accelerator_type``:
+with a ``<gen>-<N>`` name alone the API picks its own topology for N, which need not be the one
+the catalog (and so the boot script and Ray) expects. pulumi-gcp 10.2 takes one or the other.
+
+A change of anything in the hosts' metadata (the boot script, so requirements, rayVersion,
+preset; or the ``rayslice-*`` attributes) replaces the slice: a V2Vm's metadata is otherwise
+updated in place and running hosts keep the old configuration until they happen to reboot.
+Its name is fixed, so the old slice is deleted before the new one is created.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 
 from rayslice import catalog
-from rayslice.infra.firewall import cluster_tag, head_tag
+from rayslice.infra.firewall import slice_tags
+from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import host_metadata
+from rayslice.infra.metadata import REPLACE_ON_METADATA, host_metadata
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
+
+# The Cloud TPU API's AcceleratorConfig.type per catalog generation (tpu.v2 discovery document,
+# schema AcceleratorConfig: V2, V3, V4, V5LITE_POD, V5P, V6E; tests check it against the file).
+API_ACCELERATOR_TYPES = {
+    "v2": "V2",
+    "v3": "V3",
+    "v4": "V4",
+    "v5litepod": "V5LITE_POD",
+    "v5p": "V5P",
+    "v6e": "V6E",
+}
+# Creating or deleting a large slice takes far longer than the provider's 20-minute default.
+TIMEOUTS = pulumi.CustomTimeouts(create="60m", delete="30m")
+
+
+def accelerator_config(spec: ClusterSpec) -> gcp.tpu.V2VmAcceleratorConfigArgs:
+    """The slice's generation and topology, exactly as the catalog derived them."""
+    return gcp.tpu.V2VmAcceleratorConfigArgs(
+        type=API_ACCELERATOR_TYPES[spec.tpu.generation], topology=spec.tpu.topology
+    )
 
 
 def scheduling(capacity: str) -> gcp.tpu.V2VmSchedulingConfigArgs | None:
@@ -38,33 +66,14 @@ def shielded_instance_config(spec: ClusterSpec) -> gcp.tpu.V2VmShieldedInstanceC
     return None
 
 
-def slice_tags(spec: ClusterSpec, index: int) -> list[str]:
-    """Network tags of a slice; with head=slice, slice 0 also carries the head tag."""
-    if spec.head == "slice" and index == 0:
-        return [cluster_tag(spec), head_tag(spec)]
-    return [cluster_tag(spec)]
-
-
-@dataclass(frozen=True)
-class TpuSliceArgs:
-    spec: ClusterSpec
-    index: int
-    script: str
-    network: pulumi.Input[str]
-    subnetwork: pulumi.Input[str | None]
-    service_account_email: pulumi.Input[str]
-    token_secret: str | None
-    head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
-
-
-class TpuSlice(pulumi.ComponentResource):
+class TpuVmSlice(pulumi.ComponentResource):
     """A slice and the internal IPs of its hosts (worker 0 first)."""
 
     slice_name: pulumi.Output[str]
     host_ips: pulumi.Output[list[str]]
 
-    def __init__(self, name: str, args: TpuSliceArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("rayslice:infra:TpuSlice", name, None, opts)
+    def __init__(self, name: str, args: SliceArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("rayslice:infra:TpuVmSlice", name, None, opts)
         spec, index = args.spec, args.index
         metadata = pulumi.Output.from_input(args.head_address).apply(
             lambda head_ip: host_metadata(
@@ -76,7 +85,7 @@ class TpuSlice(pulumi.ComponentResource):
             name=spec.slice_name(index),
             project=spec.project,
             zone=spec.zone,
-            accelerator_type=spec.accelerator_type,
+            accelerator_config=accelerator_config(spec),
             runtime_version=spec.runtime_version,
             scheduling_config=scheduling(spec.capacity),
             shielded_instance_config=shielded_instance_config(spec),
@@ -92,7 +101,12 @@ class TpuSlice(pulumi.ComponentResource):
             labels=resource_labels(spec, "tpu-slice", index),
             tags=slice_tags(spec, index),
             description=f"rayslice {spec.name}: slice {index} of {spec.slices} ({spec.accelerator_type})",
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                replace_on_changes=[REPLACE_ON_METADATA],
+                delete_before_replace=True,
+                custom_timeouts=TIMEOUTS,
+            ),
         )
         self.slice_name = vm.name
         self.host_ips = vm.network_endpoints.apply(lambda endpoints: [e.ip_address for e in endpoints or []])

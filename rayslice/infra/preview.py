@@ -1,10 +1,11 @@
-"""`rayslice preview`: what `pulumi up` would create, computed offline.
+"""What `pulumi up` would create, computed offline (`rayslice preview`, in `commands`).
 
 Runs the real Pulumi program (`rayslice.infra.program.main`) under Pulumi's mocks with the
-stack file's config and ``--set`` overrides, and prints every resource it registers with its
-inputs, as a tree. No Pulumi CLI, credentials or network are needed, so infrastructure repos
-can run it in CI. An invalid config fails with the spec's messages before any resource is
-registered.
+stack file's config and ``--set`` overrides, and renders every resource it registers with its
+inputs. No Pulumi CLI, credentials or network are needed, so infrastructure repos can run it in
+CI. Resources that a config change replaces (``replaceOnChanges``) and custom create/delete
+timeouts are shown with them, so a user sees before ``pulumi up`` that changing requirements,
+rayVersion, preset or the boot script recreates the slices.
 
 Output formats live in `FORMATS` (name -> renderer of the recorded registrations): ``tree``,
 ``json``, and ``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
@@ -12,17 +13,17 @@ Output formats live in `FORMATS` (name -> renderer of the recorded registrations
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rayslice import cli, spec
-
-if TYPE_CHECKING:
-    from rayslice.infra.mocks import Registration
+from rayslice import spec
+from rayslice.errors import InvalidInput
+from rayslice.infra.gke.kuberay import APPLY_ORDER, manifests_yaml
+from rayslice.infra.mocks import Registration, run_offline
+from rayslice.infra.program import main
 
 # Strings longer than this are shown as their size and hash (the startup script, mostly).
 _LONG = 160
@@ -87,6 +88,18 @@ def _summarised(value: Any) -> Any:
     return value
 
 
+def lifecycle_notes(registration: Registration) -> list[str]:
+    """What a change does to a resource, and how long Pulumi waits for it, in words."""
+    notes = []
+    if registration.replace_on_changes:
+        keys = ", ".join(registration.replace_on_changes)
+        notes.append(f"replaced, not updated, when any of these inputs change: {keys}")
+    timeouts = {k: v for k, v in registration.custom_timeouts.items() if v}
+    if timeouts:
+        notes.append("timeouts: " + ", ".join(f"{k} {v}" for k, v in sorted(timeouts.items())))
+    return notes
+
+
 def render_tree(registrations: list[Registration]) -> str:
     """Each resource under its parent, with one line per input."""
     urns = {r.urn for r in registrations}
@@ -100,6 +113,8 @@ def render_tree(registrations: list[Registration]) -> str:
         bar = "│   " if children.get(r.urn) else "    "
         for key, value in shown_inputs(r).items():
             lines.append(f"{inner}{bar}{key}: {json.dumps(value, separators=(', ', ': '))}")
+        for note in lifecycle_notes(r):
+            lines.append(f"{inner}{bar}({note})")
         kids = sorted(children.get(r.urn, []), key=lambda k: (k.custom, k.type, k.name))
         for i, kid in enumerate(kids):
             last = i == len(kids) - 1
@@ -126,6 +141,8 @@ def render_json(registrations: list[Registration]) -> str:
                 "parent": r.parent,
                 "custom": r.custom,
                 "inputs": shown_inputs(r),
+                "replaceOnChanges": list(r.replace_on_changes),
+                "customTimeouts": {k: v for k, v in r.custom_timeouts.items() if v},
             }
             for r in registrations
         ],
@@ -141,9 +158,6 @@ def render_yaml(registrations: list[Registration]) -> str:
     kind (`APPLY_ORDER`) and then by name, numbers compared as numbers (``-s0-h2`` before
     ``-s0-h10``). The operator's Helm release is left out: it is a chart, not a manifest.
     """
-    # Imported here, not at the top: `rayslice` commands that never touch Pulumi stay fast.
-    from rayslice.infra.kuberay import APPLY_ORDER, manifests_yaml
-
     objects = sorted(
         (
             _manifest(r)
@@ -153,10 +167,10 @@ def render_yaml(registrations: list[Registration]) -> str:
         key=lambda o: (APPLY_ORDER.index(o["kind"]), _natural(o["metadata"]["name"])),
     )
     if not objects:
-        raise cli.UserError(
+        raise InvalidInput(
             "--output yaml prints the Kubernetes manifests of platform=gke, and this "
-            "configuration declares none (platform=tpu-vm); use --output tree or json, "
-            "or set platform=gke"
+            "configuration declares none (its slices are VMs, not pods); use --output tree "
+            "or json, or set platform=gke"
         )
     return manifests_yaml(objects)
 
@@ -187,28 +201,4 @@ FORMATS: dict[str, Callable[[list[Registration]], str]] = {
 
 def preview(config: dict[str, str]) -> list[Registration]:
     """Run the Pulumi program offline with `config`; the resources it registered, in order."""
-    # Imported here, not at the top: `rayslice` commands that never touch Pulumi stay fast.
-    from rayslice.infra.mocks import run_offline
-    from rayslice.infra.program import main
-
     return run_offline(main, config).registrations
-
-
-def _cmd_preview(args: argparse.Namespace) -> int:
-    registrations = preview(stack_config(args.stack_file, args.overrides))
-    print(FORMATS[args.output](registrations))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "preview", help="show the cloud resources `pulumi up` would create (offline, no credentials)"
-    )
-    cli.add_spec_args(p)
-    p.add_argument(
-        "--output",
-        choices=sorted(FORMATS),
-        default="tree",
-        help="tree (default), json, or yaml (platform=gke: the Kubernetes manifests for kubectl apply)",
-    )
-    p.set_defaults(func=_cmd_preview)

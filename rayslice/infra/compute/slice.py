@@ -1,0 +1,221 @@
+"""One TPU slice on Compute Engine: a workload policy, an instance template and a zonal MIG.
+
+Google's pages "TPU resources in Compute Engine" and "Create a MIG with multi-host TPU slice"
+describe the shape: a TPU host is an ordinary VM instance of a TPU machine type; a multi-host
+slice is a managed instance group bound to a regional workload policy (``HIGH_THROUGHPUT`` plus
+the accelerator topology) that creates all its hosts at once (target-size policy ``BULK``). A
+single-host slice is a one-instance MIG too, so Compute Engine repairs it the same way.
+
+Host names are sequential (`rayslice.names.host_name`: ``<slice>-w0``, ``-w1``, ...): a MIG
+alone names instances ``<base>-<4 random characters>``, so each host gets a per-instance config
+(`gcp.compute.PerInstanceConfig`) that fixes its name and keeps its reserved internal address
+through repairs and recreations. The metadata lists those names (`compute_identity`), so each
+host finds its worker number and its peers without the Cloud TPU API's attributes.
+
+A change of the boot script or its attributes makes a new instance template; the MIG's update
+policy then recreates every host of the slice at once, keeping names and addresses (a slice is
+only usable whole, so a rolling update would only prolong the outage).
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from rayslice.infra.firewall import slice_tags
+from rayslice.infra.hosts import SliceArgs
+from rayslice.infra.labels import resource_labels
+from rayslice.infra.metadata import REPLACE_ON_METADATA, compute_identity, host_metadata, slice_host_names
+from rayslice.infra.network import region_of
+from rayslice.names import CLOUD_PLATFORM_SCOPE
+from rayslice.spec import ClusterSpec
+
+# Values below are Compute Engine API enums; tests/infra/test_api_enums.py checks each against
+# the compute v1 discovery document google-api-python-client ships.
+WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"  # place the hosts as close as possible (one ICI domain)
+BULK = "BULK"  # create all hosts of the slice or none
+# TPU hosts cannot live-migrate: Compute Engine's TPU docs require TERMINATE on host maintenance.
+ON_HOST_MAINTENANCE = "TERMINATE"
+# Spot: Compute Engine's "Spot VMs" page documents STOP or DELETE as the termination action; a
+# MIG recreates a DELETEd instance when capacity returns, while a STOPped one stays stopped in
+# the group. A preempted host has lost the slice's state either way.
+SPOT_TERMINATION_ACTION = "DELETE"
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"  # SPECIFIC_RESERVATION by name
+BOOT_DISK_GB = 100
+# ct6e and tpu7x machine types take Hyperdisk only (not verified for ct5p; see docs).
+BOOT_DISK_TYPE = "hyperdisk-balanced"
+NIC = "nic0"
+TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
+
+
+def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
+    """Provisioning per capacity. pulumi-gcp requires preemptible and no automatic restart
+    with SPOT; reserved and on-demand hosts restart after a host error."""
+    if capacity == "spot":
+        return gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model="SPOT",
+            preemptible=True,
+            automatic_restart=False,
+            instance_termination_action=SPOT_TERMINATION_ACTION,
+            on_host_maintenance=ON_HOST_MAINTENANCE,
+        )
+    return gcp.compute.InstanceTemplateSchedulingArgs(
+        provisioning_model="STANDARD",
+        automatic_restart=True,
+        on_host_maintenance=ON_HOST_MAINTENANCE,
+    )
+
+
+def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReservationAffinityArgs | None:
+    """reserved: the named reservation, else any matching one; other capacities: the default."""
+    if spec.capacity != "reserved":
+        return None
+    if spec.reservation:
+        return gcp.compute.InstanceTemplateReservationAffinityArgs(
+            type="SPECIFIC_RESERVATION",
+            specific_reservation=gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(
+                key=RESERVATION_NAME_KEY, values=[spec.reservation]
+            ),
+        )
+    return gcp.compute.InstanceTemplateReservationAffinityArgs(type="ANY_RESERVATION")
+
+
+def source_image(spec: ClusterSpec) -> str:
+    """The TPU OS image family of the generation, from the catalog."""
+    return f"projects/{spec.tpu.image_project}/global/images/family/{spec.tpu.image_family}"
+
+
+class ComputeSlice(pulumi.ComponentResource):
+    """A slice's MIG and the internal IPs of its hosts (worker 0 first)."""
+
+    slice_name: pulumi.Output[str]
+    host_ips: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, args: SliceArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("rayslice:infra:ComputeSlice", name, None, opts)
+        spec, index = args.spec, args.index
+        assert spec.zone is not None  # VmSliceCluster checked it
+        zone, region = spec.zone, region_of(spec.zone)
+        child = pulumi.ResourceOptions(parent=self)
+        slice_name = spec.slice_name(index)
+        hosts = slice_host_names(spec, index)
+        labels = resource_labels(spec, "tpu-slice", index)
+
+        policy = gcp.compute.ResourcePolicy(
+            f"{name}-policy",
+            name=f"{slice_name}-policy",
+            project=spec.project,
+            region=region,
+            description=f"rayslice {spec.name}: topology of slice {index} ({spec.accelerator_type})",
+            workload_policy=gcp.compute.ResourcePolicyWorkloadPolicyArgs(
+                type=WORKLOAD_POLICY_TYPE, accelerator_topology=spec.tpu.topology
+            ),
+            opts=child,
+        )
+        addresses = [
+            gcp.compute.Address(
+                f"{name}-ip-{worker}",
+                name=f"{host}-ip",
+                project=spec.project,
+                region=region,
+                address_type="INTERNAL",
+                subnetwork=args.subnetwork,
+                labels=labels,
+                opts=child,
+            )
+            for worker, host in enumerate(hosts)
+        ]
+        metadata = pulumi.Output.from_input(args.head_address).apply(
+            lambda head_ip: {
+                **host_metadata(
+                    spec, args.script, index, head_address=head_ip, token_secret=args.token_secret
+                ),
+                **compute_identity(spec, index),
+            }
+        )
+        template = gcp.compute.InstanceTemplate(
+            f"{name}-template",
+            name_prefix=f"{slice_name}-",
+            project=spec.project,
+            machine_type=spec.tpu.machine_type,
+            description=f"rayslice {spec.name}: hosts of slice {index} ({spec.accelerator_type})",
+            disks=[
+                gcp.compute.InstanceTemplateDiskArgs(
+                    boot=True,
+                    auto_delete=True,
+                    source_image=source_image(spec),
+                    disk_size_gb=BOOT_DISK_GB,
+                    disk_type=BOOT_DISK_TYPE,
+                )
+            ],
+            network_interfaces=[
+                gcp.compute.InstanceTemplateNetworkInterfaceArgs(
+                    network=args.network,
+                    subnetwork=args.subnetwork,
+                    access_configs=[gcp.compute.InstanceTemplateNetworkInterfaceAccessConfigArgs()]
+                    if spec.external_ips
+                    else None,
+                )
+            ],
+            service_account=gcp.compute.InstanceTemplateServiceAccountArgs(
+                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
+            ),
+            scheduling=scheduling(spec.capacity),
+            reservation_affinity=reservation_affinity(spec),
+            metadata=metadata,
+            labels=labels,
+            tags=slice_tags(spec, index),
+            # A template cannot change in place: a new one (new name from the prefix) exists
+            # before the MIG moves to it. Marked so that `rayslice preview` says so.
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=[REPLACE_ON_METADATA]),
+        )
+        mig = gcp.compute.InstanceGroupManager(
+            f"{name}-mig",
+            name=slice_name,
+            project=spec.project,
+            zone=zone,
+            base_instance_name=slice_name,
+            description=f"rayslice {spec.name}: slice {index} of {spec.slices} ({spec.accelerator_type})",
+            versions=[
+                gcp.compute.InstanceGroupManagerVersionArgs(instance_template=template.self_link_unique)
+            ],
+            target_size=spec.tpu.hosts,
+            target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=BULK)],
+            resource_policies=gcp.compute.InstanceGroupManagerResourcePoliciesArgs(
+                workload_policy=policy.self_link
+            ),
+            update_policy=gcp.compute.InstanceGroupManagerUpdatePolicyArgs(
+                type="PROACTIVE",
+                minimal_action="REPLACE",
+                replacement_method="RECREATE",  # keep the sequential names
+                max_surge_fixed=0,
+                max_unavailable_fixed=spec.tpu.hosts,  # the whole slice at once
+            ),
+            wait_for_instances=False,  # the per-instance configs below name the hosts first
+            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=TIMEOUTS),
+        )
+        for worker, (host, address) in enumerate(zip(hosts, addresses, strict=True)):
+            gcp.compute.PerInstanceConfig(
+                f"{name}-w{worker}",
+                name=host,
+                project=spec.project,
+                zone=zone,
+                instance_group_manager=mig.name,
+                preserved_state=gcp.compute.PerInstanceConfigPreservedStateArgs(
+                    internal_ips=[
+                        gcp.compute.PerInstanceConfigPreservedStateInternalIpArgs(
+                            interface_name=NIC,
+                            auto_delete="NEVER",
+                            ip_address=gcp.compute.PerInstanceConfigPreservedStateInternalIpIpAddressArgs(
+                                address=address.self_link
+                            ),
+                        )
+                    ]
+                ),
+                remove_instance_on_destroy=True,
+                opts=pulumi.ResourceOptions(parent=mig, custom_timeouts=TIMEOUTS),
+            )
+        self.slice_name = mig.name
+        self.host_ips = pulumi.Output.all(*[a.address for a in addresses])
+        # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
+        self.register_outputs({"slice_name": self.slice_name, "host_ips": self.host_ips})

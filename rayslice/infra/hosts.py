@@ -1,0 +1,170 @@
+"""What every VM-based platform shares (Cloud TPU API and Compute Engine): `VmSliceCluster`.
+
+Both platforms run the same rendered boot script on ordinary VMs in the cluster's VPC, with the
+same firewall, the same hosts' identity and token, the same optional CPU head VM and the same
+outputs. Only the slice differs: a `gcp.tpu.V2Vm` on ``tpu-vm``, a managed instance group on
+``compute``. A platform subclasses `VmSliceCluster` and supplies `make_slice` and the SSH
+commands of its hosts; everything else is here, once.
+
+Hosts are created only after their grants exist and after `IAM_PROPAGATION_WAIT` (see
+`ClusterIdentity`): a host that boots before its account may read the token secret fails its
+first read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import pulumi
+
+from rayslice.errors import InvalidInput
+from rayslice.infra import access
+from rayslice.infra.firewall import ClusterFirewall, ClusterFirewallArgs
+from rayslice.infra.head_vm import HeadVm, HeadVmArgs
+from rayslice.infra.identity import ClusterIdentity, ClusterIdentityArgs
+from rayslice.infra.network import ClusterNetwork
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import render
+
+
+@dataclass(frozen=True)
+class SliceArgs:
+    """What every slice component gets, whatever the platform."""
+
+    spec: ClusterSpec
+    index: int
+    script: str
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str | None]
+    service_account_email: pulumi.Input[str]
+    token_secret: str | None
+    head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
+
+
+class Slice(Protocol):
+    """A slice component: its name and its hosts' internal IPs, worker 0 first."""
+
+    slice_name: pulumi.Output[str]
+    host_ips: pulumi.Output[list[str]]
+
+
+@dataclass(frozen=True)
+class VmSliceClusterArgs:
+    spec: ClusterSpec
+    network: ClusterNetwork
+
+
+class VmSliceCluster(pulumi.ComponentResource):
+    """Firewall, identity, optional head VM and one slice per ``slices``, plus the outputs."""
+
+    TYPE: ClassVar[str]
+
+    head_internal_ip: pulumi.Output[str]
+    jobs_api_address: pulumi.Output[str]
+    local_jobs_api_address: pulumi.Output[str]
+    dashboard_tunnel_command: pulumi.Output[str]
+    slice_names: pulumi.Output[list[str]]
+    slice_host_ips: pulumi.Output[dict[str, list[str]]]
+    ssh_commands: pulumi.Output[dict[str, str]]
+    ray_token_command: pulumi.Output[str | None]
+    service_account_email: pulumi.Output[str]
+    exports: dict[str, Any]
+
+    def make_slice(self, name: str, args: SliceArgs, opts: pulumi.ResourceOptions) -> Slice:
+        raise NotImplementedError
+
+    def slice_ssh(self, spec: ClusterSpec, index: int, zone: str) -> str:
+        """The command that opens a shell on worker 0 of slice `index`."""
+        raise NotImplementedError
+
+    def slice_dashboard_tunnel(self, spec: ClusterSpec, zone: str, head_ip: str) -> str:
+        """The tunnel to the dashboard when the head runs on worker 0 of slice 0."""
+        raise NotImplementedError
+
+    def __init__(self, name: str, args: VmSliceClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(self.TYPE, name, None, opts)
+        spec, network = args.spec, args.network
+        if spec.zone is None:  # `spec.load` requires one unless the simulator asked it not to
+            raise InvalidInput("a cloud cluster needs a zone: set rayslice:zone (or gcp:zone)")
+        zone, project = spec.zone, spec.project
+        child = pulumi.ResourceOptions(parent=self)
+        firewall = ClusterFirewall(
+            f"{name}-firewall", ClusterFirewallArgs(spec=spec, network=network.network), child
+        )
+        identity = ClusterIdentity(f"{name}-identity", ClusterIdentityArgs(spec=spec), child)
+        script = render(spec)
+        # Hosts boot straight into the script: the rules that let them reach each other and
+        # the grants that let them read the token (plus IAM's propagation wait) come first.
+        host_opts = pulumi.ResourceOptions(parent=self, depends_on=[firewall, identity, identity.ready])
+
+        head_vm = None
+        if spec.head == "vm":
+            head_vm = HeadVm(
+                f"{name}-head",
+                HeadVmArgs(
+                    spec=spec,
+                    script=script,
+                    network=network.network,
+                    subnetwork=network.subnetwork,
+                    service_account_email=identity.service_account_email,
+                    token_secret=identity.token_secret,
+                ),
+                host_opts,
+            )
+        slices = [
+            self.make_slice(
+                f"{name}-slice-{index}",
+                SliceArgs(
+                    spec=spec,
+                    index=index,
+                    script=script,
+                    network=network.network,
+                    subnetwork=network.subnetwork,
+                    service_account_email=identity.service_account_email,
+                    token_secret=identity.token_secret,
+                    head_address=head_vm.internal_ip if head_vm else None,
+                ),
+                host_opts,
+            )
+            for index in range(spec.slices)
+        ]
+
+        self.slice_names = pulumi.Output.all(*[s.slice_name for s in slices])
+        self.slice_host_ips = pulumi.Output.all(*[s.host_ips for s in slices]).apply(
+            lambda ips: {spec.slice_name(i): host_ips for i, host_ips in enumerate(ips)}
+        )
+        slice_ssh = {spec.slice_name(i): self.slice_ssh(spec, i, zone) for i in range(spec.slices)}
+        if head_vm is not None:
+            self.head_internal_ip = head_vm.internal_ip
+            self.dashboard_tunnel_command = pulumi.Output.all(
+                head_vm.instance_name, head_vm.internal_ip
+            ).apply(lambda v: access.vm_dashboard_tunnel(v[0], zone, project, v[1]))
+            self.ssh_commands = head_vm.instance_name.apply(
+                lambda vm_name: {vm_name: access.vm_ssh(vm_name, zone, project), **slice_ssh}
+            )
+        else:
+            self.head_internal_ip = slices[0].host_ips.apply(lambda ips: ips[0])
+            self.dashboard_tunnel_command = self.head_internal_ip.apply(
+                lambda ip: self.slice_dashboard_tunnel(spec, zone, ip)
+            )
+            self.ssh_commands = pulumi.Output.from_input(slice_ssh)
+        self.jobs_api_address = self.head_internal_ip.apply(access.jobs_api_address)
+        self.local_jobs_api_address = pulumi.Output.from_input(access.local_jobs_api_address())
+        self.ray_token_command = pulumi.Output.from_input(
+            access.token_command(identity.token_secret, project) if identity.token_secret else None
+        )
+        self.service_account_email = identity.service_account_email
+        self.exports = {
+            "head_internal_ip": self.head_internal_ip,
+            "jobs_api_address": self.jobs_api_address,
+            "local_jobs_api_address": self.local_jobs_api_address,
+            "dashboard_tunnel_command": self.dashboard_tunnel_command,
+            "slice_names": self.slice_names,
+            "slice_host_ips": self.slice_host_ips,
+            "ssh_commands": self.ssh_commands,
+            "ray_token_command": self.ray_token_command,
+            "service_account_email": self.service_account_email,
+        }
+        # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
+        self.register_outputs(self.exports)
