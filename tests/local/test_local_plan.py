@@ -9,7 +9,8 @@ import random
 import pytest
 
 from rayslice import cli, spec
-from rayslice.local import simulator
+from rayslice.errors import EXIT_INVALID
+from rayslice.local import simulator, status
 from rayslice.local.netns import CANDIDATE_SPACE, free_subnet
 from rayslice.local.processes import ProcessRef
 from rayslice.local.state import (
@@ -20,7 +21,6 @@ from rayslice.local.state import (
     make_plan,
     subnet_prefix,
 )
-from rayslice.local.status import format_report
 
 NET = ipaddress.IPv4Network("100.64.9.0/24")
 
@@ -76,42 +76,146 @@ def test_state_file_round_trip(tmp_path):
 
 def test_without_root_the_cli_says_what_is_needed(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(simulator.os, "geteuid", lambda: 1000)
-    assert cli.main(["local", "up", "--state-dir", str(tmp_path)]) == cli.EXIT_INVALID
+    assert cli.main(["local", "up", "--state-dir", str(tmp_path)]) == EXIT_INVALID
     err = capsys.readouterr().err
     assert "needs root" in err and "CAP_NET_ADMIN" in err
     assert not (tmp_path / "state.json").exists()
 
 
-def test_status_layout_shows_hosts_and_cluster_totals():
-    report = {
+HOSTS = [
+    {"name": "rayslice-slice-0-w-0", "role": "head", "ip": "100.64.9.2", "running": True, "state": "joined"},
+    {
+        "name": "rayslice-slice-0-w-1",
+        "role": "worker",
+        "ip": "100.64.9.3",
+        "running": True,
+        "state": "failed: head 100.64.9.2:6379 not reachable after 5s",
+    },
+]
+
+
+def _node(node_id: str, ip: str, start: int, **resources: float) -> dict:
+    return {
+        "id": node_id,
+        "ip": ip,
+        "head": False,
+        "resources": resources,
+        "labels": {},
+        "start_time_ms": start,
+    }
+
+
+def _report(nodes: list[dict], hosts: list[dict] = HOSTS) -> dict:
+    """A status report as `status_report` builds it, from hosts and the dashboard's alive nodes."""
+    hosts = [dict(h) for h in hosts]
+    marked = status.mark_nodes(hosts, nodes)
+    for h in hosts:
+        h["ray_nodes"] = [{"id": n["id"], "status": n["status"]} for n in marked if n["host"] == h["name"]]
+    totals: dict[str, float] = {}
+    for n in marked:
+        if n["status"] == status.CURRENT:
+            for k, v in n["resources"].items():
+                totals[k] = totals.get(k, 0) + v
+    return {
         "run_id": "a1b2c3",
         "slices": 1,
         "accelerator_type": "v6e-16",
         "head": "slice",
         "network": str(NET),
         "dashboard": "http://100.64.9.2:8265",
-        "hosts": [
-            {
-                "name": "rayslice-slice-0-w-0",
-                "role": "head",
-                "ip": "100.64.9.2",
-                "running": True,
-                "state": "joined",
-            },
-            {
-                "name": "rayslice-slice-0-w-1",
-                "role": "worker",
-                "ip": "100.64.9.3",
-                "running": False,
-                "state": "failed: head 100.64.9.2:6379 not reachable after 5s",
-            },
-        ],
-        "ray": {
-            "nodes": [{"ip": "100.64.9.2", "resources": {"TPU": 4.0, "node:100.64.9.2": 1.0}}],
-            "totals": {"TPU": 4.0, "TPU-v6e-16-head": 1.0},
-        },
+        "hosts": hosts,
+        "ray": {"nodes": marked, "totals": totals},
     }
-    text = format_report(report)
-    assert "rayslice-slice-0-w-1  worker  100.64.9.3  no   failed: head" in text
+
+
+def test_status_layout_shows_hosts_their_nodes_and_cluster_totals():
+    text = status.format_report(
+        _report(
+            [
+                _node(
+                    "aaaaaaaa11", "100.64.9.2", 1, TPU=4.0, **{"node:100.64.9.2": 1.0, "TPU-v6e-16-head": 1.0}
+                )
+            ]
+        )
+    )
+    assert "rayslice-slice-0-w-1  worker  100.64.9.3  yes  failed: head" in text
+    assert "rayslice-slice-0-w-0  head    100.64.9.2  yes  joined" in text and "aaaaaaaa current" in text
+    assert "Ray: 1 of 2 host(s) have a current node" in text and "stale" not in text
     assert "cluster: TPU 4, TPU-v6e-16-head 1" in text
     assert "node:" not in text
+
+
+def test_a_rebooted_hosts_old_node_reads_as_stale_not_as_an_extra_node():
+    old = _node("0ld0ld0ld0", "100.64.9.3", 1_000, TPU=4.0)
+    new = _node("newnewnew0", "100.64.9.3", 2_000, TPU=4.0)
+    head = _node("headhead00", "100.64.9.2", 500, TPU=4.0)
+    for order in ([old, new, head], [new, head, old]):  # whatever order the dashboard lists them in
+        report = _report(order)
+        by_id = {n["id"]: n["status"] for n in report["ray"]["nodes"]}
+        assert by_id == {"0ld0ld0ld0": "stale", "newnewnew0": "current", "headhead00": "current"}
+        text = status.format_report(report)
+        assert "Ray: 2 of 2 host(s) have a current node; 1 stale node(s)" in text
+        assert "newnewne current, 1 stale" in text
+        assert "cluster: TPU 8" in text  # the stale node's chips are not counted twice
+
+
+def test_every_node_of_a_powered_off_host_is_stale():
+    hosts = [HOSTS[0], {**HOSTS[1], "running": False}]
+    report = _report([_node("w1", "100.64.9.3", 5, TPU=4.0), _node("h", "100.64.9.2", 1, TPU=4.0)], hosts)
+    assert {n["id"]: n["status"] for n in report["ray"]["nodes"]} == {"w1": "stale", "h": "current"}
+
+
+def _fake_simulation(state_dir):
+    """The state file `local up` writes, for a one-host slice whose head (on loopback) refuses
+    connections: status must still show the hosts."""
+    plan = make_plan(
+        spec.load({"acceleratorType": "v6e-4"}, require_zone=False),
+        run_id="c0ffee",
+        network=ipaddress.IPv4Network("127.77.0.0/24"),
+    )
+    state_dir.mkdir(mode=0o700)
+    SimulationState(plan=plan, state_dir=str(state_dir)).save()
+    return plan
+
+
+def test_local_status_needs_no_root(monkeypatch, tmp_path, capsys):
+    """Not root: `status` reads the state file and asks the dashboard, and nothing else.
+
+    os.geteuid answers 1000 for every module, and the state dir is made read-only, so a status that
+    tried to create, boot or write anything would fail here.
+    """
+    import json
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    state_dir = tmp_path / "sim"
+    [host] = _fake_simulation(state_dir).hosts
+    state_dir.chmod(0o500)
+    try:
+        assert cli.main(["local", "status", "--state-dir", str(state_dir), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert [h["name"] for h in report["hosts"]] == [host.name]
+        assert report["hosts"][0]["running"] is False
+        assert "head dashboard not reachable" in report["ray"]["error"]
+        assert cli.main(["local", "status", "--state-dir", str(state_dir)]) == 0
+        assert f"{host.name}  head" in capsys.readouterr().out
+        assert cli.main(["local", "down", "--state-dir", str(state_dir)]) == EXIT_INVALID
+        assert "needs root" in capsys.readouterr().err
+    finally:
+        state_dir.chmod(0o700)
+
+
+def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path):
+    """`rayslice run`'s discovery goes through the `local` entry point to `default_cluster`."""
+    from rayslice.local.commands import default_cluster
+    from rayslice.local.state import STATE_DIR_ENV
+    from rayslice.workloads import _submit
+
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "none"))
+    assert default_cluster() is None and _submit.simulated_cluster() is None
+    state_dir = tmp_path / "sim"
+    _fake_simulation(state_dir)
+    monkeypatch.setenv(STATE_DIR_ENV, str(state_dir))
+    assert _submit.simulated_cluster() == ("http://127.77.0.2:8265", None)
+    (state_dir / "ray-token").write_text("t")
+    assert _submit.simulated_cluster() == ("http://127.77.0.2:8265", state_dir / "ray-token")
