@@ -59,16 +59,6 @@ def slice_name(cluster: str, index: int) -> str:
     return f"{cluster}-slice-{index}"
 
 
-def compute_instance_name(cluster: str, index: int, worker: int) -> str:
-    """Host `worker` of Compute Engine slice `index` (platform: compute): the MIG instance's name.
-
-    Infra gives each MIG instance this name and lists the slice's names in worker order in
-    `ATTR_SLICE_HOSTS`; the simulator names its compute hosts the same way. A GCE instance name
-    is at most 63 characters of ``[a-z]([-a-z0-9]*[a-z0-9])?``.
-    """
-    return f"{slice_name(cluster, index)}-{worker}"
-
-
 def head_name(cluster: str) -> str:
     """The CPU head VM (head=vm)."""
     return f"{cluster}-head"
