@@ -1,7 +1,12 @@
-"""The example stacks run under Pulumi's mocks: what each would create, and that it is safe."""
+"""The example stacks run under Pulumi's mocks: what each would create, and that it is safe.
+
+Expected values are written out by hand (counts, types, topologies, machine types), never
+derived from the code under test.
+"""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from collections import Counter
@@ -9,18 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from rayslice import preview, spec
+from rayslice import spec
+from rayslice.infra import preview
 from rayslice.infra.firewall import IAP_SOURCE_RANGE
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 from rayslice.names import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_TOKEN_SECRET
-from rayslice.startup_scripts import METADATA_VALUE_LIMIT, render
+from rayslice.startup_scripts import METADATA_VALUE_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
+TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
+MIG = "gcp:compute/instanceGroupManager:InstanceGroupManager"
+POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
+PER_INSTANCE = "gcp:compute/perInstanceConfig:PerInstanceConfig"
+ADDRESS = "gcp:compute/address:Address"
+SLEEP = "time:index/sleep:Sleep"
 
 # Written out by hand (not derived from the code under test): what each example must create.
 COMMON = {
@@ -34,27 +46,40 @@ COMMON = {
     "gcp:secretmanager/secret:Secret": 1,
     "gcp:secretmanager/secretVersion:SecretVersion": 1,
     "gcp:secretmanager/secretIamMember:SecretIamMember": 1,
+    SLEEP: 1,
 }
+
+
+def _compute(hosts: int, slices: int = 1) -> dict[str, int]:
+    return {
+        POLICY: slices,
+        TEMPLATE: slices,
+        MIG: slices,
+        PER_INSTANCE: hosts * slices,
+        ADDRESS: hosts * slices,
+    }
+
+
 EXAMPLES = {
     "Pulumi.example-v6e-4.yaml": dict(
         counts={**COMMON, V2VM: 1, FIREWALL: 2},
-        accelerator="v6e-4",
+        accelerator={"type": "V6E", "topology": "2x2"},
         runtime="v2-alpha-tpuv6e",
         scheduling=None,
         hosts=1,
         head_vm=False,
     ),
     "Pulumi.example-v6e-16.yaml": dict(
-        counts={**COMMON, V2VM: 1, FIREWALL: 2},
-        accelerator="v6e-16",
+        counts={**COMMON, V2VM: 1, FIREWALL: 2, INSTANCE: 1},
+        accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"spot": True},
         hosts=4,
-        head_vm=False,
+        head_vm=True,  # spot slices never hold the head
     ),
     "Pulumi.example-v5p-16-xla.yaml": dict(
         counts={**COMMON, V2VM: 1, FIREWALL: 2},
-        accelerator="v5p-16",
+        accelerator={"type": "V5P", "topology": "2x2x2"},
         runtime="v2-alpha-tpuv5",
         scheduling=None,
         hosts=2,
@@ -62,24 +87,50 @@ EXAMPLES = {
     ),
     "Pulumi.example-multislice.yaml": dict(
         counts={**COMMON, V2VM: 2, FIREWALL: 3, INSTANCE: 1},
-        accelerator="v6e-16",
+        accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"reserved": True},
         hosts=4,
         head_vm=True,
     ),
+    "Pulumi.example-compute-v6e-16.yaml": dict(
+        counts={**COMMON, **_compute(4), FIREWALL: 2, INSTANCE: 1},
+        machine_type="ct6e-standard-4t",
+        topology="4x4",
+        provisioning="SPOT",
+        hosts=4,
+        head_vm=True,
+    ),
+    "Pulumi.example-compute-tpu7x-16.yaml": dict(
+        counts={**COMMON, **_compute(2), FIREWALL: 2},
+        machine_type="tpu7x-standard-4t",
+        topology="2x2x2",
+        provisioning="STANDARD",
+        hosts=2,
+        head_vm=False,
+    ),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(EXAMPLES))
-def example(request):
-    path = ROOT / request.param
+TPU_VM_EXAMPLES = sorted(name for name, e in EXAMPLES.items() if "runtime" in e)
+COMPUTE_EXAMPLES = sorted(name for name, e in EXAMPLES.items() if "machine_type" in e)
+
+
+@functools.cache
+def _example(name: str):
+    path = ROOT / name
     run = run_offline(lambda: main().exports, preview.stack_config(str(path), []))
-    return EXAMPLES[request.param], spec.load_cli(str(path), []), run
+    return EXAMPLES[name], spec.load_cli(str(path), []), run
+
+
+@pytest.fixture(params=sorted(EXAMPLES))
+def example(request):
+    return _example(request.param)
 
 
 def _hosts(run):
-    return run.of_type(V2VM) + run.of_type(INSTANCE)
+    """Everything whose metadata boots a host: TPU VMs, instance templates, the head VM."""
+    return run.of_type(V2VM) + run.of_type(TEMPLATE) + run.of_type(INSTANCE)
 
 
 def test_resource_types_and_counts(example):
@@ -101,27 +152,54 @@ def test_every_child_is_parented_and_prefixed(example):
         assert r.name.startswith(cluster_spec.name)
 
 
-def test_slices_accelerator_runtime_and_scheduling(example):
-    expected, _, run = example
+@pytest.mark.parametrize("name", TPU_VM_EXAMPLES)
+def test_slices_accelerator_runtime_and_scheduling(name):
+    expected, _, run = _example(name)
     for vm in run.of_type(V2VM):
-        assert vm.inputs["acceleratorType"] == expected["accelerator"]
+        # The topology goes with the type: the API would otherwise pick its own for the size.
+        assert vm.inputs["acceleratorConfig"] == expected["accelerator"]
+        assert "acceleratorType" not in vm.inputs
         assert vm.inputs["runtimeVersion"] == expected["runtime"]
         assert vm.inputs.get("schedulingConfig") == expected["scheduling"]
 
 
-def test_startup_script_is_the_rendered_script_and_fits(example):
+@pytest.mark.parametrize("name", COMPUTE_EXAMPLES)
+def test_compute_slice_shape(name):
+    expected, _, run = _example(name)
+    (policy,) = run.of_type(POLICY)
+    assert policy.inputs["workloadPolicy"] == {
+        "type": "HIGH_THROUGHPUT",
+        "acceleratorTopology": expected["topology"],
+    }
+    (template,) = run.of_type(TEMPLATE)
+    assert template.inputs["machineType"] == expected["machine_type"]
+    assert template.inputs["scheduling"]["provisioningModel"] == expected["provisioning"]
+    assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    (mig,) = run.of_type(MIG)
+    assert (mig.inputs["targetSize"], mig.inputs["targetSizePolicies"]) == (
+        expected["hosts"],
+        [{"mode": "BULK"}],
+    )
+    assert mig.inputs["resourcePolicies"]["workloadPolicy"].endswith(
+        f"/resourcePolicies/{policy.inputs['name']}"
+    )
+    assert not run.of_type(V2VM)
+
+
+def test_every_host_boots_the_same_script_and_it_fits(example):
     _, cluster_spec, run = example
-    script = render(cluster_spec)
-    for host in _hosts(run):
-        assert host.inputs["metadata"]["startup-script"] == script
-        assert len(script.encode()) < METADATA_VALUE_LIMIT
+    scripts = {host.inputs["metadata"]["startup-script"] for host in _hosts(run)}
+    (script,) = scripts  # one script for every slice and the head VM
+    assert script.startswith("#!/bin/bash")
+    assert f"'{cluster_spec.accelerator_type}'" in script or f"={cluster_spec.accelerator_type}\n" in script
+    assert len(script.encode()) < METADATA_VALUE_LIMIT
 
 
 def test_no_external_ips(example):
     _, _, run = example
     for vm in run.of_type(V2VM):
         assert vm.inputs["networkConfig"]["enableExternalIps"] is False
-    for instance in run.of_type(INSTANCE):
+    for instance in run.of_type(INSTANCE) + run.of_type(TEMPLATE):
         assert all(not nic.get("accessConfigs") for nic in instance.inputs["networkInterfaces"])
 
 
@@ -150,6 +228,9 @@ def test_outputs_present(example):
     assert [len(ips) for ips in out["slice_host_ips"].values()] == [expected["hosts"]] * cluster_spec.slices
     assert out["jobs_api_address"] == f"http://{out['head_internal_ip']}:8265"
     assert "--tunnel-through-iap" in out["dashboard_tunnel_command"]
+    # GA `gcloud compute tpus tpu-vm ssh` has no --tunnel-through-iap; alpha does (access.py).
+    for command in [out["dashboard_tunnel_command"], *out["ssh_commands"].values()]:
+        assert "tpus tpu-vm ssh" not in command or command.startswith("gcloud alpha compute tpus tpu-vm ssh ")
     assert f"8265:{out['head_internal_ip']}:8265" in out["dashboard_tunnel_command"]
     assert set(out["ssh_commands"]) >= set(out["slice_names"])
     assert all(
@@ -164,11 +245,11 @@ def test_outputs_present(example):
 def test_head_address_and_roles(example):
     expected, _, run = example
     head_ip = run.value["head_internal_ip"]
-    slice_metadata = [vm.inputs["metadata"] for vm in run.of_type(V2VM)]
+    slice_metadata = [vm.inputs["metadata"] for vm in run.of_type(V2VM) + run.of_type(TEMPLATE)]
     if expected["head_vm"]:
         (instance,) = run.of_type(INSTANCE)
         assert instance.inputs["metadata"][ATTR_ROLE] == "head-vm"
-        assert instance.inputs["machineType"] == "n1-standard-16"
+        assert instance.inputs["machineType"] == "n2-standard-16"
         assert all(m[ATTR_HEAD_ADDRESS] == head_ip for m in slice_metadata)
     else:
         assert head_ip == run.value["slice_host_ips"][run.value["slice_names"][0]][0]
@@ -196,12 +277,13 @@ def test_example_header_states_the_slice(example):
     assert header.startswith("# Slice: ")
     assert f"{t.accelerator_type} = " in header
     assert f"{t.hosts} host" in header and f"x {t.chips_per_host} chips" in header
-    assert f"topology {t.topology}" in path.read_text() and t.runtime_version in path.read_text()
+    assert f"topology {t.topology}" in path.read_text()
+    assert (t.runtime_version or t.machine_type) in path.read_text()
 
 
 def test_every_host_reports_its_boot_state_through_guest_attributes(example):
     """The boot script's states are guest attributes, which GCE serves only when asked for."""
     _, _, run = example
-    metadata = [r.inputs["metadata"] for r in (*run.of_type(V2VM), *run.of_type(INSTANCE))]
+    metadata = [r.inputs["metadata"] for r in _hosts(run)]
     assert metadata and all(m["enable-guest-attributes"] == "TRUE" for m in metadata)
     assert all(m["enable-oslogin"] == "TRUE" for m in metadata)

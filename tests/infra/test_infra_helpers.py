@@ -6,11 +6,11 @@ import shlex
 
 from rayslice import spec
 from rayslice.infra import access
-from rayslice.infra.firewall import IAP_SOURCE_RANGE, cluster_tag, firewall_rules, head_tag
+from rayslice.infra.firewall import IAP_SOURCE_RANGE, cluster_tag, firewall_rules, head_tag, slice_tags
 from rayslice.infra.identity import account_id
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.network import region_of
-from rayslice.infra.tpu_slice import scheduling, slice_tags
+from rayslice.infra.tpu_vm.slice import scheduling
 
 
 def _spec(**raw):
@@ -74,8 +74,12 @@ def test_region_of_zone():
 
 def test_commands_are_shell_safe_and_go_through_iap():
     tunnel = access.tpu_dashboard_tunnel("s-0", "us-east5-b", "p-1", "10.0.0.5")
+    # GA `gcloud compute tpus tpu-vm ssh` lists only --internal-ip (its reference's synopsis);
+    # the alpha command has --tunnel-through-iap
+    # (cloud.google.com/sdk/gcloud/reference/alpha/compute/tpus/tpu-vm/ssh).
     assert shlex.split(tunnel) == [
         "gcloud",
+        "alpha",
         "compute",
         "tpus",
         "tpu-vm",

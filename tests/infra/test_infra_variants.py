@@ -20,7 +20,12 @@ NETWORK_TYPES = (
     "gcp:compute/router:Router",
     "gcp:compute/routerNat:RouterNat",
 )
-BASE = {"rayslice:acceleratorType": "v6e-16", "rayslice:zone": "us-east5-b", "gcp:project": "my-gcp-project"}
+BASE = {
+    "rayslice:platform": "tpu-vm",
+    "rayslice:acceleratorType": "v6e-16",
+    "rayslice:zone": "us-east5-b",
+    "gcp:project": "my-gcp-project",
+}
 
 
 def _run(**overrides: str):
@@ -89,8 +94,8 @@ def test_gcp_zone_and_project_fallback():
         lambda: main().exports,
         {"rayslice:acceleratorType": "v5p-16", "gcp:zone": "us-east5-a", "gcp:project": "other-project"},
     )
-    (vm,) = run.of_type("gcp:tpu/v2Vm:V2Vm")
-    assert (vm.inputs["zone"], vm.inputs["project"]) == ("us-east5-a", "other-project")
+    (mig,) = run.of_type("gcp:compute/instanceGroupManager:InstanceGroupManager")  # v5p: compute
+    assert (mig.inputs["zone"], mig.inputs["project"]) == ("us-east5-a", "other-project")
 
 
 @pytest.mark.parametrize(
@@ -146,12 +151,14 @@ def test_imported_by_another_program():
     registrations = engine.registrations
     (cluster,) = [r for r in registrations if r.type == "rayslice:infra:TpuRayCluster"]
     assert "acme:platform:MlPlatform$rayslice:infra:TpuRayCluster::ml" in cluster.urn
-    (vm,) = [r for r in registrations if r.type == "gcp:tpu/v2Vm:V2Vm"]
-    assert (vm.inputs["name"], vm.inputs["acceleratorType"], vm.inputs["schedulingConfig"]) == (
+    (mig,) = [r for r in registrations if r.type == "gcp:compute/instanceGroupManager:InstanceGroupManager"]
+    (template,) = [r for r in registrations if r.type == "gcp:compute/instanceTemplate:InstanceTemplate"]
+    assert (mig.inputs["name"], mig.inputs["targetSize"], template.inputs["machineType"]) == (
         "ml-slice-0",
-        "v5p-16",
-        {"spot": True},
+        2,
+        "ct5p-hightpu-4t",
     )
+    assert template.inputs["scheduling"]["provisioningModel"] == "SPOT"
     assert outputs["slice_names"] == ["ml-slice-0"]
     assert len(outputs["slice_host_ips"]["ml-slice-0"]) == 2
     assert outputs["jobs_api_address"].startswith("http://10.128.")

@@ -10,19 +10,32 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayslice import cli, preview, spec
-from rayslice.infra import kuberay
+from rayslice import cli
+from rayslice.infra import preview
+from rayslice.infra.gke import kuberay
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (example, V2Vm count, accelerator type, runtime, head VM machine type or None)
+# (example, V2Vm count, accelerator config as printed, runtime, head VM machine type or None)
 EXAMPLES = [
-    ("Pulumi.example-v6e-4.yaml", 1, "v6e-4", "v2-alpha-tpuv6e", None),
-    ("Pulumi.example-v6e-16.yaml", 1, "v6e-16", "v2-alpha-tpuv6e", None),
-    ("Pulumi.example-v5p-16-xla.yaml", 1, "v5p-16", "v2-alpha-tpuv5", None),
-    ("Pulumi.example-multislice.yaml", 2, "v6e-16", "v2-alpha-tpuv6e", "n1-standard-16"),
+    ("Pulumi.example-v6e-4.yaml", 1, '{"topology": "2x2", "type": "V6E"}', "v2-alpha-tpuv6e", None),
+    (
+        "Pulumi.example-v6e-16.yaml",
+        1,
+        '{"topology": "4x4", "type": "V6E"}',
+        "v2-alpha-tpuv6e",
+        "n2-standard-16",
+    ),
+    ("Pulumi.example-v5p-16-xla.yaml", 1, '{"topology": "2x2x2", "type": "V5P"}', "v2-alpha-tpuv5", None),
+    (
+        "Pulumi.example-multislice.yaml",
+        2,
+        '{"topology": "4x4", "type": "V6E"}',
+        "v2-alpha-tpuv6e",
+        "n2-standard-16",
+    ),
 ]
 
 
@@ -35,7 +48,7 @@ def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, hea
     assert cli.main(["preview", "--stack-file", str(ROOT / name)]) == 0
     out = capsys.readouterr().out
     assert len(_resource_lines(out, "gcp.tpu.V2Vm")) == slices
-    assert out.count(f'acceleratorType: "{accelerator}"') == slices
+    assert out.count(f"acceleratorConfig: {accelerator}") == slices
     assert out.count(f'runtimeVersion: "{runtime}"') == slices
     for kind in (
         "gcp.compute.Network",
@@ -51,6 +64,11 @@ def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, hea
         assert f'machineType: "{head_machine}"' in out
     assert 'secretData: "[secret]"' in out
     assert 'startup-script": "<' in out  # the script is summarised, not dumped
+    # A config change replaces the slices instead of patching metadata running hosts ignore.
+    assert out.count("(replaced, not updated, when any of these inputs change: metadata)") == slices + (
+        1 if head_machine else 0
+    )
+    assert out.count("(timeouts: create 60m, delete 30m)") == slices
 
 
 def _tree_resources(text: str) -> list[tuple[str, dict]]:
@@ -71,7 +89,7 @@ def test_preview_of_the_gke_example(capsys):
     for kind in ("gcp.container.Cluster", "kubernetes.helm.sh/v3.Release", "kubernetes.ray.io/v1.RayCluster"):
         assert kinds[kind] == 1, kind
     pools = [inputs for kind, inputs in resources if kind == "gcp.container.NodePool"]
-    tpu_pools = [p for p in pools if p["nodeConfig"]["machineType"] != "n1-standard-16"]
+    tpu_pools = [p for p in pools if p["nodeConfig"]["machineType"].startswith("ct")]
     assert [(p["nodeConfig"]["machineType"], p["nodeCount"], p["placementPolicy"]) for p in tpu_pools] == [
         ("ct6e-standard-4t", 4, {"type": "COMPACT", "tpuTopology": "4x4"})
     ]
@@ -79,18 +97,25 @@ def test_preview_of_the_gke_example(capsys):
     assert (release["chart"], release["version"]) == ("kuberay-operator", kuberay.KUBERAY_VERSION)
 
 
-@pytest.mark.parametrize("name", ["Pulumi.example-gke-v6e-16.yaml", "Pulumi.example-gke-multislice.yaml"])
-def test_yaml_output_is_what_kubectl_applies(capsys, name, crd_validator):
+# (example, TPU hosts in all slices, worker groups' (replicas, numOfHosts)), written out by hand.
+GKE_EXAMPLES = [
+    ("Pulumi.example-gke-v6e-16.yaml", 4, [(1, 4)]),
+    ("Pulumi.example-gke-multislice.yaml", 8, [(2, 4)]),
+]
+
+
+@pytest.mark.parametrize("name, hosts, groups", GKE_EXAMPLES)
+def test_yaml_output_is_what_kubectl_applies(capsys, name, hosts, groups, crd_validator):
     path = str(ROOT / name)
     assert cli.main(["preview", "--stack-file", path, "--output", "yaml"]) == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
-    cluster_spec = spec.load_cli(path, [])
-    hosts = cluster_spec.tpu.hosts * cluster_spec.slices
-    assert [d["kind"] for d in documents] == ["ConfigMap"] + ["Service"] * hosts + [
-        "RayCluster"
-    ]  # no Helm release
-    assert documents == kuberay.manifests(cluster_spec)  # what the program registered = the pure builder
+    kinds = Counter(d["kind"] for d in documents)
+    assert (kinds["ConfigMap"], kinds["Service"], kinds["RayCluster"]) == (1, hosts, 1)
+    assert documents[0]["kind"] == "ConfigMap" and documents[-1]["kind"] == "RayCluster"  # apply order
+    assert not [d for d in documents if "chart" in d]  # no Helm release
     ray_cluster = documents[-1]
+    worker_groups = ray_cluster["spec"]["workerGroupSpecs"]
+    assert sorted((g["replicas"], g["numOfHosts"]) for g in worker_groups) == groups
     errors = sorted(crd_validator.iter_errors(ray_cluster), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
     [volume] = ray_cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
@@ -102,7 +127,7 @@ def test_yaml_output_on_tpu_vm_is_an_error(capsys):
     code = cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "yaml"])
     captured = capsys.readouterr()
     assert code == cli.EXIT_INVALID
-    assert "platform=gke" in captured.err and "platform=tpu-vm" in captured.err
+    assert "platform=gke" in captured.err and "--output tree" in captured.err
     assert captured.out == ""
 
 
@@ -110,8 +135,9 @@ def test_multislice_tree_nests_resources_under_components(capsys):
     cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-multislice.yaml")])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "rayslice.infra.TpuRayCluster  jax-multislice"
-    head = lines.index("├── rayslice.infra.HeadVm  jax-multislice-head")
-    assert lines[head + 1] == "│   └── gcp.compute.Instance  jax-multislice-head-instance"
+    assert "└── rayslice.infra.TpuVmCluster  jax-multislice-tpu-vm" in lines
+    head = lines.index("    ├── rayslice.infra.HeadVm  jax-multislice-tpu-vm-head")
+    assert lines[head + 1] == "    │   └── gcp.compute.Instance  jax-multislice-tpu-vm-head-instance"
 
 
 def test_set_overrides_the_stack_file(capsys):
@@ -128,7 +154,7 @@ def test_set_overrides_the_stack_file(capsys):
     )
     out = capsys.readouterr().out
     assert 'schedulingConfig: {"spot": true}' in out
-    assert 'acceleratorType: "v6e-8"' in out
+    assert 'acceleratorConfig: {"topology": "2x4", "type": "V6E"}' in out
 
 
 def test_invalid_config_fails_with_the_spec_message(capsys):
@@ -173,7 +199,8 @@ def test_stack_config_stringifies_like_pulumi(tmp_path):
         ("gcp:tpu/v2Vm:V2Vm", "gcp.tpu.V2Vm"),
         ("gcp:compute/routerNat:RouterNat", "gcp.compute.RouterNat"),
         ("random:index/randomPassword:RandomPassword", "random.RandomPassword"),
-        ("rayslice:infra:TpuSlice", "rayslice.infra.TpuSlice"),
+        ("rayslice:infra:TpuVmSlice", "rayslice.infra.TpuVmSlice"),
+        ("gcp:compute/instanceGroupManager:InstanceGroupManager", "gcp.compute.InstanceGroupManager"),
         ("kubernetes:ray.io/v1:RayCluster", "kubernetes.ray.io/v1.RayCluster"),
     ],
 )

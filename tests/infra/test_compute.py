@@ -1,0 +1,170 @@
+"""platform=compute under Pulumi's mocks: issue 9's acceptance, through `rayslice preview --output json`."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+import pytest
+
+from rayslice import cli
+from rayslice.infra.mocks import run_offline
+from rayslice.infra.network import mtu_warning
+from rayslice.infra.program import main
+from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
+TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
+MIG = "gcp:compute/instanceGroupManager:InstanceGroupManager"
+PER_INSTANCE = "gcp:compute/perInstanceConfig:PerInstanceConfig"
+SLEEP = "time:index/sleep:Sleep"
+
+
+def _preview_json(capsys, *args: str) -> list[dict]:
+    assert cli.main(["preview", *args, "--output", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _of(resources: list[dict], type_token: str) -> list[dict]:
+    return [r for r in resources if r["type"] == type_token]
+
+
+def test_v6e_16_example_acceptance(capsys):
+    resources = _preview_json(capsys, "--stack-file", str(ROOT / "Pulumi.example-compute-v6e-16.yaml"))
+    (policy,) = _of(resources, POLICY)
+    assert policy["inputs"]["workloadPolicy"] == {"acceleratorTopology": "4x4", "type": "HIGH_THROUGHPUT"}
+    (template,) = _of(resources, TEMPLATE)
+    assert template["inputs"]["machineType"] == "ct6e-standard-4t"
+    assert template["inputs"]["scheduling"]["provisioningModel"] == "SPOT"  # the example is spot
+    assert template["inputs"]["scheduling"]["instanceTerminationAction"] == "DELETE"
+    (mig,) = _of(resources, MIG)
+    assert mig["inputs"]["targetSize"] == 4
+    assert mig["inputs"]["targetSizePolicies"] == [{"mode": "BULK"}]
+    assert not _of(resources, "gcp:tpu/v2Vm:V2Vm")
+    hosts = [*_of(resources, TEMPLATE), *_of(resources, "gcp:compute/instance:Instance")]
+    assert hosts and all(
+        not nic.get("accessConfigs") for h in hosts for nic in h["inputs"]["networkInterfaces"]
+    )
+    for rule in _of(resources, "gcp:compute/firewall:Firewall"):
+        for cidr in rule["inputs"].get("sourceRanges", []):
+            assert ipaddress.ip_network(cidr).prefixlen > 0, rule["name"]
+
+
+def test_hosts_have_sequential_names_listed_in_metadata(capsys):
+    resources = _preview_json(capsys, "--stack-file", str(ROOT / "Pulumi.example-compute-v6e-16.yaml"))
+    names = [r["inputs"]["name"] for r in _of(resources, PER_INSTANCE)]
+    expected = [f"jax-compute-v6e-16-slice-0-w{i}" for i in range(4)]
+    assert names == expected
+    (template,) = _of(resources, TEMPLATE)
+    metadata = template["inputs"]["metadata"]
+    assert metadata[ATTR_SLICE_HOSTS] == ",".join(expected)
+    assert metadata[ATTR_SLICE_NAME] == "jax-compute-v6e-16-slice-0"
+    # The Cloud TPU API's own attributes are the API's to set, never rayslice's.
+    assert not {"agent-worker-number", "worker-network-endpoints", "instance-id"} & set(metadata)
+    for config in _of(resources, PER_INSTANCE):
+        [ip] = config["inputs"]["preservedState"]["internalIps"]
+        assert ip["interfaceName"] == "nic0" and ip["autoDelete"] == "NEVER"
+
+
+def test_ironwood_example(capsys):
+    resources = _preview_json(capsys, "--stack-file", str(ROOT / "Pulumi.example-compute-tpu7x-16.yaml"))
+    (policy,) = _of(resources, POLICY)
+    assert policy["inputs"]["workloadPolicy"]["acceleratorTopology"] == "2x2x2"
+    (template,) = _of(resources, TEMPLATE)
+    assert template["inputs"]["machineType"] == "tpu7x-standard-4t"
+    assert template["inputs"]["disks"][0]["sourceImage"].endswith("/family/ubuntu-accel-2404-amd64-tpu-tpu7x")
+    assert template["inputs"]["scheduling"]["provisioningModel"] == "STANDARD"
+    assert "reservationAffinity" not in template["inputs"]
+    (mig,) = _of(resources, MIG)
+    assert (mig["inputs"]["targetSize"], mig["inputs"]["targetSizePolicies"]) == (2, [{"mode": "BULK"}])
+
+
+@pytest.mark.parametrize(
+    "extra, affinity",
+    [
+        (
+            ["--set", "reservation=team-v6e"],
+            {
+                "type": "SPECIFIC_RESERVATION",
+                "specificReservation": {
+                    "key": "compute.googleapis.com/reservation-name",
+                    "values": ["team-v6e"],
+                },
+            },
+        ),
+        ([], {"type": "ANY_RESERVATION"}),
+    ],
+    ids=["named", "any"],
+)
+def test_reserved_capacity_uses_the_reservation(capsys, extra, affinity):
+    resources = _preview_json(
+        capsys,
+        "--set",
+        "acceleratorType=v6e-16",
+        "--set",
+        "zone=us-east5-b",
+        "--set",
+        "capacity=reserved",
+        *extra,
+    )
+    (template,) = _of(resources, TEMPLATE)
+    assert template["inputs"]["reservationAffinity"] == affinity
+    assert template["inputs"]["scheduling"]["provisioningModel"] == "STANDARD"
+
+
+def test_single_host_slice_is_a_one_instance_mig(capsys):
+    resources = _preview_json(capsys, "--set", "acceleratorType=v6e-4", "--set", "zone=us-east5-b")
+    (mig,) = _of(resources, MIG)
+    assert mig["inputs"]["targetSize"] == 1
+    assert [r["inputs"]["name"] for r in _of(resources, PER_INSTANCE)] == ["rayslice-slice-0-w0"]
+
+
+def test_outputs_use_compute_engine_ssh():
+    config = {"rayslice:acceleratorType": "v6e-16", "rayslice:zone": "us-east5-b", "gcp:project": "team-p1"}
+    out = run_offline(lambda: main().exports, config).value
+    assert out["ssh_commands"] == {
+        "rayslice-slice-0": "gcloud compute ssh rayslice-slice-0-w0 --zone=us-east5-b --project=team-p1 "
+        "--tunnel-through-iap"
+    }
+    [ips] = out["slice_host_ips"].values()
+    assert len(ips) == 4 and out["head_internal_ip"] == ips[0]
+    assert out["dashboard_tunnel_command"].startswith("gcloud compute ssh rayslice-slice-0-w0 ")
+
+
+def test_hosts_wait_for_grants_and_iam_propagation():
+    run = run_offline(
+        lambda: main().exports, {"rayslice:acceleratorType": "v6e-16", "rayslice:zone": "us-east5-b"}
+    )
+    (sleep,) = run.of_type(SLEEP)
+    assert sleep.inputs["createDuration"] == "60s"
+
+
+def test_config_change_rolls_the_whole_slice_keeping_names(capsys):
+    resources = _preview_json(capsys, "--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b")
+    (mig,) = _of(resources, MIG)
+    assert mig["inputs"]["updatePolicy"] == {
+        "maxSurgeFixed": 0,
+        "maxUnavailableFixed": 4,
+        "minimalAction": "REPLACE",
+        "replacementMethod": "RECREATE",
+        "type": "PROACTIVE",
+    }
+    assert mig["customTimeouts"] == {"create": "60m", "update": "60m", "delete": "30m"}
+    (template,) = _of(resources, TEMPLATE)
+    assert template["replaceOnChanges"] == ["metadata"]
+
+
+def test_created_vpc_has_the_multislice_mtu(capsys):
+    resources = _preview_json(capsys, "--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b")
+    (vpc,) = _of(resources, "gcp:compute/network:Network")
+    assert vpc["inputs"]["mtu"] == 8896
+
+
+@pytest.mark.parametrize("mtu, warns", [(1460, True), (None, True), (8896, False), (8900, False)])
+def test_mtu_warning_for_an_existing_vpc(mtu, warns):
+    message = mtu_warning("shared-vpc", mtu)
+    assert (message is not None) == warns
+    if warns:
+        assert "gcloud compute networks update shared-vpc --mtu=8896" in message
