@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from rayslice import spec as specs
-from rayslice.infra import kuberay
+from rayslice.infra.gke import kuberay
 from rayslice.startup_scripts import pod
 
 VENV = Path(sys.executable).parent.parent

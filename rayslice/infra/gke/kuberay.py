@@ -1,41 +1,33 @@
-"""KubeRay on the GKE cluster: the operator and the Kubernetes objects of one Ray cluster.
+"""The Kubernetes objects of one Ray cluster on GKE, as plain dicts (no Pulumi here).
 
-The objects are built by pure functions (`manifests` and the builders it calls), so
-`rayslice preview --output yaml` prints exactly what `pulumi up` applies, and the tests
-validate the RayCluster against KubeRay's CRD. The shape of a TPU worker group comes from the
-catalog once: `numOfHosts` = hosts, `replicas` = slices, ``google.com/tpu`` = chips per host,
-the node selector = the pools' accelerator and topology labels; `check_raycluster` asserts the
-rule that ties them together before anything is applied.
+`manifests` returns them in the order they are applied, so `rayslice preview --output yaml`
+prints exactly what `pulumi up` applies (`component.KubeRay`). The tests validate the
+RayCluster against KubeRay 1.7.0's CRD and the rest against the Kubernetes OpenAPI schema. The
+shape of a TPU worker group comes from the catalog once: `numOfHosts` = hosts, `replicas` =
+slices, ``google.com/tpu`` = chips per host, the node selector = the pools' labels.
 
 TPU identity: one headless Service per (slice, host) selects exactly one pod by KubeRay's
 replica and host index labels, and the pod start command (``startup_scripts/pod_start.sh.j2``)
 derives ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``, ``TPU_NAME`` and ``MEGASCALE_*`` from the
-same labels. The README (GKE section) says why this replaces the kuberay-tpu-webhook.
+same labels. docs/deploy-gke.md says why this replaces the kuberay-tpu-webhook.
+
+Access: `network_policies` admit traffic to the Ray pods only from the same RayCluster's pods,
+plus the dashboard from ``dashboardSourceRanges``.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
 
-import pulumi
-import pulumi_kubernetes as k8s
 import yaml
 
-from rayslice import catalog
-from rayslice.infra.gke_cluster import (
-    K8S_TAINT_EFFECT,
-    NODE_POOL_LABEL,
-    TPU_TAINT,
-    head_node_selector,
-    tpu_node_selector,
-)
+from rayslice.infra.gke.nodes import NODE_POOL_LABEL, head_node_selector, tpu_node_selector, tpu_toleration
 from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, MEGASCALE_PORT
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import pod
 
-# The operator release; the CRD in ../shared/fixtures/kuberay-v<version>/ is the one it installs.
+# The operator release; tests/fixtures/kuberay-v<version>/ holds the CRD it installs.
 KUBERAY_VERSION = "1.7.0"
 CHART = "kuberay-operator"
 CHART_REPO = "https://ray-project.github.io/kuberay-helm/"
@@ -47,7 +39,10 @@ OPERATOR_VALUES = {"featureGates": [{"name": "RayMultiHostIndexing", "enabled": 
 NAMESPACE = "default"
 RAY_API_VERSION = "ray.io/v1"
 OVERWRITE_CMD_ANNOTATION = "ray.io/overwrite-container-cmd"
+NETWORKING_API_VERSION = "networking.k8s.io/v1"
+# Labels KubeRay puts on every pod it creates (ray-operator/controllers/ray/utils/constant.go).
 LABEL_CLUSTER = "ray.io/cluster"
+LABEL_NODE_TYPE = "ray.io/node-type"  # "head" or "worker"
 LABEL_GROUP = "ray.io/group"
 LABEL_REPLICA_NAME = "ray.io/worker-group-replica-name"  # multi-host groups only
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rayslice"}
@@ -232,14 +227,7 @@ def _worker_group(spec: ClusterSpec) -> dict:
     )
     pod_spec: dict = {
         "nodeSelector": tpu_node_selector(spec),
-        "tolerations": [
-            {
-                "key": TPU_TAINT["key"],
-                "operator": "Equal",
-                "value": TPU_TAINT["value"],
-                "effect": K8S_TAINT_EFFECT[TPU_TAINT["effect"]],
-            }
-        ],
+        "tolerations": [tpu_toleration()],
         "containers": [container],
         "volumes": _pod_volumes(spec),
     }
@@ -275,53 +263,82 @@ def raycluster_manifest(spec: ClusterSpec) -> dict:
             "workerGroupSpecs": [_worker_group(spec)],
         },
     }
-    # The shape comes from the validated spec's catalog entry: a failure here is a catalog bug.
-    problems = check_raycluster(manifest)
-    assert not problems, "inconsistent RayCluster: " + "; ".join(problems)
     return manifest
 
 
-def check_raycluster(manifest: dict) -> list[str]:
-    """The kuberay-tpu-webhook's rule, kept without the webhook: every TPU worker group's
-    ``numOfHosts`` x ``google.com/tpu`` equals the chips of the topology it selects, and the
-    topology exists for the accelerator it selects."""
-    problems = []
-    by_label = {g.gke_accelerator: g.name for g in catalog.GENERATIONS if g.gke_accelerator}
-    for group in manifest["spec"].get("workerGroupSpecs", []):
-        pod_spec = group["template"]["spec"]
-        selector = pod_spec.get("nodeSelector", {})
-        limits = pod_spec["containers"][0].get("resources", {}).get("limits", {})
-        if TPU_RESOURCE not in limits:
-            continue
-        name, accelerator = group["groupName"], selector.get("cloud.google.com/gke-tpu-accelerator")
-        topology = selector.get("cloud.google.com/gke-tpu-topology")
-        if accelerator not in by_label or topology is None:
-            problems.append(
-                f"group {name}: node selector must name a GKE TPU accelerator and topology, got {selector}"
-            )
-            continue
-        try:
-            shape = catalog.lookup(f"{by_label[accelerator]}-{topology}", "gke")
-        except catalog.CatalogError as exc:
-            problems.append(f"group {name}: topology {topology} does not exist for {accelerator} ({exc})")
-            continue
-        hosts, per_host = group.get("numOfHosts", 1), int(limits[TPU_RESOURCE])
-        if hosts * per_host != shape.chips:
-            problems.append(
-                f"group {name}: numOfHosts {hosts} x {TPU_RESOURCE} {per_host} = {hosts * per_host} chips, "
-                f"but topology {topology} has {shape.chips}; use numOfHosts {shape.hosts} with {shape.chips_per_host} chips each"
-            )
-    return problems
+def ray_pods_selector(spec: ClusterSpec) -> dict:
+    """Every pod KubeRay starts for this RayCluster (head and workers)."""
+    return {"matchLabels": {LABEL_CLUSTER: spec.name}}
+
+
+def network_policies(spec: ClusterSpec) -> list[dict]:
+    """Who may connect to the Ray pods: only the same RayCluster's pods, on any port, and the
+    head's dashboard (the Jobs API) also from ``dashboardSourceRanges``.
+
+    Ray's pods talk to each other on more than the head's well-known ports (GCS, dashboard,
+    client): raylets, object managers, workers, and the JAX / megascale coordinators use ports
+    of their own, so the rule among the cluster's pods names no port. Everything else in the
+    cluster (other namespaces, other apps) is refused, since NetworkPolicies only add what
+    they admit once a pod is selected. ``kubectl port-forward`` enters through the kubelet,
+    not the pod network, so the documented tunnel keeps working. Enforced only where the
+    cluster runs Dataplane V2 or network policy (docs/deploy-gke.md).
+    """
+    own_pods = {"podSelector": ray_pods_selector(spec)}
+    policies = [
+        {
+            "apiVersion": NETWORKING_API_VERSION,
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": f"{spec.name}-ray-pods",
+                "namespace": NAMESPACE,
+                "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name},
+            },
+            "spec": {
+                "podSelector": ray_pods_selector(spec),
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [own_pods]}],
+            },
+        }
+    ]
+    if spec.dashboard_source_ranges:
+        policies.append(
+            {
+                "apiVersion": NETWORKING_API_VERSION,
+                "kind": "NetworkPolicy",
+                "metadata": {
+                    "name": f"{spec.name}-dashboard",
+                    "namespace": NAMESPACE,
+                    "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name},
+                },
+                "spec": {
+                    "podSelector": {"matchLabels": {LABEL_CLUSTER: spec.name, LABEL_NODE_TYPE: "head"}},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {
+                            "from": [{"ipBlock": {"cidr": cidr}} for cidr in spec.dashboard_source_ranges],
+                            "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}],
+                        }
+                    ],
+                },
+            }
+        )
+    return policies
 
 
 # The kinds of `manifests`, in the order `kubectl apply` should create them: the pods that
-# the RayCluster starts mount the ConfigMap and are named by the Services.
-APPLY_ORDER = ("ConfigMap", "Service", "RayCluster")
+# the RayCluster starts mount the ConfigMap, are named by the Services, and are fenced by the
+# NetworkPolicies from their first packet.
+APPLY_ORDER = ("ConfigMap", "Service", "NetworkPolicy", "RayCluster")
 
 
 def manifests(spec: ClusterSpec, package_source: str | None = None) -> list[dict]:
     """Every object of the Ray cluster, in `APPLY_ORDER` (the operator excluded)."""
-    return [pod_start_configmap(spec, package_source), *host_services(spec), raycluster_manifest(spec)]
+    return [
+        pod_start_configmap(spec, package_source),
+        *host_services(spec),
+        *network_policies(spec),
+        raycluster_manifest(spec),
+    ]
 
 
 class _ManifestDumper(yaml.SafeDumper):
@@ -340,67 +357,3 @@ def manifests_yaml(objects: list[dict]) -> str:
     """Kubernetes objects (`manifests`, or what the program registered from them) as one
     multi-document YAML stream for ``kubectl apply -f -``."""
     return yaml.dump_all(objects, Dumper=_ManifestDumper, sort_keys=False)
-
-
-@dataclass(frozen=True)
-class KubeRayArgs:
-    spec: ClusterSpec
-    provider: k8s.Provider  # reaches the GKE cluster
-    operator_node_pool: pulumi.Resource  # a pool the operator pod can run on (the head pool)
-
-
-class KubeRay(pulumi.ComponentResource):
-    """The KubeRay operator (Helm release or the GKE add-on) and the Ray cluster's objects."""
-
-    ray_cluster_name: pulumi.Output[str]
-
-    def __init__(self, name: str, args: KubeRayArgs, opts: pulumi.ResourceOptions | None = None):
-        spec = args.spec
-        objects = manifests(spec)  # pure, and checked, before anything is registered
-        super().__init__("rayslice:infra:KubeRay", name, None, opts)
-        on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        operator: list[pulumi.Resource] = [args.operator_node_pool]
-        if spec.kuberay == "helm":
-            operator = [
-                k8s.helm.v3.Release(
-                    f"{name}-operator",
-                    name=CHART,
-                    chart=CHART,
-                    version=KUBERAY_VERSION,
-                    repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO),
-                    namespace=OPERATOR_NAMESPACE,
-                    create_namespace=True,
-                    values=OPERATOR_VALUES,
-                    opts=pulumi.ResourceOptions.merge(
-                        on_cluster, pulumi.ResourceOptions(depends_on=[args.operator_node_pool])
-                    ),
-                )
-            ]
-        configmap, *services, cluster = objects
-        prerequisites: list[pulumi.Resource] = [
-            k8s.core.v1.ConfigMap(
-                f"{name}-pod-start", metadata=configmap["metadata"], data=configmap["data"], opts=on_cluster
-            )
-        ]
-        prerequisites += [
-            k8s.core.v1.Service(
-                f"{name}-{svc['metadata']['name']}",
-                metadata=svc["metadata"],
-                spec=svc["spec"],
-                opts=on_cluster,
-            )
-            for svc in services
-        ]
-        ray_cluster = k8s.apiextensions.CustomResource(
-            f"{name}-raycluster",
-            api_version=cluster["apiVersion"],
-            kind=cluster["kind"],
-            metadata=cluster["metadata"],
-            spec=cluster["spec"],
-            opts=pulumi.ResourceOptions.merge(
-                on_cluster, pulumi.ResourceOptions(depends_on=[*operator, *prerequisites])
-            ),
-        )
-        self.ray_cluster_name = ray_cluster.id.apply(lambda _: spec.name)
-        # Declared above and repeated here so it is the component's recorded output.
-        self.register_outputs({"ray_cluster_name": self.ray_cluster_name})
