@@ -1,0 +1,388 @@
+"""The whole boot script, run by real bash against a stub metadata server and Secret Manager.
+
+Covers what a simulated slice cannot: Secret Manager (its documented JSON), IAM that is not yet
+there, secrets that must never reach an argv or a log, a required attribute that answers 404, a
+metadata server that never answers, hostile values in every rendered variable, and the retry
+and state machine of each step. Each fault scenario records its outcome for docs/faults.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rayslice import names
+from rayslice import spec as spec_module
+from rayslice.startup_scripts import RenderOptions, host_attributes
+from rayslice.startup_scripts.variables import script_variables
+from tests.startup_scripts import sandbox
+from tests.startup_scripts.faults import PAGE, FaultTable, section
+
+TOKEN = "ray-token-0c5e9d1b-do-not-leak"
+INDEX_PASSWORD = "index-pw-93af-do-not-leak"
+
+SCENARIOS = {
+    "metadata_503": "metadata server answers 503 for 8 s",
+    "metadata_never": "metadata server accepts and never answers",
+    "required_404": "a required attribute (`rayslice-head-mode`) answers 404",
+    "wrong_type": "script rendered for v6e-4 runs on a v6e-16 host",
+    "token_flaky": "Secret Manager answers 503 twice, then 403 twice (IAM not yet propagated)",
+    "install_once": "install fails once (network error), then succeeds",
+    "unresolvable": "requirements cannot be resolved",
+    "head_late": "worker boots while the head is not up; the head appears later",
+    "head_lost": "head lost after the worker joined, then back",
+    "boot_again": "boot script run again on a live host",
+    "reboot": "reboot with unchanged requirements (installing source)",
+    "hostile": "hostile string in every rendered variable",
+}
+TABLE = FaultTable("sandbox", SCENARIOS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def write_fault_table() -> Iterator[None]:
+    yield
+    if TABLE.complete():
+        TABLE.write()
+
+
+def _spec(**raw: object) -> spec_module.ClusterSpec:
+    return spec_module.load({"acceleratorType": "v6e-16", "platform": "tpu-vm", **raw}, require_zone=False)
+
+
+def _cloud(spec: spec_module.ClusterSpec, worker: int = 0, **extra: str) -> sandbox.StubCloud:
+    attributes = {**host_attributes(spec, 0, token_secret="ray-token"), **extra}
+    metadata = sandbox.tpu_vm_metadata(spec.accelerator_type, worker, spec.tpu.hosts, attributes)
+    return sandbox.StubCloud(metadata, {"ray-token": TOKEN, "index-creds": f"builder:{INDEX_PASSWORD}"})
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[list[sandbox.Sandbox]]:
+    """Sandboxes the test made; their supervisors are killed afterwards whatever happened."""
+    made: list[sandbox.Sandbox] = []
+    yield made
+    for box in made:
+        box.stop()
+        box.cloud.shutdown()
+
+
+def _box(
+    host: list[sandbox.Sandbox], tmp_path: Path, cloud: sandbox.StubCloud, **kw: object
+) -> sandbox.Sandbox:
+    box = sandbox.Sandbox(tmp_path, cloud, **kw)  # type: ignore[arg-type]  # kwargs are Sandbox's own
+    host.append(box)
+    return box
+
+
+def _joined(box: sandbox.Sandbox) -> bool:
+    return box.cloud.state == names.STATE_JOINED
+
+
+class _Head:
+    """Something listening on the head's GCS port (what a worker's probe waits for)."""
+
+    def __init__(self, port: int):
+        self.socket = socket.create_server(("127.0.0.1", port))
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def _kill_ray(box: sandbox.Sandbox) -> None:
+    """End the stub `ray start --block` (what Ray does when its head is gone for good)."""
+    group = box.supervisor_pid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if pgrp == group and cmdline == b"sleep\x00600\x00":
+            os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _no_secret_anywhere(box: sandbox.Sandbox, *secrets: str) -> None:
+    argv = box.curl_log.read_text() if box.curl_log.exists() else ""
+    argv += box.uv_log.read_text().split("UV_INDEX")[0] if box.uv_log.exists() else ""
+    for secret in (sandbox.ACCESS_TOKEN, *secrets):
+        assert secret not in argv, "a secret reached an argv"
+        assert secret not in box.log, "a secret reached the boot log"
+        assert all(secret not in state for state in box.cloud.states)
+    for proc in Path("/proc").iterdir():  # what `ps` shows, now
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        assert all(secret not in cmdline for secret in (sandbox.ACCESS_TOKEN, *secrets)), cmdline
+
+
+# ---- scenarios ---------------------------------------------------------------------------------
+
+
+def test_metadata_503_for_a_while_then_joined(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud)
+    cloud.faults.metadata_503_until = sandbox.time.monotonic() + 8
+    result = box.boot(box.render(spec, sandbox.free_port()))
+    assert result.returncode == 0, result.stderr
+    box.wait(lambda: _joined(box))
+    TABLE.record("metadata_503", "boot retries with backoff, then **joined**")
+
+
+def test_metadata_that_never_answers_ends_the_boot_with_a_named_failure(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    cloud.faults.metadata_hangs = True
+    box = _box(host, tmp_path, cloud)
+    result = box.boot(box.render(spec, sandbox.free_port()), RAYSLICE_METADATA_DEADLINE_S="6")
+    assert result.returncode == 1
+    assert "failed: could not read the host identity from metadata" in box.log
+    assert box.supervisor_pid() is None and box.ray_starts() == []
+    TABLE.record(
+        "metadata_never",
+        "startup script exits 1 after the metadata deadline, logging `failed: could not read the host "
+        "identity from metadata` (no state can be published); no supervisor, nothing started",
+    )
+
+
+def test_a_required_attribute_answering_404_is_a_permanent_failure(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    cloud.faults.missing.add(f"instance/attributes/{names.ATTR_HEAD_MODE}")
+    box = _box(host, tmp_path, cloud)
+    result = box.boot(box.render(spec, sandbox.free_port()))
+    assert result.returncode == 1
+    assert cloud.state == (
+        "failed: metadata attribute rayslice-head-mode is missing (404); infra writes it when it creates the host"
+    )
+    assert box.supervisor_pid() is None
+    TABLE.record("required_404", "`failed: metadata attribute rayslice-head-mode is missing (404); …`")
+
+
+def test_a_script_rendered_for_another_type_fails_at_boot(host, tmp_path):
+    cloud = _cloud(_spec(rayAuth="none"))
+    box = _box(host, tmp_path, cloud)
+    result = box.boot(box.render(_spec(acceleratorType="v6e-4", rayAuth="none"), sandbox.free_port()))
+    assert result.returncode == 1
+    assert cloud.state == (
+        "failed: this script was rendered for v6e-4 but the host is v6e-16; render it for this slice"
+    )
+    assert box.supervisor_pid() is None
+    TABLE.record("wrong_type", "`failed: this script was rendered for v6e-4 but the host is v6e-16; …`")
+
+
+def test_token_from_secret_manager_after_transient_and_permission_errors(host, tmp_path):
+    spec = _spec(rayAuth="token")
+    cloud = _cloud(spec)
+    cloud.faults.secret_failures = 2
+    cloud.faults.secret_denied = 2
+    box = _box(host, tmp_path, cloud)
+    assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
+    box.wait(lambda: _joined(box), timeout=90)
+    assert "waiting: token" in cloud.states
+    assert cloud.secret_requests == 5
+    token_file = box.root / "etc/rayslice/ray-token"
+    assert token_file.read_text() == TOKEN
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+    assert list(token_file.parent.iterdir()) == [token_file]  # no temporary file left
+    assert f"RAY_AUTH_TOKEN_PATH={token_file}" in box.ray_log.read_text()
+    # The bearer token went to curl through its config on stdin.
+    assert "--config -" in box.curl_log.read_text()
+    _no_secret_anywhere(box, TOKEN)
+    TABLE.record(
+        "token_flaky", "publishes `waiting: token`, retries with backoff, then **joined**; token file 0600"
+    )
+
+
+def test_install_fails_once_then_succeeds(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud, uv_failures=1)
+    script = box.render(spec, sandbox.free_port(), package_mode="wheels", package_dir="/srv/wheels")
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    assert "retrying: install (attempt 2)" in cloud.states
+    assert box.uv_count.read_text().strip() == "2"
+    TABLE.record("install_once", "publishes `retrying: install (attempt 2)`, then **joined**")
+
+
+def test_requirements_that_cannot_resolve_are_a_permanent_failure(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud, unresolvable=True)
+    assert (
+        box.boot(box.render(spec, sandbox.free_port(), package_mode="wheels", package_dir="/w")).returncode
+        == 0
+    )
+    box.wait(lambda: cloud.state.startswith(names.STATE_FAILED_PREFIX))
+    assert cloud.state.startswith("failed: requirements cannot be resolved:")
+    box.wait(lambda: not box.supervisor_alive(), timeout=20)  # supervision ended, nothing left
+    assert box.ray_starts() == []
+    TABLE.record("unresolvable", "`failed: requirements cannot be resolved: …`; the supervisor stops")
+
+
+def test_worker_waits_for_a_late_head_then_rejoins_after_losing_it(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec, worker=1)
+    box = _box(host, tmp_path, cloud)
+    port = sandbox.free_port()
+    assert box.boot(box.render(spec, port)).returncode == 0
+    box.wait(lambda: cloud.state == "waiting: head")
+    head = _Head(port)
+    try:
+        box.wait(lambda: _joined(box), timeout=60)
+        TABLE.record("head_late", "publishes `waiting: head` (no deadline), then **joined**")
+        [start] = box.ray_starts()
+        assert f"--address=127.0.0.1:{port}" in start
+        head.close()
+        _kill_ray(box)
+        box.wait(lambda: cloud.state == "waiting: head", timeout=30)
+        head = _Head(port)
+        box.wait(lambda: _joined(box) and len(box.ray_starts()) == 2, timeout=60)
+    finally:
+        head.close()
+    TABLE.record("head_lost", "Ray exits, supervisor restarts it: `waiting: head`, then **joined** again")
+
+
+def test_boot_again_on_a_live_host_and_reboot_take_the_fast_path(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud)
+    script = box.render(spec, sandbox.free_port(), package_mode="wheels", package_dir="/srv/wheels")
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    first = box.supervisor_pid()
+    cloud.states.clear()
+    assert box.boot(script).returncode == 0  # again, while everything runs
+    box.wait(lambda: _joined(box))
+    assert box.supervisor_pid() != first
+    assert "stopping the previous supervisor" in box.log
+    box.wait(lambda: not _group_alive(first), timeout=45)
+    TABLE.record("boot_again", "previous supervisor stopped, one Ray node, **joined**")
+
+    box.stop()  # power off: every process of the host gone at once
+    cloud.states.clear()
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    assert box.uv_count.read_text().strip() == "1"  # installed once, at the first boot
+    assert box.log.count("requirements unchanged") == 2
+    assert "installing" not in cloud.states
+    TABLE.record("reboot", "`requirements unchanged`: no install, **joined**")
+
+
+def _group_alive(pgid: int | None) -> bool:
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+HOSTILE = "$(touch {m})`touch {m}`';touch {m};'\"$(touch {m})\" #"
+
+
+def test_hostile_value_in_every_rendered_variable_stays_inert(host, tmp_path):
+    """Every rendered variable (names, ports, paths, lists) carries the hostile string at once."""
+    marker = tmp_path / "pwned"
+    hostile = HOSTILE.format(m=marker)
+    spec = _spec(rayAuth="token")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud)
+    variables = script_variables(spec, RenderOptions(supervisor="process", root=str(box.root)))
+    bad = {key: ([hostile] if isinstance(value, list) else hostile) for key, value in variables.items()}
+    script = box.render(spec, bad.pop("gcs_port"), **bad)
+    result = box.boot(script, timeout=60)
+    assert result.returncode != 0  # nothing in the script can work with such values
+    box.stop()
+    assert not marker.exists()
+    TABLE.record("hostile", "script fails (permanent), the string is never executed")
+
+
+def test_hostile_values_reach_the_tools_as_one_literal_argument(host, tmp_path):
+    """Values that let the script run to the install carry the hostile string to uv intact."""
+    marker = tmp_path / "pwned"
+    hostile = HOSTILE.format(m=marker)
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud)
+    script = box.render(
+        spec,
+        sandbox.free_port(),
+        requirements=[hostile],
+        find_links=[hostile],
+        package_index=hostile,
+    )
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    uv_lines = box.uv_log.read_text()
+    assert f"--default-index rayslice={hostile} --find-links {hostile} {hostile}" in uv_lines
+    assert not marker.exists()
+
+
+def test_index_credentials_reach_uv_by_environment_only(host, tmp_path):
+    spec = _spec(rayAuth="none", packageIndex="https://pypi.internal.example/simple")
+    cloud = _cloud(spec, **{names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
+    box = _box(host, tmp_path, cloud)
+    assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
+    box.wait(lambda: _joined(box))
+    uv = box.uv_log.read_text()
+    assert "--default-index rayslice=https://pypi.internal.example/simple" in uv
+    assert "UV_INDEX_RAYSLICE_USERNAME=builder" in uv
+    assert f"UV_INDEX_RAYSLICE_PASSWORD={INDEX_PASSWORD}" in uv
+    assert "UV_INDEX" not in box.ray_log.read_text()  # not exported to Ray and its jobs
+    _no_secret_anywhere(box, INDEX_PASSWORD)
+
+
+def test_compute_engine_host_gets_its_identity_from_instance_names(host, tmp_path):
+    """No Cloud-TPU-API attributes: worker number from instance/name in the slice's host list."""
+    spec = _spec(rayAuth="none", platform="compute")
+    attributes = host_attributes(spec, 0)
+    metadata = sandbox.base_metadata(
+        {"accelerator-type": "v6e-16", **attributes}, name=names.host_name(spec.slice_name(0), 2)
+    )
+    cloud = sandbox.StubCloud(metadata, {})
+    box = _box(host, tmp_path, cloud)
+    hosts = attributes[names.ATTR_SLICE_HOSTS]
+    port = sandbox.free_port()
+    script = box.render(spec, port)
+    listener = _Head(port)
+    try:
+        assert box.boot(script).returncode == 0
+        box.wait(lambda: _joined(box))
+    finally:
+        listener.close()
+    env = box.ray_log.read_text()
+    assert "TPU_WORKER_ID=2" in env
+    assert f"TPU_WORKER_HOSTNAMES={hosts}" in env
+    assert f"TPU_NAME={spec.slice_name(0)}" in env
+    assert "TPU_ACCELERATOR_TYPE=v6e-16" in env and "TPU_TOPOLOGY=4x4" in env
+    assert f"--address=127.0.0.1:{port}" in box.ray_starts()[0]
+
+
+def test_tpu_vm_host_exports_the_tpu_api_identity(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud)
+    assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
+    box.wait(lambda: _joined(box))
+    env = box.ray_log.read_text()
+    assert "TPU_WORKER_ID=0" in env and "TPU_NAME=sandbox-slice-0" in env and "TPU_TOPOLOGY=4x4" in env
+    assert "TPU_WORKER_HOSTNAMES=127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1" in env
+    assert "--head" in box.ray_starts()[0]
+
+
+def test_committed_fault_table_lists_every_sandbox_scenario():
+    rows = section(PAGE.read_text(), "sandbox")
+    for scenario in SCENARIOS.values():
+        assert f"| {scenario} |" in rows, scenario
