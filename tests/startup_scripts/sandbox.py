@@ -17,6 +17,7 @@ real. No root is needed; each sandbox kills its supervisor's process group when 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -198,7 +199,8 @@ exec {REAL_CURL} "${{args[@]}}"
         self._write(
             self.bin / "ray",
             f"""#!/bin/bash
-{{ printf 'argv:'; printf ' %s' "$@"; printf '\\n'; env | grep -E '^(TPU_|RAY_AUTH|UV_INDEX)' | sort; echo ---; }} >>{self.ray_log}
+{{ printf 'argv:'; printf ' %s' "$@"; printf '\\n'; env | grep -E '^(TPU_|RAY_AUTH|UV_INDEX)' | sort; }} \\
+  >>{self.ray_log}
 echo "Ray runtime started."
 exec sleep 600
 """,
@@ -232,7 +234,8 @@ case $1 in
     fi
     if [[ {int(unresolvable)} == 1 ]]; then
       echo "  x No solution found when resolving dependencies:" >&2
-      echo "  -> Because there is no version of nothing-such==9 and you require it, we can conclude that your requirements are unsatisfiable." >&2
+      echo "  -> Because there is no version of nothing-such==9 and you require it, we can" >&2
+      echo "     conclude that your requirements are unsatisfiable." >&2
       exit 1
     fi
     ;;
@@ -246,7 +249,7 @@ esac
         path.write_text(text)
         path.chmod(0o755)
 
-    def render(self, spec: spec_module.ClusterSpec, gcs_port: int, **overrides: object) -> Path:
+    def render(self, spec: spec_module.ClusterSpec, gcs_port: object, **overrides: object) -> Path:
         variables = script_variables(spec, RenderOptions(supervisor="process", root=str(self.root)))
         script = self.tmp / "boot.sh"
         script.write_text(
@@ -310,10 +313,8 @@ esac
     def stop(self) -> None:
         pid = self.supervisor_pid()
         if pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def free_port() -> int:

@@ -55,8 +55,10 @@ def _spec(**raw: object) -> spec_module.ClusterSpec:
     return spec_module.load({"acceleratorType": "v6e-16", "platform": "tpu-vm", **raw}, require_zone=False)
 
 
-def _cloud(spec: spec_module.ClusterSpec, worker: int = 0, **extra: str) -> sandbox.StubCloud:
-    attributes = {**host_attributes(spec, 0, token_secret="ray-token"), **extra}
+def _cloud(
+    spec: spec_module.ClusterSpec, worker: int = 0, extra: dict[str, str] | None = None
+) -> sandbox.StubCloud:
+    attributes = {**host_attributes(spec, 0, token_secret="ray-token"), **(extra or {})}
     metadata = sandbox.tpu_vm_metadata(spec.accelerator_type, worker, spec.tpu.hosts, attributes)
     return sandbox.StubCloud(metadata, {"ray-token": TOKEN, "index-creds": f"builder:{INDEX_PASSWORD}"})
 
@@ -161,7 +163,8 @@ def test_a_required_attribute_answering_404_is_a_permanent_failure(host, tmp_pat
     result = box.boot(box.render(spec, sandbox.free_port()))
     assert result.returncode == 1
     assert cloud.state == (
-        "failed: metadata attribute rayslice-head-mode is missing (404); infra writes it when it creates the host"
+        "failed: metadata attribute rayslice-head-mode is missing (404); "
+        "infra writes it when it creates the host"
     )
     assert box.supervisor_pid() is None
     TABLE.record("required_404", "`failed: metadata attribute rayslice-head-mode is missing (404); …`")
@@ -332,7 +335,7 @@ def test_hostile_values_reach_the_tools_as_one_literal_argument(host, tmp_path):
 
 def test_index_credentials_reach_uv_by_environment_only(host, tmp_path):
     spec = _spec(rayAuth="none", packageIndex="https://pypi.internal.example/simple")
-    cloud = _cloud(spec, **{names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
+    cloud = _cloud(spec, extra={names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
     box = _box(host, tmp_path, cloud)
     assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
     box.wait(lambda: _joined(box))
