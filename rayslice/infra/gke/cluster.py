@@ -119,19 +119,14 @@ def existing_cluster_problems(
             )
         )
     if datapath_provider != DATAPATH_PROVIDER and not network_policy_enabled:
+        update = ["gcloud container clusters update", str(name), f"--zone={zone}", *project]
         warnings.append(
             f"GKE cluster {name!r} does not enforce NetworkPolicy (no Dataplane V2, network policy "
-            "off): the Ray pods' ports are open to every pod in the cluster. Enable it with "
-            + " ".join(
-                [
-                    "gcloud container clusters update",
-                    str(name),
-                    f"--zone={zone}",
-                    "--enable-network-policy",
-                    *project,
-                ]
-            )
-            + " (see docs/deploy-gke.md)"
+            "off): the Ray pods' ports are open to every pod in the cluster. Turn enforcement on "
+            "(it recreates the nodes; docs/deploy-gke.md, Access): "
+            + " ".join([*update, "--update-addons=NetworkPolicy=ENABLED"])
+            + ", then "
+            + " ".join([*update, "--enable-network-policy"])
         )
     return errors, warnings
 
