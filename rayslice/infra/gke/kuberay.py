@@ -128,7 +128,8 @@ def _container(
     spec: ClusterSpec, name: str, role: str, env: list[dict], ports: list[dict], resources: dict
 ) -> dict:
     if spec.ray_auth == "none":
-        # Ray >= 2.59 may switch token auth on by itself; say "off" explicitly (FACTS.md).
+        # Ray >= 2.59 turns token auth on by itself when ~/.ray/auth_token exists, and any
+        # RAY_AUTH_MODE other than "token" disables it: say "disabled" explicitly.
         env = [*env, {"name": "RAY_AUTH_MODE", "value": "disabled"}]
     return {
         "name": name,
