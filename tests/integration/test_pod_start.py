@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,21 +30,63 @@ from rayslice.startup_scripts import pod
 VENV = Path(sys.executable).parent.parent
 
 
-def kuberay_start_command(ray_start_params: dict[str, str], address: str) -> str:
-    """`ray start` as KubeRay v1.7.0 builds a worker's (setMissingRayStartParams, then
-    convertParamMap): defaults only where unset, --block always, sorted flags, "true" as a bare
-    switch, every other value pasted unquoted into the command line."""
-    params = {
-        "address": address,
-        "metrics-export-port": "8080",
-        "dashboard-agent-listen-port": "52365",
-        **ray_start_params,
-        "block": "true",
-    }
-    flags = "".join(
-        f" --{k} " if params[k].lower() == "true" else f" --{k}={params[k]} " for k in sorted(params)
+KUBERAY_SOURCE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "kuberay-v1.7.0-start-command" / "pod.go.excerpt.txt"
+).read_text()
+
+
+def _go(pattern: str) -> str:
+    match = re.search(pattern, KUBERAY_SOURCE)
+    assert match, f"KubeRay excerpt lacks {pattern}"
+    return match.group(1)
+
+
+# Everything below is read out of KubeRay v1.7.0's own code (tests/fixtures/…/SOURCE.md).
+HEAD_FORMAT = _go(r'rayStartCmd = fmt\.Sprintf\("(ray start --head %s)"')
+WORKER_FORMAT = _go(r'rayStartCmd = fmt\.Sprintf\("(ray start %s)"')
+OPTION_FORMAT = _go(r'fmt\.Fprintf\(flags, "( --%s=%s )"')
+SWITCH_FORMAT = _go(r'fmt\.Fprintf\(flags, "( --%s )"')
+SPECIAL_BOOLEANS = re.findall(r'"([a-z-]+)"', _go(r"specialParameterOptions := \[\]string\{([^}]*)\}"))
+METRICS_PORT = _go(r"DefaultMetricsPort\s*=\s*(\d+)")
+AGENT_PORT = _go(r"DefaultDashboardAgentListenPort\s*=\s*(\d+)")
+AUTH_MODE_VAR = _go(r'RAY_AUTH_MODE_ENV_VAR\s*=\s*"([A-Z_]+)"')
+AUTH_TOKEN_VAR = _go(r'RAY_AUTH_TOKEN_ENV_VAR\s*=\s*"([A-Z_]+)"')
+HEAD_DASHBOARD_HOST = _go(r'rayStartParams\["dashboard-host"\] = "([^"]+)"')
+
+
+def kuberay_start_command(ray_start_params: dict[str, str], address: str | None) -> str:
+    """KUBERAY_GEN_RAY_START_CMD as KubeRay v1.7.0 builds it (setMissingRayStartParams, then
+    generateRayStartCommand / convertParamMap), for a worker (`address`) or the head (None)."""
+    params = dict(ray_start_params)
+    if address is not None:
+        params.setdefault("address", address)
+    else:
+        params.setdefault("dashboard-host", HEAD_DASHBOARD_HOST)
+    params.setdefault("metrics-export-port", METRICS_PORT)
+    params["block"] = "true"
+    params.setdefault("dashboard-agent-listen-port", AGENT_PORT)
+    flags = ""
+    for option in sorted(params):
+        argument = params[option]
+        if argument.lower() in ("true", "false") and option not in SPECIAL_BOOLEANS:
+            if argument.lower() == "true":
+                flags += SWITCH_FORMAT.replace("%s", option)
+        else:
+            flags += OPTION_FORMAT.replace("%s", option, 1).replace("%s", argument, 1)
+    return (WORKER_FORMAT if address is not None else HEAD_FORMAT).replace("%s", flags)
+
+
+def test_the_start_command_model_follows_kuberays_code():
+    """Pinned against literals, so a misread excerpt cannot pass by agreeing with itself."""
+    command = kuberay_start_command({"resources": "'{\"TPU\": 4}'", "num-cpus": "8"}, "h:6379")
+    assert command == (
+        "ray start  --address=h:6379  --block  --dashboard-agent-listen-port=52365 "
+        " --metrics-export-port=8080  --num-cpus=8  --resources='{\"TPU\": 4}' "
     )
-    return f"ray start {flags}"
+    assert kuberay_start_command({"include-dashboard": "false"}, None) == (
+        "ray start --head  --block  --dashboard-agent-listen-port=52365  --dashboard-host=0.0.0.0 "
+        " --include-dashboard=false  --metrics-export-port=8080 "
+    )
 
 
 def gke_spec(accelerator: str, slices: int, **extra) -> specs.ClusterSpec:
@@ -70,10 +113,16 @@ def hosts_file(tmp_path: Path, cluster_spec: specs.ClusterSpec) -> tuple[Path, d
 
 
 def pod_env(
-    cluster_spec: specs.ClusterSpec, labels: dict[str, str], pod_ip: str, start_cmd: str, home: Path
+    cluster_spec: specs.ClusterSpec,
+    labels: dict[str, str],
+    pod_ip: str,
+    start_cmd: str,
+    home: Path,
+    head: bool = False,
 ) -> dict[str, str]:
-    """The worker container's environment, read from the manifest as the kubelet would."""
-    [group] = kuberay.raycluster_manifest(cluster_spec)["spec"]["workerGroupSpecs"]
+    """The Ray container's environment, read from the manifest as the kubelet would."""
+    manifest = kuberay.raycluster_manifest(cluster_spec)["spec"]
+    group = manifest["headGroupSpec"] if head else manifest["workerGroupSpecs"][0]
     [container] = group["template"]["spec"]["containers"]
     fields = {f"metadata.labels['{k}']": v for k, v in labels.items()} | {"status.podIP": pod_ip}
     env = {
@@ -129,18 +178,20 @@ def fake_ray(tmp_path: Path) -> Path:
 
 
 def run_fake_pod(
-    tmp_path, fake_ray, cluster_spec, labels, pod_ip, **extra_env
+    tmp_path, fake_ray, cluster_spec, labels, pod_ip, head=False, **extra_env
 ) -> tuple[subprocess.CompletedProcess, dict | None]:
     hosts, _ = hosts_file(tmp_path, cluster_spec)
     script = write_script(tmp_path, cluster_spec, f"venv:{fake_ray}")
-    [group] = kuberay.raycluster_manifest(cluster_spec)["spec"]["workerGroupSpecs"]
+    manifest = kuberay.raycluster_manifest(cluster_spec)["spec"]
+    group = manifest["headGroupSpec"] if head else manifest["workerGroupSpecs"][0]
     out = tmp_path / f"ray-{uuid.uuid4().hex}.json"
     env = pod_env(
         cluster_spec,
         labels,
         pod_ip,
-        kuberay_start_command(group["rayStartParams"], "head.invalid:6379"),
+        kuberay_start_command(group["rayStartParams"], None if head else "head.invalid:6379"),
         tmp_path,
+        head=head,
     )
     env.update(FAKE_RAY_OUT=str(out), **extra_env)
     result = subprocess.run(pod_command(script, hosts), env=env, capture_output=True, text=True, timeout=60)
@@ -186,6 +237,39 @@ def test_single_host_slice_needs_no_host_label(tmp_path, fake_ray):
         "demo-slice-0",
     )
     assert not any(key.startswith("MEGASCALE_") for key in env)
+
+
+def test_head_pod_runs_kuberays_head_command(tmp_path, fake_ray):
+    cluster_spec = gke_spec("v6e-16", slices=1)
+    result, started = run_fake_pod(tmp_path, fake_ray, cluster_spec, {}, "127.0.0.5", head=True)
+    assert result.returncode == 0, result.stderr
+    argv = started["argv"]
+    assert argv[:2] == ["start", "--head"] and "--block" in argv and "--dashboard-host=0.0.0.0" in argv
+    assert not any(arg.startswith("--address") for arg in argv)
+    assert "TPU_WORKER_ID" not in started["env"]  # the head pod is no TPU host
+    assert started["env"]["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_token_auth_reaches_ray_from_kuberays_injected_environment(tmp_path, fake_ray):
+    """rayAuth: token. KubeRay injects RAY_AUTH_MODE and RAY_AUTH_TOKEN (from its Secret) into
+    each Ray container unless the container sets them; the manifest must not, and the script
+    passes them on to Ray without printing the token."""
+    cluster_spec = gke_spec("v6e-16", slices=1, rayAuth="token")
+    _, ips = hosts_file(tmp_path, cluster_spec)
+    manifest = kuberay.raycluster_manifest(cluster_spec)["spec"]
+    for group in (manifest["headGroupSpec"], *manifest["workerGroupSpecs"]):
+        [container] = group["template"]["spec"]["containers"]
+        assert not {AUTH_MODE_VAR, AUTH_TOKEN_VAR} & {e["name"] for e in container["env"]}
+    token = "kuberay-secret-token-5d1e"
+    injected = {AUTH_MODE_VAR: "token", AUTH_TOKEN_VAR: token}
+    for head, labels, ip in [
+        (True, {}, "127.0.0.5"),
+        (False, {pod.LABEL_REPLICA_INDEX: "0", pod.LABEL_HOST_INDEX: "1"}, ips["demo-s0-h1"]),
+    ]:
+        result, started = run_fake_pod(tmp_path, fake_ray, cluster_spec, labels, ip, head=head, **injected)
+        assert result.returncode == 0, result.stderr
+        assert started["env"]["RAY_AUTH_MODE"] == "token" and started["env"]["RAY_AUTH_TOKEN"] == token
+        assert token not in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize(
@@ -241,7 +325,7 @@ def node_ports(first: int) -> dict[str, str]:
         "metrics-export-port",
         "runtime-env-agent-port",
     ]
-    ports = dict(zip(names, map(str, free_ports(len(names)))))
+    ports = dict(zip(names, map(str, free_ports(len(names))), strict=True))
     ports.update({"min-worker-port": str(first), "max-worker-port": str(first + 40)})
     return ports
 
@@ -283,7 +367,8 @@ node = tpu_nodes[0]
 def env():
     return {k: v for k, v in os.environ.items() if k.startswith(("TPU_", "MEGASCALE_"))}
 
-print(json.dumps({"resources": node["Resources"], "labels": node.get("Labels", {}), "env": ray.get(env.remote(), timeout=120)}))
+result = {"resources": node["Resources"], "labels": node.get("Labels", {})}
+print(json.dumps({**result, "env": ray.get(env.remote(), timeout=120)}))
 """
 
 
@@ -295,7 +380,7 @@ def test_worker_pod_joins_a_real_head_with_its_tpu_identity(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     temp_dir = Path(f"/tmp/rs-{marker[:8]}")
-    gcs_port, client_port, worker_base = free_ports(2) + [20000 + int(marker[:4], 16) % 20000]
+    gcs_port, client_port, worker_base = [*free_ports(2), 20000 + int(marker[:4], 16) % 20000]
     common = {
         "PATH": f"{VENV}/bin:{os.environ['PATH']}",
         "HOME": str(home),
@@ -342,13 +427,14 @@ def test_worker_pod_joins_a_real_head_with_its_tpu_identity(tmp_path):
             home,
         )
         env.update({k: v for k, v in common.items() if k != "HOME"})
-        worker = subprocess.Popen(
-            pod_command(script, hosts),
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp_path / "pod.log", "w"),
-        )
+        with (tmp_path / "pod.log").open("w") as pod_log:  # the child keeps its own descriptor
+            worker = subprocess.Popen(
+                pod_command(script, hosts),
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=pod_log,
+            )
         probe = subprocess.run(
             [sys.executable, "-c", PROBE, f"127.0.0.1:{gcs_port}"],
             env=common,
