@@ -65,6 +65,9 @@ DEFAULT_EXCLUDES = (
     ".netrc",
 )
 
+# How long `--max-restarts` waits for a cluster to be whole again after a node died.
+REJOIN_TIMEOUT_S = 1800.0
+
 # Subpackages a job never needs on the cluster: only the core and the workloads are staged.
 NOT_SHIPPED = ("infra", "local", "startup_scripts", "__pycache__", "*.pyc")
 
@@ -227,19 +230,41 @@ def submit(
     address: str | None = None,
     token_file: Path | None = None,
     working_dir: str | None = None,
+    max_restarts: int = 0,
+    rejoin_timeout_s: float = REJOIN_TIMEOUT_S,
 ) -> str:
     """Submit, stream the logs until the job ends, and return its final status.
 
-    Raises `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED.
+    With `max_restarts`, a job that failed because a node died (`node_death_reason`) is submitted
+    again, up to that many times, once every slice the cluster had at the start is whole again.
+    Raises `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED for good.
     """
     job = resolve(target_name, working_dir)
     target = choose_target(address, token_file)
     client = connect(target)
     command = " ".join([job.entrypoint, *map(shlex.quote, job_args)])
-    with tempfile.TemporaryDirectory(prefix="rayslice-job-") as staging:
-        job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env(job, Path(staging)))
-    print(f"rayslice: submitted {job_id} to {target.url}: {command}", file=sys.stderr, flush=True)
-    return follow(client, job_id)
+    baseline = cluster_shape(target) if max_restarts > 0 else None
+    restarts = 0
+    while True:
+        with tempfile.TemporaryDirectory(prefix="rayslice-job-") as staging:
+            job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env(job, Path(staging)))
+        print(f"rayslice: submitted {job_id} to {target.url}: {command}", file=sys.stderr, flush=True)
+        try:
+            return follow(client, job_id)
+        except JobFailed as failure:
+            if baseline is None or restarts >= max_restarts:
+                raise
+            reason = node_death_reason(f"{failure}\n{_job_logs(client, job_id)}")
+            if reason is None:
+                raise  # the job failed on its own: restarting would fail the same way
+            restarts += 1
+            print(
+                f"rayslice: {failure}\nrayslice: a node died; waiting for every slice to be whole again",
+                file=sys.stderr,
+                flush=True,
+            )
+            wait_until_whole(target, baseline, rejoin_timeout_s)
+            print(f"restart {restarts} of {max_restarts} after {reason}", flush=True)
 
 
 def follow(client: JobSubmissionClient, job_id: str) -> str:
@@ -260,3 +285,109 @@ def follow(client: JobSubmissionClient, job_id: str) -> str:
 async def _stream(client: JobSubmissionClient, job_id: str) -> None:
     async for lines in client.tail_job_logs(job_id):
         print(lines, end="", flush=True)
+
+
+# ---- telling a node's death from a job's own failure (`--max-restarts`) -------------------------
+
+# What Ray 2.60 writes when work was lost with its node, read from its own code: the core
+# worker's task error (NodeDiedError, in _raylet.so), the GCS's actor death causes and its
+# health check (gcs_server), and python/ray/exceptions.py. A job that fails with none of these in
+# its message or the tail of its logs failed on its own.
+NODE_DEATH_MARKERS = (
+    "the node it was running on is dead or unavailable",
+    "the actor's node was preempted",
+    "the actor's node was terminated",
+    "has missed too many heartbeats",
+    "failed due to node preemption",
+    "the task's local raylet died",
+    "NodeDiedError",
+    "LocalRayletDiedError",
+)
+LOG_TAIL_CHARS = 50_000
+
+
+def node_death_reason(text: str) -> str | None:
+    """The first line of `text` that says a node died (trimmed), or None if none does."""
+    markers = [m.lower() for m in NODE_DEATH_MARKERS]
+    for line in text.splitlines():
+        if any(m in line.lower() for m in markers):
+            line = line.strip()
+            return line if len(line) <= 200 else line[:197] + "..."
+    return None
+
+
+def _job_logs(client: JobSubmissionClient, job_id: str) -> str:
+    try:
+        return str(client.get_job_logs(job_id))[-LOG_TAIL_CHARS:]
+    except (RuntimeError, ConnectionError, OSError):
+        return ""
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What "whole" means for a cluster: its complete TPU slices and how many nodes were alive."""
+
+    slices: frozenset[str]
+    nodes: int
+
+
+def cluster_nodes(target: Target) -> list[dict[str, Any]]:
+    """The cluster's nodes from the dashboard's state API, in `ray.nodes()`'s shape."""
+    import requests
+
+    response = requests.get(
+        f"{target.url}/api/v0/nodes",
+        params={"detail": "1", "limit": "10000"},
+        headers=auth_headers(target.token_file),
+        timeout=10,
+    )
+    response.raise_for_status()
+    return [
+        {
+            "NodeID": n["node_id"],
+            "NodeManagerAddress": n["node_ip"],
+            "Alive": n["state"] == "ALIVE",
+            "Resources": n.get("resources_total") or {},
+            "Labels": n.get("labels") or {},
+        }
+        for n in response.json()["data"]["result"]["result"]
+    ]
+
+
+def shape_of(nodes: Sequence[dict[str, Any]]) -> ClusterShape:
+    from rayslice.workloads import _cluster
+
+    complete = {s.name for s in _cluster.tpu_slices(_cluster.tpu_hosts(nodes)) if s.complete}
+    return ClusterShape(frozenset(complete), sum(1 for n in nodes if n["Alive"]))
+
+
+def cluster_shape(target: Target) -> ClusterShape:
+    try:
+        return shape_of(cluster_nodes(target))
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoCluster(f"cannot read the nodes of {target.url}: {exc}") from None
+
+
+def wait_until_whole(
+    target: Target, baseline: ClusterShape, timeout_s: float, *, poll_s: float = 5.0, settle: int = 2
+) -> None:
+    """Block until every slice of `baseline` is complete and as many nodes are alive, `settle`
+    polls in a row (a node Ray has not yet declared dead must not count as rejoined)."""
+    deadline = time.monotonic() + timeout_s
+    in_a_row = 0
+    while True:
+        try:
+            now = shape_of(cluster_nodes(target))
+        except (OSError, ValueError, KeyError):  # the head itself may be coming back
+            now = ClusterShape(frozenset(), 0)
+        whole = baseline.slices <= now.slices and now.nodes >= baseline.nodes
+        in_a_row = in_a_row + 1 if whole else 0
+        if in_a_row >= settle:
+            return
+        if time.monotonic() > deadline:
+            missing = ", ".join(sorted(baseline.slices - now.slices)) or "none"
+            raise JobFailed(
+                f"the cluster was not whole again after {timeout_s:.0f}s (incomplete slices: {missing}; "
+                f"{now.nodes} of {baseline.nodes} nodes alive); not restarting"
+            )
+        time.sleep(poll_s)

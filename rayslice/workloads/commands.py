@@ -68,6 +68,23 @@ class RunCommand(click.Command):
     help="Folder to upload with a script (default: the script's folder). .git, .venv, .state, "
     "__pycache__, .env, token and key files and whatever .rayignore/.gitignore list stay behind.",
 )
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="If the job fails because a node died, wait until every slice is whole again and submit it "
+    "again, up to N times. A job that fails on its own is never restarted.",
+)
+@click.option(
+    "--rejoin-timeout",
+    type=click.FloatRange(min=1),
+    default=_submit.REJOIN_TIMEOUT_S,
+    show_default=True,
+    metavar="S",
+    help="With --max-restarts: give up when the cluster is not whole again after S seconds.",
+)
 @click.option("--list", "list_only", is_flag=True, help="List the bundled workloads and exit.")
 @click.pass_context
 def run_command(
@@ -76,6 +93,8 @@ def run_command(
     address: str | None,
     token_file: Path | None,
     working_dir: str | None,
+    max_restarts: int,
+    rejoin_timeout: float,
     list_only: bool,
 ) -> int:
     """Run a bundled workload or your script (path/to/script.py) as a Ray job.
@@ -91,5 +110,13 @@ def run_command(
     if target is None:
         raise click.UsageError("name a workload or a script (`rayslice run --list` shows the workloads)")
     job_args: list[Any] = ctx.meta[JOB_ARGS_KEY]
-    _submit.submit(target, job_args, address=address, token_file=token_file, working_dir=working_dir)
+    _submit.submit(
+        target,
+        job_args,
+        address=address,
+        token_file=token_file,
+        working_dir=working_dir,
+        max_restarts=max_restarts,
+        rejoin_timeout_s=rejoin_timeout,
+    )
     return EXIT_OK

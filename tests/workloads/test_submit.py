@@ -19,7 +19,7 @@ import pytest
 
 import rayslice
 from rayslice import cli, spec
-from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput
+from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFailed
 from rayslice.local.state import STATE_DIR_ENV, SimulationState, make_plan
 from rayslice.workloads import _submit
 
@@ -327,3 +327,163 @@ def test_an_unreadable_or_empty_token_file_is_bad_input(tmp_path):
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(InvalidInput, match="is empty"):
         _submit.auth_headers(tmp_path / "empty")
+
+
+# ---- --max-restarts: a node's death restarts the job, the job's own failure does not -----------
+
+NODE_DIED = (
+    "ray.exceptions.NodeDiedError: Task failed because the node it was running on is dead or unavailable. "
+    "Node IP: 10.0.0.3, node ID: 5f3c. This can happen if the node was preempted, had a hardware failure, "
+    "or its raylet crashed unexpectedly."
+)
+
+
+@pytest.mark.parametrize(
+    "text, dead",
+    [
+        (f"Traceback (most recent call last):\n  File 'x.py'\n{NODE_DIED}", True),
+        (
+            "The actor died unexpectedly before finishing this task.\n\tthe actor's node was preempted: spot",
+            True,
+        ),
+        ("\tthe actor's node was terminated unexpectedly: health check failed", True),
+        ("The node with node id: 5f3c and address: 10.0.0.3 has missed too many heartbeats from it.", True),
+        ("ray.exceptions.LocalRayletDiedError: The task's local raylet died. Check raylet.out", True),
+        (
+            "Job entrypoint command failed with exit code 1, last available logs:\nValueError: loss is nan",
+            False,
+        ),
+        ("The actor is dead because its worker process has died. Worker exit type: USER_ERROR", False),
+        ("error: asks for 8 TPU chips on one host, but the largest host in the cluster has 4", False),
+    ],
+)
+def test_node_death_is_told_apart_from_a_jobs_own_failure(text, dead):
+    reason = _submit.node_death_reason(text)
+    assert (reason is not None) == dead
+    if dead:
+        assert reason.removesuffix("...") in text and len(reason) <= 200
+
+
+def tpu_node(slice_name: str, worker: int, alive: bool = True) -> dict:
+    from rayslice import names
+    from rayslice.workloads import _cluster
+
+    return {
+        "NodeID": f"{slice_name}-{worker}",
+        "NodeManagerAddress": f"10.0.0.{worker}",
+        "Alive": alive,
+        "Resources": {"CPU": 2.0, "TPU": 4.0},
+        "Labels": {
+            names.SLICE_NAME_LABEL: slice_name,
+            _cluster.WORKER_ID_LABEL: str(worker),
+            _cluster.TOPOLOGY_LABEL: "4x4",
+            _cluster.POD_TYPE_LABEL: "v6e-16",
+        },
+    }
+
+
+WHOLE = [tpu_node("s0", w) for w in range(4)]
+BROKEN = [tpu_node("s0", w) for w in range(3)]
+
+
+class FakeJobs:
+    """The Jobs API as `submit` uses it; each submission takes the next (status, message, logs)."""
+
+    def __init__(self, outcomes: list[tuple[str, str, str]]):
+        self.outcomes = list(outcomes)
+        self.submitted: list[str] = []
+
+    def submit_job(self, entrypoint: str, runtime_env: dict) -> str:
+        self.submitted.append(entrypoint)
+        self.current = self.outcomes.pop(0)
+        return f"job-{len(self.submitted)}"
+
+    async def tail_job_logs(self, job_id: str):
+        yield self.current[2]
+
+    def get_job_status(self, job_id: str):
+        from ray.job_submission import JobStatus
+
+        return JobStatus(self.current[0])
+
+    def get_job_info(self, job_id: str):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(message=self.current[1])
+
+    def get_job_logs(self, job_id: str) -> str:
+        return self.current[2]
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """A fake Jobs API plus a queue of node lists the state API returns, one per poll."""
+    import time
+
+    polls: list[list[dict]] = []
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    monkeypatch.setattr(_submit, "cluster_nodes", lambda target: polls.pop(0) if len(polls) > 1 else polls[0])
+
+    def make(outcomes):
+        jobs = FakeJobs(outcomes)
+        monkeypatch.setattr(_submit, "connect", lambda target: jobs)
+        return jobs, polls
+
+    return make
+
+
+def test_a_job_lost_with_its_node_is_resubmitted_once_the_slice_is_whole(cluster, capsys):
+    jobs, polls = cluster(
+        [("FAILED", "Job entrypoint command failed", NODE_DIED), ("SUCCEEDED", "", "done\n")]
+    )
+    polls += [WHOLE, BROKEN, BROKEN, WHOLE, WHOLE]  # before; after the death: 2 broken polls, then whole
+    status = _submit.submit("jax_train", ["--steps", "5"], address="http://h:8265", max_restarts=2)
+    assert status == "SUCCEEDED"
+    assert jobs.submitted == ["python -m rayslice.workloads.jax_train --steps 5"] * 2
+    assert polls == [WHOLE]  # it kept polling until the slice was whole twice in a row
+    out = capsys.readouterr().out
+    assert "restart 1 of 2 after ray.exceptions.NodeDiedError: Task failed because the node" in out
+
+
+def test_a_job_that_fails_on_its_own_is_not_restarted(cluster, capsys):
+    jobs, polls = cluster([("FAILED", "exit code 1", "ValueError: loss is nan\n")] * 3)
+    polls += [WHOLE]
+    with pytest.raises(JobFailed, match="job job-1 FAILED: exit code 1"):
+        _submit.submit("jax_train", [], address="http://h:8265", max_restarts=2)
+    assert len(jobs.submitted) == 1
+    assert "restart" not in capsys.readouterr().out
+
+
+def test_restarts_stop_at_the_limit(cluster, capsys):
+    jobs, polls = cluster([("FAILED", "lost", NODE_DIED)] * 3)
+    polls += [WHOLE]
+    with pytest.raises(JobFailed, match="job job-3 FAILED"):
+        _submit.submit("jax_train", [], address="http://h:8265", max_restarts=2)
+    assert len(jobs.submitted) == 3
+    out = capsys.readouterr().out
+    assert "restart 1 of 2 after" in out and "restart 2 of 2 after" in out and "restart 3" not in out
+
+
+def test_without_max_restarts_a_node_death_fails_at_once(cluster):
+    jobs, polls = cluster([("FAILED", "lost", NODE_DIED)])
+    with pytest.raises(JobFailed):
+        _submit.submit("jax_train", [], address="http://h:8265")
+    assert len(jobs.submitted) == 1 and polls == []  # the cluster is not even read
+
+
+def test_a_cluster_that_never_heals_ends_the_restarts(cluster, monkeypatch):
+    jobs, polls = cluster([("FAILED", "lost", NODE_DIED), ("SUCCEEDED", "", "")])
+    polls += [WHOLE, BROKEN]
+    with pytest.raises(JobFailed, match=r"not whole again after 1s \(incomplete slices: s0; 3 of 4"):
+        _submit.submit("jax_train", [], address="http://h:8265", max_restarts=1, rejoin_timeout_s=1)
+    assert len(jobs.submitted) == 1
+
+
+def test_max_restarts_reaches_submit_from_the_command_line(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(
+        _submit, "submit", lambda target, args, **options: seen.update(options) or "SUCCEEDED"
+    )
+    assert cli.main(["run", "jax_train", "--max-restarts", "3", "--", "--steps", "2"]) == 0
+    assert seen["max_restarts"] == 3
+    assert cli.main(["run", "jax_train", "--max-restarts", "-1"]) == EXIT_INVALID
