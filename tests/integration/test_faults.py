@@ -60,7 +60,7 @@ def _wait_nodes(sim: Simulation, ips: set[str], timeout: float, avoid: set[str] 
         if (
             {n["ip"] for n in nodes} == ips
             and len(nodes) == len(ips)
-            and not avoid & {n["id"] for n in nodes}
+            and not (avoid or set()) & {n["id"] for n in nodes}
         ):
             return nodes
         time.sleep(2)
