@@ -17,10 +17,14 @@ from rayslice.local.state import (
     ROLE_HEAD,
     ROLE_HEAD_VM,
     ROLE_WORKER,
+    HostPaths,
     SimulationState,
+    check_state,
     make_plan,
     subnet_prefix,
 )
+from rayslice.names import ATTR_SLICE_HOSTS
+from rayslice.startup_scripts import host_attributes
 
 NET = ipaddress.IPv4Network("100.64.9.0/24")
 
@@ -29,8 +33,8 @@ def _plan(raw=None, run_id="a1b2c3"):
     return make_plan(spec.load(raw or {}, require_zone=False), run_id=run_id, network=NET)
 
 
-def test_default_plan_is_one_v6e16_slice_with_head_on_worker_0():
-    plan = _plan()
+def test_tpu_vm_plan_is_one_v6e16_slice_with_head_on_worker_0():
+    plan = _plan({"platform": "tpu-vm", "acceleratorType": "v6e-16"})
     assert [h.name for h in plan.hosts] == [f"rayslice-slice-0-w-{i}" for i in range(4)]
     assert [h.role for h in plan.hosts] == [ROLE_HEAD, ROLE_WORKER, ROLE_WORKER, ROLE_WORKER]
     assert plan.head.ip == "100.64.9.2" and plan.gateway == "100.64.9.1"
@@ -38,21 +42,36 @@ def test_default_plan_is_one_v6e16_slice_with_head_on_worker_0():
     assert plan.root == "/run/rayslice-local/a1b2c3"
 
 
+def test_compute_hosts_carry_the_instance_names_infra_lists_for_the_slice():
+    """Each compute host's name is its MIG instance's: the list in its metadata finds its worker number."""
+    cluster = spec.load({"platform": "compute", "acceleratorType": "v6e-16", "slices": 2}, require_zone=False)
+    plan = make_plan(cluster, run_id="a1b2c3", network=NET)
+    assert plan.hosts[0].name == "rayslice-head"
+    for index in range(2):
+        listed = host_attributes(cluster, index)[ATTR_SLICE_HOSTS].split(",")
+        workers = sorted((h for h in plan.hosts if h.slice_index == index), key=lambda h: h.worker)
+        assert [h.name for h in workers] == listed
+        assert listed == [f"rayslice-slice-{index}-w{w}" for w in range(4)]
+
+
 def test_multislice_plan_puts_the_head_vm_first():
-    plan = _plan({"slices": 2, "acceleratorType": "v6e-16"})
+    plan = _plan({"slices": 2, "acceleratorType": "v6e-16", "platform": "tpu-vm"})
     assert plan.hosts[0].role == ROLE_HEAD_VM and plan.hosts[0].slice_index == -1
     assert plan.head is plan.hosts[0]
     assert [h.role for h in plan.hosts[1:]] == [ROLE_WORKER] * 8
     assert plan.slice_ips(1) == [f"100.64.9.{i}" for i in range(7, 11)]
 
 
-def test_names_are_unique_per_run_and_fit_linux_interface_names():
-    plan, other = _plan({"slices": 4, "acceleratorType": "v6e-64"}), _plan(run_id="ffffff")
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_names_are_unique_per_run_and_fit_linux_interface_names(platform):
+    plan = _plan({"slices": 4, "acceleratorType": "v6e-64", "platform": platform})
+    other = _plan({"platform": platform}, run_id="ffffff")
     interfaces = [plan.bridge] + [n for h in plan.hosts for n in (h.veth, h.veth_peer)]
     assert all(len(n) <= 15 for n in interfaces)
     assert len(set(interfaces)) == len(interfaces)
     assert not {h.netns for h in plan.hosts} & {h.netns for h in other.hosts}
     assert plan.bridge != other.bridge
+    check_state(SimulationState(plan=plan, state_dir="/x"))  # what make_plan names passes its own check
 
 
 def test_subnet_sizes_and_choice_avoid_used_networks():
@@ -66,8 +85,13 @@ def test_subnet_sizes_and_choice_avoid_used_networks():
 
 
 def test_state_file_round_trip(tmp_path):
+    plan = _plan({"head": "vm", "platform": "tpu-vm"})
     state = SimulationState(
-        plan=_plan({"head": "vm"}), state_dir=str(tmp_path), processes={"boot:x": ProcessRef(12, 345)}
+        plan=plan,
+        state_dir=str(tmp_path),
+        processes={f"boot:{plan.hosts[1].name}": ProcessRef(12, 345)},
+        shared_paths=("/opt/venv",),
+        firewall="nft",
     )
     state.save()
     assert SimulationState.load(tmp_path) == state
@@ -219,3 +243,38 @@ def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path
     assert _submit.simulated_cluster() == ("http://127.77.0.2:8265", None)
     (state_dir / "ray-token").write_text("t")
     assert _submit.simulated_cluster() == ("http://127.77.0.2:8265", state_dir / "ray-token")
+
+
+def test_restart_head_prints_one_line_per_host_and_keeps_rays_output_in_the_hosts_log(
+    monkeypatch, tmp_path, capsys
+):
+    """Ray's kill log (long lines, escape codes) goes to the head's log, not to the terminal."""
+    import subprocess
+
+    from rayslice.local import commands
+
+    plan = make_plan(
+        spec.load({"acceleratorType": "v6e-16"}, require_zone=False), run_id="c0ffee", network=NET
+    )
+    noisy = "\x1b[33mStopped all 17 Ray processes.\x1b[0m " + "x" * 5000 + "\n" * 20
+
+    class FakeSimulation:
+        def __init__(self) -> None:
+            self.plan = plan
+
+        def restart_head_ray(self):
+            return subprocess.CompletedProcess(["ray", "stop"], 0, noisy, "")
+
+        def paths(self, name):
+            return HostPaths.of(tmp_path, name)
+
+    for host in plan.hosts:
+        HostPaths.of(tmp_path, host.name).dir.mkdir(parents=True)
+    monkeypatch.setattr(commands, "require_root", lambda: None)
+    monkeypatch.setattr(commands.Simulation, "open", classmethod(lambda cls, d: FakeSimulation()))
+    assert cli.main(["local", "restart-head", "--state-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [h.name for h in plan.hosts]
+    assert "Ray stopped" in lines[0] and all(len(line) < 200 and "\x1b" not in line for line in lines)
+    log = HostPaths.of(tmp_path, plan.head.name).dir / "restart-head.log"
+    assert noisy in log.read_text()
