@@ -9,6 +9,7 @@ replaced, not patched, when its metadata (the boot script) changes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -27,6 +28,14 @@ HEAD_VM_DISK_GB = 100
 
 def head_vm_name(spec: ClusterSpec) -> str:
     return head_name(spec.name)
+
+
+def _internal_ip(nics: Sequence[gcp.compute.outputs.InstanceNetworkInterface]) -> str:
+    """The head's address, which Compute Engine assigns on creation (never empty once created)."""
+    ip = nics[0].network_ip
+    if not ip:
+        raise RuntimeError("Compute Engine returned the head VM without an internal IP")
+    return ip
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,6 @@ class HeadVm(pulumi.ComponentResource):
             ),
         )
         self.instance_name = instance.name
-        self.internal_ip = instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
+        self.internal_ip = instance.network_interfaces.apply(_internal_ip)
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs({"instance_name": self.instance_name, "internal_ip": self.internal_ip})

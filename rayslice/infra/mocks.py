@@ -65,13 +65,6 @@ class FakeGcp(pulumi.runtime.Mocks):
         self.token = secrets.token_urlsafe(24)  # the fake "generated" Ray token
         self._addresses = ipaddress.ip_network(SUBNET_CIDR).hosts()
         next(self._addresses)  # .1 is the subnet's gateway
-        self._instance_ips: dict[str, str] = {}  # instance name -> its address, stable per run
-
-    def instance_ip(self, name: str) -> str:
-        """The internal IP of a (MIG-created) instance, the same for every look-up of `name`."""
-        if name not in self._instance_ips:
-            self._instance_ips[name] = self._address()
-        return self._instance_ips[name]
 
     def _address(self) -> str:
         return str(next(self._addresses))
@@ -119,15 +112,15 @@ class FakeGcp(pulumi.runtime.Mocks):
             return state["name"], state
         return f"{args.name}-id", state
 
-    def call(self, args: MockCallArgs) -> dict[str, Any]:
-        """Data sources: the caller's project and an existing GKE cluster (``gkeCluster``)."""
+    def call(self, args: MockCallArgs) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
+        """Data sources: the caller's project, an existing VPC (its MTU) and an existing GKE cluster.
+
+        Each answer comes with an empty list of check failures: the mock monitor iterates it.
+        """
         if args.token == "gcp:organizations/getClientConfig:getClientConfig":
-            return {"project": FAKE_PROJECT}
-        if args.token == "gcp:compute/getInstance:getInstance":
-            ip = self.instance_ip(args.args["name"])
-            return {"name": args.args["name"], "networkInterfaces": [{"networkIp": ip}]}
+            return {"project": FAKE_PROJECT}, []
         if args.token == "gcp:compute/getNetwork:getNetwork":
-            return {"name": args.args["name"], "mtu": FAKE_EXISTING_VPC_MTU}
+            return {"name": args.args["name"], "mtu": FAKE_EXISTING_VPC_MTU}, []
         if args.token == "gcp:container/getCluster:getCluster":
             # An existing cluster fit for rayslice: Workload Identity on, Dataplane V2.
             return {
@@ -135,8 +128,8 @@ class FakeGcp(pulumi.runtime.Mocks):
                 "masterAuths": [{"clusterCaCertificate": _FAKE_CA}],
                 "workloadIdentityConfigs": [{"workloadPool": f"{FAKE_PROJECT}.svc.id.goog"}],
                 "datapathProvider": "ADVANCED_DATAPATH",
-            }
-        return {}
+            }, []
+        return {}, []
 
 
 # Resources the program refers to by self link, and the collection their link names.

@@ -93,7 +93,7 @@ class ClusterNetwork(pulumi.ComponentResource):
         spec = args.spec
         self.created = spec.network is None
         self.secondary_ranges = secondary_ranges(spec) if self.created else None
-        if self.created:
+        if spec.network is None:
             self.network, self.subnetwork = self._create(name, spec)
         else:
             self.network = pulumi.Output.from_input(spec.network)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from rayslice import catalog
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 from rayslice.infra.tpu_vm.slice import API_ACCELERATOR_TYPES
@@ -138,7 +139,7 @@ def test_every_enum_value_sent_is_in_the_discovery_document(resource, path, wher
 def test_every_tpu_vm_generation_has_an_api_accelerator_type():
     allowed = _enum("tpu.v2:AcceleratorConfig.type")
     assert set(API_ACCELERATOR_TYPES.values()) <= set(allowed)
-    assert sorted(API_ACCELERATOR_TYPES) == ["v2", "v3", "v4", "v5litepod", "v5p", "v6e"]
+    assert sorted(API_ACCELERATOR_TYPES) == sorted(g.name for g in catalog.generations("tpu-vm"))
 
 
 def test_spot_termination_value_is_documented():

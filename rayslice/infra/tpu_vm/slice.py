@@ -109,6 +109,8 @@ class TpuVmSlice(pulumi.ComponentResource):
             ),
         )
         self.slice_name = vm.name
-        self.host_ips = vm.network_endpoints.apply(lambda endpoints: [e.ip_address for e in endpoints or []])
+        self.host_ips = vm.network_endpoints.apply(
+            lambda endpoints: [e.ip_address for e in endpoints or [] if e.ip_address]
+        )
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs({"slice_name": self.slice_name, "host_ips": self.host_ips})
