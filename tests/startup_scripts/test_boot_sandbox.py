@@ -63,16 +63,6 @@ def _cloud(
     return sandbox.StubCloud(metadata, {"ray-token": TOKEN, "index-creds": f"builder:{INDEX_PASSWORD}"})
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[list[sandbox.Sandbox]]:
-    """Sandboxes the test made; their supervisors are killed afterwards whatever happened."""
-    made: list[sandbox.Sandbox] = []
-    yield made
-    for box in made:
-        box.stop()
-        box.cloud.shutdown()
-
-
 def _box(
     host: list[sandbox.Sandbox], tmp_path: Path, cloud: sandbox.StubCloud, **kw: object
 ) -> sandbox.Sandbox:
