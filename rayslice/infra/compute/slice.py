@@ -37,8 +37,9 @@ BULK = "BULK"  # create all hosts of the slice or none
 # TPU hosts cannot live-migrate: Compute Engine's TPU docs require TERMINATE on host maintenance.
 ON_HOST_MAINTENANCE = "TERMINATE"
 # Spot: Compute Engine's "Spot VMs" page documents STOP or DELETE as the termination action; a
-# MIG recreates a DELETEd instance when capacity returns, while a STOPped one stays stopped in
-# the group. A preempted host has lost the slice's state either way.
+# MIG recreates a DELETEd instance when capacity returns, and "Configuring stateful MIGs" lists
+# as a limitation that instances of a MIG with per-instance configs cannot be stopped. A
+# preempted host has lost the slice's state either way.
 SPOT_TERMINATION_ACTION = "DELETE"
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"  # SPECIFIC_RESERVATION by name
 BOOT_DISK_GB = 100
