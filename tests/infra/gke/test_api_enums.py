@@ -13,7 +13,7 @@ from typing import Any
 import googleapiclient
 import pytest
 
-from tests.infra.gke.test_gke import CLUSTER, NODE_POOL, POLICY, deploy, gke_spec
+from tests.infra.gke.mocked import CLUSTER, NODE_POOL, POLICY, deploy, gke_spec
 
 DOCUMENTS = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
 
