@@ -46,6 +46,7 @@ class HeadVmArgs:
     subnetwork: pulumi.Input[str | None]
     service_account_email: pulumi.Input[str]
     token_secret: str | None
+    depends_on: Sequence[pulumi.Resource] = ()  # firewall and IAM wait (see hosts.SliceArgs)
 
 
 class HeadVm(pulumi.ComponentResource):
@@ -88,7 +89,10 @@ class HeadVm(pulumi.ComponentResource):
             tags=[cluster_tag(spec), head_tag(spec)],
             allow_stopping_for_update=True,
             opts=pulumi.ResourceOptions(
-                parent=self, replace_on_changes=[REPLACE_ON_METADATA], delete_before_replace=True
+                parent=self,
+                depends_on=list(args.depends_on),
+                replace_on_changes=[REPLACE_ON_METADATA],
+                delete_before_replace=True,
             ),
         )
         self.instance_name = instance.name

@@ -13,6 +13,7 @@ first read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -40,6 +41,9 @@ class SliceArgs:
     service_account_email: pulumi.Input[str]
     token_secret: str | None
     head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
+    # What the resources that boot hosts must wait for: a component's depends_on does not reach
+    # its children, so each slice passes these to the resources that create instances.
+    depends_on: Sequence[pulumi.Resource] = ()
 
 
 class Slice(Protocol):
@@ -96,7 +100,8 @@ class VmSliceCluster(pulumi.ComponentResource):
         script = render(spec)
         # Hosts boot straight into the script: the rules that let them reach each other and
         # the grants that let them read the token (plus IAM's propagation wait) come first.
-        host_opts = pulumi.ResourceOptions(parent=self, depends_on=[firewall, identity, identity.ready])
+        # `ready` is created after every grant; the firewall component stands for its rules.
+        host_deps: list[pulumi.Resource] = [firewall, identity.ready]
 
         head_vm = None
         if spec.head == "vm":
@@ -109,8 +114,9 @@ class VmSliceCluster(pulumi.ComponentResource):
                     subnetwork=network.subnetwork,
                     service_account_email=identity.service_account_email,
                     token_secret=identity.token_secret,
+                    depends_on=host_deps,
                 ),
-                host_opts,
+                child,
             )
         slices = [
             self.make_slice(
@@ -124,8 +130,9 @@ class VmSliceCluster(pulumi.ComponentResource):
                     service_account_email=identity.service_account_email,
                     token_secret=identity.token_secret,
                     head_address=head_vm.internal_ip if head_vm else None,
+                    depends_on=host_deps,
                 ),
-                host_opts,
+                child,
             )
             for index in range(spec.slices)
         ]

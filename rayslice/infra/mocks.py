@@ -46,6 +46,7 @@ class Registration:
     secret_inputs: frozenset[str]  # top-level input keys whose value is (or holds) a secret
     replace_on_changes: tuple[str, ...] = ()  # inputs whose change replaces the resource
     custom_timeouts: Mapping[str, str] = field(default_factory=dict)  # create/update/delete
+    dependencies: frozenset[str] = frozenset()  # URNs it waits for (depends_on and inputs)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class _RecordingMonitor(MockMonitor):
                     secret_inputs=frozenset(k for k, v in raw.items() if _holds_secret(v)),
                     replace_on_changes=tuple(request.replaceOnChanges),
                     custom_timeouts=_timeouts(request),
+                    dependencies=frozenset(request.dependencies),
                 )
             )
         return response

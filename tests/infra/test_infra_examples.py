@@ -287,3 +287,28 @@ def test_every_host_reports_its_boot_state_through_guest_attributes(example):
     metadata = [r.inputs["metadata"] for r in _hosts(run)]
     assert metadata and all(m["enable-guest-attributes"] == "TRUE" for m in metadata)
     assert all(m["enable-oslogin"] == "TRUE" for m in metadata)
+
+
+# Resources whose creation boots a host (a MIG creates its instances; so do per-instance configs).
+BOOTS_HOSTS = (V2VM, INSTANCE, MIG, PER_INSTANCE)
+GRANTS = (
+    "gcp:projects/iAMMember:IAMMember",
+    "gcp:secretmanager/secretIamMember:SecretIamMember",
+    "gcp:serviceaccount/account:Account",
+)
+
+
+def test_hosts_wait_for_every_grant_and_the_firewall(example):
+    """A host that boots before its grants fails its first token read (issue 12 item 4)."""
+    _, _, run = example
+    by_urn = {r.urn: r for r in run.registrations}
+    (sleep,) = run.of_type(SLEEP)
+    assert sleep.inputs["createDuration"] == "60s"
+    waited = {by_urn[u].type for u in sleep.dependencies if u in by_urn}
+    assert set(GRANTS) <= waited
+    rules = {r.urn for r in run.of_type(FIREWALL)}
+    booting = [r for r in run.registrations if r.type in BOOTS_HOSTS]
+    assert booting
+    for r in booting:
+        assert sleep.urn in r.dependencies, r.name
+        assert rules <= r.dependencies, r.name

@@ -193,7 +193,9 @@ class ComputeSlice(pulumi.ComponentResource):
                 max_unavailable_fixed=spec.tpu.hosts,  # the whole slice at once
             ),
             wait_for_instances=False,  # the per-instance configs below name the hosts first
-            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=TIMEOUTS),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=list(args.depends_on), custom_timeouts=TIMEOUTS
+            ),
         )
         for worker, (host, address) in enumerate(zip(hosts, addresses, strict=True)):
             gcp.compute.PerInstanceConfig(
@@ -214,7 +216,9 @@ class ComputeSlice(pulumi.ComponentResource):
                     ]
                 ),
                 remove_instance_on_destroy=True,
-                opts=pulumi.ResourceOptions(parent=mig, custom_timeouts=TIMEOUTS),
+                opts=pulumi.ResourceOptions(
+                    parent=mig, depends_on=list(args.depends_on), custom_timeouts=TIMEOUTS
+                ),
             )
         self.slice_name = mig.name
         self.host_ips = pulumi.Output.all(*[a.address for a in addresses])

@@ -103,6 +103,7 @@ class TpuVmSlice(pulumi.ComponentResource):
             description=f"rayslice {spec.name}: slice {index} of {spec.slices} ({spec.accelerator_type})",
             opts=pulumi.ResourceOptions(
                 parent=self,
+                depends_on=list(args.depends_on),
                 replace_on_changes=[REPLACE_ON_METADATA],
                 delete_before_replace=True,
                 custom_timeouts=TIMEOUTS,
