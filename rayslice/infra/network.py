@@ -99,20 +99,17 @@ class ClusterNetwork(pulumi.ComponentResource):
             self.network = pulumi.Output.from_input(spec.network)
             self.subnetwork = pulumi.Output.from_input(spec.subnetwork)
             if spec.multislice and spec.platform != "gke":
-                self._check_mtu(spec)
+                self._check_mtu(spec.network, spec.project)
         # Declared as attributes above and repeated here so they appear in the component's
         # state (`pulumi stack --show-urns`) and other programs can depend on them.
         self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})
 
-    def _check_mtu(self, spec: ClusterSpec) -> None:
-        assert spec.network is not None
-        network = spec.network
-
+    def _check_mtu(self, network: str, project: str | None) -> None:
         def warn(mtu: int | None) -> None:
             if message := mtu_warning(network, mtu):
                 pulumi.log.warn(message, resource=self)
 
-        existing = gcp.compute.get_network_output(name=network, project=spec.project)
+        existing = gcp.compute.get_network_output(name=network, project=project)
         existing.mtu.apply(warn)
 
     def _create(self, name: str, spec: ClusterSpec) -> tuple[pulumi.Output[str], pulumi.Output[str]]:

@@ -107,3 +107,47 @@ def test_commands_are_shell_safe_and_go_through_iap():
         access.token_command("t", "p-1") == "gcloud secrets versions access latest --secret=t --project=p-1"
     )
     assert access.jobs_api_address("10.0.0.5") == "http://10.0.0.5:8265"
+
+
+# Flags of each command, from the synopses of gcloud's reference pages (read 2026-12):
+# - GA tpu-vm ssh: cloud.google.com/sdk/gcloud/reference/compute/tpus/tpu-vm/ssh (copied whole);
+# - alpha tpu-vm ssh: the GA flags plus the alpha track's `--batch-size` and
+#   `[--internal-ip|--tunnel-through-iap]` group, as on the alpha `tpu-vm scp` page and the
+#   `queued-resources ssh` pages (.../alpha/compute/tpus/tpu-vm/ssh itself was not in the store);
+# - compute ssh: .../reference/beta/compute/ssh's synopsis; the GA page has the same IAP flag
+#   (cloud.google.com/sdk/gcloud/reference/compute/ssh). --project is a gcloud-wide flag.
+GA_TPU_VM_SSH_FLAGS = {
+    "--dry-run", "--force-key-file-overwrite", "--internal-ip", "--plain", "--ssh-flag",
+    "--ssh-key-file", "--strict-host-key-checking", "--worker", "--zone", "--command",
+    "--output-directory", "--ssh-key-expiration", "--ssh-key-expire-after",
+}  # fmt: skip
+ALPHA_TPU_VM_SSH_FLAGS = GA_TPU_VM_SSH_FLAGS | {"--tunnel-through-iap", "--batch-size"}
+COMPUTE_SSH_FLAGS = {
+    "--command", "--container", "--dry-run", "--force-key-file-overwrite", "--plain", "--ssh-flag",
+    "--ssh-key-file", "--strict-host-key-checking", "--troubleshoot", "--zone", "--internal-ip",
+    "--tunnel-through-iap", "--ssh-key-expiration", "--ssh-key-expire-after", "--network", "--region",
+    "--dest-group",
+}  # fmt: skip
+GCLOUD_WIDE = {"--project"}
+
+
+def _flags(command: str) -> tuple[list[str], set[str]]:
+    words = shlex.split(command)
+    gcloud_part = words[: words.index("--")] if "--" in words else words
+    positional = [w for w in gcloud_part if not w.startswith("--")]
+    return positional, {w.split("=", 1)[0] for w in gcloud_part if w.startswith("--")}
+
+
+def test_every_emitted_flag_exists_on_the_command_it_is_passed_to():
+    tpu = access.tpu_dashboard_tunnel("s-0", "us-east5-b", "team-p1", "10.0.0.5")
+    words, flags = _flags(tpu)
+    assert words[:6] == ["gcloud", "alpha", "compute", "tpus", "tpu-vm", "ssh"]
+    assert flags <= ALPHA_TPU_VM_SSH_FLAGS | GCLOUD_WIDE
+    assert not flags <= GA_TPU_VM_SSH_FLAGS | GCLOUD_WIDE  # why GA would not do: --tunnel-through-iap
+    for command in (
+        access.vm_ssh("h", "us-east5-b", "team-p1"),
+        access.vm_dashboard_tunnel("h", "z-a1-b", None, "10.0.0.5"),
+    ):
+        words, flags = _flags(command)
+        assert words[:3] == ["gcloud", "compute", "ssh"]
+        assert "--tunnel-through-iap" in flags and flags <= COMPUTE_SSH_FLAGS | GCLOUD_WIDE

@@ -1,0 +1,40 @@
+"""`rayslice preview` as click wires it: options, help, formats and exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rayslice import cli
+from rayslice.errors import EXIT_INVALID
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_help_lists_the_options_and_formats(capsys):
+    assert cli.main(["preview", "--help"]) == 0
+    out = capsys.readouterr().out
+    for text in ("--stack-file", "--set", "--output", "json", "tree", "yaml", "replace"):
+        assert text in out, text
+
+
+def test_unknown_output_format_is_refused(capsys):
+    code = cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "xml"])
+    assert code == EXIT_INVALID
+    assert "xml" in capsys.readouterr().err
+
+
+def test_yaml_output_on_compute_names_the_alternatives(capsys):
+    code = cli.main(
+        ["preview", "--stack-file", str(ROOT / "Pulumi.example-compute-v6e-16.yaml"), "--output", "yaml"]
+    )
+    captured = capsys.readouterr()
+    assert code == EXIT_INVALID
+    assert "--output tree or json" in captured.err and captured.out == ""
+
+
+def test_every_problem_is_reported_before_the_program_runs(capsys):
+    code = cli.main(["preview", "--set", "acceleratorType=v6e-3", "--set", "slices=0"])
+    captured = capsys.readouterr()
+    assert code == EXIT_INVALID
+    assert "v6e-3" in captured.err and "slices" in captured.err
+    assert captured.out == ""
