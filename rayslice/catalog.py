@@ -323,11 +323,15 @@ def head_machine_problem(machine_type: str, zone: str) -> str | None:
     family = machine_family(machine_type)
     if family in families:
         return None
-    known = "an unknown machine family" if family not in HEAD_MACHINE_FAMILIES else "not offered there"
+    offered = ", ".join(sorted(families))
+    if family not in HEAD_MACHINE_FAMILIES:
+        return (
+            f"machine family {family!r} ({machine_type}) is unknown; use a type of a family zone "
+            f"{zone} offers: {offered} (e.g. {DEFAULT_HEAD_MACHINE_TYPE})"
+        )
     return (
-        f"machine family {family!r} of {machine_type} is {known} in zone {zone}; "
-        f"use a type of one of the families {zone} offers: {', '.join(sorted(families))} "
-        f"(e.g. {DEFAULT_HEAD_MACHINE_TYPE})"
+        f"machine family {family!r} ({machine_type}) is not offered in zone {zone}; use a type of "
+        f"a family it offers: {offered} (e.g. {DEFAULT_HEAD_MACHINE_TYPE})"
     )
 
 
@@ -447,6 +451,7 @@ def _offered(gen: Generation, platform: str, topology: str) -> bool:
             gen.runtime_version is not None
             and chips >= gen.tpu_vm_min_chips
             and topology not in gen.tpu_vm_missing
+            and _tpu_vm_orders_dims(gen, topology)
         )
     if platform == "compute":
         return (
@@ -455,6 +460,14 @@ def _offered(gen: Generation, platform: str, topology: str) -> bool:
             and _chips_per_host(gen, platform, chips) in gen.compute_chips_per_host
         )
     return gen.gke_accelerator is not None and chips >= gen.gke_min_chips
+
+
+def _tpu_vm_orders_dims(gen: Generation, topology: str) -> bool:
+    """The Cloud TPU API writes a 3-D topology of whole cubes as AxBxC with A <= B <= C
+    (Google's "TPU types and topologies" page on v4); GKE also takes the other orders (xpk lists
+    them), so only the TPU VM API drops them. Sub-cube shapes (2x2x1, 2x4x4) keep their names."""
+    dims = parse_topology(topology)
+    return gen.rank != 3 or any(d % 4 for d in dims) or list(dims) == sorted(dims)
 
 
 def _make(gen: Generation, platform: str, topology: str) -> TpuType:
@@ -554,6 +567,12 @@ def _unknown_message(name: str, key: str, platform: str) -> str:
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
     if gen is not None and platform not in gen.platforms:
         return not_offered_message(gen, platform)
+    if match is not None and gen is not None and "x" in match["size"]:
+        ordered = f"{gen.name}-{'x'.join(str(d) for d in sorted(parse_topology(match['size'])))}"
+        if ordered != key and ordered in table(platform):
+            return (
+                f"unknown topology {name!r} on {platform}: write its dimensions in ascending order, {ordered}"
+            )
     suggestions = closest(key, platform)
     return (
         f"unknown accelerator type {name!r} on {platform}; closest valid types: "

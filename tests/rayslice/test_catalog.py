@@ -193,6 +193,14 @@ def test_tpu_vm_sizes_the_api_does_not_offer(missing, nearest):
     assert nearest in str(err.value)
 
 
+def test_tpu_vm_takes_whole_cube_topologies_in_ascending_order():
+    assert catalog.lookup("v4-4x4x8", "tpu-vm").chips == 128
+    assert catalog.lookup("v4-2x2x1", "tpu-vm").accelerator_type == "v4-8"  # sub-cube names stay
+    with pytest.raises(catalog.CatalogError, match="ascending order, v4-4x4x8"):
+        catalog.lookup("v4-8x4x4", "tpu-vm")
+    assert catalog.lookup("v4-8x4x4", "gke").topology == "8x4x4"  # xpk's GKE table has it
+
+
 def test_tpu_vm_v2_and_v3_sizes_are_the_documented_ones():
     def sizes(gen):
         return sorted({s.tensorcores for s in catalog.table("tpu-vm").values() if s.generation == gen})
