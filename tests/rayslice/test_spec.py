@@ -375,7 +375,9 @@ def test_field_and_cross_field_problems_are_reported_together():
 def test_default_head_machine_type_exists_in_every_settled_catalog_zone():
     zones = {z for g in catalog.GENERATIONS for z in g.zones}
     assert zones <= set(catalog.MACHINE_FAMILIES_BY_ZONE), zones - set(catalog.MACHINE_FAMILIES_BY_ZONE)
-    family = catalog.machine_family(spec.DEFAULT_RAY_VERSION and catalog.DEFAULT_HEAD_MACHINE_TYPE)
+    [default] = [k.default for k in spec.KEYS if k.name == "headMachineType"]
+    assert default == "n2-standard-16"
+    family = catalog.machine_family(default)
     for zone in sorted(zones):
         families = catalog.zone_machine_families(zone)
         assert families is None or family in families, zone
