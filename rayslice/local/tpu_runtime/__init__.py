@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from rayslice import catalog, names
 
@@ -38,21 +39,27 @@ def environment() -> dict[str, str]:
     }
 
 
-def chips_per_host(attributes: dict[str, object]) -> int:
-    """Chips of one host, from its metadata: the type's chips over the slice's hosts; 0 if not a TPU VM."""
+def chips_per_host(tree: dict[str, Any]) -> int:
+    """Chips of one host, from its metadata tree; 0 for a host that is not a TPU host.
+
+    A Cloud TPU VM names its accelerator type and its slice's hosts (the type's chips over the
+    hosts); a Compute Engine TPU instance has only its machine type, whose catalog shapes say
+    how many chips each host has.
+    """
+    instance = tree.get("instance", {})
+    attributes = instance.get("attributes", {})
     accelerator_type = attributes.get("accelerator-type")
     endpoints = attributes.get("worker-network-endpoints")
-    if not isinstance(accelerator_type, str) or not isinstance(endpoints, str):
-        return 0
-    hosts = len([e for e in endpoints.split(",") if e])
-    return catalog.lookup(accelerator_type).chips // max(hosts, 1)
-
-
-def host_attributes(metadata_tree: Path) -> dict[str, object]:
-    """``instance/attributes`` of the host's metadata tree file (the simulator's `metadata.json`)."""
-    tree = json.loads(metadata_tree.read_text())
-    attributes = tree.get("instance", {}).get("attributes", {})
-    return attributes if isinstance(attributes, dict) else {}
+    if isinstance(accelerator_type, str) and isinstance(endpoints, str):
+        hosts = len([e for e in endpoints.split(",") if e])
+        return catalog.lookup(accelerator_type, "tpu-vm").chips // max(hosts, 1)
+    machine_type = str(instance.get("machine-type", "")).rsplit("/", 1)[-1]
+    if machine_type:
+        for platform in catalog.PLATFORMS:
+            for shape in catalog.table(platform).values():
+                if shape.machine_type == machine_type:
+                    return shape.chips_per_host
+    return 0
 
 
 def install(metadata_tree: Path, work_dir: Path) -> dict[str, str]:
@@ -62,7 +69,7 @@ def install(metadata_tree: Path, work_dir: Path) -> dict[str, str]:
     overlay hides ``/dev``'s sub-mounts (``/dev/shm`` is mounted again by the caller). Returns {}
     for a host that is not a TPU VM (the CPU head VM).
     """
-    chips = chips_per_host(host_attributes(metadata_tree))
+    chips = chips_per_host(json.loads(metadata_tree.read_text()))
     if chips == 0:
         return {}
     work_dir.mkdir(parents=True, exist_ok=True)
