@@ -27,9 +27,6 @@ from rayslice.infra.tpu_vm.slice import API_ACCELERATOR_TYPES
 
 STACK_TYPE = "pulumi:pulumi:Stack"
 FAKE_PROJECT = "fake-project"
-# A VPC created without an explicit MTU gets 1460 (Compute Engine's default): what the fake
-# reports for an existing network, so the multislice MTU warning shows in an offline preview.
-FAKE_EXISTING_VPC_MTU = 1460
 _FAKE_CA = base64.b64encode(b"fake CA").decode()
 
 
@@ -114,14 +111,12 @@ class FakeGcp(pulumi.runtime.Mocks):
         return f"{args.name}-id", state
 
     def call(self, args: MockCallArgs) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
-        """Data sources: the caller's project, an existing VPC (its MTU) and an existing GKE cluster.
+        """Data sources: the caller's project and an existing GKE cluster (``gkeCluster``).
 
         Each answer comes with an empty list of check failures: the mock monitor iterates it.
         """
         if args.token == "gcp:organizations/getClientConfig:getClientConfig":
             return {"project": FAKE_PROJECT}, []
-        if args.token == "gcp:compute/getNetwork:getNetwork":
-            return {"name": args.args["name"], "mtu": FAKE_EXISTING_VPC_MTU}, []
         if args.token == "gcp:container/getCluster:getCluster":
             # An existing cluster fit for rayslice: Workload Identity on, Dataplane V2.
             return {

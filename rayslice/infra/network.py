@@ -8,10 +8,11 @@ network is used as it is: providing egress (NAT, proxy or ``packageIndex``) is t
 job. With an existing GKE cluster (``gkeCluster``) no network is declared at all.
 
 A created VPC has MTU 8896, the value MaxText's multislice guide recommends for DCN traffic
-between slices (Compute Engine's default is 1460). An existing VPC keeps its MTU; with
-multislice, `ClusterNetwork` reads it through the API at deploy time and warns when it is lower.
-An offline preview cannot read it (the mocks answer Compute Engine's default), so the warning
-there says what to check rather than what is.
+between slices (Compute Engine's default is 1460). An existing VPC keeps its MTU, and rayslice
+cannot read it: pulumi-gcp 10.2's `getNetwork` does not return the MTU, and an offline preview
+has no API at all. With multislice on an existing VPC, the program therefore warns (in
+`pulumi up` and in `rayslice preview`) with the command that shows the MTU and the one that
+raises it.
 """
 
 from __future__ import annotations
@@ -57,16 +58,14 @@ def secondary_ranges(spec: ClusterSpec) -> SecondaryRanges | None:
     )
 
 
-def mtu_warning(network: str, mtu: int | None) -> str | None:
-    """The warning for a multislice cluster on an existing VPC whose MTU is below 8896."""
-    if mtu is not None and mtu >= MULTISLICE_MTU:
-        return None
-    shown = "unknown" if mtu is None else str(mtu)
+def mtu_warning(network: str) -> str:
+    """The warning for a multislice cluster on an existing VPC, whose MTU rayslice cannot read."""
     return (
-        f"network {network!r} has MTU {shown}; multislice DCN traffic between slices is slower "
-        f"below {MULTISLICE_MTU} (MaxText's recommendation). Raise it with `gcloud compute "
-        f"networks update {network} --mtu={MULTISLICE_MTU}` (all VMs in the network must be "
-        "stopped), or let rayslice create the network (leave `network` unset)."
+        f"multislice on existing network {network!r}: rayslice cannot check its MTU. DCN traffic "
+        f"between slices wants {MULTISLICE_MTU} (MaxText's recommendation; Compute Engine's default "
+        f"is 1460). Check: `gcloud compute networks describe {network} --format='value(mtu)'`; "
+        f"raise: `gcloud compute networks update {network} --mtu={MULTISLICE_MTU}` (every VM in "
+        "the network must be stopped first), or leave `network` unset so rayslice creates one."
     )
 
 
@@ -99,18 +98,10 @@ class ClusterNetwork(pulumi.ComponentResource):
             self.network = pulumi.Output.from_input(spec.network)
             self.subnetwork = pulumi.Output.from_input(spec.subnetwork)
             if spec.multislice and spec.platform != "gke":
-                self._check_mtu(spec.network, spec.project)
+                pulumi.log.warn(mtu_warning(spec.network), resource=self)
         # Declared as attributes above and repeated here so they appear in the component's
         # state (`pulumi stack --show-urns`) and other programs can depend on them.
         self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})
-
-    def _check_mtu(self, network: str, project: str | None) -> None:
-        def warn(mtu: int | None) -> None:
-            if message := mtu_warning(network, mtu):
-                pulumi.log.warn(message, resource=self)
-
-        existing = gcp.compute.get_network_output(name=network, project=project)
-        existing.mtu.apply(warn)
 
     def _create(self, name: str, spec: ClusterSpec) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
         assert spec.zone is not None

@@ -6,11 +6,11 @@ import ipaddress
 import json
 from pathlib import Path
 
+import pulumi
 import pytest
 
 from rayslice import cli
 from rayslice.infra.mocks import run_offline
-from rayslice.infra.network import mtu_warning
 from rayslice.infra.program import main
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
 
@@ -162,9 +162,29 @@ def test_created_vpc_has_the_multislice_mtu(capsys):
     assert vpc["inputs"]["mtu"] == 8896
 
 
-@pytest.mark.parametrize("mtu, warns", [(1460, True), (None, True), (8896, False), (8900, False)])
-def test_mtu_warning_for_an_existing_vpc(mtu, warns):
-    message = mtu_warning("shared-vpc", mtu)
-    assert (message is not None) == warns
-    if warns:
-        assert "gcloud compute networks update shared-vpc --mtu=8896" in message
+def test_multislice_on_an_existing_vpc_warns_about_its_mtu(monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, resource=None, **_: warnings.append(message))
+    config = {
+        "rayslice:acceleratorType": "v6e-16",
+        "rayslice:zone": "us-east5-b",
+        "rayslice:slices": "2",
+        "rayslice:network": "shared-vpc",
+        "rayslice:subnetwork": "tpu-subnet",
+    }
+    run = run_offline(lambda: main().exports, config)
+    assert not run.of_type("gcp:compute/network:Network")  # an existing VPC is never modified
+    [warning] = [w for w in warnings if "MTU" in w]
+    assert "gcloud compute networks update shared-vpc --mtu=8896" in warning
+
+
+def test_single_slice_on_an_existing_vpc_does_not_warn(monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, resource=None, **_: warnings.append(message))
+    config = {
+        "rayslice:acceleratorType": "v6e-16",
+        "rayslice:zone": "us-east5-b",
+        "rayslice:network": "shared-vpc",
+    }
+    run_offline(lambda: main().exports, config)
+    assert not [w for w in warnings if "MTU" in w]
