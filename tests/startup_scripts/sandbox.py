@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -171,7 +173,15 @@ def base_metadata(attributes: dict[str, str], name: str) -> dict[str, str]:
 class Sandbox:
     """One host: a root directory, stub tools, a stub cloud, and the rendered script."""
 
-    def __init__(self, tmp: Path, cloud: StubCloud, *, uv_failures: int = 0, unresolvable: bool = False):
+    def __init__(
+        self,
+        tmp: Path,
+        cloud: StubCloud,
+        *,
+        uv_failures: int = 0,
+        unresolvable: bool = False,
+        real_uv: bool = False,
+    ):
         self.tmp = tmp
         self.cloud = cloud
         self.root = tmp / "root"
@@ -214,6 +224,8 @@ if [[ $1 == ahostsv4 && $2 =~ -w[0-9]+$ ]]; then echo "127.0.0.1       STREAM $2
 exec {shutil.which("getent") or "/usr/bin/getent"} "$@"
 """,
         )
+        if real_uv:
+            return
         self._write(
             self.root / "opt/rayslice/uv/bin/uv",
             f"""#!/bin/bash
@@ -321,3 +333,80 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class WheelIndex(ThreadingHTTPServer):
+    """A PEP 503 simple index over a wheelhouse directory, behind HTTP basic auth."""
+
+    daemon_threads = True
+
+    def __init__(self, wheelhouse: Path, wheels: list[str], username: str, password: str):
+        super().__init__(("127.0.0.1", 0), _IndexHandler)
+        self.files = {name: wheelhouse / name for name in wheels}
+        self.authorization = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+        self.served: list[str] = []
+        self.refused = 0
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/simple"
+
+    def projects(self) -> dict[str, list[str]]:
+        projects: dict[str, list[str]] = {}
+        for name in self.files:
+            project = re.sub(r"[-_.]+", "-", name.split("-")[0]).lower()
+            projects.setdefault(project, []).append(name)
+        return projects
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class _IndexHandler(BaseHTTPRequestHandler):
+    server: WheelIndex
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.do_GET(head=True)
+
+    def do_GET(self, head: bool = False) -> None:
+        server = self.server
+        if self.headers.get("Authorization") != server.authorization:
+            server.refused += 1
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="index"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in server.files:
+            if not head:
+                server.served.append(parts[1])
+            data = server.files[parts[1]].read_bytes()
+            content_type = "application/octet-stream"
+        elif parts == ["simple"]:
+            links = "".join(f'<a href="/simple/{p}/">{p}</a>' for p in server.projects())
+            data, content_type = f"<html><body>{links}</body></html>".encode(), "text/html"
+        elif len(parts) == 2 and parts[0] == "simple" and parts[1] in server.projects():
+            links = "".join(
+                f'<a href="/files/{n}#sha256={_sha256(server.files[n])}">{n}</a>'
+                for n in server.projects()[parts[1]]
+            )
+            data, content_type = f"<html><body>{links}</body></html>".encode(), "text/html"
+        else:
+            data, content_type = b"not found", "text/plain"
+            self.send_response(404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(data)

@@ -20,7 +20,7 @@ import pytest
 from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.startup_scripts import RenderOptions, host_attributes
-from rayslice.startup_scripts.variables import script_variables
+from rayslice.startup_scripts.variables import UV_VERSION, script_variables
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.faults import PAGE, FaultTable, section
 
@@ -379,3 +379,39 @@ def test_committed_fault_table_lists_every_sandbox_scenario():
     rows = section(PAGE.read_text(), "sandbox")
     for scenario in SCENARIOS.values():
         assert f"| {scenario} |" in rows, scenario
+
+
+WHEELHOUSE = Path(__file__).resolve().parents[2] / ".wheelhouse"
+
+
+def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path):
+    """Real pip and real uv against a local simple index behind basic auth: uv is installed by
+    pip with --require-hashes, then the requirements by uv, both authenticated with the
+    credentials read from Secret Manager (never an argv, never the log)."""
+    uv_wheel = next(WHEELHOUSE.glob(f"uv-{UV_VERSION}-*manylinux_2_17_x86_64*.whl"), None)
+    six_wheel = next(WHEELHOUSE.glob("six-*.whl"), None)
+    if uv_wheel is None or six_wheel is None:
+        pytest.fail(f"{WHEELHOUSE} lacks uv {UV_VERSION} or six; build it with rayslice.local.wheelhouse")
+    index = sandbox.WheelIndex(WHEELHOUSE, [uv_wheel.name, six_wheel.name], "builder", INDEX_PASSWORD)
+    try:
+        spec = _spec(rayAuth="none", packageIndex="https://placeholder.example/simple")
+        cloud = _cloud(spec, extra={names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
+        box = _box(host, tmp_path, cloud, real_uv=True)
+        # The spec refuses http://; the test index is plain http on loopback, so it goes in as a
+        # rendered value, and the requirements are one small wheel instead of the jax preset.
+        script = box.render(spec, sandbox.free_port(), package_index=index.url, requirements=["six"])
+        assert box.boot(script, RAYSLICE_RETRY_MAX_DELAY_S="2").returncode == 0
+        box.wait(lambda: "starting" in cloud.states or cloud.state.startswith("failed"), timeout=120)
+        assert "starting" in cloud.states, box.log[-3000:]
+        uv = box.root / "opt/rayslice/uv/bin/uv"
+        version = sandbox.subprocess.run([str(uv), "--version"], capture_output=True, text=True).stdout
+        assert version.split()[1] == UV_VERSION
+        assert uv_wheel.name in index.served and six_wheel.name in index.served
+        venv_python = box.root / "opt/rayslice/venv/bin/python"
+        check = sandbox.subprocess.run([str(venv_python), "-c", "import six"], capture_output=True)
+        assert check.returncode == 0
+        assert (box.root / "opt/rayslice/venv/.rayslice-install").exists()
+        _no_secret_anywhere(box, INDEX_PASSWORD)
+        assert not list(Path("/tmp").glob("tmp*netrc*"))
+    finally:
+        index.shutdown()
