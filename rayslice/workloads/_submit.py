@@ -32,7 +32,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayslice.errors import InvalidInput, JobFailed, NoCluster
+from rayslice.errors import InvalidInput, JobFailed, NoCluster, NoCredentials
 from rayslice.names import DASHBOARD_PORT
 from rayslice.workloads import __path__ as WORKLOADS_PATH
 
@@ -215,10 +215,17 @@ def auth_headers(token_file: Path | None) -> dict[str, str]:
 
 
 def connect(target: Target) -> JobSubmissionClient:
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     try:
         return JobSubmissionClient(target.url, headers=auth_headers(target.token_file))
+    except AuthenticationError as exc:
+        given = f"the token in {target.token_file} was refused" if target.token_file else "no token was sent"
+        raise NoCredentials(
+            f"the Ray cluster at {target.url} uses token auth and {given}: pass --token-file F with the "
+            f"cluster's token ({str(exc).splitlines()[0]})"
+        ) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise NoCluster(f"no Ray cluster reachable at {target.url}: {exc}") from None
 

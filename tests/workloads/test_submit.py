@@ -276,8 +276,16 @@ def test_ray_address_wins_over_the_simulator_and_gets_no_simulator_token(tmp_pat
 class _Recorder(BaseHTTPRequestHandler):
     seen: ClassVar[list[dict[str, str]]] = []
 
+    require: ClassVar[str | None] = None  # answer 401/403 unless this Authorization header comes
+
     def do_GET(self) -> None:  # the Jobs client's version check
         type(self).seen.append(dict(self.headers))
+        if self.require is not None and self.headers.get("Authorization") != self.require:
+            refused = b"Unauthorized: Missing authentication token"
+            self.send_response(401 if self.headers.get("Authorization") is None else 403)
+            self.end_headers()
+            self.wfile.write(refused)
+            return
         body = json.dumps({"ray_version": "2.60.0", "version": "4", "ray_commit": "x", "session_name": "s"})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -291,6 +299,7 @@ class _Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def recorder() -> Iterator[tuple[str, list[dict[str, str]]]]:
     _Recorder.seen = []
+    _Recorder.require = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -319,6 +328,17 @@ def test_the_simulators_token_goes_to_the_simulator_only(tmp_path, monkeypatch, 
     mine.write_text("user-secret")
     _submit.connect(_submit.choose_target(url, mine))
     assert _authorization(seen) == {"Bearer user-secret"}
+
+
+def test_a_cluster_that_wants_a_token_says_how_to_give_one(tmp_path, recorder, capsys):
+    url, _ = recorder
+    _Recorder.require = "Bearer right"
+    assert cli.main(["run", "--address", url, "jax_train"]) == EXIT_NO_CLUSTER
+    err = capsys.readouterr().err
+    assert "uses token auth and no token was sent: pass --token-file F" in err and "Traceback" not in err
+    (tmp_path / "wrong").write_text("wrong")
+    assert cli.main(["run", "--address", url, "--token-file", str(tmp_path / "wrong"), "jax_train"]) == 3
+    assert f"the token in {tmp_path / 'wrong'} was refused" in capsys.readouterr().err
 
 
 def test_an_unreadable_or_empty_token_file_is_bad_input(tmp_path):
