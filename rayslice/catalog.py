@@ -270,38 +270,37 @@ _BY_PREFIX = {p: g for g in GENERATIONS for p in (g.name, *g.aliases)}
 
 # ---- CPU machine families per zone (for the head VM and GKE's head node pool) -------------------
 #
-# Source: Google's Compute Engine page "Regions and zones", section "Available regions and zones"
-# (cloud.google.com/compute/docs/regions-zones#available), as summarised by this project's cloud
-# review of 2026-12. That review settled the zones of us-east5 and us-south1: they offer e2, n2,
-# n2d and c3 but NOT n1. For the other zones only the long-standing general-purpose families
-# (e2, n1, n2, n2d) are listed; the page was not re-read, machine family by machine family, in a
-# stored copy while writing this table, so a family missing here may still exist there (the spec
-# then refuses it and names the families listed: re-check the page and extend the table).
-# `None` marks a zone no source settled: us-central2-b (the TPU v4 zone) is absent from the
-# public zone table we could read, so rayslice accepts any well-formed machine type there and
-# docs/configuration.md says so.
-HEAD_MACHINE_FAMILIES = ("e2", "n1", "n2", "n2d", "c3")  # families the table knows at all
-_GENERAL = frozenset({"e2", "n1", "n2", "n2d"})
-_NO_N1 = frozenset({"e2", "n2", "n2d", "c3"})
+# Source: SkyPilot's GCP VM catalog, skypilot-org/skypilot-catalog catalogs/v8/gcp/vms.csv (commit
+# 006059e0f18a, read 2026-12), which lists every priced machine type per zone as Compute Engine
+# reports it. Checked there family by family (rows of e2-highmem-*, n1-standard-*,
+# n2-highmem-*/n2-standard-*, n2d-*, c3-standard-*, c4-standard-*) for each zone the generations
+# list. It agrees with the project's cloud review: us-east5 and us-south1 have no n1, and c3 is
+# missing from asia-east1. `None` marks a zone no source settles: us-central2-b (TPU v4) has no
+# row at all in that catalog (not even the n1/n2d types TPU hosts run on), and Google's zone
+# table we could read does not list its machine families, so rayslice accepts any well-formed
+# machine type there and docs/configuration.md says so.
+HEAD_MACHINE_FAMILIES = ("c3", "c4", "e2", "n1", "n2", "n2d")  # the families the table tracks
+_ALL = frozenset(HEAD_MACHINE_FAMILIES)
+_NO_N1 = _ALL - {"n1"}
 MACHINE_FAMILIES_BY_ZONE: dict[str, frozenset[str] | None] = {
-    "asia-east1-c": _GENERAL,
-    "europe-west4-a": _GENERAL,
-    "europe-west4-b": _GENERAL,
-    "us-central1-a": _GENERAL,
-    "us-central1-b": _GENERAL,
-    "us-central1-c": _GENERAL,
-    "us-central1-f": _GENERAL,
+    "asia-east1-c": _ALL - {"c3"},
+    "europe-west4-a": _ALL,
+    "europe-west4-b": _ALL,
+    "us-central1-a": _ALL,
+    "us-central1-b": _ALL,
+    "us-central1-c": _ALL,
+    "us-central1-f": _ALL,
     "us-central2-b": None,
-    "us-east1-d": _GENERAL,
+    "us-east1-d": _ALL,
     "us-east5-a": _NO_N1,
     "us-east5-b": _NO_N1,
     "us-south1-a": _NO_N1,
-    "us-west1-c": _GENERAL,
-    "us-west4-a": _GENERAL,
+    "us-west1-c": _ALL,
+    "us-west4-a": _ALL,
 }
 MACHINE_FAMILIES_SOURCE = (
-    "Compute Engine 'Available regions and zones' (cloud.google.com/compute/docs/regions-zones), "
-    "project review 2026-12"
+    "SkyPilot's GCP VM catalog (skypilot-org/skypilot-catalog, catalogs/v8/gcp/vms.csv, commit "
+    "006059e0f18a, read 2026-12), families c3, c4, e2, n1, n2, n2d"
 )
 
 

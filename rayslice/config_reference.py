@@ -125,10 +125,9 @@ def configuration_md() -> str:
         out.append(f"| {zone} | {shown} |")
     out += [
         "",
-        "Not verified against real GCP: only us-east5 and us-south1 were checked family by family "
-        "(they lack n1). The other rows list the long-standing general-purpose families only, so a "
-        "family missing from a row may still exist there. No public source we could read settles "
-        "us-central2-b (TPU v4).",
+        "Not verified against real GCP: the table tracks six general-purpose families only "
+        "(a type of another family is refused as unknown), and no public source we could read "
+        "settles us-central2-b (TPU v4), so any type is accepted there.",
         "",
     ]
     return "\n".join(out)

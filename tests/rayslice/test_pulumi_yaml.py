@@ -82,7 +82,8 @@ def test_docs_list_every_key_with_its_default():
         assert f"| `{key.name}` |" in text, key.name
     assert '| `headMachineType` | string | `"n2-standard-16"` |' in text
     assert "| `platform` | `compute` \\| `tpu-vm` \\| `gke` | derived (see description) |" in text
-    assert "| us-east5-a | c3, e2, n2, n2d |" in text
+    assert "| us-east5-a | c3, c4, e2, n2, n2d |" in text
+    assert "| asia-east1-c | c4, e2, n1, n2, n2d |" in text
     assert "| us-central2-b | not settled by a source" in text
 
 

@@ -198,12 +198,12 @@ ERRORS = [
     (
         "head-machine-family-missing-in-zone",
         {"slices": "2", "headMachineType": "n1-standard-16"},
-        ["'n1'", "not offered in zone us-east5-b", "a family it offers: c3, e2, n2, n2d"],
+        ["'n1'", "not offered in zone us-east5-b", "a family it offers: c3, c4, e2, n2, n2d"],
     ),
     (
         "head-machine-family-unknown",
         {"head": "vm", "headMachineType": "zz9-standard-4"},
-        ["'zz9'", "is unknown", "us-east5-b offers: c3, e2, n2, n2d"],
+        ["'zz9'", "is unknown", "us-east5-b offers: c3, c4, e2, n2, n2d"],
     ),
     (
         "head-machine-family-gke-us-south1",
@@ -387,6 +387,16 @@ def test_default_head_machine_type_exists_in_every_settled_catalog_zone():
 def test_n1_is_refused_where_compute_engine_lacks_it(zone):
     assert "n1" in str(catalog.head_machine_problem("n1-standard-16", zone))
     assert catalog.head_machine_problem("n2d-standard-16", zone) is None
+
+
+def test_c3_is_refused_in_asia_east1():
+    assert "not offered in zone asia-east1-c" in str(
+        catalog.head_machine_problem("c3-standard-8", "asia-east1-c")
+    )
+    problems_v2 = spec.load(
+        {"platform": "tpu-vm", "acceleratorType": "v2-8", "zone": "asia-east1-c", "head": "vm"}
+    )
+    assert problems_v2.head_machine_type == "n2-standard-16"
 
 
 def test_unsettled_zone_accepts_any_family():
