@@ -534,6 +534,12 @@ def generation(name: str) -> Generation:
 _NAME = re.compile(r"^(?P<prefix>[a-z0-9-]+?)-(?P<size>\d+(?:x\d+)*)$")
 
 
+def generation_of(name: str) -> Generation | None:
+    """The generation an accelerator type name belongs to (``tpu-v6e-slice-16`` -> v6e), if any."""
+    match = _NAME.match(name.strip().lower())
+    return _BY_PREFIX.get(match["prefix"]) if match else None
+
+
 def canonical_name(name: str) -> str:
     """Rewrite alias prefixes to the canonical one: ``tpu-v6e-slice-4x4`` -> ``v6e-4x4``."""
     text = name.strip().lower()

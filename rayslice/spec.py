@@ -427,11 +427,7 @@ def _resolve_tpu(
     name = values["acceleratorType"]
     if name is None:
         return None
-    match = re.match(r"^(?P<prefix>[a-z0-9-]+?)-\d", catalog.canonical_name(name))
-    try:
-        gen = catalog.generation(match["prefix"]) if match else None
-    except catalog.CatalogError:
-        gen = None
+    gen = catalog.generation_of(name)
     if values["platform"] is None and raw.get("platform") is None:
         values["platform"] = gen.default_platform if gen is not None else "tpu-vm"
     if values["platform"] is None:

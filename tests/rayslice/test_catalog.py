@@ -319,3 +319,18 @@ def test_two_d_sizes_are_powers_of_two(platform):
         for size in (3, 6, 12, 24, 48, 96):
             with pytest.raises(catalog.CatalogError, match="closest valid types"):
                 catalog.lookup(f"{gen}-{size}", platform)
+
+
+@pytest.mark.parametrize(
+    "name, generation",
+    [
+        ("tpu-v6e-slice-16", "v6e"),
+        ("v5e-8", "v5litepod"),
+        ("ironwood-4x4x4", "tpu7x"),
+        ("v9-8", None),
+        ("x", None),
+    ],
+)
+def test_generation_of(name, generation):
+    gen = catalog.generation_of(name)
+    assert (gen.name if gen else None) == generation
