@@ -112,8 +112,17 @@ def test_spec_is_frozen():
         s.slices = 3  # type: ignore[misc]  # the point of the test
 
 
-def test_as_config_round_trips():
-    s = load(slices="2", labels={"team": "ml"}, requirements=["optax"], platform="tpu-vm")
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"slices": "2", "labels": {"team": "ml"}, "requirements": ["optax"], "platform": "tpu-vm"},
+        {"capacity": "spot", "recovery": "false", "dashboardSourceRanges": ["10.0.0.0/8"]},
+        {"platform": "gke", "gkeAuthorizedNetworks": ["10.1.0.0/16"], "kuberay": "addon"},
+        {"packageIndex": "https://pypi.internal/simple", "packageIndexCredentialsSecret": "pip-cred"},
+    ],
+)
+def test_as_config_round_trips(overrides):
+    s = load(**overrides)
     config = s.as_config()
     assert set(config) == spec.KEY_NAMES
     assert spec.load(config) == s
