@@ -6,11 +6,12 @@ import shlex
 
 from rayslice import spec
 from rayslice.infra import access
+from rayslice.infra.compute import template as compute_template
 from rayslice.infra.firewall import IAP_SOURCE_RANGE, cluster_tag, firewall_rules, head_tag, slice_tags
 from rayslice.infra.identity import account_id
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.network import region_of
-from rayslice.infra.tpu_vm.slice import scheduling
+from rayslice.infra.tpu_vm.slice import accelerator_config, scheduling
 
 
 def _spec(**raw):
@@ -151,3 +152,39 @@ def test_every_emitted_flag_exists_on_the_command_it_is_passed_to():
         words, flags = _flags(command)
         assert words[:3] == ["gcloud", "compute", "ssh"]
         assert "--tunnel-through-iap" in flags and flags <= COMPUTE_SSH_FLAGS | GCLOUD_WIDE
+
+
+def test_topology_names_reach_the_tpu_api_as_type_and_topology():
+    """`v4-4x4x8` used to go out as accelerator_type alone, and the API picked its own topology."""
+    config = accelerator_config(spec.load({"acceleratorType": "v4-4x4x8", "zone": "us-central2-b"}))
+    assert (config.type, config.topology) == ("V4", "4x4x8")
+    config = accelerator_config(spec.load({"acceleratorType": "v5litepod-16", "zone": "us-west4-a"}))
+    assert (config.type, config.topology) == ("V5LITE_POD", "4x4")
+
+
+def test_compute_scheduling_per_capacity():
+    spot = compute_template.scheduling("spot")
+    assert (spot.provisioning_model, spot.instance_termination_action, spot.preemptible) == (
+        "SPOT",
+        "DELETE",
+        True,
+    )
+    assert spot.automatic_restart is False and spot.on_host_maintenance == "TERMINATE"
+    for capacity in ("on-demand", "reserved"):
+        standard = compute_template.scheduling(capacity)
+        assert (standard.provisioning_model, standard.on_host_maintenance) == ("STANDARD", "TERMINATE")
+        assert standard.instance_termination_action is None and standard.automatic_restart is True
+
+
+def test_compute_reservation_affinity_and_image():
+    named = compute_template.reservation_affinity(_spec(capacity="reserved", reservation="team-v6e"))
+    assert named.type == "SPECIFIC_RESERVATION"
+    assert (named.specific_reservation.key, named.specific_reservation.values) == (
+        "compute.googleapis.com/reservation-name",
+        ["team-v6e"],
+    )
+    assert compute_template.reservation_affinity(_spec(capacity="reserved")).type == "ANY_RESERVATION"
+    assert compute_template.reservation_affinity(_spec()) is None
+    assert compute_template.source_image(_spec()) == (
+        "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+    )
