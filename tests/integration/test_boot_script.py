@@ -53,9 +53,20 @@ def _log(sim: Simulation, host: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def slice16(tmp_path_factory):
-    """One v6e-16 slice whose metadata servers answer 503 for their first 6 seconds."""
-    sim = Simulation.create(_spec(), tmp_path_factory.mktemp("slice16") / "sim", metadata_unavailable_for=6)
+def wheelhouse() -> Path:
+    """A local wheelhouse with the jax preset, Ray and uv, as an offline site would keep one."""
+    return ensure_wheelhouse(WHEELHOUSE, _spec(acceleratorType="v6e-4"))
+
+
+@pytest.fixture(scope="module")
+def slice16(tmp_path_factory, wheelhouse):
+    """One v6e-16 slice that installs from a wheelhouse; its metadata servers answer 503 for 6 s."""
+    sim = Simulation.create(
+        _spec(),
+        tmp_path_factory.mktemp("slice16") / "sim",
+        package_source=f"wheels:{wheelhouse}",
+        metadata_unavailable_for=6,
+    )
     try:
         yield sim
     finally:
@@ -68,9 +79,9 @@ def test_workers_booted_before_the_head_join_once_it_appears(slice16):
     workers = [h.name for h in sim.plan.hosts if h.name != head]
     for name in workers:
         sim.boot(name)
-    sim.wait_for(lambda s: all(s[w] == "waiting-for-head" for w in workers), timeout=120)
+    sim.wait_for(lambda s: all(s[w] == "waiting: head" for w in workers), timeout=600)
     sim.boot(head)
-    sim.wait_for(_all("joined"), timeout=180)
+    sim.wait_for(_all("joined"), timeout=600)
     nodes = _wait_nodes(sim, 4, timeout=60)
     assert sum(n["resources"]["TPU"] for n in nodes) == 16
     assert sum(n["resources"].get("TPU-v6e-16-head", 0) for n in nodes) == 1
@@ -89,7 +100,11 @@ def test_second_boot_takes_the_fast_path_with_one_node_per_host(slice16):
     nodes = _wait_nodes(sim, 4, timeout=180)
     assert sorted(n["ip"] for n in nodes) == sorted(h.ip for h in sim.plan.hosts)
     for host in sim.plan.hosts:
-        assert _log(sim, host.name).count("supervisor (process) started") == 2
+        log = _log(sim, host.name)
+        assert log.count("supervisor (process) started") == 2
+        # Installed at the first boot only: the reboot found the marker and skipped the install.
+        assert log.count("installing jax[tpu]") == 1, host.name
+        assert "requirements unchanged" in log, host.name
 
 
 def test_every_worker_rejoins_after_a_head_restart(slice16):
@@ -110,25 +125,22 @@ def test_every_worker_rejoins_after_a_head_restart(slice16):
     assert sorted(n["ip"] for n in nodes) == sorted(h.ip for h in sim.plan.hosts)
 
 
-def test_a_head_that_never_appears_fails_after_the_deadline(simulation_dir):
-    sim = Simulation.create(_spec(rayAuth="none"), simulation_dir)
+def test_a_head_that_never_appears_leaves_workers_waiting_for_it(simulation_dir):
+    sim = Simulation.create(_spec(rayAuth="none"), simulation_dir, insecure=True)
     worker = next(h.name for h in sim.plan.hosts if h.name != sim.plan.head.name)
-    sim.boot(worker, env={"RAYSLICE_HEAD_DEADLINE_S": "4"})
-    states = sim.wait_for(lambda s: s[worker].startswith("failed"), timeout=120)
-    assert states[worker] == f"failed: head {sim.plan.head.ip}:6379 not reachable after 4s"
-    sim.wait_for(lambda s: sim.script_exit(worker) is not None, timeout=30)
-    assert sim.script_exit(worker) == 1
-
-
-@pytest.fixture(scope="module")
-def wheelhouse() -> Path:
-    """A local wheelhouse with the jax preset, Ray and uv, as an offline site would keep one."""
-    return ensure_wheelhouse(WHEELHOUSE, _spec(acceleratorType="v6e-4"))
+    sim.boot(worker)
+    sim.wait_for(lambda s: s[worker] == "waiting: head", timeout=120)
+    assert sim.script_exit(worker) == 0  # the boot is done; the supervisor waits, with no deadline
+    time.sleep(10)
+    assert sim.states()[worker] == "waiting: head"
 
 
 def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhouse):
     sim = Simulation.create(
-        _spec(acceleratorType="v6e-4", rayAuth="none"), simulation_dir, package_source=f"wheels:{wheelhouse}"
+        _spec(acceleratorType="v6e-4", rayAuth="none"),
+        simulation_dir,
+        package_source=f"wheels:{wheelhouse}",
+        insecure=True,
     )
     [host] = [h.name for h in sim.plan.hosts]
     sim.boot(host)
@@ -140,7 +152,9 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
     assert _wait_nodes(sim, 1, timeout=60)[0]["resources"]["TPU"] == 4
 
     sim.reboot(host)
-    sim.wait_for(lambda s: sim.script_exit(host) == 0, timeout=180)
+    deadline = time.monotonic() + 180
+    while "requirements unchanged" not in _log(sim, host) and time.monotonic() < deadline:
+        time.sleep(1)
     log = _log(sim, host)
     assert log.count("installing jax[tpu]") == 1
     assert "requirements unchanged" in log
@@ -148,7 +162,7 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
 
 
 def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
-    sim = Simulation.create(_spec(rayAuth="none"), simulation_dir)
+    sim = Simulation.create(_spec(rayAuth="none"), simulation_dir, insecure=True)
     head = sim.plan.head.name
     other = render(
         _spec(acceleratorType="v6e-4", rayAuth="none"),
@@ -156,8 +170,8 @@ def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
     )
     sim.paths(head).script.write_text(other)
     sim.boot(head)
-    states = sim.wait_for(lambda s: s[head].startswith("failed"), timeout=60)
-    assert (
-        states[head]
-        == "failed: this script was rendered for v6e-4 but the host is v6e-16; render it for this slice"
+    states = sim.wait_for(lambda s: s[head].startswith("failed"), timeout=120)
+    assert states[head] == (
+        "failed: this script was rendered for v6e-4 (1 hosts) but this slice has 4 hosts; "
+        "render it for this slice"
     )
