@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Everything in the host dir is opened before /tmp is replaced (the state dir may be under /tmp).
     script = paths.script.read_text()
-    console = open(paths.console, "ab", buffering=0)
-    exit_file = open(paths.exit_file, "w")
+    console = open(paths.console, "ab", buffering=0)  # noqa: SIM115 - open for the whole life of the host
+    exit_file = open(paths.exit_file, "w")  # noqa: SIM115 - likewise, written each time the script exits
     for sub in ("tmp", "root"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
     socket.sethostname(args.hostname)

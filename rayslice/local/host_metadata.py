@@ -1,10 +1,16 @@
-"""The metadata a simulated host sees: the same paths and values a real TPU VM (or the CPU head VM)
-gets from its GCE metadata server, built from the spec and the simulated network.
+"""The metadata a simulated host sees: the same paths and values a real TPU host (or the CPU head
+VM) gets from its GCE metadata server, built from the spec and the simulated network.
 
-The result is a `metadata.Tree` that `metadata.MetadataServer` serves. Values follow FACTS.md:
-`worker-network-endpoints` entries are ``unknown:unknown:<ip>`` like real TPU VMs, `tpu-env`
-lines are ``KEY: 'value'``. Slices are independent TPU VMs (as infra
-creates them), so `tpu-env` carries no MEGASCALE_* values.
+The result is a `metadata.Tree` that `metadata.MetadataServer` serves. Two platforms differ:
+
+* ``tpu-vm`` (Cloud TPU API): the attributes that API sets — `accelerator-type`,
+  `agent-worker-number`, `instance-id`, `worker-network-endpoints` (entries
+  ``unknown:unknown:<ip>``), `tpu-env` (lines ``KEY: 'value'``). Slices are independent TPU VMs
+  (as infra creates them), so `tpu-env` carries no MEGASCALE_* values.
+* ``compute`` (Compute Engine MIG instances): none of those, since public sources do not settle
+  which of them a Compute Engine TPU instance has; only what every instance has (name, machine
+  type, network, zone) plus the attributes infra writes: the slice's name and its instances'
+  names in worker order (`names.ATTR_SLICE_NAME`, `names.ATTR_SLICE_HOSTS`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ def numeric_id(text: str, digits: int = 16) -> str:
 def tpu_attributes(
     spec: ClusterSpec, slice_index: int, worker: int, slice_ips: list[str], head_address: str | None
 ) -> dict[str, str]:
-    """`instance/attributes/` of TPU host `worker` of slice `slice_index` (IPs of that slice in worker order)."""
+    """`instance/attributes/` of TPU VM `worker` of slice `slice_index` (`slice_ips` in worker order)."""
     tpu = spec.tpu
     slice_name = spec.slice_name(slice_index)
     tpu_env = {
@@ -52,6 +58,15 @@ def tpu_attributes(
     }
 
 
+def compute_attributes(spec: ClusterSpec, slice_index: int, head_address: str | None) -> dict[str, str]:
+    """`instance/attributes/` of a Compute Engine TPU host: exactly what infra writes, no Cloud-TPU-API one.
+
+    `host_attributes` names the slice and lists its instance names (`names.host_name`), which
+    the simulator also uses as its compute hosts' names.
+    """
+    return host_attributes(spec, slice_index, head_address=head_address)
+
+
 def head_vm_attributes(spec: ClusterSpec) -> dict[str, str]:
     """`instance/attributes/` of the CPU head VM (head=vm): no TPU attributes, role head-vm."""
     return host_attributes(spec, HEAD_VM_SLICE_INDEX)
@@ -66,13 +81,14 @@ def instance_tree(
     gateway: str,
     attributes: Mapping[str, str],
     startup_script: str,
+    machine_type: str | None = None,
 ) -> Tree:
     """The whole metadata tree (``instance/`` and ``project/``) of one simulated host."""
     project = spec.project or LOCAL_PROJECT
     number = numeric_id(project, 12)
     zone = spec.zone or ""
     email = f"{number}-compute@developer.gserviceaccount.com"
-    account = {
+    account: Tree = {
         "aliases": ["default"],
         "email": email,
         "scopes": list(SCOPES),
@@ -84,27 +100,24 @@ def instance_tree(
             }
         ),
     }
-    return {
-        "instance": {
-            "attributes": {**attributes, "startup-script": startup_script},
-            "guest-attributes": {},  # served from the server's own store
-            "hostname": f"{hostname}.{zone}.c.{project}.internal",
-            "id": numeric_id(f"{project}/{hostname}"),
-            "name": hostname,
-            "network-interfaces": [
-                {
-                    "gateway": gateway,
-                    "ip": ip,
-                    "network": f"projects/{number}/networks/{spec.name}",
-                    "subnetmask": str(network.netmask),
-                }
-            ],
-            "service-accounts": {"default": account, email: account},
-            "zone": f"projects/{number}/zones/{zone}",
-        },
-        "project": {
-            "attributes": {},
-            "numeric-project-id": number,
-            "project-id": project,
-        },
+    instance: Tree = {
+        "attributes": {**attributes, "startup-script": startup_script},
+        "guest-attributes": {},  # served from the server's own store
+        "hostname": f"{hostname}.{zone}.c.{project}.internal",
+        "id": numeric_id(f"{project}/{hostname}"),
+        "name": hostname,
+        "network-interfaces": [
+            {
+                "gateway": gateway,
+                "ip": ip,
+                "network": f"projects/{number}/networks/{spec.name}",
+                "subnetmask": str(network.netmask),
+            }
+        ],
+        "service-accounts": {"default": account, email: account},
+        "zone": f"projects/{number}/zones/{zone}",
     }
+    if machine_type:
+        instance["machine-type"] = f"projects/{number}/machineTypes/{machine_type}"
+    project_tree: Tree = {"attributes": {}, "numeric-project-id": number, "project-id": project}
+    return {"instance": instance, "project": project_tree}

@@ -10,8 +10,10 @@ attributes (``instance/guest-attributes/<ns>/<key>``) take PUT, GET and DELETE. 
 proxy form (``GET http://metadata.google.internal/...``) are accepted, so a client that honours
 ``http_proxy`` can be pointed at a server on any port.
 
-Two knobs exist for the simulator and its tests: ``unavailable_for`` answers 503 to everything
-for the first N seconds (to exercise the boot script's retries), and ``guest_file``, a JSON copy
+Fault knobs for the simulator and its tests: ``unavailable_for`` answers 503 to everything for
+the first N seconds (to exercise the boot script's retries); ``silent_for`` accepts connections
+but sends nothing for the first N seconds (``inf``: never), which is how a wedged metadata server
+looks to a client without a timeout (Ray's TPU detection has none). Also ``guest_file``, a JSON copy
 of the guest attributes rewritten atomically on every change, which the owner reads without
 entering the host's namespace. A server started on an existing guest file keeps its values, as
 guest attributes survive a real VM's reboot.
@@ -84,10 +86,12 @@ class MetadataServer(ThreadingHTTPServer):
         *,
         guest_file: Path | None = None,
         unavailable_for: float = 0.0,
+        silent_for: float = 0.0,
     ):
         self.tree = tree
         self.guest_file = guest_file
         self.unavailable_until = time.monotonic() + unavailable_for
+        self.silent_until = time.monotonic() + silent_for
         self._lock = threading.Lock()
         self.guest: dict[str, dict[str, str]] = (
             json.loads(guest_file.read_text()) if guest_file is not None and guest_file.exists() else {}
@@ -98,7 +102,14 @@ class MetadataServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        if isinstance(host, bytes):
+            host = host.decode()
         return f"http://{host}:{port}"
+
+    def hold_while_silent(self) -> None:
+        """Block the calling handler thread until the ``silent_for`` window ends (forever for inf)."""
+        while (left := self.silent_until - time.monotonic()) > 0:
+            time.sleep(min(left, 60.0))
 
     def respond(self, method: str, target: str, body: str, headers: dict[str, str]) -> Response:
         """The answer to one request (`target` in origin or proxy form)."""
@@ -121,7 +132,7 @@ class MetadataServer(ThreadingHTTPServer):
             return self._write_guest(method, segments, body)
         if method != "GET":
             return Response(405, f"{method} not allowed\n")
-        node = self._view()
+        node: object = self._view()
         for segment in segments:
             node = _child(node, segment)
             if node is None:
@@ -136,8 +147,9 @@ class MetadataServer(ThreadingHTTPServer):
 
     def _view(self) -> Tree:
         with self._lock:
-            guest = {ns: dict(keys) for ns, keys in self.guest.items()}
-        instance = {**self.tree.get("instance", {}), GUEST_ATTRIBUTES: guest}  # type: ignore[dict-item]
+            guest: Tree = {ns: dict(keys) for ns, keys in self.guest.items()}
+        base = self.tree.get("instance", {})
+        instance: Tree = {**(base if isinstance(base, dict) else {}), GUEST_ATTRIBUTES: guest}
         return {**self.tree, "instance": instance}
 
     def _write_guest(self, method: str, segments: list[str], body: str) -> Response:
@@ -185,7 +197,7 @@ def _render(node: object, path: str, query: dict[str, str], *, directory: bool, 
     if _is_value(node):
         if alt == "json":
             return Response(200, json.dumps(node), "application/json")
-        return Response(200, "\n".join(node) + "\n" if isinstance(node, list) else node)  # type: ignore[arg-type]
+        return Response(200, "\n".join(node) + "\n" if isinstance(node, list) else str(node))
     if query.get("recursive") == "true":
         data = _recursive(node, verbatim)
         if alt == "text":
@@ -193,8 +205,9 @@ def _render(node: object, path: str, query: dict[str, str], *, directory: bool, 
         return Response(200, json.dumps(data), "application/json")
     if not directory:
         return Response(301, "", location=path + "/")
-    names = list(node) if isinstance(node, dict) else [str(i) for i in range(len(node))]  # type: ignore[arg-type]
-    children = node if isinstance(node, dict) else dict(zip(names, node))  # type: ignore[arg-type]
+    entries = list(node) if isinstance(node, list) else []
+    children: dict = node if isinstance(node, dict) else {str(i): child for i, child in enumerate(entries)}
+    names = list(children)
     return _listing([n if _is_value(children[n]) else n + "/" for n in names], query)
 
 
@@ -251,6 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer("POST")
 
     def _answer(self, method: str) -> None:
+        self.server.hold_while_silent()
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode() if length else ""
         headers = {k.lower(): v for k, v in self.headers.items()}
@@ -284,12 +298,20 @@ def main(argv: list[str] | None = None) -> None:
         metavar="SECONDS",
         help="answer 503 to every request for this long after start",
     )
+    parser.add_argument(
+        "--silent-for",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="accept connections but answer nothing for this long after start (inf: never)",
+    )
     args = parser.parse_args(argv)
     server = MetadataServer(
         (args.bind, args.port),
         load_tree(args.tree.read_text()),
         guest_file=args.guest_file,
         unavailable_for=args.unavailable_for,
+        silent_for=args.silent_for,
     )
     server.serve_forever()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -18,8 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rayslice.local.metadata import METADATA_HOST, METADATA_IP
+from rayslice.local.processes import cmdline
 
 NETNS_ETC = Path("/etc/netns")
+NETNS_RUN = Path("/run/netns")  # where `ip netns add` pins each named namespace
 # Candidate subnets: carrier-grade NAT space, rarely used on a developer machine or in CI.
 CANDIDATE_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
 
@@ -110,6 +113,21 @@ def netns_pids(netns: str) -> list[int]:
     """PIDs of every process in the namespace (``ip netns pids``, which matches by the exact name)."""
     proc = ip("netns", "pids", netns, check=False)
     return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
+
+
+def in_netns(pid: int, netns: str) -> bool:
+    """Whether process `pid` lives in the named namespace, or is the `ip netns exec` about to enter it.
+
+    The simulator only signals a recorded PID when this holds for the namespace of the host the
+    PID was recorded for: a PID in a tampered state file cannot make it kill anything else.
+    """
+    try:
+        mine, target = os.stat(f"/proc/{pid}/ns/net"), os.stat(NETNS_RUN / netns)
+        if (mine.st_dev, mine.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    except OSError:
+        pass
+    return cmdline(pid)[:4] == ["ip", "netns", "exec", netns]
 
 
 def delete_netns(netns: str) -> None:

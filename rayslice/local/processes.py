@@ -6,6 +6,7 @@ the kernel reports in ``/proc/<pid>/stat``, so `stop` never signals a stranger's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -72,10 +73,17 @@ def stop(ref: ProcessRef, grace_s: float = 5.0) -> None:
 
 def _reap(pid: int) -> None:
     """Collect the exit status if the process is our own child (tests start hosts in-process)."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+
+
+def cmdline(pid: int) -> list[str]:
+    """The process's argv ([] if it is gone or a kernel thread)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
 
 
 def children(pid: int) -> list[int]:

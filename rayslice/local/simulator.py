@@ -8,8 +8,16 @@ environment rayslice runs from, since the hosts have no internet; or ``wheels:DI
 root, one short path that each host's mount namespace binds to its own directory.
 
 `Simulation.create` records the plan before creating anything; `destroy` (``rayslice local
-down``) removes exactly what the state file names. Owners and tests drive hosts with `boot`,
-`power_off`, `reboot`, `restart_head_ray` and `exec_in`, and read progress with `states`.
+down``) removes exactly what the state file names, after `state.check_state` has matched every
+name in it against the simulator's own patterns, and signals a recorded PID only while it still
+runs in the namespace of the host it was recorded for. The state dir is private (0700, see
+`private_files`), token files are 0600 from creation, the cluster uses Ray token auth unless
+``insecure=True``, and a packet filter keeps the bridge subnet to root (`firewall`).
+
+Owners and tests drive hosts with `boot`, `power_off`, `reboot`, `restart_head_ray` and
+`exec_in`, read progress with `states`, and inject faults with the metadata knobs of `create`
+and `restart_metadata` (503 for a while, or accept and never answer) or by never booting a host
+(`boot_all(skip=...)`).
 """
 
 from __future__ import annotations
@@ -23,19 +31,20 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import rayslice
 from rayslice import spec as spec_module
 from rayslice.errors import SimulatorError
-from rayslice.local import netns
+from rayslice.local import firewall, netns
 from rayslice.local.boot import host_environment
-from rayslice.local.host_metadata import head_vm_attributes, instance_tree, tpu_attributes
+from rayslice.local.host_metadata import compute_attributes, head_vm_attributes, instance_tree, tpu_attributes
 from rayslice.local.metadata import dump_tree
-from rayslice.local.processes import children, is_alive, process_ref, start_detached, stop
+from rayslice.local.private_files import check_private, ensure_private_dir, make_private_subdir, write_private
+from rayslice.local.processes import ProcessRef, children, is_alive, process_ref, start_detached, stop
 from rayslice.local.state import (
-    DEFAULT_ROOTS_DIR,
     ROLE_HEAD_VM,
     HostPaths,
     HostPlan,
@@ -66,8 +75,24 @@ def require_root() -> None:
     missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
     if missing:
         raise SimulatorError(
-            f"the local simulator needs {', '.join(missing)} (Debian: apt-get install iproute2 util-linux mount)"
+            f"the local simulator needs {', '.join(missing)} "
+            "(Debian: apt-get install iproute2 util-linux mount)"
         )
+
+
+def _auth_spec(spec: ClusterSpec, insecure: bool) -> ClusterSpec:
+    """The spec the simulation runs: token auth unless `insecure`, which turns it off explicitly."""
+    if insecure:
+        if spec.ray_auth == "none":
+            return spec
+        return spec_module.load({**spec.as_config(), "rayAuth": "none"}, require_zone=False)
+    if spec.ray_auth != "token":
+        raise SimulatorError(
+            f"rayAuth={spec.ray_auth} would let every local user reach the simulated cluster's dashboard, "
+            "GCS and Jobs API and run code on its hosts as root; keep rayAuth=token, or pass --insecure to "
+            "run without token auth on purpose"
+        )
+    return spec
 
 
 def default_package_source() -> str:
@@ -82,6 +107,7 @@ class Simulation:
         self.state = state
         self.plan = state.plan
         self.state_dir = Path(state.state_dir)
+        self.warnings: list[str] = []  # what the caller should tell the user (e.g. no packet filter)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -93,65 +119,96 @@ class Simulation:
         *,
         script: str | None = None,
         package_source: str | None = None,
+        insecure: bool = False,
         metadata_unavailable_for: float = 0.0,
-        roots_dir: Path = DEFAULT_ROOTS_DIR,
+        metadata_silent_for: float = 0.0,
     ) -> Simulation:
         """Create every host (network, metadata server, files) without booting any.
 
         `script` replaces the rendered startup script (tests of the plumbing itself); by default
         every host gets ``render(spec, RenderOptions(supervisor="process", ...))``.
-        `metadata_unavailable_for` makes every metadata server answer 503 for that many seconds.
+        `insecure` runs the cluster without Ray token auth (rayAuth=none); without it a spec
+        with rayAuth=none is refused, since every local user who reached the hosts could run
+        code on them as root.
+        Fault knobs, for every host's metadata server: `metadata_unavailable_for` answers 503
+        for that many seconds; `metadata_silent_for` accepts connections and answers nothing
+        for that long (``math.inf``: never). `restart_metadata` sets them for one host later.
         """
         require_root()
-        state_dir = Path(state_dir).resolve()
-        existing = SimulationState.load(state_dir)
-        if existing is not None:
+        spec = _auth_spec(spec, insecure)
+        backend = firewall.available_backend()
+        if insecure and backend == firewall.NONE:
             raise SimulatorError(
-                f"a simulation (run {existing.plan.run_id}) already exists in {state_dir}; "
-                "run `rayslice local down` first"
+                "insecure (no token auth) needs a packet filter that keeps the simulated hosts to root, "
+                "and this machine has neither nft nor iptables: install nftables (apt-get install nftables) "
+                "or drop --insecure"
             )
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = Path(os.path.abspath(state_dir))
+        if os.path.lexists(state_dir):
+            check_private(state_dir, directory=True)
+            existing = SimulationState.load(state_dir)
+            if existing is not None:
+                raise SimulatorError(
+                    f"a simulation (run {existing.plan.run_id}) already exists in {state_dir}; "
+                    "run `rayslice local down` first"
+                )
+        ensure_private_dir(state_dir)
         host_count = spec.total_hosts + (1 if spec.head == "vm" else 0)
         network = netns.free_subnet(subnet_prefix(host_count), netns.used_networks(), random.Random())
-        plan = make_plan(spec, run_id=new_run_id(), network=network, roots_dir=roots_dir)
+        plan = make_plan(spec, run_id=new_run_id(), network=network)
         source = package_source or default_package_source()
-        shared = (sys.prefix, str(Path(rayslice.__file__).resolve().parents[1]), source.partition(":")[2])
-        sim = cls(SimulationState(plan=plan, state_dir=str(state_dir), shared_paths=shared))
+        shared = tuple(
+            os.path.normpath(os.path.abspath(p))
+            for p in (sys.prefix, str(Path(rayslice.__file__).resolve().parents[1]), source.partition(":")[2])
+        )
+        state = SimulationState(
+            plan=plan, state_dir=str(state_dir), shared_paths=shared, firewall=backend, insecure=insecure
+        )
+        sim = cls(state)
         sim.state.save()  # before anything exists: `down` works from here on
+        if backend == firewall.NONE:
+            sim.warnings.append(
+                "no nft or iptables on this machine: the bridge subnet is not filtered, so other local "
+                "users can reach the hosts' ports (Ray token auth still applies); install nftables"
+            )
         if script is None:
             options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
             script = render(spec, options)
-        sim._build(spec, script, metadata_unavailable_for)
+        sim._build(spec, script, metadata_unavailable_for, metadata_silent_for)
         return sim
 
     @classmethod
     def open(cls, state_dir: Path) -> Simulation:
-        state = SimulationState.load(Path(state_dir).resolve())
+        """The simulation in `state_dir`; refused if the dir or state file is not private, or is tampered."""
+        state_dir = Path(os.path.abspath(state_dir))
+        if not os.path.lexists(state_dir):
+            raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")
+        check_private(state_dir, directory=True)
+        state = SimulationState.load(state_dir)
         if state is None:
             raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")
         return cls(state)
 
-    def _build(self, spec: ClusterSpec, script: str, unavailable_for: float) -> None:
+    def _build(self, spec: ClusterSpec, script: str, unavailable_for: float, silent_for: float) -> None:
         plan = self.plan
         prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
         netns.create_bridge(plan.bridge, plan.gateway, prefix)
+        firewall.install(self.state.firewall, plan.run_id, plan.network)
         token = secrets.token_hex(32) if spec.ray_auth == "token" else None
         if token is not None:
-            self.token_file.write_text(token)
-            self.token_file.chmod(0o600)
+            write_private(self.token_file, token)
         peers = {h.name: h.ip for h in plan.hosts}
         for host in plan.hosts:
             netns.create_host_network(host.netns, host.veth, host.veth_peer, plan.bridge, host.ip, prefix)
             netns.write_etc(host.netns, host.name, peers)
             paths = self.paths(host.name)
-            (paths.root / "tmp").mkdir(parents=True, exist_ok=True)
+            make_private_subdir(paths.root / "tmp")
             paths.script.write_text(script)
             if token is not None:
                 token_file = paths.root / TOKEN_PATH
-                token_file.parent.mkdir(parents=True, exist_ok=True)
-                token_file.write_text(token)
-                token_file.chmod(0o600)
+                make_private_subdir(token_file.parent)
+                write_private(token_file, token)
             tree = instance_tree(
                 spec,
                 hostname=host.name,
@@ -160,31 +217,57 @@ class Simulation:
                 gateway=plan.gateway,
                 attributes=self._attributes(spec, host),
                 startup_script=script,
+                machine_type=spec.head_machine_type if host.role == ROLE_HEAD_VM else spec.tpu.machine_type,
             )
             paths.metadata_tree.write_text(dump_tree(tree))
-            self._start(
-                f"metadata:{host.name}",
-                paths.metadata_log,
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    host.netns,
-                    sys.executable,
-                    "-m",
-                    "rayslice.local.metadata",
-                    "--tree",
-                    str(paths.metadata_tree),
-                    "--guest-file",
-                    str(paths.guest_file),
-                    "--unavailable-for",
-                    str(unavailable_for),
-                ],
-            )
+            self._start_metadata(host, unavailable_for, silent_for)
         _wait_for(
             lambda: all(self.paths(h.name).guest_file.exists() for h in plan.hosts),
             30,
             "metadata servers did not start; see hosts/*/metadata.log in the state dir",
+        )
+
+    def _start_metadata(self, host: HostPlan, unavailable_for: float, silent_for: float) -> None:
+        paths = self.paths(host.name)
+        self._start(
+            f"metadata:{host.name}",
+            paths.metadata_log,
+            [
+                "ip",
+                "netns",
+                "exec",
+                host.netns,
+                sys.executable,
+                "-m",
+                "rayslice.local.metadata",
+                "--tree",
+                str(paths.metadata_tree),
+                "--guest-file",
+                str(paths.guest_file),
+                "--unavailable-for",
+                str(float(unavailable_for)),
+                "--silent-for",
+                str(float(silent_for)),
+            ],
+        )
+
+    def restart_metadata(self, name: str, *, unavailable_for: float = 0.0, silent_for: float = 0.0) -> None:
+        """Restart one host's metadata server with new fault knobs (see `create`); guest attributes persist.
+
+        Returns once the new server listens (it rewrites the guest file when it starts).
+        """
+        host = self.plan.host(name)
+        guest_file = self.paths(name).guest_file
+        before = guest_file.stat().st_ino if guest_file.exists() else None
+        ref = self.state.processes.pop(f"metadata:{host.name}", None)
+        if ref is not None:
+            self._stop(host, ref, grace_s=2)
+        self.state.save()
+        self._start_metadata(host, unavailable_for, silent_for)
+        _wait_for(
+            lambda: guest_file.exists() and guest_file.stat().st_ino != before,
+            30,
+            f"the metadata server of {name} did not start again; see {self.paths(name).metadata_log}",
         )
 
     def _attributes(self, spec: ClusterSpec, host: HostPlan) -> dict[str, str]:
@@ -195,6 +278,8 @@ class Simulation:
         head_address = (
             head.ip if (head.role == ROLE_HEAD_VM or host.slice_index != head.slice_index) else None
         )
+        if spec.platform == "compute":
+            return compute_attributes(spec, host.slice_index, head_address)
         return tpu_attributes(
             spec, host.slice_index, host.worker, self.plan.slice_ips(host.slice_index), head_address
         )
@@ -203,12 +288,21 @@ class Simulation:
         self.state.processes[key] = start_detached(argv, log, host_environment("/root"))
         self.state.save()
 
+    def _stop(self, host: HostPlan, ref: ProcessRef, grace_s: float) -> None:
+        """Stop a recorded process, but only while it is still one of `host`'s (netns.in_netns)."""
+        if is_alive(ref) and netns.in_netns(ref.pid, host.netns):
+            stop(ref, grace_s=grace_s)
+
     def destroy(self) -> None:
-        """Remove every process, namespace, veth, bridge and file this simulation made."""
+        """Remove every process, namespace, veth, bridge, filter rule and file this simulation made.
+
+        Everything removed is named by the (checked) plan or lies under the state dir it was
+        loaded from; nothing is found by pattern.
+        """
         for host in self.plan.hosts:
             self.power_off(host.name)
-        for ref in self.state.processes.values():
-            stop(ref)
+        for key, ref in list(self.state.processes.items()):
+            self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
         for host in self.plan.hosts:
             for pid in netns.netns_pids(host.netns):  # anything left in our own namespaces
                 left = process_ref(pid)
@@ -218,8 +312,9 @@ class Simulation:
             netns.delete_link(host.veth)
             netns.delete_link(host.veth_peer)
         netns.delete_link(self.plan.bridge)
+        firewall.remove(self.state.firewall, self.plan.run_id, self.plan.network)
         root = Path(self.plan.root)
-        if root.is_dir():
+        if root.is_dir() and not root.is_symlink():
             root.rmdir()
         if root.parent.is_dir() and not any(root.parent.iterdir()):
             root.parent.rmdir()
@@ -240,7 +335,7 @@ class Simulation:
         return self.state_dir / "ray-token"
 
     def boot(self, name: str, env: Mapping[str, str] | None = None) -> None:
-        """Power the host on: a fresh PID/UTS/mount namespace runs the startup script (GCE runs it at every boot).
+        """Power the host on: fresh PID/UTS/mount namespaces run the startup script (GCE: at every boot).
 
         `env` adds variables to the script's otherwise clean environment (tests shorten the
         script's documented RAYSLICE_HEAD_DEADLINE_S with it).
@@ -279,15 +374,21 @@ class Simulation:
             ],
         )
 
-    def boot_all(self) -> None:
+    def boot_all(self, skip: Collection[str] = ()) -> None:
+        """Boot every host except those named in `skip` (a host that never boots is a fault to test)."""
+        unknown = set(skip) - {h.name for h in self.plan.hosts}
+        if unknown:
+            raise SimulatorError(f"no hosts {sorted(unknown)} in this simulation")
         for host in self.plan.hosts:
-            self.boot(host.name)
+            if host.name not in skip:
+                self.boot(host.name)
 
     def power_off(self, name: str) -> None:
         """Kill every process of the host at once (its PID namespace ends), like pulling the plug."""
-        ref = self.state.processes.pop(f"boot:{self.plan.host(name).name}", None)
+        host = self.plan.host(name)
+        ref = self.state.processes.pop(f"boot:{host.name}", None)
         if ref is not None:
-            stop(ref, grace_s=0)
+            self._stop(host, ref, grace_s=0)
             self.state.save()
 
     def reboot(self, name: str) -> None:
@@ -328,7 +429,7 @@ class Simulation:
         )
 
     def restart_head_ray(self) -> subprocess.CompletedProcess[str]:
-        """`ray stop` inside the head host only (its own PID namespace); the boot script's supervisor restarts Ray."""
+        """`ray stop` inside the head host only (its own PID namespace); its supervisor restarts Ray."""
         ray = str(Path(sys.executable).with_name("ray"))
         return self.exec_in(self.plan.head.name, [ray, "stop", "--force"])
 
@@ -388,8 +489,8 @@ class Simulation:
     def dashboard_url(self) -> str:
         return f"http://{self.plan.head.ip}:{DASHBOARD_PORT}"
 
-    def ray_nodes(self, timeout: float = 5) -> list[dict]:
-        """Alive Ray nodes from the head's state API (reached through the bridge): ip, head, resources, labels."""
+    def ray_nodes(self, timeout: float = 5) -> list[dict[str, Any]]:
+        """Alive Ray nodes from the head's state API (through the bridge): ip, head, resources, labels."""
         request = urllib.request.Request(f"{self.dashboard_url()}/api/v0/nodes?detail=1&limit=10000")
         if self.token_file.exists():
             request.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")

@@ -7,6 +7,13 @@ a crash or a Ctrl-C of `up` — by exact name and PID, never by pattern.
 
 Names carry a random run id, so parallel simulations and other people's namespaces never
 collide. Interface names must fit Linux's 15 characters: ``rsl<id>`` is 9.
+
+The simulator acts on this file as root, so it trusts nothing in it (`check_state`): the state
+dir is the directory the file was loaded from (a different one recorded inside is refused), the
+file must be private (`private_files`), and every recorded name must be exactly what `make_plan`
+would derive from the run id — a host name in GCE's instance-name form, ``rsl-<run id>-<host>``
+for its namespace, ``rsl<run id>h<i>`` / ``p<i>`` for its veth pair, ``/run/rayslice-local/<run
+id>`` for the root — before `destroy` deletes anything.
 """
 
 from __future__ import annotations
@@ -15,12 +22,16 @@ import ipaddress
 import json
 import math
 import os
+import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rayslice import names
+from rayslice.errors import SimulatorError
+from rayslice.local.private_files import read_private, write_private
 from rayslice.local.processes import ProcessRef
-from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX
+from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
 from rayslice.spec import ClusterSpec
 
 STATE_FILE = "state.json"
@@ -41,6 +52,13 @@ DEFAULT_ROOTS_DIR = Path("/run/rayslice-local")
 ROLE_HEAD = "head"  # worker 0 of slice 0 with head=slice
 ROLE_WORKER = "worker"  # every other TPU host
 ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
+ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM)
+
+RUN_ID = re.compile(r"[0-9a-f]{6}")
+# GCE instance names (RFC 1035 labels, at most 63 characters): no "/", "." or ".." can pass.
+HOST_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
+FIREWALL_BACKENDS = ("nft", "iptables", "none")
 
 
 @dataclass(frozen=True)
@@ -87,7 +105,11 @@ class Plan:
 
 @dataclass
 class SimulationState:
-    """The state file's content: the plan plus what has been started so far."""
+    """The state file's content: the plan plus what has been started so far.
+
+    `state_dir` is where the file lives; it is written into the file for people reading it, and
+    `load` refuses a file whose recorded dir is not the one it was loaded from.
+    """
 
     plan: Plan
     state_dir: str
@@ -95,26 +117,117 @@ class SimulationState:
     # Directories of this machine every host must see although each host gets a private /tmp:
     # the venv and source tree rayslice runs from and the package source (they may live in /tmp).
     shared_paths: tuple[str, ...] = ()
+    firewall: str = "none"  # FIREWALL_BACKENDS: what guards the bridge subnet (`firewall`)
+    insecure: bool = False  # created with insecure=True: no token auth
 
     def save(self) -> None:
-        path = Path(self.state_dir) / STATE_FILE
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, path)
+        write_private(Path(self.state_dir) / STATE_FILE, json.dumps(asdict(self), indent=1))
 
     @classmethod
     def load(cls, state_dir: Path) -> SimulationState | None:
-        path = state_dir / STATE_FILE
-        if not path.exists():
+        """The state in `state_dir`, checked (`check_state`); None when there is no state file."""
+        path = Path(os.path.abspath(state_dir)) / STATE_FILE
+        if not os.path.lexists(path):
             return None
-        raw = json.loads(path.read_text())
-        plan = raw["plan"]
-        return cls(
-            plan=Plan(**{**plan, "hosts": tuple(HostPlan(**h) for h in plan["hosts"])}),
-            state_dir=raw["state_dir"],
-            processes={k: ProcessRef(**v) for k, v in raw["processes"].items()},
-            shared_paths=tuple(raw.get("shared_paths", ())),
+        try:
+            raw = json.loads(read_private(path))
+            plan = raw["plan"]
+            state = cls(
+                plan=Plan(**{**plan, "hosts": tuple(HostPlan(**h) for h in plan["hosts"])}),
+                state_dir=raw["state_dir"],
+                processes={k: ProcessRef(**v) for k, v in raw["processes"].items()},
+                shared_paths=tuple(raw.get("shared_paths", ())),
+                firewall=raw.get("firewall", "none"),
+                insecure=bool(raw.get("insecure", False)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SimulatorError(
+                f"{path} is not a rayslice simulation state file ({exc!r}); nothing was touched"
+            ) from None
+        if state.state_dir != str(path.parent):
+            raise SimulatorError(
+                f"{path} names state dir {state.state_dir!r} but was loaded from {path.parent}: refusing "
+                "to act on a state file that was moved or edited; nothing was touched"
+            )
+        check_state(state)
+        return state
+
+
+def check_state(state: SimulationState) -> None:
+    """Refuse a state whose names or paths are not exactly what this simulator would have made.
+
+    Everything `destroy` deletes or kills is derived from these values, so each is checked
+    against the simulator's own patterns before anything is touched.
+    """
+    problems = _plan_problems(state.plan)
+    host_names = {h.name for h in state.plan.hosts}
+    for key, ref in state.processes.items():
+        kind, _, host = key.partition(":")
+        if kind not in PROCESS_KINDS or host not in host_names:
+            problems.append(f"process key {key!r} is not <{'|'.join(PROCESS_KINDS)}>:<host of this plan>")
+        if not (isinstance(ref.pid, int) and isinstance(ref.start_time, int) and ref.pid > 1):
+            problems.append(f"process {key!r} has no valid pid/start time: {ref!r}")
+    for shared in state.shared_paths:
+        if not _clean_absolute(shared):
+            problems.append(f"shared path {shared!r} is not a normalized absolute path")
+    if state.firewall not in FIREWALL_BACKENDS:
+        problems.append(f"firewall {state.firewall!r} is not one of {', '.join(FIREWALL_BACKENDS)}")
+    if problems:
+        raise SimulatorError(
+            "refusing a state file this simulator did not write (tampered or from another tool); "
+            "nothing was touched:\n" + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+def _clean_absolute(path: str) -> bool:
+    return (
+        isinstance(path, str) and os.path.isabs(path) and os.path.normpath(path) == path and "\0" not in path
+    )
+
+
+def _plan_problems(plan: Plan) -> list[str]:
+    problems: list[str] = []
+    run_id = plan.run_id
+    if not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+        return [f"run id {run_id!r} is not six hex digits"]
+    if plan.bridge != bridge_name(run_id):
+        problems.append(f"bridge {plan.bridge!r} is not {bridge_name(run_id)!r}")
+    if plan.root != str(DEFAULT_ROOTS_DIR / run_id):
+        problems.append(f"root {plan.root!r} is not {str(DEFAULT_ROOTS_DIR / run_id)!r}")
+    try:
+        network = ipaddress.IPv4Network(plan.network)
+        addresses = [ipaddress.IPv4Address(plan.gateway), *(ipaddress.IPv4Address(h.ip) for h in plan.hosts)]
+        if not all(a in network for a in addresses):
+            problems.append(f"an address is outside the simulation's network {network}")
+    except (ValueError, TypeError) as exc:
+        problems.append(f"bad network or address: {exc}")
+    seen: set[str] = set()
+    for i, host in enumerate(plan.hosts):
+        if not (isinstance(host.name, str) and HOST_NAME.fullmatch(host.name)) or host.name in seen:
+            problems.append(
+                f"host name {host.name!r} is not a unique GCE instance name ([a-z][-a-z0-9]*, <= 63)"
+            )
+            continue
+        seen.add(host.name)
+        expected = HostPlan(
+            host.name, host.role, host.slice_index, host.worker, host.ip, *_host_links(run_id, i, host.name)
+        )
+        for attribute in ("netns", "veth", "veth_peer"):
+            found, wanted = getattr(host, attribute), getattr(expected, attribute)
+            if found != wanted:
+                problems.append(f"host {host.name}: {attribute} {found!r} is not {wanted!r}")
+        if host.role not in ROLES:
+            problems.append(f"host {host.name}: role {host.role!r} is not one of {', '.join(ROLES)}")
+    return problems
+
+
+def bridge_name(run_id: str) -> str:
+    return f"rsl{run_id}"
+
+
+def _host_links(run_id: str, index: int, name: str) -> tuple[str, str, str]:
+    """(namespace, bridge-side veth, host-side veth) of host `index` named `name`."""
+    return f"rsl-{run_id}-{name}", f"rsl{run_id}h{index}", f"rsl{run_id}p{index}"
 
 
 def new_run_id() -> str:
@@ -126,32 +239,31 @@ def subnet_prefix(host_count: int) -> int:
     return min(24, 32 - math.ceil(math.log2(host_count + 3)))
 
 
-def make_plan(
-    spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network, roots_dir: Path = DEFAULT_ROOTS_DIR
-) -> Plan:
+def host_name(spec: ClusterSpec, slice_index: int, worker: int) -> str:
+    """A TPU host's name: the MIG instance name on Compute Engine, ``<slice>-w-<n>`` for TPU VMs."""
+    if spec.platform == "compute":
+        return names.host_name(spec.slice_name(slice_index), worker)
+    return f"{spec.slice_name(slice_index)}-w-{worker}"
+
+
+def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network) -> Plan:
     """Name and address every host: the head VM first (head=vm), then each slice's workers in order."""
     head_vm = spec.head == "vm"
     layout: list[tuple[str, str, int, int]] = []
     if head_vm:
-        layout.append((f"{spec.name}-head", ROLE_HEAD_VM, HEAD_VM_SLICE_INDEX, -1))
+        layout.append((head_name(spec.name), ROLE_HEAD_VM, HEAD_VM_SLICE_INDEX, -1))
     for s in range(spec.slices):
         for w in range(spec.tpu.hosts):
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
-            layout.append((f"{spec.slice_name(s)}-w-{w}", role, s, w))
+            layout.append((host_name(spec, s, w), role, s, w))
     addresses = list(network.hosts())
     if len(addresses) < len(layout) + 1:
-        raise ValueError(f"subnet {network} is too small for {len(layout)} hosts")
+        raise SimulatorError(f"subnet {network} is too small for {len(layout)} hosts")
+    bad = [name for name, *_ in layout if not HOST_NAME.fullmatch(name)]
+    if bad:
+        raise SimulatorError(f"host names {bad} are not valid GCE instance names; choose a shorter `name`")
     hosts = tuple(
-        HostPlan(
-            name=name,
-            role=role,
-            slice_index=s,
-            worker=w,
-            ip=str(addresses[i + 1]),
-            netns=f"rsl-{run_id}-{name}",
-            veth=f"rsl{run_id}h{i}",
-            veth_peer=f"rsl{run_id}p{i}",
-        )
+        HostPlan(name, role, s, w, str(addresses[i + 1]), *_host_links(run_id, i, name))
         for i, (name, role, s, w) in enumerate(layout)
     )
     return Plan(
@@ -159,8 +271,8 @@ def make_plan(
         config=spec.as_config(),
         network=str(network),
         gateway=str(addresses[0]),
-        bridge=f"rsl{run_id}",
-        root=str(roots_dir / run_id),
+        bridge=bridge_name(run_id),
+        root=str(DEFAULT_ROOTS_DIR / run_id),
         hosts=hosts,
     )
 
@@ -173,6 +285,8 @@ class HostPaths:
 
     @classmethod
     def of(cls, state_dir: str | Path, name: str) -> HostPaths:
+        if not HOST_NAME.fullmatch(name):
+            raise SimulatorError(f"{name!r} is not a simulated host's name")
         return cls(Path(state_dir) / "hosts" / name)
 
     @property

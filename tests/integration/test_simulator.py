@@ -1,9 +1,13 @@
 """The simulator on real namespaces: first its plumbing with a tiny boot script (fast, no Ray),
-then the real rendered startup script bringing up real Ray clusters through the CLI."""
+then the real rendered startup script bringing up real Ray clusters through the CLI, on both
+platforms (TPU VMs and Compute Engine instances)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import time
 import urllib.error
@@ -12,9 +16,12 @@ import urllib.request
 import pytest
 
 from rayslice import cli, spec
-from rayslice.local import netns
-from rayslice.local.processes import is_alive
-from rayslice.local.simulator import Simulation
+from rayslice.errors import EXIT_INVALID
+from rayslice.local import firewall, netns
+from rayslice.local.private_files import write_private
+from rayslice.local.processes import is_alive, process_ref
+from rayslice.local.simulator import TOKEN_PATH, Simulation
+from rayslice.local.state import STATE_FILE
 
 # Just enough of a boot script to observe a host from inside: it waits for metadata (which may
 # answer 503 at first), publishes what it sees as guest attributes (a boot counter among them),
@@ -23,7 +30,10 @@ TINY_SCRIPT = r"""#!/bin/bash
 set -euo pipefail
 url=http://metadata.google.internal/computeMetadata/v1
 md() { curl -sSf --max-time 2 -H 'Metadata-Flavor: Google' "$url/$1"; }
-put() { curl -sSf -X PUT --data-binary "$2" -H 'Metadata-Flavor: Google' "$url/instance/guest-attributes/rayslice/$1"; }
+put() {
+  curl -sSf -X PUT --data-binary "$2" -H 'Metadata-Flavor: Google' \
+    "$url/instance/guest-attributes/rayslice/$1"
+}
 until md instance/id >/dev/null 2>&1; do sleep 0.2; done
 put boots $(( $(md instance/guest-attributes/rayslice/boots 2>/dev/null || echo 0) + 1 ))
 put hostname "$(hostname)"
@@ -43,10 +53,35 @@ def _joined(states: dict[str, str]) -> bool:
     return all(v == "joined" for v in states.values())
 
 
+# Connect from this machine's root namespace to a host's port with no listener: root gets
+# "connection refused" from the host (it is reachable); any other user's SYN is dropped by the
+# simulation's packet filter before it leaves (EPERM, or a timeout while TCP retransmits).
+_CONNECT = """
+import errno, socket, sys
+try:
+    socket.create_connection((sys.argv[1], 9), timeout=3)
+    print(0)
+except OSError as exc:
+    print(exc.errno or errno.ETIMEDOUT)
+"""
+
+
+def _connect_errno(ip: str, as_nobody: bool) -> int:
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_nobody else []
+    out = subprocess.run(
+        [*prefix, "/usr/bin/python3", "-c", _CONNECT, ip], capture_output=True, text=True, timeout=30
+    )
+    return int(out.stdout.strip())
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
 def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, monkeypatch):
     monkeypatch.setenv("http_proxy", "http://192.0.2.1:3128")  # must not leak into the hosts
-    cluster = spec.load({}, require_zone=False)
-    sim = Simulation.create(cluster, simulation_dir, script=TINY_SCRIPT, metadata_unavailable_for=2.0)
+    cluster = spec.load({"platform": "tpu-vm", "acceleratorType": "v6e-16"}, require_zone=False)
+    sim = Simulation.create(cluster, simulation_dir, script=TINY_SCRIPT, metadata_unavailable_for=6.0)
     sim.boot_all()
     sim.wait_for(_joined, timeout=60)
 
@@ -64,6 +99,18 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
         "metadata answered 503 at first"
     )
 
+    # Private state: the dir 0700, every token file 0600 (issue 14.2).
+    assert _mode(simulation_dir) == 0o700 and _mode(simulation_dir / STATE_FILE) == 0o600
+    assert _mode(sim.token_file) == 0o600
+    for host in sim.plan.hosts:
+        assert _mode(sim.paths(host.name).root / TOKEN_PATH) == 0o600
+
+    # The bridge subnet is root's: root reaches a host (refused port), nobody's packets are dropped.
+    head_ip = sim.plan.head.ip
+    assert sim.state.firewall == firewall.available_backend() != firewall.NONE
+    assert _connect_errno(head_ip, as_nobody=False) == errno.ECONNREFUSED
+    assert _connect_errno(head_ip, as_nobody=True) in (errno.EPERM, errno.ETIMEDOUT)  # dropped
+
     # A reboot runs the same script again on that host only; a power-off ends all its processes.
     target = sim.plan.hosts[2]
     sim.reboot(target.name)
@@ -76,6 +123,9 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
     refs = list(sim.state.processes.values())
     sim.destroy()
     assert not any(is_alive(ref) for ref in refs)
+    if sim.state.firewall == firewall.NFT:
+        listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+        assert sim.plan.bridge not in listed
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert sim.plan.run_id not in listed
     assert not netns.link_exists(sim.plan.bridge)
@@ -96,11 +146,78 @@ def test_down_cleans_up_after_an_interrupted_up(simulation_dir, monkeypatch):
 
     monkeypatch.setattr(netns, "create_host_network", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        Simulation.create(spec.load({}, require_zone=False), simulation_dir, script="true\n")
+        Simulation.create(
+            spec.load({"platform": "tpu-vm"}, require_zone=False), simulation_dir, script="true\n"
+        )
     assert all(netns.netns_exists(name) for name in created)
     assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == 0
     assert not any(netns.netns_exists(name) for name in created)
     assert not simulation_dir.exists()
+
+
+def test_down_refuses_a_tampered_state_and_never_kills_a_foreign_pid(simulation_dir):
+    """`local down` on a state file that names something outside the simulation deletes nothing;
+    a recorded PID that is not in its host's namespace is never signalled."""
+    sim = Simulation.create(
+        spec.load({"platform": "tpu-vm"}, require_zone=False), simulation_dir, script="true\n"
+    )
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        raw = json.loads((simulation_dir / STATE_FILE).read_text())
+        good = json.dumps(raw)
+        raw["plan"]["hosts"][1]["netns"] = "../../etc"
+        write_private(simulation_dir / STATE_FILE, json.dumps(raw))
+        assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == EXIT_INVALID
+        assert all(netns.netns_exists(h.netns) for h in sim.plan.hosts), "nothing was deleted"
+        assert os.path.isdir("/etc")
+
+        # A well-formed state whose metadata process is swapped for a stranger's PID.
+        raw = json.loads(good)
+        host = sim.plan.hosts[1].name
+        real = raw["processes"][f"metadata:{host}"]
+        ref = process_ref(victim.pid)
+        assert ref is not None
+        raw["processes"][f"metadata:{host}"] = {"pid": ref.pid, "start_time": ref.start_time}
+        write_private(simulation_dir / STATE_FILE, json.dumps(raw))
+        Simulation.open(simulation_dir).destroy()
+        assert victim.poll() is None, "destroy signalled a process that is not the simulation's"
+        assert not any(netns.netns_exists(h.netns) for h in sim.plan.hosts)
+        assert not is_alive(type(ref)(**real)), "the real metadata server died with its namespace"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_metadata_fault_knobs_and_a_host_that_never_boots(simulation_dir):
+    """Knobs for the fault tests: a metadata server that accepts and never answers, one restarted
+    to answer 503 for a while, and a host left powered off while the others boot."""
+    cluster = spec.load({"platform": "tpu-vm", "acceleratorType": "v6e-16"}, require_zone=False)
+    sim = Simulation.create(cluster, simulation_dir, script=TINY_SCRIPT, metadata_silent_for=float("inf"))
+    silent, later, never = (h.name for h in sim.plan.hosts[1:])
+    for name in (sim.plan.hosts[0].name, later):
+        sim.restart_metadata(name)  # answering again, the others stay silent
+    sim.restart_metadata(later, unavailable_for=3.0)
+    sim.boot_all(skip=[never])
+    _wait(lambda: sim.states()[sim.plan.hosts[0].name] == "joined" and sim.states()[later] == "joined", 60)
+    states = sim.states()
+    assert states[silent] == "" and sim.running(silent), "a silent metadata server holds the host's script"
+    assert states[never] == "" and not sim.running(never)
+    assert " 503 " in sim.paths(later).metadata_log.read_text()
+    probe = sim.exec_in(
+        silent,
+        [
+            "curl",
+            "-sS",
+            "--max-time",
+            "2",
+            "-H",
+            "Metadata-Flavor: Google",
+            "http://metadata.google.internal/",
+        ],
+    )
+    assert probe.returncode == 28, "connected, then no answer: curl's timeout"
+    sim.restart_metadata(silent)
+    _wait(lambda: sim.states()[silent] == "joined", 60)
 
 
 # ---- the real startup script, through the CLI ---------------------------------------------------
@@ -112,10 +229,11 @@ def _status(state_dir, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_up_status_down_v6e16(simulation_dir, capsys):
-    assert cli.main(["local", "up", "--state-dir", str(simulation_dir), "--timeout", "240"]) == 0
+def test_up_status_down_v6e16_tpu_vm(simulation_dir, capsys):
+    up = ["local", "up", "--state-dir", str(simulation_dir), "--timeout", "240", "--set", "platform=tpu-vm"]
+    assert cli.main([*up, "--set", "acceleratorType=v6e-16"]) == 0
     out = capsys.readouterr().out
-    assert "waiting-for-head" in out and "all hosts joined" in out
+    assert "waiting: head" in out and "all hosts joined" in out
 
     report = _status(simulation_dir, capsys)
     assert [h["state"] for h in report["hosts"]] == ["joined"] * 4
@@ -143,12 +261,46 @@ def test_up_status_down_v6e16(simulation_dir, capsys):
     assert not simulation_dir.exists()
 
 
-def test_multislice_with_a_head_vm(simulation_dir, capsys):
-    args = ["--set", "acceleratorType=v6e-4", "--set", "slices=2", "--set", "rayAuth=none"]
-    assert cli.main(["local", "up", "--state-dir", str(simulation_dir), "--timeout", "240", *args]) == 0
+# Cloud-TPU-API attributes a Compute Engine host must do without (issue 9.5).
+CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number", "worker-network-endpoints", "tpu-env")
+
+
+def _metadata_attributes(sim: Simulation, host: str) -> list[str]:
+    return json.loads(sim.paths(host).metadata_tree.read_text())["instance"]["attributes"]
+
+
+def test_compute_v6e16_joins_with_the_identity_derived_from_instance_names(simulation_dir, capsys):
+    up = ["local", "up", "--state-dir", str(simulation_dir), "--timeout", "300", "--set", "platform=compute"]
+    assert cli.main([*up, "--set", "acceleratorType=v6e-16"]) == 0
+    sim = Simulation.open(simulation_dir)
+    assert [h.name for h in sim.plan.hosts] == [f"rayslice-slice-0-w{w}" for w in range(4)]
+    for host in sim.plan.hosts:
+        assert not set(CLOUD_TPU_API_ONLY) & set(_metadata_attributes(sim, host.name))
+
+    report = _status(simulation_dir, capsys)
+    assert [h["state"] for h in report["hosts"]] == ["joined"] * 4
+    nodes = report["ray"]["nodes"]
+    assert len(nodes) == 4
+    totals = report["ray"]["totals"]
+    assert totals["TPU"] == 16 and totals["TPU-v6e-16-head"] == 1 and totals["rayslice-slice-0"] == 4
+    by_ip = {n["ip"]: n for n in nodes}
+    for host in report["hosts"]:
+        node = by_ip[host["ip"]]
+        assert node["resources"]["TPU"] == 4 and node["resources"]["rayslice-slice-0"] == 1
+        assert node["labels"]["ray.io/tpu-worker-id"] == str(host["worker"])
+        assert ("TPU-v6e-16-head" in node["resources"]) == (host["worker"] == 0)
+
+
+def test_compute_multislice_behind_a_head_vm(simulation_dir, capsys):
+    up = ["local", "up", "--state-dir", str(simulation_dir), "--timeout", "300", "--set", "platform=compute"]
+    assert cli.main([*up, "--set", "acceleratorType=v6e-4", "--set", "slices=2"]) == 0
     report = _status(simulation_dir, capsys)
     head, *tpu_hosts = report["hosts"]
-    assert head["role"] == "head-vm" and [h["slice"] for h in tpu_hosts] == [0, 1]
+    assert head["role"] == "head-vm" and head["name"] == "rayslice-head"
+    assert [(h["slice"], h["name"]) for h in tpu_hosts] == [
+        (0, "rayslice-slice-0-w0"),
+        (1, "rayslice-slice-1-w0"),
+    ]
     by_ip = {n["ip"]: n["resources"] for n in report["ray"]["nodes"]}
     assert "TPU" not in by_ip[head["ip"]]
     for host in tpu_hosts:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -16,9 +17,16 @@ import urllib.request
 import pytest
 
 from rayslice import spec
-from rayslice.local.host_metadata import head_vm_attributes, instance_tree, tpu_attributes
+from rayslice.local.host_metadata import compute_attributes, head_vm_attributes, instance_tree, tpu_attributes
 from rayslice.local.metadata import MetadataServer, dump_tree, load_tree
-from rayslice.names import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_SLICE_INDEX
+from rayslice.names import (
+    ATTR_HEAD_ADDRESS,
+    ATTR_ROLE,
+    ATTR_SLICE_HOSTS,
+    ATTR_SLICE_INDEX,
+    ATTR_SLICE_NAME,
+    host_name,
+)
 
 NETWORK = ipaddress.IPv4Network("100.64.7.0/24")
 SLICE_IPS = ["100.64.7.2", "100.64.7.3", "100.64.7.4", "100.64.7.5"]
@@ -31,7 +39,7 @@ def _serve(tree, **kwargs) -> MetadataServer:
 
 
 def _tree(worker: int, cluster=None, head_address=None):
-    cluster = cluster or spec.load({}, require_zone=False)
+    cluster = cluster or spec.load({"platform": "tpu-vm"}, require_zone=False)
     attributes = tpu_attributes(cluster, 0, worker, SLICE_IPS, head_address)
     return instance_tree(
         cluster,
@@ -128,7 +136,7 @@ def test_tpu_attributes_look_like_a_tpu_vm(worker2):
 
 
 def test_head_vm_and_multislice_attributes():
-    cluster = spec.load({"slices": 2, "acceleratorType": "v6e-4"}, require_zone=False)
+    cluster = spec.load({"slices": 2, "acceleratorType": "v6e-4", "platform": "tpu-vm"}, require_zone=False)
     assert cluster.head == "vm"
     head = head_vm_attributes(cluster)
     assert head[ATTR_ROLE] == "head-vm" and "agent-worker-number" not in head
@@ -169,6 +177,57 @@ def test_unavailable_for_answers_503_then_recovers():
         assert _get(server, "/computeMetadata/v1/instance/id")[0] == 503
         time.sleep(0.7)
         assert _get(server, "/computeMetadata/v1/instance/id")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# Attributes that only the Cloud TPU API sets: a Compute Engine TPU host must do without them.
+CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number", "worker-network-endpoints", "tpu-env")
+
+
+def test_compute_host_looks_like_a_compute_engine_instance():
+    cluster = spec.load({"platform": "compute", "acceleratorType": "v6e-16"}, require_zone=False)
+    names = [host_name("rayslice-slice-0", w) for w in range(4)]
+    tree = instance_tree(
+        cluster,
+        hostname=names[2],
+        ip=SLICE_IPS[2],
+        network=NETWORK,
+        gateway="100.64.7.1",
+        attributes=compute_attributes(cluster, 0, None),
+        startup_script="#!/bin/bash\n",
+        machine_type=cluster.tpu.machine_type,
+    )
+    server = _serve(tree)
+    try:
+        attrs = "/computeMetadata/v1/instance/attributes/"
+        listed = _get(server, attrs)[2].split()
+        assert not set(CLOUD_TPU_API_ONLY) & set(listed)
+        for name in CLOUD_TPU_API_ONLY:
+            assert _get(server, attrs + name)[0] == 404
+        assert _get(server, attrs + ATTR_SLICE_NAME)[2] == "rayslice-slice-0"
+        hosts = _get(server, attrs + ATTR_SLICE_HOSTS)[2].split(",")
+        own = _get(server, "/computeMetadata/v1/instance/name")[2]
+        assert own == "rayslice-slice-0-w2" and hosts == names
+        machine = _get(server, "/computeMetadata/v1/instance/machine-type")[2]
+        assert machine.startswith("projects/") and machine.endswith("/machineTypes/ct6e-standard-4t")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_silent_for_accepts_connections_but_answers_nothing_until_it_ends():
+    server = _serve(_tree(0), silent_for=1.5)
+    try:
+        host, port = server.server_address[:2]
+        with socket.create_connection((str(host), port), timeout=5) as conn:  # accepted at once
+            conn.sendall(b"GET /computeMetadata/v1/instance/id HTTP/1.1\r\nMetadata-Flavor: Google\r\n\r\n")
+            conn.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                conn.recv(100)
+            conn.settimeout(5)
+            assert conn.recv(100).startswith(b"HTTP/1.1 200")
     finally:
         server.shutdown()
         server.server_close()
