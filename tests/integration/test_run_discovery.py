@@ -1,0 +1,75 @@
+"""`rayslice run` with no address finds the simulated slice in the default state dir, and sends
+its token there; the same slice named with --address gets no token unless one is given.
+
+One single-host v6e-4 simulation with token auth (the default): the cheapest slice that proves
+the discovery path a new user takes after `rayslice local up`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayslice import spec as spec_module
+from rayslice.local.simulator import Simulation
+from rayslice.local.state import STATE_DIR_ENV
+
+RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
+
+
+@pytest.fixture
+def single(simulation_dir: Path) -> Simulation:
+    spec = spec_module.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    sim = Simulation.create(spec, simulation_dir)
+    sim.boot_all()
+    sim.wait_for(lambda states: all(s == "joined" for s in states.values()), timeout=300)
+    return sim
+
+
+def rayslice(*argv: str, state_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [RAYSLICE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={
+            "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
+            "HOME": os.environ.get("HOME", "/root"),
+            STATE_DIR_ENV: str(state_dir),
+        },
+    )
+    print(result.stdout[-3000:], result.stderr[-3000:])  # shown when a test fails
+    return result
+
+
+def test_run_finds_the_simulated_slice_and_its_token(single, tmp_path):
+    assert single.token_file.is_file()  # token auth is on: a request without it is refused
+    job = tmp_path / "job" / "hello.py"
+    job.parent.mkdir()
+    job.write_text("import sys\nprint('hello from', sys.argv[1:])\n")
+    found = rayslice("run", str(job), "--", "x y", state_dir=single.state_dir, cwd=tmp_path)
+    assert found.returncode == 0
+    assert "hello from ['x y']" in found.stdout
+    assert f"to {single.dashboard_url()}" in found.stderr
+    named = rayslice(
+        "run", "--address", single.dashboard_url(), str(job), state_dir=single.state_dir, cwd=tmp_path
+    )
+    assert named.returncode == 3, "the simulator's token must not go to an address the user named"
+    assert "uses token auth and no token was sent: pass --token-file" in named.stderr
+    assert "Traceback" not in named.stderr
+    given = rayslice(
+        "run",
+        "--address",
+        single.dashboard_url(),
+        "--token-file",
+        str(single.token_file),
+        str(job),
+        state_dir=single.state_dir,
+        cwd=tmp_path,
+    )
+    assert given.returncode == 0 and "hello from []" in given.stdout
