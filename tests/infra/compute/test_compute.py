@@ -14,7 +14,7 @@ from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
 TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
 MIG = "gcp:compute/instanceGroupManager:InstanceGroupManager"
