@@ -1,0 +1,301 @@
+"""A small REST client for the few Cloud TPU v2 and Compute Engine v1 calls recovery makes.
+
+Why not google-api-python-client: the controller and `rayslice status` make about ten calls,
+and a plain `AuthorizedSession` keeps every request visible (and testable against the discovery
+documents in tests/recovery/test_api_shapes.py) without building a discovery client at start.
+
+Endpoints. The base URLs are Google's (the discovery documents' ``rootUrl`` + ``servicePath``)
+unless overridden with the variables gcloud itself reads for its ``api_endpoint_overrides``
+properties, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU`` and ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``.
+The simulator's emulation (`rayslice.local.cloud_api`) is reached only through these: there is
+no second code path. An override that is not https is accepted only for a loopback or private IP
+address, so a bearer token never crosses the internet in clear.
+
+Every mutating call takes the set of names it may touch and refuses any other
+(`RefusedResource`): the controller's own check is the first guard, this is the second.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import google.auth
+import google.auth.exceptions
+import requests
+from google.auth.transport.requests import AuthorizedSession
+
+from rayslice.errors import InvalidInput, NoCredentials
+from rayslice.names import CLOUD_PLATFORM_SCOPE
+
+# Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
+# compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/".
+TPU_DEFAULT = "https://tpu.googleapis.com/"
+COMPUTE_DEFAULT = "https://compute.googleapis.com/compute/v1/"
+TPU_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
+COMPUTE_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
+REQUEST_TIMEOUT_S = 30.0
+
+
+class RefusedResource(InvalidInput):
+    """A call would touch a resource that is not one of this cluster's slices: never sent."""
+
+
+class CloudError(Exception):
+    """The API answered with an error that the caller may handle (`status` says which)."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(f"HTTP {status}: {message}")
+
+
+def endpoint(env: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """The base URL for one API: the override in `env` if set, else Google's. Ends with '/'."""
+    value = (environ if environ is not None else os.environ).get(env, "").strip()
+    if not value:
+        return default
+    url = urllib.parse.urlsplit(value)
+    if url.scheme not in ("https", "http") or not url.hostname:
+        raise InvalidInput(f"{env}={value!r} is not an http(s) URL")
+    if url.scheme == "http":
+        try:
+            address = ipaddress.ip_address(url.hostname)
+        except ValueError:
+            address = None
+        if address is None or not (address.is_loopback or address.is_private):
+            raise InvalidInput(
+                f"{env}={value!r}: plain http is allowed only to a loopback or private IP address "
+                "(credentials would cross the network in clear); use https"
+            )
+    return value if value.endswith("/") else value + "/"
+
+
+def default_session() -> AuthorizedSession:
+    """A session with Application Default Credentials; `NoCredentials` (exit 3) if there are none."""
+    try:
+        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        raise NoCredentials(
+            "no Google Cloud credentials found (Application Default Credentials): run "
+            "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
+            f"credentials file ({exc})"
+        ) from exc
+    return AuthorizedSession(credentials)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where the cluster lives: its project and zone."""
+
+    project: str
+    zone: str
+
+
+class CloudClient:
+    """The calls recovery and status make, each one method; responses are the API's JSON."""
+
+    def __init__(
+        self,
+        session: requests.Session,
+        location: Location,
+        *,
+        tpu_base: str | None = None,
+        compute_base: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        poll_interval_s: float = 5.0,
+    ):
+        self.session = session
+        self.location = location
+        self.tpu_base = tpu_base or endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT)
+        self.compute_base = compute_base or endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT)
+        self.sleep = sleep
+        self.poll_interval_s = poll_interval_s
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def _request(
+        self, method: str, url: str, *, params: Mapping[str, str] | None = None, body: Any = None
+    ) -> dict[str, Any]:
+        try:
+            response = self.session.request(method, url, params=params, json=body, timeout=REQUEST_TIMEOUT_S)
+        except google.auth.exceptions.RefreshError as exc:
+            raise NoCredentials(
+                f"Google Cloud rejected the credentials ({exc}): run "
+                "`gcloud auth application-default login` again"
+            ) from exc
+        if response.status_code in (401, 403):
+            raise NoCredentials(
+                f"{method} {url} was refused (HTTP {response.status_code}: {_message(response)}); "
+                "check that your Application Default Credentials may read this project"
+            )
+        if response.status_code >= 400:
+            raise CloudError(response.status_code, _message(response))
+        return response.json() if response.content else {}
+
+    def _tpu(self, path: str) -> str:
+        loc = self.location
+        return f"{self.tpu_base}v2/projects/{_q(loc.project)}/locations/{_q(loc.zone)}/{path}"
+
+    def _compute(self, path: str) -> str:
+        loc = self.location
+        return f"{self.compute_base}projects/{_q(loc.project)}/zones/{_q(loc.zone)}/{path}"
+
+    @staticmethod
+    def _guard(name: str, allowed: Collection[str]) -> None:
+        if name not in allowed:
+            raise RefusedResource(
+                f"refusing to touch {name!r}: it is not one of this cluster's slices "
+                f"({', '.join(sorted(allowed)) or 'none'})"
+            )
+
+    # ---- Cloud TPU v2 (tpu.v2.json: projects.locations.nodes / operations) --------------------
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        """The node, or None when it does not exist."""
+        try:
+            return self._request("GET", self._tpu(f"nodes/{_q(name)}"))
+        except CloudError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        nodes: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self._request("GET", self._tpu("nodes"), params={"pageToken": token} if token else None)
+            nodes.extend(page.get("nodes", []))
+            token = page.get("nextPageToken", "")
+            if not token:
+                return nodes
+
+    def delete_node(self, name: str, allowed: Collection[str]) -> dict[str, Any]:
+        self._guard(name, allowed)
+        return self._request("DELETE", self._tpu(f"nodes/{_q(name)}"))
+
+    def create_node(self, name: str, body: Mapping[str, Any], allowed: Collection[str]) -> dict[str, Any]:
+        self._guard(name, allowed)
+        return self._request("POST", self._tpu("nodes"), params={"nodeId": name}, body=dict(body))
+
+    def node_guest_attributes(self, name: str, query_path: str, worker: int) -> list[dict[str, str]]:
+        """One worker's guest attribute entries under `query_path` (namespace/key/value)."""
+        try:
+            answer = self._request(
+                "POST",
+                self._tpu(f"nodes/{_q(name)}:getGuestAttributes"),
+                body={"queryPath": query_path, "workerIds": [str(worker)]},
+            )
+        except CloudError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        entries: list[dict[str, str]] = []
+        for attributes in answer.get("guestAttributes", []):
+            entries.extend(attributes.get("queryValue", {}).get("items", []))
+        return entries
+
+    def wait_tpu_operation(self, operation: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Polls a TPU long-running operation until done or `timeout_s`; returns its last state."""
+        deadline = time.monotonic() + timeout_s
+        current = dict(operation)
+        while not current.get("done"):
+            if time.monotonic() >= deadline:
+                return current
+            self.sleep(self.poll_interval_s)
+            current = self._request("GET", f"{self.tpu_base}v2/{current['name']}")
+        return current
+
+    # ---- Compute Engine v1 (compute.v1.json: instanceGroupManagers, zoneOperations, instances) -
+
+    def get_mig(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._request("GET", self._compute(f"instanceGroupManagers/{_q(name)}"))
+        except CloudError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_managed_instances(self, name: str) -> list[dict[str, Any]]:
+        return self._paged(f"instanceGroupManagers/{_q(name)}/listManagedInstances", "managedInstances")
+
+    def list_per_instance_configs(self, name: str) -> list[dict[str, Any]]:
+        return self._paged(f"instanceGroupManagers/{_q(name)}/listPerInstanceConfigs", "items")
+
+    def _paged(self, path: str, field: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self._request("POST", self._compute(path), params={"pageToken": token} if token else None)
+            items.extend(page.get(field, []))
+            token = page.get("nextPageToken", "")
+            if not token:
+                return items
+
+    def delete_mig(self, name: str, allowed: Collection[str]) -> dict[str, Any]:
+        self._guard(name, allowed)
+        return self._request("DELETE", self._compute(f"instanceGroupManagers/{_q(name)}"))
+
+    def insert_mig(self, body: Mapping[str, Any], allowed: Collection[str]) -> dict[str, Any]:
+        self._guard(str(body.get("name")), allowed)
+        return self._request("POST", self._compute("instanceGroupManagers"), body=dict(body))
+
+    def create_instances(
+        self, name: str, instances: list[Mapping[str, Any]], allowed: Collection[str]
+    ) -> dict[str, Any]:
+        self._guard(name, allowed)
+        return self._request(
+            "POST",
+            self._compute(f"instanceGroupManagers/{_q(name)}/createInstances"),
+            body={"instances": [dict(i) for i in instances]},
+        )
+
+    def instance_guest_attributes(self, instance: str, query_path: str) -> list[dict[str, str]]:
+        """An instance's guest attribute entries under `query_path`; [] when there are none."""
+        try:
+            answer = self._request(
+                "GET",
+                self._compute(f"instances/{_q(instance)}/getGuestAttributes"),
+                params={"queryPath": query_path},
+            )
+        except CloudError as exc:
+            if exc.status == 404:  # no attribute under that path yet, or no such instance
+                return []
+            raise
+        return list(answer.get("queryValue", {}).get("items", []))
+
+    def wait_zone_operation(self, operation: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Polls a zonal Compute operation until status DONE or `timeout_s`; returns its last state."""
+        deadline = time.monotonic() + timeout_s
+        current = dict(operation)
+        while current.get("status") != "DONE":
+            if time.monotonic() >= deadline:
+                return current
+            self.sleep(self.poll_interval_s)
+            current = self._request("GET", self._compute(f"operations/{_q(current['name'])}"))
+        return current
+
+
+def operation_error(operation: Mapping[str, Any]) -> str | None:
+    """The error of a finished operation (either API's shape), or None if it succeeded."""
+    error = operation.get("error")
+    if not error:
+        return None
+    if "errors" in error:  # Compute: {"errors": [{"code", "message"}]}
+        return "; ".join(f"{e.get('code', '')}: {e.get('message', '')}" for e in error["errors"])
+    return f"{error.get('code', '')}: {error.get('message', '')}"  # google.rpc.Status
+
+
+def _q(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+def _message(response: requests.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]

@@ -1,0 +1,139 @@
+"""`rayslice status`: each slice's state, each host's boot state and the recovery events, read
+from the cloud with Application Default Credentials.
+
+No Pulumi CLI and no stack state: every name derives from the spec, as infra derives it
+(`rayslice.names.slice_name`, `head_name`, `host_name` via the MIG's listing). A host's boot
+state is the ``rayslice/state`` guest attribute its boot script publishes; the events are the
+``rayslice/recovery-*`` guest attributes the controller publishes on the head VM
+(`rayslice.recovery.events`). The API calls are those of `rayslice.recovery.cloud`, so the
+simulator's emulation answers them through the normal endpoint override.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from rayslice import names
+from rayslice.cli import load_spec, spec_options
+from rayslice.errors import EXIT_OK, InvalidInput
+from rayslice.recovery.cloud import CloudClient, Location, default_session
+from rayslice.recovery.events import events_from_guest_attributes
+from rayslice.spec import ClusterSpec
+
+STATE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/{names.STATE_KEY}"
+NAMESPACE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/"
+UNKNOWN = "unknown (no state published)"
+
+
+def _state(entries: list[dict[str, str]]) -> str:
+    for entry in entries:
+        if entry.get("namespace") == names.GUEST_ATTRIBUTE_NAMESPACE and entry.get("key") == names.STATE_KEY:
+            return str(entry.get("value", ""))
+    return UNKNOWN
+
+
+def _tpu_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, Any]:
+    node = client.get_node(name)
+    if node is None:
+        return {"name": name, "state": "MISSING", "hosts": []}
+    hosts = [
+        {
+            "worker": worker,
+            "name": f"{name}/worker-{worker}",
+            "boot": _state(client.node_guest_attributes(name, STATE_QUERY, worker)),
+        }
+        for worker in range(spec.tpu.hosts)
+    ]
+    return {"name": name, "state": str(node.get("state", "STATE_UNSPECIFIED")), "hosts": hosts}
+
+
+def _compute_slice(client: CloudClient, name: str) -> dict[str, Any]:
+    mig = client.get_mig(name)
+    if mig is None:
+        return {"name": name, "state": "MISSING", "hosts": []}
+    target = int(mig.get("targetSize", 0))
+    hosts = []
+    for worker, instance in enumerate(
+        sorted(client.list_managed_instances(name), key=lambda i: str(i.get("name") or i.get("instance", "")))
+    ):
+        host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
+        status = str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+        boot = _state(client.instance_guest_attributes(host, STATE_QUERY)) if status == "RUNNING" else UNKNOWN
+        hosts.append({"worker": worker, "name": host, "instance": status, "boot": boot})
+    running = sum(1 for h in hosts if h["instance"] == "RUNNING")
+    state = "READY" if target and running == target else f"DEGRADED ({running} of {target} hosts running)"
+    return {"name": name, "state": state, "hosts": hosts}
+
+
+def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
+    """Everything `status` shows, as JSON-ready data (the --json output)."""
+    if spec.platform not in ("tpu-vm", "compute"):
+        raise InvalidInput(
+            f"rayslice status reads Cloud TPU and Compute Engine slices; platform {spec.platform} "
+            "is not supported yet (on GKE: kubectl get pods, or the Ray dashboard)"
+        )
+    slices = [
+        _tpu_slice(client, spec, spec.slice_name(i))
+        if spec.platform == "tpu-vm"
+        else _compute_slice(client, spec.slice_name(i))
+        for i in range(spec.slices)
+    ]
+    head: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = []
+    if spec.head == "vm":
+        head_vm = names.head_name(spec.name)
+        entries = client.instance_guest_attributes(head_vm, NAMESPACE_QUERY)
+        head = {"name": head_vm, "boot": _state(entries)}
+        events = [dataclasses.asdict(e) for e in events_from_guest_attributes(entries)]
+    return {
+        "cluster": spec.name,
+        "platform": spec.platform,
+        "project": spec.project,
+        "zone": spec.zone,
+        "head": head,
+        "slices": slices,
+        "events": events,
+        "recovery": spec.recovery and spec.head == "vm",
+    }
+
+
+def render_text(data: dict[str, Any]) -> str:
+    lines = [f"cluster {data['cluster']} ({data['platform']}, {data['project']}/{data['zone']})"]
+    if data["head"] is not None:
+        lines.append(f"head VM {data['head']['name']}: {data['head']['boot']}")
+    for item in data["slices"]:
+        lines.append(f"slice {item['name']}: {item['state']}")
+        for host in item["hosts"]:
+            instance = f" [{host['instance']}]" if "instance" in host else ""
+            lines.append(f"  worker {host['worker']} {host['name']}{instance}: {host['boot']}")
+    if not data["recovery"]:
+        lines.append("recovery: off (no controller runs for this cluster)")
+    elif not data["events"]:
+        lines.append("recovery events: none")
+    else:
+        lines.append("recovery events:")
+        for event in data["events"]:
+            seen = f"  {event['time']} {event['slice']}: saw {event['seen']}"
+            lines.append(f"{seen}; {event['action']} -> {event['outcome']}")
+    return "\n".join(lines)
+
+
+@click.command("status")
+@spec_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the same data).")
+def status_command(stack_file: str | None, overrides: tuple[str, ...], as_json: bool) -> int:
+    """Show each slice's state, each host's boot state and the recovery events, from the cloud."""
+    spec = load_spec(stack_file, overrides)
+    if spec.project is None:
+        raise InvalidInput(
+            "rayslice status needs the project: set rayslice:project or gcp:project (or --set project=ID)"
+        )
+    assert spec.zone is not None  # load_spec(require_zone=True) refuses a spec without one
+    client = CloudClient(default_session(), Location(spec.project, spec.zone))
+    data = gather(client, spec)
+    click.echo(json.dumps(data, indent=2) if as_json else render_text(data))
+    return EXIT_OK

@@ -1,0 +1,343 @@
+"""The recovery controller: watches this cluster's slices and recreates a broken one whole.
+
+It runs on the CPU head VM (a slice cannot heal its own host) as a supervised service. Every
+`interval_s` it looks at each slice through the cloud API:
+
+- ``tpu-vm``: the Cloud TPU node. PREEMPTED, TERMINATED or missing is broken; the node is deleted
+  and created again with the same id from its own recorded spec (the writable fields of the last
+  answer seen while it existed).
+- ``compute``: the slice's MIG and its managed instances. A missing MIG, fewer instances than the
+  target size, an instance that is stopped, terminated or suspended, or one the MIG is
+  recreating by itself (a single new host does not make a multi-host slice whole) is broken.
+  Google's "Request TPU Spot VMs" page says a Spot MIG must be deleted and recreated; so the
+  controller deletes the MIG, inserts it again from its recorded spec with target size 0, and
+  creates the hosts with their recorded per-instance configs (names and preserved addresses) in
+  one ``createInstances`` call, which sets the target size back.
+
+A slice still being created (CREATING, or instances whose current action is CREATING) is left
+alone. After a failed recreation the next try waits `base_backoff_s * 2**(failures-1)`, capped at
+`max_backoff_s`; a healthy observation resets it.
+
+It never touches anything but this cluster's slices: the names it may act on are computed from
+the spec (`rayslice.names.slice_name`), `act_on` refuses any other name before a request is
+built, and the client refuses again at each mutating call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayslice import names
+from rayslice.errors import RaysliceError
+from rayslice.recovery.cloud import (
+    CloudClient,
+    CloudError,
+    Location,
+    RefusedResource,
+    default_session,
+    operation_error,
+)
+from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
+
+# Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
+TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+# Compute v1 ManagedInstance.instanceStatus values of a host that is not serving.
+COMPUTE_BROKEN_STATUSES = frozenset({"STOPPED", "STOPPING", "TERMINATED", "SUSPENDED", "SUSPENDING"})
+# ManagedInstance.currentAction values of a MIG replacing a host on its own.
+COMPUTE_REPLACING_ACTIONS = frozenset({"RECREATING"})
+# Writable Node fields (tpu.v2.json: not readOnly) carried from the recorded node to the new one.
+TPU_CREATE_FIELDS = (
+    "acceleratorConfig",
+    "acceleratorType",
+    "bootDiskConfig",
+    "cidrBlock",
+    "dataDisks",
+    "description",
+    "labels",
+    "metadata",
+    "networkConfig",
+    "networkConfigs",
+    "runtimeVersion",
+    "schedulingConfig",
+    "serviceAccount",
+    "shieldedInstanceConfig",
+    "tags",
+)
+# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG.
+MIG_INSERT_FIELDS = (
+    "allInstancesConfig",
+    "autoHealingPolicies",
+    "baseInstanceName",
+    "description",
+    "instanceLifecyclePolicy",
+    "instanceTemplate",
+    "listManagedInstancesResults",
+    "name",
+    "namedPorts",
+    "resourcePolicies",
+    "statefulPolicy",
+    "targetSize",
+    "targetSizePolicy",
+    "updatePolicy",
+    "versions",
+)
+DEFAULT_INTERVAL_S = 30.0
+DEFAULT_BASE_BACKOFF_S = 30.0
+DEFAULT_MAX_BACKOFF_S = 900.0
+OPERATION_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster to watch: every name derives from these, as in infra."""
+
+    cluster: str
+    platform: str
+    slices: int
+    location: Location
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        return tuple(names.slice_name(self.cluster, index) for index in range(self.slices))
+
+
+@dataclass
+class Observation:
+    """One look at one slice: `broken` says whether to act, `seen` says what was seen."""
+
+    broken: bool
+    seen: str
+    recorded: dict[str, Any] | None = None  # the spec to recreate from, when the slice exists
+
+
+@dataclass
+class SliceState:
+    failures: int = 0
+    next_try: float = 0.0
+    recorded: dict[str, Any] | None = None
+    last_seen: str = ""
+
+
+@dataclass
+class Controller:
+    client: CloudClient
+    target: Target
+    recorder: Recorder
+    base_backoff_s: float = DEFAULT_BASE_BACKOFF_S
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
+    operation_timeout_s: float = OPERATION_TIMEOUT_S
+    clock: Callable[[], float] = time.monotonic
+    slices: dict[str, SliceState] = field(default_factory=dict)
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after `failures` failed recreations in a row (exponential, capped)."""
+        if failures <= 0:
+            return 0.0
+        return float(min(self.base_backoff_s * 2 ** (failures - 1), self.max_backoff_s))
+
+    # ---- one pass -----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Looks at every slice once and acts on the broken ones whose backoff has passed."""
+        for name in self.target.slice_names:
+            self.act_on(name)
+
+    def act_on(self, name: str) -> None:
+        if name not in self.target.slice_names:
+            raise RefusedResource(
+                f"refusing to act on {name!r}: not one of cluster {self.target.cluster!r}'s slices "
+                f"({', '.join(self.target.slice_names)})"
+            )
+        state = self.slices.setdefault(name, SliceState())
+        try:
+            observation = self.observe(name)
+        except (CloudError, OSError) as exc:
+            # A transient API or network failure: nothing was seen, so nothing is recorded.
+            print(f"rayslice-recovery: could not read {name}: {exc}", file=sys.stderr)
+            return
+        if observation.recorded is not None and not observation.broken:
+            state.recorded = observation.recorded
+        if not observation.broken:
+            state.failures, state.next_try, state.last_seen = 0, 0.0, observation.seen
+            return
+        if observation.recorded is not None and state.recorded is None:
+            state.recorded = observation.recorded  # e.g. a MIG whose hosts were preempted
+        if self.clock() < state.next_try:
+            return  # backing off; the failure that set it was recorded
+        attempt = state.failures + 1
+        if state.recorded is None:
+            self._failed(state, attempt)
+            self.recorder.record(
+                Event.now(
+                    name,
+                    observation.seen,
+                    "none",
+                    "cannot recreate: no recorded spec of this "
+                    "slice (it was never seen whole since the controller started)",
+                    attempt,
+                )
+            )
+            return
+        try:
+            outcome = self.recreate(name, state.recorded)
+        except (CloudError, OSError) as exc:
+            outcome = f"failed: {exc}"
+        if outcome.startswith("failed"):
+            self._failed(state, attempt)
+            outcome += f"; next try in {self.backoff(state.failures):.0f}s"
+        else:
+            state.failures, state.next_try = 0, 0.0
+        self.recorder.record(Event.now(name, observation.seen, "recreate", outcome, attempt))
+
+    def _failed(self, state: SliceState, attempt: int) -> None:
+        state.failures = attempt
+        state.next_try = self.clock() + self.backoff(attempt)
+
+    # ---- per platform -------------------------------------------------------------------------
+
+    def observe(self, name: str) -> Observation:
+        if self.target.platform == "tpu-vm":
+            return self._observe_node(name)
+        if self.target.platform == "compute":
+            return self._observe_mig(name)
+        raise RefusedResource(f"platform {self.target.platform!r} has no recovery controller")
+
+    def recreate(self, name: str, recorded: Mapping[str, Any]) -> str:
+        if self.target.platform == "tpu-vm":
+            return self._recreate_node(name, recorded)
+        return self._recreate_mig(name, recorded)
+
+    def _observe_node(self, name: str) -> Observation:
+        node = self.client.get_node(name)
+        if node is None:
+            return Observation(True, "node missing")
+        state = str(node.get("state", "STATE_UNSPECIFIED"))
+        recorded = {key: node[key] for key in TPU_CREATE_FIELDS if key in node}
+        return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded)
+
+    def _recreate_node(self, name: str, recorded: Mapping[str, Any]) -> str:
+        allowed = self.target.slice_names
+        if self.client.get_node(name) is not None:
+            done = self.client.wait_tpu_operation(
+                self.client.delete_node(name, allowed), self.operation_timeout_s
+            )
+            if not done.get("done") or operation_error(done):
+                return f"failed: delete: {operation_error(done) or 'did not finish'}"
+        done = self.client.wait_tpu_operation(
+            self.client.create_node(name, recorded, allowed), self.operation_timeout_s
+        )
+        if not done.get("done"):
+            return "create requested, still in progress"
+        error = operation_error(done)
+        return f"failed: create: {error}" if error else "recreated"
+
+    def _observe_mig(self, name: str) -> Observation:
+        mig = self.client.get_mig(name)
+        if mig is None:
+            return Observation(True, "MIG missing")
+        instances = self.client.list_managed_instances(name)
+        configs = self.client.list_per_instance_configs(name)
+        recorded = {
+            "mig": {key: mig[key] for key in MIG_INSERT_FIELDS if key in mig},
+            "instances": [
+                {key: config[key] for key in ("name", "preservedState") if key in config}
+                for config in configs
+            ],
+        }
+        target = int(mig.get("targetSize", 0))
+        problems = []
+        if len(instances) < target:
+            problems.append(f"{len(instances)} of {target} instances")
+        for instance in instances:
+            host = str(instance.get("name") or instance.get("instance", "?").rsplit("/", 1)[-1])
+            status = instance.get("instanceStatus")
+            action = instance.get("currentAction")
+            if status in COMPUTE_BROKEN_STATUSES:
+                problems.append(f"{host} {status}")
+            elif action in COMPUTE_REPLACING_ACTIONS:
+                problems.append(f"{host} {action}")
+        if problems:
+            return Observation(True, "MIG " + ", ".join(problems), recorded)
+        return Observation(False, f"MIG {len(instances)} of {target} instances", recorded)
+
+    def _recreate_mig(self, name: str, recorded: Mapping[str, Any]) -> str:
+        allowed = self.target.slice_names
+        wait = self.client.wait_zone_operation
+        if self.client.get_mig(name) is not None:
+            done = wait(self.client.delete_mig(name, allowed), self.operation_timeout_s)
+            if done.get("status") != "DONE" or operation_error(done):
+                return f"failed: delete: {operation_error(done) or 'did not finish'}"
+        body = dict(recorded["mig"])
+        instances = list(recorded["instances"])
+        if instances:
+            body["targetSize"] = 0  # createInstances below names each host and raises the size
+        done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
+        if done.get("status") != "DONE" or operation_error(done):
+            return f"failed: insert: {operation_error(done) or 'did not finish'}"
+        if instances:
+            done = wait(self.client.create_instances(name, instances, allowed), self.operation_timeout_s)
+            if done.get("status") != "DONE":
+                return "hosts requested, still in progress"
+            if operation_error(done):
+                return f"failed: createInstances: {operation_error(done)}"
+        return "recreated"
+
+    # ---- the service --------------------------------------------------------------------------
+
+    def run(self, interval_s: float, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.step()
+            stop.wait(interval_s)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m rayslice.recovery", description="Recreate this cluster's broken slices whole."
+    )
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--zone", required=True)
+    parser.add_argument("--cluster", required=True, help="the spec's name (prefix of every resource)")
+    parser.add_argument("--platform", required=True, choices=("tpu-vm", "compute"))
+    parser.add_argument("--slices", required=True, type=int)
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
+    parser.add_argument("--base-backoff", type=float, default=DEFAULT_BASE_BACKOFF_S)
+    parser.add_argument("--max-backoff", type=float, default=DEFAULT_MAX_BACKOFF_S)
+    parser.add_argument("--event-log", type=Path, help="also append events to this JSON-lines file")
+    parser.add_argument(
+        "--no-guest-attributes", action="store_true", help="do not publish events as guest attributes"
+    )
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.slices < 1:
+        print("--slices must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        target = Target(args.cluster, args.platform, args.slices, Location(args.project, args.zone))
+        client = CloudClient(default_session(), target.location)
+        sinks: list[Sink] = [StreamSink()]
+        if args.event_log:
+            sinks.append(FileSink(args.event_log))
+        if not args.no_guest_attributes:
+            sinks.append(GuestAttributeSink())
+        controller = Controller(
+            client, target, Recorder(sinks), base_backoff_s=args.base_backoff, max_backoff_s=args.max_backoff
+        )
+        if args.once:
+            controller.step()
+        else:
+            controller.run(args.interval, threading.Event())
+    except RaysliceError as exc:
+        print(f"rayslice-recovery: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

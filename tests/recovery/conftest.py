@@ -1,0 +1,154 @@
+"""The emulated cloud on loopback, a real client with real (emulated-issuer) credentials, and a
+real metadata server for the head VM whose guest attributes the emulation serves back."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rayslice import names
+from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.local.metadata import MetadataServer
+from rayslice.recovery.cloud import CloudClient, Location, default_session
+from rayslice.recovery.controller import Controller, Target
+from rayslice.recovery.events import GuestAttributeSink, Recorder, StreamSink
+
+PROJECT = "rayslice-test"
+ZONE = "us-east5-b"
+CLUSTER = "rayslice"
+LOCATION = Location(PROJECT, ZONE)
+
+
+@pytest.fixture
+def cloud() -> Iterator[CloudApiEmulator]:
+    server = CloudApiEmulator(("127.0.0.1", 0), op_polls=2)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def adc(cloud: CloudApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Application Default Credentials from a service-account key file whose token endpoint is
+    the emulation's (google-auth signs a JWT, the emulation checks it); the endpoint overrides
+    send the API calls there."""
+    path = tmp_path / "adc.json"
+    path.write_text(json.dumps(cloud.service_account_info()))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    for key, value in cloud.environment().items():
+        monkeypatch.setenv(key, value)
+    return path
+
+
+@pytest.fixture
+def client(adc: Path) -> CloudClient:
+    return CloudClient(default_session(), LOCATION, sleep=lambda _: None, poll_interval_s=0)
+
+
+@pytest.fixture
+def head_metadata(cloud: CloudApiEmulator) -> Iterator[MetadataServer]:
+    """The head VM's metadata server (the simulator's own), served to the emulation's
+    instances.getGuestAttributes for the head VM."""
+    server = MetadataServer(("127.0.0.1", 0), {})
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    head = names.head_name(CLUSTER)
+    cloud.guest_source = lambda instance: server.guest if instance == head else None
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_controller(
+    client: CloudClient,
+    platform: str,
+    head_metadata: MetadataServer,
+    *,
+    slices: int = 2,
+    clock: Clock | None = None,
+    base: float = 10.0,
+    cap: float = 30.0,
+) -> tuple[Controller, io.StringIO]:
+    stream = io.StringIO()
+    host = head_metadata.url.removeprefix("http://")
+    recorder = Recorder([StreamSink(stream), GuestAttributeSink(host=host)])
+    controller = Controller(
+        client,
+        Target(CLUSTER, platform, slices, LOCATION),
+        recorder,
+        base_backoff_s=base,
+        max_backoff_s=cap,
+        operation_timeout_s=30,
+        clock=clock or Clock(),
+    )
+    return controller, stream
+
+
+NODE_FIELDS = {
+    "acceleratorType": "v6e-16",
+    "runtimeVersion": "v2-alpha-tpuv6e",
+    "networkConfig": {
+        "network": "projects/rayslice-test/global/networks/rayslice",
+        "enableExternalIps": False,
+    },
+    "schedulingConfig": {"spot": True},
+    "serviceAccount": {
+        "email": "rayslice-hosts@rayslice-test.iam.gserviceaccount.com",
+        "scope": [names.CLOUD_PLATFORM_SCOPE],
+    },
+    "metadata": {"rayslice-slice-index": "1", "startup-script": "#!/bin/bash\necho boot\n"},
+    "labels": {"rayslice-cluster": "rayslice"},
+    "tags": ["rayslice-tpu"],
+    "networkEndpoints": [{"ipAddress": f"10.0.0.{i}"} for i in range(4)],
+}
+
+
+def mig_fields(slice_name: str) -> dict[str, object]:
+    return {
+        "baseInstanceName": slice_name,
+        "instanceTemplate": f"projects/{PROJECT}/global/instanceTemplates/{slice_name}-abc",
+        "versions": [{"instanceTemplate": f"projects/{PROJECT}/global/instanceTemplates/{slice_name}-abc"}],
+        "targetSizePolicy": {"mode": "BULK"},
+        "resourcePolicies": {
+            "workloadPolicy": f"projects/{PROJECT}/regions/us-east5/resourcePolicies/{slice_name}-policy"
+        },
+        "updatePolicy": {"type": "PROACTIVE", "minimalAction": "REPLACE", "replacementMethod": "RECREATE"},
+    }
+
+
+def seed(cloud: CloudApiEmulator, platform: str, slices: int = 2) -> None:
+    for index in range(slices):
+        slice_name = names.slice_name(CLUSTER, index)
+        if platform == "tpu-vm":
+            cloud.add_node(PROJECT, ZONE, slice_name, **NODE_FIELDS)
+        else:
+            hosts = [names.host_name(slice_name, w) for w in range(4)]
+            cloud.add_mig(PROJECT, ZONE, slice_name, hosts, **mig_fields(slice_name))
+            cloud.state.configs[(PROJECT, ZONE, slice_name)] = [
+                {
+                    "name": host,
+                    "status": "APPLIED",
+                    "preservedState": {
+                        "internalIPs": {
+                            "nic0": {"autoDelete": "NEVER", "ipAddress": {"literal": f"10.1.{index}.{w}"}}
+                        }
+                    },
+                }
+                for w, host in enumerate(hosts)
+            ]

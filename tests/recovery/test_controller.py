@@ -1,0 +1,242 @@
+"""The controller against the emulated cloud on loopback: a real HTTP server, a real client."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rayslice import names
+from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.local.metadata import MetadataServer
+from rayslice.recovery.cloud import CloudClient, RefusedResource
+from tests.recovery.conftest import (
+    CLUSTER,
+    NODE_FIELDS,
+    PROJECT,
+    ZONE,
+    Clock,
+    make_controller,
+    mig_fields,
+    seed,
+)
+
+SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
+
+
+def _summary(cloud: CloudApiEmulator) -> list[tuple[str, str]]:
+    """(method id, resource path) of every mutating call served."""
+    return [(c.method_id or "", c.path.rsplit("/", 1)[-1] + str(c.query)) for c in cloud.mutations()]
+
+
+def test_preempted_tpu_node_is_recreated_whole_from_its_own_spec(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "tpu-vm")
+    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller.step()  # healthy: records each node's spec, touches nothing
+    assert cloud.mutations() == []
+    old_id = cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["id"]
+
+    cloud.preempt(PROJECT, ZONE, SLICE1)
+    controller.step()
+
+    assert _summary(cloud) == [
+        ("tpu.projects.locations.nodes.delete", SLICE1 + "{}"),
+        ("tpu.projects.locations.nodes.create", "nodes" + str({"nodeId": SLICE1})),
+    ]
+    node = cloud.state.nodes[(PROJECT, ZONE, SLICE1)]
+    assert node["state"] == "READY" and node["id"] != old_id
+    for key in (
+        "acceleratorType",
+        "runtimeVersion",
+        "networkConfig",
+        "schedulingConfig",
+        "metadata",
+        "labels",
+        "tags",
+    ):
+        assert node[key] == NODE_FIELDS[key], key
+    assert cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["state"] == "READY"
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(e["slice"], e["seen"], e["action"], e["outcome"]) for e in events] == [
+        (SLICE1, "node state PREEMPTED", "recreate", "recreated")
+    ]
+
+
+@pytest.mark.parametrize("mode", ["gone", "terminated"])
+def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, mode: str
+) -> None:
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", head_metadata)
+    controller.step()
+    assert cloud.mutations() == []
+
+    cloud.preempt(PROJECT, ZONE, SLICE0, mode=mode)
+    controller.step()
+
+    assert [c.method_id for c in cloud.mutations()] == [
+        "compute.instanceGroupManagers.delete",
+        "compute.instanceGroupManagers.insert",
+        "compute.instanceGroupManagers.createInstances",
+    ]
+    insert, create = cloud.mutations()[1:]
+    assert insert.request["targetSize"] == 0 and insert.request["targetSizePolicy"] == {"mode": "BULK"}
+    assert [i["name"] for i in create.request["instances"]] == [f"{SLICE0}-w{w}" for w in range(4)]
+    assert create.request["instances"][2]["preservedState"]["internalIPs"]["nic0"]["ipAddress"] == {
+        "literal": "10.1.0.2"
+    }
+    key = (PROJECT, ZONE, SLICE0)
+    mig = cloud.state.migs[key]
+    assert mig["targetSize"] == 4
+    assert mig["instanceTemplate"] == mig_fields(SLICE0)["instanceTemplate"]
+    assert mig["resourcePolicies"] == mig_fields(SLICE0)["resourcePolicies"]
+    assert [(i["name"], i["instanceStatus"]) for i in cloud.state.instances[key]] == [
+        (f"{SLICE0}-w{w}", "RUNNING") for w in range(4)
+    ]
+    seen = "MIG 0 of 4 instances" if mode == "gone" else f"MIG {SLICE0}-w0 TERMINATED"
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert len(events) == 1 and events[0]["outcome"] == "recreated" and events[0]["seen"].startswith(seen)
+
+
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_a_healthy_cluster_is_left_alone(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, platform: str
+) -> None:
+    seed(cloud, platform)
+    controller, stream = make_controller(client, platform, head_metadata)
+    for _ in range(3):
+        controller.step()
+    assert cloud.mutations() == []
+    assert stream.getvalue() == "" and head_metadata.guest == {}
+    assert len(cloud.calls) >= 6  # it did look, every pass
+
+
+def test_a_slice_being_created_is_not_a_broken_one(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "tpu-vm")
+    cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["state"] = "CREATING"
+    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller.step()
+    assert cloud.mutations() == [] and stream.getvalue() == ""
+
+
+def test_backoff_grows_exponentially_and_caps(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "tpu-vm")
+    clock = Clock()
+    controller, stream = make_controller(client, "tpu-vm", head_metadata, clock=clock, base=10, cap=30)
+    controller.step()
+    cloud.fail_creates = 4  # four stockouts in a row, then capacity returns
+    cloud.preempt(PROJECT, ZONE, SLICE0)
+
+    def creates() -> int:
+        return sum(1 for c in cloud.mutations() if c.method_id == "tpu.projects.locations.nodes.create")
+
+    attempts_at = []
+    start = clock.now
+    for _ in range(95):  # one look at the slice per simulated second
+        before = creates()
+        controller.act_on(SLICE0)
+        if creates() > before:
+            attempts_at.append(clock.now - start)
+        clock.now += 1
+    # Tries at 0, then after 10, 20, 30 (capped, not 40) and 30 s: 0, 10, 30, 60, 90.
+    assert attempts_at == [0, 10, 30, 60, 90]
+    assert cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["state"] == "READY"
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["attempt"] for e in events] == [1, 2, 3, 4, 5]
+    assert [e["outcome"].split(";")[-1].strip() for e in events[:4]] == [
+        "next try in 10s",
+        "next try in 20s",
+        "next try in 30s",
+        "next try in 30s",
+    ]
+    assert events[-1]["outcome"] == "recreated"
+    assert controller.backoff(1) == 10 and controller.backoff(2) == 20 and controller.backoff(9) == 30
+
+
+def test_a_name_that_is_not_this_clusters_slice_is_refused_and_never_touched(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "tpu-vm")
+    # Preempted nodes that look close to the cluster's slices but are not among them.
+    for foreign in ("prod-slice-0", f"{CLUSTER}-slice-2", f"{CLUSTER}-slice-1-copy", f"x{CLUSTER}-slice-0"):
+        cloud.add_node(PROJECT, ZONE, foreign, **NODE_FIELDS)
+        cloud.preempt(PROJECT, ZONE, foreign)
+    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    before = len(cloud.calls)
+    for name in ("prod-slice-0", f"{CLUSTER}-slice-2", f"{CLUSTER}-slice-1-copy", f"{CLUSTER}-head"):
+        with pytest.raises(RefusedResource, match="not one of"):
+            controller.act_on(name)
+        with pytest.raises(RefusedResource):
+            client.delete_node(name, controller.target.slice_names)
+        with pytest.raises(RefusedResource):
+            client.create_node(name, {}, controller.target.slice_names)
+    assert len(cloud.calls) == before  # refused before any request was sent
+    for _ in range(3):
+        controller.step()
+    assert cloud.mutations() == []
+    touched = {c.path.rsplit("/", 1)[-1] for c in cloud.calls}
+    assert touched == {SLICE0, SLICE1}
+    assert stream.getvalue() == ""
+
+
+def test_compute_refuses_a_foreign_mig_before_sending(cloud: CloudApiEmulator, client: CloudClient) -> None:
+    allowed = (SLICE0,)
+    with pytest.raises(RefusedResource):
+        client.delete_mig("default-pool", allowed)
+    with pytest.raises(RefusedResource):
+        client.insert_mig({"name": "default-pool"}, allowed)
+    with pytest.raises(RefusedResource):
+        client.create_instances("default-pool", [{"name": "x"}], allowed)
+    assert cloud.calls == []
+
+
+def test_each_event_is_recorded_once_in_every_sink(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", head_metadata)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1)
+    for _ in range(4):  # the recovery, then healthy passes
+        controller.step()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1
+    stored = head_metadata.guest[names.GUEST_ATTRIBUTE_NAMESPACE]
+    assert len(stored) == 1
+    ((key, value),) = stored.items()
+    assert key.startswith("recovery-") and json.loads(value) == json.loads(lines[0])
+    event = json.loads(value)
+    assert set(event) == {"time", "slice", "seen", "action", "outcome", "attempt"}
+    assert event["slice"] == SLICE1 and event["action"] == "recreate"
+
+
+def test_a_missing_slice_never_seen_whole_is_reported_not_guessed(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "tpu-vm", slices=1)  # slice 1 does not exist, and was never seen
+    clock = Clock()
+    controller, stream = make_controller(client, "tpu-vm", head_metadata, clock=clock)
+    controller.step()
+    controller.step()  # inside the backoff: no second event
+    assert cloud.mutations() == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(e["slice"], e["seen"], e["action"]) for e in events] == [(SLICE1, "node missing", "none")]
+    assert "no recorded spec" in events[0]["outcome"]
+
+
+def test_a_node_deleted_after_it_was_seen_is_created_again(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "tpu-vm")
+    controller, _ = make_controller(client, "tpu-vm", head_metadata)
+    controller.step()
+    del cloud.state.nodes[(PROJECT, ZONE, SLICE0)]
+    controller.step()
+    assert [c.method_id for c in cloud.mutations()] == ["tpu.projects.locations.nodes.create"]
+    assert cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["acceleratorType"] == "v6e-16"
