@@ -151,7 +151,14 @@ def up_command(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(state_dir: Path | None, as_json: bool) -> int:
     """Hosts, roles, boot states, each host's Ray node(s) and the cluster's resources (no root needed)."""
-    report = status_report(_open(state_dir))
+    where = state_dir or default_state_dir()
+    try:
+        report = status_report(Simulation.open(where))
+    except PermissionError as exc:
+        raise SimulatorError(
+            f"cannot read {exc.filename or where}: the simulation's state belongs to the user who ran "
+            "`rayslice local up` (root); run status as that user, or make the state dir readable to you"
+        ) from None
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
     return EXIT_OK
 

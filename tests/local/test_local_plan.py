@@ -278,3 +278,15 @@ def test_restart_head_prints_one_line_per_host_and_keeps_rays_output_in_the_host
     assert "Ray stopped" in lines[0] and all(len(line) < 200 and "\x1b" not in line for line in lines)
     log = HostPaths.of(tmp_path, plan.head.name).dir / "restart-head.log"
     assert noisy in log.read_text()
+
+
+def test_status_on_a_state_dir_it_cannot_read_says_whose_it_is(monkeypatch, tmp_path, capsys):
+    from rayslice.local import commands
+
+    def unreadable(cls, state_dir):
+        raise PermissionError(13, "Permission denied", str(state_dir / "state.json"))
+
+    monkeypatch.setattr(commands.Simulation, "open", classmethod(unreadable))
+    assert cli.main(["local", "status", "--state-dir", str(tmp_path)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"cannot read {tmp_path / 'state.json'}" in err and "Traceback" not in err
