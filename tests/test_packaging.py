@@ -46,6 +46,7 @@ def test_wheel_has_only_the_rayslice_package(tmp_path):
         "preview": "rayslice.infra.commands:preview_command",
         "render": "rayslice.startup_scripts.commands:render_command",
         "run": "rayslice.workloads.commands:run_command",
+        "status": "rayslice.recovery.commands:status_command",
     }
     for target in registered.values():  # every registered module is in the wheel
         assert target.split(":")[0].replace(".", "/") + ".py" in names

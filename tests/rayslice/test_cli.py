@@ -117,7 +117,7 @@ def test_bad_arguments_exit_2(argv, capsys):
 
 # ---- commands registered by entry point, help, and the one exit-code table ------------------------
 
-REGISTERED = {"render", "preview", "local", "run"}
+REGISTERED = {"render", "preview", "local", "run", "status"}
 
 
 def test_every_registered_command_loads_under_its_own_name():
