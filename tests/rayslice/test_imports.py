@@ -17,7 +17,7 @@ import pytest
 import rayslice
 
 PACKAGE = Path(rayslice.__file__).resolve().parent
-PLATFORMS = ("infra", "local", "workloads", "startup_scripts")
+PLATFORMS = ("infra", "local", "workloads", "startup_scripts", "recovery")
 
 # importer (a platform package, or "core" for rayslice/*.py) -> packages it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -25,6 +25,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "workloads": ("local", "infra", "startup_scripts"),  # jobs run on cluster hosts; no simulator there
     "infra": ("local", "workloads"),
     "startup_scripts": ("infra", "local", "workloads"),
+    "recovery": ("infra", "local", "workloads", "startup_scripts"),  # runs on the head VM from core alone
 }
 
 
