@@ -312,7 +312,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
             self.state.migs[key] = self._new_mig(
                 project, zone, {"name": name, **fields, "targetSize": len(hosts)}
             )
-            self.state.configs[key] = [{"name": host, "status": "APPLIED"} for host in hosts]
+            self.state.configs[key] = [{"name": host, "status": "EFFECTIVE"} for host in hosts]
             self.state.instances[key] = [self._instance(project, zone, host) for host in hosts]
 
     def preempt(self, project: str, zone: str, name: str, *, mode: str = "gone") -> None:
@@ -570,7 +570,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
             raise ApiError(400, "INVALID_ARGUMENT", "createInstances needs instances with names")
         instances = [self._instance(p["project"], p["zone"], i["name"], running=False) for i in wanted]
         self.state.instances[key].extend(instances)
-        self.state.configs[key].extend({**copy.deepcopy(i), "status": "APPLIED"} for i in wanted)
+        self.state.configs[key].extend({**copy.deepcopy(i), "status": "EFFECTIVE"} for i in wanted)
         mig["targetSize"] = int(mig.get("targetSize", 0)) + len(wanted)
 
         def finish() -> str | None:

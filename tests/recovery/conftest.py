@@ -143,7 +143,7 @@ def seed(cloud: CloudApiEmulator, platform: str, slices: int = 2) -> None:
             cloud.state.configs[(PROJECT, ZONE, slice_name)] = [
                 {
                     "name": host,
-                    "status": "APPLIED",
+                    "status": "EFFECTIVE",
                     "preservedState": {
                         "internalIPs": {
                             "nic0": {"autoDelete": "NEVER", "ipAddress": {"literal": f"10.1.{index}.{w}"}}

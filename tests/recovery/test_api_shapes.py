@@ -1,0 +1,113 @@
+"""Every request the client sends and every response the emulation returns, checked against
+Google's discovery documents, after scenarios that exercise every emulated method."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from rayslice import cli, names
+from rayslice.local.cloud_api import ROUTES, CloudApiEmulator
+from rayslice.local.metadata import MetadataServer
+from rayslice.recovery.cloud import CloudClient
+from tests.recovery import discovery
+from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed
+
+
+def _reduce(path: str) -> str:
+    """The path with every {parameter} reduced to {}."""
+    return re.sub(r"\{[^}]*\}", "{}", path)
+
+
+def _exercise(cloud: CloudApiEmulator, client: CloudClient, head: MetadataServer, platform: str) -> None:
+    seed(cloud, platform)
+    ns = names.GUEST_ATTRIBUTE_NAMESPACE
+    for worker in range(4):
+        host = names.host_name(names.slice_name(CLUSTER, 0), worker)
+        cloud.guest[host] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
+        cloud.tpu_guest[(names.slice_name(CLUSTER, 0), worker)] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
+    controller, _ = make_controller(client, platform, head)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
+    controller.step()
+    if platform == "tpu-vm":
+        assert [n["name"].rsplit("/", 1)[-1] for n in client.list_nodes()] == [
+            names.slice_name(CLUSTER, 0),
+            names.slice_name(CLUSTER, 1),
+        ]
+    args = [
+        "--set",
+        f"project={PROJECT}",
+        "--set",
+        f"zone={ZONE}",
+        "--set",
+        "slices=2",
+        "--set",
+        "capacity=spot",
+    ]
+    assert cli.main(["status", *args, "--set", f"platform={platform}", "--json"]) == 0
+
+
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_every_request_and_response_matches_the_discovery_schemas(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, platform: str
+) -> None:
+    _exercise(cloud, client, head_metadata, platform)
+    by_id = {route.method_id: route for route in ROUTES}
+    served = [c for c in cloud.calls if c.status == 200]
+    assert served, "nothing was served"
+    found: list[str] = []
+    for call in served:
+        assert call.method_id is not None
+        route = by_id[call.method_id]
+        spec = discovery.method(route.api, call.method_id)
+        assert spec["httpMethod"] == call.method
+        for name in call.query:
+            if name not in spec.get("parameters", {}):
+                found.append(f"{call.method_id}: query parameter {name!r} is not in the discovery document")
+        if call.request is not None:
+            assert "request" in spec, f"{call.method_id} takes no body"
+            found += discovery.problems(
+                route.api, spec["request"], call.request, call.method_id + " request", request=True
+            )
+        found += discovery.problems(
+            route.api, spec["response"], call.response, call.method_id + " response", request=False
+        )
+    assert found == []
+    used = {c.method_id for c in served}
+    expected = {r.method_id for r in ROUTES if r.api == ("tpu" if platform == "tpu-vm" else "compute")}
+    # Every emulated method of the platform was exercised.
+    assert expected <= used, expected - used
+
+
+def test_the_validator_catches_invented_fields_wrong_types_enums_and_output_only_requests() -> None:
+    node: dict[str, Any] = {"$ref": "Node"}
+    assert (
+        discovery.problems("tpu", node, {"state": "READY", "acceleratorType": "v6e-16"}, "n", request=False)
+        == []
+    )
+    assert discovery.problems("tpu", node, {"status": "READY"}, "n", request=False)  # no such field
+    assert discovery.problems("tpu", node, {"state": "GONE"}, "n", request=False)  # not an enum value
+    assert discovery.problems("tpu", node, {"state": "READY"}, "n", request=True)  # output-only in a request
+    assert discovery.problems("tpu", node, {"labels": {"a": 1}}, "n", request=False)  # map of strings
+    mig: dict[str, Any] = {"$ref": "InstanceGroupManager"}
+    assert discovery.problems("compute", mig, {"targetSize": "4"}, "m", request=False)  # int32 is a number
+    assert discovery.problems("compute", mig, {"id": 4}, "m", request=False)  # uint64 is a string
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.method_id)
+def test_each_emulated_route_is_the_discovery_documents_path_and_method(route: Any) -> None:
+    spec = discovery.method(route.api, route.method_id)
+    doc = discovery.document(route.api)
+    path = spec.get("flatPath", spec["path"])
+    prefix = "/" if route.api == "tpu" else "/" + doc["servicePath"]
+    template = (prefix + path).replace("+", "")
+    ours = _reduce(
+        route.pattern.pattern.lstrip("^").rstrip("$").replace("(?P<", "{").replace(">[^/:?]+)", "}")
+    )
+    assert ours == _reduce(template)
+    assert route.method == spec["httpMethod"]
+    assert route.response_schema == spec["response"]["$ref"]
+    assert route.request_schema == (spec["request"]["$ref"] if "request" in spec else None)
