@@ -1,0 +1,90 @@
+"""The cloud API emulation on its own: its token endpoint checks what Google checks, unknown
+calls are not answered, operations finish only after being polled, every call is recorded."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+from google.auth import crypt, jwt
+from google.auth.transport.requests import Request
+from google.oauth2 import service_account
+
+from rayslice.local.cloud_api import GOOGLE_TOKEN_AUDIENCE, CloudApiEmulator
+
+
+@pytest.fixture
+def cloud() -> Iterator[CloudApiEmulator]:
+    server = CloudApiEmulator(op_polls=2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _assertion(info: dict[str, str], audience: str = GOOGLE_TOKEN_AUDIENCE) -> str:
+    signer = crypt.RSASigner.from_service_account_info(info)
+    now = int(time.time())
+    payload = {"iss": info["client_email"], "aud": audience, "scope": "x", "iat": now, "exp": now + 600}
+    return jwt.encode(signer, payload).decode()
+
+
+def test_a_token_is_issued_only_for_an_assertion_signed_with_its_key(cloud: CloudApiEmulator) -> None:
+    credentials = service_account.Credentials.from_service_account_info(
+        cloud.service_account_info(), scopes=["https://www.googleapis.com/auth/cloud-platform"]
+    )
+    credentials.refresh(google_request())
+    assert credentials.token in cloud.tokens
+
+    other = CloudApiEmulator()  # another key pair
+    try:
+        forged = _assertion(other.service_account_info())
+    finally:
+        other.server_close()
+    grant = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+    answer = requests.post(f"{cloud.url}/token", data={"grant_type": grant, "assertion": forged}, timeout=10)
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant"
+    wrong_audience = _assertion(cloud.service_account_info(), audience=f"{cloud.url}/token")
+    answer = requests.post(
+        f"{cloud.url}/token", data={"grant_type": grant, "assertion": wrong_audience}, timeout=10
+    )
+    assert answer.status_code == 400
+
+
+def google_request() -> Request:
+    return Request()
+
+
+def test_calls_without_a_valid_token_or_outside_the_emulated_methods_are_refused(
+    cloud: CloudApiEmulator,
+) -> None:
+    cloud.add_node("p", "z", "n")
+    url = f"{cloud.url}/v2/projects/p/locations/z/nodes/n"
+    assert requests.get(url, timeout=10).status_code == 401
+    assert requests.get(url, headers={"Authorization": "Bearer made-up"}, timeout=10).status_code == 401
+    cloud.tokens.add("t")
+    auth = {"Authorization": "Bearer t"}
+    assert requests.get(url, headers=auth, timeout=10).json()["state"] == "READY"
+    stop = requests.post(url + ":stop", headers=auth, json={}, timeout=10)  # real, but not emulated
+    assert stop.status_code == 404 and stop.json()["error"]["status"] == "NOT_FOUND"
+    assert [c.status for c in cloud.calls] == [401, 401, 200, 404]
+
+
+def test_an_operation_is_done_only_after_it_was_polled(cloud: CloudApiEmulator) -> None:
+    cloud.add_node("p", "z", "n")
+    cloud.tokens.add("t")
+    auth = {"Authorization": "Bearer t"}
+    base = f"{cloud.url}/v2/projects/p/locations/z"
+    operation = requests.delete(f"{base}/nodes/n", headers=auth, timeout=10).json()
+    assert operation["done"] is False
+    assert requests.get(f"{base}/nodes/n", headers=auth, timeout=10).json()["state"] == "DELETING"
+    polls = [
+        requests.get(f"{cloud.url}/v2/{operation['name']}", headers=auth, timeout=10).json() for _ in range(2)
+    ]
+    assert [p["done"] for p in polls] == [False, True]
+    assert requests.get(f"{base}/nodes/n", headers=auth, timeout=10).status_code == 404
+    assert json.dumps(polls[1]).count("error") == 0

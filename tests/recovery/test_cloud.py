@@ -1,0 +1,68 @@
+"""Endpoint overrides, and the controller's own entry point run once against the emulation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rayslice import names
+from rayslice.errors import InvalidInput
+from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.recovery import controller
+from rayslice.recovery.cloud import (
+    COMPUTE_DEFAULT,
+    COMPUTE_ENDPOINT_ENV,
+    TPU_DEFAULT,
+    TPU_ENDPOINT_ENV,
+    endpoint,
+)
+from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
+
+
+def test_endpoints_default_to_googles_and_follow_gclouds_override_variables() -> None:
+    assert endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {}) == "https://tpu.googleapis.com/"
+    assert endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, {}) == "https://compute.googleapis.com/compute/v1/"
+    env = {COMPUTE_ENDPOINT_ENV: "https://compute.example.internal/compute/v1"}
+    assert (
+        endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, env) == "https://compute.example.internal/compute/v1/"
+    )
+    for allowed in ("http://127.0.0.1:9000/", "http://10.88.0.1:8080/"):
+        assert endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {TPU_ENDPOINT_ENV: allowed}) == allowed
+
+
+@pytest.mark.parametrize("value", ["http://tpu.example.com/", "http://8.8.8.8/", "ftp://10.0.0.1/", "tpu"])
+def test_an_override_that_would_send_the_token_in_clear_over_the_internet_is_refused(value: str) -> None:
+    with pytest.raises(InvalidInput, match=TPU_ENDPOINT_ENV):
+        endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {TPU_ENDPOINT_ENV: value})
+
+
+def test_the_service_entry_point_recovers_once_and_logs_json_lines(
+    cloud: CloudApiEmulator, adc: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(cloud, "tpu-vm")
+    cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 0))
+    cloud.op_polls = 0
+    log = tmp_path / "recovery.jsonl"
+    args = [
+        "--project",
+        PROJECT,
+        "--zone",
+        ZONE,
+        "--cluster",
+        CLUSTER,
+        "--platform",
+        "tpu-vm",
+        "--slices",
+        "2",
+    ]
+    code = controller.main([*args, "--once", "--event-log", str(log), "--no-guest-attributes"])
+    assert code == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert printed == [json.loads(line) for line in log.read_text().splitlines()]
+    # Never seen whole by this fresh process, so it has only the preempted node's own spec.
+    assert [(e["slice"], e["action"], e["outcome"]) for e in printed] == [
+        (names.slice_name(CLUSTER, 0), "recreate", "recreated")
+    ]
+    assert log.stat().st_mode & 0o777 == 0o600
