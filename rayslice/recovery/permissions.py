@@ -6,7 +6,8 @@ only these; the binding carries an IAM condition on resource names where the ser
 one. Compute Engine evaluates ``resource.name`` conditions on its resources; the condition below
 lists this cluster's MIGs by exact name (a prefix such as ``<cluster>-slice-`` would also
 match another cluster named ``<cluster>-slice-x``). What cannot be narrowed, and why, is
-`UNNARROWED`; docs/recovery.md repeats it. None of this has been checked against a real project (see docs/recovery.md).
+`UNNARROWED`; docs/recovery.md repeats it. None of this has been checked against a real
+project (see docs/recovery.md).
 """
 
 from __future__ import annotations
