@@ -45,7 +45,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     """One v6e-4 host (4 chips), its own Ray head."""
-    sim = _simulate(tmp_path_factory, acceleratorType="v6e-4", rayAuth="none")
+    sim = _simulate(tmp_path_factory, acceleratorType="v6e-4")
     yield sim
     sim.destroy()
 
