@@ -218,7 +218,8 @@ def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[A
 
 def current_worker_id() -> int:
     """This task's host's TPU worker id, from the node label (not the bundle index)."""
-    return int(ray.get_runtime_context().get_node_labels()[WORKER_ID_LABEL])
+    labels: dict[str, Any] = ray.get_runtime_context().get_node_labels()  # values are str at runtime
+    return int(labels[WORKER_ID_LABEL])
 
 
 # ---- the command line of every workload -------------------------------------------------------
@@ -255,7 +256,7 @@ def connect() -> None:
 
 def run_main(
     parser: argparse.ArgumentParser,
-    body: Callable[[argparse.Namespace], None],
+    body: Callable[[argparse.Namespace], object],
     argv: Sequence[str] | None = None,
 ) -> int:
     """Parse, connect, run; an expected failure becomes a one-line message and its exit code."""

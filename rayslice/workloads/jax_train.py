@@ -7,9 +7,15 @@ makes its own share of the batch. Achieved FLOP/s comes from the compiled step's
 `cost_analysis()` (per device, so times the device count) and the measured step time; the first,
 compiling step is left out of the timing.
 
+With `--checkpoint-dir DIR` the parameters and optimizer state are saved with orbax-checkpoint
+every `--checkpoint-every` steps (DIR is a `gs://` path on Cloud TPU, or any directory every host
+shares), and a run that finds a checkpoint there resumes from its latest step, printing
+`resumed from step K`, so a job resubmitted after a preemption continues its loss curve.
+
 `train()` needs no Ray: `bench/train.py` runs it in one process on whatever devices JAX sees.
 
     python -m rayslice.workloads.jax_train [--steps N] [--batch-per-device B] [--hidden H]
+        [--checkpoint-dir DIR] [--checkpoint-every K]
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class TrainReport:
     samples_per_s: float
     flops_per_step: float
     flops_source: str  # what counted the FLOPs
+    first_step: int = 0  # > 0 when resumed from a checkpoint: the step `losses[0]` belongs to
 
     @property
     def flops_per_s(self) -> float:
@@ -47,7 +54,7 @@ class TrainReport:
 
     def lines(self) -> list[str]:
         return [
-            *(f"step {i:3d}  loss {loss:.5f}" for i, loss in enumerate(self.losses)),
+            *(f"step {i:3d}  loss {loss:.5f}" for i, loss in enumerate(self.losses, self.first_step)),
             f"{self.devices} x {self.device_kind}, global batch {self.global_batch}: "
             f"{self.steps_per_s:.2f} steps/s, {self.samples_per_s:.0f} samples/s, "
             f"{self.flops_per_s / 1e9:.3f} GFLOP/s achieved "
@@ -77,8 +84,19 @@ def _steps_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: int = 0) -> TrainReport:
-    """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`)."""
+def train(
+    steps: int = 30,
+    batch_per_device: int = 32,
+    hidden: int = 256,
+    seed: int = 0,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 10,
+) -> TrainReport:
+    """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`).
+
+    With `checkpoint_dir`, state is saved after every `checkpoint_every`-th step and at the end,
+    and training starts after the latest saved step (every process must see the same directory).
+    """
     check_steps(steps)
     import jax
     import jax.numpy as jnp
@@ -114,7 +132,23 @@ def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: 
         updates, state = optimizer.update(grads, state, p)
         return optax.apply_updates(p, updates), state, loss
 
-    local_rng = np.random.default_rng([seed, jax.process_index()])  # each host its own samples
+    manager = None
+    start = 0
+    if checkpoint_dir is not None:
+        import orbax.checkpoint as ocp
+
+        manager = ocp.CheckpointManager(
+            checkpoint_dir,
+            options=ocp.CheckpointManagerOptions(save_interval_steps=checkpoint_every, max_to_keep=2),
+        )
+        latest = manager.latest_step()
+        if latest is not None:  # the saved step counts the steps done
+            state = manager.restore(latest, args=ocp.args.StandardRestore((params, opt_state)))
+            params, opt_state = state
+            start = min(latest, steps)
+            print(f"resumed from step {latest}", flush=True)
+    # Each host its own samples; a resumed run draws new ones rather than replaying the first.
+    local_rng = np.random.default_rng([seed, jax.process_index(), start])
 
     def batch():
         x = local_rng.normal(size=(local_batch, FEATURES)).astype(np.float32)
@@ -125,15 +159,25 @@ def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: 
         )
 
     x, y = batch()
-    flops_per_device = step.lower(params, opt_state, x, y).compile().cost_analysis()["flops"]
+    costs = step.lower(params, opt_state, x, y).compile().cost_analysis()
+    if not costs:
+        raise RuntimeError("XLA gave no cost analysis for the training step")
+    flops_per_device = costs["flops"]
     losses = []
-    for i in range(steps):
-        if i == 1:  # step 0 compiled; time the rest
-            start = time.perf_counter()
+    timed_from = time.perf_counter()
+    for i in range(start, steps):
+        if i == start + 1:  # the first step of this run compiled; time the rest
+            timed_from = time.perf_counter()
         params, opt_state, loss = step(params, opt_state, x, y)
         losses.append(float(loss))  # also waits for the step
+        if manager is not None:
+            manager.save(i + 1, args=ocp.args.StandardSave((params, opt_state)), force=i + 1 == steps)
         x, y = batch()
-    steps_per_s = (steps - 1) / (time.perf_counter() - start)
+    timed = len(losses) - 1
+    steps_per_s = timed / (time.perf_counter() - timed_from) if timed > 0 else 0.0
+    if manager is not None:
+        manager.wait_until_finished()
+        manager.close()
     return TrainReport(
         devices=jax.device_count(),
         device_kind=jax.devices()[0].device_kind,
@@ -143,6 +187,7 @@ def train(steps: int = 30, batch_per_device: int = 32, hidden: int = 256, seed: 
         samples_per_s=steps_per_s * global_batch,
         flops_per_step=flops_per_device * jax.device_count(),
         flops_source="the compiled step's cost_analysis",
+        first_step=start,
     )
 
 
@@ -150,7 +195,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax_train", description=__doc__.splitlines()[0])
     add_training_args(parser, "--batch-per-device", 32)
     parser.add_argument("--coordinator-port", type=int, default=names.JAX_COORDINATOR_PORT)
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="save and resume with orbax-checkpoint here (gs://... on Cloud TPU; shared by every host)",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=_positive_int, default=10, metavar="K", help="save every K steps"
+    )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> TrainReport:
@@ -158,7 +218,14 @@ def run(args: argparse.Namespace) -> TrainReport:
         1, slice_name=args.slice_name, accelerator_type=args.accelerator_type
     )
     print(f"slice {tpu_slice.describe()}", flush=True)
-    job = functools.partial(train, args.steps, args.batch_per_device, args.hidden)
+    job = functools.partial(
+        train,
+        args.steps,
+        args.batch_per_device,
+        args.hidden,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+    )
     reports = _jax_hosts.run_on_hosts(
         job, [tpu_slice], coordinator_port=args.coordinator_port, timeout_s=args.timeout
     )

@@ -186,3 +186,21 @@ def test_a_workload_exits_with_the_code_of_the_error_it_hit(monkeypatch, capsys,
 
     assert _cluster.run_main(argparse.ArgumentParser(), body, []) == code
     assert capsys.readouterr().err == f"error: {error}\n"
+
+
+def test_jax_train_resumes_from_its_latest_checkpoint_and_the_loss_continues(tmp_path, capsys):
+    from rayslice.workloads.jax_train import train
+
+    first = train(steps=8, batch_per_device=32, hidden=64, checkpoint_dir=str(tmp_path), checkpoint_every=3)
+    assert "resumed" not in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["6", "8"]  # max_to_keep=2
+
+    resumed = train(
+        steps=14, batch_per_device=32, hidden=64, checkpoint_dir=str(tmp_path), checkpoint_every=3
+    )
+    assert "resumed from step 8" in capsys.readouterr().out.splitlines()
+    assert resumed.first_step == 8 and len(resumed.losses) == 6
+    assert resumed.lines()[0].startswith("step   8  loss")
+    # It continues where the first run stopped, far below where a fresh run starts.
+    assert resumed.losses[0] < first.losses[0] / 2
+    assert resumed.losses[0] < 2 * first.losses[-1]
