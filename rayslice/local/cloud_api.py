@@ -262,6 +262,10 @@ class CloudApiEmulator(ThreadingHTTPServer):
         self.tpu_guest: dict[tuple[str, int], dict[str, dict[str, str]]] = {}  # (node, worker) -> ...
         self.guest_source: Callable[[str], dict[str, dict[str, str]] | None] | None = None
         self.fail_creates = 0  # the next N create/insert operations end in an error
+        # The simulator's hooks: a slice's hosts power off when its deletion finishes and boot
+        # when its recreation finishes (called with the slice name, under the emulation's lock).
+        self.on_slice_down: Callable[[str], None] | None = None
+        self.on_slice_up: Callable[[str], None] | None = None
         self.calls: list[Call] = []
         self.tokens: set[str] = set()
         self._operations: dict[str, _Operation] = {}
@@ -438,6 +442,11 @@ class CloudApiEmulator(ThreadingHTTPServer):
         operation.polls_left -= 1
         return copy.deepcopy(operation.body)
 
+    @staticmethod
+    def _hook(hook: Callable[[str], None] | None, name: str) -> None:
+        if hook is not None:
+            hook(name)
+
     def _take_failure(self) -> bool:
         if self.fail_creates > 0:
             self.fail_creates -= 1
@@ -462,6 +471,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
 
         def finish() -> str | None:
             self.state.nodes.pop(key, None)
+            self._hook(self.on_slice_down, p["name"])
             return None
 
         return self._tpu_operation(p["project"], p["zone"], "delete", node["name"], finish)
@@ -482,6 +492,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
                 self.state.nodes.pop(key, None)
                 return "There is no more capacity in the zone (emulated stockout)"
             node["state"] = "READY"
+            self._hook(self.on_slice_up, name)
             return None
 
         return self._tpu_operation(p["project"], p["zone"], "create", node["name"], finish)
@@ -519,6 +530,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
         def finish() -> str | None:
             for table in (self.state.migs, self.state.instances, self.state.configs):
                 table.pop(key, None)
+            self._hook(self.on_slice_down, p["name"])
             return None
 
         return self._compute_operation(p["project"], p["zone"], "delete", mig["selfLink"], finish)
@@ -550,6 +562,8 @@ class CloudApiEmulator(ThreadingHTTPServer):
                 return "ZONE_RESOURCE_POOL_EXHAUSTED (emulated stockout)"
             for instance in self.state.instances.get(key, []):
                 instance.update(currentAction="NONE", instanceStatus="RUNNING")
+            if size:
+                self._hook(self.on_slice_up, name)
             return None
 
         return self._compute_operation(p["project"], p["zone"], "insert", mig["selfLink"], finish)
@@ -576,6 +590,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
         def finish() -> str | None:
             for instance in instances:
                 instance.update(currentAction="NONE", instanceStatus="RUNNING")
+            self._hook(self.on_slice_up, p["name"])
             return None
 
         return self._compute_operation(p["project"], p["zone"], "createInstances", mig["selfLink"], finish)

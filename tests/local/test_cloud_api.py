@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -88,3 +89,42 @@ def test_an_operation_is_done_only_after_it_was_polled(cloud: CloudApiEmulator) 
     assert [p["done"] for p in polls] == [False, True]
     assert requests.get(f"{base}/nodes/n", headers=auth, timeout=10).status_code == 404
     assert json.dumps(polls[1]).count("error") == 0
+
+
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_the_simulator_hooks_fire_once_per_slice_when_deletion_and_recreation_finish(
+    cloud: CloudApiEmulator, platform: str
+) -> None:
+    seen: list[tuple[str, str]] = []
+    cloud.on_slice_down = lambda name: seen.append(("down", name))
+    cloud.on_slice_up = lambda name: seen.append(("up", name))
+    cloud.tokens.add("t")
+    auth = {"Authorization": "Bearer t"}
+    steps: list[tuple[str, str, dict[str, Any] | None]]
+    if platform == "tpu-vm":
+        cloud.add_node("p", "z", "s")
+        base = f"{cloud.url}/v2/projects/p/locations/z"
+        steps = [
+            ("DELETE", f"{base}/nodes/s", None),
+            ("POST", f"{base}/nodes?nodeId=s", {"acceleratorType": "v6e-16"}),
+        ]
+    else:
+        cloud.add_mig("p", "z", "s", ["s-w0"])
+        base = f"{cloud.url}/compute/v1/projects/p/zones/z/instanceGroupManagers"
+        steps = [
+            ("DELETE", f"{base}/s", None),
+            ("POST", base, {"name": "s", "targetSize": 0}),
+            ("POST", f"{base}/s/createInstances", {"instances": [{"name": "s-w0"}]}),
+        ]
+    for method, url, body in steps:
+        before = list(seen)
+        operation = requests.request(method, url, json=body, headers=auth, timeout=10).json()
+        assert seen == before  # nothing happens to the hosts before the operation finishes
+        poll = (
+            f"{cloud.url}/v2/{operation['name']}"
+            if platform == "tpu-vm"
+            else f"{base.rsplit('/', 1)[0]}/operations/{operation['name']}"
+        )
+        for _ in range(2):
+            requests.get(poll, headers=auth, timeout=10)
+    assert seen == [("down", "s"), ("up", "s")]
