@@ -261,6 +261,7 @@ class CloudApiEmulator(ThreadingHTTPServer):
         self.guest: dict[str, dict[str, dict[str, str]]] = {}  # instance -> namespace -> key -> value
         self.tpu_guest: dict[tuple[str, int], dict[str, dict[str, str]]] = {}  # (node, worker) -> ...
         self.guest_source: Callable[[str], dict[str, dict[str, str]] | None] | None = None
+        self.worker_guest_source: Callable[[str, int], dict[str, dict[str, str]] | None] | None = None
         self.fail_creates = 0  # the next N create/insert operations end in an error
         # The simulator's hooks: a slice's hosts power off when its deletion finishes and boot
         # when its recreation finishes (called with the slice name, under the emulation's lock).
@@ -505,6 +506,8 @@ class CloudApiEmulator(ThreadingHTTPServer):
         answer = []
         for worker in workers:
             attributes = self.tpu_guest.get((p["name"], worker), {})
+            if self.worker_guest_source is not None:
+                attributes = self.worker_guest_source(p["name"], worker) or attributes
             answer.append({"queryPath": query, "queryValue": {"items": _entries(attributes, query)}})
         return {"guestAttributes": answer}
 
