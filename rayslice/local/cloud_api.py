@@ -37,7 +37,7 @@ import json
 import re
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -51,6 +51,8 @@ from google.auth import jwt
 # google-auth signs every service-account assertion for Google's token endpoint, whatever
 # token_uri the key file names; Google checks this audience, so the emulation does too.
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
+ADMIN_PREFIX = "/rayslice-local/preempt/"
+ADMIN_HEADER = "X-Rayslice-Simulator"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 TPU_OPERATION_METADATA = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 TPU_NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
@@ -267,6 +269,9 @@ class CloudApiEmulator(ThreadingHTTPServer):
         # when its recreation finishes (called with the slice name, under the emulation's lock).
         self.on_slice_down: Callable[[str], None] | None = None
         self.on_slice_up: Callable[[str], None] | None = None
+        # ``POST /rayslice-local/preempt/<slice>`` with header ADMIN_HEADER: `rayslice local preempt`.
+        self.admin_token = ""
+        self.admin_preempt: Callable[[str], Sequence[str]] | None = None
         self.calls: list[Call] = []
         self.tokens: set[str] = set()
         self._operations: dict[str, _Operation] = {}
@@ -640,6 +645,8 @@ class CloudApiEmulator(ThreadingHTTPServer):
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if url.path == "/token" and method == "POST":
             return self._token({k: v[-1] for k, v in parse_qs(raw.decode()).items()})
+        if url.path.startswith(ADMIN_PREFIX) and method == "POST":
+            return self._admin(url.path[len(ADMIN_PREFIX) :], headers)
         route, params = _match(method, url.path)
         body: Any = None
         with self.lock:
@@ -662,6 +669,22 @@ class CloudApiEmulator(ThreadingHTTPServer):
                 status, answer = 400, ApiError(400, "INVALID_ARGUMENT", f"bad request: {exc}").body()
             call.status, call.response = status, answer
             return status, answer
+
+    def _admin(self, name: str, headers: dict[str, str]) -> tuple[int, Any]:
+        """The simulator's own preemption request (not a Google API): needs `admin_token`."""
+        given = headers.get(ADMIN_HEADER.lower(), "")
+        if (
+            self.admin_preempt is None
+            or not self.admin_token
+            or not secrets.compare_digest(given, self.admin_token)
+        ):
+            return 403, {
+                "error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}
+            }
+        try:
+            return 200, {"preempted": name, "hosts": list(self.admin_preempt(name))}
+        except KeyError as exc:
+            return 404, {"error": {"code": 404, "message": str(exc.args[0]), "status": "NOT_FOUND"}}
 
     def _token(self, form: dict[str, str]) -> tuple[int, Any]:
         """RFC 7523 JWT-bearer grant, as Google's token endpoint takes it from a service account."""

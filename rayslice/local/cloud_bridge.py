@@ -13,12 +13,22 @@ without root; the real `rayslice.local.simulator.Simulation` satisfies it.
 
 from __future__ import annotations
 
+import argparse
+import json
+import secrets
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
-from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.errors import SimulatorError
+from rayslice.local.cloud_api import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
+from rayslice.local.host_metadata import numeric_id
+from rayslice.local.private_files import write_private
 from rayslice.local.state import ROLE_HEAD_VM, Plan
-from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
+from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
 from rayslice.spec import ClusterSpec
 
 LOCAL_PROJECT = "rayslice-local"  # the project the emulation uses when the spec names none
@@ -106,3 +116,71 @@ def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec
             sim.power_off(host)
         emulator.preempt(project_of(spec), str(spec.zone), name)
     return hosts
+
+
+# ---- the emulation as a process of a simulation (root) ---------------------------------------
+
+ENDPOINT_FILE = "cloud-api.json"  # in the state dir, 0600: the emulation's URL and admin token
+DEFAULT_PORT = 8780
+
+
+def head_token(spec: ClusterSpec) -> str:
+    """The access token the simulated head VM's metadata server hands out (host_metadata)."""
+    return f"simulated-token-{numeric_id(head_name(spec.name))}"
+
+
+def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
+    """Serve the emulation on the simulation's bridge address until killed.
+
+    Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of every
+    host's link); the head VM's metadata token is accepted as a token the emulation issued, as
+    Google accepts a VM's service-account token.
+    """
+    from rayslice.local.simulator import Simulation
+
+    sim = Simulation.open(state_dir)
+    spec = sim.spec()
+    emulator = CloudApiEmulator((sim.plan.gateway, port))
+    attach(emulator, sim, spec)
+    emulator.tokens.add(head_token(spec))
+    emulator.admin_token = secrets.token_urlsafe(24)
+    emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
+    write_private(
+        state_dir / ENDPOINT_FILE, json.dumps({"url": emulator.url, "admin_token": emulator.admin_token})
+    )
+    emulator.serve_forever()
+
+
+def request_preempt(state_dir: Path, name: str) -> list[str]:
+    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`."""
+    try:
+        endpoint = json.loads((state_dir / ENDPOINT_FILE).read_text())
+    except FileNotFoundError as exc:
+        raise SimulatorError(
+            f"no cloud API emulation runs for the simulation in {state_dir} (start it with "
+            f"`python -m rayslice.local.cloud_bridge --state-dir {state_dir}`)"
+        ) from exc
+    request = urllib.request.Request(
+        f"{endpoint['url']}{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}",
+        data=b"",
+        method="POST",
+        headers={ADMIN_HEADER: endpoint["admin_token"]},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return list(json.loads(response.read())["hosts"])
+    except urllib.error.HTTPError as exc:
+        message = json.loads(exc.read() or b"{}").get("error", {}).get("message", str(exc))
+        raise SimulatorError(f"cannot preempt {name}: {message}") from exc
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rayslice.local.cloud_bridge")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    args = parser.parse_args(argv)
+    serve(args.state_dir, args.port)
+
+
+if __name__ == "__main__":
+    main()

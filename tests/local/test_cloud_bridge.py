@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from rayslice import spec as spec_module
+from rayslice.errors import SimulatorError
 from rayslice.local import cloud_bridge
 from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.local.private_files import write_private
 from rayslice.local.state import Plan, make_plan
 from rayslice.recovery.cloud import CloudClient, Location, default_session
 from rayslice.recovery.commands import gather
@@ -84,3 +86,29 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
     assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
     if platform == "compute":
         assert [h["name"] for h in data["slices"][1]["hosts"]] == victims
+
+
+def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
+    cloud: CloudApiEmulator, tmp_path: Path
+) -> None:
+    spec = spec_module.load({"slices": 2, "capacity": "spot", "platform": "compute"}, require_zone=False)
+    sim = Recording(make_plan(spec, run_id="c1d2e3", network=ipaddress.IPv4Network("10.78.0.0/24")))
+    cloud_bridge.attach(cloud, sim, spec)
+    cloud.admin_token = "s3cret-admin"
+    cloud.admin_preempt = lambda name: cloud_bridge.preempt(cloud, sim, spec, name)
+    endpoint = tmp_path / cloud_bridge.ENDPOINT_FILE
+
+    with pytest.raises(SimulatorError, match="no cloud API emulation runs"):
+        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
+    write_private(endpoint, json.dumps({"url": cloud.url, "admin_token": "guess"}))
+    with pytest.raises(SimulatorError, match="not the simulator"):
+        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
+    assert sim.actions == []
+
+    write_private(endpoint, json.dumps({"url": cloud.url, "admin_token": "s3cret-admin"}))
+    with pytest.raises(SimulatorError, match="no slice 'other-slice-0'"):
+        cloud_bridge.request_preempt(tmp_path, "other-slice-0")
+    hosts = cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
+    assert hosts == cloud_bridge.slice_hosts(sim.plan, 0) and sim.actions == [("off", h) for h in hosts]
+    assert cloud.state.instances[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-0")] == []
+    assert endpoint.stat().st_mode & 0o777 == 0o600
