@@ -183,7 +183,12 @@ class Simulation:
         state_dir = Path(os.path.abspath(state_dir))
         if not os.path.lexists(state_dir):
             raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")
-        check_private(state_dir, directory=True)
+        info = check_private(state_dir, directory=True)
+        if not os.access(state_dir, os.R_OK | os.X_OK):
+            raise SimulatorError(
+                f"{state_dir} is private to uid {info.st_uid} (mode {info.st_mode & 0o777:o}, see "
+                "docs/simulator.md); run this as that user, e.g. with sudo"
+            )
         state = SimulationState.load(state_dir)
         if state is None:
             raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")

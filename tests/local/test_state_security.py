@@ -176,6 +176,13 @@ def test_a_state_file_that_is_a_symlink_or_writable_by_others_is_refused(tmp_pat
         Simulation.open(state_dir)
 
 
+def test_a_state_dir_the_caller_cannot_read_says_whose_it_is(tmp_path, monkeypatch):
+    _saved_state(tmp_path / "sim")
+    monkeypatch.setattr(simulator.os, "access", lambda path, mode: False)  # as another, non-root user
+    with pytest.raises(SimulatorError, match=f"private to uid {os.geteuid()} .*sudo"):
+        Simulation.open(tmp_path / "sim")
+
+
 def test_a_recorded_pid_outside_the_hosts_namespace_is_not_ours():
     assert not in_netns(os.getpid(), "rsl-a1b2c3-no-such-host")
     assert not in_netns(2**22 + 7, "rsl-a1b2c3-no-such-host")  # no such process
