@@ -215,3 +215,19 @@ def restart_head_command(state_dir: Path | None) -> int:
         if host.name != head.name:
             click.echo(f"{host.name}: untouched; its Ray node rejoins the head once it is back")
     return EXIT_OK
+
+
+@local_group.command("preempt")
+@state_dir_option
+@click.argument("slice_name", metavar="SLICE")
+def preempt_command(state_dir: Path | None, slice_name: str) -> int:
+    """Power off every host of SLICE and have the cloud API emulation report it preempted.
+
+    Needs the simulation's cloud API emulation (`rayslice.local.cloud_bridge`) to be running.
+    """
+    from rayslice.local.cloud_bridge import request_preempt  # the emulation's client, only here
+
+    require_root()
+    hosts = request_preempt(state_dir or default_state_dir(), slice_name)
+    click.echo(f"preempted {slice_name}: powered off {', '.join(hosts)}")
+    return EXIT_OK

@@ -112,3 +112,25 @@ def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
     assert hosts == cloud_bridge.slice_hosts(sim.plan, 0) and sim.actions == [("off", h) for h in hosts]
     assert cloud.state.instances[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-0")] == []
     assert endpoint.stat().st_mode & 0o777 == 0o600
+
+
+def test_rayslice_local_preempt_command(
+    cloud: CloudApiEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rayslice import cli
+
+    spec = spec_module.load({"slices": 2, "capacity": "spot", "platform": "tpu-vm"}, require_zone=False)
+    sim = Recording(make_plan(spec, run_id="d1e2f3", network=ipaddress.IPv4Network("10.79.0.0/24")))
+    cloud_bridge.attach(cloud, sim, spec)
+    cloud.admin_token = "t0ken"
+    cloud.admin_preempt = lambda name: cloud_bridge.preempt(cloud, sim, spec, name)
+    write_private(
+        tmp_path / cloud_bridge.ENDPOINT_FILE, json.dumps({"url": cloud.url, "admin_token": "t0ken"})
+    )
+    assert cli.main(["local", "preempt", "--state-dir", str(tmp_path), "rayslice-slice-1"]) == 0
+    hosts = cloud_bridge.slice_hosts(sim.plan, 1)
+    assert capsys.readouterr().out.strip() == f"preempted rayslice-slice-1: powered off {', '.join(hosts)}"
+    node = cloud.state.nodes[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-1")]
+    assert node["state"] == "PREEMPTED"
+    assert cli.main(["local", "preempt", "--state-dir", str(tmp_path), "rayslice-slice-9"]) == 2
+    assert "no slice 'rayslice-slice-9'" in capsys.readouterr().err
