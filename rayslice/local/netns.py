@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from rayslice.errors import SimulatorError
 from rayslice.local.metadata import METADATA_HOST, METADATA_IP
 from rayslice.local.processes import cmdline
 
@@ -27,8 +28,9 @@ NETNS_RUN = Path("/run/netns")  # where `ip netns add` pins each named namespace
 CANDIDATE_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
 
 
-class NetnsError(RuntimeError):
-    """An `ip` command failed; the message holds the command and its stderr."""
+# A failed `ip` command is a simulator failure: the message holds the command and its stderr.
+# The name stays for importers; rayslice.errors holds the classes.
+NetnsError = SimulatorError
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rayslice.errors import SimulatorError
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.variables import requirement_lines
 
@@ -36,7 +37,7 @@ def ensure_wheelhouse(directory: Path, spec: ClusterSpec) -> Path:
     )
     if result.returncode != 0:
         errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
-        raise RuntimeError(
+        raise SimulatorError(
             f"could not build the wheelhouse in {directory}: {' '.join(errors) or result.stderr[-500:]}"
         )
     return directory

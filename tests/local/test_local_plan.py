@@ -9,7 +9,7 @@ import random
 import pytest
 
 from rayslice import cli, spec
-from rayslice.errors import EXIT_INVALID
+from rayslice.errors import EXIT_INVALID, SimulatorError
 from rayslice.local import simulator, status
 from rayslice.local.netns import CANDIDATE_SPACE, free_subnet
 from rayslice.local.processes import ProcessRef
@@ -80,7 +80,7 @@ def test_subnet_sizes_and_choice_avoid_used_networks():
     for seed in range(20):
         net = free_subnet(24, used, random.Random(seed))
         assert net.subnet_of(CANDIDATE_SPACE) and not net.overlaps(used[0])
-    with pytest.raises(RuntimeError, match="no free"):
+    with pytest.raises(SimulatorError, match="no free"):
         free_subnet(24, [CANDIDATE_SPACE], random.Random(0))
 
 
