@@ -26,6 +26,7 @@ import pytest
 from rayslice import spec as specs
 from rayslice.infra.gke import kuberay
 from rayslice.startup_scripts import pod
+from rayslice.startup_scripts.templating import render_template
 
 VENV = Path(sys.executable).parent.parent
 
@@ -270,6 +271,43 @@ def test_token_auth_reaches_ray_from_kuberays_injected_environment(tmp_path, fak
         assert result.returncode == 0, result.stderr
         assert started["env"]["RAY_AUTH_MODE"] == "token" and started["env"]["RAY_AUTH_TOKEN"] == token
         assert token not in result.stderr + result.stdout
+
+
+def test_pod_installs_its_requirements_from_a_wheelhouse_before_starting_ray(tmp_path, fake_ray):
+    """The install block the boot script shares, run by the pod script with the image's pip: here
+    a fresh venv's python3 stands in for the image's, and the requirement is one small wheel from
+    the repo's wheelhouse (the jax preset would take minutes)."""
+    wheelhouse = Path(__file__).resolve().parents[2] / ".wheelhouse"
+    six = next(wheelhouse.glob("six-*.whl"), None)
+    if six is None:
+        pytest.fail(f"{wheelhouse} lacks six; build it with rayslice.local.wheelhouse")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    shutil.copy(six, wheels)
+    image = tmp_path / "image-python"
+    subprocess.run([sys.executable, "-m", "venv", str(image)], check=True, timeout=120)
+    (image / "bin" / "ray").symlink_to(fake_ray / "bin" / "ray")
+    cluster_spec = gke_spec("v6e-4", slices=1)
+    hosts, ips = hosts_file(tmp_path, cluster_spec)
+    variables = {**pod.pod_variables(cluster_spec, f"wheels:{wheels}"), "requirements": ["six"]}
+    script = tmp_path / "pod-start.sh"
+    script.write_text(render_template(pod.TEMPLATE, **variables))
+    [group] = kuberay.raycluster_manifest(cluster_spec)["spec"]["workerGroupSpecs"]
+    env = pod_env(
+        cluster_spec,
+        {pod.LABEL_REPLICA_INDEX: "0"},
+        ips["demo-s0-h0"],
+        kuberay_start_command(group["rayStartParams"], "head.invalid:6379"),
+        tmp_path,
+    )
+    out = tmp_path / "ray.json"
+    env.update(PATH=f"{image / 'bin'}:{env['PATH']}", FAKE_RAY_OUT=str(out))
+    result = subprocess.run(pod_command(script, hosts), env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "installing six" in result.stderr
+    check = subprocess.run([str(image / "bin" / "python"), "-c", "import six"], capture_output=True)
+    assert check.returncode == 0  # installed into the image's Python, offline, before Ray started
+    assert json.loads(out.read_text())["argv"][0] == "start"
 
 
 @pytest.mark.parametrize(
