@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,25 @@ def test_jax_train_loss_falls_and_flops_are_reported(cluster):
     assert re.search(
         r"^16 x cpu, global batch 512: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s", result.stdout, re.M
     )
+
+
+def test_jax_train_resumes_from_its_checkpoint_on_a_slice(cluster):
+    # Under /var/tmp: every simulated host sees it (each has its own /tmp), as every TPU host sees
+    # the same gs:// bucket.
+    checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))
+    try:
+        options = ("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "3")
+        first = rayslice_run(cluster, "jax_train", "--steps", "6", *options)
+        assert first.returncode == 0
+        assert "resumed from step" not in first.stdout
+        second = rayslice_run(cluster, "jax_train", "--steps", "10", *options)
+        assert second.returncode == 0
+        assert re.search(r"resumed from step 6$", second.stdout, re.M)
+        steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", second.stdout, re.M)]
+        assert steps == [6, 7, 8, 9]
+        assert losses(second.stdout)[0] < losses(first.stdout)[0]
+    finally:
+        shutil.rmtree(checkpoints, ignore_errors=True)
 
 
 def test_a_job_asking_for_more_chips_than_a_host_has_fails_clearly(single):
