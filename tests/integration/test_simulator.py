@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -218,6 +219,43 @@ def test_metadata_fault_knobs_and_a_host_that_never_boots(simulation_dir):
     assert probe.returncode == 28, "connected, then no answer: curl's timeout"
     sim.restart_metadata(silent)
     _wait(lambda: sim.states()[silent] == "joined", 60)
+
+
+@pytest.mark.parametrize("backend", [firewall.NFT, firewall.IPTABLES])
+def test_each_filter_backend_removes_exactly_its_own_run(backend):
+    """Two runs' rules side by side: removing one leaves the other, and removing twice is harmless."""
+    if shutil.which(backend) is None:
+        pytest.fail(
+            f"{backend} is not installed; the simulator's packet filter needs it (apt-get install nftables)"
+        )
+
+    def present(run_id: str) -> bool:
+        if backend == firewall.NFT:
+            return (
+                subprocess.run(
+                    ["nft", "list", "table", "inet", f"rsl{run_id}"], capture_output=True
+                ).returncode
+                == 0
+            )
+        checks = [
+            [tool, "-w", "-C", chain, *rule] for tool, chain, *rule in firewall.iptables_rules(run_id, net)
+        ]
+        return all(subprocess.run(c, capture_output=True).returncode == 0 for c in checks)
+
+    net = "100.127.255.0/24"
+    mine, other = "f1f1f1", "f2f2f2"
+    try:
+        firewall.install(backend, mine, net)
+        firewall.install(backend, other, net)
+        assert present(mine) and present(other)
+        firewall.remove(backend, mine, net)
+        assert not present(mine) and present(other)
+        firewall.remove(backend, mine, net)
+        assert present(other)
+    finally:
+        firewall.remove(backend, mine, net)
+        firewall.remove(backend, other, net)
+    assert not present(other)
 
 
 # ---- the real startup script, through the CLI ---------------------------------------------------
