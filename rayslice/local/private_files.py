@@ -55,8 +55,10 @@ def check_private(path: Path, *, directory: bool) -> os.stat_result:
 def ensure_private_dir(path: Path) -> Path:
     """Create `path` (and missing parents) 0700, or accept an existing one that passes `check_private`.
 
-    An existing directory is narrowed to 0700 through a descriptor opened with O_NOFOLLOW, so
-    the mode lands on the directory that was checked.
+    An existing empty directory is narrowed to 0700 through a descriptor opened with O_NOFOLLOW,
+    so the mode lands on the directory that was checked. A non-empty one that is not 0700 yet is
+    refused: it holds someone's files (``--state-dir .`` in a project), whose mode is not ours to
+    change.
     """
     path = Path(os.path.abspath(path))
     if not os.path.lexists(path):
@@ -65,6 +67,11 @@ def ensure_private_dir(path: Path) -> Path:
             os.mkdir(path, PRIVATE_DIR_MODE)
     info = check_private(path, directory=True)
     if stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
+        if any(path.iterdir()):
+            raise SimulatorError(
+                f"refusing {path}: it holds other files and is not private (mode "
+                f"{stat.S_IMODE(info.st_mode):o}); give the simulation a new or empty directory"
+            )
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             os.fchmod(fd, PRIVATE_DIR_MODE)

@@ -62,6 +62,16 @@ def test_an_existing_dir_of_ours_is_narrowed_to_0700(tmp_path):
     assert _mode(loose) == 0o700
 
 
+def test_a_non_private_dir_with_other_files_is_refused_not_narrowed(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o755)
+    (project / "notes.txt").write_text("mine")
+    with pytest.raises(SimulatorError, match="new or empty directory"):
+        ensure_private_dir(project)
+    assert _mode(project) == 0o755
+
+
 def test_a_symlinked_state_dir_is_refused(tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
