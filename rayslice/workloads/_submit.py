@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import difflib
-import importlib
 import os
 import pkgutil
 import shlex
@@ -71,10 +70,9 @@ REJOIN_TIMEOUT_S = 1800.0
 # Subpackages a job never needs on the cluster: only the core and the workloads are staged.
 NOT_SHIPPED = ("infra", "local", "startup_scripts", "__pycache__", "*.pyc")
 
-# The entry point that, when the simulator is installed, names the module offering its cluster.
-# Going through the registry keeps `rayslice.workloads` free of any import of `rayslice.local`.
-SIMULATOR_COMMAND = "local"
-COMMANDS_GROUP = "rayslice.commands"
+# Packages that can offer a default cluster register a finder here (the simulator does), so
+# `rayslice.workloads` never imports them.
+CLUSTERS_GROUP = "rayslice.clusters"
 
 
 def workloads() -> dict[str, str]:
@@ -108,15 +106,13 @@ def jobs_url(address: str) -> str:
 def simulated_cluster() -> tuple[str, Path | None] | None:
     """(dashboard URL, token file) of the simulated slice in the default state dir, if one is up.
 
-    The simulator offers it through `default_cluster()` in the module its `local` command is
-    registered from; a client installed without the simulator has no such entry and gets None.
+    The simulator registers its finder under ``rayslice.clusters``; a client installed without
+    the simulator has no such entry and gets None.
     """
-    for entry in entry_points(group=COMMANDS_GROUP, name=SIMULATOR_COMMAND):
-        finder: Callable[[], tuple[str, Path | None] | None] | None = getattr(
-            importlib.import_module(entry.module), "default_cluster", None
-        )
-        if finder is not None:
-            return finder()
+    for entry in entry_points(group=CLUSTERS_GROUP):
+        finder: Callable[[], tuple[str, Path | None] | None] = entry.load()
+        if (found := finder()) is not None:
+            return found
     return None
 
 

@@ -230,7 +230,7 @@ def test_local_status_needs_no_root(monkeypatch, tmp_path, capsys):
 
 
 def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path):
-    """`rayslice run`'s discovery goes through the `local` entry point to `default_cluster`."""
+    """`rayslice run` finds the simulation through the `rayslice.clusters` entry point, `default_cluster`."""
     from rayslice.local.commands import default_cluster
     from rayslice.local.state import STATE_DIR_ENV
     from rayslice.workloads import _submit
