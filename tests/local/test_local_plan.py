@@ -290,3 +290,27 @@ def test_status_on_a_state_dir_it_cannot_read_says_whose_it_is(monkeypatch, tmp_
     assert cli.main(["local", "status", "--state-dir", str(tmp_path)]) == EXIT_INVALID
     err = capsys.readouterr().err
     assert f"cannot read {tmp_path / 'state.json'}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flags", "insecure"), [([], False), (["--insecure"], True)])
+def test_local_up_hands_insecure_to_the_simulation_only_when_asked(
+    monkeypatch, capsys, tmp_path, flags, insecure
+):
+    seen = {}
+
+    def create(spec, state_dir, **kwargs):
+        seen.update(kwargs)
+        raise SimulatorError("stop before creating anything")
+
+    monkeypatch.setattr(simulator.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(simulator.Simulation, "create", create)
+    assert cli.main(["local", "up", "--state-dir", str(tmp_path), *flags]) == EXIT_INVALID
+    assert seen["insecure"] is insecure
+    assert "stop before creating anything" in capsys.readouterr().err
+
+
+def test_rayauth_none_without_insecure_is_refused_and_names_the_flag():
+    cluster = spec.load({"acceleratorType": "v6e-4", "rayAuth": "none"}, require_zone=False)
+    with pytest.raises(SimulatorError, match="--insecure"):
+        simulator._auth_spec(cluster, insecure=False)
+    assert simulator._auth_spec(cluster, insecure=True).ray_auth == "none"
