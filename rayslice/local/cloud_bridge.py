@@ -121,6 +121,7 @@ def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
 
 ENDPOINT_FILE = "cloud-api.json"  # in the state dir, 0600: the emulation's URL and admin token
+CREDENTIALS_FILE = "cloud-api-credentials.json"  # 0600: ADC for `rayslice status` on the simulation
 DEFAULT_PORT = 8780
 
 
@@ -145,8 +146,12 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     emulator.tokens.add(head_token(spec))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
+    # The owner's credentials for `rayslice status` against the simulation: a service-account
+    # key the emulation made (GOOGLE_APPLICATION_CREDENTIALS), beside the endpoint overrides.
+    write_private(state_dir / CREDENTIALS_FILE, json.dumps(emulator.service_account_info(project_of(spec))))
     write_private(
-        state_dir / ENDPOINT_FILE, json.dumps({"url": emulator.url, "admin_token": emulator.admin_token})
+        state_dir / ENDPOINT_FILE,
+        json.dumps({"url": emulator.url, "admin_token": emulator.admin_token, "env": emulator.environment()}),
     )
     emulator.serve_forever()
 

@@ -8,8 +8,8 @@ Endpoints. The base URLs are Google's (the discovery documents' ``rootUrl`` + ``
 unless overridden with the variables gcloud itself reads for its ``api_endpoint_overrides``
 properties, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU`` and ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``.
 The simulator's emulation (`rayslice.local.cloud_api`) is reached only through these: there is
-no second code path. An override that is not https is accepted only for a loopback or private IP
-address, so a bearer token never crosses the internet in clear.
+no second code path. An override that is not https is accepted only for a loopback, private or
+RFC 6598 shared IP address, so a bearer token never crosses the internet in clear.
 
 Every mutating call takes the set of names it may touch and refuses any other
 (`RefusedResource`): the controller's own check is the first guard, this is the second.
@@ -40,6 +40,8 @@ COMPUTE_DEFAULT = "https://compute.googleapis.com/compute/v1/"
 TPU_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
 COMPUTE_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
 REQUEST_TIMEOUT_S = 30.0
+# RFC 6598 shared address space: not routed on the internet (the simulator's bridges use it).
+SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
 
 
 class RefusedResource(InvalidInput):
@@ -67,7 +69,9 @@ def endpoint(env: str, default: str, environ: Mapping[str, str] | None = None) -
             address = ipaddress.ip_address(url.hostname)
         except ValueError:
             address = None
-        if address is None or not (address.is_loopback or address.is_private):
+        if address is None or not (
+            address.is_loopback or address.is_private or address in SHARED_ADDRESS_SPACE
+        ):
             raise InvalidInput(
                 f"{env}={value!r}: plain http is allowed only to a loopback or private IP address "
                 "(credentials would cross the network in clear); use https"

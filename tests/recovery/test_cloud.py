@@ -28,11 +28,13 @@ def test_endpoints_default_to_googles_and_follow_gclouds_override_variables() ->
     assert (
         endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, env) == "https://compute.example.internal/compute/v1/"
     )
-    for allowed in ("http://127.0.0.1:9000/", "http://10.88.0.1:8080/"):
+    for allowed in ("http://127.0.0.1:9000/", "http://10.88.0.1:8080/", "http://100.71.76.1:8780/"):
         assert endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {TPU_ENDPOINT_ENV: allowed}) == allowed
 
 
-@pytest.mark.parametrize("value", ["http://tpu.example.com/", "http://8.8.8.8/", "ftp://10.0.0.1/", "tpu"])
+@pytest.mark.parametrize(
+    "value", ["http://tpu.example.com/", "http://8.8.8.8/", "http://100.128.0.1/", "ftp://10.0.0.1/", "tpu"]
+)
 def test_an_override_that_would_send_the_token_in_clear_over_the_internet_is_refused(value: str) -> None:
     with pytest.raises(InvalidInput, match=TPU_ENDPOINT_ENV):
         endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {TPU_ENDPOINT_ENV: value})
