@@ -83,7 +83,7 @@ def main() -> None:
     report = train(args.steps, args.batch_per_device, args.hidden)
     print(
         f"devices: {devices} x {kind}; peak (dense bf16): "
-        f"{'unknown' if peak is None else f'{peak_all / 1e12:.0f} TFLOP/s'}"
+        f"{'unknown' if peak_all is None else f'{peak_all / 1e12:.0f} TFLOP/s'}"
     )
     print(
         f"baseline bf16 matmul {args.matmul_size}^2: {baseline / 1e9:10.2f} GFLOP/s  "
