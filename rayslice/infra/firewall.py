@@ -4,10 +4,10 @@ Ray (GCS, raylets, object managers, workers, Jobs API), the JAX coordinator (847
 0.8.1), megascale (8081) and the TPU runtime all talk between the cluster's own hosts on many
 ports, several chosen at random; one rule allows all TCP/UDP between hosts that carry the
 cluster's network tag instead of chasing port lists (stale port lists are a known cause of JAX
-hangs, e.g. jax#35905 after the coordinator port moved). From outside, SSH comes only from IAP's TCP-forwarding range, and the Ray
-dashboard / Jobs API only from the ranges the user lists. No rule admits 0.0.0.0/0: the spec
-refuses dashboard ranges that cover the whole address space, and nothing else takes a range from
-the user.
+hangs, e.g. jax#35905 after the coordinator port moved). From outside, SSH comes only from
+IAP's TCP-forwarding range, and the Ray dashboard / Jobs API only from the ranges the user
+lists. No rule admits 0.0.0.0/0: the spec refuses dashboard ranges that cover the whole address
+space, and nothing else takes a range from the user.
 """
 
 from __future__ import annotations

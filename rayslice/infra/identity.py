@@ -93,6 +93,18 @@ class ClusterIdentity(pulumi.ComponentResource):
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
             grants.extend(self._token(name, spec, account))
+        if spec.package_index_credentials_secret is not None:
+            # The user's own secret (rayslice never creates or reads it): hosts may read it only.
+            grants.append(
+                gcp.secretmanager.SecretIamMember(
+                    f"{name}-index-credentials-reader",
+                    project=account.project,
+                    secret_id=spec.package_index_credentials_secret,
+                    role=SECRET_ACCESSOR_ROLE,
+                    member=account.member,
+                    opts=child,
+                )
+            )
         self.ready = time.Sleep(
             f"{name}-iam-propagation",
             create_duration=IAM_PROPAGATION_WAIT,

@@ -21,7 +21,7 @@ STARTUP_SCRIPT_KEY = "startup-script"
 # into the metadata Pulumi manages, and the next `pulumi up` would remove them again.
 OS_LOGIN_KEY = "enable-oslogin"
 # Guest attributes are off unless the instance asks for them; the boot script reports its
-# state (installing, waiting-for-head, joined, failed: ...) through them.
+# state (installing, waiting: head, joined, failed: ...) through them.
 GUEST_ATTRIBUTES_KEY = "enable-guest-attributes"
 # The input whose change replaces a host instead of patching it (`replace_on_changes`): the
 # boot script and every attribute it reads only take effect at boot.

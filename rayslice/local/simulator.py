@@ -457,7 +457,7 @@ class Simulation:
         return int(text) if text else None
 
     def states(self) -> dict[str, str]:
-        """Each host's published state (``installing``, ``waiting-for-head``, ``joined``, ``failed: …``).
+        """Each host's published state (``installing``, ``waiting: head``, ``joined``, ``failed: …``).
 
         A script that exited non-zero without publishing a failure reads as ``failed: startup-script
         exited N``, so nobody waits for a host that has given up.

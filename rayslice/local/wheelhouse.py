@@ -1,7 +1,8 @@
 """A local wheelhouse for simulated hosts, which have no internet (as an offline site keeps one).
 
 It holds exactly what the boot script installs for a spec (`variables.requirement_lines`) plus
-uv, downloaded once from the package index with pip for this machine's Python and platform.
+the uv release the boot script pins, downloaded once from the package index with pip for this
+machine's Python and platform.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from rayslice.errors import SimulatorError
 from rayslice.spec import ClusterSpec
-from rayslice.startup_scripts.variables import requirement_lines
+from rayslice.startup_scripts.variables import UV_VERSION, requirement_lines
 
 
 def ensure_wheelhouse(directory: Path, spec: ClusterSpec) -> Path:
@@ -29,7 +30,8 @@ def ensure_wheelhouse(directory: Path, spec: ClusterSpec) -> Path:
             "--dest",
             str(directory),
             *requirement_lines(spec),
-            "uv",
+            # The version the boot script pins by hash: any other would fail --require-hashes.
+            f"uv=={UV_VERSION}",
         ],
         capture_output=True,
         text=True,

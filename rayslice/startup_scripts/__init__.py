@@ -76,14 +76,14 @@ def host_attributes(
     slice_index: int,
     head_address: str | None = None,
     token_secret: str | None = None,
-    index_credentials_secret: str | None = None,
 ) -> dict[str, str]:
     """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`).
 
     On ``platform: compute`` the slice's hosts are plain Compute Engine instances, which may lack
     the Cloud TPU API's identity attributes: they get the slice name and the slice's instance
     names in worker order (`names.host_name`) instead, from which each host finds its worker
-    number. `token_secret` and `index_credentials_secret` are Secret Manager secret *names*.
+    number. `token_secret` and the spec's `package_index_credentials_secret` are Secret Manager
+    secret *names*, never their contents.
     """
     attributes = {
         ATTR_HEAD_MODE: spec.head,
@@ -97,8 +97,8 @@ def host_attributes(
         attributes[ATTR_HEAD_ADDRESS] = head_address
     if token_secret is not None:
         attributes[ATTR_TOKEN_SECRET] = token_secret
-    if index_credentials_secret is not None:
-        attributes[ATTR_INDEX_CREDENTIALS_SECRET] = index_credentials_secret
+    if spec.package_index_credentials_secret is not None:
+        attributes[ATTR_INDEX_CREDENTIALS_SECRET] = spec.package_index_credentials_secret
     if spec.platform == "compute" and slice_index != HEAD_VM_SLICE_INDEX:
         name = spec.slice_name(slice_index)
         attributes[ATTR_SLICE_NAME] = name

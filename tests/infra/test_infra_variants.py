@@ -12,7 +12,7 @@ from rayslice import spec
 from rayslice.infra import TpuRayCluster, TpuRayClusterArgs
 from rayslice.infra.mocks import OfflineEngine, run_offline
 from rayslice.infra.program import main
-from rayslice.names import ATTR_TOKEN_SECRET
+from rayslice.names import ATTR_INDEX_CREDENTIALS_SECRET, ATTR_TOKEN_SECRET
 
 NETWORK_TYPES = (
     "gcp:compute/network:Network",
@@ -78,6 +78,31 @@ def test_without_token_auth_there_is_no_secret_at_all():
     assert run.value["ray_token_command"] is None
     roles = {m.inputs["role"] for m in run.of_type("gcp:projects/iAMMember:IAMMember")}
     assert roles == {"roles/logging.logWriter", "roles/monitoring.metricWriter"}
+
+
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_index_credentials_secret_is_named_to_hosts_and_readable_by_them_only(platform):
+    run = _run(
+        platform=platform,
+        packageIndex="https://pypi.example.com/simple",
+        packageIndexCredentialsSecret="pypi-mirror-login",
+    )
+    readers = [
+        m.inputs
+        for m in run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember")
+        if m.inputs["secretId"] == "pypi-mirror-login"
+    ]
+    assert len(readers) == 1
+    assert readers[0]["role"] == "roles/secretmanager.secretAccessor"
+    assert readers[0]["member"].startswith("serviceAccount:")
+    hosts = run.of_type("gcp:tpu/v2Vm:V2Vm") or run.of_type("gcp:compute/instanceTemplate:InstanceTemplate")
+    assert hosts and all(
+        h.inputs["metadata"][ATTR_INDEX_CREDENTIALS_SECRET] == "pypi-mirror-login" for h in hosts
+    )
+    assert not any(
+        r.type == "gcp:secretmanager/secret:Secret" and r.name.endswith("pypi-mirror-login")
+        for r in run.registrations
+    )
 
 
 def test_external_ips_when_asked():
