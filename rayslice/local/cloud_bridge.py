@@ -21,15 +21,23 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rayslice.errors import SimulatorError
 from rayslice.local.cloud_api import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
 from rayslice.local.host_metadata import numeric_id
 from rayslice.local.private_files import write_private
-from rayslice.local.state import ROLE_HEAD_VM, Plan
+from rayslice.local.state import (
+    CLOUD_API_CREDENTIALS_FILE,
+    CLOUD_API_ENDPOINT_FILE,
+    ROLE_HEAD_VM,
+    Plan,
+)
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
 from rayslice.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from rayslice.local.simulator import Simulation
 
 LOCAL_PROJECT = "rayslice-local"  # the project the emulation uses when the spec names none
 
@@ -120,9 +128,31 @@ def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec
 
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
 
-ENDPOINT_FILE = "cloud-api.json"  # in the state dir, 0600: the emulation's URL and admin token
-CREDENTIALS_FILE = "cloud-api-credentials.json"  # 0600: ADC for `rayslice status` on the simulation
-DEFAULT_PORT = 8780
+ENDPOINT_FILE = CLOUD_API_ENDPOINT_FILE  # in the state dir, 0600: the emulation's URL and admin token
+CREDENTIALS_FILE = CLOUD_API_CREDENTIALS_FILE  # 0600: ADC for `rayslice status` on the simulation
+DEFAULT_PORT = 0  # any free port on the bridge address; the endpoint file says which
+
+
+class _Refreshing:
+    """The simulation as this process acts on it: the recorded processes are reread before each
+    power-off or boot, since `rayslice local up`, `reboot` and tests record processes meanwhile,
+    and saving a stale copy would hide them from `rayslice local down`."""
+
+    def __init__(self, sim: Simulation):
+        self.sim = sim
+        self.plan = sim.plan
+
+    def guest_attributes(self, name: str) -> dict[str, str]:
+        return self.sim.guest_attributes(name)
+
+    def power_off(self, name: str) -> None:
+        self.sim.refresh()
+        self.sim.power_off(name)
+
+    def boot(self, name: str) -> None:
+        self.sim.refresh()
+        if not self.sim.running(name):
+            self.sim.boot(name)
 
 
 def head_token(spec: ClusterSpec) -> str:
@@ -139,8 +169,9 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     """
     from rayslice.local.simulator import Simulation
 
-    sim = Simulation.open(state_dir)
-    spec = sim.spec()
+    opened = Simulation.open(state_dir)
+    spec = opened.spec()
+    sim = _Refreshing(opened)
     emulator = CloudApiEmulator((sim.plan.gateway, port))
     attach(emulator, sim, spec)
     emulator.tokens.add(head_token(spec))
@@ -162,8 +193,8 @@ def request_preempt(state_dir: Path, name: str) -> list[str]:
         endpoint = json.loads((state_dir / ENDPOINT_FILE).read_text())
     except FileNotFoundError as exc:
         raise SimulatorError(
-            f"no cloud API emulation runs for the simulation in {state_dir} (start it with "
-            f"`python -m rayslice.local.cloud_bridge --state-dir {state_dir}`)"
+            f"no cloud API emulation runs for the simulation in {state_dir}: `rayslice local up` "
+            "starts one with every simulation; is this a simulation at all?"
         ) from exc
     request = urllib.request.Request(
         f"{endpoint['url']}{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}",

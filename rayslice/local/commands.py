@@ -224,7 +224,8 @@ def restart_head_command(state_dir: Path | None) -> int:
 def preempt_command(state_dir: Path | None, slice_name: str) -> int:
     """Power off every host of SLICE and have the cloud API emulation report it preempted.
 
-    Needs the simulation's cloud API emulation (`rayslice.local.cloud_bridge`) to be running.
+    Asks the simulation's cloud API emulation (`rayslice.local.cloud_bridge`), which `local up`
+    starts with every simulation and `local down` stops.
     """
     from rayslice.local.cloud_bridge import request_preempt  # the emulation's client, only here
 

@@ -43,12 +43,25 @@ from rayslice.local.boot import host_environment
 from rayslice.local.host_metadata import compute_attributes, head_vm_attributes, instance_tree, tpu_attributes
 from rayslice.local.metadata import dump_tree
 from rayslice.local.private_files import check_private, ensure_private_dir, make_private_subdir, write_private
-from rayslice.local.processes import ProcessRef, children, is_alive, process_ref, start_detached, stop
+from rayslice.local.processes import (
+    ProcessRef,
+    children,
+    cmdline,
+    is_alive,
+    process_ref,
+    start_detached,
+    stop,
+)
 from rayslice.local.state import (
+    CLOUD_API_ENDPOINT_FILE,
+    CLOUD_API_FILES,
+    CLOUD_API_LOG,
+    CLOUD_API_PROCESS,
     ROLE_HEAD_VM,
     HostPaths,
     HostPlan,
     SimulationState,
+    cloud_api_argv,
     make_plan,
     new_run_id,
     subnet_prefix,
@@ -175,6 +188,7 @@ class Simulation:
             options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
             script = render(spec, options)
         sim._build(spec, script, metadata_unavailable_for, metadata_silent_for)
+        sim._start_cloud_api()
         return sim
 
     @classmethod
@@ -293,6 +307,41 @@ class Simulation:
         self.state.processes[key] = start_detached(argv, log, host_environment("/root"))
         self.state.save()
 
+    def _start_cloud_api(self) -> None:
+        """Start the cloud API emulation (`cloud_bridge`) on the bridge and wait until it serves.
+
+        Every simulation gets one, whatever its head: `rayslice status` and `rayslice local
+        preempt` need it on every cluster, and the recovery controller on a head VM reaches it
+        through the endpoint overrides it writes to the state dir (`CLOUD_API_ENDPOINT_FILE`).
+        """
+        self._start(
+            CLOUD_API_PROCESS,
+            self.state_dir / CLOUD_API_LOG,
+            cloud_api_argv(sys.executable, self.state_dir),
+        )
+        ref = self.state.processes[CLOUD_API_PROCESS]
+        endpoint = self.state_dir / CLOUD_API_ENDPOINT_FILE
+        _wait_for(lambda: endpoint.exists() or not is_alive(ref), 60, "the cloud API emulation did not start")
+        if not endpoint.exists():
+            raise SimulatorError(
+                f"the cloud API emulation exited at start; see {self.state_dir / CLOUD_API_LOG} "
+                "(`rayslice local down` removes the simulation)"
+            )
+
+    def _stop_cloud_api(self) -> None:
+        """Stop the emulation, only while the recorded PID still runs exactly `cloud_api_argv`."""
+        ref = self.state.processes.get(CLOUD_API_PROCESS)
+        if ref is None or not is_alive(ref):
+            return
+        if cmdline(ref.pid)[1:] == cloud_api_argv(sys.executable, self.state_dir)[1:]:
+            stop(ref, grace_s=5)
+
+    def refresh(self) -> None:
+        """Reread the recorded processes: another process of this simulation may have started some."""
+        fresh = SimulationState.load(self.state_dir)
+        if fresh is not None and fresh.plan == self.plan:
+            self.state.processes = fresh.processes
+
     def _stop(self, host: HostPlan, ref: ProcessRef, grace_s: float) -> None:
         """Stop a recorded process, but only while it is still one of `host`'s (netns.in_netns)."""
         if is_alive(ref) and netns.in_netns(ref.pid, host.netns):
@@ -304,10 +353,12 @@ class Simulation:
         Everything removed is named by the (checked) plan or lies under the state dir it was
         loaded from; nothing is found by pattern.
         """
+        self._stop_cloud_api()  # first: it powers hosts off and on when asked
         for host in self.plan.hosts:
             self.power_off(host.name)
         for key, ref in list(self.state.processes.items()):
-            self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
+            if key != CLOUD_API_PROCESS:
+                self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
         for host in self.plan.hosts:
             for pid in netns.netns_pids(host.netns):  # anything left in our own namespaces
                 left = process_ref(pid)
@@ -325,6 +376,8 @@ class Simulation:
             root.parent.rmdir()
         shutil.rmtree(self.state_dir / "hosts", ignore_errors=True)
         self.token_file.unlink(missing_ok=True)
+        for name in CLOUD_API_FILES:
+            (self.state_dir / name).unlink(missing_ok=True)
         (self.state_dir / "state.json").unlink()
         if not any(self.state_dir.iterdir()):
             self.state_dir.rmdir()

@@ -13,7 +13,9 @@ dir is the directory the file was loaded from (a different one recorded inside i
 file must be private (`private_files`), and every recorded name must be exactly what `make_plan`
 would derive from the run id — a host name in GCE's instance-name form, ``rsl-<run id>-<host>``
 for its namespace, ``rsl<run id>h<i>`` / ``p<i>`` for its veth pair, ``/run/rayslice-local/<run
-id>`` for the root — before `destroy` deletes anything.
+id>`` for the root — before `destroy` deletes anything. Process keys name a host of the plan
+(``metadata:<host>``, ``boot:<host>``) or are exactly `CLOUD_API_PROCESS`, the simulation's
+one root-namespace process.
 """
 
 from __future__ import annotations
@@ -58,6 +60,17 @@ RUN_ID = re.compile(r"[0-9a-f]{6}")
 # GCE instance names (RFC 1035 labels, at most 63 characters): no "/", "." or ".." can pass.
 HOST_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
+# The one process of the simulation itself rather than of a host: the cloud API emulation
+# (`cloud_bridge`), in the root namespace on the bridge address. Its key has no host part, and
+# `destroy` stops it only while its command line is still exactly `cloud_api_argv`.
+CLOUD_API_PROCESS = "cloud-api"
+CLOUD_API_MODULE = "rayslice.local.cloud_bridge"
+# Its files, directly in the state dir (0600 where secret): URL, admin token and endpoint
+# overrides; the owner's service-account key for `rayslice status`; its output.
+CLOUD_API_ENDPOINT_FILE = "cloud-api.json"
+CLOUD_API_CREDENTIALS_FILE = "cloud-api-credentials.json"
+CLOUD_API_LOG = "cloud-api.log"
+CLOUD_API_FILES = (CLOUD_API_ENDPOINT_FILE, CLOUD_API_CREDENTIALS_FILE, CLOUD_API_LOG)
 FIREWALL_BACKENDS = ("nft", "iptables", "none")
 
 
@@ -113,7 +126,8 @@ class SimulationState:
 
     plan: Plan
     state_dir: str
-    processes: dict[str, ProcessRef] = field(default_factory=dict)  # "metadata:<host>" / "boot:<host>"
+    # "metadata:<host>" / "boot:<host>" / CLOUD_API_PROCESS
+    processes: dict[str, ProcessRef] = field(default_factory=dict)
     # Directories of this machine every host must see although each host gets a private /tmp:
     # the venv and source tree rayslice runs from and the package source (they may live in /tmp).
     shared_paths: tuple[str, ...] = ()
@@ -163,8 +177,11 @@ def check_state(state: SimulationState) -> None:
     host_names = {h.name for h in state.plan.hosts}
     for key, ref in state.processes.items():
         kind, _, host = key.partition(":")
-        if kind not in PROCESS_KINDS or host not in host_names:
-            problems.append(f"process key {key!r} is not <{'|'.join(PROCESS_KINDS)}>:<host of this plan>")
+        if key != CLOUD_API_PROCESS and (kind not in PROCESS_KINDS or host not in host_names):
+            problems.append(
+                f"process key {key!r} is not {CLOUD_API_PROCESS!r} or "
+                f"<{'|'.join(PROCESS_KINDS)}>:<host of this plan>"
+            )
         if not (isinstance(ref.pid, int) and isinstance(ref.start_time, int) and ref.pid > 1):
             problems.append(f"process {key!r} has no valid pid/start time: {ref!r}")
     for shared in state.shared_paths:
@@ -177,6 +194,11 @@ def check_state(state: SimulationState) -> None:
             "refusing a state file this simulator did not write (tampered or from another tool); "
             "nothing was touched:\n" + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+def cloud_api_argv(python: str, state_dir: str | Path) -> list[str]:
+    """The command line of the simulation's cloud API emulation (what `destroy` checks before stopping it)."""
+    return [python, "-m", CLOUD_API_MODULE, "--state-dir", str(state_dir)]
 
 
 def _clean_absolute(path: str) -> bool:

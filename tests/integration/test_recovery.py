@@ -1,8 +1,9 @@
 """Recovery on real namespaces: the controller runs inside the simulated head VM exactly as on a
 cloud VM (Application Default Credentials from its metadata server, the API through the endpoint
-override, events as its own guest attributes); the cloud API emulation runs beside the
-simulation on its bridge; `rayslice local preempt` powers a slice off; the controller recreates
-it, its hosts boot again; `rayslice status` shows the preemption and the recreation.
+override, events as its own guest attributes); the cloud API emulation that `Simulation.create`
+starts and records runs beside the simulation on its bridge; `rayslice local preempt` powers a
+slice off; the controller recreates it, its hosts boot again; `rayslice status` shows the
+preemption and the recreation; `rayslice local down` stops the emulation and removes its files.
 
 A tiny boot script stands in for the real one (no Ray): what is under test is the path from
 preemption to recreated hosts, not Ray's rejoin (see docs/recovery.md, what is left).
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from rayslice import cli, names, spec
-from rayslice.local import cloud_bridge
+from rayslice.local import cloud_bridge, state
+from rayslice.local.processes import is_alive
 from rayslice.local.simulator import Simulation
 
 TINY_SCRIPT = r"""#!/bin/bash
@@ -48,12 +48,6 @@ def _wait(condition: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.3)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.parametrize("platform", ["compute", "tpu-vm"])
 def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     simulation_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], platform: str
@@ -67,90 +61,74 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     sim.boot_all()
     _wait(lambda: all(v == "joined" for v in sim.states().values()))
 
-    port = _free_port()
-    bridge = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rayslice.local.cloud_bridge",
-            "--state-dir",
-            str(simulation_dir),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(simulation_dir / "cloud-api.log", "w"),  # noqa: SIM115 (closed with the process)
-    )
-    try:
-        _wait(lambda: (simulation_dir / cloud_bridge.ENDPOINT_FILE).exists(), 30)
-        endpoint = json.loads((simulation_dir / cloud_bridge.ENDPOINT_FILE).read_text())
-        project, zone = cloud_bridge.project_of(cluster), str(cluster.zone)
-        head = sim.plan.head.name
-        assert head == names.head_name(cluster.name)
-        controller = [
-            sys.executable,
-            "-m",
-            "rayslice.recovery",
-            "--once",
-            "--project",
-            project,
-            "--zone",
-            zone,
-            "--cluster",
-            cluster.name,
-            "--platform",
-            platform,
-            "--slices",
-            "2",
-        ]
+    bridge = sim.state.processes[state.CLOUD_API_PROCESS]  # started and recorded by `create`
+    assert is_alive(bridge)
+    endpoint = json.loads((simulation_dir / cloud_bridge.ENDPOINT_FILE).read_text())
+    project, zone = cloud_bridge.project_of(cluster), str(cluster.zone)
+    head = sim.plan.head.name
+    assert head == names.head_name(cluster.name)
+    controller = [
+        sys.executable,
+        "-m",
+        "rayslice.recovery",
+        "--once",
+        "--project",
+        project,
+        "--zone",
+        zone,
+        "--cluster",
+        cluster.name,
+        "--platform",
+        platform,
+        "--slices",
+        "2",
+    ]
 
-        def run_controller() -> list[dict[str, str]]:
-            done = sim.exec_in(head, controller, env=endpoint["env"], timeout=120)
-            assert done.returncode == 0, done.stderr
-            return [json.loads(line) for line in done.stdout.splitlines()]
+    def run_controller() -> list[dict[str, str]]:
+        done = sim.exec_in(head, controller, env=endpoint["env"], timeout=120)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
 
-        assert run_controller() == []  # healthy: nothing to do, nothing recorded
+    assert run_controller() == []  # healthy: nothing to do, nothing recorded
 
-        victims = cloud_bridge.slice_hosts(sim.plan, 1)
-        assert cli.main(["local", "preempt", "--state-dir", str(simulation_dir), "rayslice-slice-1"]) == 0
-        assert not any(sim.running(h) for h in victims)
-        assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
+    victims = cloud_bridge.slice_hosts(sim.plan, 1)
+    assert cli.main(["local", "preempt", "--state-dir", str(simulation_dir), "rayslice-slice-1"]) == 0
+    assert not any(sim.running(h) for h in victims)
+    assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
 
-        events = run_controller()
-        assert [(e["slice"], e["action"], e["outcome"]) for e in events] == [
-            ("rayslice-slice-1", "recreate", "recreated")
-        ]
-        _wait(lambda: all(sim.guest_attributes(h).get("boots") == "2" for h in victims))
-        assert all(sim.guest_attributes(h)["boots"] == "1" for h in cloud_bridge.slice_hosts(sim.plan, 0))
-        stored = [k for k in sim.guest_attributes(head) if k.startswith("recovery-")]
-        assert len(stored) == 1  # recorded once, on the head VM, by the controller inside it
+    events = run_controller()
+    assert [(e["slice"], e["action"], e["outcome"]) for e in events] == [
+        ("rayslice-slice-1", "recreate", "recreated")
+    ]
+    _wait(lambda: all(sim.guest_attributes(h).get("boots") == "2" for h in victims))
+    assert all(sim.guest_attributes(h)["boots"] == "1" for h in cloud_bridge.slice_hosts(sim.plan, 0))
+    stored = [k for k in sim.guest_attributes(head) if k.startswith("recovery-")]
+    assert len(stored) == 1  # recorded once, on the head VM, by the controller inside it
 
-        monkeypatch.setenv(
-            "GOOGLE_APPLICATION_CREDENTIALS", str(simulation_dir / cloud_bridge.CREDENTIALS_FILE)
-        )
-        monkeypatch.setenv("NO_GCE_CHECK", "true")
-        for key, value in endpoint["env"].items():
-            monkeypatch.setenv(key, value)
-        capsys.readouterr()
-        status = [
-            "status",
-            "--set",
-            f"project={project}",
-            "--set",
-            f"zone={zone}",
-            "--set",
-            f"platform={platform}",
-        ]
-        config = ["--set", f"acceleratorType={accelerator}", "--set", "slices=2", "--set", "capacity=spot"]
-        assert cli.main([*status, *config, "--json"]) == 0
-        data = json.loads(capsys.readouterr().out)
-        assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
-        assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
-        assert [(e["slice"], e["outcome"]) for e in data["events"]] == [("rayslice-slice-1", "recreated")]
-        assert data["events"][0]["seen"] == events[0]["seen"]
-    finally:
-        bridge.terminate()
-        bridge.wait(timeout=30)
-        for name in (cloud_bridge.ENDPOINT_FILE, cloud_bridge.CREDENTIALS_FILE, "cloud-api.log"):
-            (simulation_dir / name).unlink(missing_ok=True)
-    assert os.path.exists(simulation_dir)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(simulation_dir / cloud_bridge.CREDENTIALS_FILE))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    for key, value in endpoint["env"].items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    status = [
+        "status",
+        "--set",
+        f"project={project}",
+        "--set",
+        f"zone={zone}",
+        "--set",
+        f"platform={platform}",
+    ]
+    config = ["--set", f"acceleratorType={accelerator}", "--set", "slices=2", "--set", "capacity=spot"]
+    assert cli.main([*status, *config, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
+    assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
+    assert [(e["slice"], e["outcome"]) for e in data["events"]] == [("rayslice-slice-1", "recreated")]
+    assert data["events"][0]["seen"] == events[0]["seen"]
+
+    # `rayslice local down` stops the emulation by its recorded PID and removes its files.
+    assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == 0
+    assert not is_alive(bridge)
+    assert not any((simulation_dir / name).exists() for name in state.CLOUD_API_FILES)
+    assert not os.path.exists(simulation_dir / state.STATE_FILE)

@@ -19,7 +19,7 @@ from rayslice.local.netns import in_netns
 from rayslice.local.private_files import ensure_private_dir, write_private
 from rayslice.local.processes import ProcessRef
 from rayslice.local.simulator import Simulation
-from rayslice.local.state import STATE_FILE, SimulationState, make_plan
+from rayslice.local.state import CLOUD_API_PROCESS, STATE_FILE, SimulationState, make_plan
 
 NET = ipaddress.IPv4Network("100.64.9.0/24")
 
@@ -115,7 +115,11 @@ def _saved_state(state_dir: Path) -> dict:
     SimulationState(
         plan=plan,
         state_dir=str(state_dir),
-        processes={f"boot:{worker}": ProcessRef(4321, 99), f"metadata:{worker}": ProcessRef(4322, 99)},
+        processes={
+            f"boot:{worker}": ProcessRef(4321, 99),
+            f"metadata:{worker}": ProcessRef(4322, 99),
+            CLOUD_API_PROCESS: ProcessRef(4323, 99),
+        },
         shared_paths=("/opt/venv",),
         firewall="nft",
     ).save()
@@ -140,6 +144,18 @@ TAMPERINGS = {
     ),
     "process pid 1": lambda raw, victim: raw["processes"].update(
         {f"boot:{raw['plan']['hosts'][1]['name']}": {"pid": 1, "start_time": 1}}
+    ),
+    "cloud api with a host": lambda raw, victim: raw["processes"].update(
+        {f"{CLOUD_API_PROCESS}:{raw['plan']['hosts'][1]['name']}": {"pid": 4324, "start_time": 1}}
+    ),
+    "another root process kind": lambda raw, victim: raw["processes"].update(
+        {"cloud-api-x": {"pid": 4324, "start_time": 1}}
+    ),
+    "cloud api key prefix": lambda raw, victim: raw["processes"].update(
+        {"cloud": {"pid": 4324, "start_time": 1}}
+    ),
+    "cloud api pid 1": lambda raw, victim: raw["processes"].update(
+        {CLOUD_API_PROCESS: {"pid": 1, "start_time": 1}}
     ),
     "shared path ..": lambda raw, victim: raw.update(shared_paths=["/opt/../etc"]),
     "firewall command": lambda raw, victim: raw.update(firewall="rm -rf /"),
@@ -237,3 +253,29 @@ def test_the_nft_table_drops_non_root_traffic_to_the_bridge_only():
     assert all(rule[-2:] == ["-j", "DROP"] for rule in iptables)
     with pytest.raises(SimulatorError, match="six hex digits"):
         firewall.nft_ruleset("x; flush ruleset", "100.64.9.0/24")
+
+
+def test_the_cloud_api_process_is_accepted_and_stopped_only_while_it_runs_its_own_command(
+    tmp_path, monkeypatch
+):
+    """`destroy` signals the recorded emulation only if its PID still runs `cloud_api_argv` for this
+    state dir: a reused PID running anything else (here: this test process) is left alone."""
+    state_dir = tmp_path / "sim"
+    _saved_state(state_dir)
+    sim = Simulation.open(state_dir)
+    assert sim.state.processes[CLOUD_API_PROCESS] == ProcessRef(4323, 99)
+    me = simulator.process_ref(os.getpid())
+    assert me is not None
+    sim.state.processes[CLOUD_API_PROCESS] = me
+    stopped: list[ProcessRef] = []
+    monkeypatch.setattr(simulator, "stop", lambda ref, grace_s: stopped.append(ref))
+    sim._stop_cloud_api()
+    assert stopped == []  # alive, but its command line is pytest's, not the emulation's
+    argv = simulator.cloud_api_argv("/any/python", state_dir)
+    monkeypatch.setattr(simulator, "cmdline", lambda pid: argv if pid == me.pid else [])
+    sim._stop_cloud_api()
+    assert stopped == [me]
+    other = simulator.cloud_api_argv("/any/python", tmp_path / "other-sim")
+    monkeypatch.setattr(simulator, "cmdline", lambda pid: other)
+    sim._stop_cloud_api()
+    assert stopped == [me]  # another simulation's emulation is not ours
