@@ -57,6 +57,7 @@ from rayslice.local.state import (
     CLOUD_API_FILES,
     CLOUD_API_LOG,
     CLOUD_API_PROCESS,
+    RECOVERY_KIND,
     ROLE_HEAD_VM,
     HostPaths,
     HostPlan,
@@ -75,6 +76,9 @@ STATE_KEY = "state"  # guest attribute the boot script publishes its progress in
 JOINED = "joined"
 FAILED_PREFIX = "failed"
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount")
+# How often the simulated head's recovery controller looks (the cloud default is 30 s): a
+# simulated preemption is then noticed within seconds.
+LOCAL_RECOVERY_INTERVAL_S = 5
 
 
 def require_root() -> None:
@@ -189,6 +193,8 @@ class Simulation:
             script = render(spec, options)
         sim._build(spec, script, metadata_unavailable_for, metadata_silent_for)
         sim._start_cloud_api()
+        if spec.head == "vm" and spec.recovery:
+            sim._start_recovery(spec)
         return sim
 
     @classmethod
@@ -328,6 +334,39 @@ class Simulation:
                 "(`rayslice local down` removes the simulation)"
             )
 
+    def _start_recovery(self, spec: ClusterSpec) -> None:
+        """Run the recovery controller as a service in the head VM's network namespace.
+
+        On GCP it is meant to be a systemd service on the head VM; the head's boot script does not
+        install it yet (docs/recovery.md), so the simulator starts it itself, with the same
+        arguments and the emulation's endpoint overrides. It reaches the API and the head's
+        metadata server (credentials, guest attributes) as it would on the VM, and a shell loop
+        restarts it when it exits, as systemd's ``Restart=always`` would. Unlike a process on a
+        VM, it keeps running while the head VM is powered off.
+        """
+        from rayslice.local.cloud_bridge import project_of  # the emulation's names, only here
+
+        head = next(h for h in self.plan.hosts if h.role == ROLE_HEAD_VM)
+        endpoint = json.loads((self.state_dir / CLOUD_API_ENDPOINT_FILE).read_text())
+        controller = [
+            sys.executable,
+            "-m",
+            "rayslice.recovery",
+            f"--project={project_of(spec)}",
+            f"--zone={spec.zone}",
+            f"--cluster={spec.name}",
+            f"--platform={spec.platform}",
+            f"--slices={spec.slices}",
+            f"--interval={LOCAL_RECOVERY_INTERVAL_S}",
+        ]
+        # The arguments reach the loop as "$@", never as shell text.
+        loop = 'while :; do "$@"; echo "recovery controller exited $?; restarting in 5s"; sleep 5; done'
+        argv = ["ip", "netns", "exec", head.netns, "bash", "-c", loop, "rayslice-recovery", *controller]
+        env = {**host_environment("/root"), **endpoint["env"], "PYTHONUNBUFFERED": "1"}
+        key = f"{RECOVERY_KIND}:{head.name}"
+        self.state.processes[key] = start_detached(argv, self.paths(head.name).recovery_log, env)
+        self.state.save()
+
     def _stop_cloud_api(self) -> None:
         """Stop the emulation, only while the recorded PID still runs exactly `cloud_api_argv`."""
         ref = self.state.processes.get(CLOUD_API_PROCESS)
@@ -353,7 +392,10 @@ class Simulation:
         Everything removed is named by the (checked) plan or lies under the state dir it was
         loaded from; nothing is found by pattern.
         """
-        self._stop_cloud_api()  # first: it powers hosts off and on when asked
+        for key, ref in list(self.state.processes.items()):  # first the services that act on hosts
+            if key.partition(":")[0] == RECOVERY_KIND:
+                self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
+        self._stop_cloud_api()
         for host in self.plan.hosts:
             self.power_off(host.name)
         for key, ref in list(self.state.processes.items()):

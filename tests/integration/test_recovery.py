@@ -1,9 +1,10 @@
-"""Recovery on real namespaces: the controller runs inside the simulated head VM exactly as on a
-cloud VM (Application Default Credentials from its metadata server, the API through the endpoint
-override, events as its own guest attributes); the cloud API emulation that `Simulation.create`
-starts and records runs beside the simulation on its bridge; `rayslice local preempt` powers a
-slice off; the controller recreates it, its hosts boot again; `rayslice status` shows the
-preemption and the recreation; `rayslice local down` stops the emulation and removes its files.
+"""Recovery on real namespaces: the controller runs as the service `Simulation.create` starts in
+the simulated head VM's network namespace, as on a cloud VM (Application Default Credentials from
+the head's metadata server, the API through the endpoint override, events as the head's guest
+attributes); the cloud API emulation that `create` also starts runs beside the simulation on its
+bridge; `rayslice local preempt` powers a slice off; the controller notices by itself and
+recreates it, its hosts boot again; `rayslice status` shows the preemption and the recreation;
+`rayslice local down` stops both processes and removes the emulation's files.
 
 A tiny boot script stands in for the real one (no Ray): what is under test is the path from
 preemption to recreated hosts, not Ray's rejoin (see docs/recovery.md, what is left).
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +23,7 @@ import pytest
 from rayslice import cli, names, spec
 from rayslice.local import cloud_bridge, state
 from rayslice.local.processes import is_alive
-from rayslice.local.simulator import Simulation
+from rayslice.local.simulator import LOCAL_RECOVERY_INTERVAL_S, Simulation
 
 TINY_SCRIPT = r"""#!/bin/bash
 set -euo pipefail
@@ -67,43 +67,32 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     project, zone = cloud_bridge.project_of(cluster), str(cluster.zone)
     head = sim.plan.head.name
     assert head == names.head_name(cluster.name)
-    controller = [
-        sys.executable,
-        "-m",
-        "rayslice.recovery",
-        "--once",
-        "--project",
-        project,
-        "--zone",
-        zone,
-        "--cluster",
-        cluster.name,
-        "--platform",
-        platform,
-        "--slices",
-        "2",
-    ]
+    service = sim.state.processes[f"{state.RECOVERY_KIND}:{head}"]  # the controller, started by `create`
+    assert is_alive(service)
+    log = sim.paths(head).recovery_log
 
-    def run_controller() -> list[dict[str, str]]:
-        done = sim.exec_in(head, controller, env=endpoint["env"], timeout=120)
-        assert done.returncode == 0, done.stderr
-        return [json.loads(line) for line in done.stdout.splitlines()]
+    def events() -> list[dict[str, str]]:
+        return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
-    assert run_controller() == []  # healthy: nothing to do, nothing recorded
+    time.sleep(2 * LOCAL_RECOVERY_INTERVAL_S)
+    assert events() == []  # healthy: nothing to do, nothing recorded
 
     victims = cloud_bridge.slice_hosts(sim.plan, 1)
     assert cli.main(["local", "preempt", "--state-dir", str(simulation_dir), "rayslice-slice-1"]) == 0
     assert not any(sim.running(h) for h in victims)
     assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
 
-    events = run_controller()
-    assert [(e["slice"], e["action"], e["outcome"]) for e in events] == [
+    # The controller notices on its own, within its interval, and recreates the slice; its hosts
+    # boot a second time, the other slice's hosts are untouched.
+    _wait(lambda: all(sim.guest_attributes(h).get("boots") == "2" for h in victims), 120)
+    _wait(lambda: len(events()) == 1, 60)
+    time.sleep(2 * LOCAL_RECOVERY_INTERVAL_S)  # whole again: no further events
+    assert [(e["slice"], e["action"], e["outcome"]) for e in events()] == [
         ("rayslice-slice-1", "recreate", "recreated")
     ]
-    _wait(lambda: all(sim.guest_attributes(h).get("boots") == "2" for h in victims))
     assert all(sim.guest_attributes(h)["boots"] == "1" for h in cloud_bridge.slice_hosts(sim.plan, 0))
     stored = [k for k in sim.guest_attributes(head) if k.startswith("recovery-")]
-    assert len(stored) == 1  # recorded once, on the head VM, by the controller inside it
+    assert len(stored) == 1  # recorded once, on the head VM, through its metadata server
 
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(simulation_dir / cloud_bridge.CREDENTIALS_FILE))
     monkeypatch.setenv("NO_GCE_CHECK", "true")
@@ -125,10 +114,11 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
     assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
     assert [(e["slice"], e["outcome"]) for e in data["events"]] == [("rayslice-slice-1", "recreated")]
-    assert data["events"][0]["seen"] == events[0]["seen"]
+    assert data["events"][0]["seen"] == events()[0]["seen"]
 
     # `rayslice local down` stops the emulation by its recorded PID and removes its files.
     assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == 0
     assert not is_alive(bridge)
+    assert not is_alive(service)
     assert not any((simulation_dir / name).exists() for name in state.CLOUD_API_FILES)
     assert not os.path.exists(simulation_dir / state.STATE_FILE)
