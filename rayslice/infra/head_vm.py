@@ -38,15 +38,20 @@ def _internal_ip(nics: Sequence[gcp.compute.outputs.InstanceNetworkInterface]) -
     return ip
 
 
-@dataclass(frozen=True)
-class HeadVmArgs:
+@dataclass(frozen=True, kw_only=True)
+class HostArgs:
+    """What every component that boots hosts from the rendered script gets: the head VM as is,
+    each slice as `hosts.SliceArgs`, which adds the slice's index and the head's address."""
+
     spec: ClusterSpec
     script: str
     network: pulumi.Input[str]
     subnetwork: pulumi.Input[str | None]
     service_account_email: pulumi.Input[str]
     token_secret: str | None
-    depends_on: Sequence[pulumi.Resource] = ()  # firewall and IAM wait (see hosts.SliceArgs)
+    # What the resources that boot hosts must wait for (firewall, IAM wait): a component's
+    # depends_on does not reach its children, so each one passes these to its instances.
+    depends_on: Sequence[pulumi.Resource] = ()
 
 
 class HeadVm(pulumi.ComponentResource):
@@ -55,7 +60,7 @@ class HeadVm(pulumi.ComponentResource):
     instance_name: pulumi.Output[str]
     internal_ip: pulumi.Output[str]
 
-    def __init__(self, name: str, args: HeadVmArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:HeadVm", name, None, opts)
         spec = args.spec
         instance = gcp.compute.Instance(

@@ -13,7 +13,6 @@ first read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -22,28 +21,19 @@ import pulumi
 from rayslice.errors import InvalidInput
 from rayslice.infra import access
 from rayslice.infra.firewall import ClusterFirewall, ClusterFirewallArgs
-from rayslice.infra.head_vm import HeadVm, HeadVmArgs
+from rayslice.infra.head_vm import HeadVm, HostArgs
 from rayslice.infra.identity import ClusterIdentity, ClusterIdentityArgs
 from rayslice.infra.network import ClusterNetwork
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import render
 
 
-@dataclass(frozen=True)
-class SliceArgs:
-    """What every slice component gets, whatever the platform."""
+@dataclass(frozen=True, kw_only=True)
+class SliceArgs(HostArgs):
+    """What every slice component gets, whatever the platform: what every host gets, and where."""
 
-    spec: ClusterSpec
     index: int
-    script: str
-    network: pulumi.Input[str]
-    subnetwork: pulumi.Input[str | None]
-    service_account_email: pulumi.Input[str]
-    token_secret: str | None
     head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
-    # What the resources that boot hosts must wait for: a component's depends_on does not reach
-    # its children, so each slice passes these to the resources that create instances.
-    depends_on: Sequence[pulumi.Resource] = ()
 
 
 class Slice(Protocol):
@@ -103,34 +93,22 @@ class VmSliceCluster(pulumi.ComponentResource):
         # `ready` is created after every grant; the firewall component stands for its rules.
         host_deps: list[pulumi.Resource] = [firewall, identity.ready]
 
-        head_vm = None
-        if spec.head == "vm":
-            head_vm = HeadVm(
-                f"{name}-head",
-                HeadVmArgs(
-                    spec=spec,
-                    script=script,
-                    network=network.network,
-                    subnetwork=network.subnetwork,
-                    service_account_email=identity.service_account_email,
-                    token_secret=identity.token_secret,
-                    depends_on=host_deps,
-                ),
-                child,
-            )
+        host_args = HostArgs(
+            spec=spec,
+            script=script,
+            network=network.network,
+            subnetwork=network.subnetwork,
+            service_account_email=identity.service_account_email,
+            token_secret=identity.token_secret,
+            depends_on=host_deps,
+        )
+        head_vm = HeadVm(f"{name}-head", host_args, child) if spec.head == "vm" else None
         slices = [
             self.make_slice(
                 f"{name}-slice-{index}",
+                # vars(): the same fields, shallow-copied (the Pulumi outputs themselves, not copies).
                 SliceArgs(
-                    spec=spec,
-                    index=index,
-                    script=script,
-                    network=network.network,
-                    subnetwork=network.subnetwork,
-                    service_account_email=identity.service_account_email,
-                    token_secret=identity.token_secret,
-                    head_address=head_vm.internal_ip if head_vm else None,
-                    depends_on=host_deps,
+                    **vars(host_args), index=index, head_address=head_vm.internal_ip if head_vm else None
                 ),
                 child,
             )
