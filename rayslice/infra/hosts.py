@@ -13,6 +13,7 @@ first read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -23,6 +24,7 @@ from rayslice.infra import access
 from rayslice.infra.firewall import ClusterFirewall, ClusterFirewallArgs
 from rayslice.infra.head_vm import HeadVm, HostArgs
 from rayslice.infra.identity import ClusterIdentity, ClusterIdentityArgs
+from rayslice.infra.metadata import host_metadata
 from rayslice.infra.network import ClusterNetwork
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import render
@@ -34,6 +36,17 @@ class SliceArgs(HostArgs):
 
     index: int
     head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
+
+    def metadata(self, extra: Mapping[str, str] | None = None) -> pulumi.Output[dict[str, str]]:
+        """The metadata of this slice's hosts (plus `extra`), once the head VM's address is known."""
+        return pulumi.Output.from_input(self.head_address).apply(
+            lambda head_ip: {
+                **host_metadata(
+                    self.spec, self.script, self.index, head_address=head_ip, token_secret=self.token_secret
+                ),
+                **(extra or {}),
+            }
+        )
 
 
 class Slice(Protocol):

@@ -36,7 +36,7 @@ from rayslice.infra.compute.template import (
 from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import REPLACE_ON_METADATA, compute_identity, host_metadata, slice_host_names
+from rayslice.infra.metadata import REPLACE_ON_METADATA, compute_identity, slice_host_names
 from rayslice.infra.network import region_of
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 
@@ -81,14 +81,7 @@ class ComputeSlice(pulumi.ComponentResource):
             )
             for worker, host in enumerate(hosts)
         ]
-        metadata = pulumi.Output.from_input(args.head_address).apply(
-            lambda head_ip: {
-                **host_metadata(
-                    spec, args.script, index, head_address=head_ip, token_secret=args.token_secret
-                ),
-                **compute_identity(spec, index),
-            }
-        )
+        metadata = args.metadata(compute_identity(spec, index))
         template = gcp.compute.InstanceTemplate(
             f"{name}-template",
             name_prefix=f"{slice_name}-",

@@ -25,7 +25,7 @@ from rayslice import catalog
 from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import REPLACE_ON_METADATA, host_metadata
+from rayslice.infra.metadata import REPLACE_ON_METADATA
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
 
@@ -75,11 +75,7 @@ class TpuVmSlice(pulumi.ComponentResource):
     def __init__(self, name: str, args: SliceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:TpuVmSlice", name, None, opts)
         spec, index = args.spec, args.index
-        metadata = pulumi.Output.from_input(args.head_address).apply(
-            lambda head_ip: host_metadata(
-                spec, args.script, index, head_address=head_ip, token_secret=args.token_secret
-            )
-        )
+        metadata = args.metadata()
         vm = gcp.tpu.V2Vm(
             f"{name}-vm",
             name=spec.slice_name(index),
