@@ -162,9 +162,15 @@ def test_created_vpc_has_the_multislice_mtu(capsys):
     assert vpc["inputs"]["mtu"] == 8896
 
 
-def test_multislice_on_an_existing_vpc_warns_about_its_mtu(monkeypatch):
+@pytest.fixture
+def pulumi_warnings(monkeypatch) -> list[str]:
+    """What the program passes to `pulumi.log.warn`, in order (the preview shows these to the user)."""
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, resource=None, **_: warnings.append(message))
+    return warnings
+
+
+def test_multislice_on_an_existing_vpc_warns_about_its_mtu(pulumi_warnings):
     config = {
         "rayslice:acceleratorType": "v6e-16",
         "rayslice:zone": "us-east5-b",
@@ -174,17 +180,15 @@ def test_multislice_on_an_existing_vpc_warns_about_its_mtu(monkeypatch):
     }
     run = run_offline(lambda: main().exports, config)
     assert not run.of_type("gcp:compute/network:Network")  # an existing VPC is never modified
-    [warning] = [w for w in warnings if "MTU" in w]
+    [warning] = [w for w in pulumi_warnings if "MTU" in w]
     assert "gcloud compute networks update shared-vpc --mtu=8896" in warning
 
 
-def test_single_slice_on_an_existing_vpc_does_not_warn(monkeypatch):
-    warnings: list[str] = []
-    monkeypatch.setattr(pulumi.log, "warn", lambda message, resource=None, **_: warnings.append(message))
+def test_single_slice_on_an_existing_vpc_does_not_warn(pulumi_warnings):
     config = {
         "rayslice:acceleratorType": "v6e-16",
         "rayslice:zone": "us-east5-b",
         "rayslice:network": "shared-vpc",
     }
     run_offline(lambda: main().exports, config)
-    assert not [w for w in warnings if "MTU" in w]
+    assert not [w for w in pulumi_warnings if "MTU" in w]
