@@ -18,35 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from rayslice import spec as spec_module
 from rayslice.local import tpu_runtime
 from rayslice.local.simulator import Simulation
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 
 
-def _simulate(tmp_path_factory, **raw: object) -> Simulation:
-    spec = spec_module.load(raw, require_zone=False)
-    sim = Simulation.create(spec, tmp_path_factory.mktemp(spec.accelerator_type) / "sim")
-    try:
-        sim.boot_all()
-        sim.wait_for(lambda states: all(s == "joined" for s in states.values()), timeout=300)
-    except BaseException:
-        sim.destroy()
-        raise
-    return sim
-
-
 @pytest.fixture(scope="module")
-def v6e_16(tmp_path_factory):
-    sim = _simulate(tmp_path_factory, acceleratorType="v6e-16", platform="tpu-vm")
+def v6e_16(simulate):
+    sim = simulate(acceleratorType="v6e-16", platform="tpu-vm")
     yield sim
     sim.destroy()
 
 
 @pytest.fixture(scope="module")
-def v6e_4(tmp_path_factory):
-    sim = _simulate(tmp_path_factory, acceleratorType="v6e-4", platform="tpu-vm")
+def v6e_4(simulate):
+    sim = simulate(acceleratorType="v6e-4", platform="tpu-vm")
     yield sim
     sim.destroy()
 

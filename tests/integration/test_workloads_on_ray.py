@@ -18,36 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 
 
-def _simulate(tmp_path_factory, **raw: object):
-    spec = spec_module.load(raw, require_zone=False)
-    sim = Simulation.create(spec, tmp_path_factory.mktemp(spec.accelerator_type) / "sim")
-    try:
-        sim.boot_all()
-        sim.wait_for(lambda states: all(s == "joined" for s in states.values()), timeout=300)
-    except BaseException:
-        sim.destroy()
-        raise
-    return sim
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(simulate):
     """2 x v6e-16 with a CPU head VM: 9 hosts, 32 chips."""
-    sim = _simulate(tmp_path_factory, acceleratorType="v6e-16", slices=2)
+    sim = simulate(acceleratorType="v6e-16", slices=2)
     yield sim
     sim.destroy()
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
+def single(simulate):
     """One v6e-4 host (4 chips), its own Ray head."""
-    sim = _simulate(tmp_path_factory, acceleratorType="v6e-4")
+    sim = simulate(acceleratorType="v6e-4")
     yield sim
     sim.destroy()
 
