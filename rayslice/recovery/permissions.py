@@ -1,61 +1,112 @@
 """What the recovery controller's identity needs, per platform, and how far it can be narrowed.
 
 Each permission is the one Google's REST reference names for a method the controller calls
-(`rayslice.recovery.cloud`), plus what creating the slice again implies. The custom role holds
-only these; the binding carries an IAM condition on resource names where the service evaluates
-one. Compute Engine evaluates ``resource.name`` conditions on its resources; the condition below
-lists this cluster's MIGs by exact name (a prefix such as ``<cluster>-slice-`` would also
-match another cluster named ``<cluster>-slice-x``). What cannot be narrowed, and why, is
-`UNNARROWED`; docs/recovery.md repeats it. None of this has been checked against a real
+(`rayslice.recovery.cloud`), plus what creating the slice again implies. `rayslice.infra.identity`
+turns every `RolePart` into one project custom role and one binding for the head VM's own
+service account; this module is the only list of those permissions.
+
+How far a grant can be narrowed is decided by which resources IAM Conditions can see, and
+Google's "Resource attributes for IAM Conditions"
+(https://cloud.google.com/iam/docs/conditions-resource-attributes) lists them: "Resource
+attributes are available for the Google Cloud services and resource types that are listed on
+this page. Other services and resource types do not recognize resource attributes." Its
+Compute Engine entries are backend services, disks, firewalls, forwarding rules, images,
+instance templates (``projects/<project-id>/global/instanceTemplates/<name>``), instances,
+snapshots and target proxies: no instance group manager, resource policy or operation, and no
+Cloud TPU resource at all (``tpu.googleapis.com`` is not among its services). "Configure
+resource-based access" (https://cloud.google.com/iam/docs/configuring-resource-based-access)
+says what a condition on an attribute a resource does not provide does: "that part of the
+condition is never interpreted as granting access". A ``resource.name`` condition on the MIGs
+would therefore grant nothing and lock the controller out; so the MIG, operation, workload
+policy and TPU permissions are granted without a condition (`UNNARROWED` says so), and the one
+resource that IAM can name, the instance template a recreated MIG uses, is narrowed to this
+cluster's templates by `template_condition`. None of this has been checked against a real
 project (see docs/recovery.md).
 """
 
 from __future__ import annotations
 
-from rayslice import names
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 # Cloud TPU v2: nodes.get / delete / create and operations.get (the controller polls its operations).
 TPU_PERMISSIONS = ("tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get", "tpu.operations.get")
 # Compute Engine v1: instanceGroupManagers.get (also listManagedInstances / listPerInstanceConfigs),
-# .delete, .insert (create), .createInstances (update); using the recorded instance template and
-# workload policy in the recreated MIG.
+# .delete, .insert (create), .createInstances (update).
 COMPUTE_MIG_PERMISSIONS = (
     "compute.instanceGroupManagers.create",
     "compute.instanceGroupManagers.delete",
     "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.update",
 )
-# Permissions on resources that are not the slice (operations, the template, the workload policy):
-# granted without the name condition, which would not match them.
-COMPUTE_SUPPORT_PERMISSIONS = (
-    "compute.instanceTemplates.useReadOnly",
-    "compute.resourcePolicies.use",
-    "compute.zoneOperations.get",
-)
+# The recorded workload policy the recreated MIG names, and the zonal operations it polls.
+COMPUTE_SUPPORT_PERMISSIONS = ("compute.resourcePolicies.use", "compute.zoneOperations.get")
+# The recorded instance template the recreated MIG names: the one grant IAM can narrow by name.
+COMPUTE_TEMPLATE_PERMISSIONS = ("compute.instanceTemplates.useReadOnly",)
 # The recreated slice runs as the hosts' service account: the controller must be allowed to act
 # as that one account (roles/iam.serviceAccountUser granted on the account, not the project).
+# Cloud TPU's "Use a cross-project service account" page asks the same of whoever creates a
+# TPU VM that runs as a service account (https://cloud.google.com/tpu/docs/cross-project-sa).
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 
+# The name IAM Conditions give an instance template (conditions-resource-attributes, above).
+TEMPLATE_RESOURCE_NAME = "projects/{project}/global/instanceTemplates/"
+
+
+@dataclass(frozen=True)
+class RolePart:
+    """One custom role of the controller and its one project binding.
+
+    `key` is short and lowercase: it names the role (its ID allows only letters, digits, ``_``
+    and ``.``) and the Pulumi resources. With `templates_only` the binding carries
+    `template_condition`; without, it holds for the whole project.
+    """
+
+    key: str
+    permissions: tuple[str, ...]
+    templates_only: bool = False
+
+
+ROLE_PARTS: dict[str, tuple[RolePart, ...]] = {
+    "tpu-vm": (RolePart("slices", TPU_PERMISSIONS),),
+    "compute": (
+        RolePart("slices", COMPUTE_MIG_PERMISSIONS + COMPUTE_SUPPORT_PERMISSIONS),
+        RolePart("templates", COMPUTE_TEMPLATE_PERMISSIONS, templates_only=True),
+    ),
+}
+
 UNNARROWED = {
-    "tpu-vm": "Cloud TPU does not evaluate IAM conditions on resource names, so the TPU permissions "
-    "hold for every node in the project; the controller's own name check is what keeps it on this "
-    "cluster's slices.",
-    "compute": "zoneOperations.get, instanceTemplates.useReadOnly and resourcePolicies.use are "
-    "granted without a condition: their resources are not the MIG, and templates get generated "
-    "names (name_prefix) that are not known before deployment.",
+    "tpu-vm": "Cloud TPU does not recognize resource attributes in IAM Conditions, so the TPU "
+    "permissions hold for every node in the project; the controller's own exact-name check is "
+    "what keeps it on this cluster's slices.",
+    "compute": "IAM Conditions cannot name instance group managers, resource policies or zone "
+    "operations, so the MIG permissions (compute.instanceGroupManagers.get, .delete, .create, "
+    ".update), compute.resourcePolicies.use and compute.zoneOperations.get hold for the whole "
+    "project; the controller's own exact-name check is what keeps it on this cluster's MIGs. "
+    "Only compute.instanceTemplates.useReadOnly is narrowed, to templates whose names start with "
+    "one of this cluster's slice prefixes (templates get generated names, so a prefix, which "
+    "another cluster named '<cluster>-slice-<i>' would also match, is as narrow as a condition "
+    "can be).",
 }
 
 
+def role_parts(platform: str) -> tuple[RolePart, ...]:
+    """The controller's custom roles on `platform`; none where no controller runs (gke)."""
+    return ROLE_PARTS.get(platform, ())
+
+
 def permissions(platform: str) -> tuple[str, ...]:
-    """Every permission of the controller's custom role on `platform`."""
-    if platform == "tpu-vm":
-        return TPU_PERMISSIONS
-    if platform == "compute":
-        return COMPUTE_MIG_PERMISSIONS + COMPUTE_SUPPORT_PERMISSIONS
-    return ()
+    """Every permission the controller's custom roles hold on `platform`, each once."""
+    return tuple(p for part in role_parts(platform) for p in part.permissions)
 
 
-def mig_condition(project: str, zone: str, cluster: str, slices: int) -> str:
-    """CEL expression true exactly for this cluster's slice MIGs (Compute Engine resource names)."""
-    base = f"projects/{project}/zones/{zone}/instanceGroupManagers"
-    return " || ".join(f'resource.name == "{base}/{names.slice_name(cluster, i)}"' for i in range(slices))
+def template_condition(project: str, prefixes: Sequence[str]) -> str:
+    """CEL expression true for instance templates whose names start with one of `prefixes`.
+
+    Each prefix is a slice's template ``name_prefix`` (``<slice>-``); the trailing hyphen keeps
+    slice 1 from matching slice 10's templates.
+    """
+    if not prefixes or any(not p.endswith("-") for p in prefixes):
+        raise ValueError(f"template prefixes must be given and end with '-': {list(prefixes)}")
+    base = TEMPLATE_RESOURCE_NAME.format(project=project)
+    return " || ".join(f'resource.name.startsWith("{base}{prefix}")' for prefix in prefixes)
