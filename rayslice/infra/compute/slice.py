@@ -32,6 +32,7 @@ from rayslice.infra.compute.template import (
     reservation_affinity,
     scheduling,
     source_image,
+    template_name_prefix,
 )
 from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
@@ -84,7 +85,7 @@ class ComputeSlice(pulumi.ComponentResource):
         metadata = args.metadata(compute_identity(spec, index))
         template = gcp.compute.InstanceTemplate(
             f"{name}-template",
-            name_prefix=f"{slice_name}-",
+            name_prefix=template_name_prefix(slice_name),
             project=spec.project,
             machine_type=spec.tpu.machine_type,
             description=f"rayslice {spec.name}: hosts of slice {index} ({spec.accelerator_type})",

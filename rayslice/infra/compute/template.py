@@ -30,6 +30,13 @@ NIC = "nic0"
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
 
 
+def template_name_prefix(slice_name: str) -> str:
+    """The ``name_prefix`` of a slice's instance templates: the provider appends a generated
+    suffix, so a changed template gets a new name. The head's grant to use this cluster's
+    templates (`rayslice.infra.identity`) names templates by this prefix."""
+    return f"{slice_name}-"
+
+
 def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
     """Provisioning per capacity. pulumi-gcp requires preemptible and no automatic restart
     with SPOT; reserved and on-demand hosts restart after a host error."""
