@@ -6,15 +6,16 @@ outputs. Only the slice differs: a `gcp.tpu.V2Vm` on ``tpu-vm``, a managed insta
 ``compute``. A platform subclasses `VmSliceCluster` and supplies `make_slice` and the SSH
 commands of its hosts; everything else is here, once.
 
-Hosts are created only after their grants exist and after `IAM_PROPAGATION_WAIT` (see
-`ClusterIdentity`): a host that boots before its account may read the token secret fails its
-first read.
+Hosts and the head VM are created only after every grant exists and after
+`IAM_PROPAGATION_WAIT` (see `ClusterIdentity`): a host that boots before its account may read
+the token secret fails its first read, and a head VM that runs the recovery controller needs
+its own account's roles.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
 import pulumi
@@ -115,7 +116,9 @@ class VmSliceCluster(pulumi.ComponentResource):
             token_secret=identity.token_secret,
             depends_on=host_deps,
         )
-        head_vm = HeadVm(f"{name}-head", host_args, child) if spec.head == "vm" else None
+        # The head VM runs as its own account where it runs the recovery controller (identity.py).
+        head_args = replace(host_args, service_account_email=identity.head_service_account_email)
+        head_vm = HeadVm(f"{name}-head", head_args, child) if spec.head == "vm" else None
         slices = [
             self.make_slice(
                 f"{name}-slice-{index}",

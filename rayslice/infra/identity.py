@@ -1,4 +1,4 @@
-"""Who the hosts are: a dedicated service account with only what a host needs, and the Ray token.
+"""Who the hosts and the head VM are: dedicated service accounts with only what each needs.
 
 A host writes logs and metrics and, with ``rayAuth=token``, reads the cluster's Ray token. The
 account gets exactly those three permissions, the last one on the one secret only (not on
@@ -6,6 +6,22 @@ the project). The token is a `random.RandomPassword`: generated at the stack's f
 ``pulumi up`` and then kept in the stack's state (encrypted as a secret), so every later run
 and every rebooted host sees the same token. It reaches hosts only through Secret Manager:
 metadata carries the secret's *name*, and no output carries the value.
+
+A CPU head VM that runs the recovery controller (`head_runs_controller`) gets its own account,
+``<cluster>-head``: it boots the same script as the hosts, so it gets the same grants, and
+beyond them the controller's custom roles (`rayslice.recovery.permissions`, the one list of
+what the controller calls) plus ``roles/iam.serviceAccountUser`` on the hosts' account only,
+because a recreated slice runs as the hosts' account. The hosts' own grants do not change. Any
+other head VM runs as the hosts' account, as before.
+
+Custom roles are soft-deleted: pulumi-gcp's ``gcp.projects.IAMCustomRole`` reference warns that
+"a deleted role is permanently deleted after 7 days, but it can take up to 30 more days (i.e.
+between 7 and 37 days after deletion) before the role name is made available again", and that
+new roles cannot share that name meanwhile
+(https://www.pulumi.com/registry/packages/gcp/api-docs/projects/iamcustomrole/). A role ID
+that is only the cluster's name would make ``pulumi destroy`` then ``pulumi up`` fail for up
+to 37 days; each role ID therefore ends in a `random.RandomId` that lives as long as the stack's
+resources do (`role_id`).
 
 IAM is eventually consistent: a new account and its grants can take a while to be usable.
 pulumi-gcp's own TPU example (``tpu_v2_vm_full``) waits 60 s after creating the account
@@ -17,13 +33,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import partial
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 import pulumiverse_time as time
 
+from rayslice.infra.compute.template import template_name_prefix
 from rayslice.infra.labels import resource_labels
+from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
 # Project-level roles of the hosts' account: Cloud Logging and Cloud Monitoring writers.
@@ -33,20 +52,51 @@ TOKEN_LENGTH = 48
 _ACCOUNT_ID_MAX = 30
 # How long hosts wait after the grants (pulumi-gcp's TPU example waits 60 s after the account).
 IAM_PROPAGATION_WAIT = "60s"
+HOSTS = "hosts"
+HEAD = "head"
+# The mark a cut-short account ID carries per suffix. The hosts' has none: their IDs predate
+# the head's account, and a changed ID would replace the hosts' account in existing stacks.
+_SHORT_MARK = {HOSTS: "", HEAD: "h"}
+# IAM role IDs: letters, digits, "_" and ".", at most 64 characters.
+_ROLE_ID_MAX = 64
+ROLE_SUFFIX_BYTES = 3  # the random end of each role ID: 6 hex characters
 
 
-def account_id(cluster_name: str) -> str:
-    """The service account ID (6-30 characters) for a cluster name of up to 40 characters.
+def account_id(cluster_name: str, suffix: str = HOSTS) -> str:
+    """The ID (6-30 characters) of the cluster's `suffix` service account (`HOSTS` or `HEAD`).
 
-    Names that do not fit are cut and given a hash of the full name, so two long cluster names
-    that share a prefix still get different accounts.
+    ``<cluster>-<suffix>`` when it fits. Otherwise the cluster name is cut and given a hash of
+    the full name (two long cluster names that share a prefix still get different accounts)
+    and the suffix's mark (the hosts' and the head's accounts of one cluster never collide).
     """
-    wanted = f"{cluster_name}-hosts"
+    wanted = f"{cluster_name}-{suffix}"
     if len(wanted) <= _ACCOUNT_ID_MAX:
         return wanted
     digest = hashlib.sha256(cluster_name.encode()).hexdigest()[:6]
-    head = cluster_name[: _ACCOUNT_ID_MAX - len(digest) - 1].rstrip("-")
-    return f"{head}-{digest}"
+    tail = f"-{_SHORT_MARK[suffix]}-{digest}" if _SHORT_MARK[suffix] else f"-{digest}"
+    cut = cluster_name[: _ACCOUNT_ID_MAX - len(tail)].rstrip("-")
+    return f"{cut}{tail}"
+
+
+def role_id(cluster_name: str, part: str, random_hex: str) -> str:
+    """The ID of the controller's `part` custom role: ``rayslice_<cluster>_<part>_<random_hex>``.
+
+    Hyphens become underscores, which no cluster name contains, so two clusters never share a
+    role; a name too long for 64 characters is cut and given a hash of the full name.
+    """
+    tail = f"_{part}_{random_hex}"
+    name = cluster_name.replace("-", "_")
+    wanted = f"rayslice_{name}{tail}"
+    if len(wanted) <= _ROLE_ID_MAX:
+        return wanted
+    digest = hashlib.sha256(cluster_name.encode()).hexdigest()[:6]
+    room = _ROLE_ID_MAX - len("rayslice_") - len(tail) - len(digest) - 1
+    return f"rayslice_{name[:room]}_{digest}{tail}"
+
+
+def head_runs_controller(spec: ClusterSpec) -> bool:
+    """Whether the head VM runs the recovery controller, and so gets its own account and roles."""
+    return spec.head == "vm" and spec.recovery and bool(permissions.role_parts(spec.platform))
 
 
 def token_secret_id(spec: ClusterSpec) -> str:
@@ -60,50 +110,45 @@ class ClusterIdentityArgs:
 
 
 class ClusterIdentity(pulumi.ComponentResource):
-    """The hosts' service account and, with rayAuth=token, the token's secret."""
+    """The hosts' service account, the head's own one where it runs the recovery controller,
+    and, with rayAuth=token, the token's secret."""
 
-    service_account_email: pulumi.Output[str]
+    service_account_email: pulumi.Output[str]  # the hosts'
+    head_service_account_email: pulumi.Output[str]  # the head's own, else the hosts'
     token_secret: str | None  # the secret ID, known before deployment; None without token auth
-    ready: time.Sleep  # created IAM_PROPAGATION_WAIT after every grant; hosts depend on it
+    ready: time.Sleep  # created IAM_PROPAGATION_WAIT after every grant; hosts and head depend on it
 
     def __init__(self, name: str, args: ClusterIdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:ClusterIdentity", name, None, opts)
         spec = args.spec
-        child = pulumi.ResourceOptions(parent=self)
-        account = gcp.serviceaccount.Account(
-            f"{name}-hosts",
-            account_id=account_id(spec.name),
-            project=spec.project,
-            display_name=f"rayslice {spec.name} hosts",
-            description="Ray hosts of a rayslice cluster: write logs and metrics, read the Ray token",
-            opts=child,
-        )
-        grants: list[pulumi.Resource] = [account]
-        for role in HOST_PROJECT_ROLES:
-            grant = gcp.projects.IAMMember(
-                f"{name}-{role.split('/')[-1]}",
-                project=account.project,
-                role=role,
-                member=account.member,
-                opts=child,
-            )
-            grants.append(grant)
-        self.service_account_email = account.email
+        hosts = self._account(name, spec, HOSTS, "Ray hosts")
+        grants: list[pulumi.Resource] = [hosts, *self._project_roles(name, hosts, "")]
+        # Who reads the cluster's secrets, and the resource-name label of each one's grant.
+        readers = [("reader", hosts)]
+        self.service_account_email = hosts.email
+        self.head_service_account_email = hosts.email
+        if head_runs_controller(spec):
+            head = self._account(name, spec, HEAD, "Ray head and recovery controller")
+            grants += [head, *self._project_roles(name, head, "head-")]
+            grants += self._controller(name, spec, head, hosts)
+            readers.append(("head-reader", head))
+            self.head_service_account_email = head.email
         self.token_secret = None
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
-            grants.extend(self._token(name, spec, account))
+            grants.extend(self._token(name, spec, readers))
         if spec.package_index_credentials_secret is not None:
-            # The user's own secret (rayslice never creates or reads it): hosts may read it only.
-            grants.append(
+            # The user's own secret (rayslice never creates or reads it): readable by its readers only.
+            grants.extend(
                 gcp.secretmanager.SecretIamMember(
-                    f"{name}-index-credentials-reader",
+                    f"{name}-index-credentials-{label}",
                     project=account.project,
                     secret_id=spec.package_index_credentials_secret,
                     role=SECRET_ACCESSOR_ROLE,
                     member=account.member,
-                    opts=child,
+                    opts=pulumi.ResourceOptions(parent=self),
                 )
+                for label, account in readers
             )
         self.ready = time.Sleep(
             f"{name}-iam-propagation",
@@ -114,14 +159,94 @@ class ClusterIdentity(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "service_account_email": self.service_account_email,
+                "head_service_account_email": self.head_service_account_email,
                 "token_secret": self.token_secret,
             }
         )
 
-    def _token(
-        self, name: str, spec: ClusterSpec, account: gcp.serviceaccount.Account
+    def _account(self, name: str, spec: ClusterSpec, suffix: str, who: str) -> gcp.serviceaccount.Account:
+        return gcp.serviceaccount.Account(
+            f"{name}-{suffix}",
+            account_id=account_id(spec.name, suffix),
+            project=spec.project,
+            display_name=f"rayslice {spec.name} {suffix}",
+            description=f"{who} of a rayslice cluster: write logs and metrics, read the Ray token"
+            + (", recreate this cluster's slices" if suffix == HEAD else ""),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _project_roles(
+        self, name: str, account: gcp.serviceaccount.Account, label: str
     ) -> list[pulumi.Resource]:
-        """The token, its secret and the hosts' read grant; returns what hosts must wait for."""
+        """`HOST_PROJECT_ROLES` for `account` (the head runs the same boot script as the hosts)."""
+        return [
+            gcp.projects.IAMMember(
+                f"{name}-{label}{role.split('/')[-1]}",
+                project=account.project,
+                role=role,
+                member=account.member,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for role in HOST_PROJECT_ROLES
+        ]
+
+    def _controller(
+        self,
+        name: str,
+        spec: ClusterSpec,
+        head: gcp.serviceaccount.Account,
+        hosts: gcp.serviceaccount.Account,
+    ) -> list[pulumi.Resource]:
+        """The controller's custom roles bound to `head`, and acting as `hosts`; returns the grants."""
+        child = pulumi.ResourceOptions(parent=self)
+        suffix = random.RandomId(f"{name}-recovery-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
+        prefixes = [template_name_prefix(spec.slice_name(i)) for i in range(spec.slices)]
+        grants: list[pulumi.Resource] = []
+        for part in permissions.role_parts(spec.platform):
+            role = gcp.projects.IAMCustomRole(
+                f"{name}-recovery-{part.key}",
+                role_id=suffix.hex.apply(partial(role_id, spec.name, part.key)),
+                project=spec.project,
+                title=f"rayslice {spec.name} recovery ({part.key})",
+                description="What rayslice's recovery controller calls to recreate this cluster's "
+                "slices (rayslice.recovery.permissions)",
+                permissions=list(part.permissions),
+                opts=child,
+            )
+            condition = None
+            if part.templates_only:
+                condition = gcp.projects.IAMMemberConditionArgs(
+                    title=f"rayslice {spec.name} instance templates",
+                    description="Only this cluster's slice templates (rayslice.recovery.permissions)",
+                    expression=head.project.apply(partial(permissions.template_condition, prefixes=prefixes)),
+                )
+            grants += [
+                role,
+                gcp.projects.IAMMember(
+                    f"{name}-recovery-{part.key}-binding",
+                    project=head.project,
+                    role=role.name,
+                    member=head.member,
+                    condition=condition,
+                    opts=child,
+                ),
+            ]
+        # On the hosts' account only (the service account's own policy, not the project's).
+        grants.append(
+            gcp.serviceaccount.IAMMember(
+                f"{name}-head-acts-as-hosts",
+                service_account_id=hosts.name,
+                role=permissions.ACT_AS_ROLE,
+                member=head.member,
+                opts=child,
+            )
+        )
+        return grants
+
+    def _token(
+        self, name: str, spec: ClusterSpec, readers: list[tuple[str, gcp.serviceaccount.Account]]
+    ) -> list[pulumi.Resource]:
+        """The token, its secret and each reader's grant; returns what hosts must wait for."""
         child = pulumi.ResourceOptions(parent=self)
         token = random.RandomPassword(f"{name}-ray-token", length=TOKEN_LENGTH, special=False, opts=child)
         secret = gcp.secretmanager.Secret(
@@ -141,12 +266,17 @@ class ClusterIdentity(pulumi.ComponentResource):
             secret_data=token.result,
             opts=in_secret,
         )
-        reader = gcp.secretmanager.SecretIamMember(
-            f"{name}-ray-token-reader",
-            project=secret.project,
-            secret_id=secret.secret_id,
-            role=SECRET_ACCESSOR_ROLE,
-            member=account.member,
-            opts=in_secret,
-        )
-        return [version, reader]
+        return [
+            version,
+            *(
+                gcp.secretmanager.SecretIamMember(
+                    f"{name}-ray-token-{label}",
+                    project=secret.project,
+                    secret_id=secret.secret_id,
+                    role=SECRET_ACCESSOR_ROLE,
+                    member=account.member,
+                    opts=in_secret,
+                )
+                for label, account in readers
+            ),
+        ]

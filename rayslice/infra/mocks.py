@@ -3,8 +3,9 @@
 `rayslice preview` and the tests use `run_offline` to execute the real program without the
 Pulumi CLI, credentials or network. Every registered resource is recorded with its parent and
 inputs, so callers can print a tree or check what would be created. The fake fills in the
-outputs the program reads back (host IPs, the service account's email, the token), keyed on
-the type token, as the real provider would after creation.
+outputs the program reads back (host IPs, service accounts' emails and names, custom roles'
+names, the token, random IDs), keyed on the type token, as the real provider would after
+creation.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class FakeGcp(pulumi.runtime.Mocks):
         elif args.typ == "gcp:serviceaccount/account:Account":
             state["email"] = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
             state["member"] = f"serviceAccount:{state['email']}"
+            state["name"] = f"projects/{project}/serviceAccounts/{state['email']}"
+        elif args.typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            state["name"] = f"projects/{project}/roles/{inputs['roleId']}"
         elif args.typ == "gcp:container/cluster:Cluster":
             state["endpoint"] = "192.0.2.10"  # TEST-NET-1: never a real address
             if inputs.get("privateClusterConfig", {}).get("enablePrivateEndpoint"):
@@ -105,6 +109,8 @@ class FakeGcp(pulumi.runtime.Mocks):
             state["masterAuth"] = {"clusterCaCertificate": _FAKE_CA}
         elif args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = self.token
+        elif args.typ == "random:index/randomId:RandomId":
+            state["hex"] = secrets.token_hex(int(inputs["byteLength"]))
         elif args.typ == "gcp:secretmanager/secret:Secret":
             state["name"] = f"projects/{project}/secrets/{inputs['secretId']}"
             return state["name"], state

@@ -48,6 +48,21 @@ COMMON = {
     "gcp:secretmanager/secretIamMember:SecretIamMember": 1,
     SLEEP: 1,
 }
+# A head VM runs the recovery controller (recovery defaults to true) as its own account: that
+# account, its log and metric writers, its token reader, acting as the hosts' account, and one
+# custom role and binding per part of the controller's role (1 on tpu-vm, 2 on compute).
+CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+
+
+def _head_identity(role_parts: int) -> dict[str, int]:
+    return {
+        "gcp:serviceaccount/account:Account": 2,
+        "gcp:projects/iAMMember:IAMMember": 2 + 2 + role_parts,
+        "gcp:secretmanager/secretIamMember:SecretIamMember": 2,
+        "gcp:serviceaccount/iAMMember:IAMMember": 1,
+        "random:index/randomId:RandomId": 1,
+        CUSTOM_ROLE: role_parts,
+    }
 
 
 def _compute(hosts: int, slices: int = 1) -> dict[str, int]:
@@ -70,7 +85,7 @@ EXAMPLES = {
         head_vm=False,
     ),
     "Pulumi.example-v6e-16.yaml": dict(
-        counts={**COMMON, V2VM: 1, FIREWALL: 2, INSTANCE: 1},
+        counts={**COMMON, **_head_identity(1), V2VM: 1, FIREWALL: 2, INSTANCE: 1},
         accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"spot": True},
@@ -86,7 +101,7 @@ EXAMPLES = {
         head_vm=False,
     ),
     "Pulumi.example-multislice.yaml": dict(
-        counts={**COMMON, V2VM: 2, FIREWALL: 3, INSTANCE: 1},
+        counts={**COMMON, **_head_identity(1), V2VM: 2, FIREWALL: 3, INSTANCE: 1},
         accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"reserved": True},
@@ -94,7 +109,7 @@ EXAMPLES = {
         head_vm=True,
     ),
     "Pulumi.example-compute-v6e-16.yaml": dict(
-        counts={**COMMON, **_compute(4), FIREWALL: 2, INSTANCE: 1},
+        counts={**COMMON, **_head_identity(2), **_compute(4), FIREWALL: 2, INSTANCE: 1},
         machine_type="ct6e-standard-4t",
         topology="4x4",
         provisioning="SPOT",
@@ -300,12 +315,14 @@ GRANTS = (
 
 def test_hosts_wait_for_every_grant_and_the_firewall(example):
     """A host that boots before its grants fails its first token read (issue 12 item 4)."""
-    _, _, run = example
+    expected, _, run = example
     by_urn = {r.urn: r for r in run.registrations}
     (sleep,) = run.of_type(SLEEP)
     assert sleep.inputs["createDuration"] == "60s"
     waited = {by_urn[u].type for u in sleep.dependencies if u in by_urn}
     assert set(GRANTS) <= waited
+    if expected["head_vm"]:  # and the head VM, which boots with them, for its controller's roles
+        assert {CUSTOM_ROLE, "gcp:serviceaccount/iAMMember:IAMMember"} <= waited
     rules = {r.urn for r in run.of_type(FIREWALL)}
     booting = [r for r in run.registrations if r.type in BOOTS_HOSTS]
     assert booting

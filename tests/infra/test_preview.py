@@ -54,10 +54,11 @@ def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, hea
         "gcp.compute.Network",
         "gcp.compute.Subnetwork",
         "gcp.compute.RouterNat",
-        "gcp.serviceaccount.Account",
         "gcp.secretmanager.Secret",
     ):
         assert len(_resource_lines(out, kind)) == 1, kind
+    # The hosts' account, and the head VM's own (these head VMs run the recovery controller).
+    assert len(_resource_lines(out, "gcp.serviceaccount.Account")) == (2 if head_machine else 1)
     assert len(_resource_lines(out, "gcp.compute.Firewall")) >= 2
     assert len(_resource_lines(out, "gcp.compute.Instance")) == (1 if head_machine else 0)
     if head_machine:
