@@ -47,6 +47,11 @@ ATTR_INDEX_CREDENTIALS_SECRET = "rayslice-index-credentials-secret"
 # position of its own instance/name in that list.
 ATTR_SLICE_NAME = "rayslice-slice-name"
 ATTR_SLICE_HOSTS = "rayslice-slice-hosts"
+# The head VM of a cluster with recovery (`ClusterSpec.runs_recovery`) gets the controller
+# (`rayslice.recovery.bundle`, base64) and what it needs to find this cluster's slices.
+ATTR_RECOVERY_BUNDLE = "rayslice-recovery-bundle"
+ATTR_CLUSTER = "rayslice-cluster"
+ATTR_PLATFORM = "rayslice-platform"
 HEAD_VM_ROLE = "head-vm"
 HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
 

@@ -245,6 +245,11 @@ class ClusterSpec:
     def total_hosts(self) -> int:
         return self.tpu.hosts * self.slices
 
+    @property
+    def runs_recovery(self) -> bool:
+        """Whether the head VM runs the recovery controller (GKE recreates its node pools itself)."""
+        return self.recovery and self.head == "vm" and self.platform != "gke"
+
     def slice_name(self, index: int) -> str:
         return slice_name(self.name, index)
 

@@ -7,7 +7,7 @@ the project). The token is a `random.RandomPassword`: generated at the stack's f
 and every rebooted host sees the same token. It reaches hosts only through Secret Manager:
 metadata carries the secret's *name*, and no output carries the value.
 
-A CPU head VM that runs the recovery controller (`head_runs_controller`) gets its own account,
+A CPU head VM that runs the recovery controller (`ClusterSpec.runs_recovery`) gets its own account,
 ``<cluster>-head``: it boots the same script as the hosts, so it gets the same grants, and
 beyond them the controller's custom roles (`rayslice.recovery.permissions`, the one list of
 what the controller calls) plus ``roles/iam.serviceAccountUser`` on the hosts' account only,
@@ -94,11 +94,6 @@ def role_id(cluster_name: str, part: str, random_hex: str) -> str:
     return f"rayslice_{name[:room]}_{digest}{tail}"
 
 
-def head_runs_controller(spec: ClusterSpec) -> bool:
-    """Whether the head VM runs the recovery controller, and so gets its own account and roles."""
-    return spec.head == "vm" and spec.recovery and bool(permissions.role_parts(spec.platform))
-
-
 def token_secret_id(spec: ClusterSpec) -> str:
     """The Secret Manager secret that holds the Ray token (the name hosts find in metadata)."""
     return f"{spec.name}-ray-token"
@@ -127,7 +122,7 @@ class ClusterIdentity(pulumi.ComponentResource):
         readers = [("reader", hosts)]
         self.service_account_email = hosts.email
         self.head_service_account_email = hosts.email
-        if head_runs_controller(spec):
+        if spec.runs_recovery:
             head = self._account(name, spec, HEAD, "Ray head and recovery controller")
             grants += [head, *self._project_roles(name, head, "head-")]
             grants += self._controller(name, spec, head, hosts)

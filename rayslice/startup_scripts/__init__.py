@@ -17,11 +17,14 @@ from dataclasses import dataclass
 
 from rayslice.errors import InvalidInput
 from rayslice.names import (
+    ATTR_CLUSTER,
     ATTR_CONFIG_HASH,
     ATTR_HEAD_ADDRESS,
     ATTR_HEAD_MODE,
     ATTR_INDEX_CREDENTIALS_SECRET,
     ATTR_NUM_SLICES,
+    ATTR_PLATFORM,
+    ATTR_RECOVERY_BUNDLE,
     ATTR_ROLE,
     ATTR_SLICE_HOSTS,
     ATTR_SLICE_INDEX,
@@ -31,6 +34,7 @@ from rayslice.names import (
     HEAD_VM_SLICE_INDEX,
     host_name,
 )
+from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.templating import render_template
 
@@ -83,7 +87,9 @@ def host_attributes(
     the Cloud TPU API's identity attributes: they get the slice name and the slice's instance
     names in worker order (`names.host_name`) instead, from which each host finds its worker
     number. `token_secret` and the spec's `package_index_credentials_secret` are Secret Manager
-    secret *names*, never their contents.
+    secret *names*, never their contents. The head VM of a cluster with recovery also gets the
+    controller itself (`rayslice.recovery.bundle`) and the cluster's name and platform, from
+    which it finds the slices it watches.
     """
     attributes = {
         ATTR_HEAD_MODE: spec.head,
@@ -93,6 +99,10 @@ def host_attributes(
     }
     if slice_index == HEAD_VM_SLICE_INDEX:
         attributes[ATTR_ROLE] = HEAD_VM_ROLE
+        if spec.runs_recovery:
+            attributes[ATTR_RECOVERY_BUNDLE] = bundle.encoded()
+            attributes[ATTR_CLUSTER] = spec.name
+            attributes[ATTR_PLATFORM] = spec.platform
     if head_address is not None:
         attributes[ATTR_HEAD_ADDRESS] = head_address
     if token_secret is not None:

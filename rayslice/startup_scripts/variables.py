@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rayslice import names
 from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
+from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 
 # The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9; libtpu wheels for
@@ -76,8 +77,13 @@ class PackageSource:
 
 
 def requirement_lines(spec: ClusterSpec) -> list[str]:
-    """The pip requirement lines every host installs, in install order."""
-    return [*PRESETS[spec.preset], f"ray[default]=={spec.ray_version}", *spec.requirements]
+    """The pip requirement lines every host installs, in install order.
+
+    With recovery, the libraries the controller imports are named too: ray[default] happens to
+    pull them in today, but the head must not depend on that.
+    """
+    controller = bundle.RUNTIME_REQUIREMENTS if spec.runs_recovery else ()
+    return [*PRESETS[spec.preset], f"ray[default]=={spec.ray_version}", *spec.requirements, *controller]
 
 
 def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
@@ -145,4 +151,7 @@ def script_variables(spec: ClusterSpec, options: ss.RenderOptions) -> dict[str, 
         "attr_index_credentials_secret": names.ATTR_INDEX_CREDENTIALS_SECRET,
         "attr_slice_name": names.ATTR_SLICE_NAME,
         "attr_slice_hosts": names.ATTR_SLICE_HOSTS,
+        "attr_recovery_bundle": names.ATTR_RECOVERY_BUNDLE,
+        "attr_cluster": names.ATTR_CLUSTER,
+        "attr_platform": names.ATTR_PLATFORM,
     }

@@ -295,7 +295,7 @@ esac
         return path.read_text() if path.exists() else ""
 
     def supervisor_pid(self) -> int | None:
-        path = self.root / "var/lib/rayslice/supervisor.pid"
+        path = self.root / "var/lib/rayslice/rayslice-ray.pid"
         return int(path.read_text()) if path.exists() else None
 
     def supervisor_alive(self) -> bool:

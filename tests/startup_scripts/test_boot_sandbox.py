@@ -258,7 +258,7 @@ def test_boot_again_on_a_live_host_and_reboot_take_the_fast_path(host, tmp_path)
     assert box.boot(script).returncode == 0  # again, while everything runs
     box.wait(lambda: _joined(box))
     assert box.supervisor_pid() != first
-    assert "stopping the previous supervisor" in box.log
+    assert "stopping the previous rayslice-ray supervisor" in box.log
     box.wait(lambda: not _group_alive(first), timeout=45)
     TABLE.record("boot_again", "previous supervisor stopped, one Ray node, **joined**")
 
@@ -381,18 +381,15 @@ def test_committed_fault_table_lists_every_sandbox_scenario():
         assert f"| {scenario} |" in rows, scenario
 
 
-WHEELHOUSE = Path(__file__).resolve().parents[2] / ".wheelhouse"
-
-
-def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path):
+def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, wheelhouse):
     """Real pip and real uv against a local simple index behind basic auth: uv is installed by
     pip with --require-hashes, then the requirements by uv, both authenticated with the
     credentials read from Secret Manager (never an argv, never the log)."""
-    uv_wheel = next(WHEELHOUSE.glob(f"uv-{UV_VERSION}-*manylinux_2_17_x86_64*.whl"), None)
-    six_wheel = next(WHEELHOUSE.glob("six-*.whl"), None)
+    uv_wheel = next(wheelhouse.glob(f"uv-{UV_VERSION}-*manylinux_2_17_x86_64*.whl"), None)
+    six_wheel = next(wheelhouse.glob("six-*.whl"), None)
     if uv_wheel is None or six_wheel is None:
-        pytest.fail(f"{WHEELHOUSE} lacks uv {UV_VERSION} or six; build it with rayslice.local.wheelhouse")
-    index = sandbox.WheelIndex(WHEELHOUSE, [uv_wheel.name, six_wheel.name], "builder", INDEX_PASSWORD)
+        pytest.fail(f"{wheelhouse} lacks uv {UV_VERSION} or six; build it with rayslice.local.wheelhouse")
+    index = sandbox.WheelIndex(wheelhouse, [uv_wheel.name, six_wheel.name], "builder", INDEX_PASSWORD)
     try:
         spec = _spec(rayAuth="none", packageIndex="https://placeholder.example/simple")
         cloud = _cloud(spec, extra={names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
