@@ -21,12 +21,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rayslice.errors import SimulatorError
 from rayslice.local.cloud_api import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
-from rayslice.local.host_metadata import numeric_id
+from rayslice.local.host_metadata import LOCAL_PROJECT, numeric_id
 from rayslice.local.private_files import write_private
+from rayslice.local.simulator import Simulation
 from rayslice.local.state import (
     CLOUD_API_CREDENTIALS_FILE,
     CLOUD_API_ENDPOINT_FILE,
@@ -35,11 +36,6 @@ from rayslice.local.state import (
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
 from rayslice.spec import ClusterSpec
-
-if TYPE_CHECKING:
-    from rayslice.local.simulator import Simulation
-
-LOCAL_PROJECT = "rayslice-local"  # the project the emulation uses when the spec names none
 
 
 class SimulatedCluster(Protocol):
@@ -167,8 +163,6 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     host's link); the head VM's metadata token is accepted as a token the emulation issued, as
     Google accepts a VM's service-account token.
     """
-    from rayslice.local.simulator import Simulation
-
     opened = Simulation.open(state_dir)
     spec = opened.spec()
     sim = _Refreshing(opened)

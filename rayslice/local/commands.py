@@ -22,9 +22,11 @@ import click
 
 from rayslice.cli import Group, load_spec, spec_options
 from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
-from rayslice.local.simulator import FAILED_PREFIX, JOINED, Simulation, require_root
+from rayslice.local.cloud_bridge import request_preempt
+from rayslice.local.simulator import Simulation, require_root
 from rayslice.local.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
 from rayslice.local.status import format_report, status_report
+from rayslice.names import STATE_FAILED_PREFIX, STATE_JOINED
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -123,7 +125,7 @@ def up_command(
     try:
         _as_root(sim.boot_all)
         states = sim.wait_for(
-            lambda s: all(v == JOINED or v.startswith(FAILED_PREFIX) for v in s.values()),
+            lambda s: all(v == STATE_JOINED or v.startswith(STATE_FAILED_PREFIX) for v in s.values()),
             timeout,
             on_change=show,
         )
@@ -137,7 +139,7 @@ def up_command(
             err=True,
         )
         raise
-    ok = all(v == JOINED for v in states.values())
+    ok = all(v == STATE_JOINED for v in states.values())
     click.echo(f"{'all hosts joined' if ok else 'bring-up failed'} after {time.monotonic() - start:.1f}s\n")
     click.echo(format_report(status_report(sim)))
     if not ok:
@@ -227,7 +229,6 @@ def preempt_command(state_dir: Path | None, slice_name: str) -> int:
     Asks the simulation's cloud API emulation (`rayslice.local.cloud_bridge`), which `local up`
     starts with every simulation and `local down` stops.
     """
-    from rayslice.local.cloud_bridge import request_preempt  # the emulation's client, only here
 
     require_root()
     hosts = request_preempt(state_dir or default_state_dir(), slice_name)

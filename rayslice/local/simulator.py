@@ -57,7 +57,6 @@ from rayslice.local.state import (
     CLOUD_API_FILES,
     CLOUD_API_LOG,
     CLOUD_API_PROCESS,
-    RECOVERY_KIND,
     ROLE_HEAD_VM,
     HostPaths,
     HostPlan,
@@ -67,17 +66,19 @@ from rayslice.local.state import (
     new_run_id,
     subnet_prefix,
 )
-from rayslice.names import DASHBOARD_PORT, GUEST_ATTRIBUTE_NAMESPACE
+from rayslice.names import (
+    DASHBOARD_PORT,
+    GUEST_ATTRIBUTE_NAMESPACE,
+    STATE_FAILED_PREFIX,
+    STATE_KEY,
+)
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import RenderOptions, render
 
 TOKEN_PATH = "etc/rayslice/ray-token"  # below a host's root, where the boot script reads it
-STATE_KEY = "state"  # guest attribute the boot script publishes its progress in
-JOINED = "joined"
-FAILED_PREFIX = "failed"
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount")
-# How often the simulated head's recovery controller looks (the cloud default is 30 s): a
-# simulated preemption is then noticed within seconds.
+# How often the simulated head's recovery controller looks (the cloud default is 30 s), through
+# the boot script's RAYSLICE_RECOVERY_INTERVAL_S: a simulated preemption is noticed within seconds.
 LOCAL_RECOVERY_INTERVAL_S = 5
 
 
@@ -193,8 +194,6 @@ class Simulation:
             script = render(spec, options)
         sim._build(spec, script, metadata_unavailable_for, metadata_silent_for)
         sim._start_cloud_api()
-        if spec.head == "vm" and spec.recovery:
-            sim._start_recovery(spec)
         return sim
 
     @classmethod
@@ -334,38 +333,9 @@ class Simulation:
                 "(`rayslice local down` removes the simulation)"
             )
 
-    def _start_recovery(self, spec: ClusterSpec) -> None:
-        """Run the recovery controller as a service in the head VM's network namespace.
-
-        On GCP it is meant to be a systemd service on the head VM; the head's boot script does not
-        install it yet (docs/recovery.md), so the simulator starts it itself, with the same
-        arguments and the emulation's endpoint overrides. It reaches the API and the head's
-        metadata server (credentials, guest attributes) as it would on the VM, and a shell loop
-        restarts it when it exits, as systemd's ``Restart=always`` would. Unlike a process on a
-        VM, it keeps running while the head VM is powered off.
-        """
-        from rayslice.local.cloud_bridge import project_of  # the emulation's names, only here
-
-        head = next(h for h in self.plan.hosts if h.role == ROLE_HEAD_VM)
+    def _head_vm_environment(self) -> dict[str, str]:
         endpoint = json.loads((self.state_dir / CLOUD_API_ENDPOINT_FILE).read_text())
-        controller = [
-            sys.executable,
-            "-m",
-            "rayslice.recovery",
-            f"--project={project_of(spec)}",
-            f"--zone={spec.zone}",
-            f"--cluster={spec.name}",
-            f"--platform={spec.platform}",
-            f"--slices={spec.slices}",
-            f"--interval={LOCAL_RECOVERY_INTERVAL_S}",
-        ]
-        # The arguments reach the loop as "$@", never as shell text.
-        loop = 'while :; do "$@"; echo "recovery controller exited $?; restarting in 5s"; sleep 5; done'
-        argv = ["ip", "netns", "exec", head.netns, "bash", "-c", loop, "rayslice-recovery", *controller]
-        env = {**host_environment("/root"), **endpoint["env"], "PYTHONUNBUFFERED": "1"}
-        key = f"{RECOVERY_KIND}:{head.name}"
-        self.state.processes[key] = start_detached(argv, self.paths(head.name).recovery_log, env)
-        self.state.save()
+        return {**endpoint["env"], "RAYSLICE_RECOVERY_INTERVAL_S": str(LOCAL_RECOVERY_INTERVAL_S)}
 
     def _stop_cloud_api(self) -> None:
         """Stop the emulation, only while the recorded PID still runs exactly `cloud_api_argv`."""
@@ -392,9 +362,8 @@ class Simulation:
         Everything removed is named by the (checked) plan or lies under the state dir it was
         loaded from; nothing is found by pattern.
         """
-        for key, ref in list(self.state.processes.items()):  # first the services that act on hosts
-            if key.partition(":")[0] == RECOVERY_KIND:
-                self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
+        if self.plan.head.role == ROLE_HEAD_VM:  # first the recovery controller, which acts on hosts
+            self.power_off(self.plan.head.name)
         self._stop_cloud_api()
         for host in self.plan.hosts:
             self.power_off(host.name)
@@ -438,9 +407,13 @@ class Simulation:
         """Power the host on: fresh PID/UTS/mount namespaces run the startup script (GCE: at every boot).
 
         `env` adds variables to the script's otherwise clean environment (tests shorten the
-        script's documented RAYSLICE_HEAD_DEADLINE_S with it).
+        script's documented RAYSLICE_HEAD_DEADLINE_S with it). The head VM's environment also
+        points the cloud API clients at the emulation (the endpoint overrides gcloud and
+        `rayslice.recovery.cloud` honour) and shortens the recovery controller's interval.
         """
         host = self.plan.host(name)
+        if host.role == ROLE_HEAD_VM:
+            env = {**self._head_vm_environment(), **(env or {})}
         if self.running(name):
             raise SimulatorError(f"host {name} is already running; use reboot")
         paths = self.paths(name)
@@ -561,8 +534,8 @@ class Simulation:
         for host in self.plan.hosts:
             state = self.guest_attributes(host.name).get(STATE_KEY, "")
             code = self.script_exit(host.name)
-            if code not in (None, 0) and not state.startswith(FAILED_PREFIX):
-                state = f"{FAILED_PREFIX}: startup-script exited {code}"
+            if code not in (None, 0) and not state.startswith(STATE_FAILED_PREFIX):
+                state = f"{STATE_FAILED_PREFIX}startup-script exited {code}"
             states[host.name] = state
         return states
 

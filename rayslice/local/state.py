@@ -59,8 +59,7 @@ ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM)
 RUN_ID = re.compile(r"[0-9a-f]{6}")
 # GCE instance names (RFC 1035 labels, at most 63 characters): no "/", "." or ".." can pass.
 HOST_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
-PROCESS_KINDS = ("metadata", "boot", "recovery")  # state.processes keys are "<kind>:<host name>"
-RECOVERY_KIND = "recovery"  # the recovery controller's service, on the head VM only
+PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
 # The one process of the simulation itself rather than of a host: the cloud API emulation
 # (`cloud_bridge`), in the root namespace on the bridge address. Its key has no host part, and
 # `destroy` stops it only while its command line is still exactly `cloud_api_argv`.
@@ -176,7 +175,6 @@ def check_state(state: SimulationState) -> None:
     """
     problems = _plan_problems(state.plan)
     host_names = {h.name for h in state.plan.hosts}
-    head_vms = {h.name for h in state.plan.hosts if h.role == ROLE_HEAD_VM}
     for key, ref in state.processes.items():
         kind, _, host = key.partition(":")
         if key != CLOUD_API_PROCESS and (kind not in PROCESS_KINDS or host not in host_names):
@@ -184,8 +182,6 @@ def check_state(state: SimulationState) -> None:
                 f"process key {key!r} is not {CLOUD_API_PROCESS!r} or "
                 f"<{'|'.join(PROCESS_KINDS)}>:<host of this plan>"
             )
-        elif kind == RECOVERY_KIND and host not in head_vms:
-            problems.append(f"process key {key!r}: the recovery controller runs on the head VM only")
         if not (isinstance(ref.pid, int) and isinstance(ref.start_time, int) and ref.pid > 1):
             problems.append(f"process {key!r} has no valid pid/start time: {ref!r}")
     for shared in state.shared_paths:
@@ -345,8 +341,3 @@ class HostPaths:
     @property
     def metadata_log(self) -> Path:
         return self.dir / "metadata.log"
-
-    @property
-    def recovery_log(self) -> Path:
-        """The recovery controller's output on the head VM: one JSON line per event."""
-        return self.dir / "recovery.log"

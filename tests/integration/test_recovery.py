@@ -1,13 +1,11 @@
-"""Recovery on real namespaces: the controller runs as the service `Simulation.create` starts in
-the simulated head VM's network namespace, as on a cloud VM (Application Default Credentials from
-the head's metadata server, the API through the endpoint override, events as the head's guest
-attributes); the cloud API emulation that `create` also starts runs beside the simulation on its
-bridge; `rayslice local preempt` powers a slice off; the controller notices by itself and
-recreates it, its hosts boot again; `rayslice status` shows the preemption and the recreation;
-`rayslice local down` stops both processes and removes the emulation's files.
-
-A tiny boot script stands in for the real one (no Ray): what is under test is the path from
-preemption to recreated hosts, not Ray's rejoin (see docs/recovery.md, what is left).
+"""Recovery on real namespaces, with the real boot script on every host: the simulated head VM's
+boot script writes the controller from its metadata and runs it as its second supervised service,
+as on a cloud VM (Application Default Credentials from the head's metadata server, the API through
+the endpoint override, events to the head's log and guest attributes); the cloud API emulation
+that `Simulation.create` starts runs beside the simulation on its bridge; `rayslice local preempt`
+powers a slice off; the controller notices by itself and recreates it, its hosts boot again and
+rejoin Ray; `rayslice status` shows the preemption and the recreation; `rayslice local down`
+stops everything and removes the emulation's files.
 """
 
 from __future__ import annotations
@@ -25,19 +23,10 @@ from rayslice.local import cloud_bridge, state
 from rayslice.local.processes import is_alive
 from rayslice.local.simulator import LOCAL_RECOVERY_INTERVAL_S, Simulation
 
-TINY_SCRIPT = r"""#!/bin/bash
-set -euo pipefail
-url=http://metadata.google.internal/computeMetadata/v1
-md() { curl -sSf --max-time 2 -H 'Metadata-Flavor: Google' "$url/$1"; }
-put() {
-  curl -sSf -X PUT --data-binary "$2" -H 'Metadata-Flavor: Google' \
-    "$url/instance/guest-attributes/rayslice/$1"
-}
-until md instance/id >/dev/null 2>&1; do sleep 0.2; done
-put boots $(( $(md instance/guest-attributes/rayslice/boots 2>/dev/null || echo 0) + 1 ))
-put state joined
-setsid sleep 1000 </dev/null >/dev/null 2>&1 &
-"""
+
+def _boots(sim: Simulation, host: str) -> int:
+    """How often the host's startup script ran (its console log, as GCE's serial port shows it)."""
+    return sim.paths(host).console.read_text().count("running startup-script")
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 60) -> None:
@@ -57,9 +46,9 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
         {"platform": platform, "acceleratorType": accelerator, "slices": 2, "capacity": "spot"},
         require_zone=False,
     )
-    sim = Simulation.create(cluster, simulation_dir, script=TINY_SCRIPT)
+    sim = Simulation.create(cluster, simulation_dir)
     sim.boot_all()
-    _wait(lambda: all(v == "joined" for v in sim.states().values()))
+    _wait(lambda: all(v == "joined" for v in sim.states().values()), 300)
 
     bridge = sim.state.processes[state.CLOUD_API_PROCESS]  # started and recorded by `create`
     assert is_alive(bridge)
@@ -67,12 +56,14 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     project, zone = cloud_bridge.project_of(cluster), str(cluster.zone)
     head = sim.plan.head.name
     assert head == names.head_name(cluster.name)
-    service = sim.state.processes[f"{state.RECOVERY_KIND}:{head}"]  # the controller, started by `create`
-    assert is_alive(service)
-    log = sim.paths(head).recovery_log
+    # The head's boot script started the controller as its second service, from the bundle.
+    head_root = sim.paths(head).root
+    log = head_root / "var/log/rayslice/recovery-events.jsonl"
+    _wait(lambda: "recovery: watching 2 slice(s)" in (head_root / "var/log/rayslice/boot.log").read_text())
+    assert (head_root / "opt/rayslice/recovery.pyz").read_bytes().startswith(b"PK")
 
     def events() -> list[dict[str, str]]:
-        return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     time.sleep(2 * LOCAL_RECOVERY_INTERVAL_S)
     assert events() == []  # healthy: nothing to do, nothing recorded
@@ -83,14 +74,15 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
 
     # The controller notices on its own, within its interval, and recreates the slice; its hosts
-    # boot a second time, the other slice's hosts are untouched.
-    _wait(lambda: all(sim.guest_attributes(h).get("boots") == "2" for h in victims), 120)
+    # boot a second time and rejoin Ray, the other slice's hosts are untouched.
+    _wait(lambda: all(_boots(sim, h) == 2 for h in victims), 120)
     _wait(lambda: len(events()) == 1, 60)
+    _wait(lambda: sum(1 for n in sim.ray_nodes() if n["resources"].get("TPU")) == 2, 240)
     time.sleep(2 * LOCAL_RECOVERY_INTERVAL_S)  # whole again: no further events
     assert [(e["slice"], e["action"], e["outcome"]) for e in events()] == [
         ("rayslice-slice-1", "recreate", "recreated")
     ]
-    assert all(sim.guest_attributes(h)["boots"] == "1" for h in cloud_bridge.slice_hosts(sim.plan, 0))
+    assert all(_boots(sim, h) == 1 for h in [head, *cloud_bridge.slice_hosts(sim.plan, 0)])
     stored = [k for k in sim.guest_attributes(head) if k.startswith("recovery-")]
     assert len(stored) == 1  # recorded once, on the head VM, through its metadata server
 
@@ -119,6 +111,5 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     # `rayslice local down` stops the emulation by its recorded PID and removes its files.
     assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == 0
     assert not is_alive(bridge)
-    assert not is_alive(service)
     assert not any((simulation_dir / name).exists() for name in state.CLOUD_API_FILES)
     assert not os.path.exists(simulation_dir / state.STATE_FILE)

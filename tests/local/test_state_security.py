@@ -19,7 +19,7 @@ from rayslice.local.netns import in_netns
 from rayslice.local.private_files import ensure_private_dir, write_private
 from rayslice.local.processes import ProcessRef
 from rayslice.local.simulator import Simulation
-from rayslice.local.state import CLOUD_API_PROCESS, RECOVERY_KIND, STATE_FILE, SimulationState, make_plan
+from rayslice.local.state import CLOUD_API_PROCESS, STATE_FILE, SimulationState, make_plan
 
 NET = ipaddress.IPv4Network("100.64.9.0/24")
 
@@ -119,7 +119,6 @@ def _saved_state(state_dir: Path) -> dict:
             f"boot:{worker}": ProcessRef(4321, 99),
             f"metadata:{worker}": ProcessRef(4322, 99),
             CLOUD_API_PROCESS: ProcessRef(4323, 99),
-            f"{RECOVERY_KIND}:{plan.hosts[0].name}": ProcessRef(4325, 99),  # hosts[0]: the head VM
         },
         shared_paths=("/opt/venv",),
         firewall="nft",
@@ -155,8 +154,8 @@ TAMPERINGS = {
     "cloud api key prefix": lambda raw, victim: raw["processes"].update(
         {"cloud": {"pid": 4324, "start_time": 1}}
     ),
-    "recovery on a TPU host": lambda raw, victim: raw["processes"].update(
-        {f"{RECOVERY_KIND}:{raw['plan']['hosts'][1]['name']}": {"pid": 4326, "start_time": 1}}
+    "process of another kind": lambda raw, victim: raw["processes"].update(
+        {f"recovery:{raw['plan']['hosts'][0]['name']}": {"pid": 4326, "start_time": 1}}
     ),
     "cloud api pid 1": lambda raw, victim: raw["processes"].update(
         {CLOUD_API_PROCESS: {"pid": 1, "start_time": 1}}
