@@ -10,6 +10,9 @@ import jsonschema
 import pytest
 import yaml
 
+from rayslice.local.wheelhouse import ensure_wheelhouse
+from rayslice.spec import load
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 INTEGRATION = Path(__file__).resolve().parent / "integration"
@@ -32,6 +35,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail("CI=true but not root: the simulator tests need root (network namespaces)")
     pytest.skip("needs root (network namespaces); run as root")
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """The repo's local wheelhouse (jax preset, Ray, uv and their dependencies), as an offline site
+    keeps one; built once from the package index, then reused by every test that installs."""
+    return ensure_wheelhouse(REPO / ".wheelhouse", load({"acceleratorType": "v6e-4"}, require_zone=False))
 
 
 @pytest.fixture(scope="session")

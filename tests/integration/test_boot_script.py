@@ -7,17 +7,12 @@ rendered ones (process supervisor, package source, root). These tests start real
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation, default_package_source
-from rayslice.local.wheelhouse import ensure_wheelhouse
 from rayslice.startup_scripts import RenderOptions, render
-
-REPO = Path(__file__).resolve().parents[2]
-WHEELHOUSE = REPO / ".wheelhouse"
 
 
 def _spec(**raw: object) -> spec_module.ClusterSpec:
@@ -50,12 +45,6 @@ def _wait_nodes(sim: Simulation, count: int, timeout: float) -> list[dict]:
 
 def _log(sim: Simulation, host: str) -> str:
     return (sim.paths(host).root / "var/log/rayslice/boot.log").read_text()
-
-
-@pytest.fixture(scope="module")
-def wheelhouse() -> Path:
-    """A local wheelhouse with the jax preset, Ray and uv, as an offline site would keep one."""
-    return ensure_wheelhouse(WHEELHOUSE, _spec(acceleratorType="v6e-4"))
 
 
 @pytest.fixture(scope="module")

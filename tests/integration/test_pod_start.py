@@ -273,11 +273,10 @@ def test_token_auth_reaches_ray_from_kuberays_injected_environment(tmp_path, fak
         assert token not in result.stderr + result.stdout
 
 
-def test_pod_installs_its_requirements_from_a_wheelhouse_before_starting_ray(tmp_path, fake_ray):
+def test_pod_installs_its_requirements_from_a_wheelhouse_before_starting_ray(tmp_path, fake_ray, wheelhouse):
     """The install block the boot script shares, run by the pod script with the image's pip: here
     a fresh venv's python3 stands in for the image's, and the requirement is one small wheel from
     the repo's wheelhouse (the jax preset would take minutes)."""
-    wheelhouse = Path(__file__).resolve().parents[2] / ".wheelhouse"
     six = next(wheelhouse.glob("six-*.whl"), None)
     if six is None:
         pytest.fail(f"{wheelhouse} lacks six; build it with rayslice.local.wheelhouse")
