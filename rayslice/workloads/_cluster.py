@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -203,13 +204,24 @@ def one_host_options(chips: int, tpu_slice: TpuSlice) -> dict[str, Any]:
 
 
 def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[Any]:
-    """`ray.get` that turns a hang (a busy slice, a host that never joins) into a clear error."""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    if len(ready) != len(refs):
-        raise JobFailed(
-            f"{what} did not finish within {timeout_s:.0f} s "
-            f"({len(ready)}/{len(refs)} done); is another job holding the chips?"
-        )
+    """`ray.get` that turns a hang (a busy slice, a host that never joins) into a clear error, and
+    raises the first task failure at once.
+
+    The tasks of one multi-host program wait on each other in collectives: when one host's task
+    fails (its node was preempted, say), the others would wait for it until `timeout_s`, and the
+    error that ends the job would be the timeout, not the node's death that `rayslice run
+    --max-restarts` looks for.
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise JobFailed(
+                f"{what} did not finish within {timeout_s:.0f} s "
+                f"({len(refs) - len(pending)}/{len(refs)} done); is another job holding the chips?"
+            )
+        ray.get(ready)  # raises that task's error now
     return ray.get(refs)
 
 

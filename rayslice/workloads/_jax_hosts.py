@@ -40,7 +40,10 @@ class HostReport:
     result: Any
 
 
-@ray.remote(max_calls=1)  # a fresh process per task: jax.distributed and the chips are per process
+# A fresh process per task: jax.distributed and the chips are per process. No retry: one host's
+# task started again cannot rejoin a JAX program that is already running; the job must fail and be
+# submitted again whole (`rayslice run --max-restarts`).
+@ray.remote(max_calls=1, max_retries=0)
 def _host_task(
     fn: Callable[[], Any],
     env: dict[str, str],

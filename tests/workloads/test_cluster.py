@@ -1,0 +1,50 @@
+"""`_cluster.wait_ready` against a real local Ray: the first failure ends the wait at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from rayslice.errors import JobFailed
+from rayslice.workloads import _cluster
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote(max_retries=0)
+def _sleep(seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)
+    return "slept"
+
+
+@ray.remote(max_retries=0)
+def _fail() -> None:
+    raise RuntimeError("this host's task failed")
+
+
+def test_a_failed_task_is_raised_before_the_others_finish(local_ray: None) -> None:
+    # The sleeper outlasts the timeout: waiting for every task first would end in JobFailed.
+    refs = [_sleep.remote(600), _fail.remote()]
+    with pytest.raises(ray.exceptions.RayTaskError, match="this host's task failed"):
+        _cluster.wait_ready(refs, 60, "two tasks")
+    ray.cancel(refs[0], force=True)
+
+
+def test_tasks_that_do_not_finish_in_time_are_a_clear_error(local_ray: None) -> None:
+    refs = [_sleep.remote(0), _sleep.remote(600)]
+    with pytest.raises(JobFailed, match=r"two tasks did not finish within 3 s \(1/2 done\)"):
+        _cluster.wait_ready(refs, 3, "two tasks")
+    ray.cancel(refs[1], force=True)
+
+
+def test_every_result_in_order_when_all_succeed(local_ray: None) -> None:
+    assert _cluster.wait_ready([_sleep.remote(0.2), _sleep.remote(0)], 60, "two tasks") == ["slept"] * 2
