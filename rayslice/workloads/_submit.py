@@ -20,6 +20,7 @@ import asyncio
 import difflib
 import os
 import pkgutil
+import re
 import shlex
 import shutil
 import sys
@@ -257,7 +258,8 @@ def submit(
         except JobFailed as failure:
             if baseline is None or restarts >= max_restarts:
                 raise
-            reason = node_death_reason(f"{failure}\n{_job_logs(client, job_id)}")
+            text = f"{failure}\n{_job_logs(client, job_id)}"
+            reason = node_death_reason(text)
             if reason is None:
                 raise  # the job failed on its own: restarting would fail the same way
             restarts += 1
@@ -266,7 +268,7 @@ def submit(
                 file=sys.stderr,
                 flush=True,
             )
-            wait_until_whole(target, baseline, rejoin_timeout_s)
+            wait_until_whole(target, baseline, rejoin_timeout_s, dead=dead_node_ids(text))
             print(f"restart {restarts} of {max_restarts} after {reason}", flush=True)
 
 
@@ -319,6 +321,15 @@ def node_death_reason(text: str) -> str | None:
     return None
 
 
+# How Ray names a dead node in those messages ("node ID: <hex>", "node with node id: <hex>").
+DEAD_NODE_ID = re.compile(r"node id: ([0-9a-f]{4,})\b", re.IGNORECASE)
+
+
+def dead_node_ids(text: str) -> frozenset[str]:
+    """The IDs of the nodes a failure says died: they must be gone before the cluster counts as whole."""
+    return frozenset(match.lower() for match in DEAD_NODE_ID.findall(text))
+
+
 def _job_logs(client: JobSubmissionClient, job_id: str) -> str:
     try:
         return str(client.get_job_logs(job_id))[-LOG_TAIL_CHARS:]
@@ -332,6 +343,7 @@ class ClusterShape:
 
     slices: frozenset[str]
     nodes: int
+    alive: frozenset[str] = frozenset()  # the alive nodes' IDs
 
 
 def cluster_nodes(target: Target) -> list[dict[str, Any]]:
@@ -361,7 +373,8 @@ def shape_of(nodes: Sequence[dict[str, Any]]) -> ClusterShape:
     from rayslice.workloads import _cluster
 
     complete = {s.name for s in _cluster.tpu_slices(_cluster.tpu_hosts(nodes)) if s.complete}
-    return ClusterShape(frozenset(complete), sum(1 for n in nodes if n["Alive"]))
+    alive = frozenset(str(n["NodeID"]).lower() for n in nodes if n["Alive"])
+    return ClusterShape(frozenset(complete), len(alive), alive)
 
 
 def cluster_shape(target: Target) -> ClusterShape:
@@ -372,10 +385,17 @@ def cluster_shape(target: Target) -> ClusterShape:
 
 
 def wait_until_whole(
-    target: Target, baseline: ClusterShape, timeout_s: float, *, poll_s: float = 5.0, settle: int = 2
+    target: Target,
+    baseline: ClusterShape,
+    timeout_s: float,
+    *,
+    dead: frozenset[str] = frozenset(),
+    poll_s: float = 5.0,
+    settle: int = 2,
 ) -> None:
-    """Block until every slice of `baseline` is complete and as many nodes are alive, `settle`
-    polls in a row (a node Ray has not yet declared dead must not count as rejoined)."""
+    """Block until every slice of `baseline` is complete, as many nodes are alive and none of the
+    `dead` node IDs is, `settle` polls in a row. Ray lists a node that was just lost as alive until
+    its health check gives up, so right after the failure the lost slice can still look whole."""
     deadline = time.monotonic() + timeout_s
     in_a_row = 0
     while True:
@@ -383,7 +403,7 @@ def wait_until_whole(
             now = shape_of(cluster_nodes(target))
         except (OSError, ValueError, KeyError):  # the head itself may be coming back
             now = ClusterShape(frozenset(), 0)
-        whole = baseline.slices <= now.slices and now.nodes >= baseline.nodes
+        whole = baseline.slices <= now.slices and now.nodes >= baseline.nodes and not dead & now.alive
         in_a_row = in_a_row + 1 if whole else 0
         if in_a_row >= settle:
             return

@@ -13,9 +13,13 @@ from rayslice.workloads import _cluster
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+    # A local ray.init() in Ray 2.60 turns token auth on unless told otherwise: it writes a token to
+    # ~/.ray/auth_token and sets RAY_AUTH_MODE in this process, which other tests would then see.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        yield
+        ray.shutdown()
 
 
 @ray.remote(max_retries=0)

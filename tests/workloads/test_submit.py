@@ -465,6 +465,25 @@ def test_a_job_lost_with_its_node_is_resubmitted_once_the_slice_is_whole(cluster
     assert "restart 1 of 2 after ray.exceptions.NodeDiedError: Task failed because the node" in out
 
 
+def test_the_node_a_failure_names_must_be_gone_before_the_slice_counts_as_whole(cluster, capsys):
+    """Right after a preemption Ray still lists the lost node as alive (its health check has not
+    given up yet): the slice looks whole, but the job would land on a dead host."""
+    stale = [*WHOLE[:3], {**WHOLE[3], "NodeID": "5F3C"}]  # NODE_DIED names node 5f3c
+    jobs, polls = cluster(
+        [("FAILED", "Job entrypoint command failed", NODE_DIED), ("SUCCEEDED", "", "done\n")]
+    )
+    polls += [WHOLE, stale, stale, stale, WHOLE, WHOLE]
+    assert _submit.submit("jax_train", [], address="http://h:8265", max_restarts=1) == "SUCCEEDED"
+    assert len(jobs.submitted) == 2
+    assert polls == [WHOLE]  # every stale poll was waited out
+
+
+def test_dead_node_ids_are_read_from_rays_messages():
+    raylet = "The node with node id: 769C8EE5fdd14d2b and address: 10.0.0.8 has been marked dead"
+    assert _submit.dead_node_ids(f"{NODE_DIED}\n{raylet}") == {"5f3c", "769c8ee5fdd14d2b"}
+    assert _submit.dead_node_ids("ValueError: loss is nan") == frozenset()
+
+
 def test_a_job_that_fails_on_its_own_is_not_restarted(cluster, capsys):
     jobs, polls = cluster([("FAILED", "exit code 1", "ValueError: loss is nan\n")] * 3)
     polls += [WHOLE]
