@@ -10,11 +10,18 @@ stops everything and removes the emulation's files.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +34,29 @@ from rayslice.local.simulator import LOCAL_RECOVERY_INTERVAL_S, Simulation
 def _boots(sim: Simulation, host: str) -> int:
     """How often the host's startup script ran (its console log, as GCE's serial port shows it)."""
     return sim.paths(host).console.read_text().count("running startup-script")
+
+
+def _status(sim: Simulation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """`rayslice status --json` against the simulation, with the owner's credentials for the
+    emulation and its endpoint overrides, and every name derived from the spec's --set keys."""
+    cluster = sim.spec()
+    endpoint = json.loads((sim.state_dir / cloud_bridge.ENDPOINT_FILE).read_text())
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(sim.state_dir / cloud_bridge.CREDENTIALS_FILE))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    for key, value in endpoint["env"].items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    keys = {
+        "project": cloud_bridge.project_of(cluster),
+        "zone": str(cluster.zone),
+        "platform": cluster.platform,
+        "acceleratorType": cluster.accelerator_type,
+        "slices": str(cluster.slices),
+        "capacity": cluster.capacity,
+    }
+    sets = [arg for key, value in keys.items() for arg in ("--set", f"{key}={value}")]
+    assert cli.main(["status", *sets, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 60) -> None:
@@ -52,8 +82,6 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
 
     bridge = sim.state.processes[state.CLOUD_API_PROCESS]  # started and recorded by `create`
     assert is_alive(bridge)
-    endpoint = json.loads((simulation_dir / cloud_bridge.ENDPOINT_FILE).read_text())
-    project, zone = cloud_bridge.project_of(cluster), str(cluster.zone)
     head = sim.plan.head.name
     assert head == names.head_name(cluster.name)
     # The head's boot script started the controller as its second service, from the bundle.
@@ -86,23 +114,7 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     stored = [k for k in sim.guest_attributes(head) if k.startswith("recovery-")]
     assert len(stored) == 1  # recorded once, on the head VM, through its metadata server
 
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(simulation_dir / cloud_bridge.CREDENTIALS_FILE))
-    monkeypatch.setenv("NO_GCE_CHECK", "true")
-    for key, value in endpoint["env"].items():
-        monkeypatch.setenv(key, value)
-    capsys.readouterr()
-    status = [
-        "status",
-        "--set",
-        f"project={project}",
-        "--set",
-        f"zone={zone}",
-        "--set",
-        f"platform={platform}",
-    ]
-    config = ["--set", f"acceleratorType={accelerator}", "--set", "slices=2", "--set", "capacity=spot"]
-    assert cli.main([*status, *config, "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = _status(sim, monkeypatch, capsys)
     assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
     assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
     assert [(e["slice"], e["outcome"]) for e in data["events"]] == [("rayslice-slice-1", "recreated")]
@@ -113,3 +125,59 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     assert not is_alive(bridge)
     assert not any((simulation_dir / name).exists() for name in state.CLOUD_API_FILES)
     assert not os.path.exists(simulation_dir / state.STATE_FILE)
+
+
+def _bench_recovery() -> Any:
+    """bench/recovery.py, whose scenario is this acceptance test (the benchmark times it)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "recovery.py"
+    module_spec = importlib.util.spec_from_file_location("bench_recovery", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # its dataclasses resolve their annotations through it
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _fresh_loss() -> float:
+    """jax_train's loss at step 0 from scratch (one CPU process): what a run that lost its
+    checkpoint would start from."""
+    code = "from rayslice.workloads.jax_train import train; print(train(steps=2).losses[0])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return float(result.stdout.split()[-1])
+
+
+def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recovery issue's acceptance: head VM + 2 x v6e-16 Spot on compute; `rayslice run
+    jax_train --max-restarts 2 -- --steps 60 --checkpoint-dir D --checkpoint-every 10` on slice 1;
+    `rayslice local preempt` of that slice once step 20 is saved. Nothing else is done by hand."""
+    recovery = _bench_recovery()
+    checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))  # seen by all hosts
+    sim, _ = recovery.bring_up(recovery.cluster_spec("compute"), tmp_path / "sim")
+    try:
+        trace = recovery.preempt_during_training(sim, checkpoints)
+        out = trace.output
+        print(out[-5000:], trace.stderr[-5000:])  # shown when the test fails
+        assert trace.returncode == 0
+        # rayslice run told the node deaths apart, waited for the slice, resubmitted once.
+        assert re.search(r"^restart 1 of 2 after .+", out, re.M)
+        assert "restart 2 of 2" not in out
+        [resumed] = {int(k) for k in recovery.RESUMED.findall(out)}
+        assert resumed >= recovery.PREEMPT_AFTER_STEP
+        steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", out, re.M)]
+        assert steps == list(range(resumed, 60))  # the resumed run's steps, to the end
+        curve = [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", out, re.M)]
+        assert curve[0] < _fresh_loss()  # it went on from the checkpoint, not from scratch
+        assert sum(curve[-3:]) / 3 < curve[0]  # and kept falling
+        # The controller recreated exactly the preempted slice, once; status shows it.
+        data = _status(sim, monkeypatch, capsys)
+        assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
+        assert [(e["slice"], e["action"], e["outcome"]) for e in data["events"]] == [
+            (trace.victim, "recreate", "recreated")
+        ]
+        assert data["events"][0]["seen"].startswith("MIG ")
+    finally:
+        sim.destroy()
+        shutil.rmtree(checkpoints, ignore_errors=True)
