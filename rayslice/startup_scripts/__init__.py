@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 
 from rayslice.errors import InvalidInput
 from rayslice.names import (
@@ -36,37 +35,12 @@ from rayslice.names import (
 )
 from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.options import RenderOptions
 from rayslice.startup_scripts.templating import render_template
+from rayslice.startup_scripts.variables import script_variables
 
 # GCE metadata values are limited to 256 KB; the script must fit in one.
 METADATA_VALUE_LIMIT = 256 * 1024
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    """Where a real host and a simulated one differ; the defaults are a real TPU VM.
-
-    supervisor: ``systemd`` (a unit with Restart=always) or ``process`` (a restart loop in a
-        plain background process, for hosts without systemd such as the simulator).
-    package_source: None installs from PyPI (or the spec's packageIndex); ``wheels:DIR`` installs
-        offline from a local wheelhouse; ``venv:DIR`` reuses an existing venv that already has
-        everything (no install at all).
-    root: prefix of every path the script writes (state, logs, venv, token file, Ray's temp dir).
-    object_store_bytes: Ray's object store size per node; 0 lets the script take a quarter of the
-        host's memory. Simulated hosts share one /dev/shm, so the simulator sets it small.
-    """
-
-    supervisor: str = "systemd"
-    package_source: str | None = None
-    root: str = ""
-    object_store_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        from rayslice.startup_scripts.variables import PackageSource
-
-        if self.supervisor not in ("systemd", "process"):
-            raise InvalidInput(f"supervisor must be systemd or process, not {self.supervisor!r}")
-        PackageSource.parse(self.package_source)  # refuses anything but None, wheels:DIR, venv:DIR
 
 
 def config_hash(spec: ClusterSpec) -> str:
@@ -116,11 +90,10 @@ def host_attributes(
     return attributes
 
 
-def render(spec: ClusterSpec, options: RenderOptions = RenderOptions()) -> str:
-    """The boot script for every host of a slice of `spec` (and for its head VM)."""
-    from rayslice.startup_scripts.variables import script_variables
-
-    script = render_template("startup.sh.j2", **script_variables(spec, options))
+def render(spec: ClusterSpec, options: RenderOptions | None = None) -> str:
+    """The boot script for every host of a slice of `spec` (and for its head VM); without
+    `options`, for a real host."""
+    script = render_template("startup.sh.j2", **script_variables(spec, options or RenderOptions()))
     if len(script.encode()) > METADATA_VALUE_LIMIT:
         size = len(script.encode())
         raise InvalidInput(

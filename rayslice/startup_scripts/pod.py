@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from rayslice import names
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.templating import render_template
-from rayslice.startup_scripts.variables import PYTHON_VERSION, PackageSource, package_variables
+from rayslice.startup_scripts.variables import PYTHON_VERSION, package_variables
 
 TEMPLATE = "pod_start.sh.j2"
 

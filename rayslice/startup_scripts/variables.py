@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 
 from rayslice import names
-from rayslice import startup_scripts as ss
-from rayslice.errors import InvalidInput
 from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.options import PackageSource, RenderOptions
 
 # The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9; libtpu wheels for
 # torch_xla come from Google's find-links pages, as in the guide.
@@ -55,27 +53,6 @@ EXIT_PERMANENT = 78
 PYTHON_VERSION = "3.11"
 
 
-@dataclass(frozen=True)
-class PackageSource:
-    """Where hosts get their packages, parsed once from ``None`` | ``wheels:DIR`` | ``venv:DIR``.
-
-    ``pypi`` installs from PyPI or the spec's packageIndex; ``wheels`` installs offline from a
-    local wheelhouse; ``venv`` reuses an existing venv that already has everything (no install).
-    """
-
-    mode: str
-    location: str = ""
-
-    @classmethod
-    def parse(cls, text: str | None) -> PackageSource:
-        if text is None:
-            return cls("pypi")
-        mode, sep, location = text.partition(":")
-        if not sep or mode not in ("wheels", "venv") or not location:
-            raise InvalidInput(f"package source must be wheels:DIR or venv:DIR, not {text!r}")
-        return cls(mode, location)
-
-
 def requirement_lines(spec: ClusterSpec) -> list[str]:
     """The pip requirement lines every host installs, in install order.
 
@@ -111,7 +88,7 @@ def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, obj
     }
 
 
-def script_variables(spec: ClusterSpec, options: ss.RenderOptions) -> dict[str, object]:
+def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, object]:
     source = PackageSource.parse(options.package_source)
     return {
         **package_variables(spec, source),

@@ -14,6 +14,7 @@ from rayslice import spec
 from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
 from rayslice.startup_scripts import variables
+from rayslice.startup_scripts.options import PackageSource
 
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 
@@ -109,10 +110,8 @@ def test_install_fingerprint_follows_requirements():
     b = _spec({"acceleratorType": "v6e-16", "requirements": ["optax"]})
     c = _spec({"acceleratorType": "v6e-4"})
     fp = variables.install_fingerprint
-    assert fp(a, variables.PackageSource("pypi")) != fp(b, variables.PackageSource("pypi"))
-    assert fp(a, variables.PackageSource("pypi")) == fp(
-        c, variables.PackageSource("pypi")
-    )  # same packages, other shape
+    assert fp(a, PackageSource("pypi")) != fp(b, PackageSource("pypi"))
+    assert fp(a, PackageSource("pypi")) == fp(c, PackageSource("pypi"))  # same packages, other shape
 
 
 def test_host_attributes():
