@@ -5,7 +5,6 @@ The benchmark itself runs by hand (it takes minutes and needs root); these are i
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import stat
@@ -16,14 +15,9 @@ from pathlib import Path
 import pytest
 
 from rayslice.local.state import HostPlan
+from tests.bench import load
 
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_bringup", Path(__file__).parents[2] / "bench" / "bringup.py"
-)
-assert _SPEC is not None and _SPEC.loader is not None
-bringup = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = bringup  # dataclasses look their module up while the class is built
-_SPEC.loader.exec_module(bringup)
+bringup = load("bringup")
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 FIGURES = bringup.Figures(guide=300.0, first_boot=45.0, reboot=15.0, floor=10.0)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location(
-    "bench_train", Path(__file__).parents[2] / "bench" / "train.py"
-)
-bench_train = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench_train)
+from tests.bench import load
+
+bench_train = load("train")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ stops everything and removes the emulation's files.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from rayslice import cli, names, spec
 from rayslice.local import cloud_bridge, state
 from rayslice.local.processes import is_alive
 from rayslice.local.simulator import LOCAL_RECOVERY_INTERVAL_S, Simulation
+from tests.bench import load
 
 
 def _boots(sim: Simulation, host: str) -> int:
@@ -127,17 +127,6 @@ def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
     assert not os.path.exists(simulation_dir / state.STATE_FILE)
 
 
-def _bench_recovery() -> Any:
-    """bench/recovery.py, whose scenario is this acceptance test (the benchmark times it)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "recovery.py"
-    module_spec = importlib.util.spec_from_file_location("bench_recovery", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # its dataclasses resolve their annotations through it
-    module_spec.loader.exec_module(module)
-    return module
-
-
 def _fresh_loss() -> float:
     """jax_train's loss at step 0 from scratch (one CPU process): what a run that lost its
     checkpoint would start from."""
@@ -153,7 +142,7 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     """The recovery issue's acceptance: head VM + 2 x v6e-16 Spot on compute; `rayslice run
     jax_train --max-restarts 2 -- --steps 60 --checkpoint-dir D --checkpoint-every 10` on slice 1;
     `rayslice local preempt` of that slice once step 20 is saved. Nothing else is done by hand."""
-    recovery = _bench_recovery()
+    recovery = load("recovery")  # its scenario is this test; the benchmark times it
     checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))  # seen by all hosts
     sim, _ = recovery.bring_up(recovery.cluster_spec("compute"), tmp_path / "sim")
     try:
