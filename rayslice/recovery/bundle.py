@@ -10,7 +10,9 @@ requests, `RUNTIME_REQUIREMENTS`).
 
 It holds only the modules the controller imports (`MODULES`; tests run it with nothing else
 importable) and is byte-for-byte reproducible: fixed timestamps and order, so the head's
-metadata, and with it the head VM, changes only when this code does.
+metadata, and with it the head VM, changes only when this code does. These modules must run on
+Python 3.10 too: an offline head (packageIndex set) uses its image's python3, which is 3.10 on
+Ubuntu 22.04, where rayslice itself needs 3.11.
 """
 
 from __future__ import annotations

@@ -53,7 +53,9 @@ class Event:
 
     @classmethod
     def now(cls, slice_name: str, seen: str, action: str, outcome: str, attempt: int = 0) -> Event:
-        stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        # Not datetime.UTC: the controller runs on the head VM's Python, which is 3.10 on an
+        # offline Ubuntu 22.04 head (rayslice.recovery.bundle).
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
         return cls(stamp, slice_name, seen, action, outcome[:OUTCOME_MAX_CHARS], attempt)
 
     def to_json(self) -> str:

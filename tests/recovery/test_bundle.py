@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import json
@@ -82,3 +83,36 @@ def test_only_the_head_vm_of_a_recovering_cluster_carries_the_controller() -> No
         {"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2, "recovery": False}, require_zone=False
     )
     assert not {ATTR_RECOVERY_BUNDLE, ATTR_CLUSTER} & set(host_attributes(off, HEAD_VM_SLICE_INDEX))
+
+
+# Standard-library names that Python 3.11 added (its "What's New"): none may appear in the bundle.
+NEW_IN_311 = {
+    ("datetime", "UTC"),
+    ("typing", "Self"),
+    ("typing", "LiteralString"),
+    ("typing", "Never"),
+    ("typing", "assert_never"),
+    ("typing", "reveal_type"),
+    ("typing", "Required"),
+    ("typing", "NotRequired"),
+    ("enum", "StrEnum"),
+    ("asyncio", "TaskGroup"),
+    ("asyncio", "timeout"),
+}
+NEW_MODULES_311 = {"tomllib", "wsgiref.types"}
+
+
+def test_the_bundle_is_python_3_10_code() -> None:
+    """An offline head VM runs it with Ubuntu 22.04's Python 3.10 (see rayslice.recovery.bundle)."""
+    archive = zipfile.ZipFile(io.BytesIO(bundle.build()))
+    for name in archive.namelist():
+        tree = ast.parse(archive.read(name), filename=name, feature_version=(3, 10))
+        for node in ast.walk(tree):
+            assert not isinstance(node, ast.TryStar), f"{name}:{node.lineno}: except* is 3.11"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                assert (node.value.id, node.attr) not in NEW_IN_311, f"{name}:{node.lineno}"
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not {(node.module, a.name) for a in node.names} & NEW_IN_311, f"{name}:{node.lineno}"
+                assert node.module not in NEW_MODULES_311, f"{name}:{node.lineno}"
+            if isinstance(node, ast.Import):
+                assert not {a.name for a in node.names} & NEW_MODULES_311, f"{name}:{node.lineno}"
