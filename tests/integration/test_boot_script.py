@@ -90,7 +90,7 @@ def test_second_boot_takes_the_fast_path_with_one_node_per_host(slice16):
     assert sorted(n["ip"] for n in nodes) == sorted(h.ip for h in sim.plan.hosts)
     for host in sim.plan.hosts:
         log = _log(sim, host.name)
-        assert log.count("supervisor (process) started") == 2
+        assert log.count("rayslice-ray (process) started") == 2
         # Installed at the first boot only: the reboot found the marker and skipped the install.
         assert log.count("installing jax[tpu]") == 1, host.name
         assert "requirements unchanged" in log, host.name
