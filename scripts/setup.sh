@@ -14,6 +14,7 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v pgrep >/dev/null || need_apt+=(procps)
 command -v git >/dev/null || need_apt+=(git)
 command -v nft >/dev/null || need_apt+=(nftables)  # the simulator fences its bridge off from non-root users
+command -v iptables >/dev/null || need_apt+=(iptables)  # its other filter backend, which the tests check too
 
 PYTHON=""
 for candidate in python3.13 python3.12 python3.11 python3; do

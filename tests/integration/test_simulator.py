@@ -221,12 +221,16 @@ def test_metadata_fault_knobs_and_a_host_that_never_boots(simulation_dir):
     _wait(lambda: sim.states()[silent] == "joined", 60)
 
 
+PACKAGES = {firewall.NFT: "nftables", firewall.IPTABLES: "iptables"}
+
+
 @pytest.mark.parametrize("backend", [firewall.NFT, firewall.IPTABLES])
 def test_each_filter_backend_removes_exactly_its_own_run(backend):
     """Two runs' rules side by side: removing one leaves the other, and removing twice is harmless."""
     if shutil.which(backend) is None:
         pytest.fail(
-            f"{backend} is not installed; the simulator's packet filter needs it (apt-get install nftables)"
+            f"{backend} is not installed; scripts/setup.sh installs both filter backends "
+            f"(apt-get install {PACKAGES[backend]})"
         )
 
     def present(run_id: str) -> bool:
