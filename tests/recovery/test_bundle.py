@@ -13,10 +13,11 @@ import zipfile
 from pathlib import Path
 
 from rayslice import spec
+from rayslice.infra.metadata import host_metadata
 from rayslice.local.cloud_api import CloudApiEmulator
 from rayslice.names import ATTR_CLUSTER, ATTR_PLATFORM, ATTR_RECOVERY_BUNDLE, HEAD_VM_SLICE_INDEX
 from rayslice.recovery import bundle
-from rayslice.startup_scripts import host_attributes
+from rayslice.startup_scripts import host_attributes, render
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
 
 # Runs the zipapp as `python recovery.pyz ARGS` does, after removing the finder of this checkout's
@@ -116,3 +117,11 @@ def test_the_bundle_is_python_3_10_code() -> None:
                 assert node.module not in NEW_MODULES_311, f"{name}:{node.lineno}"
             if isinstance(node, ast.Import):
                 assert not {a.name for a in node.names} & NEW_MODULES_311, f"{name}:{node.lineno}"
+
+
+def test_the_head_metadata_with_the_controller_fits_compute_engines_limit() -> None:
+    """Compute Engine allows 512 KB of metadata per instance, keys and values together."""
+    spot = spec.load({"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2}, require_zone=False)
+    metadata = host_metadata(spot, render(spot), HEAD_VM_SLICE_INDEX, token_secret="rayslice-ray-token")
+    assert metadata[ATTR_RECOVERY_BUNDLE] == bundle.encoded()
+    assert sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) < 512 * 1024
