@@ -54,16 +54,18 @@ _ACCOUNT_ID_MAX = 30
 IAM_PROPAGATION_WAIT = "60s"
 HOSTS = "hosts"
 HEAD = "head"
+GKE_NODES = "gke-nodes"  # GKE's node pools (rayslice.infra.gke.cluster)
 # The mark a cut-short account ID carries per suffix. The hosts' has none: their IDs predate
 # the head's account, and a changed ID would replace the hosts' account in existing stacks.
-_SHORT_MARK = {HOSTS: "", HEAD: "h"}
+_SHORT_MARK = {HOSTS: "", HEAD: "h", GKE_NODES: "n"}
 # IAM role IDs: letters, digits, "_" and ".", at most 64 characters.
 _ROLE_ID_MAX = 64
 ROLE_SUFFIX_BYTES = 3  # the random end of each role ID: 6 hex characters
 
 
 def account_id(cluster_name: str, suffix: str = HOSTS) -> str:
-    """The ID (6-30 characters) of the cluster's `suffix` service account (`HOSTS` or `HEAD`).
+    """The ID (6-30 characters) of the cluster's `suffix` service account (`HOSTS`, `HEAD` or
+    `GKE_NODES`).
 
     ``<cluster>-<suffix>`` when it fits. Otherwise the cluster name is cut and given a hash of
     the full name (two long cluster names that share a prefix still get different accounts)

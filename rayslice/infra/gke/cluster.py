@@ -22,6 +22,7 @@ import pulumi_gcp as gcp
 import pulumiverse_time as time
 
 from rayslice.errors import InvalidInput
+from rayslice.infra import identity
 from rayslice.infra.gke import nodes
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.network import ClusterNetwork, region_of
@@ -230,11 +231,12 @@ class GkeCluster(pulumi.ComponentResource):
         """The nodes' own service account with `nodes.NODE_PROJECT_ROLES`, instead of the
         Compute Engine default account (which has Editor on the project in many projects).
 
-        Returns what the pools wait for: the grants, then `nodes.IAM_PROPAGATION_WAIT`.
+        Returns what the pools wait for: the grants, then `identity.IAM_PROPAGATION_WAIT` (the
+        same wait as the VM platforms' hosts).
         """
         account = gcp.serviceaccount.Account(
             f"{name}-nodes",
-            account_id=nodes.node_account_id(spec.name),
+            account_id=identity.account_id(spec.name, identity.GKE_NODES),
             project=spec.project,
             display_name=f"rayslice {spec.name} GKE nodes",
             description="GKE nodes of a rayslice cluster: logs, metrics and node metadata only",
@@ -253,7 +255,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.node_service_account = account.email
         return time.Sleep(
             f"{name}-nodes-iam-wait",
-            create_duration=nodes.IAM_PROPAGATION_WAIT,
+            create_duration=identity.IAM_PROPAGATION_WAIT,
             opts=pulumi.ResourceOptions(parent=self, depends_on=grants),
         )
 

@@ -8,7 +8,6 @@ shape of a slice is the catalog's; nothing here re-checks it (the tests compare 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from rayslice.names import slice_name
@@ -35,27 +34,11 @@ TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 # stackdriver.resourceMetadata.writer). Nothing more: the Ray image comes from Docker Hub, so
 # roles/artifactregistry.reader is not needed (docs/deploy-gke.md says when to add it).
 NODE_PROJECT_ROLES = ("roles/container.defaultNodeServiceAccount",)
-# IAM is eventually consistent: pulumi-gcp's own examples wait about a minute after creating an
-# account before a VM uses it. Pools wait this long after their grants.
-IAM_PROPAGATION_WAIT = "60s"
-_ACCOUNT_ID_MAX = 30  # IAM: 6-30 characters, [a-z][a-z0-9-]*[a-z0-9]
 
 
 def head_pool_name(spec: ClusterSpec) -> str:
     """The CPU pool the Ray head (and the KubeRay operator) runs on."""
     return f"{spec.name}-head"
-
-
-def node_account_id(cluster_name: str) -> str:
-    """The node service account's ID: ``<name>-gke-nodes``, or, when that is over 30
-    characters, the name cut short plus a hash of the whole name (two long names that share a
-    prefix still get different accounts)."""
-    wanted = f"{cluster_name}-gke-nodes"
-    if len(wanted) <= _ACCOUNT_ID_MAX:
-        return wanted
-    digest = hashlib.sha256(cluster_name.encode()).hexdigest()[:6]
-    head = cluster_name[: _ACCOUNT_ID_MAX - len(digest) - len("-n-")].rstrip("-")
-    return f"{head}-n-{digest}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import pytest
 from rayslice import spec as specs
 from rayslice.errors import InvalidInput
 from rayslice.infra.gke import cluster as gke_cluster
-from rayslice.infra.gke.nodes import node_account_id, tpu_pool_plans
+from rayslice.infra.gke.nodes import tpu_pool_plans
+from rayslice.infra.identity import GKE_NODES, account_id
 from tests.infra.gke.mocked import (
     ACCOUNT,
     CLUSTER,
@@ -264,13 +265,15 @@ def test_every_pool_runs_as_the_dedicated_node_account():
     ],
 )
 def test_node_account_id_fits_iam_rules(name, expected):
-    account = node_account_id(name)
+    account = account_id(name, GKE_NODES)
     assert re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", account), account
     assert account == expected
 
 
 def test_long_names_sharing_a_prefix_get_different_node_accounts():
-    assert node_account_id("team-a-large-training-run-1") != node_account_id("team-a-large-training-run-2")
+    assert account_id("team-a-large-training-run-1", GKE_NODES) != account_id(
+        "team-a-large-training-run-2", GKE_NODES
+    )
 
 
 def test_control_plane_is_private_without_authorized_networks():
