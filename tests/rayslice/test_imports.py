@@ -18,6 +18,11 @@ import rayslice
 
 PACKAGE = Path(rayslice.__file__).resolve().parent
 PLATFORMS = ("infra", "local", "workloads", "startup_scripts", "recovery")
+# Packages that are part of the core: their modules follow the core's rules.
+CORE_PACKAGES = ("spec",)
+# rayslice.spec's modules in dependency order: each imports only the ones before it, and never the
+# package itself (its __init__ imports them all to re-export their names, so that is a cycle).
+SPEC_LAYERS = ("model", "draft", "rules", "sources")
 
 # importer (a platform package, or "core" for rayslice/*.py) -> packages it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -35,9 +40,10 @@ def module_name(path: Path) -> str:
 
 
 def owner(module: str) -> str:
-    """ "core" for rayslice.<module>, else the platform package's short name."""
+    """ "core" for rayslice.<module> and the core's packages, else the platform package's short name."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PLATFORMS) else "core"
+    package = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PLATFORMS) else "core"
+    return "core" if package in CORE_PACKAGES else package
 
 
 def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -71,7 +77,19 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
         parts = name.split(".")
         if len(parts) >= 2 and parts[0] == "rayslice" and parts[1] in forbidden:
             bad.append(f"{module}:{line} imports {name}")
+        elif not spec_layer_allows(module, parts):
+            bad.append(f"{module}:{line} imports {name} (rayslice.spec's order: {' <- '.join(SPEC_LAYERS)})")
     return bad
+
+
+def spec_layer_allows(module: str, imported: list[str]) -> bool:
+    """Whether a module of rayslice.spec may import `imported` (true for every other module, and
+    for the package's __init__, which re-exports them all)."""
+    importer = module.split(".")
+    if len(importer) != 3 or importer[:2] != ["rayslice", "spec"] or imported[:2] != ["rayslice", "spec"]:
+        return True
+    earlier = SPEC_LAYERS[: SPEC_LAYERS.index(importer[2])]
+    return len(imported) > 2 and imported[2] in earlier
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
@@ -87,6 +105,11 @@ def test_every_package_is_covered():
     assert owners == {"core", *PLATFORMS}, owners
 
 
+def test_every_spec_module_has_a_layer():
+    modules = {p.stem for p in (PACKAGE / "spec").glob("*.py")} - {"__init__"}
+    assert modules == set(SPEC_LAYERS)
+
+
 @pytest.mark.parametrize(
     "module, source",
     [
@@ -97,6 +120,10 @@ def test_every_package_is_covered():
         ("rayslice.workloads._submit", "from rayslice.local.state import default_state_dir\n"),
         ("rayslice.workloads.jax_train", "from ..local import simulator\n"),
         ("rayslice.infra.cluster", "from rayslice.workloads import _cluster\n"),
+        ("rayslice.spec.rules", "from rayslice.infra import cluster\n"),
+        ("rayslice.spec.model", "from rayslice.spec.rules import load\n"),
+        ("rayslice.spec.rules", "from rayslice.spec.sources import NAMESPACE\n"),
+        ("rayslice.spec.draft", "from rayslice.spec import KEYS\n"),
     ],
 )
 def test_the_rule_catches_a_wrong_way_import(module, source):
@@ -109,6 +136,9 @@ def test_the_rule_catches_a_wrong_way_import(module, source):
         ("rayslice.local.commands", "from rayslice.cli import spec_options\n"),
         ("rayslice.infra.cluster", "from rayslice.startup_scripts import render\n"),
         ("rayslice.workloads.jax_train", "from . import _cluster\nfrom rayslice import catalog\n"),
+        ("rayslice.spec.sources", "from rayslice.spec.rules import load\nfrom rayslice import catalog\n"),
+        ("rayslice.spec.rules", "from rayslice.spec.draft import Draft\n"),
+        ("rayslice.cli", "from rayslice import spec\nfrom rayslice.spec import model\n"),
     ],
 )
 def test_the_rule_allows_the_right_way(module, source):

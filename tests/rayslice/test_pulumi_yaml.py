@@ -10,6 +10,7 @@ import yaml
 from pydantic import Field
 
 from rayslice import config_reference, spec
+from rayslice.spec import model
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = REPO / "Pulumi.yaml"
@@ -91,12 +92,12 @@ def test_docs_list_every_key_with_its_default():
 def model_with_an_extra_key(monkeypatch):
     """ClusterSpec plus one new field, as a developer would add it: nothing else edited."""
 
-    @spec.dataclass(frozen=True, kw_only=True, config=spec.ClusterSpec.__pydantic_config__)
-    class Extended(spec.ClusterSpec):
-        max_restarts: spec.Int = Field(3, description="How often a job is resubmitted after a node loss.")
+    @model.dataclass(frozen=True, kw_only=True, config=model.ClusterSpec.__pydantic_config__)
+    class Extended(model.ClusterSpec):
+        max_restarts: model.Int = Field(3, description="How often a job is resubmitted after a node loss.")
 
-    monkeypatch.setattr(spec, "ClusterSpec", Extended)
-    monkeypatch.setattr(spec, "KEYS", spec._keys())
+    monkeypatch.setattr(model, "ClusterSpec", Extended)
+    monkeypatch.setattr(spec, "KEYS", model._keys())
     return Extended
 
 

@@ -7,10 +7,12 @@ and that the message names the key and says what to do (the fragments listed in 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
 from rayslice import catalog, spec
+from rayslice.spec import draft, model
 
 BASE = {"acceleratorType": "v6e-16", "zone": "us-east5-b"}
 
@@ -134,6 +136,16 @@ def test_every_key_is_a_field_with_a_description():
     for key in spec.KEYS:
         assert key.description.endswith((".", ")")), key.name
         assert key.type in ("string", "integer", "boolean", "array", "object"), key.name
+
+
+def test_the_draft_has_every_spec_field_as_optional():
+    """The rules read a `Draft`; each of its fields is the spec's field, typed the same or None."""
+    spec_types = typing.get_type_hints(model.ClusterSpec, include_extras=True)
+    draft_types = typing.get_type_hints(draft.Draft, include_extras=True)
+    del spec_types["tpu"]  # from the catalog, not a key
+    assert set(draft_types) == {*spec_types, "refused"}
+    for field, annotation in spec_types.items():
+        assert draft_types[field] == annotation | None, field
 
 
 @pytest.mark.parametrize(
@@ -361,6 +373,23 @@ def test_gke_name_leaves_room_for_the_longest_node_pool(slices, longest_ok):
     [problem] = problems(**gke, name="a" * (longest_ok + 1))
     assert f"shorten name to at most {longest_ok} characters" in problem
     assert load(name="a" * (longest_ok + 1), slices=slices, head="vm").name  # TPU VM names may be longer
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        # Derived as compute, the platform would refuse runtimeVersion too.
+        ({"platform": "tpu-pod", "runtimeVersion": "v2-alpha-tpuv6e"}, "platform='tpu-pod'"),
+        # Derived as vm (spot), the head's n1 machine type would be refused in us-east5-b.
+        ({"head": "laptop", "capacity": "spot", "headMachineType": "n1-standard-16"}, "head='laptop'"),
+        # Absent, the zone would be reported as not set.
+        ({"zone": ["us-east5-b"]}, "zone must be a string"),
+    ],
+)
+def test_a_refused_derived_key_is_not_derived(overrides, refused):
+    """Only the user's wrong value is reported, nothing that would follow from a default guessed for it."""
+    [problem] = problems(**overrides)
+    assert refused in problem
 
 
 def test_every_problem_is_reported_at_once():

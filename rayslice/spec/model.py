@@ -1,0 +1,348 @@
+"""The spec model: `ClusterSpec`, one field per config key, and how raw values become typed.
+
+A pydantic dataclass declares each key once: type, default, description; the camelCase alias
+users write is generated from the field name. `KEYS` reads the declarations back for the readers
+(`rayslice.spec.draft`, `rayslice.spec.sources`) and for the generator of Pulumi.yaml's config
+section and docs/configuration.md (`rayslice.config_reference`).
+
+Pulumi config and ``--set`` hand over strings ("true", "2", a JSON list); the annotated types
+below (`Str`, `Int`, ...) coerce them, so a key's type says how its raw value is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import types
+import typing
+from functools import cache
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.alias_generators import to_camel
+from pydantic.dataclasses import dataclass
+from pydantic.fields import FieldInfo
+
+from rayslice import catalog
+from rayslice.names import slice_name
+
+DEFAULT_RAY_VERSION = "2.60.0"
+
+
+# ---- how raw values are coerced (Pulumi config and --set hand over strings) -------------------
+
+
+def _string(value: Any) -> str:
+    if isinstance(value, (dict, list, tuple, bool)):
+        raise ValueError(f"must be a string, got {value!r}")
+    return str(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"must be a whole number, got {value!r}")
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"must be a whole number, got {value!r}") from None
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    """A list of strings, also from a JSON list or from lines of text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = [line for line in value.splitlines() if line.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _mapping(value: Any) -> dict[str, str]:
+    """A mapping of strings, also from a JSON object; YAML nulls become empty strings."""
+    if isinstance(value, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            value = json.loads(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a mapping of strings, got {value!r}")
+    return {str(k): "" if v is None else str(v) for k, v in value.items()}
+
+
+Str = Annotated[str, BeforeValidator(_string)]
+Int = Annotated[int, BeforeValidator(_integer)]
+Bool = Annotated[bool, BeforeValidator(_boolean)]
+Strings = Annotated[tuple[str, ...], BeforeValidator(_strings)]
+StrMap = Annotated[dict[str, str], BeforeValidator(_mapping)]
+Platform = Annotated[Literal["compute", "tpu-vm", "gke"], BeforeValidator(_string)]
+Capacity = Annotated[Literal["on-demand", "spot", "reserved"], BeforeValidator(_string)]
+Head = Annotated[Literal["slice", "vm"], BeforeValidator(_string)]
+Preset = Annotated[Literal["jax", "xla"], BeforeValidator(_string)]
+RayAuth = Annotated[Literal["token", "none"], BeforeValidator(_string)]
+KubeRay = Annotated[Literal["helm", "addon"], BeforeValidator(_string)]
+
+# Keys whose default depends on other keys: `load` always fills them. Their field has no default
+# (so the attribute is never None), and Pulumi.yaml cannot declare them (no static default).
+DERIVED = "derived"
+
+
+def _derived(description: str) -> Any:
+    return Field(description=description, json_schema_extra={DERIVED: True})
+
+
+# ---- the spec: one field per config key -------------------------------------------------------
+
+
+@dataclass(
+    frozen=True,
+    kw_only=True,
+    config=ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        arbitrary_types_allowed=True,
+    ),
+)
+class ClusterSpec:
+    """A validated cluster description; build it with `load`, never directly from user input.
+
+    Every field except `tpu` is a config key; its alias is the camelCase name users write.
+    """
+
+    tpu: catalog.TpuType = Field(exclude=True, description="The catalog shape of acceleratorType.")
+    name: Str = Field(
+        "rayslice",
+        description="Prefix of every resource name (GCP name rules: lowercase letter, then letters, "
+        "digits, hyphens).",
+    )
+    project: Str | None = Field(None, description="GCP project; falls back to gcp:project.")
+    platform: Platform = _derived(
+        "Where the TPUs run: compute (Compute Engine VMs and managed instance groups), tpu-vm "
+        "(Cloud TPU VM API) or gke. Default: compute where Compute Engine offers the generation "
+        "(v5p, v6e, tpu7x), tpu-vm otherwise (gke for generations only GKE offers)."
+    )
+    accelerator_type: Str = Field(
+        "v6e-16",
+        description="TPU slice type, e.g. v6e-16, v5p-2x2x2 or tpu-v6e-slice-16 (see `rayslice catalog`).",
+    )
+    slices: Int = Field(
+        1, description="Number of identical slices; more than one is multislice (v4 and newer)."
+    )
+    zone: Str = _derived(
+        "GCP zone that offers the generation; falls back to gcp:zone (required for a cloud "
+        "deployment; the local simulator uses the generation's first zone)."
+    )
+    runtime_version: Str | None = Field(
+        None,
+        description="TPU VM runtime (software) version, platform tpu-vm only; default: the "
+        "generation's from the catalog.",
+    )
+    capacity: Capacity = Field("on-demand", description="on-demand, spot or reserved.")
+    reservation: Str | None = Field(
+        None,
+        description="Reservation name for capacity=reserved on GKE (TPU VMs use any matching reservation).",
+    )
+    head: Head = _derived(
+        "Where the Ray head runs: slice (worker 0 of slice 0) or vm (a CPU VM). Default: vm for "
+        "several slices or capacity=spot (a preempted slice cannot heal itself), slice otherwise."
+    )
+    head_machine_type: Str = Field(
+        catalog.DEFAULT_HEAD_MACHINE_TYPE,
+        description="Machine type of the CPU head VM (head=vm) or the GKE head node pool; its "
+        "family must be offered in the zone (the catalog's machine-family-by-zone table).",
+    )
+    network: Str | None = Field(
+        None, description="Existing VPC network name; absent: rayslice creates one with Cloud NAT."
+    )
+    subnetwork: Str | None = Field(
+        None,
+        description="Existing subnetwork of `network` (set both); absent: created with the network.",
+    )
+    external_ips: Bool = Field(
+        False,
+        description="Give TPU hosts external IPs (off: hosts reach package indexes through Cloud NAT).",
+    )
+    dashboard_source_ranges: Strings = Field(
+        (),
+        description="CIDR ranges, besides the cluster itself, allowed to reach the Ray dashboard / "
+        "Jobs API. Public ranges need rayAuth=token; ranges covering the whole internet are refused.",
+    )
+    preset: Preset = Field(
+        "jax",
+        description="Requirement set from the guide: jax (host-centric) or xla (PyTorch/XLA, "
+        "device-centric).",
+    )
+    requirements: Strings = Field((), description="Extra PEP 508 requirement lines installed on every host.")
+    package_index: Str | None = Field(
+        None,
+        description="Python package index URL used instead of PyPI (hosts without internet); "
+        "https:// or file://, without credentials in it.",
+    )
+    allow_insecure_package_index: Bool = Field(
+        False,
+        description="Allow a plain http:// packageIndex (anyone on the network path can then "
+        "tamper with packages installed as root).",
+    )
+    package_index_credentials_secret: Str | None = Field(
+        None,
+        description="Secret Manager secret (name) holding the packageIndex credentials as "
+        "user:password; hosts read it into uv's index credential variables.",
+    )
+    ray_version: Str = Field(DEFAULT_RAY_VERSION, description="Ray version installed on every host (X.Y.Z).")
+    labels: StrMap = Field(
+        default_factory=dict, description="GCP labels added to every resource (GCP label rules apply)."
+    )
+    ray_auth: RayAuth = Field(
+        "token", description="Ray token authentication: token (token kept in Secret Manager) or none."
+    )
+    recovery: Bool = Field(
+        True,
+        description="Run the recovery controller on the head VM: it recreates preempted or failed "
+        "slices whole. With capacity=spot it needs head=vm (the default for spot).",
+    )
+    kuberay: KubeRay = Field(
+        "helm",
+        description="GKE only: how the KubeRay operator is installed: helm (pinned release) or "
+        "addon (GKE Ray add-on).",
+    )
+    gke_cluster: Str | None = Field(
+        None,
+        description="GKE only: name of an existing cluster to add node pools to; absent: one is created.",
+    )
+    gke_authorized_networks: Strings = Field(
+        (),
+        description="GKE only: CIDR ranges allowed to reach the cluster's control-plane endpoint; "
+        "empty: private endpoint only.",
+    )
+
+    @property
+    def multislice(self) -> bool:
+        return self.slices > 1
+
+    @property
+    def total_hosts(self) -> int:
+        return self.tpu.hosts * self.slices
+
+    @property
+    def runs_recovery(self) -> bool:
+        """Whether the head VM runs the recovery controller (GKE recreates its node pools itself)."""
+        return self.recovery and self.head == "vm" and self.platform != "gke"
+
+    def slice_name(self, index: int) -> str:
+        return slice_name(self.name, index)
+
+    def as_config(self) -> dict[str, Any]:
+        """The spec as config keys (camelCase), the form stack files and `--set` use."""
+        values: dict[str, Any] = {}
+        for key in KEYS:
+            value = getattr(self, key.field)
+            values[key.name] = list(value) if isinstance(value, tuple) else value
+        values["labels"] = dict(self.labels)
+        return values
+
+
+# ---- the keys, read from the model (the generator and the readers use these) -------------------
+
+PULUMI_TYPES: dict[type, str] = {
+    str: "string",
+    int: "integer",
+    bool: "boolean",
+    tuple: "array",
+    dict: "object",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One config key as declared by a `ClusterSpec` field."""
+
+    name: str  # camelCase, as users write it
+    field: str  # the ClusterSpec attribute
+    type: str  # Pulumi config type: string | integer | boolean | array | object
+    description: str
+    default: Any  # None: no static default (optional, or derived when `derived`)
+    derived: bool
+    choices: tuple[str, ...]  # allowed values of a Literal key, else ()
+    info: FieldInfo
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not None
+
+
+def _base_type(annotation: Any) -> tuple[Any, tuple[str, ...]]:
+    """(python type, Literal choices) of an annotation, through Annotated and Optional."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        elif origin is Literal:
+            return str, tuple(typing.get_args(annotation))
+        elif origin is not None:
+            return origin, ()
+        else:
+            return annotation, ()
+
+
+def _keys() -> tuple[Key, ...]:
+    keys = []
+    fields: dict[str, FieldInfo] = ClusterSpec.__pydantic_fields__  # type: ignore[attr-defined]  # set by @dataclass
+    for field, info in fields.items():
+        if info.exclude:
+            continue
+        base, choices = _base_type(info.annotation)
+        default = (
+            None if info.is_required() else info.get_default(call_default_factory=True, validated_data={})
+        )
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        keys.append(
+            Key(
+                name=info.alias or field,
+                field=field,
+                type=PULUMI_TYPES[base],
+                description=info.description or "",
+                default=default,
+                derived=bool(extra.get(DERIVED)),
+                choices=choices,
+                info=info,
+            )
+        )
+    return tuple(keys)
+
+
+KEYS: tuple[Key, ...] = _keys()
+KEY_NAMES = {k.name for k in KEYS}
+_BY_NAME = {k.name: k for k in KEYS}
+
+
+@cache
+def _adapter(name: str) -> TypeAdapter[Any]:
+    info = _BY_NAME[name].info
+    annotation: Any = info.annotation
+    return TypeAdapter(Annotated[annotation, *info.metadata] if info.metadata else annotation)
+
+
+def coerce(key: Key, value: Any) -> Any:
+    """A raw value as the key's type, or ValueError with a message that names the key."""
+    try:
+        return _adapter(key.name).validate_python(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        if error["type"] == "literal_error":
+            raise ValueError(
+                f"{key.name}={value!r} is not valid; use one of: {', '.join(key.choices)}"
+            ) from None
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{key.name} {message}") from None

@@ -1,0 +1,368 @@
+"""The rules across keys, and `load`, which applies them to a draft and returns the spec.
+
+Each `_check_*` reads the typed attributes of a `Draft` and appends what it refuses to
+`problems`, each saying what to do; a key that is None (unset, or refused on its own) is left
+alone, so one wrong value never hides another problem. The derived keys are filled here too:
+platform and head before the rules that read them, zone, runtime version and the catalog's name
+of the accelerator type once nothing was refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from rayslice import catalog
+from rayslice.errors import SpecError
+from rayslice.names import slice_name
+from rayslice.spec.draft import Draft, read
+from rayslice.spec.model import DEFAULT_RAY_VERSION, ClusterSpec, Platform
+
+# GCP resource names (RFC 1035) and label keys/values.
+_GCP_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+_RUNTIME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+_RAY_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_URL = re.compile(r"^(https?|file)://[^\s'\"`$;\\]+$")
+# Secret Manager secret IDs: letters, digits, '-' and '_', at most 255 characters.
+_SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+# Longest name rayslice derives from `name` is "<name>-slice-NN-fw-internal" (63 max).
+_NAME_MAX = 40
+# GKE refuses node pool names longer than this; the longest pool is the last slice's.
+GKE_NODE_POOL_NAME_MAX = 40
+
+
+def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
+    """Validate raw config values (strings or YAML/JSON values) and return the spec.
+
+    Raises `SpecError` listing every problem at once. `require_zone` is off only for the local
+    simulator, which needs no zone: it then uses the generation's first documented zone for the
+    metadata it serves.
+    """
+    problems: list[str] = []
+    draft = read(raw, problems)
+    tpu = _resolve_tpu(draft, problems)
+    _check_names(draft, problems)
+    _check_slices(draft, tpu, problems)
+    _check_head(draft, problems)
+    _check_zone(draft, tpu, problems, require_zone)
+    _check_runtime(draft, tpu, problems)
+    _check_requirements(draft, problems)
+    _check_package_index(draft, problems)
+    _check_network(draft, problems)
+    _check_dashboard(draft, problems)
+    _check_gke(draft, problems)
+    if problems:
+        raise SpecError(problems)
+    assert tpu is not None
+    draft.accelerator_type = tpu.accelerator_type
+    draft.zone = draft.zone or tpu.zones[0]
+    if draft.platform == "tpu-vm":
+        draft.runtime_version = draft.runtime_version or tpu.runtime_version
+    return draft.spec(tpu)
+
+
+def _resolve_tpu(draft: Draft, problems: list[str]) -> catalog.TpuType | None:
+    """The catalog shape, on the platform given or the generation's default platform."""
+    name = draft.accelerator_type
+    if name is None:
+        return None
+    gen = catalog.generation_of(name)
+    if draft.platform is None and "platform" not in draft.refused:
+        # The catalog names its platforms by the same three words as `Platform`.
+        draft.platform = cast(Platform, gen.default_platform if gen is not None else "tpu-vm")
+    if draft.platform is None:
+        return None  # an invalid platform, reported above
+    try:
+        return catalog.lookup(name, draft.platform)
+    except catalog.CatalogError as exc:
+        problems.append(f"acceleratorType: {exc}")
+        return None
+
+
+def _check_names(draft: Draft, problems: list[str]) -> None:
+    name = draft.name
+    if name is not None and (not _GCP_NAME.match(name) or len(name) > _NAME_MAX):
+        problems.append(
+            f"name={name!r} breaks GCP naming rules: use 1-{_NAME_MAX} characters, a lowercase "
+            "letter first, then lowercase letters, digits or hyphens, not ending in a hyphen"
+        )
+    resources = (
+        ("network", draft.network),
+        ("subnetwork", draft.subnetwork),
+        ("reservation", draft.reservation),
+        ("gkeCluster", draft.gke_cluster),
+    )
+    for key, value in resources:
+        if value is not None and not _GCP_NAME.match(value):
+            problems.append(
+                f"{key}={value!r} is not a valid GCP resource name: use up to 63 lowercase "
+                "letters, digits or hyphens, starting with a letter"
+            )
+    if draft.project is not None and not _PROJECT.match(draft.project):
+        problems.append(
+            f"project={draft.project!r} is not a valid GCP project ID: 6-30 lowercase "
+            "letters, digits or hyphens, starting with a letter"
+        )
+    if draft.head_machine_type is not None and not _MACHINE_TYPE.match(draft.head_machine_type):
+        problems.append(
+            f"headMachineType={draft.head_machine_type!r} is not a machine type name "
+            f"(e.g. {catalog.DEFAULT_HEAD_MACHINE_TYPE})"
+        )
+        draft.head_machine_type = None  # refused: the zone's machine families are not asked
+    labels = draft.labels or {}
+    if len(labels) > 60:
+        problems.append(
+            f"labels: {len(labels)} labels given; GCP allows 64 per resource and rayslice adds 4: "
+            "use at most 60"
+        )
+    for key, value in labels.items():
+        if not _LABEL_KEY.match(key):
+            problems.append(
+                f"labels: key {key!r} breaks GCP label rules: start with a lowercase letter, "
+                "then up to 62 lowercase letters, digits, '_' or '-'"
+            )
+        if not _LABEL_VALUE.match(value):
+            problems.append(
+                f"labels: value {value!r} of {key!r} breaks GCP label rules: up to 63 lowercase "
+                "letters, digits, '_' or '-'"
+            )
+
+
+def _check_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str], required: bool) -> None:
+    if "zone" in draft.refused:
+        return  # not a string, reported above
+    zone = draft.zone
+    if zone is None:
+        if required:
+            zones = f" ({tpu.generation} is offered in {', '.join(tpu.zones)})" if tpu else ""
+            problems.append(f"zone is not set: set rayslice:zone or gcp:zone{zones}")
+            return
+        zone = tpu.zones[0] if tpu is not None else None
+    elif not _ZONE.match(zone):
+        problems.append(f"zone={zone!r} is not a GCP zone name (e.g. us-central1-b)")
+        return
+    elif tpu is not None and zone not in tpu.zones:
+        problems.append(
+            f"zone {zone} does not offer TPU {tpu.generation}; use one of: {', '.join(tpu.zones)}"
+        )
+        return
+    machine_type = draft.head_machine_type
+    uses_head_machine = draft.head == "vm" or draft.slices != 1 or draft.platform == "gke"
+    if zone is not None and machine_type is not None and uses_head_machine:
+        problem = catalog.head_machine_problem(machine_type, zone)
+        if problem:
+            problems.append(f"headMachineType={machine_type!r}: {problem}")
+
+
+def _check_runtime(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    runtime = draft.runtime_version
+    if runtime is None or tpu is None:
+        return
+    if draft.platform != "tpu-vm":
+        source = (
+            "GKE picks the TPU runtime" if draft.platform == "gke" else "the catalog names the TPU OS image"
+        )
+        problems.append(
+            "runtimeVersion applies to the TPU VM API only; remove it for "
+            f"platform={draft.platform} ({source})"
+        )
+        return
+    if not _RUNTIME.match(runtime):
+        problems.append(
+            f"runtimeVersion={runtime!r} is not a runtime version name (e.g. {tpu.runtime_version})"
+        )
+        return
+    built_for = catalog.runtime_generations(runtime)
+    if tpu.generation not in built_for:
+        problems.append(
+            f"runtimeVersion {runtime} is built for {', '.join(built_for)}, not {tpu.generation}; "
+            f"use {tpu.runtime_version} (the default) or another {tpu.generation} runtime"
+        )
+
+
+def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    slices = draft.slices
+    if slices is None:
+        return
+    if not 1 <= slices <= 64:
+        problems.append(f"slices={slices} is out of range; use 1 to 64")
+    elif slices > 1 and tpu is not None and not tpu.multislice:
+        capable = ", ".join(g.name for g in catalog.GENERATIONS if g.multislice)
+        problems.append(
+            f"slices={slices}: {tpu.generation} does not support multislice; use slices=1 or one "
+            f"of: {capable}"
+        )
+
+
+def _check_head(draft: Draft, problems: list[str]) -> None:
+    """Fill `head` (vm for multislice and spot) and refuse the heads that cannot work."""
+    slices, capacity = draft.slices, draft.capacity
+    if draft.head is None:
+        if "head" not in draft.refused:
+            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" else "slice"
+        return
+    if draft.head != "slice":
+        return
+    if slices is not None and slices > 1:
+        problems.append(
+            "head=slice with several slices puts the head on one slice's host; use head=vm for multislice"
+        )
+    if capacity == "spot" and draft.recovery:
+        problems.append(
+            "head=slice with capacity=spot puts the Ray head and the recovery controller on a Spot "
+            "host, so a preemption takes down what should recreate it: use head=vm (the default for "
+            "spot), or set recovery=false to keep head=slice without automatic recovery"
+        )
+
+
+def _check_requirements(draft: Draft, problems: list[str]) -> None:
+    for line in draft.requirements or ():
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            problems.append(
+                f"requirements: {line!r} is not a valid PEP 508 requirement ({exc}); e.g. 'optax>=0.2'"
+            )
+            continue
+        if req.url:
+            problems.append(
+                f"requirements: {line!r} installs from a URL; list a package name and use "
+                "packageIndex for a private index"
+            )
+    ray_version = draft.ray_version
+    if ray_version is not None and not _RAY_VERSION.match(ray_version):
+        problems.append(f"rayVersion={ray_version!r} is malformed; use a release like {DEFAULT_RAY_VERSION}")
+
+
+def _check_package_index(draft: Draft, problems: list[str]) -> None:
+    """Credentials never travel in the URL (they would land in metadata, `ps` and previews), and
+    plain http (packages installed as root, open to tampering) needs an explicit opt-in."""
+    index, secret = draft.package_index, draft.package_index_credentials_secret
+    if secret is not None:
+        if not _SECRET_ID.match(secret):
+            problems.append(
+                f"packageIndexCredentialsSecret={secret!r} is not a Secret Manager secret name: use "
+                "up to 255 letters, digits, '-' or '_' (the secret's ID, not its full path)"
+            )
+        if index is None:
+            problems.append(
+                "packageIndexCredentialsSecret is set without packageIndex: set packageIndex to the "
+                "index these credentials are for, or remove packageIndexCredentialsSecret"
+            )
+    if index is None:
+        return
+    if not _URL.match(index):
+        problems.append(f"packageIndex={index!r} is not an https:// or file:// URL without quotes or spaces")
+        return
+    parts = urlsplit(index)
+    if "@" in parts.netloc:
+        problems.append(
+            f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} carries "
+            "credentials in its URL, which would be readable in instance metadata, process lists "
+            "and previews: remove them from the URL, store 'user:password' in a Secret Manager "
+            "secret and set packageIndexCredentialsSecret=<secret name>"
+        )
+    if parts.scheme == "http" and not draft.allow_insecure_package_index:
+        problems.append(
+            f"packageIndex={index!r} uses plain http, so anyone on the network path can change the "
+            "packages hosts install as root: use https://, or set allowInsecurePackageIndex=true "
+            "if the path is trusted"
+        )
+
+
+def _networks(
+    key: str, ranges: tuple[str, ...] | None, problems: list[str]
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    nets = []
+    for cidr in ranges or ():
+        try:
+            nets.append(ipaddress.ip_network(cidr, strict=False))
+        except ValueError:
+            problems.append(f"{key}: {cidr!r} is not a CIDR range (e.g. 10.0.0.0/8)")
+    return nets
+
+
+def _covers_everything(nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    """Whether the ranges together cover all of IPv4 or all of IPv6 (0.0.0.0/1 + 128.0.0.0/1)."""
+    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    return ipaddress.IPv4Network("0.0.0.0/0") in ipaddress.collapse_addresses(v4) or (
+        ipaddress.IPv6Network("::/0") in ipaddress.collapse_addresses(v6)
+    )
+
+
+def _check_dashboard(draft: Draft, problems: list[str]) -> None:
+    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host."""
+    key = "dashboardSourceRanges"
+    nets = _networks(key, draft.dashboard_source_ranges, problems)
+    if _covers_everything(nets):
+        problems.append(
+            f"{key}: {', '.join(map(str, nets))} together cover the whole address space, which opens "
+            "the Ray dashboard and Jobs API to the internet; list only your own ranges"
+        )
+        return
+    public = [str(n) for n in nets if not n.is_private]
+    if public and draft.ray_auth == "none":
+        problems.append(
+            f"{key}: {', '.join(public)} {'is a public range' if len(public) == 1 else 'are public ranges'} "
+            "and rayAuth=none: anyone there could submit jobs through the Ray Jobs API and run code "
+            "on every host (remote code execution); set rayAuth=token, or list only private ranges"
+        )
+
+
+def _check_network(draft: Draft, problems: list[str]) -> None:
+    # A subnetwork name alone cannot be used: rayslice would create a new VPC and look for the
+    # subnetwork in it.
+    if draft.subnetwork is not None and draft.network is None:
+        problems.append(
+            f"subnetwork={draft.subnetwork!r} is set without network: set network to the VPC "
+            "that holds this subnetwork too (or remove subnetwork to let rayslice create both)"
+        )
+
+
+def _check_gke(draft: Draft, problems: list[str]) -> None:
+    """GKE's own limits on what the user chose, so `pulumi up` never fails half-way on them."""
+    if draft.platform != "gke":
+        for key, given in (
+            ("gkeCluster", draft.gke_cluster),
+            ("gkeAuthorizedNetworks", draft.gke_authorized_networks),
+        ):
+            if given:
+                problems.append(f"{key} applies to platform=gke only; remove it or set platform=gke")
+        return
+    key = "gkeAuthorizedNetworks"
+    if _covers_everything(_networks(key, draft.gke_authorized_networks, problems)):
+        problems.append(
+            f"{key} covers the whole address space, which opens the GKE control-plane endpoint to "
+            "the internet; list only your own ranges (empty: private endpoint only)"
+        )
+    if draft.capacity == "reserved" and not draft.reservation:
+        problems.append("capacity=reserved on GKE needs reservation=<name of your reservation>")
+    if draft.gke_cluster is not None:
+        for net_key, net in (("network", draft.network), ("subnetwork", draft.subnetwork)):
+            if net is not None:
+                problems.append(
+                    f"{net_key} is not used with gkeCluster (the existing cluster brings its own "
+                    f"network); remove {net_key}, or remove gkeCluster to create a cluster in it"
+                )
+    name, slices = draft.name, draft.slices
+    if name is None or slices is None or not 1 <= slices <= 64:
+        return  # reported above
+    longest = slice_name(name, slices - 1)  # "<name>-head" is shorter
+    if len(longest) > GKE_NODE_POOL_NAME_MAX:
+        room = GKE_NODE_POOL_NAME_MAX - (len(longest) - len(name))
+        problems.append(
+            f"name={name!r} is too long for platform=gke: node pool {longest!r} would have "
+            f"{len(longest)} characters and GKE allows {GKE_NODE_POOL_NAME_MAX}; shorten name "
+            f"to at most {room} characters"
+        )
