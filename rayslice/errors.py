@@ -7,7 +7,11 @@ a bug and keeps its traceback. The codes are part of the interface scripts rely 
 - 0: success
 - 1: the job ran and failed (`JobFailed`)
 - 2: bad input, caught before anything was created or touched (`InvalidInput` and subclasses)
-- 3: no cluster reachable, or no credentials (`NoCluster`, `NoCredentials`)
+- 3: no cluster reachable, no credentials, or a cloud API call failed (`NoCluster`,
+  `NoCredentials`, `CloudError`)
+
+The recovery controller's bundle carries this module to the head VM: it must stay Python 3.10
+code with no import outside the standard library.
 """
 
 from __future__ import annotations
@@ -64,3 +68,17 @@ class NoCredentials(RaysliceError):
     """Cloud credentials (Application Default Credentials) are missing or rejected."""
 
     exit_code = EXIT_NO_CLUSTER
+
+
+class CloudError(RaysliceError):
+    """A Google Cloud API call failed: the API answered with an HTTP error `status`, or did not
+    answer at all (`status` None: connection refused, timeout, ...). Callers handle the statuses
+    they expect (404: not there); any other ends the command with a line naming the call."""
+
+    exit_code = EXIT_NO_CLUSTER
+
+    def __init__(self, call: str, status: int | None, message: str):
+        self.call = call
+        self.status = status
+        outcome = f"HTTP {status}" if status is not None else "no answer"
+        super().__init__(" ".join(f"{call} failed: {outcome}: {message}".split()))

@@ -45,7 +45,7 @@ def test_wheel_has_only_the_rayslice_package(tmp_path):
         "local": "rayslice.local.commands:local_group",
         "preview": "rayslice.infra.commands:preview_command",
         "render": "rayslice.startup_scripts.commands:render_command",
-        "run": "rayslice.workloads.commands:run_command",
+        "run": "rayslice.jobs.commands:run_command",
         "status": "rayslice.recovery.commands:status_command",
     }
     for target in registered.values():  # every registered module is in the wheel

@@ -8,8 +8,8 @@ it. So infra puts this zip (a `zipapp`: ``python recovery.pyz ARGS`` runs
 supervisor with the venv's Python, which has the two libraries it imports (google-auth and
 requests, `RUNTIME_REQUIREMENTS`).
 
-It holds only the modules the controller imports (`MODULES`; tests run it with nothing else
-importable) and is byte-for-byte reproducible: fixed timestamps and order, so the head's
+It holds only the modules the controller imports (`MODULES`, shipped by `rayslice.shipping`;
+tests run it with nothing else importable) and is byte-for-byte reproducible, so the head's
 metadata, and with it the head VM, changes only when this code does. These modules must run on
 Python 3.10 too: an offline head (packageIndex set) uses its image's python3, which is 3.10 on
 Ubuntu 22.04, where rayslice itself needs 3.11.
@@ -18,9 +18,8 @@ Ubuntu 22.04, where rayslice itself needs 3.11.
 from __future__ import annotations
 
 import base64
-import io
-import zipfile
-from importlib import resources
+
+from rayslice import shipping
 
 # The controller's import closure inside rayslice (checked by tests/recovery/test_bundle.py).
 MODULES = (
@@ -32,34 +31,21 @@ MODULES = (
     "rayslice/recovery/controller.py",
     "rayslice/recovery/events.py",
 )
+# The module whose `main` the zipapp runs; MODULES is its closure.
+ENTRY = "rayslice.recovery.controller"
 # What the controller imports from outside the standard library; the head installs these.
 RUNTIME_REQUIREMENTS = ("google-auth", "requests")
 MAIN = (
     '"""rayslice recovery controller (see rayslice/recovery/controller.py)."""\n'
     "import sys\n\n"
-    "from rayslice.recovery.controller import main\n\n"
+    f"from {ENTRY} import main\n\n"
     "sys.exit(main())\n"
 )
-_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
-
-
-def _add(archive: zipfile.ZipFile, name: str, text: str) -> None:
-    info = zipfile.ZipInfo(name, date_time=_EPOCH)
-    info.compress_type = zipfile.ZIP_DEFLATED
-    info.external_attr = 0o644 << 16
-    archive.writestr(info, text)
 
 
 def build() -> bytes:
     """The zipapp's bytes: `MODULES` from this installation of rayslice, plus ``__main__.py``."""
-    package = resources.files("rayslice")
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        _add(archive, "__main__.py", MAIN)
-        for module in MODULES:
-            source = package.joinpath(*module.split("/")[1:])
-            _add(archive, module, source.read_text(encoding="utf-8"))
-    return buffer.getvalue()
+    return shipping.zipapp(MODULES, MAIN)
 
 
 def encoded() -> str:

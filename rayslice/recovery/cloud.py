@@ -13,6 +13,10 @@ RFC 6598 shared IP address, so a bearer token never crosses the internet in clea
 
 Every mutating call takes the set of names it may touch and refuses any other
 (`RefusedResource`): the controller's own check is the first guard, this is the second.
+
+Failures leave this module as `rayslice.errors` classes, translated once in `_request`: 401/403
+and refused credentials as `NoCredentials`, any other error status, a connection that fails or
+times out and an answer that is not JSON as `CloudError` naming the call (exit 3 from the CLI).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import google.auth.exceptions
 import requests
 from google.auth.transport.requests import AuthorizedSession
 
-from rayslice.errors import InvalidInput, NoCredentials
+from rayslice.errors import CloudError, InvalidInput, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 
 # Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
@@ -46,14 +50,6 @@ SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
 
 class RefusedResource(InvalidInput):
     """A call would touch a resource that is not one of this cluster's slices: never sent."""
-
-
-class CloudError(Exception):
-    """The API answered with an error that the caller may handle (`status` says which)."""
-
-    def __init__(self, status: int, message: str):
-        self.status = status
-        super().__init__(f"HTTP {status}: {message}")
 
 
 def endpoint(env: str, default: str, environ: Mapping[str, str] | None = None) -> str:
@@ -125,6 +121,8 @@ class CloudClient:
     def _request(
         self, method: str, url: str, *, params: Mapping[str, str] | None = None, body: Any = None
     ) -> dict[str, Any]:
+        """One API call; every way it can fail leaves as a `rayslice.errors` class (see above)."""
+        call = f"{method} {url}"
         try:
             response = self.session.request(method, url, params=params, json=body, timeout=REQUEST_TIMEOUT_S)
         except google.auth.exceptions.RefreshError as exc:
@@ -132,14 +130,24 @@ class CloudClient:
                 f"Google Cloud rejected the credentials ({exc}): run "
                 "`gcloud auth application-default login` again"
             ) from exc
+        except (requests.RequestException, google.auth.exceptions.TransportError) as exc:
+            raise CloudError(call, None, _reason(exc)) from exc
         if response.status_code in (401, 403):
             raise NoCredentials(
-                f"{method} {url} was refused (HTTP {response.status_code}: {_message(response)}); "
+                f"{call} was refused (HTTP {response.status_code}: {_message(response)}); "
                 "check that your Application Default Credentials may read this project"
             )
         if response.status_code >= 400:
-            raise CloudError(response.status_code, _message(response))
-        return response.json() if response.content else {}
+            raise CloudError(call, response.status_code, _message(response))
+        if not response.content:
+            return {}
+        try:
+            answer = response.json()
+        except ValueError:  # requests' JSONDecodeError
+            answer = None
+        if not isinstance(answer, dict):
+            raise CloudError(call, response.status_code, f"not a JSON object: {response.text[:200]}")
+        return answer
 
     def _tpu(self, path: str) -> str:
         loc = self.location
@@ -296,6 +304,19 @@ def operation_error(operation: Mapping[str, Any]) -> str | None:
 
 def _q(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a request got no answer, in a few words: the operating system's reason (e.g.
+    "Connection refused") found under requests' and urllib3's wrappers, else the error itself."""
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {REQUEST_TIMEOUT_S:g} s"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        cause = getattr(cause, "reason", None) or cause.__cause__ or cause.__context__
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def _message(response: requests.Response) -> str:

@@ -3,8 +3,8 @@
 The wheel is built from this checkout and installed with ``--no-deps`` into a new venv; the
 heavy dependencies (Ray, JAX, ...) come from this project's venv through a ``.pth`` line that
 adds its site-packages as a plain path (so its editable rayslice finder is never loaded). A
-marker module written into the INSTALLED copy only proves, on the cluster side, that the job got
-the installed copy and not the checkout.
+marker written into a shipped module of the INSTALLED copy only proves, on the cluster side, that
+the job got the installed copy and not the checkout.
 
 The Ray head, the client and the job share one sandbox: new network and PID namespaces (root),
 so the head's ports collide with nothing on the machine and everything dies with the sandbox.
@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import REPO
 
-MARKER = "_installed_marker"
+MARKER = "INSTALLED_MARKER"  # a name added to rayslice/workloads/__init__.py, which every job ships
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,8 @@ def installed(tmp_path_factory) -> Path:
         capture_output=True,
         timeout=300,
     )
-    (site / "rayslice" / "workloads" / f"{MARKER}.py").write_text("WHERE = 'installed'\n")
+    with (site / "rayslice" / "workloads" / "__init__.py").open("a") as shipped:
+        shipped.write(f"{MARKER} = 'installed'\n")
     return venv
 
 
@@ -94,10 +95,11 @@ def test_the_installed_copy_is_the_one_imported(installed, tmp_path):
 JOB = """\
 import json, os, sys
 import rayslice
-from rayslice.workloads import _installed_marker, _cluster
+from rayslice import workloads
+from rayslice.workloads import _cluster
 seen = sorted(os.path.relpath(os.path.join(d, f)) for d, dirs, files in os.walk(".") for f in files + dirs)
 print("JOB " + json.dumps({"args": sys.argv[1:], "seen": seen, "rayslice": rayslice.__file__,
-                          "marker": _installed_marker.WHERE}))
+                          "marker": workloads.INSTALLED_MARKER}))
 """
 
 SANDBOX = """\

@@ -231,18 +231,18 @@ def test_local_status_needs_no_root(monkeypatch, tmp_path, capsys):
 
 def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path):
     """`rayslice run` finds the simulation through the `rayslice.clusters` entry point, `default_cluster`."""
+    from rayslice.jobs import connection
     from rayslice.local.commands import default_cluster
     from rayslice.local.state import STATE_DIR_ENV
-    from rayslice.workloads import _submit
 
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "none"))
-    assert default_cluster() is None and _submit.simulated_cluster() is None
+    assert default_cluster() is None and connection.simulated_cluster() is None
     state_dir = tmp_path / "sim"
     _fake_simulation(state_dir)
     monkeypatch.setenv(STATE_DIR_ENV, str(state_dir))
-    assert _submit.simulated_cluster() == ("http://127.77.0.2:8265", None)
+    assert connection.simulated_cluster() == ("http://127.77.0.2:8265", None)
     (state_dir / "ray-token").write_text("t")
-    assert _submit.simulated_cluster() == ("http://127.77.0.2:8265", state_dir / "ray-token")
+    assert connection.simulated_cluster() == ("http://127.77.0.2:8265", state_dir / "ray-token")
 
 
 def test_restart_head_prints_one_line_per_host_and_keeps_rays_output_in_the_hosts_log(

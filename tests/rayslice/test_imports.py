@@ -1,23 +1,18 @@
 """Dependencies point one way: the core never imports a platform package, and platform packages
 import each other only where the design allows.
 
-Every module under rayslice/ is parsed with `ast`, so an import inside a function counts as much
-as one at the top (a lazy import is still a dependency), and so does `importlib.import_module` or
-`__import__` called with a literal module name. Commands reach the core's CLI through the
+Every module under rayslice/ is parsed with `ast` (tests/imports.py), so an import inside a
+function counts as much as one at the top. Commands reach the core's CLI through the
 ``rayslice.commands`` entry points instead.
 """
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-import rayslice
+from tests.imports import PACKAGE, imported_modules, module_name
 
-PACKAGE = Path(rayslice.__file__).resolve().parent
-PLATFORMS = ("infra", "local", "workloads", "startup_scripts", "recovery")
+PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery")
 # Packages that are part of the core: their modules follow the core's rules.
 CORE_PACKAGES = ("spec",)
 # rayslice.spec's modules in dependency order: each imports only the ones before it, and never the
@@ -27,16 +22,19 @@ SPEC_LAYERS = ("model", "draft", "rules", "sources")
 # importer (a platform package, or "core" for rayslice/*.py) -> packages it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "core": PLATFORMS,
-    "workloads": ("local", "infra", "startup_scripts"),  # jobs run on cluster hosts; no simulator there
-    "infra": ("local", "workloads"),
-    "startup_scripts": ("infra", "local", "workloads"),
-    "recovery": ("infra", "local", "workloads", "startup_scripts"),  # runs on the head VM from core alone
+    # jobs run on cluster hosts: no simulator there, and not the client that submitted them
+    "workloads": ("local", "infra", "startup_scripts", "jobs", "recovery"),
+    "jobs": ("local", "infra", "startup_scripts", "recovery"),  # the client: core and the jobs it ships
+    "infra": ("local", "workloads", "jobs"),
+    "startup_scripts": ("infra", "local", "workloads", "jobs"),
+    "recovery": (
+        "infra",
+        "local",
+        "workloads",
+        "jobs",
+        "startup_scripts",
+    ),  # runs on the head VM from core alone
 }
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def owner(module: str) -> str:
@@ -44,30 +42,6 @@ def owner(module: str) -> str:
     parts = module.split(".")
     package = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PLATFORMS) else "core"
     return "core" if package in CORE_PACKAGES else package
-
-
-def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import in `source`, wherever it stands."""
-    found: list[tuple[int, str]] = []
-    package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
-            found.append((node.lineno, prefix))
-            found += [(node.lineno, f"{prefix}.{alias.name}") for alias in node.names]
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                found.append((node.lineno, node.args[0].value))
-    return found
 
 
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
@@ -117,7 +91,9 @@ def test_every_spec_module_has_a_layer():
         ("rayslice.cli", "import rayslice.infra.cluster\n"),
         ("rayslice.spec", "from rayslice import workloads\n"),
         ("rayslice.cli", "import importlib\nimportlib.import_module('rayslice.startup_scripts')\n"),
-        ("rayslice.workloads._submit", "from rayslice.local.state import default_state_dir\n"),
+        ("rayslice.jobs.connection", "from rayslice.local.state import default_state_dir\n"),
+        ("rayslice.workloads.jax_train", "from rayslice.jobs import upload\n"),
+        ("rayslice.recovery.cloud", "from rayslice.jobs.connection import Target\n"),
         ("rayslice.workloads.jax_train", "from ..local import simulator\n"),
         ("rayslice.infra.cluster", "from rayslice.workloads import _cluster\n"),
         ("rayslice.spec.rules", "from rayslice.infra import cluster\n"),
@@ -139,6 +115,10 @@ def test_the_rule_catches_a_wrong_way_import(module, source):
         ("rayslice.spec.sources", "from rayslice.spec.rules import load\nfrom rayslice import catalog\n"),
         ("rayslice.spec.rules", "from rayslice.spec.draft import Draft\n"),
         ("rayslice.cli", "from rayslice import spec\nfrom rayslice.spec import model\n"),
+        (
+            "rayslice.jobs.restarts",
+            "from rayslice.workloads import _cluster\nfrom rayslice import shipping\n",
+        ),
     ],
 )
 def test_the_rule_allows_the_right_way(module, source):

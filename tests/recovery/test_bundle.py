@@ -18,6 +18,7 @@ from rayslice.local.cloud_api import CloudApiEmulator
 from rayslice.names import ATTR_CLUSTER, ATTR_PLATFORM, ATTR_RECOVERY_BUNDLE, HEAD_VM_SLICE_INDEX
 from rayslice.recovery import bundle
 from rayslice.startup_scripts import host_attributes, render
+from tests.imports import closure
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
 
 # Runs the zipapp as `python recovery.pyz ARGS` does, after removing the finder of this checkout's
@@ -46,6 +47,12 @@ def test_the_bundle_is_reproducible_and_holds_only_the_controller() -> None:
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
     assert names == ["__main__.py", *bundle.MODULES]
     assert base64.b64decode(bundle.encoded()) == data
+
+
+def test_the_bundle_holds_exactly_the_controllers_import_closure() -> None:
+    """Every module the controller imports from rayslice is in `MODULES`, and nothing else is."""
+    assert closure([bundle.ENTRY]) == set(bundle.MODULES)
+    assert len(set(bundle.MODULES)) == len(bundle.MODULES)
 
 
 def test_the_bundle_runs_one_pass_against_the_api_with_nothing_else_of_rayslice(

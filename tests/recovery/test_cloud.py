@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
+import requests
 
 from rayslice import names
-from rayslice.errors import InvalidInput
+from rayslice.errors import EXIT_NO_CLUSTER, CloudError, InvalidInput, RaysliceError
 from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.recovery import cloud as cloud_module
 from rayslice.recovery import controller
 from rayslice.recovery.cloud import (
     COMPUTE_DEFAULT,
     COMPUTE_ENDPOINT_ENV,
     TPU_DEFAULT,
     TPU_ENDPOINT_ENV,
+    CloudClient,
     endpoint,
 )
-from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
+from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, seed
 
 
 def test_endpoints_default_to_googles_and_follow_gclouds_override_variables() -> None:
@@ -68,3 +72,43 @@ def test_the_service_entry_point_recovers_once_and_logs_json_lines(
         (names.slice_name(CLUSTER, 0), "recreate", "recreated")
     ]
     assert log.stat().st_mode & 0o777 == 0o600
+
+
+# ---- failures leave the client as rayslice errors (the CLI's exit 3), translated once -----------
+
+
+def test_a_call_that_gets_no_answer_in_time_is_a_cloud_error_naming_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cloud_module, "REQUEST_TIMEOUT_S", 0.3)
+    with socket.socket() as silent:  # accepts the connection (backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        base = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+        client = CloudClient(requests.Session(), LOCATION, tpu_base=base, compute_base=base)
+        with pytest.raises(CloudError) as caught:
+            client.list_nodes()
+    error = caught.value
+    assert isinstance(error, RaysliceError) and error.exit_code == EXIT_NO_CLUSTER
+    assert error.status is None and error.call == f"GET {base}v2/projects/{PROJECT}/locations/{ZONE}/nodes"
+    assert str(error) == f"{error.call} failed: no answer: no answer within 0.3 s"
+
+
+def test_a_refused_connection_is_a_transient_failure_for_the_controller(
+    cloud: CloudApiEmulator, adc: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The controller reads an API it cannot reach as nothing seen: it records nothing and goes on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/"
+    monkeypatch.setenv(TPU_ENDPOINT_ENV, closed)
+    args = [f"--project={PROJECT}", f"--zone={ZONE}", f"--cluster={CLUSTER}", "--platform=tpu-vm"]
+    args += ["--slices=2"]
+    assert controller.main([*args, "--once", "--no-guest-attributes"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no event
+    lines = captured.err.splitlines()
+    assert [line.split(": GET")[0] for line in lines] == [
+        f"rayslice-recovery: could not read {names.slice_name(CLUSTER, i)}" for i in range(2)
+    ]
+    assert all(line.endswith("failed: no answer: Connection refused") for line in lines)

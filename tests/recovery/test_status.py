@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ from rayslice import cli, names
 from rayslice.errors import EXIT_NO_CLUSTER, NoCredentials
 from rayslice.local.cloud_api import CloudApiEmulator
 from rayslice.local.metadata import MetadataServer
-from rayslice.recovery.cloud import CloudClient
+from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
 from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed
 
 ARGS = ["--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "capacity=spot", "--set", "slices=2"]
@@ -115,3 +119,74 @@ def test_a_request_without_a_token_is_refused_by_the_emulation_as_by_google(clou
 def test_status_refuses_a_spec_without_project(adc: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status", "--set", f"zone={ZONE}"]) == 2
     assert "needs the project" in capsys.readouterr().err
+
+
+# ---- the API failing: one line naming the call and its status, exit 3, never a traceback -------
+
+
+class _Failing(BaseHTTPRequestHandler):
+    """An API that answers every call with one error status, in Google's error shape."""
+
+    status = 500
+
+    def _fail(self) -> None:
+        body = json.dumps({"error": {"code": self.status, "message": f"emulated failure {self.status}"}})
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    do_GET = do_POST = _fail
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def failing_api(adc: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Failing]]:
+    """Credentials from the emulation (its token endpoint), API calls to a server that fails them."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv(TPU_ENDPOINT_ENV, f"{url}/")
+    monkeypatch.setenv(COMPUTE_ENDPOINT_ENV, f"{url}/compute/v1/")
+    yield _Failing
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("status", [500, 429, 400])
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_status_when_the_api_answers_an_error_exits_3_with_one_line_naming_the_call(
+    failing_api: type[_Failing], capsys: pytest.CaptureFixture[str], platform: str, status: int
+) -> None:
+    failing_api.status = status
+    capsys.readouterr()
+    assert cli.main(["status", *ARGS, "--set", f"platform={platform}"]) == EXIT_NO_CLUSTER
+    captured = capsys.readouterr()
+    resource = "/nodes/" if platform == "tpu-vm" else "/instanceGroupManagers/"
+    [line] = captured.err.splitlines()
+    assert line.startswith("rayslice: GET http://127.0.0.1:") and f"{resource}{SLICE0} failed" in line
+    assert f"HTTP {status}: emulated failure {status}" in line
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_status_when_the_api_refuses_the_connection_exits_3_with_one_line_naming_the_call(
+    cloud: CloudApiEmulator, adc: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv(TPU_ENDPOINT_ENV, f"{url}/")
+    assert cli.main(["status", *ARGS, "--set", "platform=tpu-vm"]) == EXIT_NO_CLUSTER
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    node = f"{url}/v2/projects/{PROJECT}/locations/{ZONE}/nodes/{SLICE0}"
+    assert line.startswith(f"rayslice: GET {node} failed")
+    assert line.endswith("no answer: Connection refused")
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert cloud.calls == []  # only the emulation's token endpoint was asked, not its API

@@ -1,4 +1,4 @@
-"""Unit tests of the workloads' cluster reading and jax_train (`rayslice run`: test_submit.py)."""
+"""Unit tests of the workloads' cluster reading and jax_train (`rayslice run`: tests/jobs/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`rayslice run`: flag wiring for submitting a workload or a script (the work is in `_submit`).
+"""`rayslice run`: flag wiring for submitting a workload or a script (the work is in `submit`).
 
 Everything after the first ``--`` belongs to the job, wherever `run`'s own options stand
 (`run jax_train --address X -- --steps 20` and `run --address X jax_train -- --steps 20` are the
@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from rayslice.errors import EXIT_OK
-from rayslice.workloads import _submit
+from rayslice.jobs import restarts, submit, upload
 
 JOB_ARGS_KEY = "rayslice.job_args"
 
@@ -80,7 +80,7 @@ class RunCommand(click.Command):
 @click.option(
     "--rejoin-timeout",
     type=click.FloatRange(min=1),
-    default=_submit.REJOIN_TIMEOUT_S,
+    default=restarts.REJOIN_TIMEOUT_S,
     show_default=True,
     metavar="S",
     help="With --max-restarts: give up when the cluster is not whole again after S seconds.",
@@ -102,7 +102,7 @@ def run_command(
     Streams the job's logs and exits with its status. Arguments after -- go to the job.
     """
     if list_only:
-        names = _submit.workloads()
+        names = upload.workloads()
         width = max(map(len, names))
         for name, summary in names.items():
             click.echo(f"{name:<{width}}  {summary}")
@@ -110,7 +110,7 @@ def run_command(
     if target is None:
         raise click.UsageError("name a workload or a script (`rayslice run --list` shows the workloads)")
     job_args: list[Any] = ctx.meta[JOB_ARGS_KEY]
-    _submit.submit(
+    submit.submit(
         target,
         job_args,
         address=address,

@@ -1,15 +1,13 @@
-"""`rayslice run` without a cluster: its command line, what it uploads, where it sends a token.
+"""`rayslice run` without a cluster: its command line, where it sends a token, and when it
+restarts a job (what a job uploads: test_upload.py).
 
-What a working dir uploads is checked with Ray's own packer (`_zip_files`, the function that builds
-the package the Jobs API receives), so the test sees exactly what a job would see. The token tests
-answer Ray's client from a small HTTP server that records the headers it was sent.
+The token tests answer Ray's client from a small HTTP server that records the headers it was sent.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,22 +15,10 @@ from typing import ClassVar
 
 import pytest
 
-import rayslice
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFailed
+from rayslice.jobs import connection, restarts, submit, upload
 from rayslice.local.state import STATE_DIR_ENV, SimulationState, make_plan
-from rayslice.workloads import _submit
-
-ALL = [
-    "jax_multihost",
-    "jax_multislice",
-    "jax_single_host",
-    "jax_train",
-    "xla_multi_device",
-    "xla_multihost",
-    "xla_single",
-    "xla_train",
-]
 
 
 @pytest.fixture(autouse=True)
@@ -42,16 +28,10 @@ def _no_ambient_cluster(monkeypatch, tmp_path):
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "no-simulation"))
 
 
-def test_every_workload_module_is_listed_with_its_summary():
-    listed = _submit.workloads()
-    assert sorted(listed) == ALL
-    assert all(summary for summary in listed.values())
-
-
 def test_run_list_prints_one_line_per_workload(capsys):
     assert cli.main(["run", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ALL
+    assert [line.split()[0] for line in lines] == list(upload.workloads())  # checked in test_upload.py
 
 
 @pytest.mark.parametrize(
@@ -64,7 +44,7 @@ def test_run_list_prints_one_line_per_workload(capsys):
     ],
 )
 def test_jobs_url(address, url):
-    assert _submit.jobs_url(address) == url
+    assert connection.jobs_url(address) == url
 
 
 def test_a_name_that_is_not_a_workload_is_refused_with_suggestions(capsys):
@@ -91,7 +71,7 @@ def submitted(monkeypatch) -> list[tuple]:
         calls.append((target, list(job_args), options["address"]))
         return "SUCCEEDED"
 
-    monkeypatch.setattr(_submit, "submit", fake_submit)
+    monkeypatch.setattr(submit, "submit", fake_submit)
     return calls
 
 
@@ -138,104 +118,6 @@ def test_the_module_form_runs_the_same_command(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-# ---- staging rayslice for py_modules --------------------------------------------------------
-
-
-def test_the_staged_package_holds_core_and_workloads_only(tmp_path):
-    package = _submit.stage_rayslice(tmp_path)
-    assert (package / "catalog.py").is_file() and (package / "errors.py").is_file()
-    assert sorted(p.stem for p in (package / "workloads").glob("[!_]*.py") if p.stem != "commands") == ALL
-    for left_behind in ("local", "infra", "startup_scripts"):
-        assert not (package / left_behind).exists()
-    assert not list(package.rglob("__pycache__"))
-
-
-def test_staging_from_an_installed_package_that_already_holds_workloads(tmp_path, monkeypatch):
-    """The wheel's layout (site-packages/rayslice/workloads/...) once raised FileExistsError."""
-    import shutil
-
-    installed = tmp_path / "site-packages" / "rayslice"
-    shutil.copytree(Path(rayslice.__file__).parent, installed)
-    (installed / "workloads" / "marker_from_install.txt").write_text("installed copy")
-    monkeypatch.setattr(rayslice, "__file__", str(installed / "__init__.py"))
-    package = _submit.stage_rayslice(tmp_path / "staging")
-    assert (package / "workloads" / "marker_from_install.txt").read_text() == "installed copy"
-
-
-# ---- what a script's working dir uploads ------------------------------------------------------
-
-
-def uploaded(job: _submit.Job, tmp_path: Path) -> set[str]:
-    """The files Ray's own packer puts in the working_dir package for this job."""
-    from ray._private.runtime_env.packaging import _zip_files
-
-    env = _submit.runtime_env(job, tmp_path / "staging")
-    out = tmp_path / "package.zip"
-    _zip_files(env["working_dir"], env["excludes"], str(out), include_gitignore=True)
-    return {n for n in zipfile.ZipFile(out).namelist() if not n.endswith("/")}
-
-
-@pytest.fixture
-def project(tmp_path) -> Path:
-    """A script's folder as it often looks: a venv, the simulator's state, a token, keys, data."""
-    root = tmp_path / "project"
-    files = {
-        "train.py": "print('hi')\n",
-        "data/input.csv": "1,2\n",
-        "lib/util.py": "X = 1\n",
-        ".venv/bin/python": "",
-        ".venv/lib/site.py": "",
-        ".state/local/state.json": "{}",
-        ".state/local/ray-token": "secret",
-        "ray-token": "secret",
-        "sub/ray-token": "secret",
-        "server.pem": "-----BEGIN",
-        "deploy.key": "k",
-        ".env": "API_KEY=1",
-        ".git/config": "[core]",
-        "lib/__pycache__/util.cpython-311.pyc": "",
-        "big/weights.bin": "0",
-        ".rayignore": "big/\n",
-    }
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
-def test_a_scripts_folder_uploads_without_venv_state_tokens_keys_and_ignored_files(project, tmp_path):
-    job = _submit.resolve(str(project / "train.py"))
-    assert job.entrypoint == "python train.py" and job.working_dir == project
-    assert uploaded(job, tmp_path) == {"train.py", "data/input.csv", "lib/util.py", ".rayignore"}
-
-
-def test_working_dir_overrides_the_folder_and_the_script_runs_from_inside_it(project, tmp_path):
-    job = _submit.resolve(str(project / "lib" / "util.py"), working_dir=str(project))
-    assert job.entrypoint == "python lib/util.py" and job.working_dir == project
-    only_lib = _submit.resolve(str(project / "lib" / "util.py"))
-    assert uploaded(only_lib, tmp_path) == {"util.py"}
-
-
-def test_a_script_outside_the_working_dir_is_refused(project):
-    with pytest.raises(InvalidInput, match="is not inside --working-dir"):
-        _submit.resolve(str(project / "train.py"), working_dir=str(project / "data"))
-
-
-def test_the_home_folder_itself_is_never_uploaded(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "notebook.py").write_text("")
-    monkeypatch.setenv("HOME", str(home))
-    with pytest.raises(InvalidInput, match=r"refusing to upload .*home"):
-        _submit.resolve(str(home / "notebook.py"))
-    (home / "job").mkdir()
-    (home / "job" / "run.py").write_text("")
-    with pytest.raises(InvalidInput, match="refusing to upload"):
-        _submit.resolve(str(home / "job" / "run.py"), working_dir=str(home))
-    assert _submit.resolve(str(home / "job" / "run.py")).working_dir == home / "job"
-
-
 # ---- which cluster, and which token --------------------------------------------------------
 
 
@@ -259,7 +141,7 @@ def test_the_simulated_slice_is_found_in_the_default_state_dir(tmp_path, monkeyp
     state_dir = tmp_path / "sim"
     head_ip = fake_simulation(state_dir, token="sim-secret")
     monkeypatch.setenv(STATE_DIR_ENV, str(state_dir))
-    target = _submit.choose_target(None, None)
+    target = connection.choose_target(None, None)
     assert target.url == f"http://{head_ip}:8265" and target.source == "simulator"
     assert target.token_file is not None and target.token_file.read_text() == "sim-secret"
 
@@ -269,8 +151,12 @@ def test_ray_address_wins_over_the_simulator_and_gets_no_simulator_token(tmp_pat
     fake_simulation(state_dir, token="sim-secret")
     monkeypatch.setenv(STATE_DIR_ENV, str(state_dir))
     monkeypatch.setenv("RAY_ADDRESS", "http://10.1.2.3:8265")
-    assert _submit.choose_target(None, None) == _submit.Target("http://10.1.2.3:8265", None, "RAY_ADDRESS")
-    assert _submit.choose_target("other:8265", None) == _submit.Target("http://other:8265", None, "--address")
+    assert connection.choose_target(None, None) == connection.Target(
+        "http://10.1.2.3:8265", None, "RAY_ADDRESS"
+    )
+    assert connection.choose_target("other:8265", None) == connection.Target(
+        "http://other:8265", None, "--address"
+    )
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -317,16 +203,16 @@ def test_the_simulators_token_goes_to_the_simulator_only(tmp_path, monkeypatch, 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     token = tmp_path / "sim-token"
     token.write_text("sim-secret\n")
-    monkeypatch.setattr(_submit, "simulated_cluster", lambda: (url, token))
-    _submit.connect(_submit.choose_target(None, None))
+    monkeypatch.setattr(connection, "simulated_cluster", lambda: (url, token))
+    connection.connect(connection.choose_target(None, None))
     assert _authorization(seen) == {"Bearer sim-secret"}
     seen.clear()
-    _submit.connect(_submit.choose_target(url, None))  # the same server, named by the user
+    connection.connect(connection.choose_target(url, None))  # the same server, named by the user
     assert seen and _authorization(seen) == {None}
     seen.clear()
     mine = tmp_path / "mine"
     mine.write_text("user-secret")
-    _submit.connect(_submit.choose_target(url, mine))
+    connection.connect(connection.choose_target(url, mine))
     assert _authorization(seen) == {"Bearer user-secret"}
 
 
@@ -343,10 +229,10 @@ def test_a_cluster_that_wants_a_token_says_how_to_give_one(tmp_path, recorder, c
 
 def test_an_unreadable_or_empty_token_file_is_bad_input(tmp_path):
     with pytest.raises(InvalidInput, match="cannot read token file"):
-        _submit.auth_headers(tmp_path / "missing")
+        connection.auth_headers(tmp_path / "missing")
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(InvalidInput, match="is empty"):
-        _submit.auth_headers(tmp_path / "empty")
+        connection.auth_headers(tmp_path / "empty")
 
 
 # ---- --max-restarts: a node's death restarts the job, the job's own failure does not -----------
@@ -378,7 +264,7 @@ NODE_DIED = (
     ],
 )
 def test_node_death_is_told_apart_from_a_jobs_own_failure(text, dead):
-    reason = _submit.node_death_reason(text)
+    reason = restarts.node_death_reason(text)
     assert (reason is not None) == dead
     if dead:
         assert reason.removesuffix("...") in text and len(reason) <= 200
@@ -442,11 +328,13 @@ def cluster(monkeypatch):
 
     polls: list[list[dict]] = []
     monkeypatch.setattr(time, "sleep", lambda s: None)
-    monkeypatch.setattr(_submit, "cluster_nodes", lambda target: polls.pop(0) if len(polls) > 1 else polls[0])
+    monkeypatch.setattr(
+        restarts, "cluster_nodes", lambda target: polls.pop(0) if len(polls) > 1 else polls[0]
+    )
 
     def make(outcomes):
         jobs = FakeJobs(outcomes)
-        monkeypatch.setattr(_submit, "connect", lambda target: jobs)
+        monkeypatch.setattr(connection, "connect", lambda target: jobs)
         return jobs, polls
 
     return make
@@ -457,7 +345,7 @@ def test_a_job_lost_with_its_node_is_resubmitted_once_the_slice_is_whole(cluster
         [("FAILED", "Job entrypoint command failed", NODE_DIED), ("SUCCEEDED", "", "done\n")]
     )
     polls += [WHOLE, BROKEN, BROKEN, WHOLE, WHOLE]  # before; after the death: 2 broken polls, then whole
-    status = _submit.submit("jax_train", ["--steps", "5"], address="http://h:8265", max_restarts=2)
+    status = submit.submit("jax_train", ["--steps", "5"], address="http://h:8265", max_restarts=2)
     assert status == "SUCCEEDED"
     assert jobs.submitted == ["python -m rayslice.workloads.jax_train --steps 5"] * 2
     assert polls == [WHOLE]  # it kept polling until the slice was whole twice in a row
@@ -473,22 +361,22 @@ def test_the_node_a_failure_names_must_be_gone_before_the_slice_counts_as_whole(
         [("FAILED", "Job entrypoint command failed", NODE_DIED), ("SUCCEEDED", "", "done\n")]
     )
     polls += [WHOLE, stale, stale, stale, WHOLE, WHOLE]
-    assert _submit.submit("jax_train", [], address="http://h:8265", max_restarts=1) == "SUCCEEDED"
+    assert submit.submit("jax_train", [], address="http://h:8265", max_restarts=1) == "SUCCEEDED"
     assert len(jobs.submitted) == 2
     assert polls == [WHOLE]  # every stale poll was waited out
 
 
 def test_dead_node_ids_are_read_from_rays_messages():
     raylet = "The node with node id: 769C8EE5fdd14d2b and address: 10.0.0.8 has been marked dead"
-    assert _submit.dead_node_ids(f"{NODE_DIED}\n{raylet}") == {"5f3c", "769c8ee5fdd14d2b"}
-    assert _submit.dead_node_ids("ValueError: loss is nan") == frozenset()
+    assert restarts.dead_node_ids(f"{NODE_DIED}\n{raylet}") == {"5f3c", "769c8ee5fdd14d2b"}
+    assert restarts.dead_node_ids("ValueError: loss is nan") == frozenset()
 
 
 def test_a_job_that_fails_on_its_own_is_not_restarted(cluster, capsys):
     jobs, polls = cluster([("FAILED", "exit code 1", "ValueError: loss is nan\n")] * 3)
     polls += [WHOLE]
     with pytest.raises(JobFailed, match="job job-1 FAILED: exit code 1"):
-        _submit.submit("jax_train", [], address="http://h:8265", max_restarts=2)
+        submit.submit("jax_train", [], address="http://h:8265", max_restarts=2)
     assert len(jobs.submitted) == 1
     assert "restart" not in capsys.readouterr().out
 
@@ -497,7 +385,7 @@ def test_restarts_stop_at_the_limit(cluster, capsys):
     jobs, polls = cluster([("FAILED", "lost", NODE_DIED)] * 3)
     polls += [WHOLE]
     with pytest.raises(JobFailed, match="job job-3 FAILED"):
-        _submit.submit("jax_train", [], address="http://h:8265", max_restarts=2)
+        submit.submit("jax_train", [], address="http://h:8265", max_restarts=2)
     assert len(jobs.submitted) == 3
     out = capsys.readouterr().out
     assert "restart 1 of 2 after" in out and "restart 2 of 2 after" in out and "restart 3" not in out
@@ -506,7 +394,7 @@ def test_restarts_stop_at_the_limit(cluster, capsys):
 def test_without_max_restarts_a_node_death_fails_at_once(cluster):
     jobs, polls = cluster([("FAILED", "lost", NODE_DIED)])
     with pytest.raises(JobFailed):
-        _submit.submit("jax_train", [], address="http://h:8265")
+        submit.submit("jax_train", [], address="http://h:8265")
     assert len(jobs.submitted) == 1 and polls == []  # the cluster is not even read
 
 
@@ -514,15 +402,13 @@ def test_a_cluster_that_never_heals_ends_the_restarts(cluster, monkeypatch):
     jobs, polls = cluster([("FAILED", "lost", NODE_DIED), ("SUCCEEDED", "", "")])
     polls += [WHOLE, BROKEN]
     with pytest.raises(JobFailed, match=r"not whole again after 1s \(incomplete slices: s0; 3 of 4"):
-        _submit.submit("jax_train", [], address="http://h:8265", max_restarts=1, rejoin_timeout_s=1)
+        submit.submit("jax_train", [], address="http://h:8265", max_restarts=1, rejoin_timeout_s=1)
     assert len(jobs.submitted) == 1
 
 
 def test_max_restarts_reaches_submit_from_the_command_line(monkeypatch):
     seen = {}
-    monkeypatch.setattr(
-        _submit, "submit", lambda target, args, **options: seen.update(options) or "SUCCEEDED"
-    )
+    monkeypatch.setattr(submit, "submit", lambda target, args, **options: seen.update(options) or "SUCCEEDED")
     assert cli.main(["run", "jax_train", "--max-restarts", "3", "--", "--steps", "2"]) == 0
     assert seen["max_restarts"] == 3
     assert cli.main(["run", "jax_train", "--max-restarts", "-1"]) == EXIT_INVALID

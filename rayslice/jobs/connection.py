@@ -1,0 +1,100 @@
+"""Where a job goes and how the client reaches it: the Jobs API address and the token for it.
+
+The token question is answered by where the address came from: the simulated slice's token goes
+to the simulated slice only; an address the user names gets the token file the user names (or
+whatever Ray's own `RAY_AUTH_*` variables say), never the simulator's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rayslice.errors import InvalidInput, NoCluster, NoCredentials
+from rayslice.names import DASHBOARD_PORT
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+# Packages that can offer a default cluster register a finder here (the simulator does), so
+# `rayslice.jobs` never imports them.
+CLUSTERS_GROUP = "rayslice.clusters"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a job will go: the Jobs API URL, the token file for it (if any), and how it was found."""
+
+    url: str
+    token_file: Path | None
+    source: str  # "--address", "RAY_ADDRESS" or "simulator"
+
+
+def jobs_url(address: str) -> str:
+    """Accept `http(s)://host:port`, `host:port` or a bare host (dashboard port 8265)."""
+    if "://" in address:
+        return address.rstrip("/")
+    return f"http://{address}" if ":" in address else f"http://{address}:{DASHBOARD_PORT}"
+
+
+def simulated_cluster() -> tuple[str, Path | None] | None:
+    """(dashboard URL, token file) of the simulated slice in the default state dir, if one is up.
+
+    The simulator registers its finder under ``rayslice.clusters``; a client installed without
+    the simulator has no such entry and gets None.
+    """
+    for entry in entry_points(group=CLUSTERS_GROUP):
+        finder: Callable[[], tuple[str, Path | None] | None] = entry.load()
+        if (found := finder()) is not None:
+            return found
+    return None
+
+
+def choose_target(address: str | None, token_file: Path | None) -> Target:
+    """--address, else RAY_ADDRESS, else the simulated slice; its token only in the last case."""
+    if address:
+        return Target(jobs_url(address), token_file, "--address")
+    if os.environ.get("RAY_ADDRESS"):
+        return Target(jobs_url(os.environ["RAY_ADDRESS"]), token_file, "RAY_ADDRESS")
+    found = simulated_cluster()
+    if found is None:
+        raise NoCluster(
+            "no Ray cluster to submit to: start the simulated slice with `rayslice local up`, "
+            "or pass --address http://HEAD:8265 (or set RAY_ADDRESS)"
+        )
+    url, simulator_token = found
+    return Target(url, token_file or simulator_token, "simulator")
+
+
+def auth_headers(token_file: Path | None) -> dict[str, str]:
+    """The Authorization header for a token file; none without one (Ray's own env then applies)."""
+    if token_file is None:
+        return {}
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read token file {token_file}: {exc.strerror}") from None
+    if not token:
+        raise InvalidInput(f"token file {token_file} is empty")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def connect(target: Target) -> JobSubmissionClient:
+    """A Jobs API client for `target`; `NoCredentials` or `NoCluster` (exit 3) when it cannot be had."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(target.url, headers=auth_headers(target.token_file))
+    except AuthenticationError as exc:
+        given = f"the token in {target.token_file} was refused" if target.token_file else "no token was sent"
+        raise NoCredentials(
+            f"the Ray cluster at {target.url} uses token auth and {given}: pass --token-file F with the "
+            f"cluster's token ({str(exc).splitlines()[0]})"
+        ) from None
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise NoCluster(f"no Ray cluster reachable at {target.url}: {exc}") from None

@@ -1,0 +1,99 @@
+"""Submitting a bundled workload or a user's script as a Ray job and following it to its end (the
+work behind `rayslice run`).
+
+The job goes through the Ray Jobs API (the head's dashboard port), so the client needs no Ray
+node of its own, and the cluster's hosts need Ray and JAX/torch_xla but not rayslice: the job
+carries what it imports (`rayslice.jobs.upload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rayslice.errors import JobFailed
+from rayslice.jobs import connection, restarts, upload
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+# How much of a failed job's log is searched for a node's death.
+LOG_TAIL_CHARS = 50_000
+
+
+def submit(
+    target_name: str,
+    job_args: Sequence[str],
+    *,
+    address: str | None = None,
+    token_file: Path | None = None,
+    working_dir: str | None = None,
+    max_restarts: int = 0,
+    rejoin_timeout_s: float = restarts.REJOIN_TIMEOUT_S,
+) -> str:
+    """Submit, stream the logs until the job ends, and return its final status.
+
+    With `max_restarts`, a job that failed because a node died (`restarts.node_death_reason`) is
+    submitted again, up to that many times, once every slice the cluster had at the start is whole
+    again. Raises `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED for good.
+    """
+    job = upload.resolve(target_name, working_dir)
+    target = connection.choose_target(address, token_file)
+    client = connection.connect(target)
+    command = " ".join([job.entrypoint, *map(shlex.quote, job_args)])
+    baseline = restarts.cluster_shape(target) if max_restarts > 0 else None
+    restarted = 0
+    while True:
+        with tempfile.TemporaryDirectory(prefix="rayslice-job-") as staging:
+            job_id = client.submit_job(entrypoint=command, runtime_env=upload.runtime_env(job, Path(staging)))
+        print(f"rayslice: submitted {job_id} to {target.url}: {command}", file=sys.stderr, flush=True)
+        try:
+            return follow(client, job_id)
+        except JobFailed as failure:
+            if baseline is None or restarted >= max_restarts:
+                raise
+            text = f"{failure}\n{_job_logs(client, job_id)}"
+            reason = restarts.node_death_reason(text)
+            if reason is None:
+                raise  # the job failed on its own: restarting would fail the same way
+            restarted += 1
+            print(
+                f"rayslice: {failure}\nrayslice: a node died; waiting for every slice to be whole again",
+                file=sys.stderr,
+                flush=True,
+            )
+            restarts.wait_until_whole(target, baseline, rejoin_timeout_s, dead=restarts.dead_node_ids(text))
+            print(f"restart {restarted} of {max_restarts} after {reason}", flush=True)
+
+
+def follow(client: JobSubmissionClient, job_id: str) -> str:
+    """Stream a job's logs; return "SUCCEEDED" or raise `JobFailed` with Ray's message."""
+    from ray.job_submission import JobStatus
+
+    asyncio.run(_stream(client, job_id))
+    status = client.get_job_status(job_id)
+    while not status.is_terminal():  # the log stream can close a moment before the status settles
+        time.sleep(0.2)
+        status = client.get_job_status(job_id)
+    if status != JobStatus.SUCCEEDED:
+        info = client.get_job_info(job_id)
+        raise JobFailed(f"job {job_id} {status.value}: {info.message or ''}".rstrip())
+    return str(status.value)
+
+
+async def _stream(client: JobSubmissionClient, job_id: str) -> None:
+    async for lines in client.tail_job_logs(job_id):
+        print(lines, end="", flush=True)
+
+
+def _job_logs(client: JobSubmissionClient, job_id: str) -> str:
+    try:
+        return str(client.get_job_logs(job_id))[-LOG_TAIL_CHARS:]
+    except (RuntimeError, ConnectionError, OSError):
+        return ""

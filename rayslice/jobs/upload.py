@@ -1,0 +1,136 @@
+"""What a job runs and what travels with it: the entrypoint, a script's folder, and the rayslice
+modules the bundled workloads import.
+
+The job goes through the Ray Jobs API, so its runtime environment carries everything the hosts
+need beyond Ray and JAX/torch_xla: the rayslice modules in `SHIPPED` (the workloads and the part
+of the core they import, written out by `rayslice.shipping` into a temporary folder that Ray
+ships as `py_modules`), and for a user's script its folder as `working_dir`, minus
+`DEFAULT_EXCLUDES` and whatever the folder's `.rayignore` / `.gitignore` list (Ray reads those
+two itself), because a folder next to a script often also holds a venv, the simulator's state
+and its token, or the user's keys.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import pkgutil
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayslice import shipping
+from rayslice.errors import InvalidInput
+from rayslice.workloads import __path__ as WORKLOADS_PATH
+
+# gitignore-style patterns (Ray's `excludes`) never uploaded from a working dir: version control,
+# virtual environments, the simulator's state, caches, and files that commonly hold secrets.
+DEFAULT_EXCLUDES = (
+    ".git",
+    ".venv",
+    "venv",
+    ".state",
+    "__pycache__",
+    ".env",
+    ".env.*",
+    ".ray",
+    "ray-token",
+    "*_token",
+    "*-token",
+    "*.pem",
+    "*.key",
+    "id_rsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "application_default_credentials.json",
+    ".config",
+    ".ssh",
+    ".gnupg",
+    ".netrc",
+)
+
+# The workloads' import closure inside rayslice: every job ships exactly these (checked by
+# tests/jobs/test_upload.py), so the Pulumi program, the simulator, the recovery controller and
+# the CLI never ride along to a cluster host.
+SHIPPED = (
+    "rayslice/__init__.py",
+    "rayslice/catalog.py",
+    "rayslice/errors.py",
+    "rayslice/names.py",
+    "rayslice/workloads/__init__.py",
+    "rayslice/workloads/_cluster.py",
+    "rayslice/workloads/_jax_hosts.py",
+    "rayslice/workloads/jax_multihost.py",
+    "rayslice/workloads/jax_multislice.py",
+    "rayslice/workloads/jax_single_host.py",
+    "rayslice/workloads/jax_train.py",
+    "rayslice/workloads/xla_multi_device.py",
+    "rayslice/workloads/xla_multihost.py",
+    "rayslice/workloads/xla_single.py",
+    "rayslice/workloads/xla_train.py",
+)
+
+
+def workloads() -> dict[str, str]:
+    """Bundled workload name -> the first line of its docstring (read without importing it)."""
+    found = {}
+    for module in sorted(pkgutil.iter_modules(WORKLOADS_PATH), key=lambda m: m.name):
+        if module.name.startswith("_"):
+            continue
+        source = Path(WORKLOADS_PATH[0], f"{module.name}.py").read_text()
+        doc = ast.get_docstring(ast.parse(source)) or ""
+        found[module.name] = doc.splitlines()[0] if doc else ""
+    return found
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to run and what to upload: entrypoint command (without job args) and the working dir."""
+
+    entrypoint: str
+    working_dir: Path | None
+
+
+def resolve(target: str, working_dir: str | None = None) -> Job:
+    """A workload name or a script path -> the job; refuses folders that must not be uploaded."""
+    if not (target.endswith(".py") or os.sep in target):
+        if working_dir is not None:
+            raise InvalidInput("--working-dir is for scripts; a bundled workload uploads no folder")
+        names = workloads()
+        if target not in names:
+            close = difflib.get_close_matches(target, names, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise InvalidInput(
+                f"{target!r} is not a workload{hint}; `rayslice run --list` shows "
+                f"them: {', '.join(names)}; a script path ends in .py"
+            )
+        return Job(f"python -m rayslice.workloads.{target}", None)
+    script = Path(target)
+    if not script.is_file():
+        raise InvalidInput(f"no such script: {target}")
+    script = script.resolve()
+    folder = Path(working_dir).resolve() if working_dir is not None else script.parent
+    if not folder.is_dir():
+        raise InvalidInput(f"--working-dir {working_dir}: no such directory")
+    if not script.is_relative_to(folder):
+        raise InvalidInput(f"{target} is not inside --working-dir {folder}; the job could not find it")
+    home = Path.home().resolve()
+    if folder in (home, Path(folder.anchor)):
+        raise InvalidInput(
+            f"refusing to upload {folder} as the job's working dir: it holds your credentials and "
+            "everything else in it. Move the script into its own folder, or pass --working-dir "
+            "with a folder that holds only what the job needs."
+        )
+    return Job(f"python {shlex.quote(str(script.relative_to(folder)))}", folder)
+
+
+def runtime_env(job: Job, staging: Path) -> dict[str, Any]:
+    """The job's runtime environment: `SHIPPED` written under `staging` and, for a script, its
+    filtered folder."""
+    env: dict[str, Any] = {"py_modules": [str(shipping.write_tree(SHIPPED, staging))]}
+    if job.working_dir is not None:
+        env["working_dir"] = str(job.working_dir)
+        env["excludes"] = list(DEFAULT_EXCLUDES)
+    return env
