@@ -1,10 +1,10 @@
 """Pulumi.yaml's config section and docs/configuration.md, generated from `ClusterSpec`.
 
-A config key is declared once, as a field of `rayslice.spec.ClusterSpec`. This module writes the
-two places users read keys from, so adding a field is the only edit a new key needs:
-
-    python -m rayslice.config_reference --write   # rewrite both files
-    python -m rayslice.config_reference --check   # exit 1 when either is stale (a test does this)
+A config key is declared once, as a field of `rayslice.spec.ClusterSpec`. This module renders
+the two places users read keys from, so adding a field is the only edit a new key needs. It only
+renders text: the installed package has no writer (from a wheel, a path beside this module is
+site-packages, not a checkout). `scripts/write_config_reference.py` rewrites the files of a
+checkout, and a test compares them with what this module renders.
 
 Pulumi treats a declared key without a default as required, and its config has no object type,
 so keys without a static default (optional keys, and the ones `load` derives from other keys) and
@@ -13,18 +13,16 @@ object keys stay undeclared: they are listed in a comment under the declarations
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from rayslice import catalog, spec
 
-ROOT = Path(__file__).resolve().parents[1]
-PULUMI_YAML = ROOT / "Pulumi.yaml"
-CONFIGURATION_MD = ROOT / "docs" / "configuration.md"
-GENERATED_BY = "python -m rayslice.config_reference --write"
+# The generated files, relative to the root of a checkout, and the script that rewrites them.
+PULUMI_YAML = Path("Pulumi.yaml")
+CONFIGURATION_MD = Path("docs") / "configuration.md"
+GENERATED_BY = "python scripts/write_config_reference.py"
 # Pulumi config declarations support these types; `object` is not one of them.
 PULUMI_DECLARABLE = {"string", "integer", "boolean", "array"}
 
@@ -66,7 +64,7 @@ def pulumi_yaml(current: str) -> str:
     """Pulumi.yaml with its config section regenerated; everything above ``config:`` is kept."""
     head, sep, _ = current.partition("\nconfig:\n")
     if not sep:
-        raise SystemExit(f"{PULUMI_YAML} has no 'config:' section to regenerate")
+        raise ValueError(f"{PULUMI_YAML} has no 'config:' section to regenerate")
     return head + "\n" + pulumi_config()
 
 
@@ -133,40 +131,18 @@ def configuration_md() -> str:
     return "\n".join(out)
 
 
-def expected() -> dict[Path, str]:
-    """Each generated file and the text it should have."""
+def expected(root: Path) -> dict[Path, str]:
+    """Each generated file of the checkout at `root` and the text it should have.
+
+    Pulumi.yaml's text depends on its current head (everything above ``config:``), so it is read.
+    """
+    pulumi_yaml_path = root / PULUMI_YAML
     return {
-        PULUMI_YAML: pulumi_yaml(PULUMI_YAML.read_text()),
-        CONFIGURATION_MD: configuration_md(),
+        pulumi_yaml_path: pulumi_yaml(pulumi_yaml_path.read_text()),
+        root / CONFIGURATION_MD: configuration_md(),
     }
 
 
-def stale() -> list[Path]:
-    """The generated files whose text differs from what the model gives."""
-    return [p for p, text in expected().items() if not p.is_file() or p.read_text() != text]
-
-
-def _shown(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="rewrite Pulumi.yaml and docs/configuration.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if either file is out of date")
-    args = parser.parse_args(argv)
-    if args.write:
-        for path, text in expected().items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f"wrote {_shown(path)}")
-        return 0
-    old = stale()
-    for path in old:
-        print(f"{_shown(path)} is out of date: run `{GENERATED_BY}`", file=sys.stderr)
-    return 1 if old else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def stale(root: Path) -> list[Path]:
+    """The generated files of the checkout at `root` whose text differs from what the model gives."""
+    return [p for p, text in expected(root).items() if not p.is_file() or p.read_text() != text]

@@ -7,8 +7,15 @@
     cluster = TpuRayCluster("ml", TpuRayClusterArgs(spec=ml))
     pulumi.export("jobs", cluster.jobs_api_address)
 
-It declares the network (none for an existing ``gkeCluster``, which has its own) and hands the
-rest to the platform's component, which owns the outputs:
+A program that declares its own VPC passes it as Pulumi inputs, and rayslice creates none:
+
+    vpc = gcp.compute.Network("vpc", auto_create_subnetworks=False)
+    subnet = gcp.compute.Subnetwork("tpu", network=vpc.id, region="us-east5", ip_cidr_range="10.8.0.0/20")
+    TpuRayCluster("ml", TpuRayClusterArgs(spec=ml, network=ExistingNetwork(vpc.name, subnet.name)))
+
+It declares the network (a VPC with Cloud NAT unless one is given by the spec's ``network`` key
+or by `TpuRayClusterArgs.network`; none for an existing ``gkeCluster``, which has its own) and
+hands the rest to the platform's component, which owns the outputs:
 
 - ``compute``: `ComputeCluster` (rayslice.infra.compute), slices as Compute Engine MIGs;
 - ``tpu-vm``: `TpuVmCluster` (rayslice.infra.tpu_vm), slices as Cloud TPU VMs;
@@ -22,10 +29,11 @@ from typing import Any
 
 import pulumi
 
+from rayslice.errors import InvalidInput
 from rayslice.infra.compute import ComputeCluster
 from rayslice.infra.gke import GkeTpuCluster, GkeTpuClusterArgs
 from rayslice.infra.hosts import VmSliceCluster, VmSliceClusterArgs
-from rayslice.infra.network import ClusterNetwork, ClusterNetworkArgs
+from rayslice.infra.network import ClusterNetwork, ClusterNetworkArgs, ExistingNetwork, existing_network
 from rayslice.infra.tpu_vm import TpuVmCluster
 from rayslice.spec import ClusterSpec
 
@@ -36,6 +44,16 @@ VM_PLATFORMS: dict[str, type[VmSliceCluster]] = {"compute": ComputeCluster, "tpu
 @dataclass(frozen=True)
 class TpuRayClusterArgs:
     spec: ClusterSpec  # validated: build it with `rayslice.spec.load`
+    # A VPC the calling program declares or looks up; the spec then names none.
+    network: ExistingNetwork | None = None
+
+    def __post_init__(self) -> None:
+        if self.network is not None and (self.spec.network or self.spec.gke_cluster):
+            raise InvalidInput(
+                "TpuRayClusterArgs.network is given, and the spec sets "
+                f"{'network' if self.spec.network else 'gkeCluster'} too: name the network one way "
+                "only (an existing GKE cluster brings its own)"
+            )
 
 
 class TpuRayCluster(pulumi.ComponentResource):
@@ -53,10 +71,11 @@ class TpuRayCluster(pulumi.ComponentResource):
         super().__init__("rayslice:infra:TpuRayCluster", name, None, opts)
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
+        existing = args.network or existing_network(spec)
         self.network = (
             None
             if spec.gke_cluster
-            else ClusterNetwork(f"{name}-network", ClusterNetworkArgs(spec=spec), child)
+            else ClusterNetwork(f"{name}-network", ClusterNetworkArgs(spec=spec, existing=existing), child)
         )
         self.platform = self._platform(name, spec, child)
         self.exports = dict(self.platform.exports)

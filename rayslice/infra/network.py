@@ -5,7 +5,10 @@ network therefore comes with a Cloud Router and a Cloud NAT gateway for egress, 
 Google Access so Secret Manager and Logging are reached without the NAT; for a GKE cluster that
 rayslice creates, the subnet also carries the pods' and Services' secondary ranges. An existing
 network is used as it is: providing egress (NAT, proxy or ``packageIndex``) is then its owner's
-job. With an existing GKE cluster (``gkeCluster``) no network is declared at all.
+job. An existing network is named either by the spec (``network``, ``subnetwork``) or, from a
+program that declares its own VPC, by `ExistingNetwork` (`TpuRayClusterArgs.network`), whose
+names are Pulumi inputs so the cluster waits for that VPC. With an existing GKE cluster
+(``gkeCluster``) no network is declared at all.
 
 A created VPC has MTU 8896, the value MaxText's multislice guide recommends for DCN traffic
 between slices (Compute Engine's default is 1460). An existing VPC keeps its MTU, and rayslice
@@ -75,8 +78,27 @@ def region_of(zone: str) -> str:
 
 
 @dataclass(frozen=True)
+class ExistingNetwork:
+    """A VPC, and optionally a subnetwork of it, that rayslice uses as it is and never modifies.
+
+    The names are Pulumi inputs: a program that declares its own VPC passes ``vpc.name`` and
+    ``subnet.name``, so every host and firewall rule depends on them and is created after them.
+    The spec's ``network`` and ``subnetwork`` keys say the same with plain names.
+    """
+
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str] | None = None
+
+
+def existing_network(spec: ClusterSpec) -> ExistingNetwork | None:
+    """The existing network the spec names, if any."""
+    return None if spec.network is None else ExistingNetwork(spec.network, spec.subnetwork)
+
+
+@dataclass(frozen=True)
 class ClusterNetworkArgs:
     spec: ClusterSpec
+    existing: ExistingNetwork | None  # None: create a VPC with Cloud NAT
 
 
 class ClusterNetwork(pulumi.ComponentResource):
@@ -89,16 +111,17 @@ class ClusterNetwork(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ClusterNetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:ClusterNetwork", name, None, opts)
-        spec = args.spec
-        self.created = spec.network is None
+        spec, existing = args.spec, args.existing
+        self.created = existing is None
         self.secondary_ranges = secondary_ranges(spec) if self.created else None
-        if spec.network is None:
+        if existing is None:
             self.network, self.subnetwork = self._create(name, spec)
         else:
-            self.network = pulumi.Output.from_input(spec.network)
-            self.subnetwork = pulumi.Output.from_input(spec.subnetwork)
+            self.network = pulumi.Output.from_input(existing.network)
+            self.subnetwork = pulumi.Output.from_input(existing.subnetwork)
             if spec.multislice and spec.platform != "gke":
-                pulumi.log.warn(mtu_warning(spec.network), resource=self)
+                # Once the name is known: a VPC the program declares has it only after creation.
+                self.network.apply(lambda network: pulumi.log.warn(mtu_warning(network), resource=self))
         # Declared as attributes above and repeated here so they appear in the component's
         # state (`pulumi stack --show-urns`) and other programs can depend on them.
         self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})

@@ -1,8 +1,10 @@
 """The Pulumi program `pulumi up` runs: stack config -> `ClusterSpec` -> `TpuRayCluster`.
 
-Kept apart from `__main__.py` so `rayslice preview` and the tests run the very same function
-under Pulumi's mocks. The spec is validated before any resource is declared: a bad config
-fails with the spec's messages and registers nothing.
+It lives in the package, not in the Pulumi project's directory: the repository's
+`infra/__main__.py` (``main: infra/``) only calls `main`, so `pulumi up`, `rayslice preview` and
+the tests run the very same function (the last two under Pulumi's mocks), and Pulumi's `runpy`
+never puts a directory of this package on `sys.path`. The spec is validated before any
+resource is declared: a bad config fails with the spec's messages and registers nothing.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 from rayslice import cli
 from rayslice.errors import EXIT_INVALID
 
-ROOT = Path(__file__).resolve().parents[2]
+STACKS = Path(__file__).resolve().parents[2] / "infra"  # the project\'s example stacks
 
 
 def test_help_lists_the_options_and_formats(capsys):
@@ -18,14 +18,14 @@ def test_help_lists_the_options_and_formats(capsys):
 
 
 def test_unknown_output_format_is_refused(capsys):
-    code = cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "xml"])
+    code = cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-4.yaml"), "--output", "xml"])
     assert code == EXIT_INVALID
     assert "xml" in capsys.readouterr().err
 
 
 def test_yaml_output_on_compute_names_the_alternatives(capsys):
     code = cli.main(
-        ["preview", "--stack-file", str(ROOT / "Pulumi.example-compute-v6e-16.yaml"), "--output", "yaml"]
+        ["preview", "--stack-file", str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), "--output", "yaml"]
     )
     captured = capsys.readouterr()
     assert code == EXIT_INVALID

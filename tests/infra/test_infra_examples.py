@@ -22,7 +22,7 @@ from rayslice.infra.program import main
 from rayslice.names import ATTR_HEAD_ADDRESS, ATTR_ROLE, ATTR_TOKEN_SECRET
 from rayslice.startup_scripts import METADATA_VALUE_LIMIT
 
-ROOT = Path(__file__).resolve().parents[2]
+STACKS = Path(__file__).resolve().parents[2] / "infra"  # the project\'s example stacks
 
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 INSTANCE = "gcp:compute/instance:Instance"
@@ -133,7 +133,7 @@ COMPUTE_EXAMPLES = sorted(name for name, e in EXAMPLES.items() if "machine_type"
 
 @functools.cache
 def _example(name: str):
-    path = ROOT / name
+    path = STACKS / name
     run = run_offline(lambda: main().exports, preview.stack_config(str(path), []))
     return EXAMPLES[name], spec.load_cli(str(path), []), run
 
@@ -286,7 +286,7 @@ def test_no_secret_value_in_metadata_or_outputs(example):
 
 def test_example_header_states_the_slice(example):
     expected, cluster_spec, _ = example
-    path = next(ROOT / name for name, e in EXAMPLES.items() if e is expected)
+    path = next(STACKS / name for name, e in EXAMPLES.items() if e is expected)
     header = path.read_text().splitlines()[0]
     t = cluster_spec.tpu
     assert header.startswith("# Slice: ")

@@ -16,7 +16,7 @@ from rayslice.infra.gke import kuberay
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 
-ROOT = Path(__file__).resolve().parents[2]
+STACKS = Path(__file__).resolve().parents[2] / "infra"  # the project\'s example stacks
 
 # (example, V2Vm count, accelerator config as printed, runtime, head VM machine type or None)
 EXAMPLES = [
@@ -45,7 +45,7 @@ def _resource_lines(text: str, display_type: str) -> list[str]:
 
 @pytest.mark.parametrize("name, slices, accelerator, runtime, head_machine", EXAMPLES)
 def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, head_machine):
-    assert cli.main(["preview", "--stack-file", str(ROOT / name)]) == 0
+    assert cli.main(["preview", "--stack-file", str(STACKS / name)]) == 0
     out = capsys.readouterr().out
     assert len(_resource_lines(out, "gcp.tpu.V2Vm")) == slices
     assert out.count(f"acceleratorConfig: {accelerator}") == slices
@@ -84,7 +84,7 @@ def _tree_resources(text: str) -> list[tuple[str, dict]]:
 
 
 def test_preview_of_the_gke_example(capsys):
-    assert cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-gke-v6e-16.yaml")]) == 0
+    assert cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-gke-v6e-16.yaml")]) == 0
     resources = _tree_resources(capsys.readouterr().out)
     kinds = Counter(kind for kind, _ in resources)
     for kind in ("gcp.container.Cluster", "kubernetes.helm.sh/v3.Release", "kubernetes.ray.io/v1.RayCluster"):
@@ -107,7 +107,7 @@ GKE_EXAMPLES = [
 
 @pytest.mark.parametrize("name, hosts, groups", GKE_EXAMPLES)
 def test_yaml_output_is_what_kubectl_applies(capsys, name, hosts, groups, crd_validator):
-    path = str(ROOT / name)
+    path = str(STACKS / name)
     assert cli.main(["preview", "--stack-file", path, "--output", "yaml"]) == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = Counter(d["kind"] for d in documents)
@@ -125,7 +125,9 @@ def test_yaml_output_is_what_kubectl_applies(capsys, name, hosts, groups, crd_va
 
 
 def test_yaml_output_on_tpu_vm_is_an_error(capsys):
-    code = cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "yaml"])
+    code = cli.main(
+        ["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-4.yaml"), "--output", "yaml"]
+    )
     captured = capsys.readouterr()
     assert code == cli.EXIT_INVALID
     assert "platform=gke" in captured.err and "--output tree" in captured.err
@@ -133,7 +135,7 @@ def test_yaml_output_on_tpu_vm_is_an_error(capsys):
 
 
 def test_multislice_tree_nests_resources_under_components(capsys):
-    cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-multislice.yaml")])
+    cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-multislice.yaml")])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "rayslice.infra.TpuRayCluster  jax-multislice"
     assert "└── rayslice.infra.TpuVmCluster  jax-multislice-tpu-vm" in lines
@@ -146,7 +148,7 @@ def test_set_overrides_the_stack_file(capsys):
         [
             "preview",
             "--stack-file",
-            str(ROOT / "Pulumi.example-v6e-4.yaml"),
+            str(STACKS / "Pulumi.example-v6e-4.yaml"),
             "--set",
             "capacity=spot",
             "--set",
@@ -167,14 +169,14 @@ def test_invalid_config_fails_with_the_spec_message(capsys):
 
 
 def test_json_output_masks_the_token(capsys):
-    cli.main(["preview", "--stack-file", str(ROOT / "Pulumi.example-v6e-4.yaml"), "--output", "json"])
+    cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-4.yaml"), "--output", "json"])
     resources = json.loads(capsys.readouterr().out)
     (version,) = [r for r in resources if r["type"] == "gcp:secretmanager/secretVersion:SecretVersion"]
     assert version["inputs"]["secretData"] == preview.SECRET_SHOWN
 
 
 def test_rendered_tree_never_shows_the_token():
-    run = run_offline(main, preview.stack_config(str(ROOT / "Pulumi.example-v6e-16.yaml"), []))
+    run = run_offline(main, preview.stack_config(str(STACKS / "Pulumi.example-v6e-16.yaml"), []))
     assert run.fake.token not in preview.render_tree(run.registrations)
     assert run.fake.token not in preview.render_json(run.registrations)
 

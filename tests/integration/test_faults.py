@@ -1,5 +1,5 @@
 """Fault figures on a simulated slice: each scenario ends with every host joined, or with a named
-failure state and nothing left behind. The outcomes go to docs/faults.md (section "simulator").
+failure state and nothing left behind. docs/faults.md shows `SCENARIOS` (section "simulator").
 
 The hosts run the real rendered boot script and real Ray. Faults the simulator cannot make
 (Secret Manager, a failing install) are covered by tests/startup_scripts/test_boot_sandbox.py.
@@ -17,25 +17,33 @@ from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.local.simulator import Simulation
 from rayslice.local.state import STATE_FILE
-from tests.startup_scripts.faults import FaultTable
+from tests.startup_scripts.faults import Fault, FaultTable
 
 SCENARIOS = {
-    "metadata_503": "metadata servers answer 503 for the first 8 s",
-    "workers_first": "workers boot before the head",
-    "head_never": "the head has not appeared for 20 s",
-    "head_restart": "Ray on the head restarted",
-    "reboot_all": "every host rebooted at once",
-    "host_missing": "one host never boots",
-    "metadata_never": "metadata server accepts connections and never answers",
+    "metadata_503": Fault(
+        "metadata servers answer 503 for the first 8 s",
+        "boot retries with backoff; every host **joined**",
+    ),
+    "workers_first": Fault("workers boot before the head", "every host **joined** once the head came up"),
+    "head_never": Fault(
+        "the head has not appeared for 20 s",
+        "workers stay `waiting: head` (no deadline), supervisor running",
+    ),
+    "head_restart": Fault(
+        "Ray on the head restarted",
+        "supervisors restart Ray; every host **joined** again (new node ids)",
+    ),
+    "reboot_all": Fault("every host rebooted at once", "every host **joined** again, one node per host"),
+    "host_missing": Fault(
+        "one host never boots",
+        "the other hosts **joined**; the missing host has published no state (status shows it empty)",
+    ),
+    "metadata_never": Fault(
+        "metadata server accepts connections and never answers",
+        "`failed: startup-script exited 1` after the deadline; log names the metadata server; no supervisor",
+    ),
 }
 TABLE = FaultTable("simulator", SCENARIOS)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def write_fault_table() -> Iterator[None]:
-    yield
-    if TABLE.complete():
-        TABLE.write()
 
 
 def _spec(**raw: object) -> spec_module.ClusterSpec:
@@ -100,23 +108,16 @@ def test_workers_first_a_late_head_and_a_host_that_never_boots(slice16):
     time.sleep(20)
     assert all(sim.states()[w] == "waiting: head" for w in booted)
     assert all(sim.script_exit(w) == 0 for w in booted)  # boot done; the supervisor waits
-    TABLE.record("head_never", "workers stay `waiting: head` (no deadline), supervisor running")
 
     sim.boot(head)
     sim.wait_for(lambda s: all(s[h] == names.STATE_JOINED for h in [head, *booted]), timeout=300)
     _wait_nodes(sim, {sim.plan.host(h).ip for h in [head, *booted]}, timeout=120)
-    TABLE.record("metadata_503", "boot retries with backoff; every host **joined**")
     states = sim.states()
     assert states[missing] == "" and not sim.running(missing)
-    TABLE.record(
-        "host_missing",
-        "the other hosts **joined**; the missing host has published no state (status shows it empty)",
-    )
 
     sim.boot(missing)
     sim.wait_for(lambda s: all(v == names.STATE_JOINED for v in s.values()), timeout=300)
     _wait_nodes(sim, {h.ip for h in sim.plan.hosts}, timeout=120)
-    TABLE.record("workers_first", "every host **joined** once the head came up")
 
 
 def test_head_restart_every_worker_rejoins(slice16):
@@ -124,7 +125,6 @@ def test_head_restart_every_worker_rejoins(slice16):
     before = {n["id"] for n in _tpu_nodes(sim)}
     assert sim.restart_head_ray().returncode == 0
     _wait_nodes(sim, {h.ip for h in sim.plan.hosts}, timeout=300, avoid=before)
-    TABLE.record("head_restart", "supervisors restart Ray; every host **joined** again (new node ids)")
 
 
 def test_every_host_rebooted_at_once(slice16):
@@ -135,7 +135,6 @@ def test_every_host_rebooted_at_once(slice16):
     for host in sim.plan.hosts:
         sim.boot(host.name)
     _wait_nodes(sim, {h.ip for h in sim.plan.hosts}, timeout=300, avoid=before)
-    TABLE.record("reboot_all", "every host **joined** again, one node per host")
     _nothing_left(sim)
 
 
@@ -150,7 +149,3 @@ def test_metadata_that_never_answers_ends_in_a_failure_and_nothing_running(simul
     log = (sim.paths(host).root / "var/log/rayslice/boot.log").read_text()
     assert "failed: could not read the host identity from metadata" in log
     assert "supervisor" not in log
-    TABLE.record(
-        "metadata_never",
-        "`failed: startup-script exited 1` after the deadline; log names the metadata server; no supervisor",
-    )

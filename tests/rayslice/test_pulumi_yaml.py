@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from rayslice.spec import model
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = REPO / "Pulumi.yaml"
+WRITER = REPO / "scripts" / "write_config_reference.py"
 
 
 def test_project_runs_the_infra_program():
@@ -21,13 +25,17 @@ def test_project_runs_the_infra_program():
     assert project["name"] == spec.NAMESPACE
     assert project["runtime"]["name"] == "python"
     assert project["runtime"]["options"]["virtualenv"] == ".venv"
-    assert project["main"] == "rayslice/infra/"
-    assert (REPO / "rayslice" / "infra" / "__main__.py").is_file()
+    assert project["main"] == "infra/"
+    assert (REPO / "infra" / "__main__.py").is_file()
+    # The stacks live beside the program, so the root holds no Pulumi.<stack>.yaml.
+    assert project["stackConfigDir"] == "infra/"
+    assert sorted(REPO.glob("Pulumi.*.yaml")) == []
+    assert len(sorted((REPO / "infra").glob("Pulumi.example-*.yaml"))) == 8
 
 
 def test_generated_files_are_current():
-    """Fails when a key changed in the model without `python -m rayslice.config_reference --write`."""
-    assert config_reference.stale() == [], "run: python -m rayslice.config_reference --write"
+    """Fails when a key changed in the model and the writer script has not been run."""
+    assert config_reference.stale(REPO) == [], f"run: python {WRITER.relative_to(REPO)}"
 
 
 def test_declared_keys_are_exactly_the_declarable_ones():
@@ -115,12 +123,37 @@ def test_a_new_model_field_reaches_both_files(model_with_an_extra_key):
     )
 
 
-def test_stale_file_is_reported(tmp_path, monkeypatch):
-    copy = tmp_path / "Pulumi.yaml"
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A copy of the generated files, as a checkout holds them."""
+    (tmp_path / "docs").mkdir()
+    shutil.copy(PROJECT, tmp_path / "Pulumi.yaml")
+    shutil.copy(REPO / "docs" / "configuration.md", tmp_path / "docs" / "configuration.md")
+    return tmp_path
+
+
+def test_stale_file_is_reported(checkout):
+    copy = checkout / "Pulumi.yaml"
     copy.write_text(PROJECT.read_text().replace("n2-standard-16", "n1-standard-16"))
-    monkeypatch.setattr(config_reference, "PULUMI_YAML", copy)
-    assert config_reference.stale() == [copy]
-    assert config_reference.main(["--check"]) == 1
+    assert config_reference.stale(checkout) == [copy]
+
+
+def test_the_writer_script_rewrites_what_is_stale(checkout):
+    """The developer's writer fixes exactly the stale files, and keeps Pulumi.yaml's head."""
+    (checkout / "Pulumi.yaml").write_text(PROJECT.read_text().replace("n2-standard-16", "n1-standard-16"))
+    (checkout / "docs" / "configuration.md").unlink()
+    done = subprocess.run(
+        [sys.executable, str(WRITER), "--root", str(checkout)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines() == ["wrote Pulumi.yaml", f"wrote {Path('docs', 'configuration.md')}"]
+    assert config_reference.stale(checkout) == []
+    assert (checkout / "Pulumi.yaml").read_text() == PROJECT.read_text()
+
+
+def test_the_package_has_no_writer():
+    """From a wheel, a path beside the module is site-packages: the package only renders text."""
+    source = Path(config_reference.__file__).read_text()
+    assert "write_text" not in source and "__main__" not in source
 
 
 def test_spec_fields_are_dataclass_fields():

@@ -3,7 +3,8 @@
 Covers what a simulated slice cannot: Secret Manager (its documented JSON), IAM that is not yet
 there, secrets that must never reach an argv or a log, a required attribute that answers 404, a
 metadata server that never answers, hostile values in every rendered variable, and the retry
-and state machine of each step. Each fault scenario records its outcome for docs/faults.md.
+and state machine of each step. docs/faults.md shows `SCENARIOS`: each fault and the outcome its
+test asserts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,33 +22,63 @@ from rayslice import spec as spec_module
 from rayslice.startup_scripts import RenderOptions, host_attributes
 from rayslice.startup_scripts.variables import UV_VERSION, script_variables
 from tests.startup_scripts import sandbox
-from tests.startup_scripts.faults import PAGE, FaultTable, section
+from tests.startup_scripts.faults import Fault, FaultTable
 
 TOKEN = "ray-token-0c5e9d1b-do-not-leak"
 INDEX_PASSWORD = "index-pw-93af-do-not-leak"
 
 SCENARIOS = {
-    "metadata_503": "metadata server answers 503 for 8 s",
-    "metadata_never": "metadata server accepts and never answers",
-    "required_404": "a required attribute (`rayslice-head-mode`) answers 404",
-    "wrong_type": "script rendered for v6e-4 runs on a v6e-16 host",
-    "token_flaky": "Secret Manager answers 503 twice, then 403 twice (IAM not yet propagated)",
-    "install_once": "install fails once (network error), then succeeds",
-    "unresolvable": "requirements cannot be resolved",
-    "head_late": "worker boots while the head is not up; the head appears later",
-    "head_lost": "head lost after the worker joined, then back",
-    "boot_again": "boot script run again on a live host",
-    "reboot": "reboot with unchanged requirements (installing source)",
-    "hostile": "hostile string in every rendered variable",
+    "metadata_503": Fault(
+        "metadata server answers 503 for 8 s",
+        "boot retries with backoff, then **joined**",
+    ),
+    "metadata_never": Fault(
+        "metadata server accepts and never answers",
+        "startup script exits 1 after the metadata deadline, logging `failed: could not read the host "
+        "identity from metadata` (no state can be published); no supervisor, nothing started",
+    ),
+    "required_404": Fault(
+        "a required attribute (`rayslice-head-mode`) answers 404",
+        "`failed: metadata attribute rayslice-head-mode is missing (404); …`",
+    ),
+    "wrong_type": Fault(
+        "script rendered for v6e-4 runs on a v6e-16 host",
+        "`failed: this script was rendered for v6e-4 but the host is v6e-16; …`",
+    ),
+    "token_flaky": Fault(
+        "Secret Manager answers 503 twice, then 403 twice (IAM not yet propagated)",
+        "publishes `waiting: token`, retries with backoff, then **joined**; token file 0600",
+    ),
+    "install_once": Fault(
+        "install fails once (network error), then succeeds",
+        "publishes `retrying: install (attempt 2)`, then **joined**",
+    ),
+    "unresolvable": Fault(
+        "requirements cannot be resolved",
+        "`failed: requirements cannot be resolved: …`; the supervisor stops",
+    ),
+    "head_late": Fault(
+        "worker boots while the head is not up; the head appears later",
+        "publishes `waiting: head` (no deadline), then **joined**",
+    ),
+    "head_lost": Fault(
+        "head lost after the worker joined, then back",
+        "Ray exits, supervisor restarts it: `waiting: head`, then **joined** again",
+    ),
+    "boot_again": Fault(
+        "boot script run again on a live host",
+        "previous supervisor stopped, one Ray node, **joined**",
+    ),
+    "reboot": Fault(
+        "reboot with unchanged requirements (installing source)",
+        "`requirements unchanged`: no install, **joined**",
+    ),
+    "hostile": Fault(
+        "hostile string in every rendered variable",
+        "script fails (permanent), the string is never executed",
+    ),
 }
 TABLE = FaultTable("sandbox", SCENARIOS)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def write_fault_table() -> Iterator[None]:
-    yield
-    if TABLE.complete():
-        TABLE.write()
 
 
 def _spec(**raw: object) -> spec_module.ClusterSpec:
@@ -126,7 +156,6 @@ def test_metadata_503_for_a_while_then_joined(host, tmp_path):
     result = box.boot(box.render(spec, sandbox.free_port()))
     assert result.returncode == 0, result.stderr
     box.wait(lambda: _joined(box))
-    TABLE.record("metadata_503", "boot retries with backoff, then **joined**")
 
 
 def test_metadata_that_never_answers_ends_the_boot_with_a_named_failure(host, tmp_path):
@@ -138,11 +167,6 @@ def test_metadata_that_never_answers_ends_the_boot_with_a_named_failure(host, tm
     assert result.returncode == 1
     assert "failed: could not read the host identity from metadata" in box.log
     assert box.supervisor_pid() is None and box.ray_starts() == []
-    TABLE.record(
-        "metadata_never",
-        "startup script exits 1 after the metadata deadline, logging `failed: could not read the host "
-        "identity from metadata` (no state can be published); no supervisor, nothing started",
-    )
 
 
 def test_a_required_attribute_answering_404_is_a_permanent_failure(host, tmp_path):
@@ -157,7 +181,6 @@ def test_a_required_attribute_answering_404_is_a_permanent_failure(host, tmp_pat
         "infra writes it when it creates the host"
     )
     assert box.supervisor_pid() is None
-    TABLE.record("required_404", "`failed: metadata attribute rayslice-head-mode is missing (404); …`")
 
 
 def test_a_script_rendered_for_another_type_fails_at_boot(host, tmp_path):
@@ -169,7 +192,6 @@ def test_a_script_rendered_for_another_type_fails_at_boot(host, tmp_path):
         "failed: this script was rendered for v6e-4 but the host is v6e-16; render it for this slice"
     )
     assert box.supervisor_pid() is None
-    TABLE.record("wrong_type", "`failed: this script was rendered for v6e-4 but the host is v6e-16; …`")
 
 
 def test_token_from_secret_manager_after_transient_and_permission_errors(host, tmp_path):
@@ -191,9 +213,6 @@ def test_token_from_secret_manager_after_transient_and_permission_errors(host, t
     # The bearer token went to curl through its config on stdin.
     assert "--config -" in box.curl_log.read_text()
     _no_secret_anywhere(box, TOKEN)
-    TABLE.record(
-        "token_flaky", "publishes `waiting: token`, retries with backoff, then **joined**; token file 0600"
-    )
 
 
 def test_install_fails_once_then_succeeds(host, tmp_path):
@@ -205,7 +224,6 @@ def test_install_fails_once_then_succeeds(host, tmp_path):
     box.wait(lambda: _joined(box))
     assert "retrying: install (attempt 2)" in cloud.states
     assert box.uv_count.read_text().strip() == "2"
-    TABLE.record("install_once", "publishes `retrying: install (attempt 2)`, then **joined**")
 
 
 def test_requirements_that_cannot_resolve_are_a_permanent_failure(host, tmp_path):
@@ -220,7 +238,6 @@ def test_requirements_that_cannot_resolve_are_a_permanent_failure(host, tmp_path
     assert cloud.state.startswith("failed: requirements cannot be resolved:")
     box.wait(lambda: not box.supervisor_alive(), timeout=20)  # supervision ended, nothing left
     assert box.ray_starts() == []
-    TABLE.record("unresolvable", "`failed: requirements cannot be resolved: …`; the supervisor stops")
 
 
 def test_worker_waits_for_a_late_head_then_rejoins_after_losing_it(host, tmp_path):
@@ -233,7 +250,6 @@ def test_worker_waits_for_a_late_head_then_rejoins_after_losing_it(host, tmp_pat
     head = _Head(port)
     try:
         box.wait(lambda: _joined(box), timeout=60)
-        TABLE.record("head_late", "publishes `waiting: head` (no deadline), then **joined**")
         [start] = box.ray_starts()
         assert f"--address=127.0.0.1:{port}" in start
         head.close()
@@ -243,7 +259,6 @@ def test_worker_waits_for_a_late_head_then_rejoins_after_losing_it(host, tmp_pat
         box.wait(lambda: _joined(box) and len(box.ray_starts()) == 2, timeout=60)
     finally:
         head.close()
-    TABLE.record("head_lost", "Ray exits, supervisor restarts it: `waiting: head`, then **joined** again")
 
 
 def test_boot_again_on_a_live_host_and_reboot_take_the_fast_path(host, tmp_path):
@@ -260,7 +275,6 @@ def test_boot_again_on_a_live_host_and_reboot_take_the_fast_path(host, tmp_path)
     assert box.supervisor_pid() != first
     assert "stopping the previous rayslice-ray supervisor" in box.log
     box.wait(lambda: not _group_alive(first), timeout=45)
-    TABLE.record("boot_again", "previous supervisor stopped, one Ray node, **joined**")
 
     box.stop()  # power off: every process of the host gone at once
     cloud.states.clear()
@@ -269,7 +283,6 @@ def test_boot_again_on_a_live_host_and_reboot_take_the_fast_path(host, tmp_path)
     assert box.uv_count.read_text().strip() == "1"  # installed once, at the first boot
     assert box.log.count("requirements unchanged") == 2
     assert "installing" not in cloud.states
-    TABLE.record("reboot", "`requirements unchanged`: no install, **joined**")
 
 
 def _group_alive(pgid: int | None) -> bool:
@@ -299,7 +312,6 @@ def test_hostile_value_in_every_rendered_variable_stays_inert(host, tmp_path):
     assert result.returncode != 0  # nothing in the script can work with such values
     box.stop()
     assert not marker.exists()
-    TABLE.record("hostile", "script fails (permanent), the string is never executed")
 
 
 def test_hostile_values_reach_the_tools_as_one_literal_argument(host, tmp_path):
@@ -373,12 +385,6 @@ def test_tpu_vm_host_exports_the_tpu_api_identity(host, tmp_path):
     assert "TPU_WORKER_ID=0" in env and "TPU_NAME=sandbox-slice-0" in env and "TPU_TOPOLOGY=4x4" in env
     assert "TPU_WORKER_HOSTNAMES=127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1" in env
     assert "--head" in box.ray_starts()[0]
-
-
-def test_committed_fault_table_lists_every_sandbox_scenario():
-    rows = section(PAGE.read_text(), "sandbox")
-    for scenario in SCENARIOS.values():
-        assert f"| {scenario} |" in rows, scenario
 
 
 def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, wheelhouse):

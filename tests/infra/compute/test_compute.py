@@ -14,7 +14,7 @@ from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
 
-ROOT = Path(__file__).resolve().parents[3]
+STACKS = Path(__file__).resolve().parents[3] / "infra"  # the project\'s example stacks
 POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
 TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
 MIG = "gcp:compute/instanceGroupManager:InstanceGroupManager"
@@ -32,7 +32,7 @@ def _of(resources: list[dict], type_token: str) -> list[dict]:
 
 
 def test_v6e_16_example_acceptance(capsys):
-    resources = _preview_json(capsys, "--stack-file", str(ROOT / "Pulumi.example-compute-v6e-16.yaml"))
+    resources = _preview_json(capsys, "--stack-file", str(STACKS / "Pulumi.example-compute-v6e-16.yaml"))
     (policy,) = _of(resources, POLICY)
     assert policy["inputs"]["workloadPolicy"] == {"acceleratorTopology": "4x4", "type": "HIGH_THROUGHPUT"}
     (template,) = _of(resources, TEMPLATE)
@@ -53,7 +53,7 @@ def test_v6e_16_example_acceptance(capsys):
 
 
 def test_hosts_have_sequential_names_listed_in_metadata(capsys):
-    resources = _preview_json(capsys, "--stack-file", str(ROOT / "Pulumi.example-compute-v6e-16.yaml"))
+    resources = _preview_json(capsys, "--stack-file", str(STACKS / "Pulumi.example-compute-v6e-16.yaml"))
     names = sorted(r["inputs"]["name"] for r in _of(resources, PER_INSTANCE))  # registered in any order
     expected = [f"jax-compute-v6e-16-slice-0-w{i}" for i in range(4)]
     assert names == expected
@@ -69,7 +69,7 @@ def test_hosts_have_sequential_names_listed_in_metadata(capsys):
 
 
 def test_ironwood_example(capsys):
-    resources = _preview_json(capsys, "--stack-file", str(ROOT / "Pulumi.example-compute-tpu7x-16.yaml"))
+    resources = _preview_json(capsys, "--stack-file", str(STACKS / "Pulumi.example-compute-tpu7x-16.yaml"))
     (policy,) = _of(resources, POLICY)
     assert policy["inputs"]["workloadPolicy"]["acceleratorTopology"] == "2x2x2"
     (template,) = _of(resources, TEMPLATE)

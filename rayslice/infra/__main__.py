@@ -1,5 +1,0 @@
-"""Entry point of the Pulumi project (Pulumi.yaml: ``main: rayslice/infra/``)."""
-
-from rayslice.infra.program import main
-
-main()
