@@ -10,6 +10,7 @@ creation.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ipaddress
 import secrets
@@ -225,6 +226,10 @@ class OfflineEngine:
         Returns the program's return value with every Output resolved. Exceptions from the
         program (a `SpecError`, for one) propagate unchanged.
         """
+        # Pulumi's mocks run on the thread's current event loop, which an earlier asyncio.run()
+        # in the same process leaves unset (the Jobs client's log streaming does): each run
+        # gets its own.
+        asyncio.set_event_loop(asyncio.new_event_loop())
         pulumi.runtime.set_mocks(
             self.fake, project=project, stack=stack, preview=False, monitor=self._monitor
         )
