@@ -35,6 +35,7 @@ from rayslice.local.state import (
     Plan,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
+from rayslice.platforms import MIG, VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 
 
@@ -64,7 +65,7 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
     by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
     known = {h.name for h in sim.plan.hosts}
     for index, (name, hosts) in enumerate(by_slice.items()):
-        if spec.platform == "compute":
+        if VM_PLATFORMS[spec.platform].slice_resource == MIG:
             emulator.add_mig(
                 project,
                 zone,

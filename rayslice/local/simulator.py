@@ -40,7 +40,7 @@ from rayslice import spec as spec_module
 from rayslice.errors import SimulatorError
 from rayslice.local import firewall, netns
 from rayslice.local.boot import host_environment
-from rayslice.local.host_metadata import compute_attributes, head_vm_attributes, instance_tree, tpu_attributes
+from rayslice.local.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
 from rayslice.local.metadata import dump_tree
 from rayslice.local.private_files import check_private, ensure_private_dir, make_private_subdir, write_private
 from rayslice.local.processes import (
@@ -72,6 +72,7 @@ from rayslice.names import (
     STATE_FAILED_PREFIX,
     STATE_KEY,
 )
+from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import RenderOptions, render
 
@@ -152,6 +153,10 @@ class Simulation:
         for that many seconds; `metadata_silent_for` accepts connections and answers nothing
         for that long (``math.inf``: never). `restart_metadata` sets them for one host later.
         """
+        if spec.platform not in VM_PLATFORMS:
+            raise SimulatorError(
+                f"the simulator simulates the VM platforms ({', '.join(VM_PLATFORMS)}), not {spec.platform}"
+            )
         require_root()
         spec = _auth_spec(spec, insecure)
         backend = firewall.available_backend()
@@ -302,9 +307,7 @@ class Simulation:
         head_address = (
             head.ip if (head.role == ROLE_HEAD_VM or host.slice_index != head.slice_index) else None
         )
-        if spec.platform == "compute":
-            return compute_attributes(spec, host.slice_index, head_address)
-        return tpu_attributes(
+        return slice_host_attributes(
             spec, host.slice_index, host.worker, self.plan.slice_ips(host.slice_index), head_address
         )
 

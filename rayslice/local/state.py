@@ -29,11 +29,10 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rayslice import names
 from rayslice.errors import SimulatorError
 from rayslice.local.private_files import read_private, write_private
 from rayslice.local.processes import ProcessRef
-from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
+from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name, host_name
 from rayslice.spec import ClusterSpec
 
 STATE_FILE = "state.json"
@@ -78,7 +77,7 @@ FIREWALL_BACKENDS = ("nft", "iptables", "none")
 class HostPlan:
     """One simulated host: its hostname, role, place in the cluster and its namespace plumbing."""
 
-    name: str  # hostname, e.g. rayslice-slice-0-w-1 or rayslice-head
+    name: str  # hostname (`names.host_name`, e.g. rayslice-slice-0-w1) or rayslice-head
     role: str  # ROLE_HEAD, ROLE_WORKER or ROLE_HEAD_VM
     slice_index: int  # -1 for the head VM
     worker: int  # TPU worker number in its slice; -1 for the head VM
@@ -261,13 +260,6 @@ def subnet_prefix(host_count: int) -> int:
     return min(24, 32 - math.ceil(math.log2(host_count + 3)))
 
 
-def host_name(spec: ClusterSpec, slice_index: int, worker: int) -> str:
-    """A TPU host's name: the MIG instance name on Compute Engine, ``<slice>-w-<n>`` for TPU VMs."""
-    if spec.platform == "compute":
-        return names.host_name(spec.slice_name(slice_index), worker)
-    return f"{spec.slice_name(slice_index)}-w-{worker}"
-
-
 def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network) -> Plan:
     """Name and address every host: the head VM first (head=vm), then each slice's workers in order."""
     head_vm = spec.head == "vm"
@@ -277,7 +269,7 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
     for s in range(spec.slices):
         for w in range(spec.tpu.hosts):
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
-            layout.append((host_name(spec, s, w), role, s, w))
+            layout.append((host_name(spec.slice_name(s), w), role, s, w))
     addresses = list(network.hosts())
     if len(addresses) < len(layout) + 1:
         raise SimulatorError(f"subnet {network} is too small for {len(layout)} hosts")

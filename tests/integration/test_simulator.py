@@ -42,7 +42,7 @@ put home "$HOME"
 put pid "$$"
 put ip "$(md instance/network-interfaces/0/ip)"
 put worker "$(md instance/attributes/agent-worker-number)"
-put peer "$(getent hosts rayslice-slice-0-w-0 | cut -d' ' -f1)"
+put peer "$(getent hosts rayslice-slice-0-w0 | cut -d' ' -f1)"
 put outside "$(ip route get 192.0.2.1 >/dev/null 2>&1 && echo reachable || echo unreachable)"
 put http_proxy "${http_proxy:-none}"
 put state joined

@@ -196,6 +196,15 @@ def test_compute_refuses_a_foreign_mig_before_sending(cloud: CloudApiEmulator, c
     assert cloud.calls == []
 
 
+def test_a_platform_without_a_vm_slice_resource_is_refused_before_any_request(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    controller, _ = make_controller(client, "gke", head_metadata)
+    with pytest.raises(RefusedResource, match="platform 'gke' has no recovery controller"):
+        controller.act_on(SLICE0)
+    assert cloud.calls == []
+
+
 def test_each_event_is_recorded_once_in_every_sink(
     cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
 ) -> None:
