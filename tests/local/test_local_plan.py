@@ -10,14 +10,14 @@ import pytest
 
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, SimulatorError
-from rayslice.local import simulator, status
-from rayslice.local.netns import CANDIDATE_SPACE, free_subnet
-from rayslice.local.processes import ProcessRef
-from rayslice.local.state import (
+from rayslice.local.host.netns import CANDIDATE_SPACE, free_subnet
+from rayslice.local.host.paths import HostPaths
+from rayslice.local.host.processes import ProcessRef
+from rayslice.local.simulation import simulator, status
+from rayslice.local.simulation.state import (
     ROLE_HEAD,
     ROLE_HEAD_VM,
     ROLE_WORKER,
-    HostPaths,
     SimulationState,
     check_state,
     make_plan,
@@ -108,7 +108,7 @@ def test_without_root_the_cli_says_what_is_needed(monkeypatch, capsys, tmp_path)
 
 def test_the_simulator_refuses_a_platform_that_is_not_a_vm_platform(tmp_path):
     cluster = spec.load({"platform": "gke", "acceleratorType": "v6e-16"}, require_zone=False)
-    with pytest.raises(SimulatorError, match="simulates the VM platforms .*not gke"):
+    with pytest.raises(SimulatorError, match=r"simulates the VM platforms .*not gke"):
         simulator.Simulation.create(cluster, tmp_path / "sim")
     assert not (tmp_path / "sim").exists()
 
@@ -239,7 +239,7 @@ def test_local_status_needs_no_root(monkeypatch, tmp_path, capsys):
 def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path):
     """`rayslice run` finds the simulation through the `rayslice.clusters` entry point, `default_cluster`."""
     from rayslice.local.commands import default_cluster
-    from rayslice.local.state import STATE_DIR_ENV
+    from rayslice.local.simulation.state import STATE_DIR_ENV
     from rayslice.workloads import _submit
 
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "none"))

@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 
 from rayslice import spec
-from rayslice.local.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
-from rayslice.local.metadata import MetadataServer, dump_tree, load_tree
+from rayslice.local.google.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
+from rayslice.local.google.metadata_server import MetadataServer, dump_tree, load_tree
 from rayslice.names import (
     ATTR_HEAD_ADDRESS,
     ATTR_ROLE,

@@ -27,6 +27,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "startup_scripts": ("infra", "local", "workloads"),
     "recovery": ("infra", "local", "workloads", "startup_scripts"),  # runs on the head VM from core alone
 }
+# Inside rayslice.local, from the bottom up: the fakes of Google's services (no root, no Linux
+# namespaces, so tests run them in-process), the Linux machinery of a host (which may read a
+# fake's address, e.g. the metadata server's IP), the simulation built from both, and the
+# ``rayslice local`` commands. A layer imports only the layers below it.
+LOCAL_LAYERS = ("google", "host", "simulation", "commands")
 
 
 def module_name(path: Path) -> str:
@@ -64,13 +69,25 @@ def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[i
     return found
 
 
+def local_layer(module: str) -> int | None:
+    """The position in LOCAL_LAYERS of a rayslice.local module's layer; None outside them."""
+    parts = module.split(".")
+    if parts[:2] == ["rayslice", "local"] and len(parts) > 2 and parts[2] in LOCAL_LAYERS:
+        return LOCAL_LAYERS.index(parts[2])
+    return None
+
+
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     forbidden = FORBIDDEN.get(owner(module), ())
+    layer = local_layer(module)
     bad = []
     for line, name in imported_modules(source, module, is_package):
         parts = name.split(".")
         if len(parts) >= 2 and parts[0] == "rayslice" and parts[1] in forbidden:
             bad.append(f"{module}:{line} imports {name}")
+        imported_layer = local_layer(name)
+        if layer is not None and imported_layer is not None and imported_layer > layer:
+            bad.append(f"{module}:{line} imports {name}, a layer above {LOCAL_LAYERS[layer]}")
     return bad
 
 
@@ -85,6 +102,8 @@ def test_no_module_imports_against_the_direction_of_dependencies(path):
 def test_every_package_is_covered():
     owners = {owner(module_name(p)) for p in MODULES}
     assert owners == {"core", *PLATFORMS}, owners
+    layers = {local_layer(module_name(p)) for p in MODULES} - {None}
+    assert layers == set(range(len(LOCAL_LAYERS))), layers
 
 
 @pytest.mark.parametrize(
@@ -94,9 +113,14 @@ def test_every_package_is_covered():
         ("rayslice.cli", "import rayslice.infra.cluster\n"),
         ("rayslice.spec", "from rayslice import workloads\n"),
         ("rayslice.cli", "import importlib\nimportlib.import_module('rayslice.startup_scripts')\n"),
-        ("rayslice.workloads._submit", "from rayslice.local.state import default_state_dir\n"),
+        ("rayslice.workloads._submit", "from rayslice.local.simulation.state import default_state_dir\n"),
         ("rayslice.workloads.jax_train", "from ..local import simulator\n"),
         ("rayslice.infra.cluster", "from rayslice.workloads import _cluster\n"),
+        ("rayslice.local.google.host_metadata", "from rayslice.local.host import netns\n"),
+        ("rayslice.local.google.cloud_api.emulator", "from ...simulation import cloud_bridge\n"),
+        ("rayslice.local.host.firewall", "from rayslice.local.simulation.state import RUN_ID\n"),
+        ("rayslice.local.host.boot", "import rayslice.local.commands\n"),
+        ("rayslice.local.simulation.status", "from rayslice.local import commands\n"),
     ],
 )
 def test_the_rule_catches_a_wrong_way_import(module, source):
@@ -109,6 +133,9 @@ def test_the_rule_catches_a_wrong_way_import(module, source):
         ("rayslice.local.commands", "from rayslice.cli import spec_options\n"),
         ("rayslice.infra.cluster", "from rayslice.startup_scripts import render\n"),
         ("rayslice.workloads.jax_train", "from . import _cluster\nfrom rayslice import catalog\n"),
+        ("rayslice.local.host.netns", "from rayslice.local.google.metadata_server import METADATA_IP\n"),
+        ("rayslice.local.simulation.simulator", "from rayslice.local.host import netns\n"),
+        ("rayslice.local.commands", "from rayslice.local.simulation.simulator import Simulation\n"),
     ],
 )
 def test_the_rule_allows_the_right_way(module, source):

@@ -9,7 +9,7 @@ import pytest
 
 from rayslice import names
 from rayslice.errors import InvalidInput
-from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.recovery import controller
 from rayslice.recovery.cloud import (
     COMPUTE_DEFAULT,

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rayslice import names
-from rayslice.local.cloud_api import CloudApiEmulator
-from rayslice.local.metadata import MetadataServer
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import (
     CLUSTER,

@@ -20,7 +20,7 @@ import pytest
 import rayslice
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFailed
-from rayslice.local.state import STATE_DIR_ENV, SimulationState, make_plan
+from rayslice.local.simulation.state import STATE_DIR_ENV, SimulationState, make_plan
 from rayslice.workloads import _submit
 
 ALL = [

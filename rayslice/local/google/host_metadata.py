@@ -1,9 +1,10 @@
 """The metadata a simulated host sees: the same paths and values a real TPU host (or the CPU head
 VM) gets from its GCE metadata server, built from the spec and the simulated network.
 
-The result is a `metadata.Tree` that `metadata.MetadataServer` serves. A slice's host gets the
-attributes Google's API gives a host of its platform (`rayslice.platforms.VmPlatform`'s
-`google_attributes`) plus the ``rayslice-*`` attributes infra writes (`host_attributes`):
+The result is a `metadata_server.Tree` that `metadata_server.MetadataServer` serves. A slice's
+host gets the attributes Google's API gives a host of its platform
+(`rayslice.platforms.VmPlatform`'s `google_attributes`) plus the ``rayslice-*`` attributes infra
+writes (`host_attributes`):
 
 * ``tpu-vm`` (Cloud TPU API): `accelerator-type`, `agent-worker-number`, `instance-id`,
   `worker-network-endpoints` (entries ``unknown:unknown:<ip>``), `tpu-env` (lines ``KEY:
@@ -21,7 +22,7 @@ import hashlib
 from collections.abc import Mapping
 from ipaddress import IPv4Network
 
-from rayslice.local.metadata import Json, Tree
+from rayslice.local.google.metadata_server import Json, Tree
 from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
