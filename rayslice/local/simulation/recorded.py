@@ -23,7 +23,8 @@ from rayslice.spec import ClusterSpec
 
 
 class RecordedSimulation:
-    """One simulated cluster, backed by the state file in `state_dir`."""
+    """A simulated cluster as the state file in `state_dir` records it; every part of
+    `Simulation` builds on this."""
 
     def __init__(self, state: SimulationState):
         self.state = state
