@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayslice import spec as spec_module
-from rayslice.local.simulator import Simulation
-from rayslice.local.state import HostPlan
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.state import HostPlan
 from rayslice.local.wheelhouse import ensure_wheelhouse
 from rayslice.names import DASHBOARD_PORT, GCS_PORT
 from rayslice.startup_scripts.variables import requirement_lines

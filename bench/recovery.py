@@ -38,7 +38,7 @@ from typing import Any
 
 from rayslice import cli
 from rayslice import spec as spec_module
-from rayslice.local.simulator import Simulation
+from rayslice.local.simulation.simulator import Simulation
 from rayslice.names import slice_name
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))

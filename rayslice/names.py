@@ -41,10 +41,10 @@ ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, nev
 # Secret Manager secret *name* holding the package index's credentials (``USERNAME:PASSWORD``);
 # hosts read it into uv's index credential variables, never into metadata or argv.
 ATTR_INDEX_CREDENTIALS_SECRET = "rayslice-index-credentials-secret"
-# Compute Engine hosts (platform: compute) lack the Cloud-TPU-API-only attributes (instance-id,
-# agent-worker-number, worker-network-endpoints): infra writes the slice's name and its hosts'
-# instance names (comma-separated, in worker order) instead; a host's worker number is the
-# position of its own instance/name in that list.
+# Where Google's attributes do not identify a host's worker (`platforms.VmPlatform`'s
+# `rayslice_names_hosts`: Compute Engine), infra writes the slice's name and its hosts' instance
+# names (comma-separated, in worker order); a host's worker number is the position of its own
+# instance/name in that list.
 ATTR_SLICE_NAME = "rayslice-slice-name"
 ATTR_SLICE_HOSTS = "rayslice-slice-hosts"
 # The head VM of a cluster with recovery (`ClusterSpec.runs_recovery`) gets the controller
@@ -70,9 +70,16 @@ def head_name(cluster: str) -> str:
 
 
 def host_name(slice_name: str, worker: int) -> str:
-    """Instance name of host `worker` of a Compute Engine slice (its MIG's per-instance config).
+    """Instance name of host `worker` of a slice, wherever rayslice names hosts.
 
-    Sequential and predictable, so infra can list a slice's hosts in ``ATTR_SLICE_HOSTS``
-    before they exist, and the simulator names its compute hosts the same way.
+    Infra names a Compute Engine slice's hosts so (its MIG's per-instance configs): sequential
+    and predictable, so it can list a slice's hosts in ``ATTR_SLICE_HOSTS`` before they exist.
+    The Cloud TPU API names a TPU VM's workers itself and nothing in rayslice reads those names;
+    the simulator names the hosts of both platforms by this rule.
     """
     return f"{slice_name}-w{worker}"
+
+
+def slice_host_names(slice_name: str, hosts: int) -> list[str]:
+    """`host_name` of each of a slice's `hosts` hosts, worker 0 first."""
+    return [host_name(slice_name, worker) for worker in range(hosts)]

@@ -14,7 +14,6 @@ its own account's roles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
@@ -38,15 +37,12 @@ class SliceArgs(HostArgs):
     index: int
     head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
 
-    def metadata(self, extra: Mapping[str, str] | None = None) -> pulumi.Output[dict[str, str]]:
-        """The metadata of this slice's hosts (plus `extra`), once the head VM's address is known."""
+    def metadata(self) -> pulumi.Output[dict[str, str]]:
+        """The metadata of this slice's hosts, once the head VM's address is known."""
         return pulumi.Output.from_input(self.head_address).apply(
-            lambda head_ip: {
-                **host_metadata(
-                    self.spec, self.script, self.index, head_address=head_ip, token_secret=self.token_secret
-                ),
-                **(extra or {}),
-            }
+            lambda head_ip: host_metadata(
+                self.spec, self.script, self.index, head_address=head_ip, token_secret=self.token_secret
+            )
         )
 
 

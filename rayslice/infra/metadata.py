@@ -4,15 +4,14 @@ Every host of every slice, and the CPU head VM, boots the same rendered script a
 role from these attributes (heads are found through metadata). No secret is ever placed here:
 with token auth the attributes name the Secret Manager secret only.
 
-Compute Engine hosts (``platform: compute``) lack the attributes only the Cloud TPU API sets
-(``instance-id``, ``agent-worker-number``, ``worker-network-endpoints``), so their metadata
-also names the slice (`ATTR_SLICE_NAME`) and lists its hosts' instance names in worker order
-(`ATTR_SLICE_HOSTS`); a host's worker number is the position of its own name in that list.
+Where Google's attributes do not identify a host's worker (Compute Engine), the attributes
+include the platform's identity attributes (`rayslice.platforms`): the slice's name and its
+hosts' instance names in worker order; a host's worker number is the position of its own name
+in that list.
 """
 
 from __future__ import annotations
 
-from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME, host_name
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import host_attributes
 
@@ -41,17 +40,4 @@ def host_metadata(
         OS_LOGIN_KEY: "TRUE",
         GUEST_ATTRIBUTES_KEY: "TRUE",
         **host_attributes(spec, slice_index, head_address=head_address, token_secret=token_secret),
-    }
-
-
-def slice_host_names(spec: ClusterSpec, slice_index: int) -> list[str]:
-    """Instance names of a Compute Engine slice's hosts, worker 0 first."""
-    return [host_name(spec.slice_name(slice_index), worker) for worker in range(spec.tpu.hosts)]
-
-
-def compute_identity(spec: ClusterSpec, slice_index: int) -> dict[str, str]:
-    """The slice identity a Compute Engine host cannot read from TPU-API-only attributes."""
-    return {
-        ATTR_SLICE_NAME: spec.slice_name(slice_index),
-        ATTR_SLICE_HOSTS: ",".join(slice_host_names(spec, slice_index)),
     }

@@ -22,10 +22,10 @@ import click
 
 from rayslice.cli import Group, load_spec, spec_options
 from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
-from rayslice.local.cloud_bridge import request_preempt
-from rayslice.local.simulator import Simulation, require_root
-from rayslice.local.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
-from rayslice.local.status import format_report, status_report
+from rayslice.local.simulation.cloud_bridge import request_preempt
+from rayslice.local.simulation.simulator import Simulation, require_root
+from rayslice.local.simulation.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
+from rayslice.local.simulation.status import format_report, status_report
 from rayslice.names import STATE_FAILED_PREFIX, STATE_JOINED
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -226,7 +226,7 @@ def restart_head_command(state_dir: Path | None) -> int:
 def preempt_command(state_dir: Path | None, slice_name: str) -> int:
     """Power off every host of SLICE and have the cloud API emulation report it preempted.
 
-    Asks the simulation's cloud API emulation (`rayslice.local.cloud_bridge`), which `local up`
+    Asks the simulation's cloud API emulation (`rayslice.local.simulation.cloud_bridge`), which `local up`
     starts with every simulation and `local down` stops.
     """
 

@@ -26,6 +26,7 @@ MODULES = (
     "rayslice/__init__.py",
     "rayslice/errors.py",
     "rayslice/names.py",
+    "rayslice/platforms.py",
     "rayslice/recovery/__init__.py",
     "rayslice/recovery/cloud.py",
     "rayslice/recovery/controller.py",

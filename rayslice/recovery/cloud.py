@@ -7,7 +7,7 @@ documents in tests/recovery/test_api_shapes.py) without building a discovery cli
 Endpoints. The base URLs are Google's (the discovery documents' ``rootUrl`` + ``servicePath``)
 unless overridden with the variables gcloud itself reads for its ``api_endpoint_overrides``
 properties, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU`` and ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``.
-The simulator's emulation (`rayslice.local.cloud_api`) is reached only through these: there is
+The simulator's emulation (`rayslice.local.google.cloud_api.emulator`) is reached only through these: there is
 no second code path. An override that is not https is accepted only for a loopback, private or
 RFC 6598 shared IP address, so a bearer token never crosses the internet in clear.
 

@@ -20,6 +20,7 @@ import click
 from rayslice import names
 from rayslice.cli import load_spec, spec_options
 from rayslice.errors import EXIT_OK, InvalidInput
+from rayslice.platforms import TPU_NODE, VM_PLATFORMS
 from rayslice.recovery.cloud import CloudClient, Location, default_session
 from rayslice.recovery.events import events_from_guest_attributes
 from rayslice.spec import ClusterSpec
@@ -71,14 +72,15 @@ def _compute_slice(client: CloudClient, name: str) -> dict[str, Any]:
 
 def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
     """Everything `status` shows, as JSON-ready data (the --json output)."""
-    if spec.platform not in ("tpu-vm", "compute"):
+    platform = VM_PLATFORMS.get(spec.platform)
+    if platform is None:
         raise InvalidInput(
             f"rayslice status reads Cloud TPU and Compute Engine slices; platform {spec.platform} "
             "is not supported yet (on GKE: kubectl get pods, or the Ray dashboard)"
         )
     slices = [
         _tpu_slice(client, spec, spec.slice_name(i))
-        if spec.platform == "tpu-vm"
+        if platform.slice_resource == TPU_NODE
         else _compute_slice(client, spec.slice_name(i))
         for i in range(spec.slices)
     ]

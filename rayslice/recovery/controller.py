@@ -1,12 +1,13 @@
 """The recovery controller: watches this cluster's slices and recreates a broken one whole.
 
 It runs on the CPU head VM (a slice cannot heal its own host) as a supervised service. Every
-`interval_s` it looks at each slice through the cloud API:
+`interval_s` it looks at each slice through the cloud API, as the platform's slice resource
+(`rayslice.platforms.VmPlatform.slice_resource`) says:
 
-- ``tpu-vm``: the Cloud TPU node. PREEMPTED, TERMINATED or missing is broken; the node is deleted
+- a TPU node (``tpu-vm``): the Cloud TPU node. PREEMPTED, TERMINATED or missing is broken; the node is deleted
   and created again with the same id from its own recorded spec (the writable fields of the last
   answer seen while it existed).
-- ``compute``: the slice's MIG and its managed instances. A missing MIG, fewer instances than the
+- a MIG (``compute``): the slice's MIG and its managed instances. A missing MIG, fewer instances than the
   target size, an instance that is stopped, terminated or suspended, or one the MIG is
   recreating by itself (a single new host does not make a multi-host slice whole) is broken.
   Google's "Request TPU Spot VMs" page says a Spot MIG must be deleted and recreated; so the
@@ -36,6 +37,7 @@ from typing import Any
 
 from rayslice import names
 from rayslice.errors import RaysliceError
+from rayslice.platforms import TPU_NODE, VM_PLATFORMS
 from rayslice.recovery.cloud import (
     CloudClient,
     CloudError,
@@ -106,6 +108,14 @@ class Target:
     @property
     def slice_names(self) -> tuple[str, ...]:
         return tuple(names.slice_name(self.cluster, index) for index in range(self.slices))
+
+    @property
+    def slice_resource(self) -> str:
+        """What each slice is in the cloud API (`platforms.TPU_NODE` or `platforms.MIG`)."""
+        platform = VM_PLATFORMS.get(self.platform)
+        if platform is None:
+            raise RefusedResource(f"platform {self.platform!r} has no recovery controller")
+        return platform.slice_resource
 
 
 @dataclass
@@ -203,14 +213,12 @@ class Controller:
     # ---- per platform -------------------------------------------------------------------------
 
     def observe(self, name: str) -> Observation:
-        if self.target.platform == "tpu-vm":
+        if self.target.slice_resource == TPU_NODE:
             return self._observe_node(name)
-        if self.target.platform == "compute":
-            return self._observe_mig(name)
-        raise RefusedResource(f"platform {self.target.platform!r} has no recovery controller")
+        return self._observe_mig(name)
 
     def recreate(self, name: str, recorded: Mapping[str, Any]) -> str:
-        if self.target.platform == "tpu-vm":
+        if self.target.slice_resource == TPU_NODE:
             return self._recreate_node(name, recorded)
         return self._recreate_mig(name, recorded)
 
@@ -304,7 +312,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--project", required=True)
     parser.add_argument("--zone", required=True)
     parser.add_argument("--cluster", required=True, help="the spec's name (prefix of every resource)")
-    parser.add_argument("--platform", required=True, choices=("tpu-vm", "compute"))
+    parser.add_argument("--platform", required=True, choices=tuple(VM_PLATFORMS))
     parser.add_argument("--slices", required=True, type=int)
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
     parser.add_argument("--base-backoff", type=float, default=DEFAULT_BASE_BACKOFF_S)

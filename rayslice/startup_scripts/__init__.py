@@ -25,14 +25,12 @@ from rayslice.names import (
     ATTR_PLATFORM,
     ATTR_RECOVERY_BUNDLE,
     ATTR_ROLE,
-    ATTR_SLICE_HOSTS,
     ATTR_SLICE_INDEX,
-    ATTR_SLICE_NAME,
     ATTR_TOKEN_SECRET,
     HEAD_VM_ROLE,
     HEAD_VM_SLICE_INDEX,
-    host_name,
 )
+from rayslice.platforms import VM_PLATFORMS
 from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import RenderOptions
@@ -57,10 +55,10 @@ def host_attributes(
 ) -> dict[str, str]:
     """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`).
 
-    On ``platform: compute`` the slice's hosts are plain Compute Engine instances, which may lack
-    the Cloud TPU API's identity attributes: they get the slice name and the slice's instance
-    names in worker order (`names.host_name`) instead, from which each host finds its worker
-    number. `token_secret` and the spec's `package_index_credentials_secret` are Secret Manager
+    Where Google's attributes do not identify a host's worker (``platform: compute``), a slice's
+    hosts also get their platform's identity attributes (`platforms.VmPlatform.identity_attributes`:
+    the slice name and the slice's instance names in worker order), from which each host finds
+    its worker number. `token_secret` and the spec's `package_index_credentials_secret` are Secret Manager
     secret *names*, never their contents. The head VM of a cluster with recovery also gets the
     controller itself (`rayslice.recovery.bundle`) and the cluster's name and platform, from
     which it finds the slices it watches.
@@ -83,10 +81,9 @@ def host_attributes(
         attributes[ATTR_TOKEN_SECRET] = token_secret
     if spec.package_index_credentials_secret is not None:
         attributes[ATTR_INDEX_CREDENTIALS_SECRET] = spec.package_index_credentials_secret
-    if spec.platform == "compute" and slice_index != HEAD_VM_SLICE_INDEX:
-        name = spec.slice_name(slice_index)
-        attributes[ATTR_SLICE_NAME] = name
-        attributes[ATTR_SLICE_HOSTS] = ",".join(host_name(name, worker) for worker in range(spec.tpu.hosts))
+    platform = VM_PLATFORMS.get(spec.platform)
+    if platform is not None and slice_index != HEAD_VM_SLICE_INDEX:
+        attributes.update(platform.identity_attributes(spec.slice_name(slice_index), spec.tpu.hosts))
     return attributes
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rayslice.local.state import HostPlan
+from rayslice.local.simulation.state import HostPlan
 from tests.bench import load
 
 bringup = load("bringup")

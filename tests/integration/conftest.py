@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rayslice import spec as spec_module
-from rayslice.local.simulator import Simulation
-from rayslice.local.state import STATE_FILE
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.state import STATE_FILE
 
 
 @pytest.fixture

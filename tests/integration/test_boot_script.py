@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rayslice import spec as spec_module
-from rayslice.local.simulator import Simulation, default_package_source
+from rayslice.local.simulation.simulator import Simulation, default_package_source
 from rayslice.startup_scripts import RenderOptions, render
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
-from rayslice.local.simulator import Simulation
-from rayslice.local.state import STATE_FILE
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.state import STATE_FILE
 from tests.startup_scripts.faults import Fault, FaultTable
 
 SCENARIOS = {

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 from rayslice import cli, names, spec
-from rayslice.local import cloud_bridge, state
-from rayslice.local.processes import is_alive
-from rayslice.local.simulator import LOCAL_RECOVERY_INTERVAL_S, Simulation
+from rayslice.local.host.processes import is_alive
+from rayslice.local.simulation import cloud_bridge, state
+from rayslice.local.simulation.power import LOCAL_RECOVERY_INTERVAL_S
+from rayslice.local.simulation.simulator import Simulation
 from tests.bench import load
 
 

@@ -18,11 +18,11 @@ import pytest
 
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID
-from rayslice.local import firewall, netns
-from rayslice.local.private_files import write_private
-from rayslice.local.processes import is_alive, process_ref
-from rayslice.local.simulator import TOKEN_PATH, Simulation
-from rayslice.local.state import STATE_FILE
+from rayslice.local.host import firewall, netns
+from rayslice.local.host.private_files import write_private
+from rayslice.local.host.processes import is_alive, process_ref
+from rayslice.local.simulation.simulator import TOKEN_PATH, Simulation
+from rayslice.local.simulation.state import STATE_FILE
 
 # Just enough of a boot script to observe a host from inside: it waits for metadata (which may
 # answer 503 at first), publishes what it sees as guest attributes (a boot counter among them),
@@ -42,7 +42,7 @@ put home "$HOME"
 put pid "$$"
 put ip "$(md instance/network-interfaces/0/ip)"
 put worker "$(md instance/attributes/agent-worker-number)"
-put peer "$(getent hosts rayslice-slice-0-w-0 | cut -d' ' -f1)"
+put peer "$(getent hosts rayslice-slice-0-w0 | cut -d' ' -f1)"
 put outside "$(ip route get 192.0.2.1 >/dev/null 2>&1 && echo reachable || echo unreachable)"
 put http_proxy "${http_proxy:-none}"
 put state joined

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rayslice.local import tpu_runtime
-from rayslice.local.simulator import Simulation
+from rayslice.local.host import tpu_runtime
+from rayslice.local.simulation.simulator import Simulation
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 

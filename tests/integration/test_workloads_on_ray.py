@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rayslice.local.simulator import Simulation
+from rayslice.local.simulation.simulator import Simulation
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 

@@ -18,7 +18,7 @@ import pytest
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFailed
 from rayslice.jobs import connection, restarts, submit, upload
-from rayslice.local.state import STATE_DIR_ENV, SimulationState, make_plan
+from rayslice.local.simulation.state import STATE_DIR_ENV, SimulationState, make_plan
 
 
 @pytest.fixture(autouse=True)

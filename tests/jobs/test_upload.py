@@ -60,7 +60,7 @@ def test_the_staged_package_holds_core_and_workloads_only(tmp_path):
     )
     assert (package / "catalog.py").is_file() and (package / "errors.py").is_file()
     assert sorted(p.stem for p in (package / "workloads").glob("[!_]*.py")) == ALL
-    for left_behind in ("local", "infra", "startup_scripts", "recovery", "jobs", "cli.py", "spec.py"):
+    for left_behind in ("local", "infra", "startup_scripts", "recovery", "jobs", "cli.py", "spec"):
         assert not (package / left_behind).exists()
     assert not list(package.rglob("__pycache__"))
     for module in upload.SHIPPED:  # byte for byte what the imported rayslice holds

@@ -15,7 +15,8 @@ from google.auth import crypt, jwt
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
 
-from rayslice.local.cloud_api import GOOGLE_TOKEN_AUDIENCE, CloudApiEmulator
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.google.cloud_api.oauth import GOOGLE_TOKEN_AUDIENCE
 
 
 @pytest.fixture

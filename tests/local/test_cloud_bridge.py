@@ -14,10 +14,10 @@ import pytest
 
 from rayslice import spec as spec_module
 from rayslice.errors import SimulatorError
-from rayslice.local import cloud_bridge
-from rayslice.local.cloud_api import CloudApiEmulator
-from rayslice.local.private_files import write_private
-from rayslice.local.state import Plan, make_plan
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.host.private_files import write_private
+from rayslice.local.simulation import cloud_bridge
+from rayslice.local.simulation.state import Plan, make_plan
 from rayslice.recovery.cloud import CloudClient, Location, default_session
 from rayslice.recovery.commands import gather
 from rayslice.recovery.controller import Controller, Target

@@ -10,14 +10,14 @@ import pytest
 
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, SimulatorError
-from rayslice.local import simulator, status
-from rayslice.local.netns import CANDIDATE_SPACE, free_subnet
-from rayslice.local.processes import ProcessRef
-from rayslice.local.state import (
+from rayslice.local.host.netns import CANDIDATE_SPACE, free_subnet
+from rayslice.local.host.paths import HostPaths
+from rayslice.local.host.processes import ProcessRef
+from rayslice.local.simulation import simulator, status
+from rayslice.local.simulation.state import (
     ROLE_HEAD,
     ROLE_HEAD_VM,
     ROLE_WORKER,
-    HostPaths,
     SimulationState,
     check_state,
     make_plan,
@@ -35,7 +35,7 @@ def _plan(raw=None, run_id="a1b2c3"):
 
 def test_tpu_vm_plan_is_one_v6e16_slice_with_head_on_worker_0():
     plan = _plan({"platform": "tpu-vm", "acceleratorType": "v6e-16"})
-    assert [h.name for h in plan.hosts] == [f"rayslice-slice-0-w-{i}" for i in range(4)]
+    assert [h.name for h in plan.hosts] == [f"rayslice-slice-0-w{i}" for i in range(4)]
     assert [h.role for h in plan.hosts] == [ROLE_HEAD, ROLE_WORKER, ROLE_WORKER, ROLE_WORKER]
     assert plan.head.ip == "100.64.9.2" and plan.gateway == "100.64.9.1"
     assert plan.slice_ips(0) == ["100.64.9.2", "100.64.9.3", "100.64.9.4", "100.64.9.5"]
@@ -106,10 +106,17 @@ def test_without_root_the_cli_says_what_is_needed(monkeypatch, capsys, tmp_path)
     assert not (tmp_path / "state.json").exists()
 
 
+def test_the_simulator_refuses_a_platform_that_is_not_a_vm_platform(tmp_path):
+    cluster = spec.load({"platform": "gke", "acceleratorType": "v6e-16"}, require_zone=False)
+    with pytest.raises(SimulatorError, match=r"simulates the VM platforms .*not gke"):
+        simulator.Simulation.create(cluster, tmp_path / "sim")
+    assert not (tmp_path / "sim").exists()
+
+
 HOSTS = [
-    {"name": "rayslice-slice-0-w-0", "role": "head", "ip": "100.64.9.2", "running": True, "state": "joined"},
+    {"name": "rayslice-slice-0-w0", "role": "head", "ip": "100.64.9.2", "running": True, "state": "joined"},
     {
-        "name": "rayslice-slice-0-w-1",
+        "name": "rayslice-slice-0-w1",
         "role": "worker",
         "ip": "100.64.9.3",
         "running": True,
@@ -162,8 +169,8 @@ def test_status_layout_shows_hosts_their_nodes_and_cluster_totals():
             ]
         )
     )
-    assert "rayslice-slice-0-w-1  worker  100.64.9.3  yes  failed: head" in text
-    assert "rayslice-slice-0-w-0  head    100.64.9.2  yes  joined" in text and "aaaaaaaa current" in text
+    assert "rayslice-slice-0-w1  worker  100.64.9.3  yes  failed: head" in text
+    assert "rayslice-slice-0-w0  head    100.64.9.2  yes  joined" in text and "aaaaaaaa current" in text
     assert "Ray: 1 of 2 host(s) have a current node" in text and "stale" not in text
     assert "cluster: TPU 4, TPU-v6e-16-head 1" in text
     assert "node:" not in text
@@ -233,7 +240,7 @@ def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path
     """`rayslice run` finds the simulation through the `rayslice.clusters` entry point, `default_cluster`."""
     from rayslice.jobs import connection
     from rayslice.local.commands import default_cluster
-    from rayslice.local.state import STATE_DIR_ENV
+    from rayslice.local.simulation.state import STATE_DIR_ENV
 
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "none"))
     assert default_cluster() is None and connection.simulated_cluster() is None

@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 
 from rayslice import spec
-from rayslice.local.host_metadata import compute_attributes, head_vm_attributes, instance_tree, tpu_attributes
-from rayslice.local.metadata import MetadataServer, dump_tree, load_tree
+from rayslice.local.google.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
+from rayslice.local.google.metadata_server import MetadataServer, dump_tree, load_tree
 from rayslice.names import (
     ATTR_HEAD_ADDRESS,
     ATTR_ROLE,
@@ -40,10 +40,10 @@ def _serve(tree, **kwargs) -> MetadataServer:
 
 def _tree(worker: int, cluster=None, head_address=None):
     cluster = cluster or spec.load({"platform": "tpu-vm"}, require_zone=False)
-    attributes = tpu_attributes(cluster, 0, worker, SLICE_IPS, head_address)
+    attributes = slice_host_attributes(cluster, 0, worker, SLICE_IPS, head_address)
     return instance_tree(
         cluster,
-        hostname=f"rayslice-slice-0-w-{worker}",
+        hostname=host_name("rayslice-slice-0", worker),
         ip=SLICE_IPS[worker],
         network=NETWORK,
         gateway="100.64.7.1",
@@ -140,7 +140,7 @@ def test_head_vm_and_multislice_attributes():
     assert cluster.head == "vm"
     head = head_vm_attributes(cluster)
     assert head[ATTR_ROLE] == "head-vm" and "agent-worker-number" not in head
-    worker = tpu_attributes(cluster, 1, 0, ["100.64.7.9"], "100.64.7.2")
+    worker = slice_host_attributes(cluster, 1, 0, ["100.64.7.9"], "100.64.7.2")
     assert worker[ATTR_HEAD_ADDRESS] == "100.64.7.2" and worker["instance-id"] == "rayslice-slice-1"
 
 
@@ -195,7 +195,7 @@ def test_compute_host_looks_like_a_compute_engine_instance():
         ip=SLICE_IPS[2],
         network=NETWORK,
         gateway="100.64.7.1",
-        attributes=compute_attributes(cluster, 0, None),
+        attributes=slice_host_attributes(cluster, 0, 2, SLICE_IPS, None),
         startup_script="#!/bin/bash\n",
         machine_type=cluster.tpu.machine_type,
     )

@@ -14,12 +14,19 @@ import pytest
 
 from rayslice import spec
 from rayslice.errors import SimulatorError
-from rayslice.local import firewall, private_files, simulator
-from rayslice.local.netns import in_netns
-from rayslice.local.private_files import ensure_private_dir, write_private
-from rayslice.local.processes import ProcessRef
-from rayslice.local.simulator import Simulation
-from rayslice.local.state import CLOUD_API_PROCESS, STATE_FILE, SimulationState, make_plan
+from rayslice.local.host import firewall, private_files
+from rayslice.local.host.netns import in_netns
+from rayslice.local.host.private_files import ensure_private_dir, write_private
+from rayslice.local.host.processes import ProcessRef, process_ref
+from rayslice.local.simulation import services, simulator
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.state import (
+    CLOUD_API_PROCESS,
+    STATE_FILE,
+    SimulationState,
+    cloud_api_argv,
+    make_plan,
+)
 
 NET = ipaddress.IPv4Network("100.64.9.0/24")
 
@@ -267,18 +274,18 @@ def test_the_cloud_api_process_is_accepted_and_stopped_only_while_it_runs_its_ow
     _saved_state(state_dir)
     sim = Simulation.open(state_dir)
     assert sim.state.processes[CLOUD_API_PROCESS] == ProcessRef(4323, 99)
-    me = simulator.process_ref(os.getpid())
+    me = process_ref(os.getpid())
     assert me is not None
     sim.state.processes[CLOUD_API_PROCESS] = me
     stopped: list[ProcessRef] = []
-    monkeypatch.setattr(simulator, "stop", lambda ref, grace_s: stopped.append(ref))
+    monkeypatch.setattr(services, "stop", lambda ref, grace_s: stopped.append(ref))
     sim._stop_cloud_api()
     assert stopped == []  # alive, but its command line is pytest's, not the emulation's
-    argv = simulator.cloud_api_argv("/any/python", state_dir)
-    monkeypatch.setattr(simulator, "cmdline", lambda pid: argv if pid == me.pid else [])
+    argv = cloud_api_argv("/any/python", state_dir)
+    monkeypatch.setattr(services, "cmdline", lambda pid: argv if pid == me.pid else [])
     sim._stop_cloud_api()
     assert stopped == [me]
-    other = simulator.cloud_api_argv("/any/python", tmp_path / "other-sim")
-    monkeypatch.setattr(simulator, "cmdline", lambda pid: other)
+    other = cloud_api_argv("/any/python", tmp_path / "other-sim")
+    monkeypatch.setattr(services, "cmdline", lambda pid: other)
     sim._stop_cloud_api()
     assert stopped == [me]  # another simulation's emulation is not ours

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rayslice.local import tpu_runtime
+from rayslice.local.host import tpu_runtime
 
 spec = importlib.util.spec_from_file_location(
     "rayslice_simulated_tpu", tpu_runtime.SITE_DIR / "rayslice_simulated_tpu.py"

@@ -35,6 +35,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "startup_scripts",
     ),  # runs on the head VM from core alone
 }
+# Inside rayslice.local, from the bottom up: the fakes of Google's services (no root, no Linux
+# namespaces, so tests run them in-process), the Linux machinery of a host (which may read a
+# fake's address, e.g. the metadata server's IP), the simulation built from both, and the
+# ``rayslice local`` commands. A layer imports only the layers below it.
+LOCAL_LAYERS = ("google", "host", "simulation", "commands")
 
 
 def owner(module: str) -> str:
@@ -44,8 +49,17 @@ def owner(module: str) -> str:
     return "core" if package in CORE_PACKAGES else package
 
 
+def local_layer(module: str) -> int | None:
+    """The position in LOCAL_LAYERS of a rayslice.local module's layer; None outside them."""
+    parts = module.split(".")
+    if parts[:2] == ["rayslice", "local"] and len(parts) > 2 and parts[2] in LOCAL_LAYERS:
+        return LOCAL_LAYERS.index(parts[2])
+    return None
+
+
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     forbidden = FORBIDDEN.get(owner(module), ())
+    layer = local_layer(module)
     bad = []
     for line, name in imported_modules(source, module, is_package):
         parts = name.split(".")
@@ -53,6 +67,9 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             bad.append(f"{module}:{line} imports {name}")
         elif not spec_layer_allows(module, parts):
             bad.append(f"{module}:{line} imports {name} (rayslice.spec's order: {' <- '.join(SPEC_LAYERS)})")
+        imported_layer = local_layer(name)
+        if layer is not None and imported_layer is not None and imported_layer > layer:
+            bad.append(f"{module}:{line} imports {name}, a layer above {LOCAL_LAYERS[layer]}")
     return bad
 
 
@@ -77,6 +94,8 @@ def test_no_module_imports_against_the_direction_of_dependencies(path):
 def test_every_package_is_covered():
     owners = {owner(module_name(p)) for p in MODULES}
     assert owners == {"core", *PLATFORMS}, owners
+    layers = {local_layer(module_name(p)) for p in MODULES} - {None}
+    assert layers == set(range(len(LOCAL_LAYERS))), layers
 
 
 def test_every_spec_module_has_a_layer():
@@ -91,7 +110,7 @@ def test_every_spec_module_has_a_layer():
         ("rayslice.cli", "import rayslice.infra.cluster\n"),
         ("rayslice.spec", "from rayslice import workloads\n"),
         ("rayslice.cli", "import importlib\nimportlib.import_module('rayslice.startup_scripts')\n"),
-        ("rayslice.jobs.connection", "from rayslice.local.state import default_state_dir\n"),
+        ("rayslice.jobs.connection", "from rayslice.local.simulation.state import default_state_dir\n"),
         ("rayslice.workloads.jax_train", "from rayslice.jobs import upload\n"),
         ("rayslice.recovery.cloud", "from rayslice.jobs.connection import Target\n"),
         ("rayslice.workloads.jax_train", "from ..local import simulator\n"),
@@ -100,6 +119,11 @@ def test_every_spec_module_has_a_layer():
         ("rayslice.spec.model", "from rayslice.spec.rules import load\n"),
         ("rayslice.spec.rules", "from rayslice.spec.sources import NAMESPACE\n"),
         ("rayslice.spec.draft", "from rayslice.spec import KEYS\n"),
+        ("rayslice.local.google.host_metadata", "from rayslice.local.host import netns\n"),
+        ("rayslice.local.google.cloud_api.emulator", "from ...simulation import cloud_bridge\n"),
+        ("rayslice.local.host.firewall", "from rayslice.local.simulation.state import RUN_ID\n"),
+        ("rayslice.local.host.boot", "import rayslice.local.commands\n"),
+        ("rayslice.local.simulation.status", "from rayslice.local import commands\n"),
     ],
 )
 def test_the_rule_catches_a_wrong_way_import(module, source):
@@ -119,6 +143,9 @@ def test_the_rule_catches_a_wrong_way_import(module, source):
             "rayslice.jobs.restarts",
             "from rayslice.workloads import _cluster\nfrom rayslice import shipping\n",
         ),
+        ("rayslice.local.host.netns", "from rayslice.local.google.metadata_server import METADATA_IP\n"),
+        ("rayslice.local.simulation.simulator", "from rayslice.local.host import netns\n"),
+        ("rayslice.local.commands", "from rayslice.local.simulation.simulator import Simulation\n"),
     ],
 )
 def test_the_rule_allows_the_right_way(module, source):

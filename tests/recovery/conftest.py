@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rayslice import names
-from rayslice.local.cloud_api import CloudApiEmulator
-from rayslice.local.metadata import MetadataServer
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, Location, default_session
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import GuestAttributeSink, Recorder, StreamSink

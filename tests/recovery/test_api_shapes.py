@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from rayslice import cli, names
-from rayslice.local.cloud_api import ROUTES, CloudApiEmulator
-from rayslice.local.metadata import MetadataServer
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.google.cloud_api.routes import ROUTES
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
 from tests.recovery import discovery
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rayslice import spec
 from rayslice.infra.metadata import host_metadata
-from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.names import ATTR_CLUSTER, ATTR_PLATFORM, ATTR_RECOVERY_BUNDLE, HEAD_VM_SLICE_INDEX
 from rayslice.recovery import bundle
 from rayslice.startup_scripts import host_attributes, render

@@ -11,7 +11,7 @@ import requests
 
 from rayslice import names
 from rayslice.errors import EXIT_NO_CLUSTER, CloudError, InvalidInput, RaysliceError
-from rayslice.local.cloud_api import CloudApiEmulator
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.recovery import cloud as cloud_module
 from rayslice.recovery import controller
 from rayslice.recovery.cloud import (

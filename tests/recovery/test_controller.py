@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rayslice import names
-from rayslice.local.cloud_api import CloudApiEmulator
-from rayslice.local.metadata import MetadataServer
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import (
     CLUSTER,
@@ -193,6 +193,15 @@ def test_compute_refuses_a_foreign_mig_before_sending(cloud: CloudApiEmulator, c
         client.insert_mig({"name": "default-pool"}, allowed)
     with pytest.raises(RefusedResource):
         client.create_instances("default-pool", [{"name": "x"}], allowed)
+    assert cloud.calls == []
+
+
+def test_a_platform_without_a_vm_slice_resource_is_refused_before_any_request(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    controller, _ = make_controller(client, "gke", head_metadata)
+    with pytest.raises(RefusedResource, match="platform 'gke' has no recovery controller"):
+        controller.act_on(SLICE0)
     assert cloud.calls == []
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rayslice.local.cloud_api import ROUTES
+from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.recovery import permissions
 
 STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')

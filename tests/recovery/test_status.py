@@ -14,8 +14,8 @@ import requests
 
 from rayslice import cli, names
 from rayslice.errors import EXIT_NO_CLUSTER, NoCredentials
-from rayslice.local.cloud_api import CloudApiEmulator
-from rayslice.local.metadata import MetadataServer
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
 from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed
 

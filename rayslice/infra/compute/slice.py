@@ -9,8 +9,9 @@ single-host slice is a one-instance MIG too, so Compute Engine repairs it the sa
 Host names are sequential (`rayslice.names.host_name`: ``<slice>-w0``, ``-w1``, ...): a MIG
 alone names instances ``<base>-<4 random characters>``, so each host gets a per-instance config
 (`gcp.compute.PerInstanceConfig`) that fixes its name and keeps its reserved internal address
-through repairs and recreations. The metadata lists those names (`compute_identity`), so each
-host finds its worker number and its peers without the Cloud TPU API's attributes.
+through repairs and recreations. The metadata lists those names (the platform's identity
+attributes, `rayslice.platforms.COMPUTE`), so each host finds its worker number and its peers
+without the Cloud TPU API's attributes.
 
 A change of the boot script or its attributes makes a new instance template; the MIG's update
 policy then recreates every host of the slice at once, keeping names and addresses (a slice is
@@ -37,9 +38,9 @@ from rayslice.infra.compute.template import (
 from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import REPLACE_ON_METADATA, compute_identity, slice_host_names
+from rayslice.infra.metadata import REPLACE_ON_METADATA
 from rayslice.infra.network import region_of
-from rayslice.names import CLOUD_PLATFORM_SCOPE
+from rayslice.names import CLOUD_PLATFORM_SCOPE, slice_host_names
 
 
 class ComputeSlice(pulumi.ComponentResource):
@@ -55,7 +56,7 @@ class ComputeSlice(pulumi.ComponentResource):
         zone, region = spec.zone, region_of(spec.zone)
         child = pulumi.ResourceOptions(parent=self)
         slice_name = spec.slice_name(index)
-        hosts = slice_host_names(spec, index)
+        hosts = slice_host_names(slice_name, spec.tpu.hosts)
         labels = resource_labels(spec, "tpu-slice", index)
 
         policy = gcp.compute.ResourcePolicy(
@@ -82,7 +83,7 @@ class ComputeSlice(pulumi.ComponentResource):
             )
             for worker, host in enumerate(hosts)
         ]
-        metadata = args.metadata(compute_identity(spec, index))
+        metadata = args.metadata()
         template = gcp.compute.InstanceTemplate(
             f"{name}-template",
             name_prefix=template_name_prefix(slice_name),

@@ -25,7 +25,7 @@ import subprocess
 from collections.abc import Sequence
 
 from rayslice.errors import SimulatorError
-from rayslice.local.state import RUN_ID, bridge_name
+from rayslice.local.host.netns import RUN_ID, bridge_name
 
 NFT = "nft"
 IPTABLES = "iptables"

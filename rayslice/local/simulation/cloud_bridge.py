@@ -1,4 +1,4 @@
-"""Connects the cloud API emulation (`cloud_api`) to a simulated cluster (`simulator`).
+"""Connects the cloud API emulation (`google.cloud_api`) to a simulated cluster (`simulator`).
 
 The emulation then holds one TPU node (``tpu-vm``) or one MIG (``compute``) per simulated slice,
 named as infra names it; it answers guest attributes from the hosts' own metadata servers; and
@@ -8,7 +8,7 @@ would. `preempt` is what ``rayslice local preempt SLICE`` does: the hosts power 
 API reports the slice as Google reports a preempted one.
 
 The simulation is reached through a small protocol (`SimulatedCluster`), so this wiring is tested
-without root; the real `rayslice.local.simulator.Simulation` satisfies it.
+without root; the real `rayslice.local.simulation.simulator.Simulation` satisfies it.
 """
 
 from __future__ import annotations
@@ -24,17 +24,18 @@ from pathlib import Path
 from typing import Protocol
 
 from rayslice.errors import SimulatorError
-from rayslice.local.cloud_api import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
-from rayslice.local.host_metadata import LOCAL_PROJECT, numeric_id
-from rayslice.local.private_files import write_private
-from rayslice.local.simulator import Simulation
-from rayslice.local.state import (
+from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
+from rayslice.local.google.host_metadata import LOCAL_PROJECT, numeric_id
+from rayslice.local.host.private_files import write_private
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.state import (
     CLOUD_API_CREDENTIALS_FILE,
     CLOUD_API_ENDPOINT_FILE,
     ROLE_HEAD_VM,
     Plan,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
+from rayslice.platforms import MIG, VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 
 
@@ -64,7 +65,7 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
     by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
     known = {h.name for h in sim.plan.hosts}
     for index, (name, hosts) in enumerate(by_slice.items()):
-        if spec.platform == "compute":
+        if VM_PLATFORMS[spec.platform].slice_resource == MIG:
             emulator.add_mig(
                 project,
                 zone,
@@ -205,7 +206,7 @@ def request_preempt(state_dir: Path, name: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rayslice.local.cloud_bridge")
+    parser = argparse.ArgumentParser(prog="python -m rayslice.local.simulation.cloud_bridge")
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """PID 1 of a simulated host: what a VM's init and guest agent do at boot, and nothing more.
 
 The simulator starts it as ``ip netns exec NS unshare --pid --fork --kill-child --mount-proc
---uts python -m rayslice.local.boot ...``, so it runs in the host's network namespace, as PID 1
+--uts python -m rayslice.local.host.boot ...``, so it runs in the host's network namespace, as PID 1
 of a fresh PID namespace with its own UTS and mount namespaces. It sets the hostname, binds the
 host's own directory over the shared root path (so every host runs the same script text with
 the same root), gives the host a private /tmp (``<root>/tmp``) and /dev/shm (tmpfs) as separate
@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from rayslice.local import tpu_runtime
-from rayslice.local.state import HostPaths
+from rayslice.local.host import tpu_runtime
+from rayslice.local.host.paths import HostPaths
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -51,7 +51,7 @@ def _under_tmp(paths: list[Path]) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hostname", required=True)
-    parser.add_argument("--host-dir", type=Path, required=True, help="the host's directory (state.HostPaths)")
+    parser.add_argument("--host-dir", type=Path, required=True, help="the host's directory (paths.HostPaths)")
     parser.add_argument(
         "--root", type=Path, required=True, help="RenderOptions.root the script was rendered with"
     )

@@ -24,16 +24,16 @@ import ipaddress
 import json
 import math
 import os
-import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rayslice import names
 from rayslice.errors import SimulatorError
-from rayslice.local.private_files import read_private, write_private
-from rayslice.local.processes import ProcessRef
-from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
+from rayslice.local.host.netns import RUN_ID, bridge_name, host_links
+from rayslice.local.host.paths import HOST_NAME
+from rayslice.local.host.private_files import read_private, write_private
+from rayslice.local.host.processes import ProcessRef
+from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name, host_name
 from rayslice.spec import ClusterSpec
 
 STATE_FILE = "state.json"
@@ -56,15 +56,12 @@ ROLE_WORKER = "worker"  # every other TPU host
 ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
 ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM)
 
-RUN_ID = re.compile(r"[0-9a-f]{6}")
-# GCE instance names (RFC 1035 labels, at most 63 characters): no "/", "." or ".." can pass.
-HOST_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
 # The one process of the simulation itself rather than of a host: the cloud API emulation
 # (`cloud_bridge`), in the root namespace on the bridge address. Its key has no host part, and
 # `destroy` stops it only while its command line is still exactly `cloud_api_argv`.
 CLOUD_API_PROCESS = "cloud-api"
-CLOUD_API_MODULE = "rayslice.local.cloud_bridge"
+CLOUD_API_MODULE = "rayslice.local.simulation.cloud_bridge"
 # Its files, directly in the state dir (0600 where secret): URL, admin token and endpoint
 # overrides; the owner's service-account key for `rayslice status`; its output.
 CLOUD_API_ENDPOINT_FILE = "cloud-api.json"
@@ -78,7 +75,7 @@ FIREWALL_BACKENDS = ("nft", "iptables", "none")
 class HostPlan:
     """One simulated host: its hostname, role, place in the cluster and its namespace plumbing."""
 
-    name: str  # hostname, e.g. rayslice-slice-0-w-1 or rayslice-head
+    name: str  # hostname (`names.host_name`, e.g. rayslice-slice-0-w1) or rayslice-head
     role: str  # ROLE_HEAD, ROLE_WORKER or ROLE_HEAD_VM
     slice_index: int  # -1 for the head VM
     worker: int  # TPU worker number in its slice; -1 for the head VM
@@ -232,7 +229,7 @@ def _plan_problems(plan: Plan) -> list[str]:
             continue
         seen.add(host.name)
         expected = HostPlan(
-            host.name, host.role, host.slice_index, host.worker, host.ip, *_host_links(run_id, i, host.name)
+            host.name, host.role, host.slice_index, host.worker, host.ip, *host_links(run_id, i, host.name)
         )
         for attribute in ("netns", "veth", "veth_peer"):
             found, wanted = getattr(host, attribute), getattr(expected, attribute)
@@ -241,15 +238,6 @@ def _plan_problems(plan: Plan) -> list[str]:
         if host.role not in ROLES:
             problems.append(f"host {host.name}: role {host.role!r} is not one of {', '.join(ROLES)}")
     return problems
-
-
-def bridge_name(run_id: str) -> str:
-    return f"rsl{run_id}"
-
-
-def _host_links(run_id: str, index: int, name: str) -> tuple[str, str, str]:
-    """(namespace, bridge-side veth, host-side veth) of host `index` named `name`."""
-    return f"rsl-{run_id}-{name}", f"rsl{run_id}h{index}", f"rsl{run_id}p{index}"
 
 
 def new_run_id() -> str:
@@ -261,13 +249,6 @@ def subnet_prefix(host_count: int) -> int:
     return min(24, 32 - math.ceil(math.log2(host_count + 3)))
 
 
-def host_name(spec: ClusterSpec, slice_index: int, worker: int) -> str:
-    """A TPU host's name: the MIG instance name on Compute Engine, ``<slice>-w-<n>`` for TPU VMs."""
-    if spec.platform == "compute":
-        return names.host_name(spec.slice_name(slice_index), worker)
-    return f"{spec.slice_name(slice_index)}-w-{worker}"
-
-
 def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network) -> Plan:
     """Name and address every host: the head VM first (head=vm), then each slice's workers in order."""
     head_vm = spec.head == "vm"
@@ -277,7 +258,7 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
     for s in range(spec.slices):
         for w in range(spec.tpu.hosts):
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
-            layout.append((host_name(spec, s, w), role, s, w))
+            layout.append((host_name(spec.slice_name(s), w), role, s, w))
     addresses = list(network.hosts())
     if len(addresses) < len(layout) + 1:
         raise SimulatorError(f"subnet {network} is too small for {len(layout)} hosts")
@@ -285,7 +266,7 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
     if bad:
         raise SimulatorError(f"host names {bad} are not valid GCE instance names; choose a shorter `name`")
     hosts = tuple(
-        HostPlan(name, role, s, w, str(addresses[i + 1]), *_host_links(run_id, i, name))
+        HostPlan(name, role, s, w, str(addresses[i + 1]), *host_links(run_id, i, name))
         for i, (name, role, s, w) in enumerate(layout)
     )
     return Plan(
@@ -297,47 +278,3 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
         root=str(DEFAULT_ROOTS_DIR / run_id),
         hosts=hosts,
     )
-
-
-@dataclass(frozen=True)
-class HostPaths:
-    """The files of one simulated host, all under ``<state dir>/hosts/<name>/``."""
-
-    dir: Path
-
-    @classmethod
-    def of(cls, state_dir: str | Path, name: str) -> HostPaths:
-        if not HOST_NAME.fullmatch(name):
-            raise SimulatorError(f"{name!r} is not a simulated host's name")
-        return cls(Path(state_dir) / "hosts" / name)
-
-    @property
-    def root(self) -> Path:
-        """Bound over the plan's root inside the host: what the boot script writes lands here."""
-        return self.dir / "root"
-
-    @property
-    def script(self) -> Path:
-        return self.dir / "startup-script"
-
-    @property
-    def console(self) -> Path:
-        """Startup-script output, like a VM's serial console."""
-        return self.dir / "console.log"
-
-    @property
-    def exit_file(self) -> Path:
-        """The startup script's exit status; empty while it runs."""
-        return self.dir / "startup-script.exit"
-
-    @property
-    def metadata_tree(self) -> Path:
-        return self.dir / "metadata.json"
-
-    @property
-    def guest_file(self) -> Path:
-        return self.dir / "guest-attributes.json"
-
-    @property
-    def metadata_log(self) -> Path:
-        return self.dir / "metadata.log"

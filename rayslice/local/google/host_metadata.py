@@ -1,16 +1,19 @@
 """The metadata a simulated host sees: the same paths and values a real TPU host (or the CPU head
 VM) gets from its GCE metadata server, built from the spec and the simulated network.
 
-The result is a `metadata.Tree` that `metadata.MetadataServer` serves. Two platforms differ:
+The result is a `metadata_server.Tree` that `metadata_server.MetadataServer` serves. A slice's
+host gets the attributes Google's API gives a host of its platform
+(`rayslice.platforms.VmPlatform`'s `google_attributes`) plus the ``rayslice-*`` attributes infra
+writes (`host_attributes`):
 
-* ``tpu-vm`` (Cloud TPU API): the attributes that API sets — `accelerator-type`,
-  `agent-worker-number`, `instance-id`, `worker-network-endpoints` (entries
-  ``unknown:unknown:<ip>``), `tpu-env` (lines ``KEY: 'value'``). Slices are independent TPU VMs
-  (as infra creates them), so `tpu-env` carries no MEGASCALE_* values.
+* ``tpu-vm`` (Cloud TPU API): `accelerator-type`, `agent-worker-number`, `instance-id`,
+  `worker-network-endpoints` (entries ``unknown:unknown:<ip>``), `tpu-env` (lines ``KEY:
+  'value'``). Slices are independent TPU VMs (as infra creates them), so `tpu-env` carries no
+  MEGASCALE_* values.
 * ``compute`` (Compute Engine MIG instances): none of those, since public sources do not settle
   which of them a Compute Engine TPU instance has; only what every instance has (name, machine
-  type, network, zone) plus the attributes infra writes: the slice's name and its instances'
-  names in worker order (`names.ATTR_SLICE_NAME`, `names.ATTR_SLICE_HOSTS`).
+  type, network, zone) plus the identity attributes infra writes: the slice's name and its
+  instances' names in worker order (`names.ATTR_SLICE_NAME`, `names.ATTR_SLICE_HOSTS`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import hashlib
 from collections.abc import Mapping
 from ipaddress import IPv4Network
 
-from rayslice.local.metadata import Json, Tree
+from rayslice.local.google.metadata_server import Json, Tree
 from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
+from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import host_attributes
 
@@ -33,10 +37,11 @@ def numeric_id(text: str, digits: int = 16) -> str:
     return str(int(hashlib.sha256(text.encode()).hexdigest(), 16))[:digits]
 
 
-def tpu_attributes(
-    spec: ClusterSpec, slice_index: int, worker: int, slice_ips: list[str], head_address: str | None
+def google_attributes(
+    spec: ClusterSpec, slice_index: int, worker: int, slice_ips: list[str]
 ) -> dict[str, str]:
-    """`instance/attributes/` of TPU VM `worker` of slice `slice_index` (`slice_ips` in worker order)."""
+    """The attributes Google's API gives host `worker` of slice `slice_index` (`slice_ips` in worker
+    order): those its platform lists, valued as a TPU VM serves them."""
     tpu = spec.tpu
     slice_name = spec.slice_name(slice_index)
     tpu_env = {
@@ -48,23 +53,24 @@ def tpu_attributes(
         "WORKER_ID": str(worker),
         "ZONE": spec.zone or "",
     }
-    return {
+    served = {
         "accelerator-type": tpu.accelerator_type,
         "agent-worker-number": str(worker),
         "instance-id": slice_name,
         "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in slice_ips),
         "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),
+    }
+    return {key: served[key] for key in VM_PLATFORMS[spec.platform].google_attributes}
+
+
+def slice_host_attributes(
+    spec: ClusterSpec, slice_index: int, worker: int, slice_ips: list[str], head_address: str | None
+) -> dict[str, str]:
+    """`instance/attributes/` of host `worker` of slice `slice_index`: Google's and rayslice's."""
+    return {
+        **google_attributes(spec, slice_index, worker, slice_ips),
         **host_attributes(spec, slice_index, head_address=head_address),
     }
-
-
-def compute_attributes(spec: ClusterSpec, slice_index: int, head_address: str | None) -> dict[str, str]:
-    """`instance/attributes/` of a Compute Engine TPU host: exactly what infra writes, no Cloud-TPU-API one.
-
-    `host_attributes` names the slice and lists its instance names (`names.host_name`), which
-    the simulator also uses as its compute hosts' names.
-    """
-    return host_attributes(spec, slice_index, head_address=head_address)
 
 
 def head_vm_attributes(spec: ClusterSpec) -> dict[str, str]:

@@ -13,19 +13,34 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from rayslice.errors import SimulatorError
-from rayslice.local.metadata import METADATA_HOST, METADATA_IP
-from rayslice.local.processes import cmdline
+from rayslice.local.google.metadata_server import METADATA_HOST, METADATA_IP
+from rayslice.local.host.processes import cmdline
 
 NETNS_ETC = Path("/etc/netns")
 NETNS_RUN = Path("/run/netns")  # where `ip netns add` pins each named namespace
 # Candidate subnets: carrier-grade NAT space, rarely used on a developer machine or in CI.
 CANDIDATE_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
+
+
+# A simulation's run id: every name below carries it, so parallel simulations never collide.
+# Interface names must fit Linux's 15 characters: ``rsl<id>`` is 9.
+RUN_ID = re.compile(r"[0-9a-f]{6}")
+
+
+def bridge_name(run_id: str) -> str:
+    return f"rsl{run_id}"
+
+
+def host_links(run_id: str, index: int, name: str) -> tuple[str, str, str]:
+    """(namespace, bridge-side veth, host-side veth) of host `index` named `name`."""
+    return f"rsl-{run_id}-{name}", f"rsl{run_id}h{index}", f"rsl{run_id}p{index}"
 
 
 # A failed `ip` command is a simulator failure: the message holds the command and its stderr.

@@ -1,7 +1,7 @@
 """Start-up hook of simulated TPU hosts: Python imports this from PYTHONPATH in every process.
 
 Only simulated TPU hosts put this directory on PYTHONPATH and set ``RAYSLICE_SIMULATED_TPU=1``
-(see `rayslice.local.tpu_runtime`). It loads the simulated TPU runtime and nothing else.
+(see `rayslice.local.host.tpu_runtime`). It loads the simulated TPU runtime and nothing else.
 """
 
 import os

@@ -16,7 +16,7 @@ import urllib.error
 from collections import Counter
 from typing import Any
 
-from rayslice.local.simulator import Simulation
+from rayslice.local.simulation.simulator import Simulation
 
 CURRENT = "current"
 STALE = "stale"

@@ -18,7 +18,7 @@ of the guest attributes rewritten atomically on every change, which the owner re
 entering the host's namespace. A server started on an existing guest file keeps its values, as
 guest attributes survive a real VM's reboot.
 
-Run as ``python -m rayslice.local.metadata --tree FILE --guest-file FILE``.
+Run as ``python -m rayslice.local.google.metadata_server --tree FILE --guest-file FILE``.
 """
 
 from __future__ import annotations

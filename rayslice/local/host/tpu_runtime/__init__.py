@@ -2,7 +2,7 @@
 
 A real TPU VM has chips at ``/dev/accel*`` and libtpu, which gives a JAX or PyTorch/XLA process
 the chips it holds and, on a multi-host slice, joins the processes of all hosts into one program.
-A simulated host has neither, so `install` (called once by `rayslice.local.boot`, inside the
+A simulated host has neither, so `install` (called once by `rayslice.local.host.boot`, inside the
 host's private mount namespace) gives it both edges:
 
 - ``/dev/accel0..N-1`` (empty files in a private overlay of ``/dev``), N = the chips per host of

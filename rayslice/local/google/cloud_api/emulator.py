@@ -1,0 +1,196 @@
+"""A local emulation of ONLY the cloud API calls that recovery and `rayslice status` make.
+
+Served over real HTTP so the real client (`rayslice.recovery.cloud`, an ``AuthorizedSession``)
+reaches it through its normal endpoint override (``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU`` =
+``<url>/``, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE`` = ``<url>/compute/v1/``) and nothing
+else. It emulates:
+
+- Cloud TPU v2: ``projects.locations.nodes`` get / list / delete / create / getGuestAttributes,
+  and ``projects.locations.operations.get`` (long-running operations, ``done`` after
+  `op_polls` reads);
+- Compute Engine v1: ``instanceGroupManagers`` get / delete / insert / listManagedInstances /
+  listPerInstanceConfigs / createInstances, ``zoneOperations.get`` and
+  ``instances.getGuestAttributes``;
+- an OAuth token endpoint (``POST /token``, the JWT-bearer grant of service-account keys), so a
+  client holds a real ``service_account`` ADC file whose ``token_uri`` points here (an
+  ``authorized_user`` file cannot: google-auth always sends its refresh to Google's own token
+  endpoint). The emulation made the key pair and checks the assertion's signature and audience;
+  every API call must carry a token it issued (401 otherwise, as Google answers).
+
+The parts: the route table and what a served call records (`routes`), the project both APIs
+act on and its long-running operations (`project`), the TPU API (`tpu`), the Compute Engine API
+(`compute`), the token endpoint (`oauth`) and, here, the HTTP server that ties them together.
+
+Each route names its discovery method id (`ROUTES`); tests/recovery/test_api_shapes.py checks
+the route table against the paths and HTTP methods of the discovery documents that
+google-api-python-client ships, and walks every request body and response body recorded in
+`calls` against the schemas, so the emulation cannot drift from the real API.
+
+`preempt` does what a preemption does to the resource (TPU node state PREEMPTED; a MIG's
+instances gone or TERMINATED); every call is recorded in `calls`, so tests can assert what was
+(and was not) touched. Guest attributes come from `guest` or, for a simulated host, from
+`guest_source` (the simulator's metadata servers keep them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from rayslice.local.google.cloud_api.compute import ComputeApi
+from rayslice.local.google.cloud_api.oauth import ServiceAccountTokens
+from rayslice.local.google.cloud_api.project import EmulatedProject
+from rayslice.local.google.cloud_api.routes import ApiError, Call, match_route
+from rayslice.local.google.cloud_api.tpu import TpuApi
+
+ADMIN_PREFIX = "/rayslice-local/preempt/"
+ADMIN_HEADER = "X-Rayslice-Simulator"
+
+
+class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPServer):
+    """The emulated APIs on `address`; `url` is its base. Thread-safe; stop with `shutdown()`."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        address: tuple[str, int] = ("127.0.0.1", 0),
+        *,
+        op_polls: int = 1,
+    ):
+        ThreadingHTTPServer.__init__(self, address, _Handler)
+        ServiceAccountTokens.__init__(self)
+        EmulatedProject.__init__(self, op_polls=op_polls)
+        # ``POST /rayslice-local/preempt/<slice>`` with header ADMIN_HEADER: `rayslice local preempt`.
+        self.admin_token = ""
+        self.admin_preempt: Callable[[str], Sequence[str]] | None = None
+        self.calls: list[Call] = []
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host if isinstance(host, str) else host.decode()}:{port}"
+
+    def environment(self) -> dict[str, str]:
+        """The endpoint overrides that send the real client here."""
+        return {
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{self.url}/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.url}/compute/v1/",
+        }
+
+    def preempt(self, project: str, zone: str, name: str, *, mode: str = "gone") -> None:
+        """A preemption: the node turns PREEMPTED, or the MIG's hosts are gone / TERMINATED."""
+        with self.lock:
+            key = (project, zone, name)
+            if key in self.state.nodes:
+                self.state.nodes[key]["state"] = "PREEMPTED"
+                for worker in [w for (n, w) in self.tpu_guest if n == name]:
+                    self.tpu_guest.pop((name, worker))
+            elif key in self.state.migs:
+                if mode == "gone":
+                    self.state.instances[key] = []
+                else:
+                    for instance in self.state.instances[key]:
+                        instance["instanceStatus"] = "TERMINATED"
+            else:
+                raise KeyError(f"no slice {name} in {project}/{zone}")
+
+    def mutations(self) -> list[Call]:
+        """Every served call that could change something (not GET, not a read-only POST)."""
+        reads = {"getGuestAttributes", "listManagedInstances", "listPerInstanceConfigs"}
+        return [
+            c
+            for c in self.calls
+            if c.method in ("POST", "DELETE", "PATCH", "PUT")
+            and c.method_id is not None
+            and c.method_id.rsplit(".", 1)[-1] not in reads
+        ]
+
+    def serve(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
+        url = urlsplit(target)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if url.path == "/token" and method == "POST":
+            return self._token({k: v[-1] for k, v in parse_qs(raw.decode()).items()})
+        if url.path.startswith(ADMIN_PREFIX) and method == "POST":
+            return self._admin(url.path[len(ADMIN_PREFIX) :], headers)
+        route, params = match_route(method, url.path)
+        body: Any = None
+        with self.lock:
+            call = Call(method, url.path, query, route.method_id if route else None, None, 0, None)
+            self.calls.append(call)
+            try:
+                if route is None:
+                    raise ApiError(404, "NOT_FOUND", f"{method} {url.path} is not an emulated API method")
+                authorization = headers.get("authorization", "")
+                if not authorization.startswith("Bearer ") or authorization[7:] not in self.tokens:
+                    raise ApiError(
+                        401, "UNAUTHENTICATED", "Request is missing valid authentication credentials."
+                    )
+                body = json.loads(raw) if raw else None
+                call.request = body
+                status, answer = 200, getattr(self, route.handler)(params, query, body)
+            except ApiError as exc:
+                status, answer = exc.code, exc.body()
+            except (ValueError, TypeError, KeyError) as exc:
+                status, answer = 400, ApiError(400, "INVALID_ARGUMENT", f"bad request: {exc}").body()
+            call.status, call.response = status, answer
+            return status, answer
+
+    def _admin(self, name: str, headers: dict[str, str]) -> tuple[int, Any]:
+        """The simulator's own preemption request (not a Google API): needs `admin_token`."""
+        given = headers.get(ADMIN_HEADER.lower(), "")
+        if (
+            self.admin_preempt is None
+            or not self.admin_token
+            or not secrets.compare_digest(given, self.admin_token)
+        ):
+            return 403, {
+                "error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}
+            }
+        try:
+            return 200, {"preempted": name, "hosts": list(self.admin_preempt(name))}
+        except KeyError as exc:
+            return 404, {"error": {"code": 404, "message": str(exc.args[0]), "status": "NOT_FOUND"}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: CloudApiEmulator
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        status, body = self.server.serve(self.command, self.path, headers, raw)
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the emulation on HOST:PORT until killed (the simulator starts it this way)."""
+    parser = argparse.ArgumentParser(prog="python -m rayslice.local.google.cloud_api.emulator")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = CloudApiEmulator((args.host, args.port))
+    print(server.url, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

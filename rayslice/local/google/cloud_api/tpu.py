@@ -1,0 +1,101 @@
+"""The emulated Cloud TPU v2 API: ``projects.locations.nodes`` get / list / delete / create /
+getGuestAttributes and ``projects.locations.operations.get``."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from rayslice.local.google.cloud_api.project import EmulatedProject
+from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
+
+
+class TpuApi(EmulatedProject):
+    """TPU nodes: seeded READY by `add_node`, or created and deleted through the API."""
+
+    def add_node(self, project: str, zone: str, name: str, **fields: Any) -> dict[str, Any]:
+        """A READY TPU node with `fields` (camelCase Node fields)."""
+        with self.lock:
+            node = self._new_node(project, zone, name, fields)
+            node["state"] = "READY"
+            self.state.nodes[(project, zone, name)] = node
+            return copy.deepcopy(node)
+
+    def _new_node(self, project: str, zone: str, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        node = copy.deepcopy(fields)
+        node.update(
+            name=f"projects/{project}/locations/{zone}/nodes/{name}",
+            id=str(next(self._ids)),
+            createTime="2026-01-01T00:00:00Z",
+            apiVersion="V2",
+            state="CREATING",
+        )
+        return node
+
+    def tpu_get(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        return copy.deepcopy(self._node(p))
+
+    def tpu_list(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        nodes = [
+            n for (pr, z, _), n in sorted(self.state.nodes.items()) if (pr, z) == (p["project"], p["zone"])
+        ]
+        return {"nodes": copy.deepcopy(nodes)}
+
+    def tpu_delete(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        key = (p["project"], p["zone"], p["name"])
+        node = self._node(p)
+        node["state"] = "DELETING"
+
+        def finish() -> str | None:
+            self.state.nodes.pop(key, None)
+            self._hook(self.on_slice_down, p["name"])
+            return None
+
+        return self._tpu_operation(p["project"], p["zone"], "delete", node["name"], finish)
+
+    def tpu_create(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        name = q.get("nodeId", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+            raise ApiError(400, "INVALID_ARGUMENT", f"invalid nodeId {name!r}")
+        key = (p["project"], p["zone"], name)
+        if key in self.state.nodes:
+            raise ApiError(409, "ALREADY_EXISTS", f"node {name} already exists")
+        node = self._new_node(p["project"], p["zone"], name, body or {})
+        self.state.nodes[key] = node
+        failing = self._take_failure()
+
+        def finish() -> str | None:
+            if failing:
+                self.state.nodes.pop(key, None)
+                return "There is no more capacity in the zone (emulated stockout)"
+            node["state"] = "READY"
+            self._hook(self.on_slice_up, name)
+            return None
+
+        return self._tpu_operation(p["project"], p["zone"], "create", node["name"], finish)
+
+    def tpu_guest_attributes(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        node = self._node(p)
+        hosts = len(node.get("networkEndpoints", [])) or 1
+        workers = [int(w) for w in (body or {}).get("workerIds", [])] or list(range(hosts))
+        query = (body or {}).get("queryPath", "")
+        answer = []
+        for worker in workers:
+            attributes = self.tpu_guest.get((p["name"], worker), {})
+            if self.worker_guest_source is not None:
+                attributes = self.worker_guest_source(p["name"], worker) or attributes
+            answer.append({"queryPath": query, "queryValue": {"items": guest_entries(attributes, query)}})
+        return {"guestAttributes": answer}
+
+    def tpu_operation(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        key = f"projects/{p['project']}/locations/{p['zone']}/operations/{p['name']}"
+        if key not in self._operations:
+            raise ApiError(404, "NOT_FOUND", f"operation {key} not found")
+        return self._maybe_finish(key)
+
+    def _node(self, p: dict[str, str]) -> dict[str, Any]:
+        node = self.state.nodes.get(resource_key(p))
+        if node is None:
+            raise ApiError(404, "NOT_FOUND", f"node {p['name']} was not found")
+        return node

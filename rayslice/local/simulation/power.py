@@ -1,0 +1,134 @@
+"""Powering simulated hosts on and off, and reaching into a running one.
+
+A host is powered on by starting its PID 1 (`rayslice.local.host.boot`) in fresh PID, UTS and
+mount namespaces inside its network namespace; powering off kills that PID namespace at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+
+from rayslice.errors import SimulatorError
+from rayslice.local.host.boot import host_environment
+from rayslice.local.host.processes import children, is_alive
+from rayslice.local.simulation.recorded import RecordedSimulation
+from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_HEAD_VM
+
+# How often the simulated head's recovery controller looks (the cloud default is 30 s), through
+# the boot script's RAYSLICE_RECOVERY_INTERVAL_S: a simulated preemption is noticed within seconds.
+LOCAL_RECOVERY_INTERVAL_S = 5
+
+
+class HostPower(RecordedSimulation):
+    """Boots, powers off and reboots hosts; runs commands inside a running one."""
+
+    def boot(self, name: str, env: Mapping[str, str] | None = None) -> None:
+        """Power the host on: fresh PID/UTS/mount namespaces run the startup script (GCE: at every boot).
+
+        `env` adds variables to the script's otherwise clean environment (tests shorten the
+        script's documented RAYSLICE_HEAD_DEADLINE_S with it). The head VM's environment also
+        points the cloud API clients at the emulation (the endpoint overrides gcloud and
+        `rayslice.recovery.cloud` honour) and shortens the recovery controller's interval.
+        """
+        host = self.plan.host(name)
+        if host.role == ROLE_HEAD_VM:
+            env = {**self._head_vm_environment(), **(env or {})}
+        if self.running(name):
+            raise SimulatorError(f"host {name} is already running; use reboot")
+        paths = self.paths(name)
+        paths.exit_file.unlink(missing_ok=True)
+        self._start(
+            f"boot:{name}",
+            paths.console,
+            [
+                "ip",
+                "netns",
+                "exec",
+                host.netns,
+                "unshare",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "--uts",
+                "--",
+                sys.executable,
+                "-m",
+                "rayslice.local.host.boot",
+                "--hostname",
+                host.name,
+                "--host-dir",
+                str(paths.dir),
+                "--root",
+                self.plan.root,
+                *(f"--share={path}" for path in self.state.shared_paths),
+                *(f"--env={key}={value}" for key, value in (env or {}).items()),
+            ],
+        )
+
+    def boot_all(self, skip: Collection[str] = ()) -> None:
+        """Boot every host except those named in `skip` (a host that never boots is a fault to test)."""
+        unknown = set(skip) - {h.name for h in self.plan.hosts}
+        if unknown:
+            raise SimulatorError(f"no hosts {sorted(unknown)} in this simulation")
+        for host in self.plan.hosts:
+            if host.name not in skip:
+                self.boot(host.name)
+
+    def power_off(self, name: str) -> None:
+        """Kill every process of the host at once (its PID namespace ends), like pulling the plug."""
+        host = self.plan.host(name)
+        ref = self.state.processes.pop(f"boot:{host.name}", None)
+        if ref is not None:
+            self._stop(host, ref, grace_s=0)
+            self.state.save()
+
+    def reboot(self, name: str) -> None:
+        """Power off, then boot again: the same startup script runs a second time."""
+        self.power_off(name)
+        self.boot(name)
+
+    def running(self, name: str) -> bool:
+        ref = self.state.processes.get(f"boot:{self.plan.host(name).name}")
+        return ref is not None and is_alive(ref)
+
+    def exec_in(
+        self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `argv` inside a running host (all its namespaces), as the host's own processes run."""
+        ref = self.state.processes.get(f"boot:{self.plan.host(name).name}")
+        init = children(ref.pid) if ref is not None and is_alive(ref) else []
+        if not init:
+            raise SimulatorError(f"host {name} is not running")
+        environment = {**host_environment(f"{self.plan.root}/root"), **(env or {})}
+        return subprocess.run(
+            [
+                "nsenter",
+                f"--target={init[0]}",
+                "--mount",
+                "--uts",
+                "--net",
+                "--pid",
+                "--",
+                "env",
+                "-i",
+                *(f"{k}={v}" for k, v in environment.items()),
+                *argv,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def restart_head_ray(self) -> subprocess.CompletedProcess[str]:
+        """`ray stop` inside the head host only (its own PID namespace); its supervisor restarts Ray."""
+        ray = str(Path(sys.executable).with_name("ray"))
+        return self.exec_in(self.plan.head.name, [ray, "stop", "--force"])
+
+    def _head_vm_environment(self) -> dict[str, str]:
+        endpoint = json.loads((self.state_dir / CLOUD_API_ENDPOINT_FILE).read_text())
+        return {**endpoint["env"], "RAYSLICE_RECOVERY_INTERVAL_S": str(LOCAL_RECOVERY_INTERVAL_S)}

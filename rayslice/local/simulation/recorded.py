@@ -1,0 +1,67 @@
+"""A simulation as its state file records it: what every part of `Simulation` shares.
+
+`RecordedSimulation` holds the loaded state (the plan, the recorded processes), finds a host's
+files and the cluster's spec, and starts or stops a process of the simulation only as the state
+file records it: a process is recorded as soon as it starts, so `rayslice local down` finds it
+after a crash, and stopped only while it still runs in the namespace of the host it belongs to.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rayslice import spec as spec_module
+from rayslice.errors import SimulatorError
+from rayslice.local.host import netns
+from rayslice.local.host.boot import host_environment
+from rayslice.local.host.paths import HostPaths
+from rayslice.local.host.processes import ProcessRef, is_alive, start_detached, stop
+from rayslice.local.simulation.state import HostPlan, SimulationState
+from rayslice.spec import ClusterSpec
+
+
+class RecordedSimulation:
+    """A simulated cluster as the state file in `state_dir` records it; every part of
+    `Simulation` builds on this."""
+
+    def __init__(self, state: SimulationState):
+        self.state = state
+        self.plan = state.plan
+        self.state_dir = Path(state.state_dir)
+        self.warnings: list[str] = []  # what the caller should tell the user (e.g. no packet filter)
+
+    def paths(self, name: str) -> HostPaths:
+        return HostPaths.of(self.state_dir, self.plan.host(name).name)
+
+    @property
+    def token_file(self) -> Path:
+        """The simulation's Ray token (rayAuth=token) for clients on this machine."""
+        return self.state_dir / "ray-token"
+
+    def spec(self) -> ClusterSpec:
+        return spec_module.load(self.plan.config, require_zone=False)
+
+    def refresh(self) -> None:
+        """Reread the recorded processes: another process of this simulation may have started some."""
+        fresh = SimulationState.load(self.state_dir)
+        if fresh is not None and fresh.plan == self.plan:
+            self.state.processes = fresh.processes
+
+    def _start(self, key: str, log: Path, argv: Sequence[str]) -> None:
+        self.state.processes[key] = start_detached(argv, log, host_environment("/root"))
+        self.state.save()
+
+    def _stop(self, host: HostPlan, ref: ProcessRef, grace_s: float) -> None:
+        """Stop a recorded process, but only while it is still one of `host`'s (netns.in_netns)."""
+        if is_alive(ref) and netns.in_netns(ref.pid, host.netns):
+            stop(ref, grace_s=grace_s)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SimulatorError(message)
+        time.sleep(0.1)

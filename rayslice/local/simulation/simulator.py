@@ -1,0 +1,281 @@
+"""A simulated slice on one Linux machine: hosts that boot the real startup script.
+
+Each host is a network namespace on a private bridge with its own IP, ``/etc/hosts``, metadata
+server (169.254.169.254 on its loopback, serving `host_metadata`), and — while it runs — its own
+PID, UTS and mount namespaces (`boot`). Every host runs the SAME rendered script; the only knobs
+are the rendered ones: ``supervisor="process"``, the package source (by default ``venv:`` the
+environment rayslice runs from, since the hosts have no internet; or ``wheels:DIR``) and the
+root, one short path that each host's mount namespace binds to its own directory.
+
+`Simulation.create` records the plan before creating anything; `destroy` (``rayslice local
+down``) removes exactly what the state file names, after `state.check_state` has matched every
+name in it against the simulator's own patterns, and signals a recorded PID only while it still
+runs in the namespace of the host it was recorded for. The state dir is private (0700, see
+`private_files`), token files are 0600 from creation, the cluster uses Ray token auth unless
+``insecure=True``, and a packet filter keeps the bridge subnet to root (`firewall`).
+
+Owners and tests drive hosts with `boot`, `power_off`, `reboot`, `restart_head_ray` and
+`exec_in` (`power`), read progress with `states` (`progress`), and inject faults with the
+metadata knobs of `create` and `restart_metadata` (`services`: 503 for a while, or accept and
+never answer) or by never booting a host (`boot_all(skip=...)`). `Simulation` is those parts
+together, plus creating and removing the whole simulation, here.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+import rayslice
+from rayslice import spec as spec_module
+from rayslice.errors import SimulatorError
+from rayslice.local.google.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
+from rayslice.local.google.metadata_server import dump_tree
+from rayslice.local.host import firewall, netns
+from rayslice.local.host.private_files import (
+    check_private,
+    ensure_private_dir,
+    make_private_subdir,
+    write_private,
+)
+from rayslice.local.host.processes import process_ref, stop
+from rayslice.local.simulation.power import HostPower
+from rayslice.local.simulation.progress import HostProgress
+from rayslice.local.simulation.recorded import wait_until
+from rayslice.local.simulation.services import SimulationServices
+from rayslice.local.simulation.state import (
+    CLOUD_API_FILES,
+    CLOUD_API_PROCESS,
+    ROLE_HEAD_VM,
+    HostPlan,
+    SimulationState,
+    make_plan,
+    new_run_id,
+    subnet_prefix,
+)
+from rayslice.platforms import VM_PLATFORMS
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import RenderOptions, render
+
+TOKEN_PATH = "etc/rayslice/ray-token"  # below a host's root, where the boot script reads it
+REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount")
+
+
+def require_root() -> None:
+    """Namespaces, veths and bridges need root (CAP_NET_ADMIN + CAP_SYS_ADMIN): say so up front."""
+    if os.geteuid() != 0:
+        raise SimulatorError(
+            "the local simulator needs root: it creates network namespaces, veth pairs and a bridge "
+            "(CAP_NET_ADMIN) and PID/UTS/mount namespaces (CAP_SYS_ADMIN). Run it as root, e.g. "
+            "`sudo $(command -v rayslice) local up`, or in a container started with --privileged."
+        )
+    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise SimulatorError(
+            f"the local simulator needs {', '.join(missing)} "
+            "(Debian: apt-get install iproute2 util-linux mount)"
+        )
+
+
+def _auth_spec(spec: ClusterSpec, insecure: bool) -> ClusterSpec:
+    """The spec the simulation runs: token auth unless `insecure`, which turns it off explicitly."""
+    if insecure:
+        if spec.ray_auth == "none":
+            return spec
+        return spec_module.load({**spec.as_config(), "rayAuth": "none"}, require_zone=False)
+    if spec.ray_auth != "token":
+        raise SimulatorError(
+            f"rayAuth={spec.ray_auth} would let every local user reach the simulated cluster's dashboard, "
+            "GCS and Jobs API and run code on its hosts as root; keep rayAuth=token, or pass --insecure to "
+            "run without token auth on purpose"
+        )
+    return spec
+
+
+def default_package_source() -> str:
+    """The environment rayslice runs from: it already has Ray, and the hosts have no internet."""
+    return f"venv:{sys.prefix}"
+
+
+class Simulation(HostPower, HostProgress, SimulationServices):
+    """One simulated cluster, backed by the state file in `state_dir`: created, opened and
+    destroyed here; its hosts driven and read through the parts it inherits."""
+
+    @classmethod
+    def create(
+        cls,
+        spec: ClusterSpec,
+        state_dir: Path,
+        *,
+        script: str | None = None,
+        package_source: str | None = None,
+        insecure: bool = False,
+        metadata_unavailable_for: float = 0.0,
+        metadata_silent_for: float = 0.0,
+    ) -> Simulation:
+        """Create every host (network, metadata server, files) without booting any.
+
+        `script` replaces the rendered startup script (tests of the plumbing itself); by default
+        every host gets ``render(spec, RenderOptions(supervisor="process", ...))``.
+        `insecure` runs the cluster without Ray token auth (rayAuth=none); without it a spec
+        with rayAuth=none is refused, since every local user who reached the hosts could run
+        code on them as root.
+        Fault knobs, for every host's metadata server: `metadata_unavailable_for` answers 503
+        for that many seconds; `metadata_silent_for` accepts connections and answers nothing
+        for that long (``math.inf``: never). `restart_metadata` sets them for one host later.
+        """
+        if spec.platform not in VM_PLATFORMS:
+            raise SimulatorError(
+                f"the simulator simulates the VM platforms ({', '.join(VM_PLATFORMS)}), not {spec.platform}"
+            )
+        require_root()
+        spec = _auth_spec(spec, insecure)
+        backend = firewall.available_backend()
+        if insecure and backend == firewall.NONE:
+            raise SimulatorError(
+                "insecure (no token auth) needs a packet filter that keeps the simulated hosts to root, "
+                "and this machine has neither nft nor iptables: install nftables (apt-get install nftables) "
+                "or drop --insecure"
+            )
+        state_dir = Path(os.path.abspath(state_dir))
+        if os.path.lexists(state_dir):
+            check_private(state_dir, directory=True)
+            existing = SimulationState.load(state_dir)
+            if existing is not None:
+                raise SimulatorError(
+                    f"a simulation (run {existing.plan.run_id}) already exists in {state_dir}; "
+                    "run `rayslice local down` first"
+                )
+        ensure_private_dir(state_dir)
+        host_count = spec.total_hosts + (1 if spec.head == "vm" else 0)
+        network = netns.free_subnet(subnet_prefix(host_count), netns.used_networks(), random.Random())
+        plan = make_plan(spec, run_id=new_run_id(), network=network)
+        source = package_source or default_package_source()
+        shared = tuple(
+            os.path.normpath(os.path.abspath(p))
+            for p in (sys.prefix, str(Path(rayslice.__file__).resolve().parents[1]), source.partition(":")[2])
+        )
+        state = SimulationState(
+            plan=plan, state_dir=str(state_dir), shared_paths=shared, firewall=backend, insecure=insecure
+        )
+        sim = cls(state)
+        sim.state.save()  # before anything exists: `down` works from here on
+        if backend == firewall.NONE:
+            sim.warnings.append(
+                "no nft or iptables on this machine: the bridge subnet is not filtered, so other local "
+                "users can reach the hosts' ports (Ray token auth still applies); install nftables"
+            )
+        if script is None:
+            options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
+            script = render(spec, options)
+        sim._build(spec, script, metadata_unavailable_for, metadata_silent_for)
+        sim._start_cloud_api()
+        return sim
+
+    @classmethod
+    def open(cls, state_dir: Path) -> Simulation:
+        """The simulation in `state_dir`; refused if the dir or state file is not private, or is tampered."""
+        state_dir = Path(os.path.abspath(state_dir))
+        if not os.path.lexists(state_dir):
+            raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")
+        info = check_private(state_dir, directory=True)
+        if not os.access(state_dir, os.R_OK | os.X_OK):
+            raise SimulatorError(
+                f"{state_dir} is private to uid {info.st_uid} (mode {info.st_mode & 0o777:o}, see "
+                "docs/simulator.md); run this as that user, e.g. with sudo"
+            )
+        state = SimulationState.load(state_dir)
+        if state is None:
+            raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")
+        return cls(state)
+
+    def _build(self, spec: ClusterSpec, script: str, unavailable_for: float, silent_for: float) -> None:
+        plan = self.plan
+        prefix = plan.ip_network.prefixlen
+        Path(plan.root).mkdir(parents=True, exist_ok=True)
+        netns.create_bridge(plan.bridge, plan.gateway, prefix)
+        firewall.install(self.state.firewall, plan.run_id, plan.network)
+        token = secrets.token_hex(32) if spec.ray_auth == "token" else None
+        if token is not None:
+            write_private(self.token_file, token)
+        peers = {h.name: h.ip for h in plan.hosts}
+        for host in plan.hosts:
+            netns.create_host_network(host.netns, host.veth, host.veth_peer, plan.bridge, host.ip, prefix)
+            netns.write_etc(host.netns, host.name, peers)
+            paths = self.paths(host.name)
+            make_private_subdir(paths.root / "tmp")
+            paths.script.write_text(script)
+            if token is not None:
+                token_file = paths.root / TOKEN_PATH
+                make_private_subdir(token_file.parent)
+                write_private(token_file, token)
+            tree = instance_tree(
+                spec,
+                hostname=host.name,
+                ip=host.ip,
+                network=plan.ip_network,
+                gateway=plan.gateway,
+                attributes=self._attributes(spec, host),
+                startup_script=script,
+                machine_type=spec.head_machine_type if host.role == ROLE_HEAD_VM else spec.tpu.machine_type,
+            )
+            paths.metadata_tree.write_text(dump_tree(tree))
+            self._start_metadata(host, unavailable_for, silent_for)
+        wait_until(
+            lambda: all(self.paths(h.name).guest_file.exists() for h in plan.hosts),
+            30,
+            "metadata servers did not start; see hosts/*/metadata.log in the state dir",
+        )
+
+    def _attributes(self, spec: ClusterSpec, host: HostPlan) -> dict[str, str]:
+        if host.role == ROLE_HEAD_VM:
+            return head_vm_attributes(spec)
+        head = self.plan.head
+        # Hosts outside the head's slice (or all, with a head VM) learn its address from metadata.
+        head_address = (
+            head.ip if (head.role == ROLE_HEAD_VM or host.slice_index != head.slice_index) else None
+        )
+        return slice_host_attributes(
+            spec, host.slice_index, host.worker, self.plan.slice_ips(host.slice_index), head_address
+        )
+
+    def destroy(self) -> None:
+        """Remove every process, namespace, veth, bridge, filter rule and file this simulation made.
+
+        Everything removed is named by the (checked) plan or lies under the state dir it was
+        loaded from; nothing is found by pattern.
+        """
+        if self.plan.head.role == ROLE_HEAD_VM:  # first the recovery controller, which acts on hosts
+            self.power_off(self.plan.head.name)
+        self._stop_cloud_api()
+        for host in self.plan.hosts:
+            self.power_off(host.name)
+        for key, ref in list(self.state.processes.items()):
+            if key != CLOUD_API_PROCESS:
+                self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
+        for host in self.plan.hosts:
+            for pid in netns.netns_pids(host.netns):  # anything left in our own namespaces
+                left = process_ref(pid)
+                if left is not None:
+                    stop(left, grace_s=2)
+            netns.delete_netns(host.netns)
+            netns.delete_link(host.veth)
+            netns.delete_link(host.veth_peer)
+        netns.delete_link(self.plan.bridge)
+        firewall.remove(self.state.firewall, self.plan.run_id, self.plan.network)
+        root = Path(self.plan.root)
+        if root.is_dir() and not root.is_symlink():
+            root.rmdir()
+        if root.parent.is_dir() and not any(root.parent.iterdir()):
+            root.parent.rmdir()
+        shutil.rmtree(self.state_dir / "hosts", ignore_errors=True)
+        self.token_file.unlink(missing_ok=True)
+        for name in CLOUD_API_FILES:
+            (self.state_dir / name).unlink(missing_ok=True)
+        (self.state_dir / "state.json").unlink()
+        if not any(self.state_dir.iterdir()):
+            self.state_dir.rmdir()

@@ -1,0 +1,73 @@
+"""The two VM platforms side by side: what differs between ``compute`` and ``tpu-vm``, declared once.
+
+Both run the same boot script on TPU hosts in the cluster's VPC. They differ in what a slice is
+in the cloud API (which also decides how the recovery controller reads and recreates it), and
+in who names the hosts and tells each host which worker it is. Infra, the boot script's
+attributes, the simulator, the recovery controller and `rayslice status` read an entry of
+`VM_PLATFORMS` and never compare a platform's name. GKE is not a VM platform (a slice is a node
+pool, a host a pod) and has no entry.
+
+The recovery controller imports this module, so it ships in the controller's bundle
+(`rayslice.recovery.bundle`) and, like the rest of that bundle, needs only the standard library
+and `rayslice.names`, on Python 3.10 too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME, slice_host_names
+
+# What one slice is in the cloud API.
+TPU_NODE = "tpu-node"  # a Cloud TPU v2 Node: created, read and deleted whole by the TPU API
+MIG = "mig"  # a Compute Engine managed instance group of TPU VM instances
+SLICE_RESOURCES = (TPU_NODE, MIG)
+
+# The identity attributes the Cloud TPU API puts into each host's metadata (a TPU VM's
+# `instance/attributes/`): the slice's accelerator type and node id, the worker's number, every
+# worker's address (``unknown:unknown:<ip>`` entries) and the runtime's environment.
+TPU_API_ATTRIBUTES = (
+    "accelerator-type",
+    "agent-worker-number",
+    "instance-id",
+    "worker-network-endpoints",
+    "tpu-env",
+)
+
+
+@dataclass(frozen=True)
+class VmPlatform:
+    """One VM platform: the facts that differ from the other one."""
+
+    name: str  # the spec's ``platform`` value
+    # TPU_NODE or MIG. The controller recreates a TPU node by deleting it and creating it again
+    # from its recorded Node fields; a MIG by deleting it, inserting it again with target size 0
+    # and creating its hosts from their recorded per-instance configs (names and addresses).
+    slice_resource: str
+    # The metadata attributes Google's API itself gives each host (a subset of
+    # TPU_API_ATTRIBUTES); the simulator serves exactly these.
+    google_attributes: tuple[str, ...]
+    # True: rayslice names each host (`names.host_name`, fixed by the MIG's per-instance
+    # configs) and writes the slice's name and its hosts' names in worker order into every
+    # host's metadata (`identity_attributes`), because Google's attributes do not tell a host
+    # which worker it is. False: Google names the workers and its attributes identify them.
+    rayslice_names_hosts: bool
+
+    def identity_attributes(self, slice_name: str, hosts: int) -> dict[str, str]:
+        """The identity attributes rayslice writes for slice `slice_name` of `hosts` hosts (none
+        where Google's own attributes identify the workers)."""
+        if not self.rayslice_names_hosts:
+            return {}
+        return {
+            ATTR_SLICE_NAME: slice_name,
+            ATTR_SLICE_HOSTS: ",".join(slice_host_names(slice_name, hosts)),
+        }
+
+
+# Which TPU attributes a Compute Engine TPU instance has is not settled by public sources, so none
+# is relied on (docs/deploy-compute.md).
+COMPUTE = VmPlatform(name="compute", slice_resource=MIG, google_attributes=(), rayslice_names_hosts=True)
+TPU_VM = VmPlatform(
+    name="tpu-vm", slice_resource=TPU_NODE, google_attributes=TPU_API_ATTRIBUTES, rayslice_names_hosts=False
+)
+VM_PLATFORMS = {platform.name: platform for platform in (COMPUTE, TPU_VM)}

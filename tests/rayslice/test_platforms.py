@@ -1,0 +1,80 @@
+"""The VM platform table (`rayslice.platforms`) is the one place a difference between ``compute``
+and ``tpu-vm`` is declared: the entries are consistent, and no other module compares a
+platform's name to decide how a VM platform behaves."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import rayslice
+from rayslice import catalog, names, platforms
+from rayslice.platforms import COMPUTE, SLICE_RESOURCES, TPU_API_ATTRIBUTES, TPU_VM, VM_PLATFORMS
+
+PACKAGE = Path(rayslice.__file__).resolve().parent
+# The catalog and the spec's rules say which shapes and fields each platform offers (GKE
+# included); that is what a platform sells, not how rayslice treats a VM platform's slices.
+SHAPE_RULES = {"catalog.py", "spec/rules.py"}
+
+
+def test_every_platform_but_gke_is_a_vm_platform():
+    assert set(VM_PLATFORMS) == set(catalog.PLATFORMS) - {"gke"}
+    assert all(VM_PLATFORMS[name].name == name for name in VM_PLATFORMS)
+
+
+@pytest.mark.parametrize("platform", VM_PLATFORMS.values(), ids=lambda p: p.name)
+def test_each_entry_names_a_known_resource_and_known_attributes(platform):
+    assert platform.slice_resource in SLICE_RESOURCES
+    assert set(platform.google_attributes) <= set(TPU_API_ATTRIBUTES)
+    # A host learns its worker from Google's attributes or from the names rayslice gave it.
+    assert bool(platform.google_attributes) != platform.rayslice_names_hosts
+
+
+def test_compute_hosts_get_the_slice_and_its_host_names_tpu_vm_hosts_nothing():
+    assert COMPUTE.identity_attributes("c-slice-1", 3) == {
+        names.ATTR_SLICE_NAME: "c-slice-1",
+        names.ATTR_SLICE_HOSTS: "c-slice-1-w0,c-slice-1-w1,c-slice-1-w2",
+    }
+    assert COMPUTE.identity_attributes("c-slice-1", 3)[names.ATTR_SLICE_HOSTS].split(",") == [
+        names.host_name("c-slice-1", w) for w in range(3)
+    ]
+    assert TPU_VM.identity_attributes("c-slice-1", 3) == {}
+
+
+def _platform_name_comparisons(source: str) -> list[int]:
+    """Lines of `source` that compare something with a VM platform's name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            operands += [e for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set)) for e in o.elts]
+            if any(isinstance(o, ast.Constant) and o.value in VM_PLATFORMS for o in operands):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_module_outside_the_table_branches_on_a_vm_platform_name():
+    modules = [
+        p for p in sorted(PACKAGE.rglob("*.py")) if p.relative_to(PACKAGE).as_posix() not in SHAPE_RULES
+    ]
+    assert Path(platforms.__file__) in modules
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in modules
+        for line in _platform_name_comparisons(path.read_text())
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'def f(spec):\n    return spec.platform == "compute"\n',
+        'def f(spec):\n    if "tpu-vm" != spec.platform:\n        pass\n',
+        'def f(spec):\n    return spec.platform in ("tpu-vm", "compute")\n',
+    ],
+)
+def test_the_check_catches_a_branch_on_a_platform_name(source):
+    assert _platform_name_comparisons(source) == [2]
