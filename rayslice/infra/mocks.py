@@ -45,6 +45,8 @@ class Registration:
     replace_on_changes: tuple[str, ...] = ()  # inputs whose change replaces the resource
     custom_timeouts: Mapping[str, str] = field(default_factory=dict)  # create/update/delete
     dependencies: frozenset[str] = frozenset()  # URNs it waits for (depends_on and inputs)
+    # input key -> URNs of the resources whose outputs that input was computed from
+    property_dependencies: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,6 +169,9 @@ class _RecordingMonitor(MockMonitor):
                     replace_on_changes=tuple(request.replaceOnChanges),
                     custom_timeouts=_timeouts(request),
                     dependencies=frozenset(request.dependencies),
+                    property_dependencies={
+                        key: frozenset(deps.urns) for key, deps in request.propertyDependencies.items()
+                    },
                 )
             )
         return response
