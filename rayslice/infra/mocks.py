@@ -43,6 +43,7 @@ class Registration:
     inputs: dict[str, Any]  # plain values, secrets unwrapped (the fake engine's view)
     secret_inputs: frozenset[str]  # top-level input keys whose value is (or holds) a secret
     replace_on_changes: tuple[str, ...] = ()  # inputs whose change replaces the resource
+    ignore_changes: tuple[str, ...] = ()  # inputs Pulumi leaves as the cloud has them after creation
     custom_timeouts: Mapping[str, str] = field(default_factory=dict)  # create/update/delete
     dependencies: frozenset[str] = frozenset()  # URNs it waits for (depends_on and inputs)
     # input key -> URNs of the resources whose outputs that input was computed from
@@ -167,6 +168,7 @@ class _RecordingMonitor(MockMonitor):
                     inputs=_unwrap(raw),
                     secret_inputs=frozenset(k for k, v in raw.items() if _holds_secret(v)),
                     replace_on_changes=tuple(request.replaceOnChanges),
+                    ignore_changes=tuple(request.ignoreChanges),
                     custom_timeouts=_timeouts(request),
                     dependencies=frozenset(request.dependencies),
                     property_dependencies={
