@@ -47,7 +47,10 @@ def template_props(
     return props
 
 
-def slice_stack(
+Entry = tuple[str, str, dict[str, Any], dict[str, list[str]]]  # type, name, inputs, refs (URNs)
+
+
+def slice_entries(
     *,
     target: int = 0,
     configs: int = 4,
@@ -55,17 +58,18 @@ def slice_stack(
     bulk: bool = False,
     lifecycle: str | None = None,
     **template: Any,
-) -> rules.Stack:
+) -> list[Entry]:
     """A v6e-16 slice: workload policy, template, MIG and `configs` per-instance configs."""
-    policy = make(
+    policy = (
         bodies.RESOURCE_POLICY,
         "s-0-policy",
         {
             "name": "s-0-policy",
             "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": topology},
         },
+        {},
     )
-    tmpl = make(bodies.TEMPLATE, "s-0-template", template_props(**template))
+    tmpl: Entry = (bodies.TEMPLATE, "s-0-template", template_props(**template), {})
     mig_props: dict[str, Any] = {
         "name": "s-0",
         "baseInstanceName": "s-0",
@@ -77,17 +81,25 @@ def slice_stack(
         mig_props["targetSizePolicies"] = [{"mode": "BULK"}]
     if lifecycle:
         mig_props["instanceLifecyclePolicy"] = {"defaultActionOnFailure": lifecycle}
-    mig = make(bodies.MIG, "s-0-mig", mig_props, {"versions": [tmpl.urn], "resourcePolicies": [policy.urn]})
-    pics = [
-        make(
+    refs = {
+        "versions": [urn(bodies.TEMPLATE, tmpl[1])],
+        "resourcePolicies": [urn(bodies.RESOURCE_POLICY, policy[1])],
+    }
+    mig: Entry = (bodies.MIG, "s-0-mig", mig_props, refs)
+    pics: list[Entry] = [
+        (
             bodies.PER_INSTANCE_CONFIG,
             f"s-0-w{i}",
             {"name": f"s-0-w{i}", "instanceGroupManager": "s-0", "zone": "us-east5-b"},
-            {"instanceGroupManager": [mig.urn]},
+            {"instanceGroupManager": [urn(bodies.MIG, mig[1])]},
         )
         for i in range(configs)
     ]
-    return rules.Stack([policy, tmpl, mig, *pics])
+    return [policy, tmpl, mig, *pics]
+
+
+def slice_stack(**kwargs: Any) -> rules.Stack:
+    return rules.Stack([make(*entry) for entry in slice_entries(**kwargs)])
 
 
 def rule_ids(stack: rules.Stack) -> list[str]:
