@@ -2,6 +2,9 @@
 
 The command validates the configuration first (exit 2 with every problem, nothing run), then
 runs the real Pulumi program offline (`rayslice.infra.preview`) and prints what it registered.
+If a resource breaks one of Google's documented rules (`rayslice.cloud.rules`), the output is
+printed all the same and the violations follow on stderr, with exit 2 (`InvalidInput`): like a
+bad config value, it is bad input that Google would refuse, caught before anything is created.
 """
 
 from __future__ import annotations
@@ -9,8 +12,8 @@ from __future__ import annotations
 import click
 
 from rayslice.cli import load_spec, spec_options
-from rayslice.errors import EXIT_OK
-from rayslice.infra.preview import FORMATS, preview, stack_config
+from rayslice.errors import EXIT_OK, InvalidInput
+from rayslice.infra.preview import FORMATS, preview, stack_config, violations
 
 
 @click.command("preview")
@@ -27,9 +30,17 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     """Show the cloud resources `pulumi up` would create (offline: no Pulumi CLI, no credentials).
 
     Resources that a change of requirements, rayVersion, preset or the boot script replaces are
-    marked, with the create/delete timeouts Pulumi will wait.
+    marked, with the create/delete timeouts Pulumi will wait. Resources that break one of Google's
+    documented rules (the policy pack in policy/ checks the same ones) are listed with the rule
+    and its source, and the command exits 2.
     """
     load_spec(stack_file, overrides)  # every problem at once, before the program runs
     registrations = preview(stack_config(stack_file, list(overrides)))
     click.echo(FORMATS[output](registrations))
+    found = violations(registrations)
+    if found:
+        raise InvalidInput(
+            f"{len(found)} violation(s) of Google's documented rules; Google would refuse this "
+            "deployment:\n" + "\n".join(f"  - {v}" for v in found)
+        )
     return EXIT_OK

@@ -44,8 +44,11 @@ class Registration:
     inputs: dict[str, Any]  # plain values, secrets unwrapped (the fake engine's view)
     secret_inputs: frozenset[str]  # top-level input keys whose value is (or holds) a secret
     replace_on_changes: tuple[str, ...] = ()  # inputs whose change replaces the resource
+    ignore_changes: tuple[str, ...] = ()  # inputs Pulumi leaves as the cloud has them after creation
     custom_timeouts: Mapping[str, str] = field(default_factory=dict)  # create/update/delete
     dependencies: frozenset[str] = frozenset()  # URNs it waits for (depends_on and inputs)
+    # input key -> URNs of the resources whose outputs that input was computed from
+    property_dependencies: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -166,8 +169,12 @@ class _RecordingMonitor(MockMonitor):
                     inputs=_unwrap(raw),
                     secret_inputs=frozenset(k for k, v in raw.items() if _holds_secret(v)),
                     replace_on_changes=tuple(request.replaceOnChanges),
+                    ignore_changes=tuple(request.ignoreChanges),
                     custom_timeouts=_timeouts(request),
                     dependencies=frozenset(request.dependencies),
+                    property_dependencies={
+                        key: frozenset(deps.urns) for key, deps in request.propertyDependencies.items()
+                    },
                 )
             )
         return response

@@ -9,6 +9,10 @@ rayVersion, preset or the boot script recreates the slices.
 
 Output formats live in `FORMATS` (name -> renderer of the recorded registrations): ``tree``,
 ``json``, and ``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
+
+`violations` runs Google's documented rules (`rayslice.cloud.rules`, the same ones the policy
+pack in ``policy/`` runs in ``pulumi preview``) over the REST bodies the provider would send for
+the registered Compute Engine and TPU resources; ``json`` carries each resource's violations.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayslice import spec
+from rayslice.cloud import rules
 from rayslice.errors import InvalidInput
 from rayslice.infra.gke.kuberay import APPLY_ORDER, manifests_yaml
 from rayslice.infra.mocks import Registration, run_offline
@@ -94,6 +99,9 @@ def lifecycle_notes(registration: Registration) -> list[str]:
     if registration.replace_on_changes:
         keys = ", ".join(registration.replace_on_changes)
         notes.append(f"replaced, not updated, when any of these inputs change: {keys}")
+    if registration.ignore_changes:
+        keys = ", ".join(registration.ignore_changes)
+        notes.append(f"after creation, Pulumi leaves these inputs as the cloud has them: {keys}")
     timeouts = {k: v for k, v in registration.custom_timeouts.items() if v}
     if timeouts:
         notes.append("timeouts: " + ", ".join(f"{k} {v}" for k, v in sorted(timeouts.items())))
@@ -130,8 +138,22 @@ def render_tree(registrations: list[Registration]) -> str:
     return "\n".join(lines)
 
 
+def violations(registrations: list[Registration]) -> list[rules.Violation]:
+    """Every rule of `rayslice.cloud.rules` the registered cloud resources break."""
+    resources = [
+        resource
+        for r in registrations
+        if r.custom and (resource := rules.resource(r.type, r.urn, r.name, r.inputs, r.property_dependencies))
+    ]
+    return rules.check(rules.Stack(resources))
+
+
 def render_json(registrations: list[Registration]) -> str:
-    """Machine-readable: one object per resource (type token, name, parent URN, inputs)."""
+    """Machine-readable: one object per resource (type token, name, parent URN, inputs, and the
+    rules it breaks, each with its source)."""
+    found: dict[str, list[dict[str, str]]] = {}
+    for violation in violations(registrations):
+        found.setdefault(violation.urn, []).append(violation.as_json())
     return json.dumps(
         [
             {
@@ -143,6 +165,7 @@ def render_json(registrations: list[Registration]) -> str:
                 "inputs": shown_inputs(r),
                 "replaceOnChanges": list(r.replace_on_changes),
                 "customTimeouts": {k: v for k, v in r.custom_timeouts.items() if v},
+                "violations": found.get(r.urn, []),
             }
             for r in registrations
         ],

@@ -44,10 +44,11 @@ ENUM_INPUTS = [
     ("InstanceTemplate", "scheduling.onHostMaintenance", "compute.v1:Scheduling.onHostMaintenance"),
     ("InstanceTemplate", "reservationAffinity.type", "compute.v1:ReservationAffinity.consumeReservationType"),
     ("ResourcePolicy", "workloadPolicy.type", "compute.v1:ResourcePolicyWorkloadPolicy.type"),
+    # (No target-size policy is sent since issue 19: bulk mode refuses STANDARD and SPOT templates.)
     (
         "InstanceGroupManager",
-        "targetSizePolicies.[].mode",
-        "compute.v1:InstanceGroupManagerTargetSizePolicy.mode",
+        "instanceLifecyclePolicy.defaultActionOnFailure",
+        "compute.v1:InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure",
     ),
     ("InstanceGroupManager", "updatePolicy.type", "compute.v1:InstanceGroupManagerUpdatePolicy.type"),
     (

@@ -191,10 +191,9 @@ def test_compute_slice_shape(name):
     assert template.inputs["scheduling"]["provisioningModel"] == expected["provisioning"]
     assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
     (mig,) = run.of_type(MIG)
-    assert (mig.inputs["targetSize"], mig.inputs["targetSizePolicies"]) == (
-        expected["hosts"],
-        [{"mode": "BULK"}],
-    )
+    # Target size 0 plus one per-instance config (createInstances) per host: the topology's hosts.
+    assert mig.inputs["targetSize"] == 0 and "targetSizePolicies" not in mig.inputs
+    assert len(run.of_type(PER_INSTANCE)) == expected["hosts"]
     assert mig.inputs["resourcePolicies"]["workloadPolicy"].endswith(
         f"/resourcePolicies/{policy.inputs['name']}"
     )

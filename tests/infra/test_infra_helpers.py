@@ -166,14 +166,19 @@ def test_compute_scheduling_per_capacity():
     spot = compute_template.scheduling("spot")
     assert (spot.provisioning_model, spot.instance_termination_action, spot.preemptible) == (
         "SPOT",
-        "DELETE",
+        "STOP",
         True,
     )
     assert spot.automatic_restart is False and spot.on_host_maintenance == "TERMINATE"
-    for capacity in ("on-demand", "reserved"):
-        standard = compute_template.scheduling(capacity)
-        assert (standard.provisioning_model, standard.on_host_maintenance) == ("STANDARD", "TERMINATE")
-        assert standard.instance_termination_action is None and standard.automatic_restart is True
+    standard = compute_template.scheduling("on-demand")
+    assert (standard.provisioning_model, standard.on_host_maintenance) == ("STANDARD", "TERMINATE")
+    assert standard.instance_termination_action is None and standard.automatic_restart is True
+    reserved = compute_template.scheduling("reserved")
+    assert (reserved.provisioning_model, reserved.instance_termination_action) == (
+        "RESERVATION_BOUND",
+        "DELETE",
+    )
+    assert reserved.on_host_maintenance == "TERMINATE" and reserved.automatic_restart is True
 
 
 def test_compute_reservation_affinity_and_image():

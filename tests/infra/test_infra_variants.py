@@ -178,8 +178,11 @@ def test_imported_by_another_program():
     assert "acme:platform:MlPlatform$rayslice:infra:TpuRayCluster::ml" in cluster.urn
     (mig,) = [r for r in registrations if r.type == "gcp:compute/instanceGroupManager:InstanceGroupManager"]
     (template,) = [r for r in registrations if r.type == "gcp:compute/instanceTemplate:InstanceTemplate"]
-    assert (mig.inputs["name"], mig.inputs["targetSize"], template.inputs["machineType"]) == (
+    configs = [r for r in registrations if r.type == "gcp:compute/perInstanceConfig:PerInstanceConfig"]
+    # Target size 0: each per-instance config adds one of the 2 hosts (issue 19).
+    assert (mig.inputs["name"], mig.inputs["targetSize"], len(configs), template.inputs["machineType"]) == (
         "ml-slice-0",
+        0,
         2,
         "ct5p-hightpu-4t",
     )

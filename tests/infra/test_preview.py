@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from rayslice import cli
-from rayslice.infra import preview
+from rayslice.infra import commands, preview
 from rayslice.infra.gke import kuberay
-from rayslice.infra.mocks import run_offline
+from rayslice.infra.mocks import Registration, run_offline
 from rayslice.infra.program import main
+from tests.cloud.stacks import slice_entries, urn
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"  # the project\'s example stacks
 
@@ -209,3 +210,51 @@ def test_stack_config_stringifies_like_pulumi(tmp_path):
 )
 def test_display_type(token, shown):
     assert preview.display_type(token) == shown
+
+
+def _registrations_of(entries) -> list:
+    """Hand-written Registrations (what the mock engine records) of tests.cloud.stacks entries."""
+    return [
+        Registration(
+            urn=urn(kind, name),
+            parent="",
+            type=kind,
+            name=name,
+            custom=True,
+            inputs=props,
+            secret_inputs=frozenset(),
+            property_dependencies={k: frozenset(v) for k, v in refs.items()},
+        )
+        for kind, name, props, refs in entries
+    ]
+
+
+def test_a_hand_written_bulk_spot_stack_shows_its_violations(capsys, monkeypatch):
+    """Issue 19: BULK with a SPOT template, target size N plus N per-instance configs."""
+    bad = _registrations_of(
+        slice_entries(target=4, bulk=True, model="SPOT", termination="STOP", lifecycle="DO_NOTHING")
+    )
+    assert sorted(v.rule for v in preview.violations(bad)) == [
+        "bulk-provisioning-model",
+        "instances-match-topology",
+    ]
+    monkeypatch.setattr(commands, "preview", lambda config: bad)
+    args = ["preview", "--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b", "--output", "json"]
+    assert cli.main(args) == 2  # EXIT_INVALID: Google would refuse it, nothing was created
+    captured = capsys.readouterr()
+    (mig,) = [r for r in json.loads(captured.out) if r["name"] == "s-0-mig"]
+    assert {v["rule"] for v in mig["violations"]} == {"bulk-provisioning-model", "instances-match-topology"}
+    assert all("https://" in v["source"] for v in mig["violations"])
+    assert (
+        "s-0-mig: target-size policy BULK with template s-0-template of provisioning model SPOT"
+        in captured.err
+    )
+    assert "2 violation(s) of Google's documented rules" in captured.err
+
+
+def test_every_example_passes_every_rule(capsys):
+    names = sorted(p.name for p in STACKS.glob("Pulumi.example-*.yaml"))
+    assert {e[0] for e in EXAMPLES} | {"Pulumi.example-compute-v6e-16.yaml"} <= set(names)
+    for name in names:
+        assert cli.main(["preview", "--stack-file", str(STACKS / name), "--output", "json"]) == 0, name
+        assert all(not r["violations"] for r in json.loads(capsys.readouterr().out)), name

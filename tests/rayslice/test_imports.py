@@ -14,7 +14,10 @@ from tests.imports import PACKAGE, imported_modules, module_name
 
 PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery")
 # Packages that are part of the core: their modules follow the core's rules.
-CORE_PACKAGES = ("spec",)
+CORE_PACKAGES = ("spec", "cloud")
+# rayslice.cloud (Google's rules, run by `rayslice preview` and by the policy pack in policy/,
+# which imports it alone) may import only these of rayslice's modules.
+CLOUD_ALLOWED = ("rayslice.catalog", "rayslice.errors", "rayslice.cloud")
 # rayslice.spec's modules in dependency order: each imports only the ones before it, and never the
 # package itself (its __init__ imports them all to re-export their names, so that is a cycle).
 SPEC_LAYERS = ("model", "draft", "rules", "sources")
@@ -65,12 +68,27 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
         parts = name.split(".")
         if len(parts) >= 2 and parts[0] == "rayslice" and parts[1] in forbidden:
             bad.append(f"{module}:{line} imports {name}")
+        elif not cloud_allows(module, name):
+            bad.append(
+                f"{module}:{line} imports {name} (rayslice.cloud imports only {', '.join(CLOUD_ALLOWED)})"
+            )
         elif not spec_layer_allows(module, parts):
             bad.append(f"{module}:{line} imports {name} (rayslice.spec's order: {' <- '.join(SPEC_LAYERS)})")
         imported_layer = local_layer(name)
         if layer is not None and imported_layer is not None and imported_layer > layer:
             bad.append(f"{module}:{line} imports {name}, a layer above {LOCAL_LAYERS[layer]}")
     return bad
+
+
+def cloud_allows(module: str, imported: str) -> bool:
+    """Whether a module of rayslice.cloud may import `imported` (true for every other module)."""
+    if (
+        not module.startswith("rayslice.cloud")
+        or imported.split(".")[0] != "rayslice"
+        or imported == "rayslice"
+    ):
+        return True
+    return any(imported == allowed or imported.startswith(f"{allowed}.") for allowed in CLOUD_ALLOWED)
 
 
 def spec_layer_allows(module: str, imported: list[str]) -> bool:
@@ -124,6 +142,8 @@ def test_every_spec_module_has_a_layer():
         ("rayslice.local.host.firewall", "from rayslice.local.simulation.state import RUN_ID\n"),
         ("rayslice.local.host.boot", "import rayslice.local.commands\n"),
         ("rayslice.local.simulation.status", "from rayslice.local import commands\n"),
+        ("rayslice.cloud.rules", "from rayslice.infra.compute import template\n"),
+        ("rayslice.cloud.rules", "from rayslice.spec import ClusterSpec\n"),
     ],
 )
 def test_the_rule_catches_a_wrong_way_import(module, source):
@@ -146,6 +166,8 @@ def test_the_rule_catches_a_wrong_way_import(module, source):
         ("rayslice.local.host.netns", "from rayslice.local.google.metadata_server import METADATA_IP\n"),
         ("rayslice.local.simulation.simulator", "from rayslice.local.host import netns\n"),
         ("rayslice.local.commands", "from rayslice.local.simulation.simulator import Simulation\n"),
+        ("rayslice.cloud.rules", "from rayslice import catalog\nfrom rayslice.cloud.bodies import MIG\n"),
+        ("rayslice.infra.compute.template", "from rayslice.cloud import rules\n"),
     ],
 )
 def test_the_rule_allows_the_right_way(module, source):

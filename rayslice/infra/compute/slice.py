@@ -3,15 +3,22 @@
 Google's pages "TPU resources in Compute Engine" and "Create a MIG with multi-host TPU slice"
 describe the shape: a TPU host is an ordinary VM instance of a TPU machine type; a multi-host
 slice is a managed instance group bound to a regional workload policy (``HIGH_THROUGHPUT`` plus
-the accelerator topology) that creates all its hosts at once (target-size policy ``BULK``). A
-single-host slice is a one-instance MIG too, so Compute Engine repairs it the same way.
+the accelerator topology). A single-host slice is a one-instance MIG too, so Compute Engine
+repairs it the same way.
 
 Host names are sequential (`rayslice.names.host_name`: ``<slice>-w0``, ``-w1``, ...): a MIG
 alone names instances ``<base>-<4 random characters>``, so each host gets a per-instance config
 (`gcp.compute.PerInstanceConfig`) that fixes its name and keeps its reserved internal address
-through repairs and recreations. The metadata lists those names (the platform's identity
-attributes, `rayslice.platforms.COMPUTE`), so each host finds its worker number and its peers
-without the Cloud TPU API's attributes.
+through repairs and recreations. The provider creates a per-instance config with
+``instanceGroupManagers.createInstances``, which adds the instance and raises the target size,
+so the MIG is declared with target size 0 and its per-instance configs make the topology's host
+count (rule instances-match-topology in `rayslice.cloud.rules`; a target size of N plus N
+configs made 2N VMs). Pulumi ignores the target size after creation, or the next ``pulumi up``
+would shrink the MIG back to 0. No target-size policy: bulk mode takes only flex-start and
+reservation-bound templates (rule bulk-provisioning-model) and applies to the target size,
+which creates nothing here. The metadata lists those names (the platform's identity attributes,
+`rayslice.platforms.COMPUTE`), so each host finds its worker number and its peers without the
+Cloud TPU API's attributes.
 
 A change of the boot script or its attributes makes a new instance template; the MIG's update
 policy then recreates every host of the slice at once, keeping names and addresses (a slice is
@@ -25,11 +32,11 @@ import pulumi_gcp as gcp
 
 from rayslice.infra.compute.template import (
     BOOT_DISK_GB,
-    BOOT_DISK_TYPE,
-    BULK,
     NIC,
     TIMEOUTS,
     WORKLOAD_POLICY_TYPE,
+    boot_disk_type,
+    lifecycle_policy,
     reservation_affinity,
     scheduling,
     source_image,
@@ -41,6 +48,8 @@ from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
 from rayslice.infra.network import region_of
 from rayslice.names import CLOUD_PLATFORM_SCOPE, slice_host_names
+
+TARGET_SIZE = "targetSize"
 
 
 class ComputeSlice(pulumi.ComponentResource):
@@ -96,7 +105,7 @@ class ComputeSlice(pulumi.ComponentResource):
                     auto_delete=True,
                     source_image=source_image(spec),
                     disk_size_gb=BOOT_DISK_GB,
-                    disk_type=BOOT_DISK_TYPE,
+                    disk_type=boot_disk_type(spec),
                 )
             ],
             network_interfaces=[
@@ -130,8 +139,8 @@ class ComputeSlice(pulumi.ComponentResource):
             versions=[
                 gcp.compute.InstanceGroupManagerVersionArgs(instance_template=template.self_link_unique)
             ],
-            target_size=spec.tpu.hosts,
-            target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=BULK)],
+            target_size=0,  # the per-instance configs below each add one host
+            instance_lifecycle_policy=lifecycle_policy(spec.capacity),
             resource_policies=gcp.compute.InstanceGroupManagerResourcePoliciesArgs(
                 workload_policy=policy.self_link
             ),
@@ -144,7 +153,10 @@ class ComputeSlice(pulumi.ComponentResource):
             ),
             wait_for_instances=False,  # the per-instance configs below name the hosts first
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=list(args.depends_on), custom_timeouts=TIMEOUTS
+                parent=self,
+                depends_on=list(args.depends_on),
+                custom_timeouts=TIMEOUTS,
+                ignore_changes=[TARGET_SIZE],  # raised by the per-instance configs
             ),
         )
         for worker, (host, address) in enumerate(zip(hosts, addresses, strict=True)):

@@ -8,24 +8,25 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.cloud import rules
 from rayslice.spec import ClusterSpec
 
 # Values below are Compute Engine API enums; tests/infra/test_api_enums.py checks each against
-# the compute v1 discovery document google-api-python-client ships.
+# the compute v1 discovery document google-api-python-client ships. The rules they satisfy, each
+# with its source, are in `rayslice.cloud.rules` (docs/deploy-compute.md lists them).
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"  # place the hosts as close as possible (one ICI domain)
-BULK = "BULK"  # create all hosts of the slice or none
 # TPU hosts cannot live-migrate: Compute Engine's TPU docs require TERMINATE on host maintenance.
 ON_HOST_MAINTENANCE = "TERMINATE"
-# Spot: Compute Engine's "Spot VMs" page documents STOP or DELETE as the termination action; a
-# MIG recreates a DELETEd instance when capacity returns, and "Configuring stateful MIGs" lists
-# as a limitation that instances of a MIG with per-instance configs cannot be stopped. A
-# preempted host has lost the slice's state either way.
-SPOT_TERMINATION_ACTION = "DELETE"
+# Spot: Google's "Request TPU Spot VMs" page stops preempted TPU VMs (rule spot-tpu-stop); the
+# MIG does not repair them one by one (`lifecycle_policy`), the recovery controller recreates the
+# slice whole.
+SPOT_TERMINATION_ACTION = rules.STOP
+# Reserved: the reservation-bound provisioning model consumes a named (specific) reservation and
+# deletes its instances when the reservation ends (rules reservation-bound-specific and
+# bulk-reservation-bound-delete).
+RESERVED_TERMINATION_ACTION = rules.DELETE
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"  # SPECIFIC_RESERVATION by name
 BOOT_DISK_GB = 100
-# Assumed: the TPU machine series boot from Hyperdisk, not Persistent Disk. Not verified per
-# machine type (docs/deploy-compute.md, "Not verified against real GCP").
-BOOT_DISK_TYPE = "hyperdisk-balanced"
 NIC = "nic0"
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
 
@@ -39,13 +40,20 @@ def template_name_prefix(slice_name: str) -> str:
 
 def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
     """Provisioning per capacity. pulumi-gcp requires preemptible and no automatic restart
-    with SPOT; reserved and on-demand hosts restart after a host error."""
+    with SPOT; reservation-bound and on-demand hosts restart after a host error."""
     if capacity == "spot":
         return gcp.compute.InstanceTemplateSchedulingArgs(
-            provisioning_model="SPOT",
+            provisioning_model=rules.SPOT,
             preemptible=True,
             automatic_restart=False,
             instance_termination_action=SPOT_TERMINATION_ACTION,
+            on_host_maintenance=ON_HOST_MAINTENANCE,
+        )
+    if capacity == "reserved":
+        return gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model=rules.RESERVATION_BOUND,
+            automatic_restart=True,
+            instance_termination_action=RESERVED_TERMINATION_ACTION,
             on_host_maintenance=ON_HOST_MAINTENANCE,
         )
     return gcp.compute.InstanceTemplateSchedulingArgs(
@@ -56,17 +64,37 @@ def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
 
 
 def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReservationAffinityArgs | None:
-    """reserved: the named reservation, else any matching one; other capacities: the default."""
+    """reserved: the named reservation (``SPECIFIC_RESERVATION``); other capacities: the default.
+
+    Without a name, ``ANY_RESERVATION`` is sent and `rayslice preview` refuses it (rule
+    reservation-bound-specific): a reservation-bound template consumes one named reservation.
+    """
     if spec.capacity != "reserved":
         return None
     if spec.reservation:
         return gcp.compute.InstanceTemplateReservationAffinityArgs(
-            type="SPECIFIC_RESERVATION",
+            type=rules.SPECIFIC_RESERVATION,
             specific_reservation=gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(
                 key=RESERVATION_NAME_KEY, values=[spec.reservation]
             ),
         )
     return gcp.compute.InstanceTemplateReservationAffinityArgs(type="ANY_RESERVATION")
+
+
+def lifecycle_policy(capacity: str) -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs | None:
+    """Spot: ``DO_NOTHING`` on a failed host (rule spot-tpu-do-nothing): a MIG's default,
+    ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice. Other capacities keep
+    the default: Compute Engine repairs on-demand and reserved slices as a whole."""
+    if capacity != "spot":
+        return None
+    return gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(
+        default_action_on_failure=rules.DO_NOTHING
+    )
+
+
+def boot_disk_type(spec: ClusterSpec) -> str:
+    """The boot disk type Google lists for the generation's TPU VMs (rule tpu-boot-disk)."""
+    return rules.BOOT_DISK_TYPES[spec.tpu.generation][0]
 
 
 def source_image(spec: ClusterSpec) -> str:

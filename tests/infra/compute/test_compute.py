@@ -38,10 +38,17 @@ def test_v6e_16_example_acceptance(capsys):
     (template,) = _of(resources, TEMPLATE)
     assert template["inputs"]["machineType"] == "ct6e-standard-4t"
     assert template["inputs"]["scheduling"]["provisioningModel"] == "SPOT"  # the example is spot
-    assert template["inputs"]["scheduling"]["instanceTerminationAction"] == "DELETE"
+    # Google's "Request TPU Spot VMs" page stops preempted hosts (issue 19, defect 6).
+    assert template["inputs"]["scheduling"]["instanceTerminationAction"] == "STOP"
+    assert template["inputs"]["disks"][0]["diskType"] == "hyperdisk-balanced"
     (mig,) = _of(resources, MIG)
-    assert mig["inputs"]["targetSize"] == 4
-    assert mig["inputs"]["targetSizePolicies"] == [{"mode": "BULK"}]
+    # Target size 0: the 4 per-instance configs each add a host (createInstances), 4 in all.
+    assert mig["inputs"]["targetSize"] == 0
+    assert len(_of(resources, PER_INSTANCE)) == 4
+    # No bulk mode with a Spot template (defect 2); the MIG does not repair single hosts (defect 6).
+    assert "targetSizePolicies" not in mig["inputs"]
+    assert mig["inputs"]["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
+    assert all(not r["violations"] for r in resources)
     assert not _of(resources, "gcp:tpu/v2Vm:V2Vm")
     hosts = [*_of(resources, TEMPLATE), *_of(resources, "gcp:compute/instance:Instance")]
     assert hosts and all(
@@ -78,46 +85,64 @@ def test_ironwood_example(capsys):
     assert template["inputs"]["scheduling"]["provisioningModel"] == "STANDARD"
     assert "reservationAffinity" not in template["inputs"]
     (mig,) = _of(resources, MIG)
-    assert (mig["inputs"]["targetSize"], mig["inputs"]["targetSizePolicies"]) == (2, [{"mode": "BULK"}])
+    assert (mig["inputs"]["targetSize"], len(_of(resources, PER_INSTANCE))) == (0, 2)
+    assert "targetSizePolicies" not in mig["inputs"]  # bulk mode refuses STANDARD templates
+    assert "instanceLifecyclePolicy" not in mig["inputs"]  # on-demand: Compute Engine repairs the slice
 
 
-@pytest.mark.parametrize(
-    "extra, affinity",
-    [
-        (
-            ["--set", "reservation=team-v6e"],
-            {
-                "type": "SPECIFIC_RESERVATION",
-                "specificReservation": {
-                    "key": "compute.googleapis.com/reservation-name",
-                    "values": ["team-v6e"],
-                },
-            },
-        ),
-        ([], {"type": "ANY_RESERVATION"}),
-    ],
-    ids=["named", "any"],
-)
-def test_reserved_capacity_uses_the_reservation(capsys, extra, affinity):
-    resources = _preview_json(
-        capsys,
-        "--set",
-        "acceleratorType=v6e-16",
-        "--set",
-        "zone=us-east5-b",
-        "--set",
-        "capacity=reserved",
-        *extra,
-    )
+RESERVED = ["--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b", "--set", "capacity=reserved"]
+
+
+def test_reserved_capacity_consumes_the_named_reservation(capsys):
+    """Issue 19, defect 3: the reservation-bound model with a specific reservation, and DELETE."""
+    resources = _preview_json(capsys, *RESERVED, "--set", "reservation=team-v6e")
     (template,) = _of(resources, TEMPLATE)
-    assert template["inputs"]["reservationAffinity"] == affinity
-    assert template["inputs"]["scheduling"]["provisioningModel"] == "STANDARD"
+    assert template["inputs"]["reservationAffinity"] == {
+        "type": "SPECIFIC_RESERVATION",
+        "specificReservation": {
+            "key": "compute.googleapis.com/reservation-name",
+            "values": ["team-v6e"],
+        },
+    }
+    assert template["inputs"]["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+    assert template["inputs"]["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert all(not r["violations"] for r in resources)
+
+
+def test_reserved_capacity_without_a_reservation_name_is_refused(capsys):
+    """ANY_RESERVATION is still sent, and the preview names the rule Google's page sets."""
+    assert cli.main(["preview", *RESERVED, "--output", "json"]) == 2
+    captured = capsys.readouterr()
+    (template,) = _of(json.loads(captured.out), TEMPLATE)
+    assert template["inputs"]["reservationAffinity"] == {"type": "ANY_RESERVATION"}
+    [violation] = template["violations"]
+    assert violation["rule"] == "reservation-bound-specific"
+    assert "about-reservation-bound-vms" in violation["source"]
+    assert "reservation-bound-specific" in captured.err
+
+
+def test_v5p_boots_from_balanced_persistent_disk(capsys):
+    """Issue 19, defect 7: Google lists Balanced Persistent Disk, not Hyperdisk, for v5p."""
+    resources = _preview_json(capsys, "--set", "acceleratorType=v5p-16", "--set", "zone=us-east5-a")
+    (template,) = _of(resources, TEMPLATE)
+    assert template["inputs"]["machineType"].startswith("ct5p-")
+    assert template["inputs"]["disks"][0]["diskType"] == "pd-balanced"
+    assert all(not r["violations"] for r in resources)
+
+
+def test_pulumi_keeps_the_target_size_the_per_instance_configs_raised():
+    """Without ignoreChanges, the next `pulumi up` would shrink the MIG back to 0 hosts."""
+    run = run_offline(
+        lambda: main().exports, {"rayslice:acceleratorType": "v6e-16", "rayslice:zone": "us-east5-b"}
+    )
+    (mig,) = run.of_type(MIG)
+    assert mig.ignore_changes == ("targetSize",)
 
 
 def test_single_host_slice_is_a_one_instance_mig(capsys):
     resources = _preview_json(capsys, "--set", "acceleratorType=v6e-4", "--set", "zone=us-east5-b")
     (mig,) = _of(resources, MIG)
-    assert mig["inputs"]["targetSize"] == 1
+    assert mig["inputs"]["targetSize"] == 0  # its one per-instance config adds the host
     assert [r["inputs"]["name"] for r in _of(resources, PER_INSTANCE)] == ["rayslice-slice-0-w0"]
 
 

@@ -1,0 +1,470 @@
+"""Google's documented rules for Compute Engine and TPU resources, over REST request bodies.
+
+One definition of each rule, two runners: `rayslice preview` (offline, over what the program
+registered under Pulumi's mocks) and the Pulumi policy pack in ``policy/`` (over a real
+project's resources in ``pulumi preview --policy-pack``). Both turn a resource's Pulumi
+properties into the REST body the provider sends (`rayslice.cloud.bodies`) and hand a `Stack`
+of `Resource` to `check`.
+
+Each `Rule` carries its source (a Google page's title and URL, discovery-document text or a
+magic-modules file), and each `Violation` names the resource, the rule and that source. Where
+sources are silent or disagree, a rule takes the stricter reading and its comment says so.
+
+A rule that reads one resource (`Rule.cross_resource` False) runs on a resource's inputs in the
+policy pack; a rule across resources runs on the whole stack. Links between resources (a MIG's
+template and workload policy, a per-instance config's MIG) come from Pulumi's property
+dependencies (`Resource.refs`: input property -> URNs it was computed from), which both runners
+know even where the value itself (a self link) is not yet known.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayslice import catalog
+from rayslice.cloud import bodies
+from rayslice.cloud.bodies import MIG, PER_INSTANCE_CONFIG, RESOURCE_POLICY, TEMPLATE, TPU_NODE, Request
+
+# Provisioning models, instance termination actions and MIG settings (compute v1 enums).
+FLEX_START = "FLEX_START"
+RESERVATION_BOUND = "RESERVATION_BOUND"
+SPOT = "SPOT"
+BULK = "BULK"
+SPECIFIC_RESERVATION = "SPECIFIC_RESERVATION"
+DELETE = "DELETE"
+STOP = "STOP"
+DO_NOTHING = "DO_NOTHING"
+
+# Boot disk type per TPU generation on Compute Engine. "Storage options for Cloud TPU data"
+# (https://docs.cloud.google.com/tpu/docs/storage-options-compute), "TPU generation and
+# supported disk types": TPU7x and v6e Hyperdisk Balanced or Hyperdisk ML, v5p Balanced
+# Persistent Disk or Hyperdisk ML. Hyperdisk ML volumes are read-only data disks, never boot
+# disks, so one boot type is left per generation (the stricter reading).
+BOOT_DISK_TYPES: dict[str, tuple[str, ...]] = {
+    "v5p": ("pd-balanced",),
+    "v6e": ("hyperdisk-balanced",),
+    "tpu7x": ("hyperdisk-balanced",),
+}
+
+METADATA_VALUE_MAX = 262_144  # bytes, at most
+METADATA_TOTAL_LIMIT = 512 * 1024  # bytes, all keys and values together, less than
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+_RFC1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+NAME_MAX = 63
+LABELS_MAX = 64
+LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource as the rules see it: its Pulumi identity, the REST call the provider makes
+    for it, and the resources each of its input properties was computed from."""
+
+    type: str
+    urn: str
+    name: str  # the Pulumi resource name, which a violation names
+    request: Request
+    refs: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.request.body
+
+
+@dataclass(frozen=True)
+class Violation:
+    urn: str
+    resource: str
+    rule: str
+    message: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.resource}: {self.message} [rule {self.rule}; source: {self.source}]"
+
+    def as_json(self) -> dict[str, str]:
+        return {
+            "resource": self.resource,
+            "urn": self.urn,
+            "rule": self.rule,
+            "message": self.message,
+            "source": self.source,
+        }
+
+
+class Stack:
+    """The resources of one deployment, with lookups along their references."""
+
+    def __init__(self, resources: Iterable[Resource]):
+        self.resources = list(resources)
+        self._by_urn = {r.urn: r for r in self.resources}
+
+    def of_type(self, type_token: str) -> list[Resource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def referenced(self, resource: Resource, prop: str, type_token: str) -> list[Resource]:
+        """The resources of `type_token` that `resource`'s input `prop` was computed from."""
+        found = (self._by_urn.get(urn) for urn in sorted(resource.refs.get(prop, ())))
+        return [r for r in found if r is not None and r.type == type_token]
+
+    def referencing(self, target: Resource, prop: str, type_token: str) -> list[Resource]:
+        """The resources of `type_token` whose input `prop` was computed from `target`."""
+        return [r for r in self.of_type(type_token) if target.urn in r.refs.get(prop, ())]
+
+
+Finding = tuple[Resource, str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    source: str
+    check: Callable[[Stack], Iterator[Finding]]
+    cross_resource: bool
+
+
+def _provisioning(template: Resource) -> str | None:
+    return template.body.get("properties", {}).get("scheduling", {}).get("provisioningModel")
+
+
+def _termination(template: Resource) -> str | None:
+    return template.body.get("properties", {}).get("scheduling", {}).get("instanceTerminationAction")
+
+
+def _bulk(mig: Resource) -> bool:
+    return mig.body.get("targetSizePolicy", {}).get("mode") == BULK
+
+
+def _templates(stack: Stack, mig: Resource) -> list[Resource]:
+    return stack.referenced(mig, "versions", TEMPLATE)
+
+
+def tpu_machine(machine_type: str | None) -> tuple[str, int] | None:
+    """(generation, chips per host) of a Compute Engine TPU machine type, from the catalog;
+    None for any other machine type."""
+    if not machine_type:
+        return None
+    short = machine_type.rsplit("/", 1)[-1]
+    for gen in catalog.generations("compute"):
+        for chips in gen.compute_chips_per_host:
+            if short == f"{gen.compute_machine_family}-{chips}t":
+                return gen.name, chips
+    return None
+
+
+# (a) "Create a MIG that uses the bulk mode"
+# (https://docs.cloud.google.com/compute/docs/instance-groups/bulk-create-instances-in-mig):
+# "Bulk mode in MIGs is only supported with instance templates that specify either a
+# reservation-bound or flex-start provisioning model."
+_BULK_PAGE = (
+    "Compute Engine, 'Create a MIG that uses the bulk mode', "
+    "https://docs.cloud.google.com/compute/docs/instance-groups/bulk-create-instances-in-mig"
+)
+
+
+def _bulk_needs_flex_or_reservation(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        if not _bulk(mig):
+            continue
+        for template in _templates(stack, mig):
+            model = _provisioning(template) or "STANDARD"
+            if model not in (FLEX_START, RESERVATION_BOUND):
+                yield (
+                    mig,
+                    f"target-size policy BULK with template {template.name} of provisioning model "
+                    f"{model}: bulk mode takes only FLEX_START or RESERVATION_BOUND templates",
+                )
+
+
+# (b) "About instances that use the reservation-bound model"
+# (https://docs.cloud.google.com/compute/docs/instances/about-reservation-bound-vms): such
+# instances consume reserved capacity, and the bulk page's template has "Choose a reservation",
+# i.e. a specific reservation (gcloud: --reservation-affinity=specific). ANY_RESERVATION is not
+# offered for it on either page; the stricter reading refuses it.
+_RESERVATION_BOUND_PAGE = (
+    "Compute Engine, 'About instances that use the reservation-bound model', "
+    "https://docs.cloud.google.com/compute/docs/instances/about-reservation-bound-vms"
+)
+
+
+def _reservation_bound_needs_specific(stack: Stack) -> Iterator[Finding]:
+    for template in stack.of_type(TEMPLATE):
+        if _provisioning(template) != RESERVATION_BOUND:
+            continue
+        affinity = template.body.get("properties", {}).get("reservationAffinity", {})
+        if affinity.get("consumeReservationType") != SPECIFIC_RESERVATION or not affinity.get("values"):
+            yield (
+                template,
+                "provisioning model RESERVATION_BOUND without a specific reservation: set "
+                "reservationAffinity SPECIFIC_RESERVATION with the reservation's name",
+            )
+
+
+# (b) The bulk page's reservation-bound template: "In the On VM termination list, select Delete"
+# (gcloud: --instance-termination-action=DELETE).
+def _bulk_reservation_bound_deletes(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        if not _bulk(mig):
+            continue
+        for template in _templates(stack, mig):
+            if _provisioning(template) == RESERVATION_BOUND and _termination(template) != DELETE:
+                yield (
+                    mig,
+                    f"bulk mode with RESERVATION_BOUND template {template.name} needs instance "
+                    f"termination action DELETE, not {_termination(template)}",
+                )
+
+
+# (c, d) "Create a MIG with multi-host TPU slice"
+# (https://docs.cloud.google.com/compute/docs/tpus/create-tpu-mig-multi-host-slice): the MIG's
+# workload policy names the slice's accelerator topology, and the MIG holds one TPU VM per host
+# of it (chips of the topology / chips per VM of the machine type). A per-instance config is
+# created with instanceGroupManagers.createInstances (magic-modules
+# mmv1/products/compute/PerInstanceConfig.yaml, create_url), which adds an instance and raises
+# the target size by one (compute v1 discovery, instanceGroupManagers.createInstances: "Creates
+# instances with per-instance configurations in this managed instance group"; targetSize: "The
+# target number of running instances"). So the MIG ends with targetSize + per-instance configs.
+_TPU_MIG_PAGE = (
+    "Compute Engine, 'Create a MIG with multi-host TPU slice', "
+    "https://docs.cloud.google.com/compute/docs/tpus/create-tpu-mig-multi-host-slice; magic-modules "
+    "mmv1/products/compute/PerInstanceConfig.yaml (create_url .../createInstances)"
+)
+
+
+def _slice_shape(stack: Stack, mig: Resource) -> Iterator[tuple[Resource, Resource, str, int, int]]:
+    """(workload policy, template, topology, chips per host, hosts) of a MIG's TPU slice."""
+    for policy in stack.referenced(mig, "resourcePolicies", RESOURCE_POLICY):
+        topology = policy.body.get("workloadPolicy", {}).get("acceleratorTopology")
+        if not topology:
+            continue
+        chips = math.prod(catalog.parse_topology(topology))
+        for template in _templates(stack, mig):
+            machine = tpu_machine(template.body.get("properties", {}).get("machineType"))
+            per_host = machine[1] if machine else 0
+            yield policy, template, topology, per_host, (chips // per_host if per_host else 0)
+
+
+def _topology_fits_machine_type(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        for policy, template, topology, per_host, _ in _slice_shape(stack, mig):
+            chips = math.prod(catalog.parse_topology(topology))
+            machine = template.body.get("properties", {}).get("machineType")
+            if not per_host:
+                yield (
+                    mig,
+                    f"workload policy {policy.name} ({topology}) with {machine}, not a TPU machine type",
+                )
+            elif chips % per_host:
+                yield (
+                    mig,
+                    f"accelerator topology {topology} ({chips} chips) is not a whole number of "
+                    f"{machine} hosts ({per_host} chips each)",
+                )
+
+
+def _instances_match_topology(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        configs = stack.referencing(mig, "instanceGroupManager", PER_INSTANCE_CONFIG)
+        target = int(mig.body.get("targetSize", 0))
+        for _, _, topology, per_host, hosts in _slice_shape(stack, mig):
+            if per_host and target + len(configs) != hosts:
+                yield (
+                    mig,
+                    f"ends with {target + len(configs)} instances (target size {target} plus "
+                    f"{len(configs)} per-instance configs, each created by createInstances, which "
+                    f"raises the target size) for topology {topology} of {hosts} hosts",
+                )
+
+
+# (e) tpu v2 discovery document, Node.networkConfig / Node.networkConfigs: "network_config and
+# network_configs are mutually exclusive, you can only specify one of them. If both are
+# specified, an error will be returned." magic-modules mmv1/products/tpuv2/Vm.yaml:
+# acceleratorConfig "cannot be used at the same time as accelerator_type" (conflicts).
+_TPU_EXCLUSIVE_SOURCE = (
+    "tpu v2 discovery document, Node.networkConfig/networkConfigs; magic-modules "
+    "mmv1/products/tpuv2/Vm.yaml (acceleratorConfig conflicts with accelerator_type)"
+)
+
+
+def _tpu_node_exclusive_fields(stack: Stack) -> Iterator[Finding]:
+    for node in stack.of_type(TPU_NODE):
+        for first, second in (("networkConfig", "networkConfigs"), ("acceleratorType", "acceleratorConfig")):
+            if node.body.get(first) and node.body.get(second):
+                yield node, f"sets both {first} and {second}; they are mutually exclusive"
+
+
+# (f) compute v1 discovery document, Metadata.items: keys match [a-zA-Z0-9-_]{1,128}; a value's
+# "size must be less than or equal to 262144 bytes (256 KiB)"; "The total size of all keys and
+# values must be less than 512 KB." The tpu v2 document gives no limit for Node.metadata; a TPU
+# VM's metadata is served by the same metadata server, so the same limits apply (stricter).
+_METADATA_SOURCE = "compute v1 discovery document, Metadata.items (key pattern, value and total size)"
+
+
+def _metadata(request: Request) -> dict[str, str]:
+    body = request.body
+    if request.schema == "Node":
+        return dict(body.get("metadata") or {})
+    holder = body.get("properties", body)
+    return {i["key"]: i["value"] for i in holder.get("metadata", {}).get("items", [])}
+
+
+def _metadata_limits(stack: Stack) -> Iterator[Finding]:
+    for resource in stack.resources:
+        metadata = _metadata(resource.request)
+        for key, value in metadata.items():
+            if not _METADATA_KEY.fullmatch(key):
+                yield resource, f"metadata key {key!r} does not match [a-zA-Z0-9-_]{{1,128}}"
+            size = len(value.encode())
+            if size > METADATA_VALUE_MAX:
+                yield resource, f"metadata value {key!r} is {size} bytes, more than {METADATA_VALUE_MAX}"
+        total = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+        if total >= METADATA_TOTAL_LIMIT:
+            yield resource, f"metadata keys and values total {total} bytes, not under {METADATA_TOTAL_LIMIT}"
+
+
+# (g) compute v1 discovery document, e.g. Instance.name / Address.name: "the name must be 1-63
+# characters long and match the regular expression `[a-z]([-a-z0-9]*[a-z0-9])?`". The tpu v2
+# document does not spell out node IDs; the same RFC1035 rule is applied (stricter).
+# Labels: "Organize resources using labels"
+# (https://docs.cloud.google.com/compute/docs/labeling-resources): at most 64 labels; keys 1-63
+# characters starting with a lowercase letter, values 0-63 characters, both only lowercase
+# letters, digits, underscores and dashes (international characters allowed).
+_NAME_SOURCE = "compute v1 discovery document, <Resource>.name (RFC1035, 1-63 characters)"
+_LABELS_SOURCE = (
+    "Compute Engine, 'Organize resources using labels', "
+    "https://docs.cloud.google.com/compute/docs/labeling-resources"
+)
+
+
+def _names(stack: Stack) -> Iterator[Finding]:
+    for resource in stack.resources:
+        name = resource.request.name
+        if name is not None and not (len(name) <= NAME_MAX and _RFC1035.fullmatch(name)):
+            yield resource, f"name {name!r} is not 1-{NAME_MAX} characters of [a-z]([-a-z0-9]*[a-z0-9])?"
+
+
+def _label_char(ch: str) -> bool:
+    return ch.isdigit() or ch in "_-" or (ch.isalpha() and not ch.isupper())
+
+
+def _labels_of(request: Request) -> dict[str, str]:
+    body = request.body
+    return dict(body.get("properties", body).get("labels") or {})
+
+
+def _labels(stack: Stack) -> Iterator[Finding]:
+    for resource in stack.resources:
+        labels = _labels_of(resource.request)
+        if len(labels) > LABELS_MAX:
+            yield resource, f"{len(labels)} labels, more than {LABELS_MAX}"
+        for key, value in labels.items():
+            key_ok = 0 < len(key) <= LABEL_MAX and key[0].isalpha() and all(map(_label_char, key))
+            if not key_ok:
+                yield resource, f"label key {key!r} is not 1-{LABEL_MAX} lowercase letters, digits, _ or -"
+            if not (len(value) <= LABEL_MAX and all(map(_label_char, value))):
+                yield (
+                    resource,
+                    f"label {key}={value!r}: values are 0-{LABEL_MAX} lowercase letters, digits, _ or -",
+                )
+
+
+# (h) See BOOT_DISK_TYPES.
+_DISK_SOURCE = (
+    "Cloud TPU, 'Storage options for Cloud TPU data', "
+    "https://docs.cloud.google.com/tpu/docs/storage-options-compute"
+)
+
+
+def _boot_disk_per_generation(stack: Stack) -> Iterator[Finding]:
+    for resource in stack.resources:
+        holder = resource.body.get("properties", resource.body)
+        machine = tpu_machine(holder.get("machineType"))
+        if machine is None:
+            continue
+        allowed = BOOT_DISK_TYPES.get(machine[0], ())
+        for disk in holder.get("disks", []):
+            if not disk.get("boot"):
+                continue
+            disk_type = disk.get("initializeParams", {}).get("diskType", "pd-standard").rsplit("/", 1)[-1]
+            if disk_type not in allowed:
+                yield resource, f"boot disk {disk_type} on {machine[0]}; Google lists {', '.join(allowed)}"
+
+
+# (i) "Request TPU Spot VMs" (https://docs.cloud.google.com/tpu/docs/spot-compute): the MIG's
+# template for Spot TPU VMs uses --provisioning-model=SPOT with
+# --instance-termination-action=STOP, and "To restart a Spot VMs instance or MIG, you must delete
+# and then recreate it". A MIG's default on failure is REPAIR, which "automatically repairs a
+# failed VM by recreating it" (compute v1 discovery document,
+# InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure): one recreated host cannot
+# rejoin a slice, so a Spot TPU MIG sets DO_NOTHING, as Google's tpu-operator does for its TPU
+# MIGs (DefaultActionOnFailure DO_NOTHING).
+_SPOT_SOURCE = (
+    "Cloud TPU, 'Request TPU Spot VMs', https://docs.cloud.google.com/tpu/docs/spot-compute; compute v1 "
+    "discovery document, InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure"
+)
+
+
+def _is_spot_tpu(template: Resource) -> bool:
+    holder = template.body.get("properties", {})
+    return _provisioning(template) == SPOT and tpu_machine(holder.get("machineType")) is not None
+
+
+def _spot_tpu_template_stops(stack: Stack) -> Iterator[Finding]:
+    for template in stack.of_type(TEMPLATE):
+        if _is_spot_tpu(template) and _termination(template) != STOP:
+            yield (
+                template,
+                f"Spot TPU VMs with termination action {_termination(template)}; Google's page uses STOP",
+            )
+
+
+def _spot_tpu_mig_does_nothing(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        if not any(_is_spot_tpu(t) for t in _templates(stack, mig)):
+            continue
+        action = mig.body.get("instanceLifecyclePolicy", {}).get("defaultActionOnFailure", "REPAIR")
+        if action != DO_NOTHING:
+            yield (
+                mig,
+                f"Spot TPU MIG with default action on failure {action}: a repaired host cannot "
+                "rejoin the slice; set DO_NOTHING",
+            )
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("bulk-provisioning-model", _BULK_PAGE, _bulk_needs_flex_or_reservation, True),
+    Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
+    Rule("bulk-reservation-bound-delete", _BULK_PAGE, _bulk_reservation_bound_deletes, True),
+    Rule("topology-machine-type", _TPU_MIG_PAGE, _topology_fits_machine_type, True),
+    Rule("instances-match-topology", _TPU_MIG_PAGE, _instances_match_topology, True),
+    Rule("tpu-node-exclusive-fields", _TPU_EXCLUSIVE_SOURCE, _tpu_node_exclusive_fields, False),
+    Rule("metadata-limits", _METADATA_SOURCE, _metadata_limits, False),
+    Rule("resource-name", _NAME_SOURCE, _names, False),
+    Rule("labels", _LABELS_SOURCE, _labels, False),
+    Rule("tpu-boot-disk", _DISK_SOURCE, _boot_disk_per_generation, False),
+    Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False),
+    Rule("spot-tpu-do-nothing", _SPOT_SOURCE, _spot_tpu_mig_does_nothing, True),
+)
+
+
+def check(stack: Stack, rules: Iterable[Rule] = RULES) -> list[Violation]:
+    """Every violation of `rules` in `stack`, rule by rule."""
+    return [
+        Violation(resource.urn, resource.name, rule.id, message, rule.source)
+        for rule in rules
+        for resource, message in rule.check(stack)
+    ]
+
+
+def resource(
+    type_token: str, urn: str, name: str, props: Mapping[str, Any], refs: Mapping[str, Iterable[str]]
+) -> Resource | None:
+    """A Pulumi resource as the rules see it, or None for a type the rules do not read."""
+    request = bodies.request(type_token, props)
+    if request is None:
+        return None
+    return Resource(type_token, urn, name, request, {k: frozenset(v) for k, v in refs.items()})
