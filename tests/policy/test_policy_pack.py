@@ -3,7 +3,7 @@
 No Pulumi CLI runs here, so the tests build what pulumi-policy's analyzer builds from the engine's
 request (`ResourceValidationArgs` with the unknown-checking proxy over the inputs,
 `StackValidationArgs` of `PolicyResource`s with property dependencies) and call the policies'
-`validate` as the analyzer does. pulumi-policy is a dev extra; without it these tests skip.
+`validate` as the analyzer does. pulumi-policy is a dev extra, which scripts/setup.sh installs.
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-import pytest
+import pulumi_policy
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
-pulumi_policy = pytest.importorskip("pulumi_policy")
-from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy  # noqa: E402
-
-from rayslice.cloud import bodies  # noqa: E402
-from tests.cloud.stacks import Entry, slice_entries, template_props, urn  # noqa: E402
+from rayslice.cloud import bodies
+from tests.cloud.stacks import Entry, slice_entries, template_props, urn
 
 ROOT = Path(__file__).resolve().parents[2]
 
