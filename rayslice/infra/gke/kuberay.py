@@ -110,9 +110,10 @@ def service_account_manifest(spec: ClusterSpec) -> dict:
     """The Ray pods' identity: no API token is mounted, and no Role is bound to it.
 
     Nothing in the pods talks to the Kubernetes API: the pod start script reads its identity
-    from labels (downward API) and its peers from DNS, KubeRay hands the Ray token over as an
-    environment variable from a Secret, and the in-tree autoscaler (the one component that
-    would need pods and RayCluster access) is off, since a slice never scales. The token stays
+    from labels (downward API) and its peers from DNS, and KubeRay hands the Ray token over as an
+    environment variable from a Secret. KubeRay gives Ray pods API access in two cases only, both
+    off: the in-tree autoscaler sidecar (a slice never scales) and Kubernetes-delegated token
+    auth (``authOptions.enableK8sTokenAuth``). The token stays
     off here and on the pod spec, so neither another pod using this account nor these pods
     under another account get one.
     """

@@ -294,15 +294,19 @@ def test_ray_pods_run_as_their_own_service_account_without_an_api_token(accelera
 
 
 def test_no_role_is_bound_because_nothing_in_the_pods_calls_the_api():
-    """No Role, RoleBinding or cluster-wide grant, and the reasons hold: KubeRay 1.7.0 gives a
-    pod API access only through the in-tree autoscaler sidecar (ray-operator/controllers/ray/
-    common/pod.go), which stays off; the token reaches the pods as an environment variable
-    (from a Secret, by KubeRay); the pod start script names no API client and no token path."""
+    """No Role, RoleBinding or cluster-wide grant, and the reasons hold. KubeRay 1.7.0
+    (ray-operator/controllers/ray/common/pod.go) gives a Ray pod API access in two cases only,
+    both off here: the in-tree autoscaler sidecar, and Kubernetes-delegated token auth
+    (``authOptions.enableK8sTokenAuth``, which projects a service account token into every Ray
+    pod and needs a ``ray:write`` grant). Otherwise the Ray token reaches the pods as an
+    environment variable from a Secret, and the pod start script names no API client and no
+    token path."""
     objects = kuberay.manifests(gke_spec("v5p-16", 2))
     rbac = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
     assert not [o for o in objects if o["kind"] in rbac]
     manifest = next(o for o in objects if o["kind"] == "RayCluster")
     assert "enableInTreeAutoscaling" not in manifest["spec"] and "autoscalerOptions" not in manifest["spec"]
+    assert set(manifest["spec"]["authOptions"]) == {"mode"}  # no enableK8sTokenAuth
     script = next(o for o in objects if o["kind"] == "ConfigMap")["data"][kuberay.POD_START_FILE]
     for api_use in ("kubectl", "/var/run/secrets/kubernetes.io", "KUBERNETES_SERVICE_HOST", "serviceaccount"):
         assert api_use not in script, api_use
