@@ -113,9 +113,8 @@ def service_account_manifest(spec: ClusterSpec) -> dict:
     from labels (downward API) and its peers from DNS, and KubeRay hands the Ray token over as an
     environment variable from a Secret. KubeRay gives Ray pods API access in two cases only, both
     off: the in-tree autoscaler sidecar (a slice never scales) and Kubernetes-delegated token
-    auth (``authOptions.enableK8sTokenAuth``). The token stays
-    off here and on the pod spec, so neither another pod using this account nor these pods
-    under another account get one.
+    auth (``authOptions.enableK8sTokenAuth``). The token stays off here and on the pod spec, so
+    neither another pod using this account nor these pods under another account get one.
     """
     return {
         "apiVersion": "v1",
