@@ -113,7 +113,9 @@ def test_yaml_output_is_what_kubectl_applies(capsys, name, hosts, groups, crd_va
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = Counter(d["kind"] for d in documents)
     assert (kinds["ConfigMap"], kinds["Service"], kinds["RayCluster"]) == (1, hosts, 1)
-    assert documents[0]["kind"] == "ConfigMap" and documents[-1]["kind"] == "RayCluster"  # apply order
+    # apply order: the namespace first, then what the pods use, the RayCluster last
+    assert [d["kind"] for d in documents[:3]] == ["Namespace", "ServiceAccount", "ConfigMap"]
+    assert documents[-1]["kind"] == "RayCluster"
     assert not [d for d in documents if "chart" in d]  # no Helm release
     ray_cluster = documents[-1]
     worker_groups = ray_cluster["spec"]["workerGroupSpecs"]

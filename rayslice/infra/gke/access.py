@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from rayslice.infra.gke.kuberay import NAMESPACE, head_service_name
+from rayslice.infra.gke.kuberay import head_service_name, namespace_name
 from rayslice.names import DASHBOARD_PORT
 from rayslice.spec import ClusterSpec
 
@@ -38,7 +38,7 @@ def dashboard_tunnel_command(spec: ClusterSpec) -> str:
             "kubectl",
             "port-forward",
             "--namespace",
-            NAMESPACE,
+            namespace_name(spec),
             f"service/{head_service_name(spec)}",
             f"{DASHBOARD_PORT}:{DASHBOARD_PORT}",
         ]
@@ -48,7 +48,7 @@ def dashboard_tunnel_command(spec: ClusterSpec) -> str:
 def jobs_api_address(spec: ClusterSpec) -> str:
     """The Jobs API address from inside the GKE cluster (from this RayCluster's own pods only:
     the NetworkPolicy refuses every other pod)."""
-    return f"http://{head_service_name(spec)}.{NAMESPACE}.svc.cluster.local:{DASHBOARD_PORT}"
+    return f"http://{head_service_name(spec)}.{namespace_name(spec)}.svc.cluster.local:{DASHBOARD_PORT}"
 
 
 def token_command(spec: ClusterSpec) -> str | None:
@@ -65,7 +65,7 @@ def token_command(spec: ClusterSpec) -> str | None:
             "kubectl",
             "get",
             "secret",
-            f"--namespace={NAMESPACE}",
+            f"--namespace={namespace_name(spec)}",
             spec.name,
             "--output=jsonpath={.data.auth_token}",
         ]

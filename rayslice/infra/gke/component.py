@@ -32,6 +32,15 @@ from rayslice.spec import ClusterSpec
 def _k8s_object(name: str, obj: dict, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """One manifest from `kuberay.manifests` as the matching Pulumi Kubernetes resource."""
     kind = obj["kind"]
+    if kind == "Namespace":
+        return k8s.core.v1.Namespace(name, metadata=obj["metadata"], opts=opts)
+    if kind == "ServiceAccount":
+        return k8s.core.v1.ServiceAccount(
+            name,
+            metadata=obj["metadata"],
+            automount_service_account_token=obj["automountServiceAccountToken"],
+            opts=opts,
+        )
     if kind == "ConfigMap":
         return k8s.core.v1.ConfigMap(name, metadata=obj["metadata"], data=obj["data"], opts=opts)
     if kind == "Service":
@@ -75,10 +84,18 @@ class KubeRay(pulumi.ComponentResource):
                     ),
                 )
             ]
-        *prerequisite_objects, cluster = objects
+        namespace_object, *namespaced_objects, cluster = objects
+        namespace = _k8s_object(f"{name}-namespace", namespace_object, on_cluster)
+        # Created once the namespace exists (and deleted before it goes).
+        in_namespace = pulumi.ResourceOptions.merge(
+            on_cluster, pulumi.ResourceOptions(depends_on=[namespace])
+        )
         prerequisites = [
-            _k8s_object(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, on_cluster)
-            for obj in prerequisite_objects
+            namespace,
+            *(
+                _k8s_object(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, in_namespace)
+                for obj in namespaced_objects
+            ),
         ]
         ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",

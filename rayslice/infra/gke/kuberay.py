@@ -11,8 +11,11 @@ replica and host index labels, and the pod start command (``startup_scripts/pod_
 derives ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``, ``TPU_NAME`` and ``MEGASCALE_*`` from the
 same labels. docs/deploy-gke.md says why this replaces the kuberay-tpu-webhook.
 
-Access: `network_policies` admit traffic to the Ray pods only from the same RayCluster's pods,
-plus the dashboard from ``dashboardSourceRanges``.
+Isolation: every object lives in a namespace of its own (`namespace_manifest`), the Ray pods
+run as a service account of their own that carries no API token and no RBAC binding
+(`service_account_manifest`), and `network_policies` admit traffic to the Ray pods only from
+the same RayCluster's pods in that namespace, plus the dashboard from
+``dashboardSourceRanges``. docs/deploy-gke.md (Isolation) says what each one stops.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ OPERATOR_NAMESPACE = "kuberay-system"
 # here so a chart default can never switch them off under us).
 OPERATOR_VALUES = {"featureGates": [{"name": "RayMultiHostIndexing", "enabled": True}]}
 
-NAMESPACE = "default"
 RAY_API_VERSION = "ray.io/v1"
 OVERWRITE_CMD_ANNOTATION = "ray.io/overwrite-container-cmd"
 NETWORKING_API_VERSION = "networking.k8s.io/v1"
@@ -46,6 +48,12 @@ LABEL_NODE_TYPE = "ray.io/node-type"  # "head" or "worker"
 LABEL_GROUP = "ray.io/group"
 LABEL_REPLICA_NAME = "ray.io/worker-group-replica-name"  # multi-host groups only
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rayslice"}
+# The label the API server puts on every namespace, set to its name and not writable by anyone
+# (Kubernetes 1.22+): the one namespace label a NetworkPolicy can trust.
+LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"
+# Pod Security Admission: refuse privileged pods, host namespaces, host paths and added
+# capabilities in the cluster's namespace. The Ray pods ask for none of these.
+POD_SECURITY = {"pod-security.kubernetes.io/enforce": "baseline"}
 TPU_RESOURCE = "google.com/tpu"
 
 POD_START_DIR = "/etc/rayslice"
@@ -53,6 +61,17 @@ POD_START_FILE = "pod-start.sh"
 POD_START_VOLUME = "pod-start"
 # The head pod's share of its CPU node (any headMachineType with 4 vCPUs and 16 GB fits).
 HEAD_RESOURCES = {"cpu": "3", "memory": "12Gi"}
+
+
+def namespace_name(spec: ClusterSpec) -> str:
+    """The cluster's own namespace; spec names are DNS labels of at most 40 characters, so
+    this stays within the 63 a namespace name may have."""
+    return f"rayslice-{spec.name}"
+
+
+def service_account_name(spec: ClusterSpec) -> str:
+    """The Kubernetes service account the Ray pods run as."""
+    return f"{spec.name}-ray"
 
 
 def worker_group_name(spec: ClusterSpec) -> str:
@@ -73,13 +92,49 @@ def tpu_resources(spec: ClusterSpec) -> str:
     return shlex.quote(json.dumps({"TPU": spec.tpu.chips_per_host}))
 
 
+def namespace_manifest(spec: ClusterSpec) -> dict:
+    """A namespace per cluster: the NetworkPolicy's peers name it, so pods elsewhere (``default``
+    included) cannot join by copying the Ray pods' labels, and creating pods here takes rights
+    granted for this namespace (or cluster-wide)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": namespace_name(spec),
+            "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name, **POD_SECURITY},
+        },
+    }
+
+
+def service_account_manifest(spec: ClusterSpec) -> dict:
+    """The Ray pods' identity: no API token is mounted, and no Role is bound to it.
+
+    Nothing in the pods talks to the Kubernetes API: the pod start script reads its identity
+    from labels (downward API) and its peers from DNS, and KubeRay hands the Ray token over as an
+    environment variable from a Secret. KubeRay gives Ray pods API access in two cases only, both
+    off: the in-tree autoscaler sidecar (a slice never scales) and Kubernetes-delegated token
+    auth (``authOptions.enableK8sTokenAuth``). The token stays off here and on the pod spec, so
+    neither another pod using this account nor these pods under another account get one.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": service_account_name(spec),
+            "namespace": namespace_name(spec),
+            "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name},
+        },
+        "automountServiceAccountToken": False,
+    }
+
+
 def pod_start_configmap(spec: ClusterSpec, package_source: str | None = None) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
             "name": pod_start_configmap_name(spec),
-            "namespace": NAMESPACE,
+            "namespace": namespace_name(spec),
             "labels": dict(MANAGED_BY),
         },
         "data": {POD_START_FILE: pod.render_pod_start(spec, package_source)},
@@ -104,7 +159,7 @@ def host_services(spec: ClusterSpec) -> list[dict]:
                     "kind": "Service",
                     "metadata": {
                         "name": pod.host_service_name(spec, slice_index, host),
-                        "namespace": NAMESPACE,
+                        "namespace": namespace_name(spec),
                         "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name},
                     },
                     "spec": {
@@ -140,6 +195,11 @@ def _container(
         "resources": resources,
         "volumeMounts": [{"name": POD_START_VOLUME, "mountPath": POD_START_DIR, "readOnly": True}],
     }
+
+
+def _pod_identity(spec: ClusterSpec) -> dict:
+    """The pod spec fields that run every Ray pod as `service_account_manifest`, tokenless."""
+    return {"serviceAccountName": service_account_name(spec), "automountServiceAccountToken": False}
 
 
 def _pod_volumes(spec: ClusterSpec) -> list[dict]:
@@ -199,6 +259,7 @@ def _head_group(spec: ClusterSpec) -> dict:
         "rayStartParams": {"dashboard-host": "0.0.0.0"},
         "template": {
             "spec": {
+                **_pod_identity(spec),
                 "nodeSelector": head_node_selector(spec),
                 "containers": [container],
                 "volumes": _pod_volumes(spec),
@@ -227,6 +288,7 @@ def _worker_group(spec: ClusterSpec) -> dict:
         {"requests": dict(chips), "limits": dict(chips)},
     )
     pod_spec: dict = {
+        **_pod_identity(spec),
         "nodeSelector": tpu_node_selector(spec),
         "tolerations": [tpu_toleration()],
         "containers": [container],
@@ -253,7 +315,7 @@ def raycluster_manifest(spec: ClusterSpec) -> dict:
         "kind": "RayCluster",
         "metadata": {
             "name": spec.name,
-            "namespace": NAMESPACE,
+            "namespace": namespace_name(spec),
             "labels": dict(MANAGED_BY),
             "annotations": {OVERWRITE_CMD_ANNOTATION: "true"},
         },
@@ -273,8 +335,15 @@ def ray_pods_selector(spec: ClusterSpec) -> dict:
 
 
 def network_policies(spec: ClusterSpec) -> list[dict]:
-    """Who may connect to the Ray pods: only the same RayCluster's pods, on any port, and the
-    head's dashboard (the Jobs API) also from ``dashboardSourceRanges``.
+    """Who may connect to the Ray pods: only the same RayCluster's pods in the cluster's own
+    namespace, on any port, and the head's dashboard (the Jobs API) also from
+    ``dashboardSourceRanges``.
+
+    The peer names the namespace by the label the API server sets (`LABEL_NAMESPACE_NAME`)
+    *and* the pods by their RayCluster label, in one entry, which Kubernetes ANDs: a pod in
+    another namespace that copies ``ray.io/cluster`` matches the pod selector but not the
+    namespace one. (Two entries, one per selector, would be ORed and admit every pod of the
+    namespace.)
 
     Ray's pods talk to each other on more than the head's well-known ports (GCS, dashboard,
     client): raylets, object managers, workers, and the JAX / megascale coordinators use ports
@@ -284,14 +353,17 @@ def network_policies(spec: ClusterSpec) -> list[dict]:
     not the pod network, so the documented tunnel keeps working. Enforced only where the
     cluster runs Dataplane V2 or network policy (docs/deploy-gke.md).
     """
-    own_pods = {"podSelector": ray_pods_selector(spec)}
+    own_pods = {
+        "namespaceSelector": {"matchLabels": {LABEL_NAMESPACE_NAME: namespace_name(spec)}},
+        "podSelector": ray_pods_selector(spec),
+    }
     policies = [
         {
             "apiVersion": NETWORKING_API_VERSION,
             "kind": "NetworkPolicy",
             "metadata": {
                 "name": f"{spec.name}-ray-pods",
-                "namespace": NAMESPACE,
+                "namespace": namespace_name(spec),
                 "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name},
             },
             "spec": {
@@ -308,7 +380,7 @@ def network_policies(spec: ClusterSpec) -> list[dict]:
                 "kind": "NetworkPolicy",
                 "metadata": {
                     "name": f"{spec.name}-dashboard",
-                    "namespace": NAMESPACE,
+                    "namespace": namespace_name(spec),
                     "labels": {**MANAGED_BY, LABEL_CLUSTER: spec.name},
                 },
                 "spec": {
@@ -326,15 +398,18 @@ def network_policies(spec: ClusterSpec) -> list[dict]:
     return policies
 
 
-# The kinds of `manifests`, in the order `kubectl apply` should create them: the pods that
-# the RayCluster starts mount the ConfigMap, are named by the Services, and are fenced by the
-# NetworkPolicies from their first packet.
-APPLY_ORDER = ("ConfigMap", "Service", "NetworkPolicy", "RayCluster")
+# The kinds of `manifests`, in the order `kubectl apply` should create them: everything else
+# lives in the Namespace; the pods that the RayCluster starts run as the ServiceAccount, mount
+# the ConfigMap, are named by the Services, and are fenced by the NetworkPolicies from their
+# first packet.
+APPLY_ORDER = ("Namespace", "ServiceAccount", "ConfigMap", "Service", "NetworkPolicy", "RayCluster")
 
 
 def manifests(spec: ClusterSpec, package_source: str | None = None) -> list[dict]:
     """Every object of the Ray cluster, in `APPLY_ORDER` (the operator excluded)."""
     return [
+        namespace_manifest(spec),
+        service_account_manifest(spec),
         pod_start_configmap(spec, package_source),
         *host_services(spec),
         *network_policies(spec),

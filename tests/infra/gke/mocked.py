@@ -30,6 +30,9 @@ IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
 SLEEP = "time:index/sleep:Sleep"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 SERVICE = "kubernetes:core/v1:Service"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 
 ZONES = {"v6e": "us-east5-b", "v5p": "us-east5-a", "tpu7x": "us-central1-c"}
 

@@ -20,7 +20,7 @@ TOKEN = "tok-3f9a/Zq+8=="  # base64 would need padding and has '/' and '+': all 
 # What `kubectl get secret demo -o jsonpath={.data.auth_token}` prints: the value as stored in
 # the Secret (base64), with no newline after it.
 KUBECTL_STUB = """#!/bin/bash
-expected=(get secret --namespace=default demo '--output=jsonpath={.data.auth_token}')
+expected=(get secret --namespace=rayslice-demo demo '--output=jsonpath={.data.auth_token}')
 got=("$@")
 if [ "${got[*]@Q}" != "${expected[*]@Q}" ]; then
   echo "kubectl stub: got ${got[*]@Q}, want ${expected[*]@Q}" >&2; exit 1
@@ -90,14 +90,15 @@ def test_token_command_is_absent_without_token_auth():
 def test_commands_are_literal_lines():
     cluster_spec = gke_spec(project="my-proj")
     assert access.token_command(cluster_spec) == (
-        "kubectl get secret --namespace=default demo '--output=jsonpath={.data.auth_token}' | base64 --decode"
+        "kubectl get secret --namespace=rayslice-demo demo '--output=jsonpath={.data.auth_token}'"
+        " | base64 --decode"
     )
     assert access.dashboard_tunnel_command(cluster_spec) == (
-        "kubectl port-forward --namespace default service/demo-head-svc 8265:8265"
+        "kubectl port-forward --namespace rayslice-demo service/demo-head-svc 8265:8265"
     )
     assert access.get_credentials_command(cluster_spec, "demo") == (
         "gcloud container clusters get-credentials demo --zone=us-east5-b --project=my-proj --internal-ip"
     )
     assert shlex.split(access.jobs_api_address(cluster_spec)) == [
-        "http://demo-head-svc.default.svc.cluster.local:8265"
+        "http://demo-head-svc.rayslice-demo.svc.cluster.local:8265"
     ]

@@ -19,10 +19,14 @@ from rayslice.errors import InvalidInput
 from rayslice.infra.gke import cluster as gke_cluster
 from rayslice.infra.gke.nodes import tpu_pool_plans
 from rayslice.infra.identity import GKE_NODES, account_id
+from rayslice.infra.mocks import run_offline
+from rayslice.infra.program import main
 from tests.infra.gke.mocked import (
     ACCOUNT,
     CLUSTER,
+    CONFIG_MAP,
     IAM_MEMBER,
+    NAMESPACE,
     NETWORK_POLICY,
     NETWORK_TYPES,
     NODE_POOL,
@@ -30,6 +34,7 @@ from tests.infra.gke.mocked import (
     RAYCLUSTER,
     RELEASE,
     SERVICE,
+    SERVICE_ACCOUNT,
     SLEEP,
     SUBNET,
     ZONES,
@@ -316,6 +321,31 @@ def test_network_policies_are_applied_with_the_ray_cluster():
     recorder = deploy(gke_spec("v6e-16", dashboardSourceRanges=["10.8.0.0/16"]))
     names = sorted(p.inputs["metadata"]["name"] for p in recorder.resources[NETWORK_POLICY])
     assert names == ["demo-dashboard", "demo-ray-pods"]
+
+
+def test_kubernetes_objects_are_created_in_the_namespace_once_it_exists():
+    """Pulumi creates the others after the Namespace (and deletes them before it)."""
+    config = {
+        "rayslice:platform": "gke",
+        "rayslice:acceleratorType": "v6e-16",
+        "rayslice:zone": "us-east5-b",
+        "rayslice:name": "demo",
+        "rayslice:dashboardSourceRanges": '["10.8.0.0/16"]',
+        "gcp:project": "my-proj",
+    }
+    run = run_offline(lambda: main().exports, config)
+    [namespace] = run.of_type(NAMESPACE)
+    assert namespace.inputs["metadata"]["name"] == "rayslice-demo"
+    [account] = run.of_type(SERVICE_ACCOUNT)
+    assert account.inputs["automountServiceAccountToken"] is False
+    namespaced = [
+        account,
+        *(r for kind in (CONFIG_MAP, SERVICE, NETWORK_POLICY, RAYCLUSTER) for r in run.of_type(kind)),
+    ]
+    assert len(namespaced) == 1 + 1 + 4 + 2 + 1
+    for registration in namespaced:
+        assert registration.inputs["metadata"]["namespace"] == "rayslice-demo", registration.name
+        assert namespace.urn in registration.dependencies, registration.name
 
 
 def test_existing_cluster_without_workload_identity_stops_before_any_pool():

@@ -1,12 +1,12 @@
 """The Kubernetes objects of a GKE Ray cluster: the RayCluster checked against KubeRay v1.7.0's
-CRD, the ConfigMap, Services and NetworkPolicies against Kubernetes 1.31's OpenAPI schema,
-shapes against xpk's table, names and policies against literals.
+CRD, the Namespace, ServiceAccount, ConfigMap, Services and NetworkPolicies against Kubernetes
+1.31's OpenAPI schema, shapes against xpk's table, names, namespaces and the pods' identity
+against literals. What the NetworkPolicies admit: test_network_policy.py.
 """
 
 from __future__ import annotations
 
 import csv
-import ipaddress
 import json
 import shlex
 from pathlib import Path
@@ -43,6 +43,8 @@ SHAPE_IDS = [f"{s}x{a}" for a, s in SHAPES]
 # The Kubernetes version docs/deploy-gke.md names as the minimum; its schemas are vendored.
 KUBERNETES_VERSION = "1.31"
 SCHEMA_FILES = {
+    "Namespace": "namespace-v1.json",
+    "ServiceAccount": "serviceaccount-v1.json",
     "ConfigMap": "configmap-v1.json",
     "Service": "service-v1.json",
     "NetworkPolicy": "networkpolicy-networking-v1.json",
@@ -114,7 +116,13 @@ def test_strict_validation_catches_a_misspelt_field(crd_validator):
 def test_other_objects_validate_against_the_kubernetes_schema(accelerator, slices, ranges, k8s_validators):
     objects = kuberay.manifests(gke_spec(accelerator, slices, dashboardSourceRanges=ranges))
     others = [o for o in objects if o["kind"] != "RayCluster"]
-    assert {o["kind"] for o in others} == {"ConfigMap", "Service", "NetworkPolicy"}
+    assert {o["kind"] for o in others} == {
+        "Namespace",
+        "ServiceAccount",
+        "ConfigMap",
+        "Service",
+        "NetworkPolicy",
+    }
     errors = [error for obj in others for error in schema_errors(k8s_validators, obj)]
     assert not errors, "\n".join(errors)
 
@@ -126,8 +134,10 @@ def test_other_objects_validate_against_the_kubernetes_schema(accelerator, slice
         ("Service", ("spec", "ports"), [{"name": "megascale", "port": "8081x"}]),  # not an int
         ("NetworkPolicy", ("spec", "policyTypes"), "Ingress"),  # a string, not a list
         ("ConfigMap", ("data",), {"pod-start.sh": 5}),  # data values are strings
+        ("ServiceAccount", ("automountServiceAccountToken",), "false"),  # a string, not a bool
+        ("Namespace", ("spec",), {"finalizer": ["kubernetes"]}),  # misspelt field
     ],
-    ids=["misspelt", "port-type", "policy-types", "configmap-data"],
+    ids=["misspelt", "port-type", "policy-types", "configmap-data", "automount-type", "namespace-spec"],
 )
 def test_kubernetes_schema_refuses_a_broken_object(kind, path, bad, k8s_validators):
     cluster_spec = gke_spec("v6e-16", dashboardSourceRanges=["10.8.0.0/16"])
@@ -208,10 +218,16 @@ def test_single_host_services_select_by_replica_only():
 def test_manifests_are_one_yaml_stream_in_apply_order():
     cluster_spec = gke_spec("v5p-16", slices=2, dashboardSourceRanges=["10.8.0.0/16"])
     docs = list(yaml.safe_load_all(kuberay.manifests_yaml(kuberay.manifests(cluster_spec))))
-    assert [d["kind"] for d in docs] == ["ConfigMap"] + ["Service"] * 4 + ["NetworkPolicy"] * 2 + [
-        "RayCluster"
+    kinds = [d["kind"] for d in docs]
+    assert kinds == [
+        "Namespace",
+        "ServiceAccount",
+        "ConfigMap",
+        *["Service"] * 4,
+        *["NetworkPolicy"] * 2,
+        "RayCluster",
     ]
-    script = docs[0]["data"]["pod-start.sh"]
+    script = docs[2]["data"]["pod-start.sh"]
     assert script.startswith("#!/bin/bash") and "demo-s1-h1" in script
 
 
@@ -236,107 +252,64 @@ def test_auth_mode_follows_the_spec():
     assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in env
 
 
-# ---- NetworkPolicy: what it admits, evaluated with Kubernetes' rules ------------------------
-
-NS = "default"
-# The labels KubeRay 1.7 puts on the pods of RayCluster "demo" (and of another RayCluster).
-HEAD = {"ray.io/cluster": "demo", "ray.io/node-type": "head", "ray.io/group": "headgroup"}
-WORKER = {"ray.io/cluster": "demo", "ray.io/node-type": "worker", "ray.io/group": "tpu-v6e-16"}
-OTHER_RAY = {"ray.io/cluster": "other", "ray.io/node-type": "worker", "ray.io/group": "cpu"}
-OTHER_APP = {"app": "web"}
+# ---- namespace, service account, RBAC -------------------------------------------------------
 
 
-def _selects(selector: dict, labels: dict[str, str]) -> bool:
-    assert set(selector) <= {"matchLabels"}, "the evaluator knows matchLabels only"
-    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+def _pod_specs(manifest: dict) -> list[dict]:
+    groups = [manifest["spec"]["headGroupSpec"], *manifest["spec"]["workerGroupSpecs"]]
+    return [group["template"]["spec"] for group in groups]
 
 
-def _peer_admits(peer: dict, source: dict) -> bool:
-    assert set(peer) <= {"podSelector", "ipBlock"}, "the evaluator knows podSelector and ipBlock only"
-    if "podSelector" in peer:  # pods of the policy's own namespace
-        return source.get("namespace") == NS and _selects(peer["podSelector"], source.get("labels", {}))
-    block = peer["ipBlock"]
-    address = ipaddress.ip_address(source["ip"])
-    return address in ipaddress.ip_network(block["cidr"]) and not any(
-        address in ipaddress.ip_network(e) for e in block.get("except", [])
-    )
+@pytest.mark.parametrize("accelerator,slices", [("v6e-4", 1), ("v5p-16", 2)])
+def test_every_object_lives_in_the_clusters_own_namespace(accelerator, slices):
+    objects = kuberay.manifests(gke_spec(accelerator, slices, dashboardSourceRanges=["10.8.0.0/16"]))
+    [namespace] = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == "rayslice-demo"
+    assert "namespace" not in namespace["metadata"]  # a Namespace is cluster-scoped
+    namespaced = [o for o in objects if o is not namespace]
+    assert len(namespaced) == len(objects) - 1
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"rayslice-demo"}
 
 
-def admitted(policies: list[dict], target: dict[str, str], source: dict, port: int) -> bool:
-    """Kubernetes' semantics: a pod selected by no Ingress policy admits everything; a selected
-    pod admits what any rule of any selecting policy admits (a rule without `ports` admits
-    every port, without `from` every source)."""
-    selecting = [
-        p
-        for p in policies
-        if p["metadata"]["namespace"] == NS
-        and "Ingress" in p["spec"]["policyTypes"]
-        and _selects(p["spec"]["podSelector"], target)
-    ]
-    if not selecting:
-        return True
-    for policy in selecting:
-        for rule in policy["spec"].get("ingress", []):
-            ports = rule.get("ports")
-            if ports is not None and not any(p["port"] == port and p["protocol"] == "TCP" for p in ports):
-                continue
-            peers = rule.get("from")
-            if peers is None or any(_peer_admits(peer, source) for peer in peers):
-                return True
-    return False
+def test_namespace_refuses_privileged_pods():
+    labels = kuberay.namespace_manifest(gke_spec("v6e-16"))["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
 
 
-def pod_source(labels: dict[str, str], namespace: str = NS) -> dict:
-    return {"labels": labels, "namespace": namespace, "ip": "10.64.3.4"}
+@pytest.mark.parametrize("accelerator", ["v6e-4", "v6e-16"])
+def test_ray_pods_run_as_their_own_service_account_without_an_api_token(accelerator):
+    cluster_spec = gke_spec(accelerator)
+    account = kuberay.service_account_manifest(cluster_spec)
+    assert account["metadata"] == {
+        "name": "demo-ray",
+        "namespace": "rayslice-demo",
+        "labels": {"app.kubernetes.io/managed-by": "rayslice", "ray.io/cluster": "demo"},
+    }
+    assert account["automountServiceAccountToken"] is False
+    pod_specs = _pod_specs(kuberay.raycluster_manifest(cluster_spec))
+    assert len(pod_specs) == 2  # head and the TPU workers
+    for pod_spec in pod_specs:
+        assert pod_spec["serviceAccountName"] == "demo-ray"
+        assert pod_spec["automountServiceAccountToken"] is False
 
 
-def ip_source(ip: str) -> dict:
-    return {"ip": ip}
-
-
-GCS, DASHBOARD, CLIENT, MEGASCALE, RAYLET = 6379, 8265, 10001, 8081, 43211
-
-
-@pytest.mark.parametrize(
-    "target,source,port,expected",
-    [
-        (HEAD, pod_source(WORKER), GCS, True),
-        (HEAD, pod_source(WORKER), CLIENT, True),
-        (HEAD, pod_source(WORKER), RAYLET, True),  # Ray's own ports beyond the well-known ones
-        (WORKER, pod_source(HEAD), RAYLET, True),
-        (WORKER, pod_source(WORKER), MEGASCALE, True),
-        (HEAD, pod_source(OTHER_RAY), GCS, False),
-        (HEAD, pod_source(OTHER_APP), DASHBOARD, False),
-        (HEAD, pod_source(OTHER_APP), CLIENT, False),
-        (HEAD, pod_source(WORKER, namespace="elsewhere"), GCS, False),
-        (WORKER, pod_source(OTHER_APP), MEGASCALE, False),
-        (HEAD, ip_source("10.8.1.2"), DASHBOARD, True),  # dashboardSourceRanges
-        (HEAD, ip_source("192.168.7.9"), DASHBOARD, True),
-        (HEAD, ip_source("10.8.1.2"), GCS, False),
-        (HEAD, ip_source("10.8.1.2"), CLIENT, False),
-        (HEAD, ip_source("10.9.0.1"), DASHBOARD, False),
-        (WORKER, ip_source("10.8.1.2"), DASHBOARD, False),  # the ranges reach the head only
-    ],
-)
-def test_network_policies_admit_only_the_clusters_own_pods_and_the_dashboard_ranges(
-    target, source, port, expected
-):
-    policies = kuberay.network_policies(
-        gke_spec("v6e-16", dashboardSourceRanges=["10.8.0.0/16", "192.168.7.0/24"])
-    )
-    assert admitted(policies, target, source, port) is expected
-
-
-def test_without_dashboard_ranges_nothing_outside_the_cluster_reaches_the_head():
-    policies = kuberay.network_policies(gke_spec("v6e-16"))
-    assert [p["metadata"]["name"] for p in policies] == ["demo-ray-pods"]
-    for port in (GCS, DASHBOARD, CLIENT):
-        assert not admitted(policies, HEAD, ip_source("10.8.1.2"), port)
-        assert not admitted(policies, HEAD, pod_source(OTHER_APP), port)
-        assert admitted(policies, HEAD, pod_source(WORKER), port)
-
-
-def test_the_evaluator_admits_everything_when_no_policy_selects_the_pod():
-    """The evaluator itself: without a policy a pod is open (what the cluster had before)."""
-    assert admitted([], HEAD, pod_source(OTHER_APP), GCS)
-    assert admitted(kuberay.network_policies(gke_spec("v6e-16")), OTHER_APP, pod_source(OTHER_RAY), 80)
+def test_no_role_is_bound_because_nothing_in_the_pods_calls_the_api():
+    """No Role, RoleBinding or cluster-wide grant, and the reasons hold. KubeRay 1.7.0
+    (ray-operator/controllers/ray/common/pod.go) gives a Ray pod API access in two cases only,
+    both off here: the in-tree autoscaler sidecar, and Kubernetes-delegated token auth
+    (``authOptions.enableK8sTokenAuth``, which projects a service account token into every Ray
+    pod and needs a ``ray:write`` grant). Otherwise the Ray token reaches the pods as an
+    environment variable from a Secret, and the pod start script names no API client and no
+    token path."""
+    objects = kuberay.manifests(gke_spec("v5p-16", 2))
+    rbac = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    assert not [o for o in objects if o["kind"] in rbac]
+    manifest = next(o for o in objects if o["kind"] == "RayCluster")
+    assert "enableInTreeAutoscaling" not in manifest["spec"] and "autoscalerOptions" not in manifest["spec"]
+    assert set(manifest["spec"]["authOptions"]) == {"mode"}  # no enableK8sTokenAuth
+    script = next(o for o in objects if o["kind"] == "ConfigMap")["data"][kuberay.POD_START_FILE]
+    for api_use in ("kubectl", "/var/run/secrets/kubernetes.io", "KUBERNETES_SERVICE_HOST", "serviceaccount"):
+        assert api_use not in script, api_use
+    for pod_spec in _pod_specs(manifest):
+        for volume in pod_spec["volumes"]:
+            assert "projected" not in volume and "secret" not in volume, volume
