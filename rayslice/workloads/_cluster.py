@@ -148,13 +148,14 @@ def choose_slices(
     slice_name: str | None = None,
     accelerator_type: str | None = None,
     slices: Sequence[TpuSlice] | None = None,
+    fewest_hosts: bool = False,
 ) -> list[TpuSlice]:
     """`count` complete slices of one type (all of that type when `count` is None).
 
     Without `accelerator_type` or `slice_name`, the largest slices are preferred (most hosts,
-    then by name): a multi-host job should not land on a single-host slice by chance. Raises
-    InvalidInput listing what the cluster has when the request can't be met (NoCluster when it
-    has no TPU host at all).
+    then by name): a multi-host job should not land on a single-host slice by chance. With
+    `fewest_hosts`, the smallest are, for a job that runs on one host. Raises InvalidInput listing
+    what the cluster has when the request can't be met (NoCluster when it has no TPU host at all).
     """
     present = tpu_slices() if slices is None else list(slices)
     if not present:
@@ -163,7 +164,10 @@ def choose_slices(
             f"a {WORKER_ID_LABEL} label); start a TPU cluster or the simulated slice"
         )
     have = "; ".join(s.describe() for s in present)
-    candidates = sorted((s for s in present if s.complete), key=lambda s: (-s.expected_hosts, s.name))
+    direction = 1 if fewest_hosts else -1
+    candidates = sorted(
+        (s for s in present if s.complete), key=lambda s: (direction * s.expected_hosts, s.name)
+    )
     if slice_name is not None:
         candidates = [s for s in candidates if s.name == slice_name]
     if accelerator_type is not None:
@@ -181,6 +185,37 @@ def choose_slices(
             f"cluster has {len(same_type)}: {have}"
         )
     return same_type[:count]
+
+
+def choose_single_host_slice(
+    job: str,
+    multihost_counterpart: str,
+    *,
+    chips: int | None = None,
+    slice_name: str | None = None,
+    accelerator_type: str | None = None,
+    slices: Sequence[TpuSlice] | None = None,
+) -> TpuSlice:
+    """The slice for a job that holds every chip of one host (`chips` None, or a host's worth):
+    a single-host slice, preferred over the rest, never a host of a multi-host slice.
+
+    A process holding a whole host of a multi-host slice is one process of a program spanning the
+    slice (libtpu's, and the simulated runtime's, rule): alone, it waits for the other hosts until
+    the job's timeout. Refused up front with InvalidInput naming `multihost_counterpart`, the job
+    that runs on every host. Fewer chips than a host has form a program of their own, so
+    `--chips 1` runs on a host of any slice. Also called by `rayslice run` before it submits.
+    """
+    (chosen,) = choose_slices(
+        1, slice_name=slice_name, accelerator_type=accelerator_type, slices=slices, fewest_hosts=True
+    )
+    if chosen.expected_hosts > 1 and chips in (None, chosen.chips_per_host):
+        raise InvalidInput(
+            f"{job} needs a single-host slice and none in the cluster matches (it would get "
+            f"{chosen.describe()}): on a multi-host slice, a program holding a whole host waits for "
+            f"the slice's other hosts, and the job would hang until its timeout. Run "
+            f"{multihost_counterpart} instead, which runs on every host of the slice"
+        )
+    return chosen
 
 
 def check_chips_on_one_host(chips: int, hosts: Sequence[TpuHost]) -> None:
@@ -254,6 +289,10 @@ def add_slice_args(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="give up when the tasks have not finished after S seconds",
     )
+
+
+def add_chips_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chips", type=int, help="TPU chips to hold (default: all of one host)")
 
 
 def connect() -> None:
