@@ -14,6 +14,7 @@ codes.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.queue import Queue
 
 from rayslice import catalog, names
 from rayslice.errors import InvalidInput, JobFailed, NoCluster, RaysliceError
@@ -238,9 +240,41 @@ def one_host_options(chips: int, tpu_slice: TpuSlice) -> dict[str, Any]:
     }
 
 
-def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[Any]:
+# How often the driver shows the progress tasks reported while it waits for them.
+PROGRESS_POLL_S = 0.5
+
+
+def show_line(line: str) -> None:
+    """Print one line of progress now: a job's stdout is a pipe or a log file, which Python
+    buffers in blocks, so without the flush a long job shows its lines only when it ends."""
+    print(line, flush=True)
+
+
+class Progress:
+    """Lines a task reports (call it with one) for the driver to show while it waits (`wait_ready`).
+
+    A task's own prints reach the driver through Ray's log monitor, but prefixed with the task's
+    pid and IP, and lines that look alike from several hosts are folded into one. A training loop's
+    step lines go through this queue instead (an actor on no CPU), and the driver prints them as
+    they come, exactly as the loop wrote them.
+    """
+
+    def __init__(self) -> None:
+        self._queue = Queue(actor_options={"num_cpus": 0})
+
+    def __call__(self, line: str) -> None:  # in a task; returns once the line is queued
+        self._queue.put(line)
+
+    def show_new(self) -> None:  # in the driver
+        for line in self._queue.get_nowait_batch(self._queue.qsize()):
+            show_line(line)
+
+
+def wait_ready(
+    refs: list[ray.ObjectRef], timeout_s: float, what: str, progress: Progress | None = None
+) -> list[Any]:
     """`ray.get` that turns a hang (a busy slice, a host that never joins) into a clear error, and
-    raises the first task failure at once.
+    raises the first task failure at once; meanwhile it shows what the tasks report to `progress`.
 
     The tasks of one multi-host program wait on each other in collectives: when one host's task
     fails (its node was preempted, say), the others would wait for it until `timeout_s`, and the
@@ -250,8 +284,15 @@ def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[A
     deadline = time.monotonic() + timeout_s
     pending = list(refs)
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(
+            pending, num_returns=1, timeout=left if progress is None else min(left, PROGRESS_POLL_S)
+        )
+        if progress is not None:
+            progress.show_new()
         if not ready:
+            if time.monotonic() < deadline:
+                continue
             raise JobFailed(
                 f"{what} did not finish within {timeout_s:.0f} s "
                 f"({len(refs) - len(pending)}/{len(refs)} done); is another job holding the chips?"
@@ -312,6 +353,10 @@ def run_main(
 ) -> int:
     """Parse, connect, run; an expected failure becomes a one-line message and its exit code."""
     args = parser.parse_args(argv)
+    # Through a pipe (`| tee`, or the Jobs API's log), Python would hold the driver's lines, and
+    # the task output Ray forwards to it, until the job ends.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         connect()
         body(args)

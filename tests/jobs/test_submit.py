@@ -466,3 +466,29 @@ def test_a_multi_host_job_does_not_read_the_cluster_first(cluster):
     jobs, polls = cluster([("SUCCEEDED", "", "")])
     assert submit.submit("jax_multihost", [], address="http://h:8265") == "SUCCEEDED"
     assert len(jobs.submitted) == 1 and polls == []  # the state API was never asked
+
+
+# ---- the job's log reaches the terminal as the job writes it -----------------------------------
+
+
+class StreamingJobs(FakeJobs):
+    """A Jobs API whose log stream records what the client had printed before each next chunk."""
+
+    def __init__(self, chunks: list[str], capsys: pytest.CaptureFixture[str]):
+        super().__init__([("SUCCEEDED", "", "".join(chunks))])
+        self.chunks, self.capsys = chunks, capsys
+        self.printed_before: list[str] = []
+
+    async def tail_job_logs(self, job_id: str):
+        for chunk in self.chunks:
+            self.printed_before.append(self.capsys.readouterr().out)
+            yield chunk
+
+
+def test_each_chunk_of_the_log_is_printed_before_the_next_one_is_read(monkeypatch, capsys):
+    chunks = ["slice s0 (v6e-16)\n", "step   0  loss 1.00000\n", "step   1  loss 0.50000\n", "END\n"]
+    jobs = StreamingJobs(chunks, capsys)
+    monkeypatch.setattr(connection, "connect", lambda target: jobs)
+    assert submit.submit("jax_train", [], address="http://h:8265") == "SUCCEEDED"
+    assert jobs.printed_before == ["", *chunks[:-1]]  # nothing waits for the end of the stream
+    assert capsys.readouterr().out == chunks[-1]
