@@ -46,8 +46,10 @@ def first_line_while_running(code: str, answers: int) -> tuple[str, list[str]]:
     return first.rstrip("\n"), out.splitlines()
 
 
-@pytest.mark.parametrize("module", ["jax_train"])
-def test_the_training_loop_prints_each_step_as_it_ends(module):
+@pytest.mark.parametrize(
+    "module, size", [("jax_train", "batch_per_device=8, hidden=16"), ("xla_train", "batch=8, hidden=16")]
+)
+def test_the_training_loop_prints_each_step_as_it_ends(module, size):
     """`train()`, as a job's driver or `bench/train.py` runs it, with the default progress."""
     first, rest = first_line_while_running(
         f"""
@@ -62,7 +64,7 @@ def test_the_training_loop_prints_each_step_as_it_ends(module):
             sys.stdin.readline()  # until the test has read the line
 
         _cluster.show_line = show_then_wait
-        train(steps=3, batch_per_device=8, hidden=16)
+        train(steps=3, {size})
         print("END")
         """,
         answers=3,
