@@ -104,8 +104,8 @@ def run_command(
     if list_only:
         names = upload.workloads()
         width = max(map(len, names))
-        for name, summary in names.items():
-            click.echo(f"{name:<{width}}  {summary}")
+        for name, workload in names.items():
+            click.echo(f"{name:<{width}}  {workload.summary}")
         return EXIT_OK
     if target is None:
         raise click.UsageError("name a workload or a script (`rayslice run --list` shows the workloads)")

@@ -94,11 +94,16 @@ def shape_of(nodes: Sequence[dict[str, Any]]) -> ClusterShape:
     return ClusterShape(frozenset(complete), len(alive), alive)
 
 
-def cluster_shape(target: Target) -> ClusterShape:
+def read_nodes(target: Target) -> list[dict[str, Any]]:
+    """`cluster_nodes`, with a dashboard that cannot answer as `NoCluster` (exit 3)."""
     try:
-        return shape_of(cluster_nodes(target))
+        return cluster_nodes(target)
     except (OSError, ValueError, KeyError) as exc:
         raise NoCluster(f"cannot read the nodes of {target.url}: {exc}") from None
+
+
+def cluster_shape(target: Target) -> ClusterShape:
+    return shape_of(read_nodes(target))
 
 
 def wait_until_whole(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rayslice.errors import JobFailed
-from rayslice.jobs import connection, restarts, upload
+from rayslice.jobs import connection, preflight, restarts, upload
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -39,13 +39,15 @@ def submit(
 ) -> str:
     """Submit, stream the logs until the job ends, and return its final status.
 
-    With `max_restarts`, a job that failed because a node died (`restarts.node_death_reason`) is
-    submitted again, up to that many times, once every slice the cluster had at the start is whole
-    again. Raises `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED for good.
+    A bundled job the cluster cannot run is refused first (`preflight`). With `max_restarts`, a
+    job that failed because a node died (`restarts.node_death_reason`) is submitted again, up to
+    that many times, once every slice the cluster had at the start is whole again. Raises
+    `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED for good.
     """
     job = upload.resolve(target_name, working_dir)
     target = connection.choose_target(address, token_file)
     client = connection.connect(target)
+    preflight.check(job, job_args, target)
     command = " ".join([job.entrypoint, *map(shlex.quote, job_args)])
     baseline = restarts.cluster_shape(target) if max_restarts > 0 else None
     restarted = 0

@@ -73,24 +73,53 @@ SHIPPED = (
 )
 
 
-def workloads() -> dict[str, str]:
-    """Bundled workload name -> the first line of its docstring (read without importing it)."""
+# A single-host job's module sets this to the job to run on a multi-host slice instead.
+MULTIHOST_COUNTERPART = "MULTIHOST_COUNTERPART"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A bundled workload as its module describes it, read without importing it (that needs Ray)."""
+
+    summary: str  # the first line of its docstring
+    multihost_counterpart: str | None  # set for a job that runs on one host of a single-host slice
+
+
+def workloads() -> dict[str, Workload]:
+    """Every bundled workload by name, read from its module's source."""
     found = {}
     for module in sorted(pkgutil.iter_modules(WORKLOADS_PATH), key=lambda m: m.name):
         if module.name.startswith("_"):
             continue
-        source = Path(WORKLOADS_PATH[0], f"{module.name}.py").read_text()
-        doc = ast.get_docstring(ast.parse(source)) or ""
-        found[module.name] = doc.splitlines()[0] if doc else ""
+        tree = ast.parse(Path(WORKLOADS_PATH[0], f"{module.name}.py").read_text())
+        doc = ast.get_docstring(tree) or ""
+        summary = doc.splitlines()[0] if doc else ""
+        found[module.name] = Workload(summary, _constant(tree, MULTIHOST_COUNTERPART))
     return found
+
+
+def _constant(tree: ast.Module, name: str) -> str | None:
+    """The string a module assigns to `name` at its top level, if it does."""
+    for statement in tree.body:
+        if (
+            isinstance(statement, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in statement.targets)
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str)
+        ):
+            return statement.value.value
+    return None
 
 
 @dataclass(frozen=True)
 class Job:
-    """What to run and what to upload: entrypoint command (without job args) and the working dir."""
+    """What to run and what to upload: entrypoint command (without job args) and the working dir;
+    for a bundled workload, its name and, for a single-host one, the job for a multi-host slice."""
 
     entrypoint: str
     working_dir: Path | None
+    workload: str | None = None
+    multihost_counterpart: str | None = None
 
 
 def resolve(target: str, working_dir: str | None = None) -> Job:
@@ -106,7 +135,9 @@ def resolve(target: str, working_dir: str | None = None) -> Job:
                 f"{target!r} is not a workload{hint}; `rayslice run --list` shows "
                 f"them: {', '.join(names)}; a script path ends in .py"
             )
-        return Job(f"python -m rayslice.workloads.{target}", None)
+        return Job(
+            f"python -m rayslice.workloads.{target}", None, target, names[target].multihost_counterpart
+        )
     script = Path(target)
     if not script.is_file():
         raise InvalidInput(f"no such script: {target}")

@@ -14,6 +14,7 @@ codes.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.queue import Queue
 
 from rayslice import catalog, names
 from rayslice.errors import InvalidInput, JobFailed, NoCluster, RaysliceError
@@ -148,13 +150,14 @@ def choose_slices(
     slice_name: str | None = None,
     accelerator_type: str | None = None,
     slices: Sequence[TpuSlice] | None = None,
+    fewest_hosts: bool = False,
 ) -> list[TpuSlice]:
     """`count` complete slices of one type (all of that type when `count` is None).
 
     Without `accelerator_type` or `slice_name`, the largest slices are preferred (most hosts,
-    then by name): a multi-host job should not land on a single-host slice by chance. Raises
-    InvalidInput listing what the cluster has when the request can't be met (NoCluster when it
-    has no TPU host at all).
+    then by name): a multi-host job should not land on a single-host slice by chance. With
+    `fewest_hosts`, the smallest are, for a job that runs on one host. Raises InvalidInput listing
+    what the cluster has when the request can't be met (NoCluster when it has no TPU host at all).
     """
     present = tpu_slices() if slices is None else list(slices)
     if not present:
@@ -163,7 +166,10 @@ def choose_slices(
             f"a {WORKER_ID_LABEL} label); start a TPU cluster or the simulated slice"
         )
     have = "; ".join(s.describe() for s in present)
-    candidates = sorted((s for s in present if s.complete), key=lambda s: (-s.expected_hosts, s.name))
+    direction = 1 if fewest_hosts else -1
+    candidates = sorted(
+        (s for s in present if s.complete), key=lambda s: (direction * s.expected_hosts, s.name)
+    )
     if slice_name is not None:
         candidates = [s for s in candidates if s.name == slice_name]
     if accelerator_type is not None:
@@ -181,6 +187,37 @@ def choose_slices(
             f"cluster has {len(same_type)}: {have}"
         )
     return same_type[:count]
+
+
+def choose_single_host_slice(
+    job: str,
+    multihost_counterpart: str,
+    *,
+    chips: int | None = None,
+    slice_name: str | None = None,
+    accelerator_type: str | None = None,
+    slices: Sequence[TpuSlice] | None = None,
+) -> TpuSlice:
+    """The slice for a job that holds every chip of one host (`chips` None, or a host's worth):
+    a single-host slice, preferred over the rest, never a host of a multi-host slice.
+
+    A process holding a whole host of a multi-host slice is one process of a program spanning the
+    slice (libtpu's, and the simulated runtime's, rule): alone, it waits for the other hosts until
+    the job's timeout. Refused up front with InvalidInput naming `multihost_counterpart`, the job
+    that runs on every host. Fewer chips than a host has form a program of their own, so
+    `--chips 1` runs on a host of any slice. Also called by `rayslice run` before it submits.
+    """
+    (chosen,) = choose_slices(
+        1, slice_name=slice_name, accelerator_type=accelerator_type, slices=slices, fewest_hosts=True
+    )
+    if chosen.expected_hosts > 1 and chips in (None, chosen.chips_per_host):
+        raise InvalidInput(
+            f"{job} needs a single-host slice and none in the cluster matches (it would get "
+            f"{chosen.describe()}): on a multi-host slice, a program holding a whole host waits for "
+            f"the slice's other hosts, and the job would hang until its timeout. Run "
+            f"{multihost_counterpart} instead, which runs on every host of the slice"
+        )
+    return chosen
 
 
 def check_chips_on_one_host(chips: int, hosts: Sequence[TpuHost]) -> None:
@@ -203,9 +240,41 @@ def one_host_options(chips: int, tpu_slice: TpuSlice) -> dict[str, Any]:
     }
 
 
-def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[Any]:
+# How often the driver shows the progress tasks reported while it waits for them.
+PROGRESS_POLL_S = 0.5
+
+
+def show_line(line: str) -> None:
+    """Print one line of progress now: a job's stdout is a pipe or a log file, which Python
+    buffers in blocks, so without the flush a long job shows its lines only when it ends."""
+    print(line, flush=True)
+
+
+class Progress:
+    """Lines a task reports (call it with one) for the driver to show while it waits (`wait_ready`).
+
+    A task's own prints reach the driver through Ray's log monitor, but prefixed with the task's
+    pid and IP, and lines that look alike from several hosts are folded into one. A training loop's
+    step lines go through this queue instead (an actor on no CPU), and the driver prints them as
+    they come, exactly as the loop wrote them.
+    """
+
+    def __init__(self) -> None:
+        self._queue = Queue(actor_options={"num_cpus": 0})
+
+    def __call__(self, line: str) -> None:  # in a task; returns once the line is queued
+        self._queue.put(line)
+
+    def show_new(self) -> None:  # in the driver
+        for line in self._queue.get_nowait_batch(self._queue.qsize()):
+            show_line(line)
+
+
+def wait_ready(
+    refs: list[ray.ObjectRef], timeout_s: float, what: str, progress: Progress | None = None
+) -> list[Any]:
     """`ray.get` that turns a hang (a busy slice, a host that never joins) into a clear error, and
-    raises the first task failure at once.
+    raises the first task failure at once; meanwhile it shows what the tasks report to `progress`.
 
     The tasks of one multi-host program wait on each other in collectives: when one host's task
     fails (its node was preempted, say), the others would wait for it until `timeout_s`, and the
@@ -215,8 +284,15 @@ def wait_ready(refs: list[ray.ObjectRef], timeout_s: float, what: str) -> list[A
     deadline = time.monotonic() + timeout_s
     pending = list(refs)
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(
+            pending, num_returns=1, timeout=left if progress is None else min(left, PROGRESS_POLL_S)
+        )
+        if progress is not None:
+            progress.show_new()
         if not ready:
+            if time.monotonic() < deadline:
+                continue
             raise JobFailed(
                 f"{what} did not finish within {timeout_s:.0f} s "
                 f"({len(refs) - len(pending)}/{len(refs)} done); is another job holding the chips?"
@@ -256,6 +332,10 @@ def add_slice_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_chips_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chips", type=int, help="TPU chips to hold (default: all of one host)")
+
+
 def connect() -> None:
     """Join the running cluster: RAY_ADDRESS when set (a Ray job), else the one on this host."""
     try:
@@ -273,6 +353,10 @@ def run_main(
 ) -> int:
     """Parse, connect, run; an expected failure becomes a one-line message and its exit code."""
     args = parser.parse_args(argv)
+    # Through a pipe (`| tee`, or the Jobs API's log), Python would hold the driver's lines, and
+    # the task output Ray forwards to it, until the job ends.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         connect()
         body(args)

@@ -83,8 +83,10 @@ def run_on_hosts(
     *,
     coordinator_port: int = names.JAX_COORDINATOR_PORT,
     timeout_s: float = 600.0,
+    progress: _cluster.Progress | None = None,
 ) -> list[HostReport]:
-    """Run `fn` on every host of `slices` (all of one type) in one JAX program; reports by process id."""
+    """Run `fn` on every host of `slices` (all of one type) in one JAX program; reports by process
+    id. What `fn` reports to `progress` is shown while the program runs."""
     first = slices[0]
     hosts = len(first.hosts)
     handle = ray.util.tpu.slice_placement_group(
@@ -116,7 +118,7 @@ def run_on_hosts(
                 tpu_slice=handle,
                 slice_index=slice_id,
             )
-        reports = _cluster.wait_ready(refs, timeout_s, f"the JAX program on {len(refs)} hosts")
+        reports = _cluster.wait_ready(refs, timeout_s, f"the JAX program on {len(refs)} hosts", progress)
     finally:
         handle.shutdown()
     return sorted(reports, key=lambda r: r.process_id)

@@ -24,6 +24,7 @@ import argparse
 import functools
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rayslice import names
@@ -52,14 +53,19 @@ class TrainReport:
     def flops_per_s(self) -> float:
         return self.flops_per_step * self.steps_per_s
 
-    def lines(self) -> list[str]:
-        return [
-            *(f"step {i:3d}  loss {loss:.5f}" for i, loss in enumerate(self.losses, self.first_step)),
+    def summary(self) -> str:
+        """The line printed after the last step."""
+        return (
             f"{self.devices} x {self.device_kind}, global batch {self.global_batch}: "
             f"{self.steps_per_s:.2f} steps/s, {self.samples_per_s:.0f} samples/s, "
             f"{self.flops_per_s / 1e9:.3f} GFLOP/s achieved "
-            f"({self.flops_per_step / 1e6:.2f} MFLOP per step from {self.flops_source})",
-        ]
+            f"({self.flops_per_step / 1e6:.2f} MFLOP per step from {self.flops_source})"
+        )
+
+
+def step_line(step: int, loss: float) -> str:
+    """The line both training loops report as each step ends."""
+    return f"step {step:3d}  loss {loss:.5f}"
 
 
 def check_steps(steps: int) -> int:
@@ -91,13 +97,17 @@ def train(
     seed: int = 0,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 10,
+    progress: Callable[[str], None] | None = None,
 ) -> TrainReport:
     """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`).
 
     With `checkpoint_dir`, state is saved after every `checkpoint_every`-th step and at the end,
     and training starts after the latest saved step (every process must see the same directory).
+    Process 0 reports each step's line as the step ends, to `progress` (a Ray job's driver shows
+    them, `_cluster.Progress`), by default printed at once.
     """
     check_steps(steps)
+    report = progress or _cluster.show_line
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -146,7 +156,8 @@ def train(
             state = manager.restore(latest, args=ocp.args.StandardRestore((params, opt_state)))
             params, opt_state = state
             start = min(latest, steps)
-            print(f"resumed from step {latest}", flush=True)
+            if jax.process_index() == 0:
+                report(f"resumed from step {latest}")
     # Each host its own samples; a resumed run draws new ones rather than replaying the first.
     local_rng = np.random.default_rng([seed, jax.process_index(), start])
 
@@ -170,6 +181,8 @@ def train(
             timed_from = time.perf_counter()
         params, opt_state, loss = step(params, opt_state, x, y)
         losses.append(float(loss))  # also waits for the step
+        if jax.process_index() == 0:  # the loss is replicated: one line per step, not per host
+            report(step_line(i, losses[-1]))
         if manager is not None:
             manager.save(i + 1, args=ocp.args.StandardSave((params, opt_state)), force=i + 1 == steps)
         x, y = batch()
@@ -218,6 +231,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         1, slice_name=args.slice_name, accelerator_type=args.accelerator_type
     )
     print(f"slice {tpu_slice.describe()}", flush=True)
+    progress = _cluster.Progress()
     job = functools.partial(
         train,
         args.steps,
@@ -225,12 +239,13 @@ def run(args: argparse.Namespace) -> TrainReport:
         args.hidden,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
+        progress=progress,
     )
     reports = _jax_hosts.run_on_hosts(
-        job, [tpu_slice], coordinator_port=args.coordinator_port, timeout_s=args.timeout
+        job, [tpu_slice], coordinator_port=args.coordinator_port, timeout_s=args.timeout, progress=progress
     )
     report = reports[0].result  # every process computed the same replicated loss
-    print("\n".join(report.lines()))
+    print(report.summary())
     return report
 
 

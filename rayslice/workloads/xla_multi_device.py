@@ -2,7 +2,9 @@
 
 The guide's second device-centric example, in one Ray task that holds all chips of a host of the
 chosen slice. Each launched function prints its device and a tensor, and returns nothing (as in
-the guide); the task reports how many devices ran it.
+the guide); the task reports how many devices ran it. A whole host of a multi-host slice would
+wait for the slice's other hosts, so the job takes a single-host slice and refuses the rest
+(`xla_multihost` runs on every chip of a multi-host slice).
 
     python -m rayslice.workloads.xla_multi_device [--slice NAME] [--accelerator-type TYPE]
 """
@@ -15,6 +17,10 @@ import sys
 import ray
 
 from rayslice.workloads import _cluster
+
+# The job to run instead on a multi-host slice; its presence marks this job as single-host, for
+# `rayslice run` too, which reads it without importing this module (`rayslice.jobs.upload`).
+MULTIHOST_COUNTERPART = "xla_multihost"
 
 
 def print_on_device(index: int) -> None:
@@ -44,8 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    (tpu_slice,) = _cluster.choose_slices(
-        1, slice_name=args.slice_name, accelerator_type=args.accelerator_type
+    tpu_slice = _cluster.choose_single_host_slice(
+        "xla_multi_device",
+        MULTIHOST_COUNTERPART,
+        slice_name=args.slice_name,
+        accelerator_type=args.accelerator_type,
     )
     chips = tpu_slice.chips_per_host
     task = launch_on_host.options(**_cluster.one_host_options(chips, tpu_slice))

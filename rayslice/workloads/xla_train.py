@@ -17,16 +17,32 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 import ray
 
 from rayslice.workloads import _cluster
-from rayslice.workloads.jax_train import FEATURES, LEARNING_RATE, TrainReport, add_training_args, check_steps
+from rayslice.workloads.jax_train import (
+    FEATURES,
+    LEARNING_RATE,
+    TrainReport,
+    add_training_args,
+    check_steps,
+    step_line,
+)
 
 
-def train(steps: int = 30, batch: int = 128, hidden: int = 256, seed: int = 0) -> TrainReport:
-    """Train on this process's XLA device."""
+def train(
+    steps: int = 30,
+    batch: int = 128,
+    hidden: int = 256,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> TrainReport:
+    """Train on this process's XLA device, reporting each step's line to `progress` as the step
+    ends (by default printed at once)."""
     check_steps(steps)
+    report = progress or _cluster.show_line
     import torch
     import torch_xla
     from torch.utils.flop_counter import FlopCounterMode
@@ -62,6 +78,7 @@ def train(steps: int = 30, batch: int = 128, hidden: int = 256, seed: int = 0) -
         optimizer.step()
         torch_xla.sync()
         losses.append(loss.item())  # also waits for the step
+        report(step_line(i, losses[-1]))
         x, y = make_batch()
     steps_per_s = (steps - 1) / (time.perf_counter() - start)
     return TrainReport(
@@ -77,8 +94,8 @@ def train(steps: int = 30, batch: int = 128, hidden: int = 256, seed: int = 0) -
 
 
 @ray.remote(max_calls=1)  # a fresh process: the PJRT client is made once per process
-def train_on_chip(steps: int, batch: int, hidden: int) -> TrainReport:
-    return train(steps, batch, hidden)
+def train_on_chip(steps: int, batch: int, hidden: int, progress: _cluster.Progress) -> TrainReport:
+    return train(steps, batch, hidden, progress=progress)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,10 +109,14 @@ def run(args: argparse.Namespace) -> TrainReport:
         1, slice_name=args.slice_name, accelerator_type=args.accelerator_type
     )
     task = train_on_chip.options(**_cluster.one_host_options(1, tpu_slice))
+    progress = _cluster.Progress()
     (report,) = _cluster.wait_ready(
-        [task.remote(args.steps, args.batch, args.hidden)], args.timeout, "the torch_xla training task"
+        [task.remote(args.steps, args.batch, args.hidden, progress)],
+        args.timeout,
+        "the torch_xla training task",
+        progress,
     )
-    print("\n".join(report.lines()))
+    print(report.summary())
     return report
 
 

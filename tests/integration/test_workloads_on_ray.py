@@ -159,3 +159,38 @@ def test_xla_train_loss_falls(cluster):
     curve = losses(result.stdout)
     assert len(curve) == 12
     assert sum(curve[-3:]) / 3 < curve[0]
+
+
+def test_a_single_host_job_on_v6e_16_slices_is_refused_before_it_is_submitted(cluster):
+    result = rayslice_run(cluster, "jax_single_host", timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "jax_single_host needs a single-host slice" in result.stderr
+    assert "Run jax_multihost instead" in result.stderr
+    assert "submitted" not in result.stderr  # refused before anything went to the cluster
+
+
+def test_jax_train_step_lines_arrive_while_the_job_runs(cluster):
+    """Read `rayslice run`'s output as it comes: the first step line is there while the job (and
+    so the command) is still running, not all at once at the end."""
+    argv = [RAYSLICE, "run", "jax_train", "--address", cluster.dashboard_url()]
+    if cluster.token_file.exists():
+        argv += ["--token-file", str(cluster.token_file)]
+    run = subprocess.Popen(
+        [*argv, "--", "--steps", "200"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")},
+    )
+    try:
+        assert run.stdout is not None
+        lines = iter(run.stdout.readline, "")
+        first = next(line for line in lines if re.match(r"step +\d+ +loss", line))
+        assert run.poll() is None  # 199 steps and the summary are still to come
+        assert first.startswith("step   0  loss")
+        rest = list(lines)
+        assert run.wait(timeout=600) == 0
+    finally:
+        run.kill()
+    assert len(losses("".join([first, *rest]))) == 200
+    assert re.search(r"^16 x cpu, global batch 512: ", "".join(rest), re.M)

@@ -412,3 +412,83 @@ def test_max_restarts_reaches_submit_from_the_command_line(monkeypatch):
     assert cli.main(["run", "jax_train", "--max-restarts", "3", "--", "--steps", "2"]) == 0
     assert seen["max_restarts"] == 3
     assert cli.main(["run", "jax_train", "--max-restarts", "-1"]) == EXIT_INVALID
+
+
+# ---- single-host jobs on a multi-host slice: refused before anything is uploaded ---------------
+
+
+def v6e_4_node(name: str) -> dict:
+    from rayslice.workloads import _cluster
+
+    node = tpu_node(name, 0)
+    node["Labels"] |= {_cluster.TOPOLOGY_LABEL: "2x2", _cluster.POD_TYPE_LABEL: "v6e-4"}
+    return node
+
+
+@pytest.mark.parametrize(
+    "job, job_args, nodes, multihost",
+    [
+        ("jax_single_host", [], WHOLE, "jax_multihost"),
+        ("jax_single_host", ["--chips", "4", "--timeout", "60"], WHOLE, "jax_multihost"),
+        ("jax_single_host", ["--slice", "s0"], [*WHOLE, v6e_4_node("one")], "jax_multihost"),
+        ("xla_multi_device", ["--accelerator-type=v6e-16"], [*WHOLE, v6e_4_node("one")], "xla_multihost"),
+    ],
+)
+def test_a_single_host_job_on_a_multi_host_slice_is_refused_before_submission(
+    cluster, capsys, monkeypatch, job, job_args, nodes, multihost
+):
+    jobs, polls = cluster([("SUCCEEDED", "", "")])
+    polls.append(nodes)
+    staged = []
+    monkeypatch.setattr(upload, "runtime_env", lambda *args: staged.append(args) or {})
+    assert cli.main(["run", job, "--address", "http://h:8265", "--", *job_args]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"{job} needs a single-host slice" in err and f"Run {multihost} instead" in err
+    assert jobs.submitted == [] and staged == []  # nothing was uploaded or submitted
+
+
+@pytest.mark.parametrize(
+    "job_args, nodes",
+    [
+        ([], [*WHOLE, v6e_4_node("one")]),  # the job will take the single-host slice
+        (["--chips", "1"], WHOLE),  # part of a host is a program of its own
+        (["--chips", "x"], WHOLE),  # a malformed option is the job's to report
+    ],
+)
+def test_a_single_host_job_that_can_run_is_submitted(cluster, job_args, nodes):
+    jobs, polls = cluster([("SUCCEEDED", "", "")])
+    polls.append(nodes)
+    assert submit.submit("jax_single_host", job_args, address="http://h:8265") == "SUCCEEDED"
+    assert jobs.submitted == [" ".join(["python -m rayslice.workloads.jax_single_host", *job_args])]
+
+
+def test_a_multi_host_job_does_not_read_the_cluster_first(cluster):
+    jobs, polls = cluster([("SUCCEEDED", "", "")])
+    assert submit.submit("jax_multihost", [], address="http://h:8265") == "SUCCEEDED"
+    assert len(jobs.submitted) == 1 and polls == []  # the state API was never asked
+
+
+# ---- the job's log reaches the terminal as the job writes it -----------------------------------
+
+
+class StreamingJobs(FakeJobs):
+    """A Jobs API whose log stream records what the client had printed before each next chunk."""
+
+    def __init__(self, chunks: list[str], capsys: pytest.CaptureFixture[str]):
+        super().__init__([("SUCCEEDED", "", "".join(chunks))])
+        self.chunks, self.capsys = chunks, capsys
+        self.printed_before: list[str] = []
+
+    async def tail_job_logs(self, job_id: str):
+        for chunk in self.chunks:
+            self.printed_before.append(self.capsys.readouterr().out)
+            yield chunk
+
+
+def test_each_chunk_of_the_log_is_printed_before_the_next_one_is_read(monkeypatch, capsys):
+    chunks = ["slice s0 (v6e-16)\n", "step   0  loss 1.00000\n", "step   1  loss 0.50000\n", "END\n"]
+    jobs = StreamingJobs(chunks, capsys)
+    monkeypatch.setattr(connection, "connect", lambda target: jobs)
+    assert submit.submit("jax_train", [], address="http://h:8265") == "SUCCEEDED"
+    assert jobs.printed_before == ["", *chunks[:-1]]  # nothing waits for the end of the stream
+    assert capsys.readouterr().out == chunks[-1]

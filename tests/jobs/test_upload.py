@@ -36,7 +36,7 @@ ALL = [
 def test_every_workload_module_is_listed_with_its_summary():
     listed = upload.workloads()
     assert sorted(listed) == ALL
-    assert all(summary for summary in listed.values())
+    assert all(workload.summary for workload in listed.values())
 
 
 # ---- the rayslice modules a job ships -----------------------------------------------------------
@@ -168,3 +168,20 @@ def test_the_home_folder_itself_is_never_uploaded(tmp_path, monkeypatch):
     with pytest.raises(InvalidInput, match="refusing to upload"):
         upload.resolve(str(home / "job" / "run.py"), working_dir=str(home))
     assert upload.resolve(str(home / "job" / "run.py")).working_dir == home / "job"
+
+
+def test_single_host_jobs_are_read_from_their_modules_and_name_a_multi_host_job():
+    import importlib
+
+    listed = upload.workloads()
+    single_host = {name: w.multihost_counterpart for name, w in listed.items() if w.multihost_counterpart}
+    assert single_host == {
+        name: importlib.import_module(f"rayslice.workloads.{name}").MULTIHOST_COUNTERPART
+        for name in single_host
+    }
+    assert set(single_host) == {"jax_single_host", "xla_multi_device"}
+    for counterpart in single_host.values():
+        assert counterpart in listed and listed[counterpart].multihost_counterpart is None
+    assert upload.resolve("jax_single_host") == upload.Job(
+        "python -m rayslice.workloads.jax_single_host", None, "jax_single_host", "jax_multihost"
+    )

@@ -52,3 +52,31 @@ def test_tasks_that_do_not_finish_in_time_are_a_clear_error(local_ray: None) -> 
 
 def test_every_result_in_order_when_all_succeed(local_ray: None) -> None:
     assert _cluster.wait_ready([_sleep.remote(0.2), _sleep.remote(0)], 60, "two tasks") == ["slept"] * 2
+
+
+@ray.remote(max_retries=0)
+def _report_then_wait(progress: _cluster.Progress, gate) -> str:
+    progress("step   0  loss 1.00000")
+    gate.get(timeout=120)  # opened only once the driver has shown the line
+    progress("step   1  loss 0.50000")
+    return "done"
+
+
+def test_what_a_task_reports_is_shown_while_it_is_still_running(local_ray: None, monkeypatch) -> None:
+    """The task cannot finish before the driver shows its first line: `wait_ready` holding the
+    lines until the tasks end would leave the task waiting, and fail it after its gate's timeout."""
+    from ray.util.queue import Queue
+
+    gate = Queue(actor_options={"num_cpus": 0})
+    shown: list[str] = []
+
+    def show(line: str) -> None:
+        shown.append(line)
+        gate.put("go")
+
+    monkeypatch.setattr(_cluster, "show_line", show)
+    progress = _cluster.Progress()
+    assert _cluster.wait_ready([_report_then_wait.remote(progress, gate)], 300, "one task", progress) == [
+        "done"
+    ]
+    assert shown == ["step   0  loss 1.00000", "step   1  loss 0.50000"]

@@ -99,6 +99,55 @@ def test_choosing_slices_that_are_not_there_says_what_the_cluster_has():
         _cluster.choose_slices(1, slices=[])
 
 
+def v6e_4(name: str) -> list[dict]:
+    return [node(name, 0, "v6e-4", "2x2")]
+
+
+def test_a_single_host_job_takes_a_single_host_slice_when_the_cluster_has_one():
+    slices = slices_of([*v6e_16("big"), *v6e_4("small")])
+    assert _cluster.choose_single_host_slice("job", "other", slices=slices).name == "small"
+    # the largest is still what a multi-host job gets from the same cluster
+    assert [s.name for s in _cluster.choose_slices(1, slices=slices)] == ["big"]
+
+
+@pytest.mark.parametrize(
+    "options, with_single_host_slice",
+    [
+        ({}, False),
+        ({"chips": 4}, False),  # a host's worth, said explicitly
+        ({"slice_name": "big"}, True),  # asked for by name although a single-host slice is there
+        ({"accelerator_type": "v6e-16"}, True),
+    ],
+)
+def test_a_single_host_job_refuses_a_whole_host_of_a_multi_host_slice(options, with_single_host_slice):
+    slices = slices_of([*v6e_16("big"), *(v6e_4("small") if with_single_host_slice else [])])
+    with pytest.raises(InvalidInput) as refused:
+        _cluster.choose_single_host_slice("jax_single_host", "jax_multihost", slices=slices, **options)
+    message = str(refused.value)
+    assert message.startswith("jax_single_host needs a single-host slice and none in the cluster matches")
+    assert "big (v6e-16" in message and "Run jax_multihost instead" in message
+
+
+def test_part_of_a_host_runs_on_any_slice():
+    """Fewer chips than a host has form a program of their own (Ray sets the sub-host bounds)."""
+    slices = slices_of(v6e_16("big"))
+    assert _cluster.choose_single_host_slice("job", "other", chips=1, slices=slices).name == "big"
+    # more chips than a host has are the chip check's to refuse, with its own message
+    assert _cluster.choose_single_host_slice("job", "other", chips=8, slices=slices).name == "big"
+
+
+@pytest.mark.parametrize("module", ["jax_single_host", "xla_multi_device"])
+def test_single_host_jobs_apply_the_rule_before_scheduling_anything(module, monkeypatch):
+    import importlib
+
+    job = importlib.import_module(f"rayslice.workloads.{module}")
+    slices = slices_of(v6e_16("big"))
+    monkeypatch.setattr(_cluster, "tpu_slices", lambda hosts=None: slices)
+    args = job.build_parser().parse_args([])
+    with pytest.raises(InvalidInput, match=f"Run {job.MULTIHOST_COUNTERPART} instead"):
+        job.run(args)
+
+
 def test_asking_for_more_chips_than_any_host_has_is_refused():
     (tpu_slice,) = slices_of(v6e_16("a"))
     assert _cluster.one_host_options(4, tpu_slice) == {
@@ -135,7 +184,7 @@ def test_jax_train_loss_falls_on_the_local_devices():
     assert sum(report.losses[-3:]) / 3 < report.losses[0]
     assert report.flops_per_step > 0 and report.steps_per_s > 0
     assert report.samples_per_s == pytest.approx(report.steps_per_s * report.global_batch)
-    assert "samples/s" in report.lines()[-1]
+    assert "samples/s" in report.summary()
 
 
 @pytest.mark.parametrize("module", ["jax_train", "xla_train"])
@@ -198,9 +247,11 @@ def test_jax_train_resumes_from_its_latest_checkpoint_and_the_loss_continues(tmp
     resumed = train(
         steps=14, batch_per_device=32, hidden=64, checkpoint_dir=str(tmp_path), checkpoint_every=3
     )
-    assert "resumed from step 8" in capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr().out.splitlines()
+    assert "resumed from step 8" in printed
     assert resumed.first_step == 8 and len(resumed.losses) == 6
-    assert resumed.lines()[0].startswith("step   8  loss")
+    steps = [line for line in printed if line.startswith("step")]
+    assert steps[0].startswith("step   8  loss") and len(steps) == 6
     # It continues where the first run stopped, far below where a fresh run starts.
     assert resumed.losses[0] < first.losses[0] / 2
     assert resumed.losses[0] < 2 * first.losses[-1]
