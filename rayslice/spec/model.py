@@ -18,7 +18,6 @@ import re
 import reprlib
 import types
 import typing
-import unicodedata
 from functools import cache
 from typing import Annotated, Any, Literal, Union
 
@@ -27,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 
-from rayslice import catalog
+from rayslice import catalog, printable
 from rayslice.names import slice_name
 
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -39,11 +38,6 @@ DEFAULT_RAY_VERSION = "2.60.0"
 # wants one value is refused before it is turned into text (a YAML alias bomb is small as a graph
 # and enormous as text).
 _SCALARS = (str, int, float)
-# Unicode categories never allowed in a value: control characters (a newline starts a new shell
-# command or a new line in a log, ESC sequences rewrite a terminal), format characters (bidi
-# overrides and zero-width characters make a value read differently than it is), line and
-# paragraph separators, and lone surrogates.
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -62,7 +56,7 @@ def _text(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, _SCALARS):
         raise ValueError(f"must be a string or a number, got {_shown(value)}")
     text = str(value)
-    bad = next((c for c in text if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
+    bad = next((c for c in text if printable.unprintable(c)), None)
     if bad is not None:
         raise ValueError(
             f"must be printable text; {_shown(text)} holds the control or format character "
