@@ -531,19 +531,19 @@ def generation(name: str) -> Generation:
         raise CatalogError(f"unknown TPU generation {name!r}; known generations: {known}") from None
 
 
-_NAME = re.compile(r"^(?P<prefix>[a-z0-9-]+?)-(?P<size>\d+(?:x\d+)*)$")
+_NAME = re.compile(r"(?P<prefix>[a-z0-9-]+?)-(?P<size>[0-9]+(?:x[0-9]+)*)", re.ASCII)
 
 
 def generation_of(name: str) -> Generation | None:
     """The generation an accelerator type name belongs to (``tpu-v6e-slice-16`` -> v6e), if any."""
-    match = _NAME.match(name.strip().lower())
+    match = _NAME.fullmatch(name.strip().lower())
     return _BY_PREFIX.get(match["prefix"]) if match else None
 
 
 def canonical_name(name: str) -> str:
     """Rewrite alias prefixes to the canonical one: ``tpu-v6e-slice-4x4`` -> ``v6e-4x4``."""
     text = name.strip().lower()
-    match = _NAME.match(text)
+    match = _NAME.fullmatch(text)
     if match and match["prefix"] in _BY_PREFIX:
         return f"{_BY_PREFIX[match['prefix']].name}-{match['size']}"
     return text
@@ -568,7 +568,7 @@ def not_offered_message(gen: Generation, platform: str) -> str:
 
 
 def _unknown_message(name: str, key: str, platform: str) -> str:
-    match = _NAME.match(key)
+    match = _NAME.fullmatch(key)
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
     if gen is not None and platform not in gen.platforms:
         return not_offered_message(gen, platform)
@@ -588,7 +588,7 @@ def _unknown_message(name: str, key: str, platform: str) -> str:
 def closest(key: str, platform: str, count: int = 3) -> list[str]:
     """The valid names nearest to `key`: same generation by size when it parses, else by spelling."""
     shapes = table(platform)
-    match = _NAME.match(key)
+    match = _NAME.fullmatch(key)
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
     if match is not None and gen is not None and "x" not in match["size"]:
         wanted = int(match["size"])

@@ -65,8 +65,12 @@ class RunCommand(click.Command):
     "--working-dir",
     metavar="DIR",
     type=click.Path(file_okay=False),
-    help="Folder to upload with a script (default: the script's folder). .git, .venv, .state, "
-    "__pycache__, .env, token and key files and whatever .rayignore/.gitignore list stay behind.",
+    help="Folder to upload with a script (default: the script's folder; never your home folder or "
+    "one above it). .git, .venv, .state, __pycache__, .env, credential stores, token and key files "
+    "and whatever .rayignore/.gitignore list stay behind; a symlink out of the folder is refused.",
+)
+@click.option(
+    "--verbose", is_flag=True, help="With a script: list every file uploaded, not just the count and size."
 )
 @click.option(
     "--max-restarts",
@@ -95,6 +99,7 @@ def run_command(
     working_dir: str | None,
     max_restarts: int,
     rejoin_timeout: float,
+    verbose: bool,
     list_only: bool,
 ) -> int:
     """Run a bundled workload or your script (path/to/script.py) as a Ray job.
@@ -118,5 +123,6 @@ def run_command(
         working_dir=working_dir,
         max_restarts=max_restarts,
         rejoin_timeout_s=rejoin_timeout,
+        verbose=verbose,
     )
     return EXIT_OK

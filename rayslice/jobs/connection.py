@@ -7,13 +7,17 @@ whatever Ray's own `RAY_AUTH_*` variables say), never the simulator's.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rayslice import addresses
 from rayslice.errors import InvalidInput, NoCluster, NoCredentials
 from rayslice.names import DASHBOARD_PORT
 
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
 # Packages that can offer a default cluster register a finder here (the simulator does), so
 # `rayslice.jobs` never imports them.
 CLUSTERS_GROUP = "rayslice.clusters"
+# Ray's client adds the token from its own environment when this variable says "token".
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 @dataclass(frozen=True)
@@ -55,19 +61,67 @@ def simulated_cluster() -> tuple[str, Path | None] | None:
 
 
 def choose_target(address: str | None, token_file: Path | None) -> Target:
-    """--address, else RAY_ADDRESS, else the simulated slice; its token only in the last case."""
+    """--address, else RAY_ADDRESS, else the simulated slice; its token only in the last case.
+
+    A token never goes over plain http to an address outside the user's own networks
+    (`refuse_clear_text_token`).
+    """
     if address:
-        return Target(jobs_url(address), token_file, "--address")
-    if os.environ.get("RAY_ADDRESS"):
-        return Target(jobs_url(os.environ["RAY_ADDRESS"]), token_file, "RAY_ADDRESS")
-    found = simulated_cluster()
-    if found is None:
-        raise NoCluster(
-            "no Ray cluster to submit to: start the simulated slice with `rayslice local up`, "
-            "or pass --address http://HEAD:8265 (or set RAY_ADDRESS)"
+        target = Target(jobs_url(address), token_file, "--address")
+    elif os.environ.get("RAY_ADDRESS"):
+        target = Target(jobs_url(os.environ["RAY_ADDRESS"]), token_file, "RAY_ADDRESS")
+    else:
+        found = simulated_cluster()
+        if found is None:
+            raise NoCluster(
+                "no Ray cluster to submit to: start the simulated slice with `rayslice local up`, "
+                "or pass --address http://HEAD:8265 (or set RAY_ADDRESS)"
+            )
+        url, simulator_token = found
+        target = Target(url, token_file or simulator_token, "simulator")
+    refuse_clear_text_token(target)
+    return target
+
+
+def sends_token(target: Target) -> bool:
+    """Whether requests to `target` carry a token: ours from a token file, or Ray's own when its
+    client runs in token mode (it then adds the token it finds in its environment)."""
+    return target.token_file is not None or os.environ.get(RAY_AUTH_MODE_ENV, "").lower() == "token"
+
+
+def refuse_clear_text_token(target: Target) -> None:
+    """`InvalidInput` (exit 2) when a token would cross the network in clear: plain http to an
+    address that is not loopback, private or shared address space. The bearer token gives root
+    on every host, so it travels in clear only inside the user's own networks; from anywhere
+    else the dashboard is reached through the tunnel the deploy pages describe (then it is
+    http://localhost:8265)."""
+    url = urllib.parse.urlsplit(target.url)
+    if url.scheme != "http" or not sends_token(target):
+        return
+    host = url.hostname or ""
+    public = [str(a) for a in _addresses(host) if not addresses.is_internal(a)]
+    if public:
+        raise InvalidInput(
+            f"refusing to send the Ray token over plain http to {target.url} ({host} is "
+            f"{', '.join(public)}, not a private address): anyone on the way could read it and run "
+            "code as root on every host. Open the dashboard tunnel instead (`pulumi stack output "
+            "dashboard_tunnel_command`, see docs/run.md) and pass --address http://localhost:8265, "
+            "or use an https:// address"
         )
-    url, simulator_token = found
-    return Target(url, token_file or simulator_token, "simulator")
+
+
+def _addresses(host: str) -> list[addresses.Address]:
+    """The IP addresses `host` names: itself if it is one, else what it resolves to now (none
+    when it does not resolve; the connection then fails before any token is sent)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 def auth_headers(token_file: Path | None) -> dict[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rayslice.errors import JobFailed
-from rayslice.jobs import connection, preflight, restarts, upload
+from rayslice.jobs import connection, preflight, restarts, upload, working_dir
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -36,6 +36,7 @@ def submit(
     working_dir: str | None = None,
     max_restarts: int = 0,
     rejoin_timeout_s: float = restarts.REJOIN_TIMEOUT_S,
+    verbose: bool = False,
 ) -> str:
     """Submit, stream the logs until the job ends, and return its final status.
 
@@ -46,6 +47,8 @@ def submit(
     """
     job = upload.resolve(target_name, working_dir)
     target = connection.choose_target(address, token_file)
+    if job.files is not None:
+        print(describe(job.files, verbose=verbose), file=sys.stderr, flush=True)
     client = connection.connect(target)
     preflight.check(job, job_args, target)
     command = " ".join([job.entrypoint, *map(shlex.quote, job_args)])
@@ -72,6 +75,29 @@ def submit(
             )
             restarts.wait_until_whole(target, baseline, rejoin_timeout_s, dead=restarts.dead_node_ids(text))
             print(f"restart {restarted} of {max_restarts} after {reason}", flush=True)
+
+
+def describe(files: working_dir.Selection, *, verbose: bool) -> str:
+    """What a script's job uploads: how many files and bytes, what the content rules kept back
+    (named: the user may have meant to ship it), and with `verbose` every file."""
+    lines = [f"rayslice: uploading {len(files.files)} files ({_size(files.size)}) from {files.root}"]
+    if files.kept_back:
+        kept = ", ".join(files.kept_back)
+        lines.append(f"rayslice: kept back as credentials or simulator state: {kept}")
+    if verbose:
+        lines += [f"  {entry.path} ({_size(entry.size)})" for entry in files.files]
+    return "\n".join(lines)
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value, unit = size / 1024, "KiB"
+    for larger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.1f} {unit}"
 
 
 def follow(client: JobSubmissionClient, job_id: str) -> str:

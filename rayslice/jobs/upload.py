@@ -4,10 +4,9 @@ modules the bundled workloads import.
 The job goes through the Ray Jobs API, so its runtime environment carries everything the hosts
 need beyond Ray and JAX/torch_xla: the rayslice modules in `SHIPPED` (the workloads and the part
 of the core they import, written out by `rayslice.shipping` into a temporary folder that Ray
-ships as `py_modules`), and for a user's script its folder as `working_dir`, minus
-`DEFAULT_EXCLUDES` and whatever the folder's `.rayignore` / `.gitignore` list (Ray reads those
-two itself), because a folder next to a script often also holds a venv, the simulator's state
-and its token, or the user's keys.
+ships as `py_modules`), and for a user's script a copy of the files `working_dir.select` lets
+go from its folder, because a folder next to a script often also holds a venv, the simulator's
+state and its token, the user's keys, or a link to them.
 """
 
 from __future__ import annotations
@@ -23,33 +22,8 @@ from typing import Any
 
 from rayslice import shipping
 from rayslice.errors import InvalidInput
+from rayslice.jobs import working_dir as folders
 from rayslice.workloads import __path__ as WORKLOADS_PATH
-
-# gitignore-style patterns (Ray's `excludes`) never uploaded from a working dir: version control,
-# virtual environments, the simulator's state, caches, and files that commonly hold secrets.
-DEFAULT_EXCLUDES = (
-    ".git",
-    ".venv",
-    "venv",
-    ".state",
-    "__pycache__",
-    ".env",
-    ".env.*",
-    ".ray",
-    "ray-token",
-    "*_token",
-    "*-token",
-    "*.pem",
-    "*.key",
-    "id_rsa*",
-    "id_ecdsa*",
-    "id_ed25519*",
-    "application_default_credentials.json",
-    ".config",
-    ".ssh",
-    ".gnupg",
-    ".netrc",
-)
 
 # The workloads' import closure inside rayslice: every job ships exactly these (checked by
 # tests/jobs/test_upload.py), so the Pulumi program, the simulator, the recovery controller and
@@ -113,17 +87,20 @@ def _constant(tree: ast.Module, name: str) -> str | None:
 
 @dataclass(frozen=True)
 class Job:
-    """What to run and what to upload: entrypoint command (without job args) and the working dir;
-    for a bundled workload, its name and, for a single-host one, the job for a multi-host slice."""
+    """What to run and what to upload: entrypoint command (without job args), the working dir and
+    the files selected from it; for a bundled workload, its name and, for a single-host one, the
+    job for a multi-host slice."""
 
     entrypoint: str
     working_dir: Path | None
+    files: folders.Selection | None = None
     workload: str | None = None
     multihost_counterpart: str | None = None
 
 
 def resolve(target: str, working_dir: str | None = None) -> Job:
-    """A workload name or a script path -> the job; refuses folders that must not be uploaded."""
+    """A workload name or a script path -> the job; refuses folders that must not be uploaded and
+    selects what goes from the one that may (`working_dir.select`)."""
     if not (target.endswith(".py") or os.sep in target):
         if working_dir is not None:
             raise InvalidInput("--working-dir is for scripts; a bundled workload uploads no folder")
@@ -136,7 +113,10 @@ def resolve(target: str, working_dir: str | None = None) -> Job:
                 f"them: {', '.join(names)}; a script path ends in .py"
             )
         return Job(
-            f"python -m rayslice.workloads.{target}", None, target, names[target].multihost_counterpart
+            f"python -m rayslice.workloads.{target}",
+            None,
+            workload=target,
+            multihost_counterpart=names[target].multihost_counterpart,
         )
     script = Path(target)
     if not script.is_file():
@@ -148,20 +128,19 @@ def resolve(target: str, working_dir: str | None = None) -> Job:
     if not script.is_relative_to(folder):
         raise InvalidInput(f"{target} is not inside --working-dir {folder}; the job could not find it")
     home = Path.home().resolve()
-    if folder in (home, Path(folder.anchor)):
+    if home.is_relative_to(folder):  # the home folder, one of its ancestors, or /
         raise InvalidInput(
-            f"refusing to upload {folder} as the job's working dir: it holds your credentials and "
-            "everything else in it. Move the script into its own folder, or pass --working-dir "
-            "with a folder that holds only what the job needs."
+            f"refusing to upload {folder} as the job's working dir: it holds your home folder "
+            f"({home}) with your credentials and everything else in it. Move the script into its "
+            "own folder, or pass --working-dir with a folder that holds only what the job needs."
         )
-    return Job(f"python {shlex.quote(str(script.relative_to(folder)))}", folder)
+    return Job(f"python {shlex.quote(str(script.relative_to(folder)))}", folder, folders.select(folder))
 
 
 def runtime_env(job: Job, staging: Path) -> dict[str, Any]:
-    """The job's runtime environment: `SHIPPED` written under `staging` and, for a script, its
-    filtered folder."""
+    """The job's runtime environment: `SHIPPED` written under `staging` and, for a script, a copy
+    of its selected files (what Ray packs, so its packer cannot reach anything else)."""
     env: dict[str, Any] = {"py_modules": [str(shipping.write_tree(SHIPPED, staging))]}
-    if job.working_dir is not None:
-        env["working_dir"] = str(job.working_dir)
-        env["excludes"] = list(DEFAULT_EXCLUDES)
+    if job.files is not None:
+        env["working_dir"] = str(folders.copy(job.files, staging / "working_dir"))
     return env

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from rayslice import names
+from rayslice import names, printable
 from rayslice.cli import load_spec, spec_options
 from rayslice.errors import EXIT_OK, InvalidInput
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
@@ -121,7 +121,9 @@ def render_text(data: dict[str, Any]) -> str:
         for event in data["events"]:
             seen = f"  {event['time']} {event['slice']}: saw {event['seen']}"
             lines.append(f"{seen}; {event['action']} -> {event['outcome']}")
-    return "\n".join(lines)
+    # Boot states and events come from guest attributes, which any process on a host can write:
+    # shown escaped, a value cannot move the cursor, rewrite earlier lines or fake a new one.
+    return "\n".join(printable.escaped(line) for line in lines)
 
 
 @click.command("status")

@@ -58,6 +58,7 @@ class Draft:
     subnetwork: Str | None
     external_ips: Bool | None
     dashboard_source_ranges: Strings | None
+    allow_wide_dashboard_ranges: Bool | None
     preset: Preset | None
     requirements: Strings | None
     package_index: Str | None

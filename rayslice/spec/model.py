@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
+import reprlib
 import types
 import typing
 from functools import cache
@@ -24,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 
-from rayslice import catalog
+from rayslice import catalog, printable
 from rayslice.names import slice_name
 
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -32,41 +34,75 @@ DEFAULT_RAY_VERSION = "2.60.0"
 
 # ---- how raw values are coerced (Pulumi config and --set hand over strings) -------------------
 
+# What a raw value may be made of: YAML and JSON scalars. A nested list or mapping where a key
+# wants one value is refused before it is turned into text (a YAML alias bomb is small as a graph
+# and enormous as text).
+_SCALARS = (str, int, float)
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlevel = 2
+
+
+def _shown(value: Any) -> str:
+    """`value` for a message: a repr short enough to print, whatever the value's size."""
+    return _REPR.repr(value)
+
+
+def _text(value: Any) -> str:
+    """A scalar as text, refused when it holds a character that is not printable text."""
+    if isinstance(value, bool) or not isinstance(value, _SCALARS):
+        raise ValueError(f"must be a string or a number, got {_shown(value)}")
+    text = str(value)
+    bad = next((c for c in text if printable.unprintable(c)), None)
+    if bad is not None:
+        raise ValueError(
+            f"must be printable text; {_shown(text)} holds the control or format character "
+            f"U+{ord(bad):04X}: remove newlines, tabs, escape sequences and invisible characters"
+        )
+    return text
+
 
 def _string(value: Any) -> str:
     if isinstance(value, (dict, list, tuple, bool)):
-        raise ValueError(f"must be a string, got {value!r}")
-    return str(value)
+        raise ValueError(f"must be a string, got {_shown(value)}")
+    return _text(value)
 
 
 def _integer(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"must be a whole number, got {value!r}")
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"must be a whole number, got {value!r}") from None
+    if isinstance(value, int):
+        return value
+    text = _text(value)
+    # ASCII digits only: int() also reads "٣", "1_0" and surrounding whitespace.
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"must be a whole number written in ASCII digits, got {_shown(value)}")
+    return int(text)
 
 
 def _boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
-    raise ValueError(f"must be true or false, got {value!r}")
+    text = _text(value)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise ValueError(f"must be true or false, got {_shown(value)}")
 
 
 def _strings(value: Any) -> tuple[str, ...]:
-    """A list of strings, also from a JSON list or from lines of text."""
+    """A list of strings, also from a JSON list or from lines of text (the only place a newline
+    is allowed: between items)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
             value = [line for line in value.splitlines() if line.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"must be a list of strings, got {value!r}")
-    return tuple(value)
+        raise ValueError(f"must be a list of strings, got {_shown(value)}")
+    return tuple(_text(v) for v in value)
 
 
 def _mapping(value: Any) -> dict[str, str]:
@@ -75,8 +111,8 @@ def _mapping(value: Any) -> dict[str, str]:
         with contextlib.suppress(json.JSONDecodeError):
             value = json.loads(value)
     if not isinstance(value, dict):
-        raise ValueError(f"must be a mapping of strings, got {value!r}")
-    return {str(k): "" if v is None else str(v) for k, v in value.items()}
+        raise ValueError(f"must be a mapping of strings, got {_shown(value)}")
+    return {_text(k): "" if v is None else _text(v) for k, v in value.items()}
 
 
 Str = Annotated[str, BeforeValidator(_string)]
@@ -175,7 +211,15 @@ class ClusterSpec:
     dashboard_source_ranges: Strings = Field(
         (),
         description="CIDR ranges, besides the cluster itself, allowed to reach the Ray dashboard / "
-        "Jobs API. Public ranges need rayAuth=token; ranges covering the whole internet are refused.",
+        "Jobs API. Public ranges need rayAuth=token and may cover together at most a /8 of IPv4 "
+        "(a /32 of IPv6) unless allowWideDashboardRanges is set; ranges covering the whole "
+        "internet are refused.",
+    )
+    allow_wide_dashboard_ranges: Bool = Field(
+        False,
+        description="Accept public dashboardSourceRanges that together cover more than a /8 of "
+        "IPv4 or a /32 of IPv6. Everyone there can reach the Jobs API and try the token, which "
+        "crosses the network in clear unless you reach the dashboard through a tunnel.",
     )
     preset: Preset = Field(
         "jax",
@@ -186,7 +230,10 @@ class ClusterSpec:
     package_index: Str | None = Field(
         None,
         description="Python package index URL used instead of PyPI (hosts without internet); "
-        "https:// or file://, without credentials in it.",
+        "https:// or file://, without credentials, query or fragment in it. The URL is readable "
+        "in instance metadata, the boot log and uv's command line: an index that takes a token "
+        "in its path (some hosted registries do) exposes it there too, so give such an index "
+        "its credentials through packageIndexCredentialsSecret instead.",
     )
     allow_insecure_package_index: Bool = Field(
         False,
@@ -342,7 +389,7 @@ def coerce(key: Key, value: Any) -> Any:
         error = exc.errors()[0]
         if error["type"] == "literal_error":
             raise ValueError(
-                f"{key.name}={value!r} is not valid; use one of: {', '.join(key.choices)}"
+                f"{key.name}={_shown(value)} is not valid; use one of: {', '.join(key.choices)}"
             ) from None
         message = str(error["msg"]).removeprefix("Value error, ")
         raise ValueError(f"{key.name} {message}") from None

@@ -17,26 +17,34 @@ from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from rayslice import catalog
+from rayslice import addresses, catalog
 from rayslice.errors import SpecError
 from rayslice.names import slice_name
 from rayslice.spec.draft import Draft, read
 from rayslice.spec.model import DEFAULT_RAY_VERSION, ClusterSpec, Platform
 
+# Every pattern validates a whole value (`fullmatch`: `$` would let a trailing newline through)
+# and reads ASCII only (`re.ASCII`; classes are spelled out, `\d` would take "٣" as a digit).
 # GCP resource names (RFC 1035) and label keys/values.
-_GCP_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
-_RUNTIME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
-_RAY_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
-_URL = re.compile(r"^(https?|file)://[^\s'\"`$;\\]+$")
+_GCP_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}", re.ASCII)
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}", re.ASCII)
+_PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]", re.ASCII)
+_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]", re.ASCII)
+_MACHINE_TYPE = re.compile(r"[a-z][a-z0-9-]{1,62}", re.ASCII)
+_RUNTIME = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}", re.ASCII)
+_RAY_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+", re.ASCII)
+# A URL of URL characters only (RFC 3986), minus what a shell or a quote would read: no quotes,
+# backticks, '$', ';', backslashes, spaces.
+_URL = re.compile(r"(https?|file)://[A-Za-z0-9._~:/?#@!&()*+,=%\[\]-]+", re.ASCII)
 # Secret Manager secret IDs: letters, digits, '-' and '_', at most 255 characters.
-_SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+_SECRET_ID = re.compile(r"[A-Za-z0-9_-]{1,255}", re.ASCII)
 # Longest name rayslice derives from `name` is "<name>-slice-NN-fw-internal" (63 max).
 _NAME_MAX = 40
+# The most public address space dashboardSourceRanges may cover together without
+# allowWideDashboardRanges, as a prefix length per IP version: a /8 (16.7 million IPv4 addresses)
+# and a /32 (an ISP's IPv6 allocation) are already far more than any team's offices and VPNs.
+WIDEST_PUBLIC_DASHBOARD = {4: 8, 6: 32}
 # GKE refuses node pool names longer than this; the longest pool is the last slice's.
 GKE_NODE_POOL_NAME_MAX = 40
 
@@ -91,7 +99,7 @@ def _resolve_tpu(draft: Draft, problems: list[str]) -> catalog.TpuType | None:
 
 def _check_names(draft: Draft, problems: list[str]) -> None:
     name = draft.name
-    if name is not None and (not _GCP_NAME.match(name) or len(name) > _NAME_MAX):
+    if name is not None and (not _GCP_NAME.fullmatch(name) or len(name) > _NAME_MAX):
         problems.append(
             f"name={name!r} breaks GCP naming rules: use 1-{_NAME_MAX} characters, a lowercase "
             "letter first, then lowercase letters, digits or hyphens, not ending in a hyphen"
@@ -103,17 +111,17 @@ def _check_names(draft: Draft, problems: list[str]) -> None:
         ("gkeCluster", draft.gke_cluster),
     )
     for key, value in resources:
-        if value is not None and not _GCP_NAME.match(value):
+        if value is not None and not _GCP_NAME.fullmatch(value):
             problems.append(
                 f"{key}={value!r} is not a valid GCP resource name: use up to 63 lowercase "
                 "letters, digits or hyphens, starting with a letter"
             )
-    if draft.project is not None and not _PROJECT.match(draft.project):
+    if draft.project is not None and not _PROJECT.fullmatch(draft.project):
         problems.append(
             f"project={draft.project!r} is not a valid GCP project ID: 6-30 lowercase "
             "letters, digits or hyphens, starting with a letter"
         )
-    if draft.head_machine_type is not None and not _MACHINE_TYPE.match(draft.head_machine_type):
+    if draft.head_machine_type is not None and not _MACHINE_TYPE.fullmatch(draft.head_machine_type):
         problems.append(
             f"headMachineType={draft.head_machine_type!r} is not a machine type name "
             f"(e.g. {catalog.DEFAULT_HEAD_MACHINE_TYPE})"
@@ -126,12 +134,12 @@ def _check_names(draft: Draft, problems: list[str]) -> None:
             "use at most 60"
         )
     for key, value in labels.items():
-        if not _LABEL_KEY.match(key):
+        if not _LABEL_KEY.fullmatch(key):
             problems.append(
                 f"labels: key {key!r} breaks GCP label rules: start with a lowercase letter, "
                 "then up to 62 lowercase letters, digits, '_' or '-'"
             )
-        if not _LABEL_VALUE.match(value):
+        if not _LABEL_VALUE.fullmatch(value):
             problems.append(
                 f"labels: value {value!r} of {key!r} breaks GCP label rules: up to 63 lowercase "
                 "letters, digits, '_' or '-'"
@@ -148,7 +156,7 @@ def _check_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str], 
             problems.append(f"zone is not set: set rayslice:zone or gcp:zone{zones}")
             return
         zone = tpu.zones[0] if tpu is not None else None
-    elif not _ZONE.match(zone):
+    elif not _ZONE.fullmatch(zone):
         problems.append(f"zone={zone!r} is not a GCP zone name (e.g. us-central1-b)")
         return
     elif tpu is not None and zone not in tpu.zones:
@@ -177,7 +185,7 @@ def _check_runtime(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
             f"platform={draft.platform} ({source})"
         )
         return
-    if not _RUNTIME.match(runtime):
+    if not _RUNTIME.fullmatch(runtime):
         problems.append(
             f"runtimeVersion={runtime!r} is not a runtime version name (e.g. {tpu.runtime_version})"
         )
@@ -240,7 +248,7 @@ def _check_requirements(draft: Draft, problems: list[str]) -> None:
                 "packageIndex for a private index"
             )
     ray_version = draft.ray_version
-    if ray_version is not None and not _RAY_VERSION.match(ray_version):
+    if ray_version is not None and not _RAY_VERSION.fullmatch(ray_version):
         problems.append(f"rayVersion={ray_version!r} is malformed; use a release like {DEFAULT_RAY_VERSION}")
 
 
@@ -249,7 +257,7 @@ def _check_package_index(draft: Draft, problems: list[str]) -> None:
     plain http (packages installed as root, open to tampering) needs an explicit opt-in."""
     index, secret = draft.package_index, draft.package_index_credentials_secret
     if secret is not None:
-        if not _SECRET_ID.match(secret):
+        if not _SECRET_ID.fullmatch(secret):
             problems.append(
                 f"packageIndexCredentialsSecret={secret!r} is not a Secret Manager secret name: use "
                 "up to 255 letters, digits, '-' or '_' (the secret's ID, not its full path)"
@@ -261,10 +269,17 @@ def _check_package_index(draft: Draft, problems: list[str]) -> None:
             )
     if index is None:
         return
-    if not _URL.match(index):
+    if not _URL.fullmatch(index):
         problems.append(f"packageIndex={index!r} is not an https:// or file:// URL without quotes or spaces")
         return
     parts = urlsplit(index)
+    if parts.query or parts.fragment or "?" in index or "#" in index:
+        problems.append(
+            f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} has a query "
+            "or fragment ('?' or '#'); a token there would be readable in instance metadata, the "
+            "boot log and uv's command line: remove it, store 'user:password' in a Secret Manager "
+            "secret and set packageIndexCredentialsSecret=<secret name>"
+        )
     if "@" in parts.netloc:
         problems.append(
             f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} carries "
@@ -302,7 +317,12 @@ def _covers_everything(nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network]
 
 
 def _check_dashboard(draft: Draft, problems: list[str]) -> None:
-    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host."""
+    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host.
+
+    Public ranges are judged by how much they cover together, not one by one: all the /9s but one
+    are as open as 0.0.0.0/0 less a sliver. Beyond `WIDEST_PUBLIC_DASHBOARD` (more public space
+    than a team plausibly owns) they need allowWideDashboardRanges; the whole space never passes.
+    """
     key = "dashboardSourceRanges"
     nets = _networks(key, draft.dashboard_source_ranges, problems)
     if _covers_everything(nets):
@@ -311,7 +331,18 @@ def _check_dashboard(draft: Draft, problems: list[str]) -> None:
             "the Ray dashboard and Jobs API to the internet; list only your own ranges"
         )
         return
-    public = [str(n) for n in nets if not n.is_private]
+    for version, prefix in WIDEST_PUBLIC_DASHBOARD.items():
+        covered = addresses.public_addresses(nets, version)
+        limit = 2 ** ((32 if version == 4 else 128) - prefix)
+        if covered > limit and not draft.allow_wide_dashboard_ranges:
+            problems.append(
+                f"{key}: the public IPv{version} ranges together cover {covered:,} addresses, more "
+                f"than a /{prefix} ({limit:,}), far more than one team's networks: everyone there "
+                "can reach the Jobs API and try the token (over plain http unless you tunnel). List "
+                "only your own ranges, or set allowWideDashboardRanges=true if the cluster must "
+                "really be reachable that widely"
+            )
+    public = [str(n) for n in nets if not addresses.is_internal_network(n)]
     if public and draft.ray_auth == "none":
         problems.append(
             f"{key}: {', '.join(public)} {'is a public range' if len(public) == 1 else 'are public ranges'} "

@@ -21,19 +21,68 @@ from rayslice.spec.rules import load
 NAMESPACE = "rayslice"
 
 
+# The most nodes a stack file may hold once its aliases are expanded. A real stack file has a few
+# hundred; anchors and aliases can make a few lines stand for billions (the "billion laughs"), which
+# the readers would turn into text and run out of memory on.
+MAX_EXPANDED_NODES = 100_000
+
+
 def read_stack_file(path: str | Path) -> dict[str, Any]:
     """Raw values from a Pulumi stack file (``config:`` with ``rayslice:`` and ``gcp:`` keys)."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        loader = yaml.SafeLoader(path.read_text())
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_size(node, path)
+            document = (loader.construct_document(node) if node is not None else None) or {}
+        finally:
+            loader.dispose()
     except OSError as exc:
         raise SpecError([f"cannot read stack file {path}: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"stack file {path} is not valid YAML: {exc}"]) from None
+    except RecursionError:
+        raise SpecError([f"stack file {path} is nested too deeply to be a stack file"]) from None
+    if not isinstance(document, dict):
+        raise SpecError([f"stack file {path}: the document must be a mapping with a 'config' key"])
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise SpecError([f"stack file {path}: 'config' must be a mapping"])
     return from_namespaced(config.get, config.keys())
+
+
+def _check_size(root: yaml.Node, path: Path) -> None:
+    """Refuse a document whose aliases expand it beyond `MAX_EXPANDED_NODES`, or that refers to
+    itself: sizes are summed over the composed graph, where an alias is a shared node, so the
+    check itself costs one visit per distinct node."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise SpecError([f"stack file {path}: an alias refers to the node that contains it"])
+        open_nodes.add(id(node))
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(key) + size(value) for key, value in node.value)
+        open_nodes.discard(id(node))
+        sizes[id(node)] = total = min(total, MAX_EXPANDED_NODES + 1)
+        return total
+
+    if size(root) > MAX_EXPANDED_NODES:
+        raise SpecError(
+            [
+                f"stack file {path}: its aliases (*name) expand it to more than "
+                f"{MAX_EXPANDED_NODES:,} values; a stack file needs no such nesting: write the "
+                "values out"
+            ]
+        )
 
 
 def from_namespaced(get: Callable[[str], Any], keys: Any = None) -> dict[str, Any]:

@@ -10,7 +10,9 @@ never renders, whatever the values):
   ``{{ a ~ b | q }}`` (only ``b`` quoted) and ``{{ b if c else a | q }}`` (only ``a`` quoted) are
   refused;
 - the quoted value lands in plain shell context: not inside ``"…"`` or ``'…'`` (``"'$(id)'"``
-  executes), and never in a comment (a newline there starts a command).
+  executes), never in a comment (a newline there starts a command), never in a here-document
+  body (quotes do not delimit a value there) and never in arithmetic (``(( ))``, ``$(( ))``,
+  ``a[…]``: bash expands ``a[$(cmd)]`` in a value it evaluates).
 
 The filters themselves refuse None and any control character (newline, tab, ESC, NUL), so a
 value is one printable shell word or nothing.
@@ -18,6 +20,7 @@ value is one printable shell word or nothing.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 from functools import cache
@@ -61,13 +64,19 @@ def _quote_join(values: object) -> str:
 def _shell_context(prefix: str) -> str:
     """Where the end of `prefix` (text since the start of its line) leaves the shell lexer.
 
-    ``plain``, ``single``, ``double`` or ``comment``. A small lexer, enough for the lines of a
-    template (which contain no here-doc bodies with values in them).
+    ``plain``, ``single``, ``double``, ``comment`` or ``arithmetic``: inside ``(( ))``,
+    ``$(( ))`` or an array subscript ``name[…]``, where bash evaluates a value's text as an
+    expression and expands ``a[$(cmd)]`` in it, so quoting cannot make a value inert there.
+    A small lexer, enough for the lines of a template.
     """
     state = "plain"
     escaped = False
     previous = " "
-    for char in prefix:
+    arithmetic = 0  # open parentheses of (( )) / $(( ))
+    subscripts = 0  # open brackets of name[…]
+    i = 0
+    while i < len(prefix):
+        char = prefix[i]
         if escaped:
             escaped = False
         elif state == "plain":
@@ -77,8 +86,18 @@ def _shell_context(prefix: str) -> str:
                 state = "single"
             elif char == '"':
                 state = "double"
-            elif char == "#" and previous in " \t;(":
+            elif char == "#" and previous in " \t;(" and not arithmetic:
                 return "comment"
+            elif prefix.startswith("((", i):
+                arithmetic += 2
+                i += 1
+                char = "("
+            elif arithmetic and char in "()":
+                arithmetic += 1 if char == "(" else -1
+            elif char == "[" and (previous.isalnum() or previous == "_"):
+                subscripts += 1
+            elif char == "]" and subscripts:
+                subscripts -= 1
         elif state == "single":
             if char == "'":
                 state = "plain"
@@ -88,17 +107,43 @@ def _shell_context(prefix: str) -> str:
             elif char == '"':
                 state = "plain"
         previous = char
-    return state
+        i += 1
+    return "arithmetic" if state == "plain" and (arithmetic or subscripts) else state
+
+
+# ``<<WORD``, ``<<-WORD``, ``<<'WORD'``, ``<<"WORD"``; not the here-string ``<<<``.
+_HEREDOC = re.compile(r"(?<!<)<<(-?)[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def _in_heredoc(text: str) -> bool:
+    """Whether the end of `text` (the template so far) lies inside a here-document body.
+
+    A value there is read by bash as body text, not as a word: `q`'s quotes do not delimit it,
+    and an unquoted delimiter expands ``$(…)`` in it. So no value may stand in a body at all.
+    """
+    pending: list[tuple[str, bool]] = []  # delimiters still open, and whether tabs are stripped
+    for line in text.split("\n")[:-1]:  # complete lines; the last one is still being written
+        if pending:
+            word, strip = pending[0]
+            if (line.lstrip("\t") if strip else line) == word:
+                pending.pop(0)
+            continue
+        pending += [
+            (match[3], match[1] == "-")
+            for match in _HEREDOC.finditer(line)
+            if _shell_context(line[: match.start()]) == "plain"
+        ]
+    return bool(pending)
 
 
 def check_template(name: str, source: str, environment: jinja2.Environment) -> None:
     """Raise `UnsafeTemplate` unless every output of `source` is quoted into plain shell context."""
     tree = environment.parse(source, name)
-    line = ""
+    text = ""  # the template so far, each value written as one plain word
     for output in tree.find_all(nodes.Output):
         for child in output.nodes:
             if isinstance(child, nodes.TemplateData):
-                line = (line + child.data).rsplit("\n", 1)[-1]
+                text += child.data
                 continue
             where = f"{name}:{child.lineno}"
             if not (
@@ -113,12 +158,19 @@ def check_template(name: str, source: str, environment: jinja2.Environment) -> N
                     f"{where}: every value must be interpolated as {{{{ value | q }}}} or "
                     f"{{{{ values | qjoin }}}}, the quoting filter outermost; found {type(child).__name__}"
                 )
-            context = _shell_context(line)
+            if _in_heredoc(text):
+                raise UnsafeTemplate(f"{where}: value interpolated into a here-document body")
+            context = _shell_context(text.rsplit("\n", 1)[-1])
             if context == "comment":
                 raise UnsafeTemplate(f"{where}: value interpolated into a comment")
+            if context == "arithmetic":
+                raise UnsafeTemplate(
+                    f"{where}: value interpolated into an arithmetic context ((( )), $(( )) or a[…]); "
+                    "assign it to a variable checked as a whole number first"
+                )
             if context != "plain":
                 raise UnsafeTemplate(f"{where}: quoted value inside {context} quotes (the quotes undo | q)")
-            line += "X"  # the quoted word: plain, non-blank
+            text += "X"  # the quoted word: plain, non-blank
 
 
 class _CheckedLoader(jinja2.FileSystemLoader):

@@ -492,3 +492,122 @@ def test_each_chunk_of_the_log_is_printed_before_the_next_one_is_read(monkeypatc
     assert submit.submit("jax_train", [], address="http://h:8265") == "SUCCEEDED"
     assert jobs.printed_before == ["", *chunks[:-1]]  # nothing waits for the end of the stream
     assert capsys.readouterr().out == chunks[-1]
+
+
+# ---- a token never crosses the internet in clear; nothing is uploaded from a refused folder ----
+
+
+@pytest.mark.parametrize(
+    "address, token, refused",
+    [
+        ("http://34.1.2.3:8265", True, True),  # a public head (externalIps)
+        ("34.1.2.3", True, True),  # a bare host means http
+        ("http://[2600::1]:8265", True, True),
+        ("http://[::ffff:34.1.2.3]:8265", True, True),  # IPv4-mapped stays public
+        ("https://34.1.2.3:8265", True, False),  # encrypted
+        ("http://34.1.2.3:8265", False, False),  # no token to leak
+        ("http://10.0.0.2:8265", True, False),
+        ("http://127.0.0.1:8265", True, False),  # the tunnel's end
+        ("http://100.64.77.2:8265", True, False),  # shared address space (the simulator)
+        ("http://[fd00::2]:8265", True, False),
+    ],
+)
+def test_a_token_goes_over_http_only_to_internal_addresses(tmp_path, monkeypatch, address, token, refused):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    choose = lambda: connection.choose_target(address, token_file if token else None)  # noqa: E731
+    if refused:
+        with pytest.raises(InvalidInput, match="refusing to send the Ray token over plain http"):
+            choose()
+    else:
+        assert choose().url == connection.jobs_url(address)
+
+
+def test_rays_own_token_mode_counts_as_sending_a_token(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(InvalidInput, match="dashboard_tunnel_command"):
+        connection.choose_target("http://34.1.2.3:8265", None)
+    monkeypatch.setenv("RAY_ADDRESS", "http://34.1.2.3:8265")
+    with pytest.raises(InvalidInput, match=r"34\.1\.2\.3"):
+        connection.choose_target(None, None)
+
+
+def test_a_host_name_is_judged_by_the_addresses_it_resolves_to(tmp_path, monkeypatch):
+    import socket
+
+    resolved = {"head.example.com": "34.1.2.3", "head.internal": "10.0.0.2"}
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in resolved:
+            raise socket.gaierror("no such host")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (resolved[host], 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    with pytest.raises(InvalidInput, match=r"head.example.com is 34.1.2.3, not a private address"):
+        connection.choose_target("head.example.com:8265", token_file)
+    assert connection.choose_target("head.internal", token_file).url == "http://head.internal:8265"
+    # a name that does not resolve cannot be connected to either: no token leaves
+    assert connection.choose_target("nowhere", token_file).url == "http://nowhere:8265"
+
+
+@pytest.fixture
+def no_upload(monkeypatch) -> list[object]:
+    """Records every connection `run` opens: a refused run must open none."""
+    opened: list[object] = []
+    monkeypatch.setattr(connection, "connect", lambda target: opened.append(target))
+    return opened
+
+
+def test_run_refuses_a_public_http_address_with_a_token_before_anything_is_sent(tmp_path, capsys, no_upload):
+    (tmp_path / "token").write_text("secret")
+    argv = ["run", "--address", "http://34.1.2.3:8265", "--token-file", str(tmp_path / "token"), "jax_train"]
+    assert cli.main(argv) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "refusing to send the Ray token over plain http" in err and "Traceback" not in err
+    assert no_upload == []
+
+
+def test_run_refuses_a_link_out_of_the_folder_and_an_ancestor_of_home(
+    tmp_path, monkeypatch, capsys, no_upload
+):
+    home = tmp_path / "home" / "me"
+    (home / ".config" / "gcloud").mkdir(parents=True)
+    (home / ".config" / "gcloud" / "credentials.db").write_text("secret")
+    monkeypatch.setenv("HOME", str(home))
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text("print('hi')\n")
+    (job / "creds").symlink_to(home / ".config" / "gcloud")
+    assert cli.main(["run", "--address", "http://10.0.0.2:8265", str(job / "train.py")]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "symlink creds" in err and "points outside the folder" in err and "Traceback" not in err
+    (job / "creds").unlink()
+    (home / "work").mkdir()
+    (home / "work" / "run.py").write_text("")
+    argv = ["run", "--address", "http://10.0.0.2:8265", "--working-dir", str(tmp_path / "home")]
+    assert cli.main([*argv, str(home / "work" / "run.py")]) == EXIT_INVALID
+    assert "it holds your home folder" in capsys.readouterr().err
+    assert no_upload == []
+
+
+def test_run_says_what_a_script_uploads(tmp_path, monkeypatch, capsys):
+    job = tmp_path / "job"
+    (job / "data").mkdir(parents=True)
+    (job / "train.py").write_text("print('hi')\n")
+    (job / "data" / "input.csv").write_text("x" * 3000)
+    (job / ".env").write_text("API_KEY=1")
+    (job / "sa.json").write_text('{"type": "service_account", "private_key": "k"}')
+    jobs = FakeJobs([("SUCCEEDED", "", "hi\n")])
+    monkeypatch.setattr(connection, "connect", lambda target: jobs)
+    submit.submit(str(job / "train.py"), [], address="http://10.0.0.2:8265")
+    err = capsys.readouterr().err
+    assert f"uploading 2 files (2.9 KiB) from {job}" in err
+    assert "kept back as credentials or simulator state: sa.json" in err
+    assert "data/input.csv" not in err
+    jobs.outcomes.append(("SUCCEEDED", "", ""))
+    submit.submit(str(job / "train.py"), [], address="http://10.0.0.2:8265", verbose=True)
+    err = capsys.readouterr().err
+    assert "  data/input.csv (2.9 KiB)\n" in err and "  train.py (12 B)" in err and ".env" not in err

@@ -7,6 +7,7 @@ the package the Jobs API receives), so the test sees exactly what a job would se
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 import rayslice
 from rayslice.errors import InvalidInput
-from rayslice.jobs import upload
+from rayslice.jobs import upload, working_dir
 from tests.imports import PACKAGE, closure, module_name
 
 ALL = [
@@ -105,43 +106,197 @@ def uploaded(job: upload.Job, tmp_path: Path) -> set[str]:
 
     env = upload.runtime_env(job, tmp_path / "staging")
     out = tmp_path / "package.zip"
-    _zip_files(env["working_dir"], env["excludes"], str(out), include_gitignore=True)
+    _zip_files(env["working_dir"], [], str(out), include_gitignore=True)
     return {n for n in zipfile.ZipFile(out).namelist() if not n.endswith("/")}
+
+
+SERVICE_ACCOUNT_KEY = json.dumps(
+    {"type": "service_account", "project_id": "p", "private_key_id": "1", "private_key": "-----BEGIN"}
+)
+USER_CREDENTIALS = json.dumps({"type": "authorized_user", "client_id": "c", "refresh_token": "1//r"})
+# A script's folder as it often looks: a venv, the simulator's state, tokens, keys, credential
+# stores, data; each secret's path names the rule that keeps it out.
+PROJECT = {
+    "train.py": "print('hi')\n",
+    "data/input.csv": "1,2\n",
+    "data/settings.json": json.dumps({"type": "service_account", "note": "no key in it"}),
+    "lib/util.py": "X = 1\n",
+    ".venv/bin/python": "",
+    ".venv/lib/site.py": "",
+    ".state/local/state.json": "{}",
+    ".state/local/ray-token": "secret",
+    "ray-token": "secret",
+    "sub/ray-token": "secret",
+    "server.pem": "-----BEGIN",
+    "deploy.key": "k",
+    ".env": "API_KEY=1",
+    ".envrc": "export API_KEY=1",
+    ".aws/credentials": "[default]\naws_secret_access_key=1",
+    ".kube/config": "users: [{user: {token: t}}]",
+    ".docker/config.json": '{"auths": {"r": {"auth": "dTpw"}}}',
+    ".pypirc": "[pypi]\npassword=pw",
+    ".git-credentials": "https://u:pw@github.com",
+    "infra/terraform.tfstate": '{"resources": []}',
+    "infra/terraform.tfstate.backup": '{"resources": []}',
+    ".git/config": "[core]",
+    "lib/__pycache__/util.cpython-311.pyc": "",
+    "big/weights.bin": "0",
+    ".rayignore": "big/\n",
+    # credentials by content, under innocent names
+    "keys/prod.json": SERVICE_ACCOUNT_KEY,
+    "config/adc.json": USER_CREDENTIALS,
+    # a simulator state dir under another name than .state
+    "sim/state.json": "{}",
+    "sim/cloud-api-credentials.json": "{}",
+    "sim/hosts/h0/metadata.json": "{}",
+}
+SHIPPED_FROM_PROJECT = {
+    "train.py",
+    "data/input.csv",
+    "data/settings.json",
+    "lib/util.py",
+    ".rayignore",
+    "same.py",  # a link to a shipped file inside the folder: its content under the link's name
+    "lib2/util.py",  # a link to a folder inside
+}
 
 
 @pytest.fixture
 def project(tmp_path) -> Path:
-    """A script's folder as it often looks: a venv, the simulator's state, a token, keys, data."""
     root = tmp_path / "project"
-    files = {
-        "train.py": "print('hi')\n",
-        "data/input.csv": "1,2\n",
-        "lib/util.py": "X = 1\n",
-        ".venv/bin/python": "",
-        ".venv/lib/site.py": "",
-        ".state/local/state.json": "{}",
-        ".state/local/ray-token": "secret",
-        "ray-token": "secret",
-        "sub/ray-token": "secret",
-        "server.pem": "-----BEGIN",
-        "deploy.key": "k",
-        ".env": "API_KEY=1",
-        ".git/config": "[core]",
-        "lib/__pycache__/util.cpython-311.pyc": "",
-        "big/weights.bin": "0",
-        ".rayignore": "big/\n",
-    }
-    for name, text in files.items():
+    for name, text in PROJECT.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    (root / "same.py").symlink_to("train.py")
+    (root / "lib2").symlink_to("lib")
+    (root / "env-link").symlink_to(".env")  # a link to a denied file is denied with it
+    (root / "key-link.json").symlink_to("keys/prod.json")
     return root
 
 
-def test_a_scripts_folder_uploads_without_venv_state_tokens_keys_and_ignored_files(project, tmp_path):
+def test_a_scripts_folder_uploads_without_venv_state_secrets_and_ignored_files(project, tmp_path):
     job = upload.resolve(str(project / "train.py"))
     assert job.entrypoint == "python train.py" and job.working_dir == project
-    assert uploaded(job, tmp_path) == {"train.py", "data/input.csv", "lib/util.py", ".rayignore"}
+    assert uploaded(job, tmp_path) == SHIPPED_FROM_PROJECT
+    assert job.files is not None
+    assert {entry.path for entry in job.files.files} == SHIPPED_FROM_PROJECT  # what it says it ships
+    assert set(job.files.kept_back) == {"config/adc.json", "key-link.json", "keys/prod.json", "sim/"}
+    assert (tmp_path / "staging" / "working_dir" / "same.py").read_text() == PROJECT["train.py"]
+    assert not any(p.is_symlink() for p in (tmp_path / "staging").rglob("*"))
+
+
+# Secret names beyond `PROJECT`, so that every denied pattern is alone in keeping some file out.
+MORE_SECRETS = [
+    ".config/gcloud/configurations/config_default",
+    "gcloud/credentials.db",
+    "gcloud/access_tokens.db",
+    "gcloud/application_default_credentials.json",
+    ".ssh/known_hosts",
+    "id_rsa",
+    "id_ecdsa",
+    "id_ed25519.pub",
+    ".gnupg/pubring.kbx",
+    ".netrc",
+    "venv/bin/python",
+    ".ray/session",
+    "hf_token",
+    "gh-token",
+    "x/terraform.tfstate.1700000000.backup",
+    ".env.production",
+]
+
+
+def test_every_denied_pattern_is_alone_in_keeping_some_fixture_file_out():
+    """So dropping any one pattern from `DENIED` lets a file through and fails a test."""
+    from ray._private.thirdparty.pathspec import PathSpec
+
+    specs = {p: PathSpec.from_lines("gitwildmatch", [p]) for p in working_dir.DENIED}
+    for pattern, spec in specs.items():
+        others = [other for p, other in specs.items() if p != pattern]
+        alone = [
+            n
+            for n in [*PROJECT, *MORE_SECRETS]
+            if spec.match_file(n) and not any(o.match_file(n) for o in others)
+        ]
+        assert alone, f"no fixture file is kept out by {pattern!r} alone"
+
+
+@pytest.mark.parametrize("name", MORE_SECRETS)
+def test_more_secret_names_stay_behind(project, tmp_path, name):
+    (project / name).parent.mkdir(parents=True, exist_ok=True)
+    (project / name).write_text("secret")
+    assert uploaded(upload.resolve(str(project / "train.py")), tmp_path) == SHIPPED_FROM_PROJECT
+
+
+def test_the_simulator_state_names_are_the_simulators():
+    from rayslice.local.simulation import state
+
+    assert working_dir.SIMULATOR_STATE_FILE == state.STATE_FILE
+    assert state.CLOUD_API_CREDENTIALS_FILE in working_dir.SIMULATOR_SECRET_FILES
+
+
+@pytest.mark.parametrize(
+    "link, target, message",
+    [
+        ("creds", "{outside}", "points outside the folder"),
+        ("data/adc.json", "{outside}/adc.json", "points outside the folder"),
+        ("up", "..", "points outside the folder"),
+        ("loop", "loop", "symlink loop"),
+        ("a", "b", "symlink loop"),  # b -> a below
+        ("lib/back", "..", "leads back to"),
+        ("gone", "missing.txt", "does not exist"),
+    ],
+)
+def test_links_that_leave_the_folder_loop_or_dangle_are_refused(project, tmp_path, link, target, message):
+    outside = tmp_path / "gcloud"
+    outside.mkdir()
+    (outside / "adc.json").write_text("{}")
+    (project / link).symlink_to(target.format(outside=outside))
+    if link == "a":
+        (project / "b").symlink_to("a")
+    with pytest.raises(InvalidInput, match=message):
+        upload.resolve(str(project / "train.py"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_files_and_folders_are_named(project):
+    secret = project / "data" / "private.csv"
+    secret.write_text("x")
+    secret.chmod(0)
+    with pytest.raises(InvalidInput, match=r"cannot read data/private\.csv"):
+        upload.resolve(str(project / "train.py"))
+    secret.unlink()
+    (project / "locked").mkdir(mode=0)
+    with pytest.raises(InvalidInput, match=r"cannot read folder .*locked"):
+        upload.resolve(str(project / "train.py"))
+
+
+def test_unreadable_files_and_folders_are_named_even_for_root(project, monkeypatch):
+    """The same refusal where file modes cannot make a file unreadable (tests run as root)."""
+    real_open = Path.open
+
+    def refuse(self, *args, **kwargs):
+        if self.name == "input.csv":
+            raise PermissionError(13, "Permission denied")
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(
+        InvalidInput, match=r"cannot read data/input\.csv in the working dir: Permission denied"
+    ):
+        upload.resolve(str(project / "train.py"))
+    monkeypatch.setattr(Path, "open", real_open)
+    real_scandir = os.scandir
+
+    def locked(path):
+        if Path(path).name == "lib":
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", locked)
+    with pytest.raises(InvalidInput, match=r"cannot read folder .*lib for the upload: Permission denied"):
+        upload.resolve(str(project / "train.py"))
 
 
 def test_working_dir_overrides_the_folder_and_the_script_runs_from_inside_it(project, tmp_path):
@@ -156,17 +311,18 @@ def test_a_script_outside_the_working_dir_is_refused(project):
         upload.resolve(str(project / "train.py"), working_dir=str(project / "data"))
 
 
-def test_the_home_folder_itself_is_never_uploaded(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
+def test_the_home_folder_and_its_ancestors_are_never_uploaded(tmp_path, monkeypatch):
+    home = tmp_path / "home" / "me"
+    home.mkdir(parents=True)
     (home / "notebook.py").write_text("")
     monkeypatch.setenv("HOME", str(home))
-    with pytest.raises(InvalidInput, match=r"refusing to upload .*home"):
+    with pytest.raises(InvalidInput, match=r"refusing to upload .*me"):
         upload.resolve(str(home / "notebook.py"))
     (home / "job").mkdir()
     (home / "job" / "run.py").write_text("")
-    with pytest.raises(InvalidInput, match="refusing to upload"):
-        upload.resolve(str(home / "job" / "run.py"), working_dir=str(home))
+    for ancestor in (home, home.parent, tmp_path, Path("/")):
+        with pytest.raises(InvalidInput, match=r"refusing to upload .* it holds your home folder"):
+            upload.resolve(str(home / "job" / "run.py"), working_dir=str(ancestor))
     assert upload.resolve(str(home / "job" / "run.py")).working_dir == home / "job"
 
 
@@ -183,5 +339,8 @@ def test_single_host_jobs_are_read_from_their_modules_and_name_a_multi_host_job(
     for counterpart in single_host.values():
         assert counterpart in listed and listed[counterpart].multihost_counterpart is None
     assert upload.resolve("jax_single_host") == upload.Job(
-        "python -m rayslice.workloads.jax_single_host", None, "jax_single_host", "jax_multihost"
+        "python -m rayslice.workloads.jax_single_host",
+        None,
+        workload="jax_single_host",
+        multihost_counterpart="jax_multihost",
     )

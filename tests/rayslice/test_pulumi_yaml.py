@@ -51,6 +51,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "headMachineType",
             "externalIps",
             "dashboardSourceRanges",
+            "allowWideDashboardRanges",
             "preset",
             "requirements",
             "allowInsecurePackageIndex",

@@ -343,6 +343,46 @@ ERRORS = [
     ("type-mapping", {"labels": "[1]"}, ["labels must be a mapping of strings"]),
     ("type-list", {"requirements": '{"a": 1}'}, ["requirements must be a list of strings"]),
     ("type-string", {"zone": ["us-east5-b"]}, ["zone must be a string"]),
+    # Control and format characters are refused while the value is read, before any rule.
+    ("name-trailing-newline", {"name": "ray\n"}, ["name must be printable text", "U+000A"]),
+    ("project-trailing-newline", {"project": "my-project\n"}, ["project must be printable", "U+000A"]),
+    ("network-trailing-newline", {"network": "vpc\n"}, ["network must be printable", "U+000A"]),
+    ("machine-trailing-newline", {"headMachineType": "n2-standard-8\n"}, ["headMachineType must be"]),
+    ("label-value-trailing-newline", {"labels": {"team": "ml\n"}}, ["labels must be printable"]),
+    ("label-key-escape", {"labels": {"te\x1bam": "ml"}}, ["labels must be printable", "U+001B"]),
+    ("zone-carriage-return", {"zone": "us-east5-b\r"}, ["zone must be printable", "U+000D"]),
+    ("name-bidi-override", {"name": "ray\u202e"}, ["name must be printable", "U+202E"]),
+    ("marker-newline", {"requirements": ['optax; python_version < "3.1\n2"']}, ["requirements must be"]),
+    ("marker-vertical-tab", {"requirements": ['optax; os_name == "posix\x0b"']}, ["U+000B"]),
+    ("marker-line-separator", {"requirements": ['optax; os_name == "a\u2028b"']}, ["U+2028"]),
+    ("label-value-nested", {"labels": {"team": {"a": "b"}}}, ["labels must be a string or a number"]),
+    ("label-value-list", {"labels": {"team": ["a"]}}, ["labels must be a string or a number"]),
+    ("integer-non-ascii-digits", {"slices": "\u0662"}, ["slices must be a whole number written in ASCII"]),
+    ("integer-underscore", {"slices": "1_0"}, ["ASCII digits"]),
+    ("integer-trailing-newline", {"slices": "2\n"}, ["slices must be printable"]),
+    ("ray-version-non-ascii-digits", {"rayVersion": "\u0662.60.0"}, ["rayVersion", "malformed"]),
+    (
+        "package-index-query-token",
+        {"packageIndex": "https://idx.example/simple?token=abc"},
+        ["query or fragment", "packageIndexCredentialsSecret=<secret name>"],
+    ),
+    ("package-index-fragment", {"packageIndex": "https://idx.example/simple#t"}, ["query or fragment"]),
+    ("package-index-non-ascii", {"packageIndex": "https://idx.example/\u0455imple"}, ["packageIndex="]),
+    (
+        "dashboard-wide-public",
+        {"dashboardSourceRanges": ["34.0.0.0/7"]},
+        ["cover 33,554,432 addresses", "more than a /8", "allowWideDashboardRanges=true"],
+    ),
+    (
+        "dashboard-all-nines-but-one",
+        {"dashboardSourceRanges": [f"{n >> 1}.{(n & 1) * 128}.0.0/9" for n in range(1, 512)]},
+        ["more than a /8", "allowWideDashboardRanges"],
+    ),
+    (
+        "dashboard-wide-ipv6",
+        {"dashboardSourceRanges": ["2600::/31"]},
+        ["public IPv6 ranges together cover", "more than a /32"],
+    ),
 ]
 
 
@@ -481,6 +521,71 @@ def test_override_syntax():
     with pytest.raises(spec.SpecError, match="KEY=VALUE"):
         spec.parse_overrides(["slices"])
     assert spec.parse_overrides(["rayslice:zone=us-east5-a"]) == {"zone": "us-east5-a"}
+
+
+# A stack file whose labels hold nine levels of nine aliases: 387 million strings in 400 bytes.
+ALIAS_BOMB = "\n".join(
+    ["config:", "  rayslice:labels:", f"    l0: &l0 [{', '.join(['lol'] * 9)}]"]
+    + [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+)
+
+
+def test_stack_file_alias_bomb_is_refused_before_it_expands(tmp_path):
+    path = tmp_path / "Pulumi.bomb.yaml"
+    path.write_text(ALIAS_BOMB + "\n")
+    with pytest.raises(spec.SpecError, match=r"aliases \(\*name\) expand it to more than 100,000 values"):
+        spec.read_stack_file(path)
+
+
+def test_stack_file_aliases_within_the_limit_are_read(tmp_path):
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text("base: &r\n  - optax>=0.2\nconfig:\n  rayslice:requirements: *r\n")
+    assert spec.read_stack_file(path) == {"requirements": ["optax>=0.2"]}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("config:\n  rayslice:labels: &a\n    x: *a\n", "refers to the node that contains it"),
+        ("- config\n", "must be a mapping with a 'config' key"),
+        ("config:\n  rayslice:labels: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
+    ],
+)
+def test_stack_file_shapes_that_are_no_stack_file(tmp_path, text, message):
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text(text)
+    with pytest.raises(spec.SpecError, match=message):
+        spec.read_stack_file(path)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("name", "ray\n"),
+        ("project", "my-project\n"),
+        ("network", "vpc\n"),
+        ("zone", "us-east5-b\n"),
+        ("head_machine_type", "n2-standard-8\n"),
+        ("runtime_version", "v2-alpha-tpuv6e\n"),
+        ("ray_version", "2.60.0\n"),
+        ("ray_version", "\u0662.60.0"),
+        ("package_index", "https://idx.example/simple\n"),
+        ("package_index_credentials_secret", "pip-cred\n"),
+        ("labels", {"team": "ml\n"}),
+        ("labels", {"team\n": "ml"}),
+    ],
+)
+def test_the_rules_refuse_a_trailing_newline_and_foreign_digits_on_their_own(monkeypatch, field, value):
+    """Reading refuses control characters first; the rules' patterns hold without that (whole
+    value, ASCII classes), so neither check rests on the other."""
+    monkeypatch.setattr(draft, "coerce", lambda key, raw: raw)  # values arrive typed, unchecked
+    key = next(k.name for k in model.KEYS if k.field == field)
+    raw = {**BASE, "platform": "tpu-vm", key: value}
+    if field == "package_index_credentials_secret":
+        raw["packageIndex"] = "https://idx.example/simple"
+    with pytest.raises(spec.SpecError) as err:
+        spec.load(raw)
+    assert len(err.value.problems) == 1 and key in err.value.problems[0], err.value.problems
 
 
 def test_requirements_with_markers_are_kept_literally():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayslice import cli
+from tests.rayslice.test_spec import ALIAS_BOMB
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,16 @@ from rayslice import cli
         ),
         # Spot with the head on a slice and recovery on.
         (["capacity=spot", "head=slice", "zone=us-east5-a"], ["use head=vm", "recovery=false"]),
+        # Hostile values (issue 20): named, no traceback.
+        (["name=ray\n", "zone=us-east5-a"], ["name must be printable text", "U+000A"]),
+        (["slices=\u0662", "zone=us-east5-a"], ["slices must be a whole number written in ASCII digits"]),
+        (['requirements=["optax; python_version < \\"3.1\\n2\\""]', "zone=us-east5-a"], ["requirements"]),
+        (["packageIndex=https://idx.example/simple?token=t", "zone=us-east5-a"], ["query or fragment"]),
+        # Public ranges wider than a team's networks, together: say how to force them.
+        (
+            ['dashboardSourceRanges=["34.0.0.0/8", "35.0.0.0/8"]', "zone=us-east5-a"],
+            ["more than a /8", "allowWideDashboardRanges=true"],
+        ),
     ],
 )
 def test_validate_refuses_with_the_fix(capsys, overrides, fragments):
@@ -49,6 +60,21 @@ def test_validate_refuses_with_the_fix(capsys, overrides, fragments):
     err = capsys.readouterr().err
     for fragment in fragments:
         assert fragment in err, err
+    assert "Traceback" not in err
+
+
+def test_wide_dashboard_ranges_pass_when_forced(capsys):
+    ranges = 'dashboardSourceRanges=["34.0.0.0/8", "35.0.0.0/8"]'
+    args = ["validate", "--set", ranges, "--set", "zone=us-east5-a", "--set", "allowWideDashboardRanges=true"]
+    assert cli.main(args) == 0, capsys.readouterr().err
+
+
+def test_validate_refuses_a_stack_file_alias_bomb(tmp_path, capsys):
+    path = tmp_path / "Pulumi.bomb.yaml"
+    path.write_text(ALIAS_BOMB + "\n")
+    assert cli.main(["validate", "--stack-file", str(path), "--set", "zone=us-east5-a"]) == 2
+    err = capsys.readouterr().err
+    assert "aliases (*name) expand it to more than" in err and "Traceback" not in err
 
 
 def test_validate_accepts_the_compute_default(capsys):

@@ -190,3 +190,27 @@ def test_status_when_the_api_refuses_the_connection_exits_3_with_one_line_naming
     assert line.endswith("no answer: Connection refused")
     assert "Traceback" not in captured.err and captured.out == ""
     assert cloud.calls == []  # only the emulation's token endpoint was asked, not its API
+
+
+def test_status_text_shows_escape_sequences_and_line_breaks_from_guest_attributes_escaped() -> None:
+    """Guest attributes are written by whatever runs on a host: a value must not drive the
+    terminal (ESC), overwrite the line (CR) or forge a line of its own (newline)."""
+    from rayslice.recovery.commands import render_text
+
+    forged = "joined\x1b[2J\r\nslice other: joined\u202e"
+    data = {
+        "cluster": CLUSTER,
+        "platform": "compute",
+        "project": PROJECT,
+        "zone": ZONE,
+        "head": {"name": "head", "boot": forged},
+        "slices": [
+            {"name": SLICE0, "state": "READY", "hosts": [{"worker": 0, "name": "h0", "boot": forged}]}
+        ],
+        "recovery": True,
+        "events": [{"time": "t", "slice": SLICE0, "seen": forged, "action": "recreate", "outcome": forged}],
+    }
+    text = render_text(data)
+    assert not any(c in text for c in "\x1b\r\u202e")
+    assert len(text.splitlines()) == 6  # cluster, head, slice, worker, "recovery events:", one event
+    assert "joined\\x1b[2J\\r\\nslice other: joined\\u202e" in text

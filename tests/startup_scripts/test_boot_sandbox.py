@@ -19,7 +19,7 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
-from rayslice.startup_scripts import RenderOptions, host_attributes
+from rayslice.startup_scripts import RenderOptions, host_attributes, templating
 from rayslice.startup_scripts.variables import UV_VERSION, script_variables
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.faults import Fault, FaultTable
@@ -296,12 +296,16 @@ def _group_alive(pgid: int | None) -> bool:
 
 
 HOSTILE = "$(touch {m})`touch {m}`';touch {m};'\"$(touch {m})\" #"
+# Inert in a word, but bash expands an array subscript when a variable's text is evaluated as
+# arithmetic (`((X > 0))`, `$((X))`), so this runs `touch` wherever a value reaches arithmetic.
+ARITHMETIC = "a[$(touch {m})]"
 
 
-def test_hostile_value_in_every_rendered_variable_stays_inert(host, tmp_path):
+@pytest.mark.parametrize("pattern", [HOSTILE, ARITHMETIC], ids=["shell", "arithmetic"])
+def test_hostile_value_in_every_rendered_variable_stays_inert(host, tmp_path, pattern):
     """Every rendered variable (names, ports, paths, lists) carries the hostile string at once."""
     marker = tmp_path / "pwned"
-    hostile = HOSTILE.format(m=marker)
+    hostile = pattern.format(m=marker)
     spec = _spec(rayAuth="token")
     cloud = _cloud(spec)
     box = _box(host, tmp_path, cloud)
@@ -312,6 +316,38 @@ def test_hostile_value_in_every_rendered_variable_stays_inert(host, tmp_path):
     assert result.returncode != 0  # nothing in the script can work with such values
     box.stop()
     assert not marker.exists()
+
+
+OVERRIDABLE = ("RAYSLICE_METADATA_DEADLINE_S", "RAYSLICE_TOKEN_DEADLINE_S", "RAYSLICE_RETRY_MAX_DELAY_S")
+
+
+def test_no_number_reaches_arithmetic_unchecked(host, tmp_path):
+    """Each number alone, rendered or from its environment override, carries `a[$(…)]`: the script
+    stops and names it before any arithmetic evaluates it (the all-at-once test above stops at the
+    first value that breaks, so it cannot show that every number is checked)."""
+    marker = tmp_path / "pwned"
+    hostile = ARITHMETIC.format(m=marker)
+    spec = _spec(rayAuth="none")
+    box = _box(host, tmp_path, _cloud(spec))
+    variables = script_variables(spec, RenderOptions(supervisor="process", root=str(box.root)))
+    rendered = (templating.TEMPLATE_DIR / "startup.sh.j2").read_text()
+    numbers = [
+        k
+        for k, v in variables.items()
+        if isinstance(v, int) and not isinstance(v, bool) and f"{{{{ {k} | q }}}}" in rendered
+    ]
+    assert {"gcs_port", "object_store_bytes", "exit_permanent", "metadata_deadline_s"} <= set(numbers)
+    defaults = dict.fromkeys(OVERRIDABLE, "")  # empty: the rendered value applies
+    for name in numbers:
+        overrides: dict[str, object] = {name: hostile}
+        script = box.render(spec, overrides.pop("gcs_port", sandbox.free_port()), **overrides)
+        result = box.boot(script, timeout=30, **defaults)
+        assert result.returncode != 0 and "is not a whole number" in result.stderr, (name, result.stderr)
+        assert not marker.exists(), name
+    for env in OVERRIDABLE:
+        result = box.boot(box.render(spec, sandbox.free_port()), timeout=30, **{env: hostile})
+        assert result.returncode != 0 and "is not a whole number" in result.stderr, (env, result.stderr)
+        assert not marker.exists(), env
 
 
 def test_hostile_values_reach_the_tools_as_one_literal_argument(host, tmp_path):

@@ -19,6 +19,17 @@ from tests.startup_scripts.faults import Fault, FaultTable
 from tests.startup_scripts.test_boot_sandbox import _box, _cloud
 
 MARKER = "/tmp/rayslice-hostile-marker"
+
+
+def _alias_bomb(width: int = 9, depth: int = 9) -> list:
+    """What a YAML alias bomb loads as: a few shared lists standing for width**depth strings."""
+    value: list = ["lol"] * width
+    for _ in range(depth - 1):
+        value = [value] * width
+    return value
+
+
+BOMB = _alias_bomb()
 VALUES: dict[str, tuple[str, object]] = {
     "command substitution in a requirement": ("requirements", [f"optax$(touch {MARKER})"]),
     "newline in a requirement": ("requirements", [f"optax\ntouch {MARKER}"]),
@@ -34,6 +45,14 @@ VALUES: dict[str, tuple[str, object]] = {
     "`$()` in name": ("name", "a$(id)"),
     "`;` in project": ("project", "my-proj;id"),
     "space in a label value": ("labels", {"team": "a b"}),
+    "trailing newline in name": ("name", "ray\n"),
+    "trailing newline in a label value": ("labels", {"team": "ml\n"}),
+    "non-ASCII digits in rayVersion": ("rayVersion", "\u0662.\u0666\u0660.\u0660"),
+    "non-ASCII digits in slices": ("slices", "\u0662"),
+    "newline in a marker string": ("requirements", ['optax; python_version < "3.1\n2"']),
+    "vertical tab in a marker string": ("requirements", ['optax; sys_platform == "linux\x0b"']),
+    "query string in packageIndex": ("packageIndex", "https://idx.example/simple?token=abc"),
+    "alias bomb in labels": ("labels", {"team": BOMB}),
 }
 # The values the spec accepts; it refuses every other one.
 ACCEPTED = {"PEP 508 marker with quotes, `<`, `;`"}
@@ -48,6 +67,7 @@ TABLE = FaultTable(
 )
 
 
+@pytest.mark.timeout(60)  # the alias bomb, turned into text, would run for hours
 @pytest.mark.parametrize("case", VALUES)
 def test_hostile_config_value_is_refused_or_inert(case, host, tmp_path):
     field, value = VALUES[case]

@@ -148,10 +148,46 @@ def test_render_options_are_checked():
         ss.RenderOptions(package_source="/tmp/wheels")
 
 
-def test_script_never_reads_a_token_from_metadata():
-    script = ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]))
-    assert "attributes/ray-token" not in script and "RAY_AUTH_TOKEN=" not in script
-    assert "RAY_AUTH_TOKEN_PATH" in script
+def _metadata_reads(script: str) -> set[str]:
+    """Every metadata path the script reads: its `metadata "PATH"` calls and its `attribute VAR
+    NAME` calls (instance/attributes/NAME), NAME resolved from the rendered values."""
+    values = _assignments(script)
+    paths = set(re.findall(r'\bmetadata "([^"$]+)"', script))
+    for name in re.findall(r'\battribute [A-Za-z_]+ ("\$[A-Z_]+"|[a-z][a-z-]*)', script):
+        paths.add("instance/attributes/" + (values[name[2:-1]] if name.startswith('"') else name))
+    return paths
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_script_never_reads_a_token_from_metadata(variant):
+    """The only tokens the script takes from metadata are the VM's own access token, which goes
+    to Secret Manager and nowhere else, and the Ray token's secret *name*; the Ray token itself
+    comes from Secret Manager's payload only."""
+    script = ss.render(_spec(VARIANTS[variant]))
+    reads = _metadata_reads(script)
+    assert "instance/attributes/rayslice-head-mode" in reads  # the parser sees the attribute reads
+    token_secret_attribute = f"instance/attributes/{ss.ATTR_TOKEN_SECRET}"
+    assert {p for p in reads if "token" in p} == {
+        "instance/service-accounts/default/token",
+        token_secret_attribute,
+    }
+    # the attribute holds a secret's name (what infra writes there), read into TOKEN_SECRET ...
+    attrs = ss.host_attributes(_spec(VARIANTS[variant]), 0, token_secret="rayslice-token")
+    assert attrs.get(ss.ATTR_TOKEN_SECRET) in (None, "rayslice-token")
+    assert re.findall(r'attribute (\w+) "\$ATTR_TOKEN_SECRET"', script) == ["TOKEN_SECRET"]
+    # ... which is only ever a Secret Manager secret name, logged or checked for emptiness
+    for line in (line.strip() for line in script.splitlines() if "$TOKEN_SECRET" in line):
+        assert re.match(
+            r'(payload=\$\(secret_payload "\$TOKEN_SECRET"\)|\[\[ -n \$TOKEN_SECRET \]\]|log )', line
+        ), line
+    # the access token goes into curl's config on stdin, for Secret Manager only
+    assert [line.strip() for line in script.splitlines() if "$access" in line] == [
+        'response=$(printf \'header = "Authorization: Bearer %s"\\n\' "$access" \\'
+    ]
+    # the Ray token file is written from that payload, never from a variable set elsewhere
+    writes = [line.strip() for line in script.splitlines() if re.search(r'>\s*"?\$(tmp|TOKEN_FILE)', line)]
+    assert writes == ['if ! { printf \'%s\' "$payload" >"$tmp" && mv -f "$tmp" "$TOKEN_FILE"; }; then']
+    assert "RAY_AUTH_TOKEN=" not in script and "RAY_AUTH_TOKEN_PATH" in script
 
 
 def test_only_the_head_vm_carries_the_head_vm_role():

@@ -76,6 +76,15 @@ UNSAFE = {
     "trailing comment": ("X=1  # {{ a | q }}\n", "into a comment"),
     "filter with arguments": ("echo {{ a | q(1) }}\n", "quoting filter outermost"),
     "in an if block": ("{% if c %}\necho {{ a }}\n{% endif %}\n", "quoting filter outermost"),
+    "here-document body": ("cat <<EOF\nvalue: {{ a | q }}\nEOF\n", "here-document body"),
+    "quoted here-document body": ("cat <<'EOF'\n{{ a | q }}\nEOF\n", "here-document body"),
+    "tab-stripped here-document": ("cat <<-END >f\n\t{{ a | q }}\n\tEND\n", "here-document body"),
+    "second of two here-documents": ("cat <<A <<B\nA\n{{ a | q }}\nB\n", "here-document body"),
+    "arithmetic command": ("if (({{ a | q }} > 0)); then :; fi\n", "arithmetic context"),
+    "arithmetic expansion": ("X=$(( {{ a | q }} + 1 ))\n", "arithmetic context"),
+    "nested arithmetic": ("X=$(( (1 + {{ a | q }}) ))\n", "arithmetic context"),
+    "array subscript": ("echo ${ARR[{{ a | q }}]}\n", "arithmetic context"),
+    "array assignment subscript": ("ARR[{{ a | q }}]=1\n", "arithmetic context"),
 }
 
 
@@ -98,6 +107,13 @@ SAFE = [
     "X=${Y:-{{ a | q }}}\n",
     "A=({{ l | qjoin }})\n",
     'echo "closed" {{ a | q }}\n',
+    "cat <<EOF\nbody\nEOF\nX={{ a | q }}\n",  # after the here-document ends
+    "cat <<-EOF\n\tbody\n\tEOF\nX={{ a | q }}\n",
+    'X=$(tr a b <<<"$Y") {{ a | q }}\n',  # a here-string is a word
+    "((N > 1)) && echo {{ a | q }}\n",  # after the arithmetic closes
+    "X=$((N + 1)) {{ a | q }}\n",
+    "[[ -n $X ]] && echo {{ a | q }}\n",  # a test, not a subscript
+    "echo ${ARR[0]} {{ a | q }}\n",
 ]
 
 
@@ -106,10 +122,30 @@ def test_quoted_values_in_plain_context_are_accepted(source):
     templating.check_template("ok.sh.j2", source, templating.environment())
 
 
-@pytest.mark.parametrize("name", ["startup.sh.j2", "pod_start.sh.j2", "_install.sh.j2"])
+@pytest.mark.parametrize("name", ["startup.sh.j2", "pod_start.sh.j2", "_install.sh.j2", "_numbers.sh.j2"])
 def test_shipped_templates_pass_the_check_and_keep_values_out_of_comments(name):
     source = (templating.TEMPLATE_DIR / name).read_text()
     templating.check_template(name, source, templating.environment())
     for line in source.splitlines():
         if line.lstrip().startswith("#"):
             assert "{{" not in line, line
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # what the checker refuses runs the command: the checks guard real sinks
+        "X={value}\nif ((X > 0)); then :; fi",
+        "X={value}\necho $((X + 1))",
+        "cat <<EOF\n{value}\nEOF",
+    ],
+    ids=["arithmetic command", "arithmetic expansion", "here-document"],
+)
+def test_the_refused_contexts_execute_a_quoted_value(tmp_path, script):
+    """`q` makes `a[$(touch …)]` one inert word, yet bash runs it in arithmetic and here-documents;
+    hence the checker's two rules."""
+    marker = tmp_path / "executed"
+    value = f"a[$(touch {marker})]" if "X=" in script else f"$(touch {marker})"
+    quoted = _render_source("{{ v | q }}", v=value)
+    subprocess.run(["bash", "-c", script.format(value=quoted)], capture_output=True, text=True)
+    assert marker.exists()
