@@ -5,8 +5,9 @@ Workloads never assume a topology. The slices, their hosts and each host's TPU w
 from the labels Ray's own TPU detection puts on every node (`ray.io/tpu-*`) and its `TPU`
 resource; the catalog says how many hosts a complete slice of that type has, on the platform
 the boot script labels each TPU host's node with (`platforms.PLATFORM_LABEL`). Ray names the
-type as the host does (``v7x-16`` for Compute Engine's ``tpu7x-16``), which the catalog reads. A bundle index of a
-placement group is not a TPU worker id, so tasks read their worker id from their node's label.
+type as the host does (``v7x-16`` for Compute Engine's ``tpu7x-16``), which the catalog reads.
+A bundle index of a placement group is not a TPU worker id, so tasks read their worker id from
+their node's label.
 
 Driver-side helpers import only `ray`; JAX and torch_xla are imported inside tasks, on the host
 whose chips the task holds. Expected failures are `rayslice.errors` classes and end in their exit

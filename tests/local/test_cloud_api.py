@@ -155,7 +155,8 @@ def test_a_node_with_both_of_an_exclusive_pair_is_refused_as_google_refuses_it(
     assert error["status"] == "INVALID_ARGUMENT" and error["code"] == 400
     first, second = pair
     assert f"sets both {first} and {second}; they are mutually exclusive" in error["message"]
-    assert "rule tpu-node-exclusive-fields" in error["message"] and "tpu v2 discovery document" in error["message"]
+    assert "rule tpu-node-exclusive-fields" in error["message"]
+    assert "tpu v2 discovery document" in error["message"]
     assert ("p", "z", "n") not in cloud.state.nodes
     one = {k: v for k, v in body.items() if k != second}
     assert requests.post(url, params={"nodeId": "n"}, json=one, headers=auth, timeout=10).status_code == 200

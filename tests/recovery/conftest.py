@@ -168,7 +168,9 @@ def controller_violations(insert: dict[str, Any], create: dict[str, Any]) -> lis
         bodies.TEMPLATE,
         template_link(name),
         template_link(name),
-        bodies.Request("compute", "compute.instanceTemplates.insert", "InstanceTemplate", None, SPOT_TEMPLATE),
+        bodies.Request(
+            "compute", "compute.instanceTemplates.insert", "InstanceTemplate", None, SPOT_TEMPLATE
+        ),
     )
     policy = rules.Resource(
         bodies.RESOURCE_POLICY,
@@ -181,7 +183,9 @@ def controller_violations(insert: dict[str, Any], create: dict[str, Any]) -> lis
         bodies.MIG,
         mig_urn,
         name,
-        bodies.Request("compute", "compute.instanceGroupManagers.insert", "InstanceGroupManager", name, insert),
+        bodies.Request(
+            "compute", "compute.instanceGroupManagers.insert", "InstanceGroupManager", name, insert
+        ),
         {"versions": frozenset({template.urn}), "resourcePolicies": frozenset({policy.urn})},
     )
     configs = [
