@@ -303,9 +303,11 @@ class Controller:
             host = str(instance.get("name") or instance.get("instance", "?").rsplit("/", 1)[-1])
             status = instance.get("instanceStatus")
             action = instance.get("currentAction")
-            if status == COMPUTE_SERVING_STATUS and action not in COMPUTE_REPLACING_ACTIONS:
+            if action in COMPUTE_REPLACING_ACTIONS:
+                problems.append(f"{host} {action}")
+            elif status == COMPUTE_SERVING_STATUS:
                 serving += 1
-            elif status in COMPUTE_BROKEN_STATUSES or action in COMPUTE_REPLACING_ACTIONS or was_whole:
+            elif status in COMPUTE_BROKEN_STATUSES or was_whole:
                 problems.append(f"{host} {status or action or 'not running'}")
         whole = target > 0 and serving == len(instances) == target
         if problems:
