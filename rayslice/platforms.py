@@ -18,10 +18,6 @@ from dataclasses import dataclass
 
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME, slice_host_names
 
-# The Ray node label the boot script puts on every TPU host's node, valued with the spec's
-# `platform`: the bundled jobs look the slice's shape up in the catalog of that platform.
-PLATFORM_LABEL = "rayslice.io/platform"
-
 # What one slice is in the cloud API.
 TPU_NODE = "tpu-node"  # a Cloud TPU v2 Node: created, read and deleted whole by the TPU API
 MIG = "mig"  # a Compute Engine managed instance group of TPU VM instances

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rayslice import catalog, names, platforms
+from rayslice import catalog, names
 from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
@@ -103,7 +103,7 @@ def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, obj
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
         "platform": spec.platform,
-        "platform_label": platforms.PLATFORM_LABEL,
+        "platform_label": names.PLATFORM_LABEL,
         "topology": spec.tpu.topology,
         "hosts": spec.tpu.hosts,
         "chips_per_host": spec.tpu.chips_per_host,

@@ -4,7 +4,7 @@ slices and hosts, and the command line.
 Workloads never assume a topology. The slices, their hosts and each host's TPU worker id come
 from the labels Ray's own TPU detection puts on every node (`ray.io/tpu-*`) and its `TPU`
 resource; the catalog says how many hosts a complete slice of that type has, on the platform
-the boot script labels each TPU host's node with (`platforms.PLATFORM_LABEL`). Ray names the
+the boot script labels each TPU host's node with (`names.PLATFORM_LABEL`). Ray names the
 type as the host does (``v7x-16`` for Compute Engine's ``tpu7x-16``), which the catalog reads.
 A bundle index of a placement group is not a TPU worker id, so tasks read their worker id from
 their node's label.
@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from rayslice import catalog, names, platforms
+from rayslice import catalog, names
 from rayslice.errors import InvalidInput, JobFailed, NoCluster, RaysliceError
 
 TPU_RESOURCE = "TPU"
@@ -98,7 +98,7 @@ def tpu_hosts(nodes: Sequence[dict[str, Any]] | None = None) -> list[TpuHost]:
                 pod_type=labels.get(POD_TYPE_LABEL, ""),
                 topology=labels.get(TOPOLOGY_LABEL, ""),
                 chips=chips,
-                platform=labels.get(platforms.PLATFORM_LABEL),
+                platform=labels.get(names.PLATFORM_LABEL),
             )
         )
     return found

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rayslice import names, platforms
+from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.startup_scripts import RenderOptions, host_attributes
 from rayslice.startup_scripts.variables import UV_VERSION, script_variables
@@ -402,7 +402,7 @@ def test_a_tpu7x_host_reporting_v7x_runs_the_script_rendered_for_tpu7x(host, tmp
     box = _boot_compute_host(host, tmp_path, spec, 1, {"accelerator-type": "v7x-16"})
     env = box.ray_log.read_text()
     assert "TPU_ACCELERATOR_TYPE=tpu7x-16" in env and "TPU_WORKER_ID=1" in env
-    assert f"--labels={platforms.PLATFORM_LABEL}=compute" in box.ray_starts()[0]
+    assert f"--labels={names.PLATFORM_LABEL}=compute" in box.ray_starts()[0]
 
 
 # Worker 2's instance name is 3rd in rayslice's list, but Google numbers it 1: Google's number

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import rayslice.workloads
-from rayslice import catalog, names, platforms
+from rayslice import catalog, names
 from rayslice.errors import EXIT_INVALID, EXIT_JOB_FAILED, EXIT_NO_CLUSTER, InvalidInput, JobFailed, NoCluster
 from rayslice.workloads import _cluster, _jax_hosts
 
@@ -36,7 +36,7 @@ def node(
             _cluster.WORKER_ID_LABEL: str(worker),
             _cluster.TOPOLOGY_LABEL: topology,
             _cluster.POD_TYPE_LABEL: pod_type,
-            **({platforms.PLATFORM_LABEL: platform} if platform else {}),
+            **({names.PLATFORM_LABEL: platform} if platform else {}),
         },
     }
 
