@@ -17,8 +17,14 @@ the catalog lists offers (`MACHINE_FAMILIES_BY_ZONE`), so a head VM's type is ch
 anything is created.
 
 Names are accepted as ``<gen>-<N>`` (N counts TensorCores for v2/v3/v4/v5p/tpu7x, chips for
-v5e/v6e), as ``<gen>-<topology>`` and with the GKE accelerator label as the prefix
-(``tpu-v6e-slice-16``).
+v5e/v6e), as ``<gen>-<topology>``, with the GKE accelerator label as the prefix
+(``tpu-v6e-slice-16``) and as a host and Ray spell them (``v7x-16``).
+
+A generation has two spellings where Google's APIs and the hosts disagree: Compute Engine and
+GKE name TPU7x ``tpu7x-N``, while a TPU7x host reports ``v7x-N`` in its ``accelerator-type``
+metadata and Ray labels its nodes ``v7x-N``. `Generation.reported_prefix` holds that fact,
+`canonical_name` turns any spelling into the catalog's and `reported_name` into the host's; no
+other module compares the two spellings.
 """
 
 from __future__ import annotations
@@ -96,6 +102,9 @@ class Generation:
     # its provider tests create, enables it on a v2 (`accelerator_config` V2, 2x2). Turn it on
     # for another generation once its docs, or a real `pulumi up`, show that it boots.
     shielded_vm: bool = False
+    # The prefix a host of this generation reports in its ``accelerator-type`` metadata and Ray
+    # puts in its node labels, where it is not `name`; None: the same as `name`.
+    reported_prefix: str | None = None
 
     @property
     def counts_tensorcores(self) -> bool:
@@ -247,6 +256,12 @@ GENERATIONS: tuple[Generation, ...] = (
         compute_chips_per_host=(1, 4),
         compute_image_family=_IMAGE_TPU7X,
         compute_min_chips=1,
+        # A tpu7x-standard-4t host of a 2-host MIG slice reports `v7x-16` (a published guide's
+        # check of a real TPU7x slice on Compute Engine: "Qwen3.5-397B-A17B-FP8 Inference on
+        # TPU v7x — TPU VM Edition", part 3, step 1.5 "Verify the ICI interconnect": "Should
+        # output: v7x-16 (note: no "tpu" prefix)"), and Ray 2.60 rewrites `tpu7x-N` to `v7x-N`
+        # (ray/_private/accelerators/tpu.py, normalize_tpu_accelerator_type).
+        reported_prefix="v7x",
     ),
     Generation(
         name="tpu7",
@@ -263,10 +278,12 @@ GENERATIONS: tuple[Generation, ...] = (
         gke_workload_policy=True,
         gke_min_chips=1,
         cubic_alias_max_cubes=96,
+        # No public host of it was found; Ray's rule (above) turns `tpu7-N` into `v7-N`.
+        reported_prefix="v7",
     ),
 )
 
-_BY_PREFIX = {p: g for g in GENERATIONS for p in (g.name, *g.aliases)}
+_BY_PREFIX = {p: g for g in GENERATIONS for p in (g.name, *g.aliases, g.reported_prefix) if p}
 
 # ---- CPU machine families per zone (for the head VM and GKE's head node pool) -------------------
 #
@@ -547,6 +564,17 @@ def canonical_name(name: str) -> str:
     if match and match["prefix"] in _BY_PREFIX:
         return f"{_BY_PREFIX[match['prefix']].name}-{match['size']}"
     return text
+
+
+def reported_name(name: str) -> str:
+    """The name a host reports for an accelerator type, and Ray's: ``tpu7x-16`` -> ``v7x-16``,
+    ``tpu-v6e-slice-16`` -> ``v6e-16``; a name of no known generation comes back lowercased."""
+    text = canonical_name(name)
+    match = _NAME.match(text)
+    gen = _BY_PREFIX.get(match["prefix"]) if match else None
+    if match is None or gen is None or gen.reported_prefix is None:
+        return text
+    return f"{gen.reported_prefix}-{match['size']}"
 
 
 def lookup(name: str, platform: str = "tpu-vm") -> TpuType:

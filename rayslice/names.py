@@ -57,6 +57,9 @@ HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
 
 # Ray's TPU slice label (ray.util.tpu and the workloads read it).
 SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
+# The Ray node label the boot script puts on every TPU host's node, valued with the spec's
+# `platform`: the bundled jobs look the slice's shape up in the catalog of that platform.
+PLATFORM_LABEL = "rayslice.io/platform"
 
 
 def slice_name(cluster: str, index: int) -> str:

@@ -33,6 +33,15 @@ TPU_API_ATTRIBUTES = (
     "worker-network-endpoints",
     "tpu-env",
 )
+# The identity attributes a Compute Engine TPU host of a MIG slice has. Google's Compute Engine
+# TPU pages do not list them; a published guide's check of a real TPU7x slice (two
+# tpu7x-standard-4t hosts of a MIG with a workload policy) does: "Qwen3.5-397B-A17B-FP8 Inference
+# on TPU v7x — TPU VM Edition", part 3, step 1.5 "Verify the ICI interconnect": the attribute
+# listing "Should include: accelerator-type tpu-env worker-id worker-network-endpoints etc.",
+# `accelerator-type` "Should output: v7x-16 (note: no "tpu" prefix)", `worker-id` "(Host 0 = 0,
+# Host 1 = 1)" and TOPOLOGY in `tpu-env`. It shows no `agent-worker-number` or `instance-id`,
+# and not the format of `worker-network-endpoints`, so neither is relied on there.
+COMPUTE_TPU_ATTRIBUTES = ("accelerator-type", "worker-id", "worker-network-endpoints", "tpu-env")
 
 
 @dataclass(frozen=True)
@@ -44,13 +53,16 @@ class VmPlatform:
     # from its recorded Node fields; a MIG by deleting it, inserting it again with target size 0
     # and creating its hosts from their recorded per-instance configs (names and addresses).
     slice_resource: str
-    # The metadata attributes Google's API itself gives each host (a subset of
-    # TPU_API_ATTRIBUTES); the simulator serves exactly these.
+    # The metadata attributes Google's API itself gives each host (TPU_API_ATTRIBUTES or
+    # COMPUTE_TPU_ATTRIBUTES); the simulator serves exactly these.
     google_attributes: tuple[str, ...]
     # True: rayslice names each host (`names.host_name`, fixed by the MIG's per-instance
     # configs) and writes the slice's name and its hosts' names in worker order into every
-    # host's metadata (`identity_attributes`), because Google's attributes do not tell a host
-    # which worker it is. False: Google names the workers and its attributes identify them.
+    # host's metadata (`identity_attributes`), for a host whose Google attributes do not tell it
+    # which worker it is. On Compute Engine only one published log shows Google's attributes,
+    # so both are there: a host reads Google's when it has them and rayslice's otherwise (the
+    # boot script takes its worker number and host list from one of the two, never a mix).
+    # False: Google names the workers and its attributes identify them.
     rayslice_names_hosts: bool
 
     def identity_attributes(self, slice_name: str, hosts: int) -> dict[str, str]:
@@ -64,9 +76,9 @@ class VmPlatform:
         }
 
 
-# Which TPU attributes a Compute Engine TPU instance has is not settled by public sources, so none
-# is relied on (docs/deploy-compute.md).
-COMPUTE = VmPlatform(name="compute", slice_resource=MIG, google_attributes=(), rayslice_names_hosts=True)
+COMPUTE = VmPlatform(
+    name="compute", slice_resource=MIG, google_attributes=COMPUTE_TPU_ATTRIBUTES, rayslice_names_hosts=True
+)
 TPU_VM = VmPlatform(
     name="tpu-vm", slice_resource=TPU_NODE, google_attributes=TPU_API_ATTRIBUTES, rayslice_names_hosts=False
 )

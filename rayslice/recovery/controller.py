@@ -6,18 +6,27 @@ It runs on the CPU head VM (a slice cannot heal its own host) as a supervised se
 
 - a TPU node (``tpu-vm``): the Cloud TPU node. PREEMPTED, TERMINATED or missing is broken; the node is deleted
   and created again with the same id from its own recorded spec (the writable fields of the last
-  answer seen while it existed).
-- a MIG (``compute``): the slice's MIG and its managed instances. A missing MIG, fewer instances than the
-  target size, an instance that is stopped, terminated or suspended, or one the MIG is
-  recreating by itself (a single new host does not make a multi-host slice whole) is broken.
-  Google's "Request TPU Spot VMs" page says a Spot MIG must be deleted and recreated; so the
-  controller deletes the MIG, inserts it again from its recorded spec with target size 0, and
+  answer seen while it existed, one of each pair of fields the API refuses together).
+- a MIG (``compute``): the slice's MIG and its managed instances. Once the slice has been seen
+  whole (every instance RUNNING, as many as the target size), any host that is not RUNNING
+  breaks it: stopped or stopping (a Spot preemption with termination action STOP leaves such
+  hosts behind), terminated, suspended, or being created again (a single new host does not make
+  a multi-host slice whole). So do a missing MIG, fewer instances than the target size, and an
+  instance the MIG is recreating by itself. Google's "Request TPU Spot VMs" page says a Spot
+  MIG must be deleted and recreated; so the controller deletes the MIG, inserts it again from
+  its recorded spec in the program's shape (target size 0, no bulk target-size policy, default
+  action on failure DO_NOTHING: the controller, not the MIG, repairs a slice, and whole), and
   creates the hosts with their recorded per-instance configs (names and preserved addresses) in
-  one ``createInstances`` call, which sets the target size back.
+  one ``createInstances`` call, which raises the target size to the slice's host count.
 
-A slice still being created (CREATING, or instances whose current action is CREATING) is left
-alone. After a failed recreation the next try waits `base_backoff_s * 2**(failures-1)`, capped at
-`max_backoff_s`; a healthy observation resets it.
+A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
+one the controller has just recreated, until it is whole again. After a failed recreation the
+next try waits `base_backoff_s * 2**(failures-1)`, capped at `max_backoff_s`; a healthy
+observation resets it.
+
+The bodies it sends are checked against Google's rules (`rayslice.cloud.rules`) in the tests
+(tests/recovery), not here: the rules that decide a MIG's shape read its instance template and
+workload policy, which the controller never reads, and the bundle stays small.
 
 It never touches anything but this cluster's slices: the names it may act on are computed from
 the spec (`rayslice.names.slice_name`), `act_on` refuses any other name before a request is
@@ -50,10 +59,25 @@ from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Record
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
-# Compute v1 ManagedInstance.instanceStatus values of a host that is not serving.
+# Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
+# that was once whole.
+COMPUTE_SERVING_STATUS = "RUNNING"
+# ManagedInstance.instanceStatus values of a host that is not serving and will not by itself.
 COMPUTE_BROKEN_STATUSES = frozenset({"STOPPED", "STOPPING", "TERMINATED", "SUSPENDED", "SUSPENDING"})
 # ManagedInstance.currentAction values of a MIG replacing a host on its own.
 COMPUTE_REPLACING_ACTIONS = frozenset({"RECREATING"})
+# What a recreated MIG does with a failed host (compute v1,
+# InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure): nothing; the controller
+# recreates the slice whole (rule spot-tpu-do-nothing in rayslice.cloud.rules).
+MIG_ACTION_ON_FAILURE = "DO_NOTHING"
+# Node fields the TPU API refuses together. tpu.v2.json, Node.networkConfig and networkConfigs:
+# "network_config and network_configs are mutually exclusive, you can only specify one of them.
+# If both are specified, an error will be returned."; magic-modules mmv1/products/tpuv2/Vm.yaml:
+# accelerator_config conflicts with accelerator_type (rule tpu-node-exclusive-fields). nodes.get
+# may answer with both of a pair; the create call carries the first of each, the one rayslice's
+# program sets (rayslice/infra/tpu_vm/slice.py: accelerator_config, network_config), and the
+# second only for a node that has no first.
+TPU_EXCLUSIVE_FIELDS = (("acceleratorConfig", "acceleratorType"), ("networkConfig", "networkConfigs"))
 # Writable Node fields (tpu.v2.json: not readOnly) carried from the recorded node to the new one.
 TPU_CREATE_FIELDS = (
     "acceleratorConfig",
@@ -72,7 +96,9 @@ TPU_CREATE_FIELDS = (
     "shieldedInstanceConfig",
     "tags",
 )
-# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG.
+# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG. Not
+# targetSizePolicy: bulk mode takes only FLEX_START or RESERVATION_BOUND templates (rule
+# bulk-provisioning-model), and the program's MIG has none.
 MIG_INSERT_FIELDS = (
     "allInstancesConfig",
     "autoHealingPolicies",
@@ -86,7 +112,6 @@ MIG_INSERT_FIELDS = (
     "resourcePolicies",
     "statefulPolicy",
     "targetSize",
-    "targetSizePolicy",
     "updatePolicy",
     "versions",
 )
@@ -125,6 +150,7 @@ class Observation:
     broken: bool
     seen: str
     recorded: dict[str, Any] | None = None  # the spec to recreate from, when the slice exists
+    whole: bool = False  # every host serving
 
 
 @dataclass
@@ -133,6 +159,9 @@ class SliceState:
     next_try: float = 0.0
     recorded: dict[str, Any] | None = None
     last_seen: str = ""
+    # Seen whole since the controller started or last recreated it: from then on a host that is
+    # not serving breaks the slice (before, the slice is still being created).
+    was_whole: bool = False
 
 
 @dataclass
@@ -167,13 +196,14 @@ class Controller:
             )
         state = self.slices.setdefault(name, SliceState())
         try:
-            observation = self.observe(name)
+            observation = self.observe(name, state.was_whole)
         except (CloudError, OSError) as exc:
             # A transient API or network failure: nothing was seen, so nothing is recorded.
             print(f"rayslice-recovery: could not read {name}: {exc}", file=sys.stderr)
             return
         if observation.recorded is not None and not observation.broken:
             state.recorded = observation.recorded
+        state.was_whole = state.was_whole or observation.whole
         if not observation.broken:
             state.failures, state.next_try, state.last_seen = 0, 0.0, observation.seen
             return
@@ -203,7 +233,8 @@ class Controller:
             self._failed(state, attempt)
             outcome += f"; next try in {self.backoff(state.failures):.0f}s"
         else:
-            state.failures, state.next_try = 0, 0.0
+            # New hosts are being created: the slice is not broken again until it was whole.
+            state.failures, state.next_try, state.was_whole = 0, 0.0, False
         self.recorder.record(Event.now(name, observation.seen, "recreate", outcome, attempt))
 
     def _failed(self, state: SliceState, attempt: int) -> None:
@@ -212,10 +243,11 @@ class Controller:
 
     # ---- per platform -------------------------------------------------------------------------
 
-    def observe(self, name: str) -> Observation:
+    def observe(self, name: str, was_whole: bool = False) -> Observation:
+        """One look at slice `name`; `was_whole`: it has been seen whole since it was (re)created."""
         if self.target.slice_resource == TPU_NODE:
             return self._observe_node(name)
-        return self._observe_mig(name)
+        return self._observe_mig(name, was_whole)
 
     def recreate(self, name: str, recorded: Mapping[str, Any]) -> str:
         if self.target.slice_resource == TPU_NODE:
@@ -228,7 +260,10 @@ class Controller:
             return Observation(True, "node missing")
         state = str(node.get("state", "STATE_UNSPECIFIED"))
         recorded = {key: node[key] for key in TPU_CREATE_FIELDS if key in node}
-        return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded)
+        for kept, dropped in TPU_EXCLUSIVE_FIELDS:
+            if recorded.get(kept):
+                recorded.pop(dropped, None)
+        return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY")
 
     def _recreate_node(self, name: str, recorded: Mapping[str, Any]) -> str:
         allowed = self.target.slice_names
@@ -246,7 +281,7 @@ class Controller:
         error = operation_error(done)
         return f"failed: create: {error}" if error else "recreated"
 
-    def _observe_mig(self, name: str) -> Observation:
+    def _observe_mig(self, name: str, was_whole: bool) -> Observation:
         mig = self.client.get_mig(name)
         if mig is None:
             return Observation(True, "MIG missing")
@@ -263,17 +298,21 @@ class Controller:
         problems = []
         if len(instances) < target:
             problems.append(f"{len(instances)} of {target} instances")
+        serving = 0
         for instance in instances:
             host = str(instance.get("name") or instance.get("instance", "?").rsplit("/", 1)[-1])
             status = instance.get("instanceStatus")
             action = instance.get("currentAction")
-            if status in COMPUTE_BROKEN_STATUSES:
-                problems.append(f"{host} {status}")
-            elif action in COMPUTE_REPLACING_ACTIONS:
+            if action in COMPUTE_REPLACING_ACTIONS:
                 problems.append(f"{host} {action}")
+            elif status == COMPUTE_SERVING_STATUS:
+                serving += 1
+            elif status in COMPUTE_BROKEN_STATUSES or was_whole:
+                problems.append(f"{host} {status or action or 'not running'}")
+        whole = target > 0 and serving == len(instances) == target
         if problems:
             return Observation(True, "MIG " + ", ".join(problems), recorded)
-        return Observation(False, f"MIG {len(instances)} of {target} instances", recorded)
+        return Observation(False, f"MIG {serving} of {target} instances running", recorded, whole)
 
     def _recreate_mig(self, name: str, recorded: Mapping[str, Any]) -> str:
         allowed = self.target.slice_names
@@ -286,6 +325,8 @@ class Controller:
         instances = list(recorded["instances"])
         if instances:
             body["targetSize"] = 0  # createInstances below names each host and raises the size
+        policy = dict(body.get("instanceLifecyclePolicy") or {})
+        body["instanceLifecyclePolicy"] = {**policy, "defaultActionOnFailure": MIG_ACTION_ON_FAILURE}
         done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
         if done.get("status") != "DONE" or operation_error(done):
             return f"failed: insert: {operation_error(done) or 'did not finish'}"

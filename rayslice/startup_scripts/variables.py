@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from rayslice import names
+from rayslice import catalog, names
 from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
@@ -88,11 +88,22 @@ def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, obj
     }
 
 
+def host_types(spec: ClusterSpec) -> list[str]:
+    """Every name a host of the spec's slice may report as its ``accelerator-type``: the spec's
+    own and the host's spelling of it (`catalog.reported_name`: a TPU7x host reports ``v7x-16``
+    for the ``tpu7x-16`` that Compute Engine is asked for)."""
+    spellings = (spec.accelerator_type, catalog.canonical_name(spec.accelerator_type))
+    return list(dict.fromkeys((*spellings, catalog.reported_name(spec.accelerator_type))))
+
+
 def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, object]:
     source = PackageSource.parse(options.package_source)
     return {
         **package_variables(spec, source),
         "accelerator_type": spec.accelerator_type,
+        "host_types": host_types(spec),
+        "platform": spec.platform,
+        "platform_label": names.PLATFORM_LABEL,
         "topology": spec.tpu.topology,
         "hosts": spec.tpu.hosts,
         "chips_per_host": spec.tpu.chips_per_host,

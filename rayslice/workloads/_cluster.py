@@ -3,8 +3,11 @@ slices and hosts, and the command line.
 
 Workloads never assume a topology. The slices, their hosts and each host's TPU worker id come
 from the labels Ray's own TPU detection puts on every node (`ray.io/tpu-*`) and its `TPU`
-resource; the catalog says how many hosts a complete slice of that type has. A bundle index of a
-placement group is not a TPU worker id, so tasks read their worker id from their node's label.
+resource; the catalog says how many hosts a complete slice of that type has, on the platform
+the boot script labels each TPU host's node with (`names.PLATFORM_LABEL`). Ray names the
+type as the host does (``v7x-16`` for Compute Engine's ``tpu7x-16``), which the catalog reads.
+A bundle index of a placement group is not a TPU worker id, so tasks read their worker id from
+their node's label.
 
 Driver-side helpers import only `ray`; JAX and torch_xla are imported inside tasks, on the host
 whose chips the task holds. Expected failures are `rayslice.errors` classes and end in their exit
@@ -46,6 +49,7 @@ class TpuHost:
     pod_type: str
     topology: str
     chips: int
+    platform: str | None = None  # the platform label; None on a node the boot script did not start
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class TpuSlice:
 
     @property
     def generation(self) -> str:
-        return catalog.canonical_name(self.pod_type).rsplit("-", 1)[0]
+        """The generation as Ray spells it (``v7x``), for `ray.util.tpu`."""
+        return catalog.reported_name(self.pod_type).rsplit("-", 1)[0]
 
     @property
     def chips(self) -> int:
@@ -95,30 +100,32 @@ def tpu_hosts(nodes: Sequence[dict[str, Any]] | None = None) -> list[TpuHost]:
                 pod_type=labels.get(POD_TYPE_LABEL, ""),
                 topology=labels.get(TOPOLOGY_LABEL, ""),
                 chips=chips,
+                platform=labels.get(names.PLATFORM_LABEL),
             )
         )
     return found
 
 
-def _expected_hosts(pod_type: str, chips_per_host: int) -> int:
-    """Hosts in a complete slice, from the catalog shape whose chips per host match what Ray saw.
+def _expected_hosts(pod_type: str, chips_per_host: int, platform: str | None = None) -> int:
+    """Hosts in a complete slice: the catalog shape on the cluster's `platform`, whose chips per
+    host must be what Ray saw.
 
-    The TPU VM API and GKE disagree for 8-chip v5e/v6e (one 8-chip host vs two 4-chip nodes), so
-    the platform is recognised by the chips each host reports.
+    Without a platform label (a node that rayslice's boot script did not start, e.g. a KubeRay
+    pod), the shape is the one of any platform whose chips per host match: the TPU VM API and
+    GKE disagree for 8-chip v5e/v6e (one 8-chip host vs two 4-chip nodes).
     """
+    offering = (platform,) if platform else catalog.PLATFORMS
     shapes = [
-        catalog.lookup(pod_type, platform)
-        for platform in catalog.PLATFORMS
-        if catalog.canonical_name(pod_type) in catalog.table(platform)
+        catalog.lookup(pod_type, p) for p in offering if catalog.canonical_name(pod_type) in catalog.table(p)
     ]
     for shape in shapes:
         if shape.chips_per_host == chips_per_host:
             return shape.hosts
     if not shapes:
-        catalog.lookup(pod_type)  # raises CatalogError naming the closest types
+        catalog.lookup(pod_type, offering[0])  # raises CatalogError naming the closest types
     raise InvalidInput(
-        f"hosts of {pod_type} report {chips_per_host} TPU chips each, which no "
-        f"platform's {pod_type} has; check the nodes' TPU resources"
+        f"hosts of {pod_type} report {chips_per_host} TPU chips each, which no {pod_type} of "
+        f"{' or '.join(offering)} has; check the nodes' TPU resources"
     )
 
 
@@ -137,7 +144,7 @@ def tpu_slices(hosts: Sequence[TpuHost] | None = None) -> list[TpuSlice]:
                 pod_type=first.pod_type,
                 topology=first.topology,
                 chips_per_host=first.chips,
-                expected_hosts=_expected_hosts(first.pod_type, first.chips),
+                expected_hosts=_expected_hosts(first.pod_type, first.chips, first.platform),
                 hosts=tuple(members),
             )
         )

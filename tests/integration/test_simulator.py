@@ -303,8 +303,9 @@ def test_up_status_down_v6e16_tpu_vm(simulation_dir, capsys):
     assert not simulation_dir.exists()
 
 
-# Cloud-TPU-API attributes a Compute Engine host must do without (issue 9.5).
-CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number", "worker-network-endpoints", "tpu-env")
+# Cloud-TPU-API attributes a Compute Engine host must do without (issue 9.5); it has Google's
+# `platforms.COMPUTE_TPU_ATTRIBUTES` (issue 19.5) and rayslice's names as well.
+CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number")
 
 
 def _metadata_attributes(sim: Simulation, host: str) -> list[str]:

@@ -129,3 +129,34 @@ def test_the_simulator_hooks_fire_once_per_slice_when_deletion_and_recreation_fi
         for _ in range(2):
             requests.get(poll, headers=auth, timeout=10)
     assert seen == [("down", "s"), ("up", "s")]
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        {"networkConfig": {"network": "n"}, "networkConfigs": [{"network": "n"}]},
+        {"acceleratorType": "v6e-16", "acceleratorConfig": {"type": "V6E", "topology": "4x4"}},
+    ],
+    ids=["networkConfig", "acceleratorConfig"],
+)
+def test_a_node_with_both_of_an_exclusive_pair_is_refused_as_google_refuses_it(
+    cloud: CloudApiEmulator, pair: dict[str, Any]
+) -> None:
+    """tpu v2 discovery document, Node.networkConfig: "network_config and network_configs are
+    mutually exclusive ... If both are specified, an error will be returned"; the emulation
+    calls the rule that `rayslice preview` and the policy pack run (tpu-node-exclusive-fields)."""
+    cloud.tokens.add("t")
+    auth = {"Authorization": "Bearer t"}
+    url = f"{cloud.url}/v2/projects/p/locations/z/nodes"
+    body = {"runtimeVersion": "v2-alpha-tpuv6e", **pair}
+    answer = requests.post(url, params={"nodeId": "n"}, json=body, headers=auth, timeout=10)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["status"] == "INVALID_ARGUMENT" and error["code"] == 400
+    first, second = pair
+    assert f"sets both {first} and {second}; they are mutually exclusive" in error["message"]
+    assert "rule tpu-node-exclusive-fields" in error["message"]
+    assert "tpu v2 discovery document" in error["message"]
+    assert ("p", "z", "n") not in cloud.state.nodes
+    one = {k: v for k, v in body.items() if k != second}
+    assert requests.post(url, params={"nodeId": "n"}, json=one, headers=auth, timeout=10).status_code == 200

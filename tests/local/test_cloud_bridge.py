@@ -70,6 +70,9 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
     target = Target(spec.name, platform, spec.slices, location)
     controller = Controller(client, target, Recorder([]))
     controller.step()
+    for mig in cloud.state.migs.values():  # the program's shape (rayslice/infra/compute)
+        assert "targetSizePolicy" not in mig and mig["targetSize"] == 4
+        assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
 
     victims = cloud_bridge.preempt(cloud, sim, spec, "rayslice-slice-1")
     assert len(victims) == 4 and sim.actions == [("off", h) for h in victims]

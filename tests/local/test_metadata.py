@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from rayslice import spec
+from rayslice import platforms, spec
 from rayslice.local.google.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
 from rayslice.local.google.metadata_server import MetadataServer, dump_tree, load_tree
 from rayslice.names import (
@@ -182,30 +182,54 @@ def test_unavailable_for_answers_503_then_recovers():
         server.server_close()
 
 
-# Attributes that only the Cloud TPU API sets: a Compute Engine TPU host must do without them.
-CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number", "worker-network-endpoints", "tpu-env")
+# Attributes that only the Cloud TPU API sets: a Compute Engine TPU host must do without them
+# (the published TPU7x log in rayslice/platforms.py shows neither on a Compute Engine host).
+CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number")
 
 
-def test_compute_host_looks_like_a_compute_engine_instance():
-    cluster = spec.load({"platform": "compute", "acceleratorType": "v6e-16"}, require_zone=False)
-    names = [host_name("rayslice-slice-0", w) for w in range(4)]
-    tree = instance_tree(
+def _compute_tree(accelerator_type: str, worker: int) -> dict:
+    cluster = spec.load({"platform": "compute", "acceleratorType": accelerator_type}, require_zone=False)
+    hosts = cluster.tpu.hosts
+    return instance_tree(
         cluster,
-        hostname=names[2],
-        ip=SLICE_IPS[2],
+        hostname=host_name("rayslice-slice-0", worker),
+        ip=SLICE_IPS[worker],
         network=NETWORK,
         gateway="100.64.7.1",
-        attributes=slice_host_attributes(cluster, 0, 2, SLICE_IPS, None),
+        attributes=slice_host_attributes(cluster, 0, worker, SLICE_IPS[:hosts], None),
         startup_script="#!/bin/bash\n",
         machine_type=cluster.tpu.machine_type,
     )
-    server = _serve(tree)
+
+
+def test_a_tpu7x_compute_host_reports_its_type_as_a_real_one_does():
+    server = _serve(_compute_tree("tpu7x-16", 1))
+    try:
+        attrs = "/computeMetadata/v1/instance/attributes/"
+        assert _get(server, attrs + "accelerator-type")[2] == "v7x-16"
+        assert "ACCELERATOR_TYPE: 'v7x-16'" in _get(server, attrs + "tpu-env")[2].splitlines()
+        assert _get(server, attrs + "worker-id")[2] == "1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_compute_host_looks_like_a_compute_engine_instance():
+    names = [host_name("rayslice-slice-0", w) for w in range(4)]
+    server = _serve(_compute_tree("v6e-16", 2))
     try:
         attrs = "/computeMetadata/v1/instance/attributes/"
         listed = _get(server, attrs)[2].split()
         assert not set(CLOUD_TPU_API_ONLY) & set(listed)
         for name in CLOUD_TPU_API_ONLY:
             assert _get(server, attrs + name)[0] == 404
+        # Google's attributes of a Compute Engine TPU host, in worker order like rayslice's.
+        assert set(platforms.COMPUTE_TPU_ATTRIBUTES) <= set(listed)
+        assert _get(server, attrs + "accelerator-type")[2] == "v6e-16"
+        assert _get(server, attrs + "worker-id")[2] == "2"
+        endpoints = _get(server, attrs + "worker-network-endpoints")[2].split(",")
+        assert [e.split(":")[2] for e in endpoints] == SLICE_IPS
+        assert "WORKER_ID: '2'" in _get(server, attrs + "tpu-env")[2].splitlines()
         assert _get(server, attrs + ATTR_SLICE_NAME)[2] == "rayslice-slice-0"
         hosts = _get(server, attrs + ATTR_SLICE_HOSTS)[2].split(",")
         own = _get(server, "/computeMetadata/v1/instance/name")[2]

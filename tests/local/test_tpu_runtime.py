@@ -77,6 +77,11 @@ def test_chips_per_host_from_a_tpu_vms_metadata_or_a_compute_instances_machine_t
     assert tpu_runtime.chips_per_host(tpu_vm("v5p-16", 2)) == 4  # v5p counts TensorCores
     compute = {"instance": {"attributes": {}, "machine-type": "projects/1/machineTypes/ct6e-standard-4t"}}
     assert tpu_runtime.chips_per_host(compute) == 4
+    # A TPU7x instance also has Google's attributes, with the type as the host spells it (v7x-16,
+    # which the TPU VM API does not offer): its machine type decides.
+    tpu7x = tpu_vm("v7x-16", 2)
+    tpu7x["instance"]["machine-type"] = "projects/1/machineTypes/tpu7x-standard-4t"
+    assert tpu_runtime.chips_per_host(tpu7x) == 4
     head_vm = {"instance": {"attributes": {"rayslice-role": "head-vm"}, "machine-type": "x/n2-standard-8"}}
     assert tpu_runtime.chips_per_host(head_vm) == 0
 

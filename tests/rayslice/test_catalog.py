@@ -327,6 +327,7 @@ def test_two_d_sizes_are_powers_of_two(platform):
         ("tpu-v6e-slice-16", "v6e"),
         ("v5e-8", "v5litepod"),
         ("ironwood-4x4x4", "tpu7x"),
+        ("v7x-16", "tpu7x"),
         ("v9-8", None),
         ("x", None),
     ],
@@ -334,3 +335,29 @@ def test_two_d_sizes_are_powers_of_two(platform):
 def test_generation_of(name, generation):
     gen = catalog.generation_of(name)
     assert (gen.name if gen else None) == generation
+
+
+@pytest.mark.parametrize(
+    "name, canonical, reported",
+    [
+        # Compute Engine and GKE say tpu7x-N; a TPU7x host and Ray say v7x-N.
+        ("tpu7x-16", "tpu7x-16", "v7x-16"),
+        ("v7x-16", "tpu7x-16", "v7x-16"),
+        ("V7X-2x2x2", "tpu7x-2x2x2", "v7x-2x2x2"),
+        ("tpu7-8", "tpu7-8", "v7-8"),
+        ("tpu-v6e-slice-16", "v6e-16", "v6e-16"),
+        ("v5e-8", "v5litepod-8", "v5litepod-8"),
+        ("v9-8", "v9-8", "v9-8"),
+    ],
+)
+def test_a_generations_names_are_one_fact(name, canonical, reported):
+    assert catalog.canonical_name(name) == canonical
+    assert catalog.reported_name(name) == reported
+    assert catalog.canonical_name(catalog.reported_name(name)) == canonical
+
+
+def test_the_hosts_spelling_finds_the_same_shape():
+    for platform in ("compute", "gke"):
+        assert catalog.lookup("v7x-16", platform) == catalog.lookup("tpu7x-16", platform)
+    with pytest.raises(catalog.CatalogError, match="not available on tpu-vm"):
+        catalog.lookup("v7x-16", "tpu-vm")

@@ -11,7 +11,14 @@ import pytest
 
 import rayslice
 from rayslice import catalog, names, platforms
-from rayslice.platforms import COMPUTE, SLICE_RESOURCES, TPU_API_ATTRIBUTES, TPU_VM, VM_PLATFORMS
+from rayslice.platforms import (
+    COMPUTE,
+    COMPUTE_TPU_ATTRIBUTES,
+    SLICE_RESOURCES,
+    TPU_API_ATTRIBUTES,
+    TPU_VM,
+    VM_PLATFORMS,
+)
 
 PACKAGE = Path(rayslice.__file__).resolve().parent
 # The catalog and the spec's rules say which shapes and fields each platform offers (GKE
@@ -27,9 +34,21 @@ def test_every_platform_but_gke_is_a_vm_platform():
 @pytest.mark.parametrize("platform", VM_PLATFORMS.values(), ids=lambda p: p.name)
 def test_each_entry_names_a_known_resource_and_known_attributes(platform):
     assert platform.slice_resource in SLICE_RESOURCES
-    assert set(platform.google_attributes) <= set(TPU_API_ATTRIBUTES)
-    # A host learns its worker from Google's attributes or from the names rayslice gave it.
-    assert bool(platform.google_attributes) != platform.rayslice_names_hosts
+    assert platform.google_attributes in (TPU_API_ATTRIBUTES, COMPUTE_TPU_ATTRIBUTES)
+    # A host learns its worker from Google's attributes (a worker number and the host list) or
+    # from the names rayslice gave it.
+    google_identity = "worker-network-endpoints" in platform.google_attributes and bool(
+        {"worker-id", "tpu-env", "agent-worker-number"} & set(platform.google_attributes)
+    )
+    assert google_identity or platform.rayslice_names_hosts
+
+
+def test_the_tpu_api_identifies_its_workers_compute_hosts_get_rayslices_names_as_well():
+    """Compute Engine: one published log shows Google's attributes (platforms.py), the Compute
+    Engine docs none; so both are there, and the boot script reads one or the other."""
+    assert TPU_VM.google_attributes == TPU_API_ATTRIBUTES and not TPU_VM.rayslice_names_hosts
+    assert COMPUTE.google_attributes == COMPUTE_TPU_ATTRIBUTES and COMPUTE.rayslice_names_hosts
+    assert "worker-id" in COMPUTE_TPU_ATTRIBUTES and "agent-worker-number" not in COMPUTE_TPU_ATTRIBUTES
 
 
 def test_compute_hosts_get_the_slice_and_its_host_names_tpu_vm_hosts_nothing():

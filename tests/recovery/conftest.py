@@ -6,12 +6,14 @@ from __future__ import annotations
 import io
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rayslice import names
+from rayslice.cloud import bodies, rules
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, Location, default_session
@@ -120,26 +122,104 @@ NODE_FIELDS = {
 
 
 def mig_fields(slice_name: str) -> dict[str, object]:
+    """A MIG as Compute Engine answers for the program's shape (rayslice/infra/compute/slice.py):
+    declared with target size 0, one host per per-instance config, Spot's DO_NOTHING."""
     return {
         "baseInstanceName": slice_name,
-        "instanceTemplate": f"projects/{PROJECT}/global/instanceTemplates/{slice_name}-abc",
-        "versions": [{"instanceTemplate": f"projects/{PROJECT}/global/instanceTemplates/{slice_name}-abc"}],
-        "targetSizePolicy": {"mode": "BULK"},
-        "resourcePolicies": {
-            "workloadPolicy": f"projects/{PROJECT}/regions/us-east5/resourcePolicies/{slice_name}-policy"
-        },
+        "instanceTemplate": template_link(slice_name),
+        "versions": [{"instanceTemplate": template_link(slice_name)}],
+        "instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING", "forceUpdateOnRepair": "NO"},
+        "resourcePolicies": {"workloadPolicy": policy_link(slice_name)},
         "updatePolicy": {"type": "PROACTIVE", "minimalAction": "REPLACE", "replacementMethod": "RECREATE"},
     }
 
 
-def seed(cloud: CloudApiEmulator, platform: str, slices: int = 2) -> None:
+def old_mig_fields(slice_name: str) -> dict[str, object]:
+    """The same MIG as an earlier rayslice left it: bulk mode, the default action on failure."""
+    fields = {k: v for k, v in mig_fields(slice_name).items() if k != "instanceLifecyclePolicy"}
+    return {**fields, "targetSizePolicy": {"mode": "BULK"}}
+
+
+def template_link(slice_name: str) -> str:
+    return f"projects/{PROJECT}/global/instanceTemplates/{slice_name}-abc"
+
+
+def policy_link(slice_name: str) -> str:
+    return f"projects/{PROJECT}/regions/us-east5/resourcePolicies/{slice_name}-policy"
+
+
+# The slice's instance template and workload policy as the program declares them for a Spot
+# v6e-16 slice (four ct6e-standard-4t hosts, 4x4), which the controller never reads or sends.
+SPOT_TEMPLATE = {
+    "properties": {
+        "machineType": "ct6e-standard-4t",
+        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"},
+        "disks": [{"boot": True, "initializeParams": {"diskType": "hyperdisk-balanced"}}],
+    }
+}
+WORKLOAD_POLICY = {"workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4"}}
+
+
+def controller_violations(insert: dict[str, Any], create: dict[str, Any]) -> list[rules.Violation]:
+    """Google's rules (`rayslice.cloud.rules`) over the bodies the controller sent for one MIG:
+    its insert and its createInstances, with the template and workload policy they refer to."""
+    name = str(insert["name"])
+    template = rules.Resource(
+        bodies.TEMPLATE,
+        template_link(name),
+        template_link(name),
+        bodies.Request(
+            "compute", "compute.instanceTemplates.insert", "InstanceTemplate", None, SPOT_TEMPLATE
+        ),
+    )
+    policy = rules.Resource(
+        bodies.RESOURCE_POLICY,
+        policy_link(name),
+        policy_link(name),
+        bodies.Request("compute", "compute.resourcePolicies.insert", "ResourcePolicy", None, WORKLOAD_POLICY),
+    )
+    mig_urn = f"projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/{name}"
+    mig = rules.Resource(
+        bodies.MIG,
+        mig_urn,
+        name,
+        bodies.Request(
+            "compute", "compute.instanceGroupManagers.insert", "InstanceGroupManager", name, insert
+        ),
+        {"versions": frozenset({template.urn}), "resourcePolicies": frozenset({policy.urn})},
+    )
+    configs = [
+        rules.Resource(
+            bodies.PER_INSTANCE_CONFIG,
+            f"{mig_urn}/perInstanceConfigs/{instance['name']}",
+            str(instance["name"]),
+            bodies.Request(
+                "compute",
+                "compute.instanceGroupManagers.createInstances",
+                "InstanceGroupManagersCreateInstancesRequest",
+                str(instance["name"]),
+                {"instances": [instance]},
+            ),
+            {"instanceGroupManager": frozenset({mig_urn})},
+        )
+        for instance in create["instances"]
+    ]
+    return rules.check(rules.Stack([template, policy, mig, *configs]))
+
+
+def seed(
+    cloud: CloudApiEmulator,
+    platform: str,
+    slices: int = 2,
+    fields: Callable[[str], dict[str, object]] = mig_fields,
+) -> None:
     for index in range(slices):
         slice_name = names.slice_name(CLUSTER, index)
         if platform == "tpu-vm":
             cloud.add_node(PROJECT, ZONE, slice_name, **NODE_FIELDS)
         else:
             hosts = [names.host_name(slice_name, w) for w in range(4)]
-            cloud.add_mig(PROJECT, ZONE, slice_name, hosts, **mig_fields(slice_name))
+            cloud.add_mig(PROJECT, ZONE, slice_name, hosts, **fields(slice_name))
             cloud.state.configs[(PROJECT, ZONE, slice_name)] = [
                 {
                     "name": host,

@@ -16,8 +16,10 @@ from tests.recovery.conftest import (
     PROJECT,
     ZONE,
     Clock,
+    controller_violations,
     make_controller,
     mig_fields,
+    old_mig_fields,
     seed,
 )
 
@@ -64,11 +66,36 @@ def test_preempted_tpu_node_is_recreated_whole_from_its_own_spec(
     ]
 
 
+def test_a_node_answered_with_both_of_an_exclusive_pair_is_created_with_one(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    """nodes.get may fill in both networkConfig and networkConfigs (and acceleratorType beside
+    acceleratorConfig); the create call carries only the one the program sets of each pair,
+    which the emulated API (like Google's) requires."""
+    seed(cloud, "tpu-vm")
+    node = cloud.state.nodes[(PROJECT, ZONE, SLICE1)]
+    node["acceleratorConfig"] = {"type": "V6E", "topology": "4x4"}
+    node["networkConfigs"] = [NODE_FIELDS["networkConfig"]]
+    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1)
+    controller.step()
+
+    create = cloud.mutations()[-1]
+    assert create.method_id == "tpu.projects.locations.nodes.create"
+    assert create.status == 200, create.response
+    assert create.request["acceleratorConfig"] == {"type": "V6E", "topology": "4x4"}
+    assert create.request["networkConfig"] == NODE_FIELDS["networkConfig"]
+    assert "acceleratorType" not in create.request and "networkConfigs" not in create.request
+    assert json.loads(stream.getvalue())["outcome"] == "recreated"
+
+
+@pytest.mark.parametrize("fields", [mig_fields, old_mig_fields], ids=["program", "earlier-bulk"])
 @pytest.mark.parametrize("mode", ["gone", "terminated"])
 def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, mode: str
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, mode: str, fields
 ) -> None:
-    seed(cloud, "compute")
+    seed(cloud, "compute", fields=fields)
     controller, stream = make_controller(client, "compute", head_metadata)
     controller.step()
     assert cloud.mutations() == []
@@ -82,7 +109,11 @@ def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
         "compute.instanceGroupManagers.createInstances",
     ]
     insert, create = cloud.mutations()[1:]
-    assert insert.request["targetSize"] == 0 and insert.request["targetSizePolicy"] == {"mode": "BULK"}
+    # The program's shape, whatever shape the MIG had: target size 0 raised by createInstances,
+    # no bulk target-size policy, DO_NOTHING on a failed host.
+    assert [str(v) for v in controller_violations(insert.request, create.request)] == []
+    assert insert.request["targetSize"] == 0 and "targetSizePolicy" not in insert.request
+    assert insert.request["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "DO_NOTHING"
     assert [i["name"] for i in create.request["instances"]] == [f"{SLICE0}-w{w}" for w in range(4)]
     assert create.request["instances"][2]["preservedState"]["internalIPs"]["nic0"]["ipAddress"] == {
         "literal": "10.1.0.2"
@@ -98,6 +129,87 @@ def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
     seen = "MIG 0 of 4 instances" if mode == "gone" else f"MIG {SLICE0}-w0 TERMINATED"
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert len(events) == 1 and events[0]["outcome"] == "recreated" and events[0]["seen"].startswith(seen)
+
+
+def test_the_rules_refuse_the_shape_an_earlier_controller_sent() -> None:
+    """What the controller used to insert again for a MIG an earlier rayslice made (BULK, the
+    default REPAIR) breaks Google's rules for a Spot template: the check above can fail."""
+    name = SLICE0
+    insert = {"name": name, **old_mig_fields(name), "targetSize": 0}
+    create = {"instances": [{"name": f"{name}-w{w}"} for w in range(4)]}
+    assert {v.rule for v in controller_violations(insert, create)} == {
+        "bulk-provisioning-model",
+        "spot-tpu-do-nothing",
+    }
+
+
+@pytest.mark.parametrize(
+    "status, action",
+    [
+        ("STOPPING", "NONE"),  # a Spot preemption with termination action STOP, on its way
+        ("STOPPED", "NONE"),
+        ("PROVISIONING", "CREATING"),  # a single host created again: it cannot rejoin the slice
+        (None, "CREATING"),
+        ("RUNNING", "RECREATING"),  # the MIG replacing a host by itself (seen as its action)
+    ],
+)
+def test_a_host_not_running_after_the_slice_was_whole_breaks_it(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, status, action
+) -> None:
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", head_metadata)
+    controller.step()  # whole: every host RUNNING
+    instance = cloud.state.instances[(PROJECT, ZONE, SLICE1)][1]
+    instance.pop("instanceStatus")
+    instance.update({"currentAction": action, **({"instanceStatus": status} if status else {})})
+    controller.step()
+    assert [c.method_id for c in cloud.mutations()] == [
+        "compute.instanceGroupManagers.delete",
+        "compute.instanceGroupManagers.insert",
+        "compute.instanceGroupManagers.createInstances",
+    ]
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    shown = action if action == "RECREATING" else status or action
+    assert [(e["slice"], e["seen"], e["outcome"]) for e in events] == [
+        (SLICE1, f"MIG {SLICE1}-w1 {shown}", "recreated")
+    ]
+
+
+def test_a_compute_slice_being_created_is_not_broken_until_it_was_whole(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    seed(cloud, "compute")
+    creating = cloud.state.instances[(PROJECT, ZONE, SLICE0)]
+    for instance in creating[2:]:
+        instance.pop("instanceStatus")
+        instance["currentAction"] = "CREATING"
+    controller, stream = make_controller(client, "compute", head_metadata)
+    controller.step()
+    assert cloud.mutations() == [] and stream.getvalue() == ""
+    for instance in creating[2:]:
+        instance.update(instanceStatus="RUNNING", currentAction="NONE")
+    controller.step()  # whole now
+    creating[3]["instanceStatus"] = "TERMINATED"
+    controller.step()
+    assert [c.method_id for c in cloud.mutations()][-1] == "compute.instanceGroupManagers.createInstances"
+
+
+def test_a_recreated_compute_slice_is_left_to_come_up(
+    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+) -> None:
+    """After a recreation the new hosts are CREATING for a while: not broken again until whole."""
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", head_metadata)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE0, mode="terminated")
+    controller.step()
+    for instance in cloud.state.instances[(PROJECT, ZONE, SLICE0)]:  # as if still coming up
+        instance.pop("instanceStatus")
+        instance["currentAction"] = "CREATING"
+    before = len(cloud.mutations())
+    controller.step()
+    assert len(cloud.mutations()) == before
+    assert len(stream.getvalue().splitlines()) == 1
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])

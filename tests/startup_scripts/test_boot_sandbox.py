@@ -411,6 +411,73 @@ def test_compute_engine_host_gets_its_identity_from_instance_names(host, tmp_pat
     assert f"--address=127.0.0.1:{port}" in box.ray_starts()[0]
 
 
+def _boot_compute_host(
+    host: list[sandbox.Sandbox], tmp_path: Path, spec: spec_module.ClusterSpec, worker_name: int, google: dict
+) -> sandbox.Sandbox:
+    """Boot instance `worker_name` of a compute slice whose metadata also has Google's `google`
+    attributes, against a head listening on 127.0.0.1; returns the joined sandbox."""
+    attributes = host_attributes(spec, 0)
+    name = names.host_name(spec.slice_name(0), worker_name)
+    cloud = sandbox.StubCloud(sandbox.base_metadata({**google, **attributes}, name=name), {})
+    box = _box(host, tmp_path, cloud)
+    port = sandbox.free_port()
+    script = box.render(spec, port)
+    listener = _Head(port)
+    try:
+        assert box.boot(script).returncode == 0
+        box.wait(lambda: _joined(box))
+    finally:
+        listener.close()
+    assert f"--address=127.0.0.1:{port}" in box.ray_starts()[0]
+    return box
+
+
+def test_a_tpu7x_host_reporting_v7x_runs_the_script_rendered_for_tpu7x(host, tmp_path):
+    """Compute Engine is asked for tpu7x-16; the host reports v7x-16 (catalog.reported_name)."""
+    spec = _spec(rayAuth="none", platform="compute", acceleratorType="tpu7x-16")
+    box = _boot_compute_host(host, tmp_path, spec, 1, {"accelerator-type": "v7x-16"})
+    env = box.ray_log.read_text()
+    assert "TPU_ACCELERATOR_TYPE=tpu7x-16" in env and "TPU_WORKER_ID=1" in env
+    assert f"--labels={names.PLATFORM_LABEL}=compute" in box.ray_starts()[0]
+
+
+# Worker 2's instance name is 3rd in rayslice's list, but Google numbers it 1: Google's number
+# and Google's host list win together, never one from each source.
+GOOGLE_HOSTS = "127.0.0.1,10.0.0.12,10.0.0.13,10.0.0.14"
+ENDPOINTS = ",".join(f"unknown:unknown:{ip}" for ip in GOOGLE_HOSTS.split(","))
+
+
+@pytest.mark.parametrize(
+    "google",
+    [
+        # worker-id first (a Compute Engine TPU host), then tpu-env's WORKER_ID, then
+        # agent-worker-number (a Cloud TPU VM): the others disagree and must lose.
+        {"worker-id": "1", "tpu-env": "WORKER_ID: '3'\n", "agent-worker-number": "0"},
+        {"tpu-env": "TOPOLOGY: '4x4'\nWORKER_ID: '1'\n", "agent-worker-number": "0"},
+        {"tpu-env": "TOPOLOGY: 4x4\nWORKER_ID: 1\n"},  # unquoted, as a published TPU7x log prints it
+        {"agent-worker-number": "1"},
+    ],
+    ids=["worker-id", "tpu-env", "tpu-env-unquoted", "agent-worker-number"],
+)
+def test_compute_engine_host_takes_worker_and_hosts_from_googles_attributes(host, tmp_path, google):
+    spec = _spec(rayAuth="none", platform="compute")
+    google = {"accelerator-type": "v6e-16", "worker-network-endpoints": ENDPOINTS, **google}
+    box = _boot_compute_host(host, tmp_path, spec, 2, google)
+    env = box.ray_log.read_text()
+    assert "TPU_WORKER_ID=1" in env and f"TPU_WORKER_HOSTNAMES={GOOGLE_HOSTS}" in env
+    assert "TPU_TOPOLOGY=4x4" in env
+    assert "worker=1 (from Google's attributes)" in box.log
+
+
+def test_without_googles_host_list_the_worker_and_hosts_come_from_rayslices(host, tmp_path):
+    spec = _spec(rayAuth="none", platform="compute")
+    box = _boot_compute_host(host, tmp_path, spec, 2, {"accelerator-type": "v6e-16", "worker-id": "1"})
+    env = box.ray_log.read_text()
+    hosts = host_attributes(spec, 0)[names.ATTR_SLICE_HOSTS]
+    assert "TPU_WORKER_ID=2" in env and f"TPU_WORKER_HOSTNAMES={hosts}" in env
+    assert f"worker=2 (from {names.ATTR_SLICE_HOSTS})" in box.log
+
+
 def test_tpu_vm_host_exports_the_tpu_api_identity(host, tmp_path):
     spec = _spec(rayAuth="none")
     cloud = _cloud(spec)

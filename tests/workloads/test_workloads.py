@@ -22,8 +22,10 @@ def node(
     chips: int = 4,
     alive: bool = True,
     ip: str | None = None,
+    platform: str | None = None,
 ) -> dict:
-    """A `ray.nodes()` entry as Ray's TPU detection leaves it."""
+    """A `ray.nodes()` entry as Ray's TPU detection leaves it (and the boot script's platform
+    label, when given)."""
     return {
         "NodeID": f"{slice_name}-{worker}",
         "NodeManagerAddress": ip or f"10.0.0.{worker}",
@@ -34,6 +36,7 @@ def node(
             _cluster.WORKER_ID_LABEL: str(worker),
             _cluster.TOPOLOGY_LABEL: topology,
             _cluster.POD_TYPE_LABEL: pod_type,
+            **({names.PLATFORM_LABEL: platform} if platform else {}),
         },
     }
 
@@ -76,6 +79,29 @@ def test_expected_hosts_follow_the_platform_the_chips_per_host_reveal():
         _cluster._expected_hosts("v6e-16", 3)
     with pytest.raises(catalog.CatalogError):
         _cluster._expected_hosts("v6e-17", 4)
+
+
+def test_the_platform_label_decides_the_shape():
+    # v6e-8 on the TPU VM API is one 8-chip host; 4-chip hosts are not a tpu-vm v6e-8.
+    (gke,) = slices_of([node("g", w, "v6e-8", "2x4", platform="gke") for w in range(2)])
+    assert gke.expected_hosts == 2 and gke.complete
+    with pytest.raises(InvalidInput, match="report 4 TPU chips each, which no v6e-8 of tpu-vm has"):
+        slices_of([node("t", w, "v6e-8", "2x4", platform="tpu-vm") for w in range(2)])
+    (single,) = slices_of([node("t", 0, "v6e-8", "2x4", chips=8, platform="tpu-vm")])
+    assert single.expected_hosts == 1
+
+
+def test_a_tpu7x_compute_slice_is_read_with_rays_name_for_it():
+    """Ray labels a TPU7x host `v7x-16` (its own spelling of Compute Engine's tpu7x-16), and the
+    TPU VM API offers no TPU7x: the slice is looked up on the platform its nodes are labelled with."""
+    nodes = [node("c", w, "v7x-16", "2x2x2", platform="compute") for w in range(2)]
+    (tpu_slice,) = slices_of(nodes)
+    assert tpu_slice.expected_hosts == catalog.lookup("tpu7x-16", "compute").hosts == 2
+    assert tpu_slice.complete and tpu_slice.generation == "v7x"
+    assert _cluster.choose_slices(1, accelerator_type="tpu7x-16", slices=[tpu_slice]) == [tpu_slice]
+    # A TPU7x slice is not offered on tpu-vm: a node labelled so gets the catalog's reason.
+    with pytest.raises(catalog.CatalogError, match="not available on tpu-vm"):
+        slices_of([node("t", w, "v7x-16", "2x2x2", platform="tpu-vm") for w in range(2)])
 
 
 def test_the_largest_complete_slice_is_chosen_by_default():

@@ -10,10 +10,14 @@ writes (`host_attributes`):
   `worker-network-endpoints` (entries ``unknown:unknown:<ip>``), `tpu-env` (lines ``KEY:
   'value'``). Slices are independent TPU VMs (as infra creates them), so `tpu-env` carries no
   MEGASCALE_* values.
-* ``compute`` (Compute Engine MIG instances): none of those, since public sources do not settle
-  which of them a Compute Engine TPU instance has; only what every instance has (name, machine
-  type, network, zone) plus the identity attributes infra writes: the slice's name and its
-  instances' names in worker order (`names.ATTR_SLICE_NAME`, `names.ATTR_SLICE_HOSTS`).
+* ``compute`` (Compute Engine MIG instances): what every instance has (name, machine type,
+  network, zone), the TPU attributes a real Compute Engine TPU host shows
+  (`platforms.COMPUTE_TPU_ATTRIBUTES`: `accelerator-type` as the host reports it, ``v7x-16`` on
+  TPU7x; `worker-id`; `worker-network-endpoints`, in the TPU VM's format since no source shows
+  Compute Engine's; `tpu-env`), plus the identity attributes infra writes: the slice's name and
+  its instances' names in worker order (`names.ATTR_SLICE_NAME`, `names.ATTR_SLICE_HOSTS`).
+
+Every value is the host's spelling of the accelerator type (`catalog.reported_name`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import hashlib
 from collections.abc import Mapping
 from ipaddress import IPv4Network
 
+from rayslice import catalog
 from rayslice.local.google.metadata_server import Json, Tree
 from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
 from rayslice.platforms import VM_PLATFORMS
@@ -41,11 +46,12 @@ def google_attributes(
     spec: ClusterSpec, slice_index: int, worker: int, slice_ips: list[str]
 ) -> dict[str, str]:
     """The attributes Google's API gives host `worker` of slice `slice_index` (`slice_ips` in worker
-    order): those its platform lists, valued as a TPU VM serves them."""
+    order): those its platform lists, valued as a real host of that platform serves them."""
     tpu = spec.tpu
     slice_name = spec.slice_name(slice_index)
+    reported = catalog.reported_name(tpu.accelerator_type)
     tpu_env = {
-        "ACCELERATOR_TYPE": tpu.accelerator_type,
+        "ACCELERATOR_TYPE": reported,
         "CONSUMER_PROJECT_ID": spec.project or LOCAL_PROJECT,
         "NODE_ID": slice_name,
         "RUNTIME_VERSION": spec.runtime_version or tpu.runtime_version or "",
@@ -54,8 +60,9 @@ def google_attributes(
         "ZONE": spec.zone or "",
     }
     served = {
-        "accelerator-type": tpu.accelerator_type,
+        "accelerator-type": reported,
         "agent-worker-number": str(worker),
+        "worker-id": str(worker),
         "instance-id": slice_name,
         "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in slice_ips),
         "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),

@@ -59,6 +59,15 @@ def slice_hosts(plan: Plan, index: int) -> list[str]:
     return [h.name for h in sorted(hosts, key=lambda h: h.worker)]
 
 
+def mig_shape(spec: ClusterSpec) -> dict[str, object]:
+    """The fields of a slice's MIG that the program's shape decides (rayslice/infra/compute:
+    target size 0 raised by one per-instance config per host, which `add_mig` stands for; no
+    bulk target-size policy; a Spot MIG does nothing on a failed host, rule spot-tpu-do-nothing)."""
+    if spec.capacity != "spot":
+        return {}
+    return {"instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"}}
+
+
 def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec) -> None:
     """Seed `emulator` with the simulation's slices and wire its hooks to the simulated hosts."""
     project, zone = project_of(spec), str(spec.zone)
@@ -73,7 +82,7 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
                 hosts,
                 baseInstanceName=name,
                 instanceTemplate=f"projects/{project}/global/instanceTemplates/{name}-local",
-                targetSizePolicy={"mode": "BULK"},
+                **mig_shape(spec),
             )
         else:
             ips = {h.name: h.ip for h in sim.plan.hosts}

@@ -1,5 +1,12 @@
 """The emulated Cloud TPU v2 API: ``projects.locations.nodes`` get / list / delete / create /
-getGuestAttributes and ``projects.locations.operations.get``."""
+getGuestAttributes and ``projects.locations.operations.get``.
+
+A create is refused, as Google refuses it (HTTP 400 INVALID_ARGUMENT), when its Node breaks one
+of Google's rules that read a single resource (`rayslice.cloud.rules`, the same functions
+`rayslice preview` and the policy pack run): e.g. both ``networkConfig`` and ``networkConfigs``,
+which the tpu v2 discovery document says "are mutually exclusive ... If both are specified, an
+error will be returned". The error names the node, the rule and its source.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import copy
 import re
 from typing import Any
 
+from rayslice.cloud import rules
+from rayslice.cloud.bodies import TPU_NODE, Request
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
@@ -61,6 +70,7 @@ class TpuApi(EmulatedProject):
         key = (p["project"], p["zone"], name)
         if key in self.state.nodes:
             raise ApiError(409, "ALREADY_EXISTS", f"node {name} already exists")
+        _refuse_broken_rules(p, name, body or {})
         node = self._new_node(p["project"], p["zone"], name, body or {})
         self.state.nodes[key] = node
         failing = self._take_failure()
@@ -99,3 +109,16 @@ class TpuApi(EmulatedProject):
         if node is None:
             raise ApiError(404, "NOT_FOUND", f"node {p['name']} was not found")
         return node
+
+
+# The rules that read one resource (the others relate resources the TPU API never sees together).
+SINGLE_RESOURCE_RULES = tuple(rule for rule in rules.RULES if not rule.cross_resource)
+
+
+def _refuse_broken_rules(p: dict[str, str], name: str, body: dict[str, Any]) -> None:
+    """400 INVALID_ARGUMENT naming every rule the Node `body` breaks, as Google answers."""
+    path = f"projects/{p['project']}/locations/{p['zone']}/nodes/{name}"
+    request = Request("tpu", "tpu.projects.locations.nodes.create", "Node", name, body)
+    found = rules.check(rules.Stack([rules.Resource(TPU_NODE, path, path, request)]), SINGLE_RESOURCE_RULES)
+    if found:
+        raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(violation) for violation in found))

@@ -42,23 +42,23 @@ def environment() -> dict[str, str]:
 def chips_per_host(tree: dict[str, Any]) -> int:
     """Chips of one host, from its metadata tree; 0 for a host that is not a TPU host.
 
-    A Cloud TPU VM names its accelerator type and its slice's hosts (the type's chips over the
-    hosts); a Compute Engine TPU instance has only its machine type, whose catalog shapes say
-    how many chips each host has.
+    A Compute Engine TPU instance's machine type says how many chips it has (its catalog
+    shapes); a Cloud TPU VM has no TPU machine type but names its accelerator type and its
+    slice's hosts (the type's chips over the hosts).
     """
     instance = tree.get("instance", {})
     attributes = instance.get("attributes", {})
-    accelerator_type = attributes.get("accelerator-type")
-    endpoints = attributes.get("worker-network-endpoints")
-    if isinstance(accelerator_type, str) and isinstance(endpoints, str):
-        hosts = len([e for e in endpoints.split(",") if e])
-        return catalog.lookup(accelerator_type, "tpu-vm").chips // max(hosts, 1)
     machine_type = str(instance.get("machine-type", "")).rsplit("/", 1)[-1]
     if machine_type:
         for platform in catalog.PLATFORMS:
             for shape in catalog.table(platform).values():
                 if shape.machine_type == machine_type:
                     return shape.chips_per_host
+    accelerator_type = attributes.get("accelerator-type")
+    endpoints = attributes.get("worker-network-endpoints")
+    if isinstance(accelerator_type, str) and isinstance(endpoints, str):
+        hosts = len([e for e in endpoints.split(",") if e])
+        return catalog.lookup(accelerator_type, "tpu-vm").chips // max(hosts, 1)
     return 0
 
 
