@@ -34,10 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from wheelhouse import ensure_wheelhouse  # bench/wheelhouse.py: a script's own folder is on sys.path
+
 from rayslice import spec as spec_module
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import HostPlan
-from rayslice.local.wheelhouse import ensure_wheelhouse
 from rayslice.names import DASHBOARD_PORT, GCS_PORT
 from rayslice.startup_scripts.variables import requirement_lines
 

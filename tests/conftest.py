@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 import yaml
 
-from rayslice.local.wheelhouse import ensure_wheelhouse
 from rayslice.spec import load
+from tests.bench import load as load_bench
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -40,8 +40,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def wheelhouse() -> Path:
     """The repo's local wheelhouse (jax preset, Ray, uv and their dependencies), as an offline site
-    keeps one; built once from the package index, then reused by every test that installs."""
-    return ensure_wheelhouse(REPO / ".wheelhouse", load({"acceleratorType": "v6e-4"}, require_zone=False))
+    keeps one: filled once from the package index, then read offline by every later session.
+    bench/wheelhouse.py builds it (bench/bringup.py uses the same one)."""
+    spec = load({"acceleratorType": "v6e-4"}, require_zone=False)
+    return load_bench("wheelhouse").ensure_wheelhouse(REPO / ".wheelhouse", spec)
 
 
 @pytest.fixture(scope="session")

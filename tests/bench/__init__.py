@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,10 +11,12 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def load(name: str) -> ModuleType:
-    """bench/<name>.py as module ``bench_<name>`` (registered first: its dataclasses look it up)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """bench/<name>.py as the top-level module `name`, as its siblings import it.
+
+    A bench script runs as ``python bench/<script>.py``, which puts bench/ on sys.path, and
+    imports its siblings by their plain names (``from wheelhouse import ...``); here bench/ goes
+    on the end of sys.path once, so each file is one module whoever imports it.
+    """
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
+    return importlib.import_module(name)

@@ -279,7 +279,7 @@ def test_pod_installs_its_requirements_from_a_wheelhouse_before_starting_ray(tmp
     the repo's wheelhouse (the jax preset would take minutes)."""
     six = next(wheelhouse.glob("six-*.whl"), None)
     if six is None:
-        pytest.fail(f"{wheelhouse} lacks six; build it with rayslice.local.wheelhouse")
+        pytest.fail(f"{wheelhouse} lacks six; build it with bench/wheelhouse.py")
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     shutil.copy(six, wheels)

@@ -497,7 +497,7 @@ def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, w
     uv_wheel = next(wheelhouse.glob(f"uv-{UV_VERSION}-*manylinux_2_17_x86_64*.whl"), None)
     six_wheel = next(wheelhouse.glob("six-*.whl"), None)
     if uv_wheel is None or six_wheel is None:
-        pytest.fail(f"{wheelhouse} lacks uv {UV_VERSION} or six; build it with rayslice.local.wheelhouse")
+        pytest.fail(f"{wheelhouse} lacks uv {UV_VERSION} or six; build it with bench/wheelhouse.py")
     index = sandbox.WheelIndex(wheelhouse, [uv_wheel.name, six_wheel.name], "builder", INDEX_PASSWORD)
     try:
         spec = _spec(rayAuth="none", packageIndex="https://placeholder.example/simple")
