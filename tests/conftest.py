@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -20,11 +23,16 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers live here, in one place: everything under tests/integration/ starts simulated
-    hosts or real Ray nodes (`slow`) inside network namespaces (`root`)."""
+    hosts or real Ray nodes (`slow`) inside network namespaces (`root`). The quick subset
+    (`-m "not slow"`) needs no network: a test that asks for the wheelhouse must be marked slow."""
     for item in items:
         if INTEGRATION in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.root)
+        if "wheelhouse" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the wheelhouse (filled from the network): mark it slow"
+            )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -35,6 +43,41 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail("CI=true but not root: the simulator tests need root (network namespaces)")
     pytest.skip("needs root (network namespaces); run as root")
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test outside the slow tier that leaves Ray initialised in this process fails: the quick
+    subset starts no Ray."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and request.node.get_closest_marker("slow") is None:
+        raise AssertionError(f"{request.node.nodeid} started Ray: mark it slow")
+
+
+@pytest.fixture(scope="session")
+def rayslice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once per session (no dependencies, no build isolation)."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = out.glob("rayslice-*.whl")
+    return wheel
 
 
 @pytest.fixture(scope="session")

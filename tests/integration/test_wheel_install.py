@@ -29,27 +29,9 @@ MARKER = "INSTALLED_MARKER"  # a name added to rayslice/workloads/__init__.py, w
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def installed(tmp_path_factory, rayslice_wheel) -> Path:
     """A venv holding only the rayslice wheel (plus a path to this project's dependencies)."""
     work = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(work),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    [wheel] = work.glob("rayslice-*.whl")
     venv = work / "venv"
     base_python = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -64,7 +46,17 @@ def installed(tmp_path_factory) -> Path:
     )
     (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            str(rayslice_wheel),
+        ],
         check=True,
         capture_output=True,
         timeout=300,

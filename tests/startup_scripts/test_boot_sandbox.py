@@ -490,6 +490,7 @@ def test_tpu_vm_host_exports_the_tpu_api_identity(host, tmp_path):
     assert "--head" in box.ray_starts()[0]
 
 
+@pytest.mark.slow  # the wheelhouse: filled from the package index on first use
 def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, wheelhouse):
     """Real pip and real uv against a local simple index behind basic auth: uv is installed by
     pip with --require-hashes, then the requirements by uv, both authenticated with the

@@ -10,6 +10,8 @@ import ray
 from rayslice.errors import JobFailed
 from rayslice.workloads import _cluster
 
+pytestmark = pytest.mark.slow  # starts a local Ray (seconds, but the quick subset starts none)
+
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
