@@ -2,13 +2,13 @@
 
 `simulation_dir` gives each test its own state directory and, whatever the test did, removes
 the simulation in it afterwards (the same `destroy` that `rayslice local down` runs), so a
-failing test never leaves namespaces or processes behind. `simulate` boots a whole simulated
-cluster for a module's fixtures, which destroy it themselves.
+failing test never leaves namespaces or processes behind. `cluster` is the shared, booted cluster
+a test names with `clusters.on(shape)`; it is removed after the last test of its shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ import pytest
 from rayslice import spec as spec_module
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import STATE_FILE
+from tests.integration.clusters import SHARED, bring_up
 
 
 @pytest.fixture
@@ -27,21 +28,16 @@ def simulation_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def simulate(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Simulation]:
-    """`simulate(**raw)`: the cluster `raw` describes, every host booted and joined (300 s at most).
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulation]:
+    """The shared cluster `request.param` (a key of `clusters.SHARED`), every host joined Ray.
 
-    The caller destroys it; if booting fails, it is destroyed here before the error propagates.
+    One instance per shape: pytest groups the tests of a shape and finalises this before it
+    creates the next shape's, so at most one shared cluster runs at a time.
     """
-
-    def boot(**raw: object) -> Simulation:
-        spec = spec_module.load(raw, require_zone=False)
-        sim = Simulation.create(spec, tmp_path_factory.mktemp(spec.accelerator_type) / "sim")
-        try:
-            sim.boot_all()
-            sim.wait_for(lambda states: all(s == "joined" for s in states.values()), timeout=300)
-        except BaseException:
-            sim.destroy()
-            raise
-        return sim
-
-    return boot
+    spec = spec_module.load(SHARED[request.param], require_zone=False)
+    sim = Simulation.create(spec, tmp_path_factory.mktemp("shared") / "sim")
+    try:
+        bring_up(sim)
+        yield sim
+    finally:
+        sim.destroy()

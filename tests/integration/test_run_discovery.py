@@ -1,8 +1,8 @@
 """`rayslice run` with no address finds the simulated slice in the default state dir, and sends
 its token there; the same slice named with --address gets no token unless one is given.
 
-One single-host v6e-4 simulation with token auth (the default): the cheapest slice that proves
-the discovery path a new user takes after `rayslice local up`.
+The shared single-host v6e-4 simulation with token auth (the default): the cheapest slice that
+proves the discovery path a new user takes after `rayslice local up`.
 """
 
 from __future__ import annotations
@@ -12,22 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from rayslice import spec as spec_module
-from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import STATE_DIR_ENV
+from tests.integration.clusters import on
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
-
-
-@pytest.fixture
-def single(simulation_dir: Path) -> Simulation:
-    spec = spec_module.load({"acceleratorType": "v6e-4"}, require_zone=False)
-    sim = Simulation.create(spec, simulation_dir)
-    sim.boot_all()
-    sim.wait_for(lambda states: all(s == "joined" for s in states.values()), timeout=300)
-    return sim
 
 
 def rayslice(*argv: str, state_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -47,17 +35,18 @@ def rayslice(*argv: str, state_dir: Path, cwd: Path) -> subprocess.CompletedProc
     return result
 
 
-def test_run_finds_the_simulated_slice_and_its_token(single, tmp_path):
-    assert single.token_file.is_file()  # token auth is on: a request without it is refused
+@on("v6e-4")
+def test_run_finds_the_simulated_slice_and_its_token(cluster, tmp_path):
+    assert cluster.token_file.is_file()  # token auth is on: a request without it is refused
     job = tmp_path / "job" / "hello.py"
     job.parent.mkdir()
     job.write_text("import sys\nprint('hello from', sys.argv[1:])\n")
-    found = rayslice("run", str(job), "--", "x y", state_dir=single.state_dir, cwd=tmp_path)
+    found = rayslice("run", str(job), "--", "x y", state_dir=cluster.state_dir, cwd=tmp_path)
     assert found.returncode == 0
     assert "hello from ['x y']" in found.stdout
-    assert f"to {single.dashboard_url()}" in found.stderr
+    assert f"to {cluster.dashboard_url()}" in found.stderr
     named = rayslice(
-        "run", "--address", single.dashboard_url(), str(job), state_dir=single.state_dir, cwd=tmp_path
+        "run", "--address", cluster.dashboard_url(), str(job), state_dir=cluster.state_dir, cwd=tmp_path
     )
     assert named.returncode == 3, "the simulator's token must not go to an address the user named"
     assert "uses token auth and no token was sent: pass --token-file" in named.stderr
@@ -65,11 +54,11 @@ def test_run_finds_the_simulated_slice_and_its_token(single, tmp_path):
     given = rayslice(
         "run",
         "--address",
-        single.dashboard_url(),
+        cluster.dashboard_url(),
         "--token-file",
-        str(single.token_file),
+        str(cluster.token_file),
         str(job),
-        state_dir=single.state_dir,
+        state_dir=cluster.state_dir,
         cwd=tmp_path,
     )
     assert given.returncode == 0 and "hello from []" in given.stdout

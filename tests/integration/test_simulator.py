@@ -1,6 +1,7 @@
 """The simulator on real namespaces: first its plumbing with a tiny boot script (fast, no Ray),
-then the real rendered startup script bringing up real Ray clusters through the CLI, on both
-platforms (TPU VMs and Compute Engine instances)."""
+then what `rayslice local status` shows of real Ray clusters booted by the real rendered startup
+script, on the shared clusters: a slice of TPU VMs, and two Compute Engine slices behind a head VM.
+`rayslice local up` and `down` through the CLI run in test_readme.py, on the README's slice."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import urllib.request
 
 import pytest
 
-from rayslice import cli, spec
+from rayslice import cli, names, spec
 from rayslice.errors import EXIT_INVALID
 from rayslice.local.host import firewall, netns
 from rayslice.local.host.private_files import write_private
 from rayslice.local.host.processes import is_alive, process_ref
 from rayslice.local.simulation.simulator import TOKEN_PATH, Simulation
 from rayslice.local.simulation.state import STATE_FILE
+from tests.integration.clusters import on
 
 # Just enough of a boot script to observe a host from inside: it waits for metadata (which may
 # answer 503 at first), publishes what it sees as guest attributes (a boot counter among them),
@@ -271,85 +273,46 @@ def _status(state_dir, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_up_status_down_v6e16_tpu_vm(simulation_dir, capsys):
-    up = ["local", "up", "--state-dir", str(simulation_dir), "--timeout", "240", "--set", "platform=tpu-vm"]
-    assert cli.main([*up, "--set", "acceleratorType=v6e-16"]) == 0
-    out = capsys.readouterr().out
-    assert "waiting: head" in out and "all hosts joined" in out
-
-    report = _status(simulation_dir, capsys)
-    assert [h["state"] for h in report["hosts"]] == ["joined"] * 4
-    assert [h["role"] for h in report["hosts"]] == ["head", "worker", "worker", "worker"]
+@on("v5p-16 tpu-vm")
+def test_status_of_a_tpu_vm_slice_shows_each_host_and_its_node(cluster, capsys):
+    spec = cluster.spec()
+    tpu, head_resource = spec.tpu, f"TPU-{spec.accelerator_type}-head"
+    report = _status(cluster.state_dir, capsys)
+    assert [h["state"] for h in report["hosts"]] == ["joined"] * tpu.hosts
+    assert [h["role"] for h in report["hosts"]] == ["head"] + ["worker"] * (tpu.hosts - 1)
     nodes = report["ray"]["nodes"]
-    assert len(nodes) == 4
-    assert report["ray"]["totals"]["TPU"] == 16 and report["ray"]["totals"]["TPU-v6e-16-head"] == 1
+    assert len(nodes) == tpu.hosts
+    assert report["ray"]["totals"]["TPU"] == tpu.chips and report["ray"]["totals"][head_resource] == 1
     by_ip = {n["ip"]: n for n in nodes}
     for host in report["hosts"]:  # Ray's own TPU detection read each host's metadata server
         node = by_ip[host["ip"]]
-        assert node["resources"]["TPU"] == 4 and node["resources"]["rayslice-slice-0"] == 1
+        assert node["resources"]["TPU"] == tpu.chips_per_host and node["resources"][spec.slice_name(0)] == 1
         assert node["labels"]["ray.io/tpu-worker-id"] == str(host["worker"])
-        assert ("TPU-v6e-16-head" in node["resources"]) == (host["worker"] == 0)
+        assert (head_resource in node["resources"]) == (host["worker"] == 0)
 
     with pytest.raises(urllib.error.HTTPError) as denied:  # rayAuth=token: no token, no answer
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         opener.open(f"{report['dashboard']}/api/v0/nodes", timeout=5)
     assert denied.value.code in (401, 403)
 
-    sim = Simulation.open(simulation_dir)
-    refs = list(sim.state.processes.values())
-    assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == 0
-    assert not any(is_alive(ref) for ref in refs)
-    assert not any(netns.netns_exists(h.netns) for h in sim.plan.hosts)
-    assert not simulation_dir.exists()
 
-
-# Cloud-TPU-API attributes a Compute Engine host must do without (issue 9.5); it has Google's
-# `platforms.COMPUTE_TPU_ATTRIBUTES` (issue 19.5) and rayslice's names as well.
-CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number")
-
-
-def _metadata_attributes(sim: Simulation, host: str) -> list[str]:
-    return json.loads(sim.paths(host).metadata_tree.read_text())["instance"]["attributes"]
-
-
-def test_compute_v6e16_joins_with_the_identity_derived_from_instance_names(simulation_dir, capsys):
-    up = ["local", "up", "--state-dir", str(simulation_dir), "--timeout", "300", "--set", "platform=compute"]
-    assert cli.main([*up, "--set", "acceleratorType=v6e-16"]) == 0
-    sim = Simulation.open(simulation_dir)
-    assert [h.name for h in sim.plan.hosts] == [f"rayslice-slice-0-w{w}" for w in range(4)]
-    for host in sim.plan.hosts:
-        assert not set(CLOUD_TPU_API_ONLY) & set(_metadata_attributes(sim, host.name))
-
-    report = _status(simulation_dir, capsys)
-    assert [h["state"] for h in report["hosts"]] == ["joined"] * 4
-    nodes = report["ray"]["nodes"]
-    assert len(nodes) == 4
-    totals = report["ray"]["totals"]
-    assert totals["TPU"] == 16 and totals["TPU-v6e-16-head"] == 1 and totals["rayslice-slice-0"] == 4
-    by_ip = {n["ip"]: n for n in nodes}
-    for host in report["hosts"]:
-        node = by_ip[host["ip"]]
-        assert node["resources"]["TPU"] == 4 and node["resources"]["rayslice-slice-0"] == 1
-        assert node["labels"]["ray.io/tpu-worker-id"] == str(host["worker"])
-        assert ("TPU-v6e-16-head" in node["resources"]) == (host["worker"] == 0)
-
-
-def test_compute_multislice_behind_a_head_vm(simulation_dir, capsys):
-    up = ["local", "up", "--state-dir", str(simulation_dir), "--timeout", "300", "--set", "platform=compute"]
-    assert cli.main([*up, "--set", "acceleratorType=v6e-4", "--set", "slices=2"]) == 0
-    report = _status(simulation_dir, capsys)
+@on("2 x v6e-16 spot")
+def test_status_of_a_multislice_behind_a_head_vm(cluster, capsys):
+    spec = cluster.spec()
+    report = _status(cluster.state_dir, capsys)
     head, *tpu_hosts = report["hosts"]
-    assert head["role"] == "head-vm" and head["name"] == "rayslice-head"
+    assert head["role"] == "head-vm" and head["name"] == names.head_name(spec.name)
     assert [(h["slice"], h["name"]) for h in tpu_hosts] == [
-        (0, "rayslice-slice-0-w0"),
-        (1, "rayslice-slice-1-w0"),
+        (s, names.host_name(spec.slice_name(s), w)) for s in range(spec.slices) for w in range(spec.tpu.hosts)
     ]
     by_ip = {n["ip"]: n["resources"] for n in report["ray"]["nodes"]}
     assert "TPU" not in by_ip[head["ip"]]
     for host in tpu_hosts:
         resources = by_ip[host["ip"]]
-        assert resources["TPU"] == 4 and resources["TPU-v6e-4-head"] == 1
-        assert resources[f"rayslice-slice-{host['slice']}"] == 1
+        assert resources["TPU"] == spec.tpu.chips_per_host
+        assert resources.get(f"TPU-{spec.accelerator_type}-head", 0) == (host["worker"] == 0)
+        assert resources[spec.slice_name(host["slice"])] == 1
+    assert report["ray"]["totals"]["TPU"] == spec.slices * spec.tpu.chips
 
 
 def _wait(condition, timeout: float = 30) -> None:

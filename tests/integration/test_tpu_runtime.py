@@ -1,9 +1,10 @@
 """The simulated TPU runtime: unmodified programs see a simulated host's chips as on a TPU host.
 
 The guide's own scripts (tests/fixtures/guide, verbatim) run on simulated slices booted by the
-real boot script, submitted with `rayslice run` as a user would: a v6e-16 (4 hosts x 4 chips, its
-head on worker 0) and a v6e-4 (one host). A first test checks the runtime alone, without Ray: two
-processes in a mount namespace that has `/dev/accel*` join one JAX program by themselves.
+real boot script, submitted with `rayslice run` as a user would, on the shared clusters: a v5p-16
+on TPU VMs (2 hosts x 4 chips, its head on worker 0) and a v6e-4 (one host). A first test checks
+the runtime alone, without Ray: two processes in a mount namespace that has `/dev/accel*` join one
+JAX program by themselves.
 """
 
 from __future__ import annotations
@@ -20,22 +21,9 @@ import pytest
 
 from rayslice.local.host import tpu_runtime
 from rayslice.local.simulation.simulator import Simulation
+from tests.integration.clusters import on
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
-
-
-@pytest.fixture(scope="module")
-def v6e_16(simulate):
-    sim = simulate(acceleratorType="v6e-16", platform="tpu-vm")
-    yield sim
-    sim.destroy()
-
-
-@pytest.fixture(scope="module")
-def v6e_4(simulate):
-    sim = simulate(acceleratorType="v6e-4", platform="tpu-vm")
-    yield sim
-    sim.destroy()
 
 
 def run_script(sim: Simulation, script: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -130,23 +118,27 @@ def test_two_hosts_worth_of_processes_join_one_jax_program(tmp_path, mode):
 # ---- the guide's scripts on simulated slices -----------------------------------------------------
 
 
-def test_guide_single_host_jax_script_prints_4_on_a_v6e_4(v6e_4, fixtures_dir, tmp_path):
-    result = run_script(v6e_4, guide_script(fixtures_dir, "ray-jax-single-host.py", tmp_path))
+@on("v6e-4")
+def test_guide_single_host_jax_script_prints_the_hosts_chips(cluster, fixtures_dir, tmp_path):
+    result = run_script(cluster, guide_script(fixtures_dir, "ray-jax-single-host.py", tmp_path))
     assert result.returncode == 0
-    assert "4" in result.stdout.splitlines()
+    assert str(cluster.spec().tpu.chips_per_host) in result.stdout.splitlines()
 
 
-def test_guide_multi_host_jax_script_sees_the_whole_v6e_16_from_every_host(v6e_16, fixtures_dir, tmp_path):
-    result = run_script(v6e_16, guide_script(fixtures_dir, "ray-jax-multi-host.py", tmp_path))
+@on("v5p-16 tpu-vm")
+def test_guide_multi_host_jax_script_sees_the_whole_slice_from_every_host(cluster, fixtures_dir, tmp_path):
+    result = run_script(cluster, guide_script(fixtures_dir, "ray-jax-multi-host.py", tmp_path))
     assert result.returncode == 0
     [counts] = printed_lists(result.stdout)
-    # One Ray cluster spans the slice, so the script's `ray.available_resources()["TPU"]` is 16
-    # (the guide's comment says 4: there, each host runs the script against its own Ray): 16
-    # tasks of 4 chips, four at a time, one per host; every one sees the slice's 16 devices.
-    assert counts == [16] * 16
+    # One Ray cluster spans the slice, so the script's `ray.available_resources()["TPU"]` is the
+    # slice's chips (the guide's comment says 4: there, each host runs the script against its own
+    # Ray): that many tasks of 4 chips, one per host at a time; each sees every device of the slice.
+    chips = cluster.spec().tpu.chips
+    assert counts == [chips] * chips
 
 
-def test_rays_tpu_helpers_answer_inside_a_task_as_on_a_tpu_host(v6e_16, tmp_path):
+@on("v5p-16 tpu-vm")
+def test_rays_tpu_helpers_answer_inside_a_task_as_on_a_tpu_host(cluster, tmp_path):
     script = tmp_path / "helpers.py"
     script.write_text(
         textwrap.dedent(
@@ -162,25 +154,29 @@ def test_rays_tpu_helpers_answer_inside_a_task_as_on_a_tpu_host(v6e_16, tmp_path
             """
         )
     )
-    result = run_script(v6e_16, script)
+    result = run_script(cluster, script)
     assert result.returncode == 0
-    assert "HELPERS (4, 4)" in result.stdout.splitlines()
+    tpu = cluster.spec().tpu
+    assert f"HELPERS ({tpu.hosts}, {tpu.chips_per_host})" in result.stdout.splitlines()
 
 
-def test_guide_pytorch_xla_single_device_script_prints_an_xla_device(v6e_4, fixtures_dir, tmp_path):
-    result = run_script(v6e_4, guide_script(fixtures_dir, "workload.py", tmp_path))
+@on("v6e-4")
+def test_guide_pytorch_xla_single_device_script_prints_an_xla_device(cluster, fixtures_dir, tmp_path):
+    result = run_script(cluster, guide_script(fixtures_dir, "workload.py", tmp_path))
     assert result.returncode == 0
     assert "xla:0" in result.stdout.splitlines()
     assert "device='xla:0')" in result.stdout
 
 
-def test_guide_torch_xla_launch_runs_on_the_hosts_4_chips(v6e_4, fixtures_dir, tmp_path):
-    result = run_script(v6e_4, guide_script(fixtures_dir, "workload-multi-device.py", tmp_path))
+@on("v6e-4")
+def test_guide_torch_xla_launch_runs_on_every_chip_of_the_host(cluster, fixtures_dir, tmp_path):
+    result = run_script(cluster, guide_script(fixtures_dir, "workload-multi-device.py", tmp_path))
     assert result.returncode == 0
     # On CPU, torch_xla.launch runs one thread per device (xla:0..xla:3); a TPU host runs one
     # process per chip, each printing xla:0. Either way: four devices ran the function. The
     # threads print at once, so one line may hold two devices ("xla:2xla:3"): count the devices
     # printed bare (`print(t.device)`), not the lines.
+    chips = [str(i) for i in range(cluster.spec().tpu.chips_per_host)]
     devices = re.findall(r"(?<!')xla:(\d+)", result.stdout)
-    assert sorted(devices) == ["0", "1", "2", "3"]
-    assert sorted(re.findall(r"device='xla:(\d+)'", result.stdout)) == ["0", "1", "2", "3"]
+    assert sorted(devices) == chips
+    assert sorted(re.findall(r"device='xla:(\d+)'", result.stdout)) == chips

@@ -1,9 +1,11 @@
 """The bundled workloads, submitted with `rayslice run`, on simulated slices.
 
-Two simulations for the module, both booted by the real boot script with Ray's own TPU detection
-reading the fake metadata: two v6e-16 slices with a CPU head VM (nine hosts, Ray token auth on)
-and one single-host v6e-4. Every job goes through the `rayslice` command and the Ray Jobs API,
-as a user's would.
+Each job runs on the smallest of the shared simulations that shows what it checks, all booted by
+the real boot script with Ray's own TPU detection reading the fake metadata: one single-host
+v6e-4, one 2-host v5p-16 slice on TPU VMs, and two Spot v6e-16 slices with a CPU head VM (nine
+hosts, Ray token auth on; the recovery acceptance test runs on it too, and leaves it whole).
+Every job goes through the `rayslice` command and the Ray Jobs API, as a user's would; the
+expected figures come from the catalog.
 """
 
 from __future__ import annotations
@@ -16,27 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from rayslice.local.simulation.simulator import Simulation
+from tests.integration.clusters import on
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
-
-
-@pytest.fixture(scope="module")
-def cluster(simulate):
-    """2 x v6e-16 with a CPU head VM: 9 hosts, 32 chips."""
-    sim = simulate(acceleratorType="v6e-16", slices=2)
-    yield sim
-    sim.destroy()
-
-
-@pytest.fixture(scope="module")
-def single(simulate):
-    """One v6e-4 host (4 chips), its own Ray head."""
-    sim = simulate(acceleratorType="v6e-4")
-    yield sim
-    sim.destroy()
 
 
 def rayslice_run(
@@ -62,19 +47,28 @@ def losses(output: str) -> list[float]:
     return [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", output, re.M)]
 
 
+MULTISLICE = on("2 x v6e-16 spot")
+SLICE = on("v5p-16 tpu-vm")  # one multi-host slice, the smallest
+SINGLE = on("v6e-4")
+
+
+@MULTISLICE
 def test_jax_multihost_sees_every_chip_of_the_slice_on_every_host(cluster):
     result = rayslice_run(cluster, "jax_multihost")
     assert result.returncode == 0
-    assert "[16, 16, 16, 16]" in result.stdout.splitlines()
+    tpu = cluster.spec().tpu
+    assert str([tpu.chips] * tpu.hosts) in result.stdout.splitlines()
 
 
-def test_jax_single_host_on_a_v6e_4_returns_4(single):
-    result = rayslice_run(single, "jax_single_host")
+@SINGLE
+def test_jax_single_host_returns_the_hosts_chips(cluster):
+    result = rayslice_run(cluster, "jax_single_host")
     assert result.returncode == 0
-    assert result.stdout.splitlines()[-1] == "4"
+    assert result.stdout.splitlines()[-1] == str(cluster.spec().tpu.chips_per_host)
 
 
-def test_jax_multislice_over_two_v6e_16_slices(cluster):
+@MULTISLICE
+def test_jax_multislice_over_two_slices(cluster):
     result = rayslice_run(cluster, "jax_multislice")
     assert result.returncode == 0
     hosts = re.findall(
@@ -83,26 +77,32 @@ def test_jax_multislice_over_two_v6e_16_slices(cluster):
         result.stdout,
         re.M,
     )
-    assert len(hosts) == 8
-    assert {h[0] for h in hosts} == {"0", "1"} == {h[3] for h in hosts}
-    assert sorted(int(h[1]) for h in hosts) == list(range(8))
-    assert {h[2] for h in hosts} == {"32"}
+    spec = cluster.spec()
+    assert len(hosts) == spec.total_hosts
+    assert {h[0] for h in hosts} == {str(i) for i in range(spec.slices)} == {h[3] for h in hosts}
+    assert sorted(int(h[1]) for h in hosts) == list(range(spec.total_hosts))
+    assert {h[2] for h in hosts} == {str(spec.slices * spec.tpu.chips)}
 
 
+@SINGLE
 def test_jax_train_loss_falls_and_flops_are_reported(cluster):
-    result = rayslice_run(cluster, "jax_train", "--steps", "12")
+    result = rayslice_run(cluster, "jax_train", "--steps", "12", "--batch-per-device", "32")
     assert result.returncode == 0
     curve = losses(result.stdout)
     assert len(curve) == 12
     assert sum(curve[-3:]) / 3 < curve[0]
+    chips = cluster.spec().tpu.chips  # the slice's devices
     assert re.search(
-        r"^16 x cpu, global batch 512: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s", result.stdout, re.M
+        rf"^{chips} x cpu, global batch {32 * chips}: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s",
+        result.stdout,
+        re.M,
     )
 
 
-def test_jax_train_resumes_from_its_checkpoint_on_a_slice(cluster):
+@SINGLE
+def test_jax_train_resumes_from_its_checkpoint(cluster):
     # Under /var/tmp: every simulated host sees it (each has its own /tmp), as every TPU host sees
-    # the same gs:// bucket.
+    # the same gs:// bucket. (On a multi-host slice, across a preemption: test_recovery.py.)
     checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))
     try:
         options = ("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "3")
@@ -119,12 +119,18 @@ def test_jax_train_resumes_from_its_checkpoint_on_a_slice(cluster):
         shutil.rmtree(checkpoints, ignore_errors=True)
 
 
-def test_a_job_asking_for_more_chips_than_a_host_has_fails_clearly(single):
-    result = rayslice_run(single, "jax_single_host", "--chips", "8", timeout=120)
+@SINGLE
+def test_a_job_asking_for_more_chips_than_a_host_has_fails_clearly(cluster):
+    per_host = cluster.spec().tpu.chips_per_host
+    result = rayslice_run(cluster, "jax_single_host", "--chips", str(2 * per_host), timeout=120)
     assert result.returncode == 1
-    assert "asks for 8 TPU chips on one host, but the largest host in the cluster has 4" in result.stdout
+    assert (
+        f"asks for {2 * per_host} TPU chips on one host, but the largest host in the cluster has {per_host}"
+        in result.stdout
+    )
 
 
+@MULTISLICE
 def test_a_users_script_runs_with_its_directory(cluster, tmp_path):
     (tmp_path / "data.txt").write_text("from the working dir")
     script = tmp_path / "mine.py"
@@ -134,12 +140,13 @@ def test_a_users_script_runs_with_its_directory(cluster, tmp_path):
     )
     result = rayslice_run(cluster, str(script), "--flag", "x y")
     assert result.returncode == 0
-    assert "from the working dir 2 ['--flag', 'x y']" in result.stdout
+    assert f"from the working dir {cluster.spec().slices} ['--flag', 'x y']" in result.stdout
 
 
 # ---- PyTorch/XLA (the `xla` extra, installed by scripts/setup.sh) --------------------------------
 
 
+@SINGLE
 def test_xla_single_prints_a_tensor_on_an_xla_device(cluster):
     result = rayslice_run(cluster, "xla_single")
     assert result.returncode == 0
@@ -147,12 +154,16 @@ def test_xla_single_prints_a_tensor_on_an_xla_device(cluster):
     assert "device='xla:0')" in result.stdout
 
 
-def test_xla_multihost_runs_one_task_per_chip_of_a_v6e_16(cluster):
-    result = rayslice_run(cluster, "xla_multihost", "--slice", "rayslice-slice-0")
+@SLICE
+def test_xla_multihost_runs_one_task_per_chip_of_a_slice(cluster):
+    spec = cluster.spec()
+    result = rayslice_run(cluster, "xla_multihost", "--slice", spec.slice_name(0))
     assert result.returncode == 0
-    assert "16 tasks on 16 distinct chips" in result.stdout.splitlines()
+    chips = spec.tpu.chips
+    assert f"{chips} tasks on {chips} distinct chips" in result.stdout.splitlines()
 
 
+@SINGLE
 def test_xla_train_loss_falls(cluster):
     result = rayslice_run(cluster, "xla_train", "--steps", "12")
     assert result.returncode == 0
@@ -161,7 +172,8 @@ def test_xla_train_loss_falls(cluster):
     assert sum(curve[-3:]) / 3 < curve[0]
 
 
-def test_a_single_host_job_on_v6e_16_slices_is_refused_before_it_is_submitted(cluster):
+@SLICE
+def test_a_single_host_job_on_multi_host_slices_is_refused_before_it_is_submitted(cluster):
     result = rayslice_run(cluster, "jax_single_host", timeout=120)
     assert result.returncode == 2, result.stderr
     assert "jax_single_host needs a single-host slice" in result.stderr
@@ -169,6 +181,7 @@ def test_a_single_host_job_on_v6e_16_slices_is_refused_before_it_is_submitted(cl
     assert "submitted" not in result.stderr  # refused before anything went to the cluster
 
 
+@SINGLE
 def test_jax_train_step_lines_arrive_while_the_job_runs(cluster):
     """Read `rayslice run`'s output as it comes: the first step line is there while the job (and
     so the command) is still running, not all at once at the end."""
@@ -176,7 +189,7 @@ def test_jax_train_step_lines_arrive_while_the_job_runs(cluster):
     if cluster.token_file.exists():
         argv += ["--token-file", str(cluster.token_file)]
     run = subprocess.Popen(
-        [*argv, "--", "--steps", "200"],
+        [*argv, "--", "--steps", "200", "--batch-per-device", "32"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -193,4 +206,5 @@ def test_jax_train_step_lines_arrive_while_the_job_runs(cluster):
     finally:
         run.kill()
     assert len(losses("".join([first, *rest]))) == 200
-    assert re.search(r"^16 x cpu, global batch 512: ", "".join(rest), re.M)
+    chips = cluster.spec().tpu.chips
+    assert re.search(rf"^{chips} x cpu, global batch {32 * chips}: ", "".join(rest), re.M)

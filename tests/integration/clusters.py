@@ -1,0 +1,114 @@
+"""Simulated clusters for the integration tests: short Ray timeouts, waits on state, shared clusters.
+
+Tests that only read a cluster share one per shape and platform (`SHARED`). A test names its
+shape with `on(shape)`, which passes it to the session-scoped `cluster` fixture (conftest.py) as
+an indirect parameter: pytest then runs every test of that shape together, whatever its module,
+boots the cluster once before the first and removes it after the last.
+
+Hosts that tests boot get `SHORT_WAITS` in their environment: how soon the head's GCS declares a
+powered-off node dead, and the recovery controller's interval, shortened so that a preemption
+settles in seconds. The production defaults stay in the boot script and in `rayslice local up`,
+which the README's slice runs on (test_readme.py checks that its Ray runs without these
+overrides, test_faults.py that the overrides reach Ray). A head restart still costs its workers
+about a minute: their raylets learn that the GCS restarted only then, and neither
+RAY_gcs_rpc_server_reconnect_timeout_s, RAY_gcs_server_request_timeout_seconds nor gRPC's
+keepalive shortens that (measured with Ray 2.60).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayslice.local.host import netns
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.names import STATE_JOINED
+
+RECOVERY_INTERVAL_S = 2
+SHORT_WAITS = {
+    # The GCS marks a node that stopped answering dead after period x threshold (default 3 s x 5).
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    # How often a head VM's recovery controller looks (the simulator's own default is 5 s, the
+    # cloud's 30 s); the boot script reads it on the head VM only.
+    "RAYSLICE_RECOVERY_INTERVAL_S": str(RECOVERY_INTERVAL_S),
+}
+
+SHARED: dict[str, dict[str, object]] = {
+    # One host, 4 chips, its own head: the smallest cluster a job runs on.
+    "v6e-4": {"acceleratorType": "v6e-4"},
+    # The smallest multi-host slice on TPU VMs: 2 hosts x 4 chips, the head on worker 0.
+    "v5p-16 tpu-vm": {"acceleratorType": "v5p-16", "platform": "tpu-vm"},
+    # Multislice behind a CPU head VM, on Spot (so the head runs the recovery controller): the
+    # cluster of the recovery acceptance test, which leaves it whole again.
+    "2 x v6e-16 spot": {"platform": "compute", "acceleratorType": "v6e-16", "slices": 2, "capacity": "spot"},
+}
+
+
+def on(shape: str) -> pytest.MarkDecorator:
+    """Run the test on the shared cluster `shape` (a key of `SHARED`), given as `cluster`."""
+    assert shape in SHARED, shape
+    return pytest.mark.parametrize("cluster", [shape], indirect=True)
+
+
+def boot(sim: Simulation, names: Collection[str] | None = None) -> None:
+    """Power on `names` (default: every host) with `SHORT_WAITS` in their environment."""
+    for name in names if names is not None else [h.name for h in sim.plan.hosts]:
+        sim.boot(name, env=SHORT_WAITS)
+
+
+def tpu_nodes(sim: Simulation) -> list[dict[str, Any]]:
+    """The alive Ray nodes with TPU chips; none while the head does not answer."""
+    try:
+        return [n for n in sim.ray_nodes() if n["resources"].get("TPU")]
+    except OSError:
+        return []
+
+
+def wait_nodes(
+    sim: Simulation, ips: Collection[str], timeout: float, avoid: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """Wait until the alive TPU nodes are one per address in `ips`, none with an id in `avoid`."""
+    deadline = time.monotonic() + timeout
+    nodes: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        nodes = tpu_nodes(sim)
+        if sorted(n["ip"] for n in nodes) == sorted(ips) and not set(avoid) & {n["id"] for n in nodes}:
+            return nodes
+        time.sleep(1)
+    raise AssertionError(f"expected nodes {sorted(ips)}, saw {[(n['ip'], n['id'][:8]) for n in nodes]}")
+
+
+def bring_up(sim: Simulation, timeout: float = 600) -> None:
+    """Boot every host, wait until all joined and the head lists each one as an alive Ray node."""
+    boot(sim)
+    sim.wait_for(lambda states: all(s == STATE_JOINED for s in states.values()), timeout=timeout)
+    deadline = time.monotonic() + 120
+    while len(_alive(sim)) != len(sim.plan.hosts):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"alive Ray nodes: {_alive(sim)}; hosts: {[h.ip for h in sim.plan.hosts]}")
+        time.sleep(1)
+
+
+def raylet_environment(sim: Simulation, host: str) -> dict[str, str]:
+    """The environment of the raylet running on `host` (found in the host's network namespace)."""
+    for pid in netns.netns_pids(sim.plan.host(host).netns):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name == "raylet":
+                environ = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+                return dict(e.split("=", 1) for e in environ if "=" in e)
+        except OSError:
+            continue
+    raise AssertionError(f"no raylet runs on {host}")
+
+
+def _alive(sim: Simulation) -> list[str]:
+    try:
+        return [n["ip"] for n in sim.ray_nodes()]
+    except OSError:
+        return []
