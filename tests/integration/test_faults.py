@@ -1,8 +1,12 @@
 """Fault figures on a simulated slice: each scenario ends with every host joined, or with a named
 failure state and nothing left behind. docs/faults.md shows `SCENARIOS` (section "simulator").
 
-The hosts run the real rendered boot script and real Ray. Faults the simulator cannot make
-(Secret Manager, a failing install) are covered by tests/startup_scripts/test_boot_sandbox.py.
+The hosts run the real rendered boot script and real Ray. One TPU-VM v6e-16 (4 hosts), whose
+metadata servers answer 503 for their first 8 s, goes through the scenarios in order: workers
+first while the head stays away and one host never boots, then a head restart, then every host
+rebooted at once, then its removal. Faults the simulator cannot make (Secret Manager, a failing
+install) are covered by tests/startup_scripts/test_boot_sandbox.py; installing from a wheelhouse
+by test_boot_script.py.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import STATE_FILE
+from tests.integration.clusters import SHORT_WAITS, boot, raylet_environment, tpu_nodes, wait_nodes
 from tests.startup_scripts.faults import Fault, FaultTable
 
+HEAD_AWAY_S = 10
 SCENARIOS = {
     "metadata_503": Fault(
         "metadata servers answer 503 for the first 8 s",
@@ -26,7 +32,7 @@ SCENARIOS = {
     ),
     "workers_first": Fault("workers boot before the head", "every host **joined** once the head came up"),
     "head_never": Fault(
-        "the head has not appeared for 20 s",
+        f"the head has not appeared for {HEAD_AWAY_S} s",
         "workers stay `waiting: head` (no deadline), supervisor running",
     ),
     "head_restart": Fault(
@@ -47,32 +53,11 @@ TABLE = FaultTable("simulator", SCENARIOS)
 
 
 def _spec(**raw: object) -> spec_module.ClusterSpec:
-    return spec_module.load(
-        {"acceleratorType": "v6e-16", "platform": "tpu-vm", "rayAuth": "none", **raw}, require_zone=False
-    )
+    return spec_module.load({"acceleratorType": "v6e-16", "platform": "tpu-vm", **raw}, require_zone=False)
 
 
-def _tpu_nodes(sim: Simulation) -> list[dict]:
-    try:
-        return [n for n in sim.ray_nodes() if n["resources"].get("TPU")]
-    except OSError:
-        return []
-
-
-def _wait_nodes(sim: Simulation, ips: set[str], timeout: float, avoid: set[str] | None = None) -> list[dict]:
-    """Wait until the alive TPU nodes are exactly `ips`, none of them with an id in `avoid`."""
-    deadline = time.monotonic() + timeout
-    nodes: list[dict] = []
-    while time.monotonic() < deadline:
-        nodes = _tpu_nodes(sim)
-        if (
-            {n["ip"] for n in nodes} == ips
-            and len(nodes) == len(ips)
-            and not (avoid or set()) & {n["id"] for n in nodes}
-        ):
-            return nodes
-        time.sleep(2)
-    raise AssertionError(f"expected nodes {sorted(ips)}, saw {[(n['ip'], n['id'][:8]) for n in nodes]}")
+def _ips(sim: Simulation, hosts: list[str] | None = None) -> list[str]:
+    return [sim.plan.host(h).ip for h in hosts] if hosts is not None else [h.ip for h in sim.plan.hosts]
 
 
 def _nothing_left(sim: Simulation) -> None:
@@ -85,9 +70,7 @@ def _nothing_left(sim: Simulation) -> None:
 
 @pytest.fixture(scope="module")
 def slice16(tmp_path_factory) -> Iterator[Simulation]:
-    sim = Simulation.create(
-        _spec(), tmp_path_factory.mktemp("faults") / "sim", metadata_unavailable_for=8, insecure=True
-    )
+    sim = Simulation.create(_spec(), tmp_path_factory.mktemp("faults") / "sim", metadata_unavailable_for=8)
     try:
         yield sim
     finally:
@@ -97,50 +80,68 @@ def slice16(tmp_path_factory) -> Iterator[Simulation]:
 
 def test_workers_first_a_late_head_and_a_host_that_never_boots(slice16):
     sim = slice16
+    spec = sim.spec()
     head = sim.plan.head.name
     workers = [h.name for h in sim.plan.hosts if h.name != head]
     missing, booted = workers[-1], workers[:-1]
-    for name in booted:
-        sim.boot(name)
+    boot(sim, booted)
     sim.wait_for(lambda s: all(s[w] == "waiting: head" for w in booted), timeout=300)
     for name in booted:  # they booted while metadata answered 503
         assert '" 503 ' in sim.paths(name).metadata_log.read_text(), name
-    time.sleep(20)
-    assert all(sim.states()[w] == "waiting: head" for w in booted)
-    assert all(sim.script_exit(w) == 0 for w in booted)  # boot done; the supervisor waits
+    # The head stays away: the workers wait, with no deadline, their boot done, the supervisor running.
+    away = time.monotonic() + HEAD_AWAY_S
+    while time.monotonic() < away:
+        states = sim.states()
+        assert all(states[w] == "waiting: head" for w in booted), states
+        assert all(sim.script_exit(w) == 0 and sim.running(w) for w in booted)
+        time.sleep(1)
 
-    sim.boot(head)
+    boot(sim, [head])
     sim.wait_for(lambda s: all(s[h] == names.STATE_JOINED for h in [head, *booted]), timeout=300)
-    _wait_nodes(sim, {sim.plan.host(h).ip for h in [head, *booted]}, timeout=120)
+    wait_nodes(sim, _ips(sim, [head, *booted]), timeout=120)
     states = sim.states()
     assert states[missing] == "" and not sim.running(missing)
 
-    sim.boot(missing)
+    boot(sim, [missing])
     sim.wait_for(lambda s: all(v == names.STATE_JOINED for v in s.values()), timeout=300)
-    _wait_nodes(sim, {h.ip for h in sim.plan.hosts}, timeout=120)
+    nodes = wait_nodes(sim, _ips(sim), timeout=120)
+    # One Ray cluster over the slice, as the catalog describes it: every chip, the slice's head
+    # resource once, every node in the slice.
+    assert sum(n["resources"]["TPU"] for n in nodes) == spec.tpu.chips
+    assert sum(n["resources"].get(f"TPU-{spec.accelerator_type}-head", 0) for n in nodes) == 1
+    assert all(n["resources"].get(spec.slice_name(0)) == 1 for n in nodes)
+    assert all(sim.script_exit(h.name) == 0 for h in sim.plan.hosts)
 
 
 def test_head_restart_every_worker_rejoins(slice16):
     sim = slice16
-    before = {n["id"] for n in _tpu_nodes(sim)}
+    for host in sim.plan.hosts:  # the tests' short Ray timeouts reach Ray, as the hosts booted it
+        environment = raylet_environment(sim, host.name)
+        assert {k: environment.get(k) for k in SHORT_WAITS if k.startswith("RAY_")} == {
+            k: v for k, v in SHORT_WAITS.items() if k.startswith("RAY_")
+        }
+    before = {n["id"] for n in tpu_nodes(sim)}
     assert sim.restart_head_ray().returncode == 0
-    _wait_nodes(sim, {h.ip for h in sim.plan.hosts}, timeout=300, avoid=before)
+    wait_nodes(sim, _ips(sim), timeout=300, avoid=before)
 
 
 def test_every_host_rebooted_at_once(slice16):
     sim = slice16
-    before = {n["id"] for n in _tpu_nodes(sim)}
+    before = {n["id"] for n in tpu_nodes(sim)}
     for host in sim.plan.hosts:
         sim.power_off(host.name)
-    for host in sim.plan.hosts:
-        sim.boot(host.name)
-    _wait_nodes(sim, {h.ip for h in sim.plan.hosts}, timeout=300, avoid=before)
+    boot(sim)
+    wait_nodes(sim, _ips(sim), timeout=300, avoid=before)
+    sim.wait_for(lambda s: all(sim.script_exit(h) == 0 for h in s), timeout=60)
+    for host in sim.plan.hosts:  # one Ray service per boot, one node per host
+        log = (sim.paths(host.name).root / "var/log/rayslice/boot.log").read_text()
+        assert log.count("rayslice-ray (process) started") == 2, host.name
     _nothing_left(sim)
 
 
 def test_metadata_that_never_answers_ends_in_a_failure_and_nothing_running(simulation_dir):
     sim = Simulation.create(
-        _spec(acceleratorType="v6e-4"), simulation_dir, metadata_silent_for=1e6, insecure=True
+        _spec(acceleratorType="v6e-4", rayAuth="none"), simulation_dir, metadata_silent_for=1e6, insecure=True
     )
     [host] = [h.name for h in sim.plan.hosts]
     sim.boot(host, env={"RAYSLICE_METADATA_DEADLINE_S": "6"})
