@@ -10,6 +10,7 @@ stops everything and removes the emulation's files.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -27,9 +28,9 @@ import pytest
 from rayslice import cli, names, spec
 from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
-from rayslice.local.simulation.power import LOCAL_RECOVERY_INTERVAL_S
 from rayslice.local.simulation.simulator import Simulation
 from tests.bench import load
+from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, wait_nodes
 
 
 def _boots(sim: Simulation, host: str) -> int:
@@ -68,58 +69,87 @@ def _wait(condition: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.3)
 
 
-@pytest.mark.parametrize("platform", ["compute", "tpu-vm"])
-def test_a_preempted_slice_is_recreated_by_the_controller_on_the_head_vm(
-    simulation_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], platform: str
+def _events(sim: Simulation) -> list[dict[str, str]]:
+    """The controller's events, from the head VM's event log."""
+    log = sim.paths(sim.plan.head.name).root / "var/log/rayslice/recovery-events.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _watching_since(sim: Simulation) -> float | None:
+    """When the head's boot script started the controller (its log line), as epoch seconds."""
+    boot_log = sim.paths(sim.plan.head.name).root / "var/log/rayslice/boot.log"
+    lines = [line for line in boot_log.read_text().splitlines() if "recovery: watching" in line]
+    return _epoch(lines[-1].split()[0]) if lines else None
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _controller_started(sim: Simulation, slices: int) -> None:
+    """The head's boot script started the controller as its second service, from the bundle, and
+    the controller has looked at the healthy slices for two intervals without recording anything."""
+    head = sim.plan.head.name
+    assert head == names.head_name(sim.spec().name)
+    head_root = sim.paths(head).root
+    _wait(
+        lambda: (
+            f"recovery: watching {slices} slice(s)" in (head_root / "var/log/rayslice/boot.log").read_text()
+        )
+    )
+    assert (head_root / "opt/rayslice/recovery.pyz").read_bytes().startswith(b"PK")
+    since = _watching_since(sim)
+    assert since is not None
+    _wait(lambda: time.time() - since > 2 * RECOVERY_INTERVAL_S + 1)
+    assert _events(sim) == []  # healthy: nothing to do, nothing recorded
+
+
+def _recorded_once(sim: Simulation, victim: str) -> None:
+    """Exactly one event, a recreation of `victim`, still alone two intervals later (whole again:
+    nothing more to do), and stored once on the head VM through its metadata server."""
+    [event] = _events(sim)
+    _wait(lambda: time.time() - _epoch(event["time"]) > 2 * RECOVERY_INTERVAL_S + 1)
+    assert [(e["slice"], e["action"], e["outcome"]) for e in _events(sim)] == [
+        (victim, "recreate", "recreated")
+    ]
+    stored = [k for k in sim.guest_attributes(sim.plan.head.name) if k.startswith("recovery-")]
+    assert len(stored) == 1
+
+
+def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_the_head_vm(
+    simulation_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    accelerator = "v6e-8" if platform == "compute" else "v5litepod-8"
+    """On TPU VMs (the acceptance test below covers Compute Engine), with the smallest slices:
+    two single-host v5e slices."""
     cluster = spec.load(
-        {"platform": platform, "acceleratorType": accelerator, "slices": 2, "capacity": "spot"},
+        {"platform": "tpu-vm", "acceleratorType": "v5litepod-8", "slices": 2, "capacity": "spot"},
         require_zone=False,
     )
     sim = Simulation.create(cluster, simulation_dir)
-    sim.boot_all()
-    _wait(lambda: all(v == "joined" for v in sim.states().values()), 300)
+    bring_up(sim)
 
     bridge = sim.state.processes[state.CLOUD_API_PROCESS]  # started and recorded by `create`
     assert is_alive(bridge)
-    head = sim.plan.head.name
-    assert head == names.head_name(cluster.name)
-    # The head's boot script started the controller as its second service, from the bundle.
-    head_root = sim.paths(head).root
-    log = head_root / "var/log/rayslice/recovery-events.jsonl"
-    _wait(lambda: "recovery: watching 2 slice(s)" in (head_root / "var/log/rayslice/boot.log").read_text())
-    assert (head_root / "opt/rayslice/recovery.pyz").read_bytes().startswith(b"PK")
-
-    def events() -> list[dict[str, str]]:
-        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-    time.sleep(2 * LOCAL_RECOVERY_INTERVAL_S)
-    assert events() == []  # healthy: nothing to do, nothing recorded
+    _controller_started(sim, cluster.slices)
 
     victims = cloud_bridge.slice_hosts(sim.plan, 1)
-    assert cli.main(["local", "preempt", "--state-dir", str(simulation_dir), "rayslice-slice-1"]) == 0
+    assert cli.main(["local", "preempt", "--state-dir", str(simulation_dir), cluster.slice_name(1)]) == 0
     assert not any(sim.running(h) for h in victims)
     assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
 
     # The controller notices on its own, within its interval, and recreates the slice; its hosts
     # boot a second time and rejoin Ray, the other slice's hosts are untouched.
     _wait(lambda: all(_boots(sim, h) == 2 for h in victims), 120)
-    _wait(lambda: len(events()) == 1, 60)
-    _wait(lambda: sum(1 for n in sim.ray_nodes() if n["resources"].get("TPU")) == 2, 240)
-    time.sleep(2 * LOCAL_RECOVERY_INTERVAL_S)  # whole again: no further events
-    assert [(e["slice"], e["action"], e["outcome"]) for e in events()] == [
-        ("rayslice-slice-1", "recreate", "recreated")
-    ]
-    assert all(_boots(sim, h) == 1 for h in [head, *cloud_bridge.slice_hosts(sim.plan, 0)])
-    stored = [k for k in sim.guest_attributes(head) if k.startswith("recovery-")]
-    assert len(stored) == 1  # recorded once, on the head VM, through its metadata server
+    _wait(lambda: len(_events(sim)) == 1, 60)
+    wait_nodes(sim, [h.ip for h in sim.plan.hosts if h.role != state.ROLE_HEAD_VM], 240)
+    _recorded_once(sim, cluster.slice_name(1))
+    assert all(_boots(sim, h) == 1 for h in [sim.plan.head.name, *cloud_bridge.slice_hosts(sim.plan, 0)])
 
     data = _status(sim, monkeypatch, capsys)
-    assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
+    assert [s["state"] for s in data["slices"]] == ["READY"] * cluster.slices
     assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
-    assert [(e["slice"], e["outcome"]) for e in data["events"]] == [("rayslice-slice-1", "recreated")]
-    assert data["events"][0]["seen"] == events()[0]["seen"]
+    assert [(e["slice"], e["outcome"]) for e in data["events"]] == [(cluster.slice_name(1), "recreated")]
+    assert data["events"][0]["seen"] == _events(sim)[0]["seen"]
 
     # `rayslice local down` stops the emulation by its recorded PID and removes its files.
     assert cli.main(["local", "down", "--state-dir", str(simulation_dir)]) == 0
@@ -137,37 +167,53 @@ def _fresh_loss() -> float:
     return float(result.stdout.split()[-1])
 
 
+@on("2 x v6e-16 spot")
 def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cluster: Simulation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The recovery issue's acceptance: head VM + 2 x v6e-16 Spot on compute; `rayslice run
     jax_train --max-restarts 2 -- --steps 60 --checkpoint-dir D --checkpoint-every 10` on slice 1;
-    `rayslice local preempt` of that slice once step 20 is saved. Nothing else is done by hand."""
+    `rayslice local preempt` of that slice once step 20 is saved. Nothing else is done by hand.
+    The cluster is the shared one, whole again afterwards."""
+    sim = cluster
     recovery = load("recovery")  # its scenario is this test; the benchmark times it
+    assert sim.spec() == recovery.cluster_spec("compute")
+    assert is_alive(sim.state.processes[state.CLOUD_API_PROCESS])
+    _controller_started(sim, sim.spec().slices)
     checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))  # seen by all hosts
-    sim, _ = recovery.bring_up(recovery.cluster_spec("compute"), tmp_path / "sim")
     try:
         trace = recovery.preempt_during_training(sim, checkpoints)
-        out = trace.output
-        print(out[-5000:], trace.stderr[-5000:])  # shown when the test fails
-        assert trace.returncode == 0
-        # rayslice run told the node deaths apart, waited for the slice, resubmitted once.
-        assert re.search(r"^restart 1 of 2 after .+", out, re.M)
-        assert "restart 2 of 2" not in out
-        [resumed] = {int(k) for k in recovery.RESUMED.findall(out)}
-        assert resumed >= recovery.PREEMPT_AFTER_STEP
-        steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", out, re.M)]
-        assert steps == list(range(resumed, 60))  # the resumed run's steps, to the end
-        curve = [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", out, re.M)]
-        assert curve[0] < _fresh_loss()  # it went on from the checkpoint, not from scratch
-        assert sum(curve[-3:]) / 3 < curve[0]  # and kept falling
-        # The controller recreated exactly the preempted slice, once; status shows it.
-        data = _status(sim, monkeypatch, capsys)
-        assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
-        assert [(e["slice"], e["action"], e["outcome"]) for e in data["events"]] == [
-            (trace.victim, "recreate", "recreated")
-        ]
-        assert data["events"][0]["seen"].startswith("MIG ")
     finally:
-        sim.destroy()
         shutil.rmtree(checkpoints, ignore_errors=True)
+    out = trace.output
+    print(out[-5000:], trace.stderr[-5000:])  # shown when the test fails
+    assert trace.returncode == 0
+    # rayslice run told the node deaths apart, waited for the slice, resubmitted once.
+    restart = re.search(r"^restart 1 of 2 after .+", out, re.M)
+    assert restart
+    assert "restart 2 of 2" not in out
+    [resumed] = {int(k) for k in recovery.RESUMED.findall(out)}
+    assert resumed >= recovery.PREEMPT_AFTER_STEP
+    # The first run's steps stream before the restart line; the resumed run's follow it.
+    first = [int(n) for n in re.findall(r"^step +(\d+) +loss", out[: restart.start()], re.M)]
+    assert first == list(range(len(first))) and len(first) >= recovery.PREEMPT_AFTER_STEP
+    after = out[restart.end() :]
+    steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", after, re.M)]
+    assert steps == list(range(resumed, 60))  # the resumed run's steps, to the end
+    curve = [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", after, re.M)]
+    assert curve[0] < _fresh_loss()  # it went on from the checkpoint, not from scratch
+    assert sum(curve[-3:]) / 3 < curve[0]  # and kept falling
+    # The controller recreated exactly the preempted slice, once: its hosts booted a second time,
+    # the others once; status shows it.
+    victims = cloud_bridge.slice_hosts(sim.plan, 1)
+    assert all(_boots(sim, h) == 2 for h in victims)
+    assert all(_boots(sim, h) == 1 for h in [sim.plan.head.name, *cloud_bridge.slice_hosts(sim.plan, 0)])
+    _recorded_once(sim, trace.victim)
+    data = _status(sim, monkeypatch, capsys)
+    assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
+    assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
+    assert [(e["slice"], e["action"], e["outcome"]) for e in data["events"]] == [
+        (trace.victim, "recreate", "recreated")
+    ]
+    assert data["events"][0]["seen"].startswith("MIG ")
+    assert data["events"][0]["seen"] == _events(sim)[0]["seen"]
