@@ -44,7 +44,6 @@ def installed(tmp_path_factory, rayslice_wheel) -> Path:
             text=True,
         ).stdout.strip()
     )
-    (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
         [
             sys.executable,
@@ -61,6 +60,9 @@ def installed(tmp_path_factory, rayslice_wheel) -> Path:
         capture_output=True,
         timeout=300,
     )
+    # After the install: with the project's site-packages already on its path, pip would find
+    # the project's own (editable) rayslice 0.1.0 there and install nothing.
+    (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     with (site / "rayslice" / "workloads" / "__init__.py").open("a") as shipped:
         shipped.write(f"{MARKER} = 'installed'\n")
     return venv
