@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import yaml
 
 from rayslice.spec import load
 from tests.bench import load as load_bench
+from tests.integration.clusters import SHARED
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -24,7 +26,9 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers live here, in one place: everything under tests/integration/ starts simulated
     hosts or real Ray nodes (`slow`) inside network namespaces (`root`). The quick subset
-    (`-m "not slow"`) needs no network: a test that asks for the wheelhouse must be marked slow."""
+    (`-m "not slow"`) needs no network: a test that asks for the wheelhouse must be marked slow.
+
+    """
     for item in items:
         if INTEGRATION in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.slow)
@@ -33,6 +37,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(
                 f"{item.nodeid} uses the wheelhouse (filled from the network): mark it slow"
             )
+
+
+def _xdist_scope(nodeid: str) -> str | None:
+    """The pytest-xdist work unit of an integration test: those on the shared clusters
+    (`tests/integration/clusters.py`, one cluster at a time) in one, the others (each on its own
+    simulation or sandbox) in another, each run in order by one worker."""
+    if not nodeid.startswith("tests/integration/"):
+        return None
+    shared = any(nodeid.endswith(f"[{shape}]") for shape in SHARED)
+    return "integration: shared clusters" if shared else "integration: own hosts"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (`-n N`, as scripts/test.sh runs the suite): the integration tests in two
+    work units (`_xdist_scope`), every other module one unit, so two workers run the slow tier
+    while the others run the quick tests beside them. (pytest-xdist's own `--dist loadgroup`
+    cannot group with pytest 9: it renames test ids through an attribute pytest 9 dropped.)"""
+    from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is loaded: it calls this hook
+
+    class IntegrationInTwo(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_scope(nodeid) or super()._split_scope(nodeid)
+
+    return IntegrationInTwo(config, log)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -57,25 +86,30 @@ def _quick_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def rayslice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of this checkout, built once per session (no dependencies, no build isolation)."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(out),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    """The wheel of this checkout (no dependencies, no build isolation), built once per session:
+    under pytest-xdist, by the first worker that asks, in the session's directory all share."""
+    base = tmp_path_factory.getbasetemp()
+    out = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(out / "rayslice-wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("rayslice-*.whl")):
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "--quiet",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "--wheel-dir",
+                    str(out),
+                    str(REPO),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
     [wheel] = out.glob("rayslice-*.whl")
     return wheel
 
