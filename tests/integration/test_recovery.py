@@ -105,8 +105,10 @@ def _controller_started(sim: Simulation, slices: int) -> None:
 
 
 def _recorded_once(sim: Simulation, victim: str) -> None:
-    """Exactly one event, a recreation of `victim`, still alone two intervals later (whole again:
-    nothing more to do), and stored once on the head VM through its metadata server."""
+    """Every host has published `joined` again; exactly one event, a recreation of `victim`, still
+    alone two intervals later (whole again: nothing more to do), and stored once on the head VM
+    through its metadata server."""
+    sim.wait_for(lambda states: all(s == names.STATE_JOINED for s in states.values()), timeout=120)
     [event] = _events(sim)
     _wait(lambda: time.time() - _epoch(event["time"]) > 2 * RECOVERY_INTERVAL_S + 1)
     assert [(e["slice"], e["action"], e["outcome"]) for e in _events(sim)] == [
