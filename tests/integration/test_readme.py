@@ -106,8 +106,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
             Simulation.open(state_dir).destroy()
 
 
-# Cloud-TPU-API attributes a Compute Engine host must do without (issue 9.5).
-CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number", "worker-network-endpoints", "tpu-env")
+# Cloud-TPU-API attributes a Compute Engine host must do without (issue 9.5); it has Google's
+# `platforms.COMPUTE_TPU_ATTRIBUTES` (issue 19.5) and rayslice's names as well.
+CLOUD_TPU_API_ONLY = ("instance-id", "agent-worker-number")
 
 
 def test_the_demos_slice_is_compute_engine_hosts_that_joined_with_identities_from_their_names(demo):
