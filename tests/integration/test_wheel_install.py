@@ -44,6 +44,10 @@ def installed(tmp_path_factory, rayslice_wheel) -> Path:
             text=True,
         ).stdout.strip()
     )
+    (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: the venv's path already shows a rayslice 0.1.0 (the project's editable
+    # install through the .pth line, or a checkout's egg-info on PYTHONPATH), which pip would
+    # otherwise take for this wheel and install nothing.
     subprocess.run(
         [
             sys.executable,
@@ -54,15 +58,13 @@ def installed(tmp_path_factory, rayslice_wheel) -> Path:
             "install",
             "-q",
             "--no-deps",
+            "--ignore-installed",
             str(rayslice_wheel),
         ],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    # After the install: with the project's site-packages already on its path, pip would find
-    # the project's own (editable) rayslice 0.1.0 there and install nothing.
-    (site / "zz_project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     with (site / "rayslice" / "workloads" / "__init__.py").open("a") as shipped:
         shipped.write(f"{MARKER} = 'installed'\n")
     return venv
