@@ -354,22 +354,25 @@ def _address(props: Mapping[str, Any]) -> Request:
     return Request("compute", "compute.addresses.insert", "Address", props.get("name"), body)
 
 
+# A firewall's inputs the provider sends as they are; `allows` and `denies` are renamed.
+_FIREWALL_FIELDS = (
+    "name",
+    "description",
+    "network",
+    "direction",
+    "priority",
+    "sourceRanges",
+    "sourceTags",
+    "targetTags",
+    "destinationRanges",
+    "sourceServiceAccounts",
+    "targetServiceAccounts",
+    "disabled",
+)
+
+
 def _firewall(props: Mapping[str, Any]) -> Request:
-    body = _pick(
-        props,
-        "name",
-        "description",
-        "network",
-        "direction",
-        "priority",
-        "sourceRanges",
-        "sourceTags",
-        "targetTags",
-        "destinationRanges",
-        "sourceServiceAccounts",
-        "targetServiceAccounts",
-        "disabled",
-    )
+    body = _pick(props, *_FIREWALL_FIELDS)
     for plural, singular in (("allows", "allowed"), ("denies", "denied")):
         if props.get(plural):
             body[singular] = [
@@ -501,24 +504,7 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
         _address,
     ),
     FIREWALL: (
-        frozenset(
-            {
-                "name",
-                "description",
-                "network",
-                "direction",
-                "priority",
-                "sourceRanges",
-                "sourceTags",
-                "targetTags",
-                "destinationRanges",
-                "sourceServiceAccounts",
-                "targetServiceAccounts",
-                "disabled",
-                "allows",
-                "denies",
-            }
-        ),
+        frozenset({*_FIREWALL_FIELDS, "allows", "denies"}),
         _firewall,
     ),
     NETWORK: (frozenset({"name", "description", "autoCreateSubnetworks", "mtu", "routingMode"}), _network),
