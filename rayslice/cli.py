@@ -91,7 +91,7 @@ class RaysliceGroup(Group):
     cls=RaysliceGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="`rayslice COMMAND --help` describes each command. Exit status: 0 success, 1 the job "
-    "(or bring-up) failed, 2 bad input, 3 no cluster reachable or no credentials.",
+    "(or bring-up) failed, 2 bad input, 3 no cluster reachable, no credentials or a cloud API call failed.",
 )
 def app() -> None:
     """Ray clusters on Cloud TPU slices, from one validated description."""
