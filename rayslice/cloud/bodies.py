@@ -400,18 +400,21 @@ def _router(props: Mapping[str, Any]) -> Request:
     return Request("compute", "compute.routers.insert", "Router", props.get("name"), body)
 
 
+# A router NAT's inputs the provider sends as they are; `logConfig` is picked apart.
+_NAT_FIELDS = (
+    "name",
+    "natIpAllocateOption",
+    "sourceSubnetworkIpRangesToNat",
+    "natIps",
+    "minPortsPerVm",
+    "maxPortsPerVm",
+    "enableEndpointIndependentMapping",
+)
+
+
 def _router_nat(props: Mapping[str, Any]) -> Request:
     """A NAT is not a resource of its own: the provider patches it into its router's ``nats``."""
-    nat = _pick(
-        props,
-        "name",
-        "natIpAllocateOption",
-        "sourceSubnetworkIpRangesToNat",
-        "natIps",
-        "minPortsPerVm",
-        "maxPortsPerVm",
-        "enableEndpointIndependentMapping",
-    )
+    nat = _pick(props, *_NAT_FIELDS)
     if props.get("logConfig"):
         nat["logConfig"] = _pick(props["logConfig"], "enable", "filter")
     return Request("compute", "compute.routers.patch", "Router", props.get("name"), {"nats": [nat]})
@@ -524,18 +527,7 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
     ),
     ROUTER: (frozenset({"name", "description", "network"}), _router),
     ROUTER_NAT: (
-        frozenset(
-            {
-                "name",
-                "natIpAllocateOption",
-                "sourceSubnetworkIpRangesToNat",
-                "natIps",
-                "minPortsPerVm",
-                "maxPortsPerVm",
-                "enableEndpointIndependentMapping",
-                "logConfig",
-            }
-        ),
+        frozenset({*_NAT_FIELDS, "logConfig"}),
         _router_nat,
     ),
     TPU_NODE: (
