@@ -27,6 +27,7 @@ from typing import Any
 
 import ray
 from ray.util.queue import Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayslice import catalog, names
 from rayslice.errors import InvalidInput, JobFailed, NoCluster, RaysliceError
@@ -264,10 +265,16 @@ class Progress:
     pid and IP, and lines that look alike from several hosts are folded into one. A training loop's
     step lines go through this queue instead (an actor on no CPU), and the driver prints them as
     they come, exactly as the loop wrote them.
+
+    The queue lives on the driver's node (the head), never on a TPU host: when a slice is
+    preempted, a queue on one of its hosts would die with it, and the driver's next read would
+    end the job with `ActorUnavailableError` instead of the node's death that `rayslice run
+    --max-restarts` restarts on.
     """
 
     def __init__(self) -> None:
-        self._queue = Queue(actor_options={"num_cpus": 0})
+        driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": driver_node})
 
     def __call__(self, line: str) -> None:  # in a task; returns once the line is queued
         self._queue.put(line)

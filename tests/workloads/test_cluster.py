@@ -82,3 +82,22 @@ def test_what_a_task_reports_is_shown_while_it_is_still_running(local_ray: None,
         "done"
     ]
     assert shown == ["step   0  loss 1.00000", "step   1  loss 0.50000"]
+
+
+def test_the_progress_queue_lives_on_the_drivers_node(local_ray: None, monkeypatch) -> None:
+    """A queue placed by Ray's default scheduler can land on a TPU host; when that host's slice is
+    preempted, the driver's next read fails the job with an error `--max-restarts` does not restart
+    on (seen in the recovery acceptance test). Pinned hard to the driver's node, it outlives any slice."""
+    made: list[dict] = []
+
+    class Recording(_cluster.Queue):  # type: ignore[misc, valid-type]
+        def __init__(self, actor_options: dict) -> None:
+            made.append(actor_options)
+            super().__init__(actor_options=actor_options)
+
+    monkeypatch.setattr(_cluster, "Queue", Recording)
+    _cluster.Progress()
+    [options] = made
+    strategy = options["scheduling_strategy"]
+    assert strategy.node_id == ray.get_runtime_context().get_node_id()
+    assert strategy.soft is False
