@@ -67,7 +67,6 @@ MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
 TPU_READY, TPU_PREEMPTED = "READY", "PREEMPTED"
 
 
-
 class CloudRuleError(InvalidInput):
     """Requests the twin refused, as Google would: each names the resource, rule and source."""
 
@@ -152,7 +151,7 @@ class CloudTwin:
         self.subnets: dict[str, _Subnet] = {}  # subnetwork name -> its range
         self.addresses: dict[str, str] = {}  # address name -> IP
         # Where a subnetwork the twin never saw created (an existing one) takes its addresses.
-        self.default_subnet = _Subnet(ipaddress.ip_network(default_range)) if default_range else None
+        self.default_subnet = _Subnet(ipaddress.IPv4Network(default_range)) if default_range else None
         self.refused: list[rules.Violation] = []
         self.on_host_up: Hook | None = None
         self.on_host_down: Hook | None = None
@@ -176,22 +175,13 @@ class CloudTwin:
         per-instance config's MIG).
 
         A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
-        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
-        collection = _COLLECTIONS.get(type_token)
+        link = self.admit(type_token, name, request, project=project, zone=zone, region=region, target=target)
         resource_name = request.name or name
-        link = f"projects/{project}/{scope}/{collection}/{resource_name}" if collection else ""
-        resource = rules.Resource(type_token, link or name, name, request, self._refs(type_token, request, target))
-        try:
-            self._check(resource)
-        except CloudRuleError as exc:
-            self.refused.extend(exc.violations)
-            raise
         outputs: dict[str, Any] = {}
-        if link:
+        if _COLLECTIONS.get(type_token):
             outputs = {"selfLink": link, "selfLinkUnique": f"{link}?uniqueId={next(self._ids)}"}
-            self.resources[link] = resource
         if type_token == bodies.SUBNETWORK:
-            self.subnets[resource_name] = _Subnet(ipaddress.ip_network(request.body["ipCidrRange"]))
+            self.subnets[resource_name] = _Subnet(ipaddress.IPv4Network(request.body["ipCidrRange"]))
         elif type_token == bodies.ADDRESS:
             subnet = self._subnet(request.body.get("subnetwork"))
             wanted = request.body.get("address")
@@ -212,6 +202,32 @@ class CloudTwin:
                 {"ipAddress": e["ipAddress"], "port": e.get("port", 8470)} for e in node["networkEndpoints"]
             ]
         return outputs
+
+    def admit(
+        self,
+        type_token: str,
+        name: str,
+        request: Request,
+        *,
+        project: str,
+        zone: str | None = None,
+        region: str | None = None,
+        target: str | None = None,
+    ) -> str:
+        """Check a create call against the rules and, if none is broken, record what it
+        declares for later references; the resource's self link. A broken rule raises
+        `CloudRuleError` (kept in `refused` too) and records nothing."""
+        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
+        collection = _COLLECTIONS.get(type_token, "other")
+        link = f"projects/{project}/{scope}/{collection}/{request.name or name}"
+        resource = rules.Resource(type_token, link, name, request, self._refs(type_token, request, target))
+        try:
+            self._check(resource)
+        except CloudRuleError as exc:
+            self.refused.extend(exc.violations)
+            raise
+        self.resources[link] = resource
+        return link
 
     def audit(self) -> list[rules.Violation]:
         """The rules that read the finished deployment (a MIG's final size, rules.Rule.at_end)."""
@@ -244,9 +260,7 @@ class CloudTwin:
         related = [self.resources[u] for urns in resource.refs.values() for u in urns if u in self.resources]
         stack = rules.Stack([resource, *related])
         found = [
-            v
-            for v in rules.check(stack, [r for r in rules.RULES if not r.at_end])
-            if v.urn == resource.urn
+            v for v in rules.check(stack, [r for r in rules.RULES if not r.at_end]) if v.urn == resource.urn
         ]
         if found:
             raise CloudRuleError(found)
@@ -405,8 +419,13 @@ class CloudTwin:
 
     # ---- failures ------------------------------------------------------------------------------
 
-    def preempt(self, project: str, zone: str, group: str) -> list[TwinHost]:
-        """A Spot preemption of slice `group` (MIG or TPU node); the hosts it hit, as they were."""
+    def preempt(
+        self, project: str, zone: str, group: str, *, action: str | None = None, repair: bool = True
+    ) -> list[TwinHost]:
+        """A Spot preemption of slice `group` (MIG or TPU node); the hosts it hit, as they were.
+
+        Each MIG host is stopped or deleted per its termination action (or `action`, STOP or
+        DELETE, when given); then its MIG's lifecycle policy applies unless `repair` is False."""
         key = (project, zone, group)
         if key in self.nodes:
             hosts = self._node_hosts(key)
@@ -419,10 +438,10 @@ class CloudTwin:
         hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
         before = [self._vm_host(v) for v in hit]
         for vm in hit:
-            self.lose(vm, deleted=_termination(vm) == rules.DELETE)
+            self.lose(vm, deleted=(action or _termination(vm)) == rules.DELETE, repair=repair)
         return before
 
-    def lose(self, vm: _Vm, *, deleted: bool) -> None:
+    def lose(self, vm: _Vm, *, deleted: bool, repair: bool = True) -> None:
         """Instance `vm` of a MIG failed or was preempted: stopped or deleted, then the MIG's
         lifecycle policy decides (REPAIR recreates it under its name; DO_NOTHING leaves it)."""
         key = (vm.project, vm.zone, str(vm.group))
@@ -437,11 +456,13 @@ class CloudTwin:
             self._hook(self.on_host_down, vm)
         mig = self.migs.get(key, {})
         action = mig.get("instanceLifecyclePolicy", {}).get("defaultActionOnFailure", REPAIR)
-        if action == REPAIR:
+        if action == REPAIR and repair:
             self.vms[(vm.project, vm.zone, vm.name)] = vm
             vm.status = RUNNING
-            if deleted:
-                self.instances[key].append({**records[0], "id": str(next(self._ids)), "instanceStatus": RUNNING})
+            if deleted and records:
+                self.instances[key].append(
+                    {**records[0], "id": str(next(self._ids)), "instanceStatus": RUNNING}
+                )
             for record in records:
                 record["instanceStatus"] = RUNNING
             self._hook(self.on_host_up, vm)
@@ -485,7 +506,11 @@ class CloudTwin:
         """Google's attributes on a Compute Engine TPU host of a MIG with a workload policy."""
         shape = rules.tpu_machine(machine)
         mig = self.migs.get((vm.project, vm.zone, str(vm.group)))
-        policy = self.resources.get(self._link(mig.get("resourcePolicies", {}).get("workloadPolicy"))) if mig else None
+        policy = (
+            self.resources.get(self._link(mig.get("resourcePolicies", {}).get("workloadPolicy")))
+            if mig
+            else None
+        )
         topology = policy.body.get("workloadPolicy", {}).get("acceleratorTopology") if policy else None
         if shape is None or not topology:
             return {}

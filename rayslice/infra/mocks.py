@@ -109,8 +109,8 @@ class FakeGcp(pulumi.runtime.Mocks):
         elif args.typ == bodies.INSTANCE:
             ips = [nic["networkIp"] for nic in applied.get("networkInterfaces", [])]
             state["networkInterfaces"] = [
-                {**nic, **({"networkIp": ip} if ip else {})}
-                for nic, ip in zip(inputs["networkInterfaces"], ips or [""] * len(inputs["networkInterfaces"]))
+                {**nic, "networkIp": ips[i]} if i < len(ips) else dict(nic)
+                for i, nic in enumerate(inputs["networkInterfaces"])
             ]
         elif args.typ in _SELF_LINKED:
             if inputs.get("region"):
