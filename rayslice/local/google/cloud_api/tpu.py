@@ -3,9 +3,9 @@ getGuestAttributes and ``projects.locations.operations.get``.
 
 A create is refused, as Google refuses it (HTTP 400 INVALID_ARGUMENT), when its Node breaks one
 of Google's rules (`rayslice.cloud.rules`, checked by the project's twin, `rayslice.cloud.twin`,
-with the functions `rayslice preview` and the policy pack run): e.g. both ``networkConfig`` and
-``networkConfigs``, which the tpu v2 discovery document says "are mutually exclusive ... If both are specified, an
-error will be returned". The error names the node, the rule and its source.
+with the functions `rayslice preview` and the policy pack run): e.g. both ``networkConfig``
+and ``networkConfigs``, which the tpu v2 discovery document says "are mutually exclusive ... If
+both are specified, an error will be returned". The error names the node, the rule and source.
 """
 
 from __future__ import annotations
