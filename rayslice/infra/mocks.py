@@ -31,6 +31,7 @@ from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
 from rayslice.cloud import bodies
 from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.errors import InvalidInput
 from rayslice.infra.network import SUBNET_CIDR
 
 STACK_TYPE = "pulumi:pulumi:Stack"
@@ -98,6 +99,10 @@ class FakeGcp(pulumi.runtime.Mocks):
             )
         except CloudRuleError:
             return {}
+        except InvalidInput:
+            if self.twin.refused:  # what refers to a refused resource finds nothing, as on Google
+                return {}
+            raise
 
     def new_resource(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
