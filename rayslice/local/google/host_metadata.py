@@ -26,7 +26,7 @@ import hashlib
 from collections.abc import Mapping
 from ipaddress import IPv4Network
 
-from rayslice import catalog
+from rayslice.cloud import twin
 from rayslice.local.google.metadata_server import Json, Tree
 from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
 from rayslice.platforms import VM_PLATFORMS
@@ -48,26 +48,17 @@ def google_attributes(
     """The attributes Google's API gives host `worker` of slice `slice_index` (`slice_ips` in worker
     order): those its platform lists, valued as a real host of that platform serves them."""
     tpu = spec.tpu
-    slice_name = spec.slice_name(slice_index)
-    reported = catalog.reported_name(tpu.accelerator_type)
-    tpu_env = {
-        "ACCELERATOR_TYPE": reported,
-        "CONSUMER_PROJECT_ID": spec.project or LOCAL_PROJECT,
-        "NODE_ID": slice_name,
-        "RUNTIME_VERSION": spec.runtime_version or tpu.runtime_version or "",
-        "TOPOLOGY": tpu.topology,
-        "WORKER_ID": str(worker),
-        "ZONE": spec.zone or "",
-    }
-    served = {
-        "accelerator-type": reported,
-        "agent-worker-number": str(worker),
-        "worker-id": str(worker),
-        "instance-id": slice_name,
-        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in slice_ips),
-        "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),
-    }
-    return {key: served[key] for key in VM_PLATFORMS[spec.platform].google_attributes}
+    return twin.google_attributes(
+        VM_PLATFORMS[spec.platform].google_attributes,
+        accelerator_type=tpu.accelerator_type,
+        topology=tpu.topology,
+        worker=worker,
+        ips=slice_ips,
+        node_id=spec.slice_name(slice_index),
+        project=spec.project or LOCAL_PROJECT,
+        zone=spec.zone or "",
+        runtime_version=spec.runtime_version or tpu.runtime_version or "",
+    )
 
 
 def slice_host_attributes(
