@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = HostPaths(args.host_dir)
 
-    # Everything in the host dir is opened before /tmp is replaced and the state dir is covered.
+    # Everything in the host dir is opened before /tmp is replaced and the state dir is covered,
+    # through a bind of the dir onto itself: files held open for writing on a mount keep it from
+    # turning read-only (EBUSY), and the machine's filesystem must (`confinement`).
+    subprocess.run(["mount", "--bind", str(paths.dir), str(paths.dir)], check=True)
     script = paths.script.read_text()
     console = open(paths.console, "ab", buffering=0)  # noqa: SIM115 - open for the whole life of the host
     exit_file = open(paths.exit_file, "w")  # noqa: SIM115 - likewise, written each time the script exits
