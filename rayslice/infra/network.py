@@ -16,6 +16,11 @@ cannot read it: pulumi-gcp 10.2's `getNetwork` does not return the MTU, and an o
 has no API at all. With multislice on an existing VPC, the program therefore warns (in
 `pulumi up` and in `rayslice preview`) with the command that shows the MTU and the one that
 raises it.
+
+An existing VPC also keeps its own firewall rules, which rayslice neither reads nor changes;
+the default network's ``default-allow-internal`` opens every port to every VM in it. With
+``rayAuth: none`` those rules may open Ray's ports to VMs that are not the cluster's, so the
+program warns (`open_ports_warning`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT
 from rayslice.spec import ClusterSpec
 
 # Private range of a created subnet: 4,096 addresses, far more than the largest slice's hosts.
@@ -69,6 +75,18 @@ def mtu_warning(network: str) -> str:
         f"is 1460). Check: `gcloud compute networks describe {network} --format='value(mtu)'`; "
         f"raise: `gcloud compute networks update {network} --mtu={MULTISLICE_MTU}` (every VM in "
         "the network must be stopped first), or leave `network` unset so rayslice creates one."
+    )
+
+
+def open_ports_warning(network: str) -> str:
+    """The warning for rayAuth=none on an existing VPC, whose own firewall rules rayslice cannot see."""
+    return (
+        f"rayAuth=none on existing network {network!r}: the network's own firewall rules (the default "
+        "network's default-allow-internal opens every port to every VM in it) may admit other VMs to "
+        f"Ray's ports ({GCS_PORT} GCS, {DASHBOARD_PORT} dashboard and Jobs API, {CLIENT_PORT} client), "
+        "and whoever reaches them can run code as root on every host. Check: `gcloud compute "
+        f"firewall-rules list --filter=network:{network}`; set rayAuth=token, or leave `network` unset "
+        "so rayslice creates one."
     )
 
 
@@ -122,6 +140,10 @@ class ClusterNetwork(pulumi.ComponentResource):
             if spec.multislice and spec.platform != "gke":
                 # Once the name is known: a VPC the program declares has it only after creation.
                 self.network.apply(lambda network: pulumi.log.warn(mtu_warning(network), resource=self))
+            if spec.ray_auth == "none" and spec.platform != "gke":
+                self.network.apply(
+                    lambda network: pulumi.log.warn(open_ports_warning(network), resource=self)
+                )
         # Declared as attributes above and repeated here so they appear in the component's
         # state (`pulumi stack --show-urns`) and other programs can depend on them.
         self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})

@@ -46,6 +46,8 @@ put ip "$(md instance/network-interfaces/0/ip)"
 put worker "$(md instance/attributes/agent-worker-number)"
 put peer "$(getent hosts rayslice-slice-0-w0 | cut -d' ' -f1)"
 put outside "$(ip route get 192.0.2.1 >/dev/null 2>&1 && echo reachable || echo unreachable)"
+gateway=$(md instance/network-interfaces/0/gateway)
+put gateway "$(timeout 3 bash -c "exec 3<>/dev/tcp/$gateway/9" 2>/dev/null; echo $?)"
 put http_proxy "${http_proxy:-none}"
 put state joined
 setsid sleep 1000 </dev/null >/dev/null 2>&1 &
@@ -96,6 +98,7 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
         assert facts["ip"] == host.ip and facts["worker"] == str(host.worker)
         assert facts["peer"] == sim.plan.head.ip
         assert facts["outside"] == "unreachable"
+        assert facts["gateway"] == "124", "the machine's INPUT drops a host's SYN (refused would be 1)"
         assert facts["http_proxy"] == "none"
         assert sim.script_exit(host.name) == 0
     assert " 503 " in sim.paths(sim.plan.hosts[0].name).metadata_log.read_text(), (
@@ -113,6 +116,9 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
     assert sim.state.firewall == firewall.available_backend() != firewall.NONE
     assert _connect_errno(head_ip, as_nobody=False) == errno.ECONNREFUSED
     assert _connect_errno(head_ip, as_nobody=True) in (errno.EPERM, errno.ETIMEDOUT)  # dropped
+    # The gateway is the machine's own address on the bridge, where the cloud API emulation listens.
+    assert _connect_errno(sim.plan.gateway, as_nobody=False) == errno.ECONNREFUSED
+    assert _connect_errno(sim.plan.gateway, as_nobody=True) in (errno.EPERM, errno.ETIMEDOUT)
 
     # A reboot runs the same script again on that host only; a power-off ends all its processes.
     target = sim.plan.hosts[2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import secrets
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from rayslice.names import (
 
 NETWORK = ipaddress.IPv4Network("100.64.7.0/24")
 SLICE_IPS = ["100.64.7.2", "100.64.7.3", "100.64.7.4", "100.64.7.5"]
+ACCESS_TOKEN = secrets.token_urlsafe(32)  # what the simulator hands each host: random per run
 
 
 def _serve(tree, **kwargs) -> MetadataServer:
@@ -49,6 +51,7 @@ def _tree(worker: int, cluster=None, head_address=None):
         gateway="100.64.7.1",
         attributes=attributes,
         startup_script="#!/bin/bash\necho hi\n",
+        access_token=ACCESS_TOKEN,
     )
 
 
@@ -198,6 +201,7 @@ def _compute_tree(accelerator_type: str, worker: int) -> dict:
         gateway="100.64.7.1",
         attributes=slice_host_attributes(cluster, 0, worker, SLICE_IPS[:hosts], None),
         startup_script="#!/bin/bash\n",
+        access_token=ACCESS_TOKEN,
         machine_type=cluster.tpu.machine_type,
     )
 
@@ -296,7 +300,7 @@ def test_google_auth_metadata_helpers(worker0):
     assert result["project"] == "rayslice-local"
     assert result["worker"] == "0"
     assert result["account"]["email"].endswith("-compute@developer.gserviceaccount.com")
-    assert result["token"].startswith("simulated-token-")
+    assert result["token"] == ACCESS_TOKEN
 
 
 @pytest.fixture

@@ -257,12 +257,69 @@ def test_the_nft_table_drops_non_root_traffic_to_the_bridge_only():
     assert 'oifname "rsla1b2c3" meta skuid != 0 drop' in rules
     assert "ip daddr 100.64.9.0/24 meta skuid != 0 drop" in rules
     assert 'oifname "rsla1b2c3" iifname != "rsla1b2c3" drop' in rules
-    assert rules.count("drop") == 3 and "policy accept" in rules  # nothing else on the machine changes
+    assert rules.count("drop") == 4 and "policy drop" not in rules  # nothing else on the machine changes
+    assert rules.count("policy accept") == 3
     iptables = firewall.iptables_rules("a1b2c3", "100.64.9.0/24")
     assert all("rayslice simulation a1b2c3" in rule for rule in iptables)
-    assert all(rule[-2:] == ["-j", "DROP"] for rule in iptables)
+    assert all(rule[-2:] == ["-j", "DROP"] for rule in iptables if rule[1] != "INPUT")
     with pytest.raises(SimulatorError, match="six hex digits"):
         firewall.nft_ruleset("x; flush ruleset", "100.64.9.0/24")
+
+
+def _owner_matches(rule: list[str], uid: int) -> bool:
+    """Whether an iptables rule's owner match (if it has one) matches a socket of `uid`."""
+    if "--uid-owner" not in rule:
+        return True
+    at = rule.index("--uid-owner")
+    return (uid == int(rule[at + 1])) != (rule[at - 1] == "!")
+
+
+@pytest.mark.parametrize("uid, dropped", [(0, False), (1000, True), (65534, True)])
+def test_the_iptables_rules_drop_non_root_traffic_to_the_bridge_only(uid, dropped):
+    output = [r for r in firewall.iptables_rules("a1b2c3", "100.64.9.0/24") if r[1] == "OUTPUT"]
+    assert {r[0] for r in output} == {"iptables", "ip6tables"}
+    assert all(r[-2:] == ["-j", "DROP"] for r in output)
+    assert [_owner_matches(r, uid) for r in output] == [dropped] * len(output)
+
+
+def _input_verdicts(rules: list[list[str]], source: str, *, reply: bool) -> list[str]:
+    """The INPUT verdicts of the iptables rules, in order, for a packet from the bridge."""
+    verdicts = []
+    for rule in (r for r in rules if r[:2] == ["iptables", "INPUT"]):
+        assert rule[rule.index("-i") + 1] == "rsla1b2c3"
+        if "--ctstate" in rule:
+            state = rule[rule.index("--ctstate") + 1]
+            if (state == "NEW") == reply:
+                continue
+        if "-s" in rule and rule[rule.index("-s") + 1] != source:
+            continue
+        verdicts.append(rule[-1])
+    return verdicts
+
+
+def test_a_host_reaches_the_machine_only_with_replies_or_as_the_admitted_controller():
+    nft = firewall.nft_ruleset("a1b2c3", "100.64.9.0/24", ["100.64.9.2"])
+    chain = nft[nft.index("chain input") :]
+    replies = chain.index('iifname "rsla1b2c3" ct state established,related accept')
+    admitted = chain.index('iifname "rsla1b2c3" ip saddr 100.64.9.2 meta l4proto tcp ct state new accept')
+    assert replies < admitted < chain.index('iifname "rsla1b2c3" drop')
+    assert "100.64.9.3" not in nft
+    rules = firewall.iptables_rules("a1b2c3", "100.64.9.0/24", ["100.64.9.2"])
+    assert _input_verdicts(rules, "100.64.9.3", reply=False)[0] == "DROP"  # any other host's SYN
+    assert _input_verdicts(rules, "100.64.9.2", reply=False)[0] == "ACCEPT"  # the controller's
+    assert _input_verdicts(rules, "100.64.9.3", reply=True)[0] == "ACCEPT"  # replies to the machine
+    with pytest.raises(SimulatorError, match="not an IPv4 address"):
+        firewall.nft_ruleset("a1b2c3", "100.64.9.0/24", ["1.2.3.4 accept; flush ruleset"])
+
+
+def test_iptables_rules_are_inserted_ahead_of_the_chains_own_in_their_order(monkeypatch):
+    ran: list[list[str]] = []
+    monkeypatch.setattr(firewall, "_run", lambda argv, **_: ran.append(list(argv)))
+    monkeypatch.setattr(firewall.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    firewall.install(firewall.IPTABLES, "a1b2c3", "100.64.9.0/24", ["100.64.9.2"])
+    inputs = [argv for argv in ran if argv[:5] == ["iptables", "-w", "-I", "INPUT", argv[4]]]
+    assert [argv[4] for argv in inputs] == ["1", "2", "3"]
+    assert [argv[-1] for argv in inputs] == ["ACCEPT", "ACCEPT", "DROP"]
 
 
 def test_the_cloud_api_process_is_accepted_and_stopped_only_while_it_runs_its_own_command(

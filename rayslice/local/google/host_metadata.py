@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from ipaddress import IPv4Network
+from typing import cast
 
 from rayslice.cloud import twin
 from rayslice.local.google.metadata_server import Json, Tree
@@ -85,9 +86,16 @@ def instance_tree(
     gateway: str,
     attributes: Mapping[str, str],
     startup_script: str,
+    access_token: str,
     machine_type: str | None = None,
 ) -> Tree:
-    """The whole metadata tree (``instance/`` and ``project/``) of one simulated host."""
+    """The whole metadata tree (``instance/`` and ``project/``) of one simulated host.
+
+    `access_token` is what its service account's token endpoint serves: a random secret of the
+    run, which the cloud API emulation accepts only for the host that runs the recovery
+    controller (`access_token_of` reads it back there), as Google accepts only an account with
+    the roles.
+    """
     project = spec.project or LOCAL_PROJECT
     number = numeric_id(project, 12)
     zone = spec.zone or ""
@@ -98,7 +106,7 @@ def instance_tree(
         "scopes": list(SCOPES),
         "token": Json(
             {
-                "access_token": f"simulated-token-{numeric_id(hostname)}",
+                "access_token": access_token,
                 "expires_in": 3599,
                 "token_type": "Bearer",
             }
@@ -125,3 +133,9 @@ def instance_tree(
         instance["machine-type"] = f"projects/{number}/machineTypes/{machine_type}"
     project_tree: Tree = {"attributes": {}, "numeric-project-id": number, "project-id": project}
     return {"instance": instance, "project": project_tree}
+
+
+def access_token_of(tree: Tree) -> str:
+    """The access token a host's metadata tree (`instance_tree`) serves for its service account."""
+    accounts = cast(Tree, cast(Tree, tree["instance"])["service-accounts"])
+    return str(cast(Json, cast(Tree, accounts["default"])["token"]).value["access_token"])

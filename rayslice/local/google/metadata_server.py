@@ -41,6 +41,11 @@ API_PREFIX = "/computeMetadata/v1/"
 FLAVOR_HEADER = "Metadata-Flavor"
 FLAVOR = "Google"
 GUEST_ATTRIBUTES = "guest-attributes"
+# What a host may store in guest attributes (the server runs as root and writes them to the
+# state dir, so a host must not be able to fill the machine's disk): the simulator's own bounds.
+MAX_GUEST_VALUE = 256 << 10  # bytes of one value; a longer PUT gets 413 unread
+MAX_GUEST_ENTRIES = 1000
+MAX_GUEST_BYTES = 8 << 20  # all keys and values together
 # Directories whose entry names are user data: recursive JSON keeps them as they are.
 _VERBATIM_DIRS = ("attributes", GUEST_ATTRIBUTES)
 _JSON_TAG = "$json"
@@ -160,6 +165,14 @@ class MetadataServer(ThreadingHTTPServer):
         namespace, key = segments[2:]
         with self._lock:
             if method == "PUT":
+                entries = {
+                    (n, k): len(n) + len(k) + len(v)
+                    for n, keys in self.guest.items()
+                    for k, v in keys.items()
+                }
+                entries[namespace, key] = len(namespace) + len(key) + len(body)
+                if len(entries) > MAX_GUEST_ENTRIES or sum(entries.values()) > MAX_GUEST_BYTES:
+                    return Response(413, "guest attributes full (simulator bound)\n")
                 self.guest.setdefault(namespace, {})[key] = body
             elif key not in self.guest.get(namespace, {}):
                 return Response(404, f"guest attribute {namespace}/{key} not found\n")
@@ -265,10 +278,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, method: str) -> None:
         self.server.hold_while_silent()
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length).decode() if length else ""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        response = self.server.respond(method, self.path, body, headers)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_GUEST_VALUE:  # unread: the connection ends with the answer
+            self.close_connection = True
+            response = (
+                Response(413, f"request body over {MAX_GUEST_VALUE} bytes\n")
+                if length > 0
+                else Response(400, "bad Content-Length\n")
+            )
+        else:
+            body = self.rfile.read(length).decode(errors="replace") if length else ""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            response = self.server.respond(method, self.path, body, headers)
         payload = response.body.encode()
         self.send_response(response.status)
         self.send_header(FLAVOR_HEADER, FLAVOR)

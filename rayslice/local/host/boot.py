@@ -4,16 +4,18 @@ The simulator starts it as ``ip netns exec NS unshare --pid --fork --kill-child 
 --uts python -m rayslice.local.host.boot ...``, so it runs in the host's network namespace, as PID 1
 of a fresh PID namespace with its own UTS and mount namespaces. It sets the hostname, binds the
 host's own directory over the shared root path (so every host runs the same script text with
-the same root), gives the host a private /tmp (``<root>/tmp``) and /dev/shm (tmpfs) as separate
-VMs have, runs
-the startup script once as root with a clean environment — output to the console log, exit
-status to a file, as GCE's startup-script runner does — then reaps orphans until it is killed.
+the same root), gives the host a private /tmp (``<root>/tmp``), /dev and /dev/shm as separate
+VMs have, confines it (`confinement`: the machine's secrets covered, the rest read-only, a
+reduced capability set), runs the startup script once as root with a clean environment —
+output to the console log, exit status to a file, as GCE's startup-script runner does — then
+reaps orphans until it is killed.
 Killing it (or the ``unshare`` above it) ends every process of the host: a power-off.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -21,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from rayslice.local.host import tpu_runtime
+from rayslice.local.host import confinement, tpu_runtime
 from rayslice.local.host.paths import HostPaths
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -37,6 +39,13 @@ def host_environment(home: str) -> dict[str, str]:
         "SHELL": "/bin/bash",
         "LANG": "C.UTF-8",
     }
+
+
+def interpreter_paths() -> list[Path]:
+    """What this interpreter runs from (the venv and the Python it was made from): every process
+    of the host runs it, so the host must see it even where it lies below a cover (pyenv's
+    Pythons live in /root)."""
+    return [Path(p) for p in sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})]
 
 
 def _under_tmp(paths: list[Path]) -> list[Path]:
@@ -64,27 +73,35 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         type=Path,
         metavar="DIR",
-        help="a directory of the machine that stays visible if it lies under /tmp",
+        help="a directory of the machine the host runs on: visible, read-only, even under /tmp or a cover",
     )
     args = parser.parse_args(argv)
     paths = HostPaths(args.host_dir)
 
-    # Everything in the host dir is opened before /tmp is replaced (the state dir may be under /tmp).
+    # Everything in the host dir is opened before /tmp is replaced and the state dir is covered,
+    # through a bind of the dir onto itself: files held open for writing on a mount keep it from
+    # turning read-only (EBUSY), and the machine's filesystem must (`confinement`).
+    subprocess.run(["mount", "--bind", str(paths.dir), str(paths.dir)], check=True)
     script = paths.script.read_text()
     console = open(paths.console, "ab", buffering=0)  # noqa: SIM115 - open for the whole life of the host
     exit_file = open(paths.exit_file, "w")  # noqa: SIM115 - likewise, written each time the script exits
+    tree = json.loads(paths.metadata_tree.read_text())
     for sub in ("tmp", "root"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
     socket.sethostname(args.hostname)
     private_tmp = paths.root / "tmp"
     subprocess.run(["mount", "--bind", str(paths.root), str(args.root)], check=True)
-    for shared in _under_tmp(args.share):  # carried into the private /tmp at the same path
+    for shared in _under_tmp(args.share):  # carried into the private /tmp at the same path, read-only
         target = private_tmp / shared.relative_to("/tmp")
         target.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "--bind", str(shared), str(target)], check=True)
-    runtime_env = tpu_runtime.install(paths.metadata_tree, paths.dir / "tpu-runtime")  # TPU hosts only
-    for mount in (["--rbind", str(private_tmp), "/tmp"], ["-t", "tmpfs", "tmpfs", "/dev/shm"]):
-        subprocess.run(["mount", *mount], check=True)
+        subprocess.run(["mount", "--bind", "-o", "ro", str(shared), str(target)], check=True)
+    subprocess.run(["mount", "--rbind", str(private_tmp), "/tmp"], check=True)
+    confinement.confine(
+        state_dir=paths.dir.parents[1],
+        writable=[args.root, Path("/tmp"), Path("/dev")],
+        needed=[*args.share, *interpreter_paths()],
+    )
+    runtime_env = tpu_runtime.install(tree)  # TPU hosts only
     script_file = Path("/tmp/rayslice-startup-script")  # where GCE's runner puts it, too
     script_file.write_text(script)
     home = args.root / "root"
@@ -93,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%dT%H:%M:%S')} boot {args.hostname}: running startup-script\n".encode()
     )
     script_proc = subprocess.Popen(
-        ["/bin/bash", str(script_file)],
+        confinement.confined_argv(["/bin/bash", str(script_file)]),
         stdin=subprocess.DEVNULL,
         stdout=console,
         stderr=subprocess.STDOUT,

@@ -8,10 +8,14 @@ in the machine's own network namespace:
   from a socket of any user but root (``meta skuid != 0``) is dropped — the connect fails at
   once with EPERM;
 * forward: a packet routed into the bridge from any other interface (a container, another
-  machine when forwarding is on) is dropped.
+  machine when forwarding is on) is dropped;
+* input: a host may not open a connection to the machine itself (the gateway, or any other
+  address of the root namespace: sshd, a developer's local servers): from the bridge only
+  replies to the machine's own connections pass, and new TCP connections from the `admitted`
+  hosts (the one that runs the recovery controller, to reach the cloud API emulation).
 
 Hosts talk to each other across the bridge (layer 2) and to their metadata server on their own
-loopback, so neither rule touches them. With nftables the rules form one table named after the
+loopback, so no rule touches them. With nftables the rules form one table named after the
 bridge (``inet rsl<run id>``), created and deleted by that exact name. Without ``nft``, the same
 rules go into iptables/ip6tables' OUTPUT and FORWARD chains with a comment naming the run, and
 are deleted by their exact specification. With neither tool there is no filter: `install` says
@@ -20,6 +24,7 @@ so and token auth is then the only guard (`Simulation.create` refuses ``insecure
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -41,7 +46,7 @@ def available_backend() -> str:
     return NONE
 
 
-def nft_ruleset(run_id: str, network: str) -> str:
+def nft_ruleset(run_id: str, network: str, admitted: Sequence[str] = ()) -> str:
     """The nftables table of one simulation (fed to ``nft -f -``)."""
     table, bridge = _names(run_id)
     return "\n".join(
@@ -56,51 +61,83 @@ def nft_ruleset(run_id: str, network: str) -> str:
             "    type filter hook forward priority 0; policy accept;",
             f'    oifname "{bridge}" iifname != "{bridge}" drop',
             "  }",
+            "  chain input {",
+            "    type filter hook input priority 0; policy accept;",
+            f'    iifname "{bridge}" ct state established,related accept',
+            *(
+                f'    iifname "{bridge}" ip saddr {_address(a)} meta l4proto tcp ct state new accept'
+                for a in admitted
+            ),
+            f'    iifname "{bridge}" drop',
+            "  }",
             "}",
             "",
         ]
     )
 
 
-def iptables_rules(run_id: str, network: str) -> list[list[str]]:
-    """(command, chain, rule...) of each iptables/ip6tables rule, without the -I/-D verb."""
+def iptables_rules(run_id: str, network: str, admitted: Sequence[str] = ()) -> list[list[str]]:
+    """(command, chain, rule...) of each iptables/ip6tables rule, without the -A/-D verb, in the
+    order they apply (`install` puts them, in this order, ahead of the chain's own rules)."""
     _, bridge = _names(run_id)
     tag = ["-m", "comment", "--comment", f"rayslice simulation {run_id}"]
     not_root = ["-m", "owner", "!", "--uid-owner", "0"]
+    replies = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"]
+    new_tcp = ["-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"]
+    admit = [
+        ["iptables", "INPUT", "-i", bridge, "-s", _address(a), *new_tcp, *tag, "-j", "ACCEPT"]
+        for a in admitted
+    ]
     return [
         ["iptables", "OUTPUT", "-o", bridge, *not_root, *tag, "-j", "DROP"],
         ["iptables", "OUTPUT", "-d", network, *not_root, *tag, "-j", "DROP"],
         ["iptables", "FORWARD", "-o", bridge, "!", "-i", bridge, *tag, "-j", "DROP"],
+        ["iptables", "INPUT", "-i", bridge, *replies, *tag, "-j", "ACCEPT"],
+        *admit,
+        ["iptables", "INPUT", "-i", bridge, *tag, "-j", "DROP"],
         ["ip6tables", "OUTPUT", "-o", bridge, *not_root, *tag, "-j", "DROP"],
         ["ip6tables", "FORWARD", "-o", bridge, "!", "-i", bridge, *tag, "-j", "DROP"],
+        ["ip6tables", "INPUT", "-i", bridge, *replies, *tag, "-j", "ACCEPT"],
+        ["ip6tables", "INPUT", "-i", bridge, *tag, "-j", "DROP"],
     ]
 
 
-def install(backend: str, run_id: str, network: str) -> None:
-    """Create the simulation's rules with `backend` (a no-op for ``none``)."""
+def install(backend: str, run_id: str, network: str, admitted: Sequence[str] = ()) -> None:
+    """Create the simulation's rules with `backend` (a no-op for ``none``); `admitted`: the
+    hosts' addresses that may open TCP connections to the machine."""
     if backend == NFT:
-        _run([NFT, "-f", "-"], stdin=nft_ruleset(run_id, network))
+        _run([NFT, "-f", "-"], stdin=nft_ruleset(run_id, network, admitted))
     elif backend == IPTABLES:
-        for tool, chain, *rule in iptables_rules(run_id, network):
+        position: dict[tuple[str, str], int] = {}
+        for tool, chain, *rule in iptables_rules(run_id, network, admitted):
             if tool == "ip6tables" and not shutil.which(tool):
                 continue
-            _run([tool, "-w", "-I", chain, *rule])
+            position[tool, chain] = position.get((tool, chain), 0) + 1
+            _run([tool, "-w", "-I", chain, str(position[tool, chain]), *rule])
     elif backend != NONE:
         raise SimulatorError(f"unknown firewall backend {backend!r}")
 
 
-def remove(backend: str, run_id: str, network: str) -> None:
+def remove(backend: str, run_id: str, network: str, admitted: Sequence[str] = ()) -> None:
     """Delete exactly the rules `install` made for this run (absent ones are skipped)."""
     if backend == NFT:
         table, _ = _names(run_id)
         if _run([NFT, "list", "table", "inet", table], check=False).returncode == 0:
             _run([NFT, "delete", "table", "inet", table])
     elif backend == IPTABLES:
-        for tool, chain, *rule in iptables_rules(run_id, network):
+        for tool, chain, *rule in iptables_rules(run_id, network, admitted):
             if not shutil.which(tool):
                 continue
             while _run([tool, "-w", "-C", chain, *rule], check=False).returncode == 0:
                 _run([tool, "-w", "-D", chain, *rule])
+
+
+def _address(text: str) -> str:
+    """An IPv4 address, checked: it is written into a ruleset."""
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        raise SimulatorError(f"{text!r} is not an IPv4 address") from None
 
 
 def _names(run_id: str) -> tuple[str, str]:

@@ -25,7 +25,8 @@ from typing import Protocol
 
 from rayslice.errors import SimulatorError
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
-from rayslice.local.google.host_metadata import LOCAL_PROJECT, numeric_id
+from rayslice.local.google.host_metadata import LOCAL_PROJECT, access_token_of
+from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import (
@@ -34,7 +35,7 @@ from rayslice.local.simulation.state import (
     ROLE_HEAD_VM,
     Plan,
 )
-from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
+from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
 from rayslice.platforms import MIG, VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 
@@ -161,24 +162,24 @@ class _Refreshing:
             self.sim.boot(name)
 
 
-def head_token(spec: ClusterSpec) -> str:
-    """The access token the simulated head VM's metadata server hands out (host_metadata)."""
-    return f"simulated-token-{numeric_id(head_name(spec.name))}"
-
-
 def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     """Serve the emulation on the simulation's bridge address until killed.
 
     Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of every
-    host's link); the head VM's metadata token is accepted as a token the emulation issued, as
-    Google accepts a VM's service-account token.
+    host's link), but only the controller's host is admitted (`Plan.controller`), and its
+    metadata server's token is accepted as one the emulation issued, as Google accepts the
+    service-account token of a VM whose account holds the roles. Every host's token is a random
+    secret of the run (`host_metadata.instance_tree`); the others are refused.
     """
     opened = Simulation.open(state_dir)
     spec = opened.spec()
     sim = _Refreshing(opened)
-    emulator = CloudApiEmulator((sim.plan.gateway, port))
+    controller = sim.plan.controller
+    emulator = CloudApiEmulator((sim.plan.gateway, port), clients=sim.plan.admitted)
     attach(emulator, sim, spec)
-    emulator.tokens.add(head_token(spec))
+    if controller is not None:
+        tree = load_tree(opened.paths(controller.name).metadata_tree.read_text())
+        emulator.tokens.add(access_token_of(tree))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
     # The owner's credentials for `rayslice status` against the simulation: a service-account

@@ -198,7 +198,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
         netns.create_bridge(plan.bridge, plan.gateway, prefix)
-        firewall.install(self.state.firewall, plan.run_id, plan.network)
+        firewall.install(self.state.firewall, plan.run_id, plan.network, plan.admitted)
         token = secrets.token_hex(32) if spec.ray_auth == "token" else None
         if token is not None:
             write_private(self.token_file, token)
@@ -221,6 +221,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 gateway=plan.gateway,
                 attributes=self._attributes(spec, host),
                 startup_script=script,
+                access_token=secrets.token_urlsafe(32),  # the emulation admits only the controller's
                 machine_type=spec.head_machine_type if host.role == ROLE_HEAD_VM else spec.tpu.machine_type,
             )
             paths.metadata_tree.write_text(dump_tree(tree))
@@ -266,7 +267,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             netns.delete_link(host.veth)
             netns.delete_link(host.veth_peer)
         netns.delete_link(self.plan.bridge)
-        firewall.remove(self.state.firewall, self.plan.run_id, self.plan.network)
+        firewall.remove(self.state.firewall, self.plan.run_id, self.plan.network, self.plan.admitted)
         root = Path(self.plan.root)
         if root.is_dir() and not root.is_symlink():
             root.rmdir()

@@ -103,6 +103,17 @@ class Plan:
     def head(self) -> HostPlan:
         return next(h for h in self.hosts if h.role in (ROLE_HEAD, ROLE_HEAD_VM))
 
+    @property
+    def controller(self) -> HostPlan | None:
+        """The host that runs the recovery controller (the head VM), or None: the one host the
+        cloud API emulation and the machine's packet filter admit (`cloud_bridge`, `firewall`)."""
+        return next((h for h in self.hosts if h.role == ROLE_HEAD_VM), None)
+
+    @property
+    def admitted(self) -> list[str]:
+        """Addresses of the hosts that may open connections to the machine (the controller's)."""
+        return [self.controller.ip] if self.controller is not None else []
+
     def host(self, name: str) -> HostPlan:
         for h in self.hosts:
             if h.name == name:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from rayslice import cli
+from rayslice import cli, names
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
@@ -207,6 +207,31 @@ def test_multislice_on_an_existing_vpc_warns_about_its_mtu(pulumi_warnings):
     assert not run.of_type("gcp:compute/network:Network")  # an existing VPC is never modified
     [warning] = [w for w in pulumi_warnings if "MTU" in w]
     assert "gcloud compute networks update shared-vpc --mtu=8896" in warning
+
+
+@pytest.mark.parametrize(
+    "ray_auth, network, warned",
+    [("none", "shared-vpc", True), ("token", "shared-vpc", False), ("none", None, False)],
+)
+def test_rayauth_none_on_an_existing_vpc_warns_that_its_rules_may_open_rays_ports(
+    pulumi_warnings, ray_auth, network, warned
+):
+    config = {
+        "rayslice:acceleratorType": "v6e-4",
+        "rayslice:zone": "us-east5-b",
+        "rayslice:rayAuth": ray_auth,
+    }
+    if network is not None:
+        config["rayslice:network"] = network
+    run_offline(lambda: main().exports, config)
+    found = [w for w in pulumi_warnings if "rayAuth=none" in w]
+    assert len(found) == int(warned)
+    if warned:
+        assert "'shared-vpc'" in found[0] and "default-allow-internal" in found[0]
+        assert "gcloud compute firewall-rules list --filter=network:shared-vpc" in found[0]
+        assert all(
+            str(port) in found[0] for port in (names.GCS_PORT, names.DASHBOARD_PORT, names.CLIENT_PORT)
+        )
 
 
 def test_single_slice_on_an_existing_vpc_does_not_warn(pulumi_warnings):

@@ -17,6 +17,13 @@ else. It emulates:
   endpoint). The emulation made the key pair and checks the assertion's signature and audience;
   every API call must carry a token it issued (401 otherwise, as Google answers).
 
+Who may call: the machine itself (the server's own address or 127.0.0.1: the simulator, the
+owner's `rayslice status`, tests) and the addresses in `clients` (the simulated host that runs
+the recovery controller); any other caller gets 403 before its body is read, whatever token it
+holds. Admin calls (preemption) come from the machine only. What it keeps is bounded: a body
+over `MAX_BODY` bytes is refused with 413 unread, and `calls` keeps the latest `MAX_CALLS` calls
+holding at most `MAX_STORED_BYTES` of bodies, so no caller can grow the emulation without bound.
+
 The parts: the route table and what a served call records (`routes`), the project both APIs
 act on and its long-running operations (`project`), the TPU API (`tpu`), the Compute Engine API
 (`compute`), the token endpoint (`oauth`) and, here, the HTTP server that ties them together.
@@ -37,7 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -51,6 +58,9 @@ from rayslice.local.google.cloud_api.tpu import TpuApi
 
 ADMIN_PREFIX = "/rayslice-local/preempt/"
 ADMIN_HEADER = "X-Rayslice-Simulator"
+MAX_BODY = 1 << 20  # bytes of one request body (a TPU node's create body with its startup script: ~60 KiB)
+MAX_CALLS = 1000  # calls kept in `calls`, the latest
+MAX_STORED_BYTES = 32 << 20  # request bytes kept in `calls` (the latest calls' bodies)
 
 
 class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPServer):
@@ -64,6 +74,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
         address: tuple[str, int] = ("127.0.0.1", 0),
         *,
         op_polls: int = 1,
+        clients: Collection[str] = (),
     ):
         ThreadingHTTPServer.__init__(self, address, _Handler)
         ServiceAccountTokens.__init__(self)
@@ -72,6 +83,18 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
         self.admin_token = ""
         self.admin_preempt: Callable[[str], Sequence[str]] | None = None
         self.calls: list[Call] = []
+        self._stored: list[int] = []  # request bytes of each entry of `calls`
+        self.clients = frozenset(clients)  # admitted callers besides the machine itself
+
+    def from_machine(self, peer: str) -> bool:
+        """Whether a connection from `peer` comes from this machine: the server's own address (a
+        host cannot send from it: the kernel drops a packet whose source is a local address) or
+        the loopback address."""
+        return peer in (self.server_address[0], "127.0.0.1", "::1")
+
+    def admits(self, peer: str) -> bool:
+        """Whether `peer` may call the API at all (the machine, or an admitted client)."""
+        return peer in self.clients or self.from_machine(peer)
 
     @property
     def url(self) -> str:
@@ -113,7 +136,20 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
             and c.method_id.rsplit(".", 1)[-1] not in reads
         ]
 
+    def refusal(self, method: str, target: str, peer: str, length: int) -> tuple[int, Any] | None:
+        """The answer to a request that must not be read at all (its caller or its size), else None."""
+        path = urlsplit(target).path
+        if not self.admits(peer) or (path.startswith(ADMIN_PREFIX) and not self.from_machine(peer)):
+            answer = ApiError(403, "PERMISSION_DENIED", f"caller {peer} may not call this emulation")
+            with self.lock:
+                self._record(Call(method, path, {}, None, None, 403, answer.body()), 0)
+            return 403, answer.body()
+        if length > MAX_BODY:
+            return 413, ApiError(413, "INVALID_ARGUMENT", f"request body over {MAX_BODY} bytes").body()
+        return None
+
     def serve(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
+        """Answer one request whose caller `refusal` admitted."""
         url = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if url.path == "/token" and method == "POST":
@@ -124,7 +160,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
         body: Any = None
         with self.lock:
             call = Call(method, url.path, query, route.method_id if route else None, None, 0, None)
-            self.calls.append(call)
+            self._record(call, len(raw))
             try:
                 if route is None:
                     raise ApiError(404, "NOT_FOUND", f"{method} {url.path} is not an emulated API method")
@@ -142,6 +178,13 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
                 status, answer = 400, ApiError(400, "INVALID_ARGUMENT", f"bad request: {exc}").body()
             call.status, call.response = status, answer
             return status, answer
+
+    def _record(self, call: Call, size: int) -> None:
+        """Append `call` to `calls`, dropping the oldest beyond MAX_CALLS or MAX_STORED_BYTES."""
+        self.calls.append(call)
+        self._stored.append(size)
+        while len(self.calls) > MAX_CALLS or (len(self.calls) > 1 and sum(self._stored) > MAX_STORED_BYTES):
+            del self.calls[0], self._stored[0]
 
     def _admin(self, name: str, headers: dict[str, str]) -> tuple[int, Any]:
         """The simulator's own preemption request (not a Google API): needs `admin_token`."""
@@ -165,14 +208,28 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        refused = self.server.refusal(self.command, self.path, self.client_address[0], length)
+        if refused is None and length < 0:
+            refused = 400, ApiError(400, "INVALID_ARGUMENT", "bad Content-Length").body()
+        if refused is not None:  # the body stays unread: the connection ends with the answer
+            self.close_connection = True
+            self._send(*refused)
+            return
         raw = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
-        status, body = self.server.serve(self.command, self.path, headers, raw)
+        self._send(*self.server.serve(self.command, self.path, headers, raw))
+
+    def _send(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 

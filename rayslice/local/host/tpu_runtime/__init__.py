@@ -5,8 +5,8 @@ the chips it holds and, on a multi-host slice, joins the processes of all hosts 
 A simulated host has neither, so `install` (called once by `rayslice.local.host.boot`, inside the
 host's private mount namespace) gives it both edges:
 
-- ``/dev/accel0..N-1`` (empty files in a private overlay of ``/dev``), N = the chips per host of
-  the host's accelerator type, so Ray counts the chips as on hardware and
+- ``/dev/accel0..N-1`` (empty files in the host's private ``/dev``, see `confinement`), N = the
+  chips per host of the host's accelerator type, so Ray counts the chips as on hardware and
   ``ray.util.tpu.get_num_tpu_chips_on_node()`` answers N;
 - an environment (`environment`) that puts ``site/`` on PYTHONPATH: its ``sitecustomize`` loads
   ``rayslice_simulated_tpu`` in every Python process the host starts (Ray's raylet and workers
@@ -18,8 +18,6 @@ knows about it.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -62,25 +60,14 @@ def chips_per_host(tree: dict[str, Any]) -> int:
     return 0
 
 
-def install(metadata_tree: Path, work_dir: Path) -> dict[str, str]:
-    """Give this (already private) mount namespace TPU chips; return the environment to add.
+def install(tree: dict[str, Any], dev: Path = Path("/dev")) -> dict[str, str]:
+    """Give this host TPU chips in `dev`; return the environment to add.
 
-    Must run as root inside the host's own mount namespace, before anything else is started: the
-    overlay hides ``/dev``'s sub-mounts (``/dev/shm`` is mounted again by the caller). Returns {}
+    `tree` is the host's metadata tree. Runs as root in the host's own mount namespace after
+    `confinement` made its private /dev (a tmpfs, so the files vanish with the host). Returns {}
     for a host that is not a TPU VM (the CPU head VM).
     """
-    chips = chips_per_host(json.loads(metadata_tree.read_text()))
-    if chips == 0:
-        return {}
-    work_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(work_dir)], check=True)
-    upper, work = work_dir / "upper", work_dir / "work"
-    upper.mkdir()
-    work.mkdir()
-    subprocess.run(
-        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/dev,upperdir={upper},workdir={work}", "/dev"],
-        check=True,
-    )
+    chips = chips_per_host(tree)
     for chip in range(chips):
-        Path(f"/dev/accel{chip}").touch(mode=0o666)
-    return environment()
+        (dev / f"accel{chip}").touch(mode=0o666)
+    return environment() if chips else {}
