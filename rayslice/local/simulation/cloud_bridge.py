@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from rayslice.clusters import CloudAccess
 from rayslice.errors import SimulatorError
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
 from rayslice.local.google.host_metadata import LOCAL_PROJECT, numeric_id
@@ -51,6 +52,11 @@ class SimulatedCluster(Protocol):
 
 def project_of(spec: ClusterSpec) -> str:
     return spec.project or LOCAL_PROJECT
+
+
+def cloud_config(spec: ClusterSpec) -> dict[str, object]:
+    """The simulation's stack config as its emulated cloud knows it: with the project it serves."""
+    return {**spec.as_config(), "project": project_of(spec)}
 
 
 def slice_hosts(plan: Plan, index: int) -> list[str]:
@@ -181,14 +187,42 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     emulator.tokens.add(head_token(spec))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
-    # The owner's credentials for `rayslice status` against the simulation: a service-account
-    # key the emulation made (GOOGLE_APPLICATION_CREDENTIALS), beside the endpoint overrides.
+    publish(emulator, state_dir, spec)
+    emulator.serve_forever()
+
+
+def publish(emulator: CloudApiEmulator, state_dir: Path, spec: ClusterSpec) -> None:
+    """Write where the emulation answers into the state dir (0600): its URL, admin token and
+    endpoint overrides, and the owner's credentials for `rayslice status` against it, a
+    service-account key the emulation made (`cloud_access` reads both)."""
     write_private(state_dir / CREDENTIALS_FILE, json.dumps(emulator.service_account_info(project_of(spec))))
     write_private(
         state_dir / ENDPOINT_FILE,
         json.dumps({"url": emulator.url, "admin_token": emulator.admin_token, "env": emulator.environment()}),
     )
-    emulator.serve_forever()
+
+
+def cloud_access(state_dir: Path) -> CloudAccess:
+    """How the owner reaches the running emulation of the simulation in `state_dir` (what
+    `rayslice status` uses); `SimulatorError` when none runs or its files cannot be read."""
+    try:
+        endpoints = dict(json.loads((state_dir / ENDPOINT_FILE).read_text())["env"])
+        (state_dir / CREDENTIALS_FILE).read_bytes()
+    except FileNotFoundError:
+        raise SimulatorError(
+            f"no cloud API emulation runs for the simulation in {state_dir} (`rayslice local up` starts "
+            "one with every simulation)"
+        ) from None
+    except PermissionError as exc:
+        raise SimulatorError(
+            f"cannot read {exc.filename}: the simulation's cloud API credentials belong to the user who "
+            "ran `rayslice local up` (root); run this as that user"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SimulatorError(
+            f"cannot read the cloud API endpoint of the simulation in {state_dir}: {exc!r}"
+        ) from None
+    return CloudAccess(state_dir / CREDENTIALS_FILE, endpoints)
 
 
 def request_preempt(state_dir: Path, name: str) -> list[str]:
