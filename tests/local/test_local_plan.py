@@ -18,6 +18,7 @@ from rayslice.local.simulation.state import (
     ROLE_HEAD,
     ROLE_HEAD_VM,
     ROLE_WORKER,
+    HostRecord,
     SimulationState,
     check_state,
     make_plan,
@@ -365,3 +366,43 @@ def test_rayauth_none_without_insecure_is_refused_and_names_the_flag():
     with pytest.raises(SimulatorError, match="--insecure"):
         simulator._auth_spec(cluster, insecure=False)
     assert simulator._auth_spec(cluster, insecure=True).ray_auth == "none"
+
+
+def test_a_plan_from_host_records_keeps_their_names_and_addresses_and_places_them_by_slice():
+    """What the cloud holds decides the hosts (the seam for the cloud twin): twice the topology's
+    hosts give twice the simulated hosts, named and addressed as recorded, in slice/worker order."""
+    cluster = spec.load({"acceleratorType": "v6e-16", "platform": "compute", "slices": 2}, require_zone=False)
+    assert cluster.tpu.hosts == 4
+    s0, s1 = cluster.slice_name(0), cluster.slice_name(1)
+    records = [
+        *(HostRecord(f"{s1}-{w:04x}", s1, w, f"100.64.9.{40 + w}") for w in range(8)),
+        *(HostRecord(f"{s0}-{w:04x}", s0, w) for w in reversed(range(8))),
+        HostRecord("rayslice-head", None, 0, "100.64.9.9", {"rayslice-role": "head-vm"}),
+    ]
+    plan = make_plan(cluster, run_id="a1b2c3", network=NET, hosts=records)
+    assert len(plan.hosts) == 2 * cluster.total_hosts + 1
+    assert [(h.name, h.role, h.slice_index, h.worker) for h in plan.hosts[:2]] == [
+        ("rayslice-head", ROLE_HEAD_VM, -1, -1),
+        (f"{s0}-0000", ROLE_WORKER, 0, 0),
+    ]
+    assert plan.head.ip == "100.64.9.9"
+    assert plan.slice_ips(1) == [f"100.64.9.{40 + w}" for w in range(8)]
+    assert plan.slice_ips(0) == [f"100.64.9.{i}" for i in (2, 3, 4, 5, 6, 7, 8, 10)]  # .9 is the head's
+    check_state(SimulationState(plan=plan, state_dir="/x"))  # what `down` accepts
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        (HostRecord("stray-vm", None, 0), "neither the head VM nor a worker"),
+        (HostRecord("other-slice-0-w0", "other-slice-0", 0), "neither the head VM nor a worker"),
+        (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.1"), "its gateway"),
+        (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "10.0.0.2"), "outside 100.64.9.0/24"),
+        (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.3"), "taken twice"),
+    ],
+)
+def test_a_plan_refuses_host_records_it_cannot_place(record, message):
+    cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    records = [HostRecord("rayslice-slice-0-w0", "rayslice-slice-0", 0, "100.64.9.3"), record]
+    with pytest.raises(SimulatorError, match=message):
+        make_plan(cluster, run_id="a1b2c3", network=NET, hosts=records)
