@@ -51,6 +51,17 @@ ROUTER = "gcp:compute/router:Router"
 ROUTER_NAT = "gcp:compute/routerNat:RouterNat"
 TPU_NODE = "gcp:tpu/v2Vm:V2Vm"
 
+# The Cloud TPU API's AcceleratorConfig.type per catalog generation (tpu v2 discovery document,
+# schema AcceleratorConfig: V2, V3, V4, V5LITE_POD, V5P, V6E; tests check it against the file).
+TPU_ACCELERATOR_TYPES = {
+    "v2": "V2",
+    "v3": "V3",
+    "v4": "V4",
+    "v5litepod": "V5LITE_POD",
+    "v5p": "V5P",
+    "v6e": "V6E",
+}
+
 # Settings the provider uses for the URL, for waiting or for its own bookkeeping; never in a body.
 PROVIDER_ONLY = frozenset(
     {

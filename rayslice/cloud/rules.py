@@ -125,6 +125,9 @@ class Rule:
     source: str
     check: Callable[[Stack], Iterator[Finding]]
     cross_resource: bool
+    # True: the rule reads the finished deployment (a count over resources created one by one),
+    # so the cloud twin checks it once everything is applied, not on each request.
+    at_end: bool = False
 
 
 def _provisioning(template: Resource) -> str | None:
@@ -440,7 +443,7 @@ RULES: tuple[Rule, ...] = (
     Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
     Rule("bulk-reservation-bound-delete", _BULK_PAGE, _bulk_reservation_bound_deletes, True),
     Rule("topology-machine-type", _TPU_MIG_PAGE, _topology_fits_machine_type, True),
-    Rule("instances-match-topology", _TPU_MIG_PAGE, _instances_match_topology, True),
+    Rule("instances-match-topology", _TPU_MIG_PAGE, _instances_match_topology, True, at_end=True),
     Rule("tpu-node-exclusive-fields", _TPU_EXCLUSIVE_SOURCE, _tpu_node_exclusive_fields, False),
     Rule("metadata-limits", _METADATA_SOURCE, _metadata_limits, False),
     Rule("resource-name", _NAME_SOURCE, _names, False),

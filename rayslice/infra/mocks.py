@@ -6,13 +6,19 @@ inputs, so callers can print a tree or check what would be created. The fake fil
 outputs the program reads back (host IPs, service accounts' emails and names, custom roles'
 names, the token, random IDs), keyed on the type token, as the real provider would after
 creation.
+
+Every Compute Engine and TPU resource is also applied to a cloud twin
+(`rayslice.cloud.twin.CloudTwin`) as the REST call the provider makes for it
+(`rayslice.cloud.bodies`): the twin keeps Google's documented behaviour and rules, and its
+answers (self links, reserved and instance IPs from the declared subnetwork, a TPU node's
+endpoints) are the outputs the program reads back. A request the twin refuses is kept in
+``twin.refused`` and the run goes on with made-up outputs, so one run lists every refusal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import ipaddress
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,9 +29,10 @@ import pulumi.runtime
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
-from rayslice import catalog
+from rayslice.cloud import bodies
+from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.errors import InvalidInput
 from rayslice.infra.network import SUBNET_CIDR
-from rayslice.infra.tpu_vm.slice import API_ACCELERATOR_TYPES
 
 STACK_TYPE = "pulumi:pulumi:Stack"
 FAKE_PROJECT = "fake-project"
@@ -57,33 +64,58 @@ class OfflineRun:
     value: Any  # the program's return value with every Output resolved
     fake: FakeGcp
 
+    @property
+    def twin(self) -> CloudTwin:
+        return self.fake.twin
+
     def of_type(self, type_token: str) -> list[Registration]:
         return [r for r in self.registrations if r.type == type_token]
 
 
 class FakeGcp(pulumi.runtime.Mocks):
-    """Outputs of created GCP resources: addresses from the subnet, ids, the generated token."""
+    """Outputs of created GCP resources: the twin's for Compute Engine and TPU resources (self
+    links, addresses from the subnet, a node's endpoints), ids, the generated token."""
 
-    def __init__(self) -> None:
+    def __init__(self, twin: CloudTwin | None = None) -> None:
         self.token = secrets.token_urlsafe(24)  # the fake "generated" Ray token
-        self._addresses = ipaddress.ip_network(SUBNET_CIDR).hosts()
-        next(self._addresses)  # .1 is the subnet's gateway
+        # An existing subnetwork the program does not declare hands out SUBNET_CIDR's addresses.
+        self.twin = twin if twin is not None else CloudTwin(default_range=SUBNET_CIDR)
 
-    def _address(self) -> str:
-        return str(next(self._addresses))
+    def _apply(self, args: MockResourceArgs, inputs: dict[str, Any], project: str) -> dict[str, Any]:
+        """The twin's outputs for a Compute Engine or TPU resource ({} for other types, or when
+        the twin refused it: the refusal is in ``twin.refused``)."""
+        request = bodies.request(args.typ, inputs)
+        if request is None:
+            return {}
+        try:
+            return self.twin.apply(
+                args.typ,
+                args.name,
+                request,
+                project=project,
+                zone=inputs.get("zone"),
+                region=inputs.get("region"),
+                target=inputs.get("instanceGroupManager") or inputs.get("router"),
+            )
+        except CloudRuleError:
+            return {}
+        except InvalidInput:
+            if self.twin.refused:  # what refers to a refused resource finds nothing, as on Google
+                return {}
+            raise
 
     def new_resource(self, args: MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
         project = inputs.get("project") or FAKE_PROJECT
         state: dict[str, Any] = {"project": project, **inputs}
-        if args.typ == "gcp:tpu/v2Vm:V2Vm":
-            config = inputs["acceleratorConfig"]
-            generation = {v: k for k, v in API_ACCELERATOR_TYPES.items()}[config["type"]]
-            hosts = catalog.lookup(f"{generation}-{config['topology']}").hosts
-            state["networkEndpoints"] = [{"ipAddress": self._address(), "port": 8470} for _ in range(hosts)]
-        elif args.typ == "gcp:compute/instance:Instance":
+        applied = self._apply(args, inputs, project)
+        if args.typ == bodies.TPU_NODE:
+            state["networkEndpoints"] = applied.get("networkEndpoints", [])
+        elif args.typ == bodies.INSTANCE:
+            ips = [nic["networkIp"] for nic in applied.get("networkInterfaces", [])]
             state["networkInterfaces"] = [
-                {**nic, "networkIp": self._address()} for nic in inputs["networkInterfaces"]
+                {**nic, "networkIp": ips[i]} if i < len(ips) else dict(nic)
+                for i, nic in enumerate(inputs["networkInterfaces"])
             ]
         elif args.typ in _SELF_LINKED:
             if inputs.get("region"):
@@ -95,8 +127,7 @@ class FakeGcp(pulumi.runtime.Mocks):
             name = inputs.get("name", args.name)
             state["selfLink"] = f"projects/{project}/{scope}/{_SELF_LINKED[args.typ]}/{name}"
             state["selfLinkUnique"] = f"{state['selfLink']}?uniqueId=1"
-            if args.typ == "gcp:compute/address:Address":
-                state["address"] = self._address()
+            state.update(applied)
         elif args.typ == "gcp:serviceaccount/account:Account":
             state["email"] = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
             state["member"] = f"serviceAccount:{state['email']}"
@@ -213,8 +244,8 @@ def _unwrap(value: Any) -> Any:
 class OfflineEngine:
     """One offline deployment: the fake cloud and what the program registered with it."""
 
-    def __init__(self) -> None:
-        self.fake = FakeGcp()
+    def __init__(self, twin: CloudTwin | None = None) -> None:
+        self.fake = FakeGcp(twin)
         self._monitor = _RecordingMonitor(self.fake)
 
     @property
@@ -251,8 +282,11 @@ class OfflineEngine:
         return result.get("value")
 
 
-def run_offline(program: Callable[[], Any], config: Mapping[str, str] | None = None) -> OfflineRun:
-    """Run `program` once in a fresh `OfflineEngine`."""
-    engine = OfflineEngine()
+def run_offline(
+    program: Callable[[], Any], config: Mapping[str, str] | None = None, twin: CloudTwin | None = None
+) -> OfflineRun:
+    """Run `program` once in a fresh `OfflineEngine`, applying its resources to `twin` (a fresh
+    one if None)."""
+    engine = OfflineEngine(twin)
     value = engine.run(program, config)
     return OfflineRun(registrations=engine.registrations, value=value, fake=engine.fake)

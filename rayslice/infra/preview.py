@@ -10,9 +10,11 @@ rayVersion, preset or the boot script recreates the slices.
 Output formats live in `FORMATS` (name -> renderer of the recorded registrations): ``tree``,
 ``json``, and ``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
 
-`violations` runs Google's documented rules (`rayslice.cloud.rules`, the same ones the policy
-pack in ``policy/`` runs in ``pulumi preview``) over the REST bodies the provider would send for
-the registered Compute Engine and TPU resources; ``json`` carries each resource's violations.
+`deploy` applies the program to a cloud twin (`rayslice.cloud.twin`) that the simulator then
+boots from; it refuses what Google would refuse. `violations` runs Google's documented rules
+(`rayslice.cloud.rules`, the same ones the policy pack in ``policy/`` runs in ``pulumi
+preview``) over the REST bodies the provider would send for the registered Compute Engine and
+TPU resources; ``json`` carries each resource's violations.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 from rayslice import spec
 from rayslice.cloud import rules
+from rayslice.cloud.twin import CloudRuleError, CloudTwin
 from rayslice.errors import InvalidInput
 from rayslice.infra.gke.kuberay import APPLY_ORDER, manifests_yaml
 from rayslice.infra.mocks import Registration, run_offline
@@ -223,5 +226,20 @@ FORMATS: dict[str, Callable[[list[Registration]], str]] = {
 
 
 def preview(config: dict[str, str]) -> list[Registration]:
-    """Run the Pulumi program offline with `config`; the resources it registered, in order."""
+    """Run the Pulumi program offline with `config`; the resources it registered, in order.
+
+    Its Compute Engine and TPU resources went to a fresh cloud twin (`rayslice.infra.mocks`)."""
     return run_offline(main, config).registrations
+
+
+def deploy(config: dict[str, str], twin: CloudTwin) -> list[Registration]:
+    """Apply the Pulumi program with `config` to `twin`, as `pulumi up` applies it to Google's
+    project: the simulator boots the hosts the twin then holds (`twin.hosts()`).
+
+    Raises `CloudRuleError` naming every request the twin refused and every rule the finished
+    deployment breaks (a MIG with more or fewer hosts than its topology), with their sources."""
+    run = run_offline(main, config, twin)
+    found = [*twin.refused, *twin.audit()]
+    if found:
+        raise CloudRuleError(found)
+    return run.registrations

@@ -17,7 +17,13 @@ PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery
 CORE_PACKAGES = ("spec", "cloud")
 # rayslice.cloud (Google's rules, run by `rayslice preview` and by the policy pack in policy/,
 # which imports it alone) may import only these of rayslice's modules.
-CLOUD_ALLOWED = ("rayslice.catalog", "rayslice.errors", "rayslice.cloud")
+CLOUD_ALLOWED = (
+    "rayslice.catalog",
+    "rayslice.errors",
+    "rayslice.platforms",
+    "rayslice.names",
+    "rayslice.cloud",
+)
 # rayslice.spec's modules in dependency order: each imports only the ones before it, and never the
 # package itself (its __init__ imports them all to re-export their names, so that is a cycle).
 SPEC_LAYERS = ("model", "draft", "rules", "sources")

@@ -22,6 +22,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from rayslice import catalog
+from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES
 from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
@@ -29,16 +30,8 @@ from rayslice.infra.metadata import REPLACE_ON_METADATA
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
 
-# The Cloud TPU API's AcceleratorConfig.type per catalog generation (tpu.v2 discovery document,
-# schema AcceleratorConfig: V2, V3, V4, V5LITE_POD, V5P, V6E; tests check it against the file).
-API_ACCELERATOR_TYPES = {
-    "v2": "V2",
-    "v3": "V3",
-    "v4": "V4",
-    "v5litepod": "V5LITE_POD",
-    "v5p": "V5P",
-    "v6e": "V6E",
-}
+# The Cloud TPU API's AcceleratorConfig.type per catalog generation.
+API_ACCELERATOR_TYPES = TPU_ACCELERATOR_TYPES
 # Creating or deleting a large slice takes far longer than the provider's 20-minute default.
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", delete="30m")
 

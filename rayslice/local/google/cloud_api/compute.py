@@ -5,51 +5,23 @@ listManagedInstances / listPerInstanceConfigs / createInstances, ``zoneOperation
 from __future__ import annotations
 
 import copy
-import secrets
 from typing import Any
 
+from rayslice.cloud.bodies import MIG, Request
+from rayslice.cloud.twin import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
 
 class ComputeApi(EmulatedProject):
-    """MIGs, their managed instances and per-instance configs; instances' guest attributes."""
+    """MIGs, their managed instances and per-instance configs (kept by the twin, `state`);
+    instances' guest attributes."""
 
     def add_mig(self, project: str, zone: str, name: str, hosts: list[str], **fields: Any) -> None:
         """A MIG of RUNNING hosts named `hosts`, each with a per-instance config (as infra makes)."""
         with self.lock:
-            key = (project, zone, name)
-            self.state.migs[key] = self._new_mig(
-                project, zone, {"name": name, **fields, "targetSize": len(hosts)}
-            )
-            self.state.configs[key] = [{"name": host, "status": "EFFECTIVE"} for host in hosts]
-            self.state.instances[key] = [self._instance(project, zone, host) for host in hosts]
-
-    def _new_mig(self, project: str, zone: str, body: dict[str, Any]) -> dict[str, Any]:
-        mig = copy.deepcopy(body)
-        base = f"projects/{project}/zones/{zone}"
-        name = mig["name"]
-        mig.update(
-            kind="compute#instanceGroupManager",
-            id=str(next(self._ids)),
-            zone=f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
-            selfLink=f"https://www.googleapis.com/compute/v1/{base}/instanceGroupManagers/{name}",
-            instanceGroup=f"https://www.googleapis.com/compute/v1/{base}/instanceGroups/{name}",
-            creationTimestamp="2026-01-01T00:00:00.000-00:00",
-        )
-        mig.setdefault("targetSize", 0)
-        return mig
-
-    def _instance(self, project: str, zone: str, host: str, *, running: bool = True) -> dict[str, Any]:
-        instance: dict[str, Any] = {
-            "instance": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{host}",
-            "name": host,
-            "id": str(next(self._ids)),
-            "currentAction": "NONE" if running else "CREATING",
-        }
-        if running:
-            instance["instanceStatus"] = "RUNNING"
-        return instance
+            mig = self.state.insert_mig(project, zone, {"name": name, **fields, "targetSize": 0})
+            self.state.create_instances(project, zone, mig, [{"name": host} for host in hosts])
 
     def mig_get(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         mig = copy.deepcopy(self._mig(p))
@@ -62,11 +34,9 @@ class ComputeApi(EmulatedProject):
 
     def mig_delete(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         mig = self._mig(p)
-        key = resource_key(p)
 
         def finish() -> str | None:
-            for table in (self.state.migs, self.state.instances, self.state.configs):
-                table.pop(key, None)
+            self.state.delete_mig(p["project"], p["zone"], p["name"])
             self._hook(self.on_slice_down, p["name"])
             return None
 
@@ -81,25 +51,24 @@ class ComputeApi(EmulatedProject):
                 "ALREADY_EXISTS" if name else "INVALID_ARGUMENT",
                 f"cannot insert MIG {name!r}",
             )
-        mig = self._new_mig(p["project"], p["zone"], body)
-        self.state.migs[key] = mig
-        self.state.configs[key] = []
-        size = int(mig.get("targetSize", 0))
-        base = mig.get("baseInstanceName", name)
-        self.state.instances[key] = [
-            self._instance(p["project"], p["zone"], f"{base}-{secrets.token_hex(2)}", running=False)
-            for _ in range(size)
-        ]
+        request = Request(
+            "compute", "compute.instanceGroupManagers.insert", "InstanceGroupManager", name, body
+        )
+        try:
+            self.state.admit(MIG, name, request, project=p["project"], zone=p["zone"])
+        except CloudRuleError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
+        mig = self.state.insert_mig(p["project"], p["zone"], body)
+        created = list(self.state.instances[key])
+        _creating(created)
         failing = self._take_failure()
 
         def finish() -> str | None:
             if failing:
-                for table in (self.state.migs, self.state.instances, self.state.configs):
-                    table.pop(key, None)
+                self.state.delete_mig(*key)
                 return "ZONE_RESOURCE_POOL_EXHAUSTED (emulated stockout)"
-            for instance in self.state.instances.get(key, []):
-                instance.update(currentAction="NONE", instanceStatus="RUNNING")
-            if size:
+            _running(created)
+            if created:
                 self._hook(self.on_slice_up, name)
             return None
 
@@ -115,18 +84,14 @@ class ComputeApi(EmulatedProject):
 
     def mig_create_instances(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         mig = self._mig(p)
-        key = resource_key(p)
         wanted = list((body or {}).get("instances", []))
         if not wanted or any("name" not in i for i in wanted):
             raise ApiError(400, "INVALID_ARGUMENT", "createInstances needs instances with names")
-        instances = [self._instance(p["project"], p["zone"], i["name"], running=False) for i in wanted]
-        self.state.instances[key].extend(instances)
-        self.state.configs[key].extend({**copy.deepcopy(i), "status": "EFFECTIVE"} for i in wanted)
-        mig["targetSize"] = int(mig.get("targetSize", 0)) + len(wanted)
+        created = self.state.create_instances(p["project"], p["zone"], mig, wanted)
+        _creating(created)
 
         def finish() -> str | None:
-            for instance in instances:
-                instance.update(currentAction="NONE", instanceStatus="RUNNING")
+            _running(created)
             self._hook(self.on_slice_up, p["name"])
             return None
 
@@ -160,3 +125,15 @@ class ComputeApi(EmulatedProject):
         if mig is None:
             raise ApiError(404, "NOT_FOUND", f"The resource instanceGroupManagers/{p['name']} was not found")
         return mig
+
+
+def _creating(records: list[dict[str, Any]]) -> None:
+    """Managed instances an operation is still creating (no status until they exist)."""
+    for record in records:
+        record["currentAction"] = "CREATING"
+        record.pop("instanceStatus", None)
+
+
+def _running(records: list[dict[str, Any]]) -> None:
+    for record in records:
+        record.update(currentAction="NONE", instanceStatus="RUNNING")

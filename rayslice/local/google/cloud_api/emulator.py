@@ -42,6 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from rayslice.cloud.rules import DELETE, STOP
 from rayslice.local.google.cloud_api.compute import ComputeApi
 from rayslice.local.google.cloud_api.oauth import ServiceAccountTokens
 from rayslice.local.google.cloud_api.project import EmulatedProject
@@ -85,19 +86,19 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
         }
 
     def preempt(self, project: str, zone: str, name: str, *, mode: str = "gone") -> None:
-        """A preemption: the node turns PREEMPTED, or the MIG's hosts are gone / TERMINATED."""
+        """A preemption: the node turns PREEMPTED; a MIG's hosts are gone (``gone``) or TERMINATED
+        (``terminated``) with no repair, or (``spot``) each stopped or deleted per its template's
+        termination action and then left or repaired per the MIG's lifecycle policy (the twin's
+        `preempt`)."""
         with self.lock:
             key = (project, zone, name)
             if key in self.state.nodes:
-                self.state.nodes[key]["state"] = "PREEMPTED"
+                self.state.preempt(project, zone, name)
                 for worker in [w for (n, w) in self.tpu_guest if n == name]:
                     self.tpu_guest.pop((name, worker))
             elif key in self.state.migs:
-                if mode == "gone":
-                    self.state.instances[key] = []
-                else:
-                    for instance in self.state.instances[key]:
-                        instance["instanceStatus"] = "TERMINATED"
+                forced = {"gone": DELETE, "terminated": STOP}.get(mode)
+                self.state.preempt(project, zone, name, action=forced, repair=forced is None)
             else:
                 raise KeyError(f"no slice {name} in {project}/{zone}")
 

@@ -1,5 +1,6 @@
-"""What an emulated project holds and what both emulated APIs share: the resources, guest
-attributes, long-running operations, fault knobs and the simulator's hooks.
+"""What an emulated project holds and what both emulated APIs share: the resources (a
+`rayslice.cloud.twin.CloudTwin`), guest attributes, long-running operations, fault knobs and the
+simulator's hooks.
 
 Operations finish after `op_polls` reads; when one finishes, its `finish` step changes the
 resources (and calls the simulator's hooks), and its error, if any, lands in the operation as
@@ -12,8 +13,10 @@ import copy
 import itertools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from rayslice.cloud.twin import CloudTwin
 
 TPU_OPERATION_METADATA = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 TPU_NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
@@ -27,22 +30,15 @@ class _Operation:
     finish: Callable[[], str | None]  # runs when the operation completes; returns an error or None
 
 
-@dataclass
-class CloudState:
-    """What the emulated project holds, keyed by (project, zone, name)."""
-
-    nodes: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    migs: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    instances: dict[tuple[str, str, str], list[dict[str, Any]]] = field(default_factory=dict)
-    configs: dict[tuple[str, str, str], list[dict[str, Any]]] = field(default_factory=dict)
-
-
 class EmulatedProject:
     """The emulated project's state and the operation machinery both APIs use."""
 
     def __init__(self, *, op_polls: int = 1):
         self.op_polls = op_polls
-        self.state = CloudState()
+        # The project's resources and Google's behaviour and rules: the same twin the Pulumi
+        # program is applied to (`rayslice.infra.preview.deploy`), so recovery and the simulator
+        # act on what the program declared.
+        self.state = CloudTwin()
         self.guest: dict[str, dict[str, dict[str, str]]] = {}  # instance -> namespace -> key -> value
         self.tpu_guest: dict[tuple[str, int], dict[str, dict[str, str]]] = {}  # (node, worker) -> ...
         self.guest_source: Callable[[str], dict[str, dict[str, str]] | None] | None = None
@@ -55,6 +51,11 @@ class EmulatedProject:
         self._operations: dict[str, _Operation] = {}
         self._ids = itertools.count(1)
         self.lock = threading.RLock()
+
+    @property
+    def twin(self) -> CloudTwin:
+        """The project's resources, as `rayslice.cloud.twin` keeps them."""
+        return self.state
 
     def _tpu_operation(
         self, project: str, zone: str, verb: str, target: str, finish: Callable[[], str | None]

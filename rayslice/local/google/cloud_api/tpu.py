@@ -2,10 +2,10 @@
 getGuestAttributes and ``projects.locations.operations.get``.
 
 A create is refused, as Google refuses it (HTTP 400 INVALID_ARGUMENT), when its Node breaks one
-of Google's rules that read a single resource (`rayslice.cloud.rules`, the same functions
-`rayslice preview` and the policy pack run): e.g. both ``networkConfig`` and ``networkConfigs``,
-which the tpu v2 discovery document says "are mutually exclusive ... If both are specified, an
-error will be returned". The error names the node, the rule and its source.
+of Google's rules (`rayslice.cloud.rules`, checked by the project's twin, `rayslice.cloud.twin`,
+with the functions `rayslice preview` and the policy pack run): e.g. both ``networkConfig``
+and ``networkConfigs``, which the tpu v2 discovery document says "are mutually exclusive ... If
+both are specified, an error will be returned". The error names the node, the rule and source.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import copy
 import re
 from typing import Any
 
-from rayslice.cloud import rules
 from rayslice.cloud.bodies import TPU_NODE, Request
+from rayslice.cloud.twin import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
@@ -26,21 +26,7 @@ class TpuApi(EmulatedProject):
     def add_node(self, project: str, zone: str, name: str, **fields: Any) -> dict[str, Any]:
         """A READY TPU node with `fields` (camelCase Node fields)."""
         with self.lock:
-            node = self._new_node(project, zone, name, fields)
-            node["state"] = "READY"
-            self.state.nodes[(project, zone, name)] = node
-            return copy.deepcopy(node)
-
-    def _new_node(self, project: str, zone: str, name: str, fields: dict[str, Any]) -> dict[str, Any]:
-        node = copy.deepcopy(fields)
-        node.update(
-            name=f"projects/{project}/locations/{zone}/nodes/{name}",
-            id=str(next(self._ids)),
-            createTime="2026-01-01T00:00:00Z",
-            apiVersion="V2",
-            state="CREATING",
-        )
-        return node
+            return copy.deepcopy(self.state.create_node(project, zone, name, fields))
 
     def tpu_get(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         return copy.deepcopy(self._node(p))
@@ -52,12 +38,11 @@ class TpuApi(EmulatedProject):
         return {"nodes": copy.deepcopy(nodes)}
 
     def tpu_delete(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
-        key = (p["project"], p["zone"], p["name"])
         node = self._node(p)
         node["state"] = "DELETING"
 
         def finish() -> str | None:
-            self.state.nodes.pop(key, None)
+            self.state.delete_node(p["project"], p["zone"], p["name"])
             self._hook(self.on_slice_down, p["name"])
             return None
 
@@ -70,14 +55,19 @@ class TpuApi(EmulatedProject):
         key = (p["project"], p["zone"], name)
         if key in self.state.nodes:
             raise ApiError(409, "ALREADY_EXISTS", f"node {name} already exists")
-        _refuse_broken_rules(p, name, body or {})
-        node = self._new_node(p["project"], p["zone"], name, body or {})
-        self.state.nodes[key] = node
+        path = f"projects/{p['project']}/locations/{p['zone']}/nodes/{name}"
+        request = Request("tpu", "tpu.projects.locations.nodes.create", "Node", name, body or {})
+        try:
+            self.state.admit(TPU_NODE, path, request, project=p["project"], zone=p["zone"])
+        except CloudRuleError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
+        node = self.state.create_node(p["project"], p["zone"], name, body or {})
+        node["state"] = "CREATING"
         failing = self._take_failure()
 
         def finish() -> str | None:
             if failing:
-                self.state.nodes.pop(key, None)
+                self.state.delete_node(*key)
                 return "There is no more capacity in the zone (emulated stockout)"
             node["state"] = "READY"
             self._hook(self.on_slice_up, name)
@@ -109,16 +99,3 @@ class TpuApi(EmulatedProject):
         if node is None:
             raise ApiError(404, "NOT_FOUND", f"node {p['name']} was not found")
         return node
-
-
-# The rules that read one resource (the others relate resources the TPU API never sees together).
-SINGLE_RESOURCE_RULES = tuple(rule for rule in rules.RULES if not rule.cross_resource)
-
-
-def _refuse_broken_rules(p: dict[str, str], name: str, body: dict[str, Any]) -> None:
-    """400 INVALID_ARGUMENT naming every rule the Node `body` breaks, as Google answers."""
-    path = f"projects/{p['project']}/locations/{p['zone']}/nodes/{name}"
-    request = Request("tpu", "tpu.projects.locations.nodes.create", "Node", name, body)
-    found = rules.check(rules.Stack([rules.Resource(TPU_NODE, path, path, request)]), SINGLE_RESOURCE_RULES)
-    if found:
-        raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(violation) for violation in found))

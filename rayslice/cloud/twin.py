@@ -1,0 +1,644 @@
+"""A stateful twin of one Google Cloud project's Compute Engine and TPU resources.
+
+The Pulumi program's resources are applied to it (`rayslice.infra.mocks`, through the REST
+bodies of `rayslice.cloud.bodies`), and the emulated HTTP APIs of the simulator
+(`rayslice.local.google.cloud_api`) act on the same instance, so what `rayslice preview` checks,
+what the simulator boots and what recovery recreates is one state. It keeps Google's documented
+behaviour, each with its source beside the code, and refuses a request that breaks one of the
+rules of `rayslice.cloud.rules` (the same functions the policy pack runs) with a
+`CloudRuleError` naming the resource, the rule and the source.
+
+Behaviour, by source:
+
+- A MIG creates instances up to its target size, named ``<baseInstanceName>-<4 characters>``
+  (compute v1 discovery document, InstanceGroupManager.targetSize "The target number of running
+  instances for this managed instance group"; baseInstanceName "The base instance name is a
+  prefix that you want to attach to the names of all VMs in a MIG").
+- ``createInstances`` adds one named instance per per-instance config and raises the target size
+  by as many (discovery, instanceGroupManagers.createInstances: "Creates instances with
+  per-instance configurations in this managed instance group"; the provider creates a
+  PerInstanceConfig through it, magic-modules mmv1/products/compute/PerInstanceConfig.yaml).
+  No source says Google refuses a MIG larger than its workload policy's topology, so the twin
+  creates what was asked and `audit` reports it (rule instances-match-topology).
+- A lost instance (preempted, failed) is recreated under its name when the MIG's
+  ``instanceLifecyclePolicy.defaultActionOnFailure`` is REPAIR (the default) and left as it is
+  with DO_NOTHING (discovery, InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure:
+  "REPAIR (default): MIG automatically repairs a failed VM by recreating it"; "DO_NOTHING: MIG
+  does not repair a failed VM").
+- Spot preemption applies each instance's ``scheduling.instanceTerminationAction``: STOP leaves
+  it TERMINATED (discovery, Instance.status TERMINATED "The instance has stopped (either by
+  explicit action or underlying failure)"), DELETE removes it ("Delete the VM."). Nothing comes
+  back unless the lifecycle policy repairs it or someone recreates it ("Request TPU Spot VMs":
+  "To restart a Spot VMs instance or MIG, you must delete and then recreate it"). A TPU node
+  turns PREEMPTED (tpu v2 discovery document, Node.state).
+- Internal IPs come from the declared subnetwork's ``ipCidrRange``, the first address being the
+  gateway (Compute Engine, "Subnets": "the first two ... in the primary IPv4 range are reserved"
+  -- .0 network and .1 gateway); a reserved INTERNAL address keeps its IP for the instance that
+  names it (per-instance config ``preservedState.internalIPs``, Instance ``networkIP``).
+- A Compute Engine TPU host serves ``accelerator-type`` as the host reports it (``v7x-16`` on
+  TPU7x), ``worker-id``, ``worker-network-endpoints`` and ``tpu-env``
+  (`rayslice.platforms.COMPUTE_TPU_ATTRIBUTES`, whose comment gives the published log); a
+  Cloud TPU API worker the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`. Where no
+  source gives an order, the worker id of a MIG's instance is its creation order.
+
+Core-level (no platform code): `rayslice preview` (infra) and the simulator (local) both use it.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import itertools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rayslice import catalog
+from rayslice.cloud import bodies, rules
+from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES, Request
+from rayslice.errors import InvalidInput
+from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
+
+API_ROOT = "https://www.googleapis.com/compute/v1/"
+RUNNING, TERMINATED, DELETED = "RUNNING", "TERMINATED", "DELETED"
+REPAIR = "REPAIR"
+MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
+TPU_READY, TPU_PREEMPTED = "READY", "PREEMPTED"
+
+
+class CloudRuleError(InvalidInput):
+    """Requests the twin refused, as Google would: each names the resource, rule and source."""
+
+    def __init__(self, violations: list[rules.Violation]):
+        self.violations = list(violations)
+        super().__init__(
+            f"{len(self.violations)} violation(s) of Google's documented rules; Google would refuse "
+            "this deployment:\n" + "\n".join(f"  - {v}" for v in self.violations)
+        )
+
+
+@dataclass(frozen=True)
+class TwinHost:
+    """One host as the twin holds it and as a real one of its kind presents itself."""
+
+    name: str
+    project: str
+    zone: str
+    group: str | None  # MIG or TPU node; None for a lone VM
+    kind: str  # MIG_HOST, LONE_VM or TPU_WORKER
+    worker: int
+    status: str
+    ip: str
+    machine_type: str | None
+    metadata: dict[str, str]  # instance/attributes/: user metadata and Google's attributes
+    labels: dict[str, str]
+
+
+@dataclass
+class _Vm:
+    """A Compute Engine instance."""
+
+    project: str
+    zone: str
+    name: str
+    group: str | None
+    worker: int
+    ip: str
+    properties: dict[str, Any]  # the instance's properties (machineType, metadata, scheduling, ...)
+    status: str = RUNNING
+
+
+@dataclass
+class _Subnet:
+    network: ipaddress.IPv4Network
+    used: set[str] = field(default_factory=set)
+
+    def take(self, wanted: str | None = None) -> str:
+        if wanted:
+            self.used.add(wanted)
+            return wanted
+        for address in itertools.islice(self.network.hosts(), 1, None):  # .1 is the gateway
+            if str(address) not in self.used:
+                self.used.add(str(address))
+                return str(address)
+        raise InvalidInput(f"subnetwork {self.network} has no free address")
+
+
+Hook = Callable[[TwinHost], None]
+
+
+def _short(link: Any) -> str:
+    """The name at the end of a self link (``...?uniqueId=`` dropped)."""
+    return str(link).split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def _metadata(holder: dict[str, Any]) -> dict[str, str]:
+    return {i["key"]: str(i["value"]) for i in holder.get("metadata", {}).get("items", [])}
+
+
+class CloudTwin:
+    """The project's resources. Keyed by (project, zone or region or "global", name)."""
+
+    def __init__(self, default_range: str | None = None) -> None:
+        # What the recovery controller reads through the emulated APIs (shared with them).
+        self.nodes: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.migs: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.instances: dict[tuple[str, str, str], list[dict[str, Any]]] = {}  # managed instances
+        self.configs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self.vms: dict[tuple[str, str, str], _Vm] = {}
+        self.resources: dict[str, rules.Resource] = {}  # self link -> what the rules read
+        self.subnets: dict[str, _Subnet] = {}  # subnetwork name -> its range
+        self.addresses: dict[str, str] = {}  # address name -> IP
+        # Where a subnetwork the twin never saw created (an existing one) takes its addresses.
+        self.default_subnet = _Subnet(ipaddress.IPv4Network(default_range)) if default_range else None
+        self.refused: list[rules.Violation] = []
+        self.on_host_up: Hook | None = None
+        self.on_host_down: Hook | None = None
+        self._ids = itertools.count(1)
+
+    # ---- applying the program's resources ------------------------------------------------------
+
+    def apply(
+        self,
+        type_token: str,
+        name: str,
+        request: Request,
+        *,
+        project: str,
+        zone: str | None = None,
+        region: str | None = None,
+        target: str | None = None,
+    ) -> dict[str, Any]:
+        """One create call for Pulumi resource `name`; the outputs Google returns for it.
+        `target` is the resource the call's URL names besides the project and zone (a
+        per-instance config's MIG).
+
+        A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
+        link = self.admit(type_token, name, request, project=project, zone=zone, region=region, target=target)
+        resource_name = request.name or name
+        outputs: dict[str, Any] = {}
+        if _COLLECTIONS.get(type_token):
+            outputs = {"selfLink": link, "selfLinkUnique": f"{link}?uniqueId={next(self._ids)}"}
+        if type_token == bodies.SUBNETWORK:
+            self.subnets[resource_name] = _Subnet(ipaddress.IPv4Network(request.body["ipCidrRange"]))
+        elif type_token == bodies.ADDRESS:
+            subnet = self._subnet(request.body.get("subnetwork"))
+            wanted = request.body.get("address")
+            outputs["address"] = self.addresses[resource_name] = (
+                subnet.take(wanted) if subnet else str(wanted or "")
+            )
+        elif type_token == bodies.MIG:
+            self.insert_mig(project, str(zone), request.body)
+        elif type_token == bodies.PER_INSTANCE_CONFIG:
+            mig = self._mig_named(project, str(zone), str(target), name)
+            self.create_instances(project, str(zone), mig, request.body["instances"])
+        elif type_token == bodies.INSTANCE:
+            vm = self._new_vm(project, str(zone), resource_name, None, 0, request.body)
+            outputs["networkInterfaces"] = [{"networkIp": vm.ip}]
+        elif type_token == bodies.TPU_NODE:
+            node = self.create_node(project, str(zone), resource_name, request.body)
+            outputs["networkEndpoints"] = [
+                {"ipAddress": e["ipAddress"], "port": e.get("port", 8470)} for e in node["networkEndpoints"]
+            ]
+        return outputs
+
+    def admit(
+        self,
+        type_token: str,
+        name: str,
+        request: Request,
+        *,
+        project: str,
+        zone: str | None = None,
+        region: str | None = None,
+        target: str | None = None,
+    ) -> str:
+        """Check a create call against the rules and, if none is broken, record what it
+        declares for later references; the resource's self link. A broken rule raises
+        `CloudRuleError` (kept in `refused` too) and records nothing."""
+        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
+        collection = _COLLECTIONS.get(type_token, "other")
+        link = f"projects/{project}/{scope}/{collection}/{request.name or name}"
+        resource = rules.Resource(type_token, link, name, request, self._refs(type_token, request, target))
+        try:
+            self._check(resource)
+        except CloudRuleError as exc:
+            self.refused.extend(exc.violations)
+            raise
+        self.resources[link] = resource
+        return link
+
+    def audit(self) -> list[rules.Violation]:
+        """The rules that read the finished deployment (a MIG's final size, rules.Rule.at_end)."""
+        stack = rules.Stack(self.resources.values())
+        return rules.check(stack, [r for r in rules.RULES if r.at_end])
+
+    def _refs(self, type_token: str, request: Request, target: str | None) -> dict[str, frozenset[str]]:
+        """What a request refers to, by self link, as Google resolves it."""
+        body = request.body
+        refs: dict[str, set[str]] = {}
+        if type_token == bodies.PER_INSTANCE_CONFIG and target:
+            refs["instanceGroupManager"] = {self._link(f"instanceGroupManagers/{_short(target)}")}
+        if type_token == bodies.MIG:
+            refs["versions"] = {self._link(v.get("instanceTemplate")) for v in body.get("versions", [])}
+            policy = body.get("resourcePolicies", {}).get("workloadPolicy")
+            if policy:
+                refs["resourcePolicies"] = {self._link(policy)}
+        return {k: frozenset(v) for k, v in refs.items()}
+
+    def _link(self, reference: Any) -> str:
+        """The self link of a referenced resource this twin holds (or the reference as given)."""
+        text = str(reference).split("?", 1)[0]
+        for link in self.resources:
+            if text == link or text.endswith(f"/{link}") or link.endswith(f"/{text}"):
+                return link
+        return text
+
+    def _check(self, resource: rules.Resource) -> None:
+        """Refuse `resource` if a rule finds fault with it or with it beside what it refers to."""
+        related = [self.resources[u] for urns in resource.refs.values() for u in urns if u in self.resources]
+        stack = rules.Stack([resource, *related])
+        found = [
+            v for v in rules.check(stack, [r for r in rules.RULES if not r.at_end]) if v.urn == resource.urn
+        ]
+        if found:
+            raise CloudRuleError(found)
+
+    def _subnet(self, reference: Any) -> _Subnet | None:
+        found = self.subnets.get(_short(reference)) if reference else None
+        return found if found is not None else self.default_subnet
+
+    # ---- Compute Engine ------------------------------------------------------------------------
+
+    def insert_mig(self, project: str, zone: str, body: dict[str, Any]) -> dict[str, Any]:
+        """instanceGroupManagers.insert: the MIG and its target size of auto-named instances."""
+        name = str(body["name"])
+        key = (project, zone, name)
+        mig = copy.deepcopy(body)
+        base = f"projects/{project}/zones/{zone}"
+        mig.update(
+            kind="compute#instanceGroupManager",
+            id=str(next(self._ids)),
+            zone=f"{API_ROOT}{base}",
+            selfLink=f"{API_ROOT}{base}/instanceGroupManagers/{name}",
+            instanceGroup=f"{API_ROOT}{base}/instanceGroups/{name}",
+            creationTimestamp="2026-01-01T00:00:00.000-00:00",
+        )
+        mig.setdefault("targetSize", 0)
+        self.migs[key], self.instances[key], self.configs[key] = mig, [], []
+        prefix = mig.get("baseInstanceName", name)
+        for _ in range(int(mig["targetSize"])):
+            self._add_to_mig(project, zone, mig, f"{prefix}-{secrets.token_hex(2)}", {})
+        return mig
+
+    def create_instances(
+        self, project: str, zone: str, mig: dict[str, Any], configs: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """instanceGroupManagers.createInstances: one named instance per config; the target
+        size rises by as many. Returns the managed-instance records."""
+        key = (project, zone, mig["name"])
+        added = [self._add_to_mig(project, zone, mig, str(c["name"]), c) for c in configs]
+        self.configs[key].extend({**copy.deepcopy(c), "status": "EFFECTIVE"} for c in configs)
+        mig["targetSize"] = int(mig.get("targetSize", 0)) + len(configs)
+        return added
+
+    def _add_to_mig(
+        self, project: str, zone: str, mig: dict[str, Any], name: str, config: dict[str, Any]
+    ) -> dict[str, Any]:
+        key = (project, zone, mig["name"])
+        template = self._template_of(mig)
+        properties = copy.deepcopy(template.get("properties", {})) if template else {}
+        preserved = config.get("preservedState", {})
+        if preserved.get("metadata"):
+            items = {**_metadata(properties), **preserved["metadata"]}
+            properties["metadata"] = {"items": [{"key": k, "value": v} for k, v in items.items()]}
+        ip = next(
+            (
+                self.addresses.get(_short(ip["ipAddress"].get("address")), ip["ipAddress"].get("literal"))
+                for ip in preserved.get("internalIPs", {}).values()
+                if ip.get("ipAddress")
+            ),
+            None,
+        )
+        worker = len(self.instances[key])
+        self._new_vm(project, zone, name, mig["name"], worker, properties, ip=ip)
+        record = {
+            "instance": f"{API_ROOT}projects/{project}/zones/{zone}/instances/{name}",
+            "name": name,
+            "id": str(next(self._ids)),
+            "currentAction": "NONE",
+            "instanceStatus": RUNNING,
+        }
+        self.instances[key].append(record)
+        return record
+
+    def _template_of(self, mig: dict[str, Any]) -> dict[str, Any] | None:
+        for version in mig.get("versions", []):
+            found = self.resources.get(self._link(version.get("instanceTemplate")))
+            if found is not None:
+                return found.body
+        return None
+
+    def _mig_named(self, project: str, zone: str, mig: str, config: str) -> dict[str, Any]:
+        found = self.migs.get((project, zone, _short(mig)))
+        if found is None:
+            raise InvalidInput(f"per-instance config {config}: no MIG {mig!r} in {project}/{zone}")
+        return found
+
+    def _new_vm(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        group: str | None,
+        worker: int,
+        properties: dict[str, Any],
+        ip: str | None = None,
+    ) -> _Vm:
+        nics = properties.get("networkInterfaces") or [{}]
+        subnet = self._subnet(nics[0].get("subnetwork"))
+        wanted = ip or nics[0].get("networkIP")
+        address = subnet.take(wanted) if subnet else str(wanted or "")
+        vm = _Vm(project, zone, name, group, worker, address, properties)
+        self.vms[(project, zone, name)] = vm
+        self._hook(self.on_host_up, vm)
+        return vm
+
+    def _hook(self, hook: Hook | None, vm: _Vm) -> None:
+        if hook is not None:
+            hook(self._vm_host(vm))
+
+    def delete_mig(self, project: str, zone: str, name: str) -> None:
+        """instanceGroupManagers.delete: the MIG and every instance it holds."""
+        key = (project, zone, name)
+        for vm in [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]:
+            self._remove_vm(vm)
+        for table in (self.migs, self.instances, self.configs):
+            table.pop(key, None)
+
+    def _remove_vm(self, vm: _Vm) -> None:
+        self.vms.pop((vm.project, vm.zone, vm.name), None)
+        vm.status = DELETED
+        self._hook(self.on_host_down, vm)
+
+    # ---- Cloud TPU API -------------------------------------------------------------------------
+
+    def create_node(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """nodes.create: a node with one network endpoint per host of its shape."""
+        node = copy.deepcopy(body)
+        node.update(
+            name=f"projects/{project}/locations/{zone}/nodes/{name}",
+            id=str(next(self._ids)),
+            createTime="2026-01-01T00:00:00Z",
+            apiVersion="V2",
+            state=TPU_READY,
+        )
+        config = body.get("networkConfig") or (body.get("networkConfigs") or [{}])[0]
+        subnet = self._subnet(config.get("subnetwork"))
+        hosts = node_hosts(body)
+        if "networkEndpoints" not in node:
+            node["networkEndpoints"] = [
+                {"ipAddress": subnet.take() if subnet else "", "port": 8470} for _ in range(hosts)
+            ]
+        self.nodes[(project, zone, name)] = node
+        for host in self._node_hosts((project, zone, name)):
+            self._call(self.on_host_up, host)
+        return node
+
+    def delete_node(self, project: str, zone: str, name: str) -> None:
+        hosts = self._node_hosts((project, zone, name))
+        self.nodes.pop((project, zone, name), None)
+        for host in hosts:
+            self._call(self.on_host_down, replace(host, status=DELETED))
+
+    @staticmethod
+    def _call(hook: Hook | None, host: TwinHost) -> None:
+        if hook is not None:
+            hook(host)
+
+    # ---- failures ------------------------------------------------------------------------------
+
+    def preempt(
+        self, project: str, zone: str, group: str, *, action: str | None = None, repair: bool = True
+    ) -> list[TwinHost]:
+        """A Spot preemption of slice `group` (MIG or TPU node); the hosts it hit, as they were.
+
+        Each MIG host is stopped or deleted per its termination action (or `action`, STOP or
+        DELETE, when given); then its MIG's lifecycle policy applies unless `repair` is False."""
+        key = (project, zone, group)
+        if key in self.nodes:
+            hosts = self._node_hosts(key)
+            self.nodes[key]["state"] = TPU_PREEMPTED
+            for host in hosts:
+                self._call(self.on_host_down, replace(host, status=TPU_PREEMPTED))
+            return hosts
+        if key not in self.migs:
+            raise KeyError(f"no slice {group} in {project}/{zone}")
+        hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
+        before = [self._vm_host(v) for v in hit]
+        for vm in hit:
+            self.lose(vm, deleted=(action or _termination(vm)) == rules.DELETE, repair=repair)
+        return before
+
+    def lose(self, vm: _Vm, *, deleted: bool, repair: bool = True) -> None:
+        """Instance `vm` of a MIG failed or was preempted: stopped or deleted, then the MIG's
+        lifecycle policy decides (REPAIR recreates it under its name; DO_NOTHING leaves it)."""
+        key = (vm.project, vm.zone, str(vm.group))
+        records = [r for r in self.instances.get(key, []) if r["name"] == vm.name]
+        if deleted:
+            self._remove_vm(vm)
+            self.instances[key] = [r for r in self.instances.get(key, []) if r["name"] != vm.name]
+        else:
+            vm.status = TERMINATED
+            for record in records:
+                record["instanceStatus"] = TERMINATED
+            self._hook(self.on_host_down, vm)
+        mig = self.migs.get(key, {})
+        action = mig.get("instanceLifecyclePolicy", {}).get("defaultActionOnFailure", REPAIR)
+        if action == REPAIR and repair:
+            self.vms[(vm.project, vm.zone, vm.name)] = vm
+            vm.status = RUNNING
+            if deleted and records:
+                self.instances[key].append(
+                    {**records[0], "id": str(next(self._ids)), "instanceStatus": RUNNING}
+                )
+            for record in records:
+                record["instanceStatus"] = RUNNING
+            self._hook(self.on_host_up, vm)
+
+    # ---- what the hosts see --------------------------------------------------------------------
+
+    def hosts(self, project: str | None = None, zone: str | None = None) -> list[TwinHost]:
+        """Every instance and TPU worker that exists, by group and worker."""
+        found = [self._vm_host(v) for v in self.vms.values()]
+        for key in self.nodes:
+            found += self._node_hosts(key)
+        return sorted(
+            (h for h in found if project in (None, h.project) and zone in (None, h.zone)),
+            key=lambda h: (h.group or "", h.worker, h.name),
+        )
+
+    def host(self, name: str) -> TwinHost | None:
+        return next((h for h in self.hosts() if h.name == name), None)
+
+    def _vm_host(self, vm: _Vm) -> TwinHost:
+        properties = vm.properties
+        machine = _short(properties.get("machineType", "")) or None
+        metadata = _metadata(properties)
+        if vm.group is not None:
+            metadata.update(self._compute_tpu_attributes(vm, machine))
+        return TwinHost(
+            name=vm.name,
+            project=vm.project,
+            zone=vm.zone,
+            group=vm.group,
+            kind=MIG_HOST if vm.group is not None else LONE_VM,
+            worker=vm.worker,
+            status=vm.status,
+            ip=vm.ip,
+            machine_type=machine,
+            metadata=metadata,
+            labels=dict(properties.get("labels") or {}),
+        )
+
+    def _compute_tpu_attributes(self, vm: _Vm, machine: str | None) -> dict[str, str]:
+        """Google's attributes on a Compute Engine TPU host of a MIG with a workload policy."""
+        shape = rules.tpu_machine(machine)
+        mig = self.migs.get((vm.project, vm.zone, str(vm.group)))
+        policy = (
+            self.resources.get(self._link(mig.get("resourcePolicies", {}).get("workloadPolicy")))
+            if mig
+            else None
+        )
+        topology = policy.body.get("workloadPolicy", {}).get("acceleratorTopology") if policy else None
+        if shape is None or not topology:
+            return {}
+        peers = sorted(
+            (v for v in self.vms.values() if (v.project, v.zone, v.group) == (vm.project, vm.zone, vm.group)),
+            key=lambda v: v.worker,
+        )
+        accelerator = catalog.lookup(f"{shape[0]}-{topology}", "compute").accelerator_type
+        return google_attributes(
+            COMPUTE_TPU_ATTRIBUTES,
+            accelerator_type=accelerator,
+            topology=topology,
+            worker=vm.worker,
+            ips=[p.ip for p in peers],
+            node_id=str(vm.group),
+            project=vm.project,
+            zone=vm.zone,
+            runtime_version="",
+        )
+
+    def _node_hosts(self, key: tuple[str, str, str]) -> list[TwinHost]:
+        node = self.nodes.get(key)
+        if node is None:
+            return []
+        project, zone, name = key
+        ips = [e.get("ipAddress", "") for e in node.get("networkEndpoints", [])]
+        config = node.get("acceleratorConfig") or {}
+        accelerator = node.get("acceleratorType") or _tpu_api_type(config)
+        topology = config.get("topology") or (catalog.lookup(accelerator).topology if accelerator else "")
+        metadata = {str(k): str(v) for k, v in (node.get("metadata") or {}).items()}
+        return [
+            TwinHost(
+                name=f"{name}-w{worker}",
+                project=project,
+                zone=zone,
+                group=name,
+                kind=TPU_WORKER,
+                worker=worker,
+                status=str(node.get("state", TPU_READY)),
+                ip=ip,
+                machine_type=None,
+                metadata={
+                    **metadata,
+                    **google_attributes(
+                        TPU_API_ATTRIBUTES,
+                        accelerator_type=accelerator,
+                        topology=topology,
+                        worker=worker,
+                        ips=ips,
+                        node_id=name,
+                        project=project,
+                        zone=zone,
+                        runtime_version=str(node.get("runtimeVersion", "")),
+                    ),
+                },
+                labels=dict(node.get("labels") or {}),
+            )
+            for worker, ip in enumerate(ips)
+        ]
+
+
+def google_attributes(
+    names: tuple[str, ...],
+    *,
+    accelerator_type: str,
+    topology: str,
+    worker: int,
+    ips: list[str],
+    node_id: str,
+    project: str,
+    zone: str,
+    runtime_version: str,
+) -> dict[str, str]:
+    """The identity attributes `names` a TPU host of `accelerator_type` serves, valued as a real
+    host serves them: the accelerator type as the host reports it (`catalog.reported_name`),
+    endpoints as ``unknown:unknown:<ip>`` entries, `tpu-env` as ``KEY: 'value'`` lines."""
+    reported = catalog.reported_name(accelerator_type) if accelerator_type else ""
+    tpu_env = {
+        "ACCELERATOR_TYPE": reported,
+        "CONSUMER_PROJECT_ID": project,
+        "NODE_ID": node_id,
+        "RUNTIME_VERSION": runtime_version,
+        "TOPOLOGY": topology,
+        "WORKER_ID": str(worker),
+        "ZONE": zone,
+    }
+    served = {
+        "accelerator-type": reported,
+        "agent-worker-number": str(worker),
+        "worker-id": str(worker),
+        "instance-id": node_id,
+        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in ips),
+        "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),
+    }
+    return {key: served[key] for key in names}
+
+
+def node_hosts(body: dict[str, Any]) -> int:
+    """How many hosts a Node of `body`'s shape has (the catalog's, on the TPU API)."""
+    config = body.get("acceleratorConfig")
+    if config:
+        return catalog.lookup(f"{_API_GENERATIONS[config['type']]}-{config['topology']}").hosts
+    if body.get("acceleratorType"):
+        return catalog.lookup(str(body["acceleratorType"])).hosts
+    return 1
+
+
+def _tpu_api_type(config: dict[str, Any]) -> str:
+    if not config:
+        return ""
+    return catalog.lookup(f"{_API_GENERATIONS[config['type']]}-{config['topology']}").accelerator_type
+
+
+_API_GENERATIONS = {api: generation for generation, api in TPU_ACCELERATOR_TYPES.items()}
+_COLLECTIONS = {
+    bodies.TEMPLATE: "instanceTemplates",
+    bodies.MIG: "instanceGroupManagers",
+    bodies.RESOURCE_POLICY: "resourcePolicies",
+    bodies.INSTANCE: "instances",
+    bodies.ADDRESS: "addresses",
+    bodies.FIREWALL: "firewalls",
+    bodies.NETWORK: "networks",
+    bodies.SUBNETWORK: "subnetworks",
+    bodies.ROUTER: "routers",
+    bodies.PER_INSTANCE_CONFIG: "perInstanceConfigs",
+    bodies.TPU_NODE: "nodes",
+}
+
+
+def _termination(vm: _Vm) -> str | None:
+    return vm.properties.get("scheduling", {}).get("instanceTerminationAction")

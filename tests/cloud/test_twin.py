@@ -1,0 +1,220 @@
+"""The cloud twin: Google's documented behaviour and rules, applied to what the program declares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pulumi_gcp as gcp
+import pytest
+
+from rayslice.cloud import bodies, rules
+from rayslice.cloud.twin import DELETED, MIG_HOST, RUNNING, TERMINATED, CloudRuleError, CloudTwin
+from rayslice.infra import preview
+from rayslice.infra.compute import slice as compute_slice
+from rayslice.infra.compute import template as compute_template
+from tests.cloud.stacks import slice_entries
+
+STACKS = Path(__file__).resolve().parents[2] / "infra"
+EXAMPLES = sorted(STACKS.glob("Pulumi.example-*.yaml"))
+P, Z = "p", "us-east5-b"
+
+
+def _apply(twin: CloudTwin, entries: list[Any]) -> None:
+    """Hand-written resources (tests.cloud.stacks) applied in order, as the mocks apply them: the
+    MIG refers to its template and workload policy by the self links the twin gave them."""
+    links: dict[str, str] = {}
+    for type_token, name, props, _ in entries:
+        if type_token == bodies.MIG:
+            props = {
+                **props,
+                "versions": [{"instanceTemplate": links["s-0-template"]}],
+                "resourcePolicies": {"workloadPolicy": links["s-0-policy"]},
+            }
+        request = bodies.request(type_token, props)
+        assert request is not None
+        outputs = twin.apply(
+            type_token, name, request, project=P, zone=Z, target=props.get("instanceGroupManager")
+        )
+        links[name] = outputs.get("selfLinkUnique", "")
+
+
+def _deploy(stack: str, *overrides: str) -> CloudTwin:
+    twin = CloudTwin()
+    preview.deploy(preview.stack_config(str(STACKS / stack), list(overrides)), twin)
+    return twin
+
+
+@pytest.mark.parametrize("stack", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_applies_to_the_twin_without_a_violation(stack):
+    twin = CloudTwin()
+    preview.deploy(preview.stack_config(str(stack), []), twin)
+    assert twin.refused == [] and twin.audit() == []
+
+
+def test_a_mig_creates_its_target_size_and_create_instances_adds_named_hosts():
+    twin = CloudTwin()
+    _apply(twin, slice_entries(target=2, configs=0))
+    [mig] = twin.migs.values()
+    auto = [h.name for h in twin.hosts()]
+    assert len(auto) == 2 and all(name.startswith("s-0-") and len(name) == 8 for name in auto)
+    twin.create_instances(P, Z, mig, [{"name": "s-0-w0"}, {"name": "s-0-w1"}])
+    assert mig["targetSize"] == 4 and {"s-0-w0", "s-0-w1"} <= {h.name for h in twin.hosts()}
+
+
+def test_target_size_n_plus_n_configs_doubles_the_hosts(monkeypatch):
+    """Defect 1 reverted (target size = hosts): the twin holds 2N hosts and deploy says why."""
+    original = gcp.compute.InstanceGroupManager
+
+    def old_shape(*args: Any, **kwargs: Any) -> Any:
+        kwargs["target_size"] = kwargs["update_policy"].max_unavailable_fixed  # the slice's hosts
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compute_slice.gcp.compute, "InstanceGroupManager", old_shape)
+    twin = CloudTwin()
+    with pytest.raises(CloudRuleError) as caught:
+        preview.deploy(preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), []), twin)
+    assert len([h for h in twin.hosts() if h.kind == MIG_HOST]) == 8  # v6e-16: 4 hosts, twice
+    assert "ends with 8 instances" in str(caught.value) and "rule instances-match-topology" in str(
+        caught.value
+    )
+
+
+@pytest.mark.parametrize("model", ["SPOT", "STANDARD"])
+def test_bulk_mode_is_refused_with_spot_and_on_demand_templates(model):
+    """Defect 2: the MIG insert is refused, naming resource, rule and source."""
+    twin = CloudTwin()
+    with pytest.raises(CloudRuleError) as caught:
+        _apply(
+            twin,
+            slice_entries(
+                target=4, configs=0, bulk=True, model=model, termination="STOP", lifecycle="DO_NOTHING"
+            ),
+        )
+    text = str(caught.value)
+    assert (
+        "s-0-mig:" in text
+        and "rule bulk-provisioning-model" in text
+        and "bulk-create-instances-in-mig" in text
+    )
+    assert twin.migs == {} and [v.rule for v in twin.refused] == ["bulk-provisioning-model"]
+
+
+def test_reservation_bound_needs_a_specific_reservation_and_delete_in_bulk_mode():
+    """Defect 3."""
+    with pytest.raises(CloudRuleError, match="rule reservation-bound-specific"):
+        _apply(CloudTwin(), slice_entries(model="RESERVATION_BOUND", termination="DELETE"))
+    specific = {
+        "type": "SPECIFIC_RESERVATION",
+        "specificReservation": {"key": "compute.googleapis.com/reservation-name", "values": ["r"]},
+    }
+    with pytest.raises(CloudRuleError, match="rule bulk-reservation-bound-delete"):
+        _apply(
+            CloudTwin(),
+            slice_entries(
+                target=4,
+                configs=0,
+                bulk=True,
+                model="RESERVATION_BOUND",
+                termination="STOP",
+                affinity=specific,
+            ),
+        )
+
+
+def test_reserved_stack_without_a_reservation_is_refused_through_the_program():
+    """Defect 3 through the program: ``capacity: reserved`` without a name is refused."""
+    with pytest.raises(CloudRuleError, match="reservation-bound-specific"):
+        _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=reserved")
+    twin = _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=reserved", "reservation=my-res")
+    assert len([h for h in twin.hosts() if h.kind == MIG_HOST]) == 4
+
+
+def test_a_workload_policy_topology_must_fit_the_machine_type():
+    with pytest.raises(CloudRuleError, match="rule topology-machine-type"):
+        _apply(CloudTwin(), slice_entries(topology="2x3", configs=1))
+
+
+def test_tpu7x_hosts_serve_what_a_real_compute_engine_tpu_host_serves():
+    """Defects 4 and 5: v7x-16 as the host reports it; worker-id, endpoints and tpu-env agree."""
+    twin = _deploy("Pulumi.example-compute-tpu7x-16.yaml")
+    hosts = [h for h in twin.hosts() if h.kind == MIG_HOST]
+    assert [h.name for h in hosts] == ["jax-ironwood-slice-0-w0", "jax-ironwood-slice-0-w1"]
+    endpoints = ",".join(f"unknown:unknown:{h.ip}" for h in hosts)
+    for worker, host in enumerate(hosts):
+        assert host.ip.startswith("10.128.") and host.machine_type == "tpu7x-standard-4t"
+        assert host.metadata["accelerator-type"] == "v7x-16"
+        assert host.metadata["worker-id"] == str(worker)
+        assert host.metadata["worker-network-endpoints"] == endpoints
+        assert (
+            f"WORKER_ID: '{worker}'" in host.metadata["tpu-env"]
+            and "TOPOLOGY: '2x2x2'" in host.metadata["tpu-env"]
+        )
+        assert "startup-script" in host.metadata
+
+
+@pytest.mark.parametrize(
+    "model, termination, lifecycle, left",
+    [
+        ("SPOT", "STOP", "DO_NOTHING", TERMINATED),
+        ("STANDARD", "DELETE", "DO_NOTHING", None),
+        ("STANDARD", "STOP", None, RUNNING),  # REPAIR, the default: each host comes back alone
+    ],
+)
+def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
+    model, termination, lifecycle, left
+):
+    """Defect 6: STOP plus DO_NOTHING leaves stopped hosts; REPAIR brings single hosts back."""
+    twin = CloudTwin()
+    events: list[tuple[str, str]] = []
+    _apply(twin, slice_entries(model=model, termination=termination, lifecycle=lifecycle))
+    twin.on_host_down = lambda h: events.append((h.name, h.status))
+    twin.on_host_up = lambda h: events.append((h.name, h.status))
+    hit = twin.preempt(P, Z, "s-0")
+    assert [h.name for h in hit] == [f"s-0-w{i}" for i in range(4)]
+    statuses = {h.name: h.status for h in twin.hosts()}
+    if left is None:
+        assert statuses == {} and {s for _, s in events} == {DELETED}
+    else:
+        assert set(statuses.values()) == {left}
+        assert len(events) == (4 if left == TERMINATED else 8)  # down, and up again when repaired
+
+
+def test_tpu_nodes_refuse_exclusive_pairs_big_metadata_bad_names_and_labels():
+    """Defect 8 and the TPU API's limits."""
+    base = {"acceleratorConfig": {"type": "V6E", "topology": "4x4"}, "runtimeVersion": "v2-alpha-tpuv6e"}
+    cases = {
+        "tpu-node-exclusive-fields": {
+            "networkConfig": {"network": "a"},
+            "networkConfigs": [{"network": "b"}],
+        },
+        "metadata-limits": {"metadata": {"big": "x" * (rules.METADATA_VALUE_MAX + 1)}},
+        "labels": {"labels": {"Bad": "x"}},
+    }
+    for rule, extra in cases.items():
+        request = bodies.request(bodies.TPU_NODE, {"name": "n", **base, **extra})
+        assert request is not None
+        with pytest.raises(CloudRuleError, match=f"rule {rule}"):
+            CloudTwin().apply(bodies.TPU_NODE, "n", request, project=P, zone=Z)
+    request = bodies.request(bodies.TPU_NODE, {"name": "Bad_Name", **base})
+    assert request is not None
+    with pytest.raises(CloudRuleError, match="rule resource-name"):
+        CloudTwin().apply(bodies.TPU_NODE, "n", request, project=P, zone=Z)
+
+
+def test_v5p_boot_disk_reverted_is_refused(monkeypatch):
+    """Defect 7 reverted (Hyperdisk Balanced on v5p)."""
+    monkeypatch.setattr(compute_slice, "boot_disk_type", lambda spec: "hyperdisk-balanced")
+    with pytest.raises(CloudRuleError, match="rule tpu-boot-disk"):
+        _deploy("Pulumi.example-compute-v6e-16.yaml", "acceleratorType=v5p-16", "zone=us-east5-a")
+
+
+def test_spot_without_stop_or_do_nothing_reverted_is_refused(monkeypatch):
+    """Defect 6 reverted: DELETE termination, and the default lifecycle policy."""
+    monkeypatch.setattr(compute_template, "SPOT_TERMINATION_ACTION", "DELETE")
+    with pytest.raises(CloudRuleError, match="rule spot-tpu-stop"):
+        _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
+    monkeypatch.undo()
+    monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda capacity: None)
+    with pytest.raises(CloudRuleError, match="rule spot-tpu-do-nothing"):
+        _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
