@@ -102,6 +102,7 @@ def test_plain_status_finds_the_simulation_and_shows_the_preemption_and_the_recr
     cloud_bridge.preempt(served.cloud, sim, spec, victim)
     data = _status(capsys, "status")
     assert data["slices"][1]["state"].startswith("DEGRADED (0 of")
+    assert {h["instance"] for h in data["slices"][1]["hosts"]} == {"TERMINATED"}  # stopped, left behind
     controller.step()  # deletes and recreates the slice, records one event on the head VM
     data = _status(capsys, "status")
     assert [s["state"] for s in data["slices"]] == ["READY", "READY"]

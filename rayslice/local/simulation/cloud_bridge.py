@@ -2,10 +2,11 @@
 
 The emulation then holds one TPU node (``tpu-vm``) or one MIG (``compute``) per simulated slice,
 named as infra names it; it answers guest attributes from the hosts' own metadata servers; and
-when the controller's deletion of a slice finishes, the slice's hosts power off, and when the
-recreation finishes, they boot again and run their startup script, as a recreated slice's hosts
-would. `preempt` is what ``rayslice local preempt SLICE`` does: the hosts power off at once and the
-API reports the slice as Google reports a preempted one.
+every host the emulation's twin (`rayslice.cloud.twin`) stops or deletes powers off, and every host
+it creates or repairs boots and runs its startup script, as a cloud host would. `preempt` is what
+``rayslice local preempt SLICE`` does: a Spot preemption in the twin, which stops (STOP) or deletes
+(DELETE) each host per its termination action and lets the MIG's lifecycle policy decide whether
+anything comes back (a TPU node turns PREEMPTED); the hosts it hits power off.
 
 The simulation is reached through a small protocol (`SimulatedCluster`), so this wiring is tested
 without root; the real `rayslice.local.simulation.simulator.Simulation` satisfies it.
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from rayslice.cloud.twin import TwinHost
 from rayslice.clusters import CloudAccess
 from rayslice.errors import SimulatorError
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
@@ -110,32 +112,32 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
         hosts = by_slice.get(node, [])
         return namespaced(hosts[worker_id]) if worker_id < len(hosts) else None
 
-    def down(name: str) -> None:
-        for host in by_slice.get(name, []):
-            sim.power_off(host)
+    def down(host: TwinHost) -> None:
+        if host.name in known:
+            sim.power_off(host.name)
 
-    def up(name: str) -> None:
-        for host in by_slice.get(name, []):
-            sim.boot(host)
+    def up(host: TwinHost) -> None:
+        if host.name in known:
+            sim.boot(host.name)
 
     emulator.guest_source = namespaced
     emulator.worker_guest_source = worker
-    emulator.on_slice_down = down
-    emulator.on_slice_up = up
+    # From here on every host the twin stops, deletes, creates or repairs is powered off or
+    # booted: a preemption, the controller's deletion and recreation, a MIG's own repair.
+    emulator.twin.on_host_down = down
+    emulator.twin.on_host_up = up
 
 
 def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec, name: str) -> Sequence[str]:
-    """Power off every host of slice `name` and report it preempted; returns the hosts."""
-    index = next((i for i in range(spec.slices) if slice_name(spec.name, i) == name), None)
-    if index is None:
+    """A Spot preemption of slice `name`: the twin stops or deletes each host per its termination
+    action and the MIG's lifecycle policy decides what comes back (a TPU node turns PREEMPTED);
+    the hook of `attach` powers each host it hit off. Returns the hosts hit."""
+    if name not in {slice_name(spec.name, i) for i in range(spec.slices)}:
         valid = ", ".join(slice_name(spec.name, i) for i in range(spec.slices))
         raise KeyError(f"no slice {name!r} in this simulation (slices: {valid})")
-    hosts = slice_hosts(sim.plan, index)
+    project, zone = project_of(spec), str(spec.zone)
     with emulator.lock:
-        for host in hosts:
-            sim.power_off(host)
-        emulator.preempt(project_of(spec), str(spec.zone), name)
-    return hosts
+        return [host.name for host in emulator.twin.preempt(project, zone, name)]
 
 
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
