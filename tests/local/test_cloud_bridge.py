@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from rayslice import names
 from rayslice import spec as spec_module
+from rayslice.cloud.twin import CloudTwin
 from rayslice.errors import SimulatorError
+from rayslice.infra.network import SUBNET_CIDR
+from rayslice.infra.preview import deploy, stack_config
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation import cloud_bridge
@@ -146,3 +150,37 @@ def test_rayslice_local_preempt_command(
     assert node["state"] == "PREEMPTED"
     assert cli.main(["local", "preempt", "--state-dir", str(tmp_path), "rayslice-slice-9"]) == 2
     assert "no slice 'rayslice-slice-9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "config, accelerator, hosts",
+    [
+        ({"acceleratorType": "tpu7x-16", "capacity": "spot", "zone": "us-central1-c"}, "v7x-16", 2),
+        ({"acceleratorType": "v6e-16", "slices": 2, "zone": "us-east5-b"}, "v6e-16", 4),
+    ],
+)
+def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, hosts) -> None:
+    """`local up`'s hosts through the twin: exactly the topology's hosts per slice plus the head
+    VM, named as the program names them, each with the metadata a Compute Engine TPU host serves
+    (accelerator-type as the host reports it: v7x-16 on TPU7x)."""
+    config = {**config, "platform": "compute", "project": "my-project-1"}
+    cluster = spec_module.load(config)
+    twin = CloudTwin()
+    deploy(stack_config(None, [f"{k}={v}" for k, v in config.items()]), twin)
+    records = cloud_bridge.deployed_hosts(twin)
+    plan = make_plan(cluster, run_id="f1e2d3", network=ipaddress.IPv4Network(SUBNET_CIDR), hosts=records)
+    assert len(plan.hosts) == cluster.slices * hosts + 1 == len(twin.hosts())
+    assert plan.head.name == names.head_name(cluster.name)
+    for index in range(cluster.slices):
+        assert cloud_bridge.slice_hosts(plan, index) == [
+            names.host_name(cluster.slice_name(index), w) for w in range(hosts)
+        ]
+    by_name = {r.name: r for r in records}
+    for host in plan.hosts:
+        assert host.ip == by_name[host.name].ip  # the twin's address, kept
+        metadata = by_name[host.name].metadata or {}
+        if host.slice_index >= 0:
+            assert metadata["accelerator-type"] == accelerator
+            assert metadata["worker-id"] == str(host.worker)
+            assert metadata["worker-network-endpoints"].split(",")[host.worker].endswith(host.ip)
+            assert f"ACCELERATOR_TYPE: '{accelerator}'" in metadata["tpu-env"]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from rayslice.cloud.twin import TwinHost
+from rayslice.cloud.twin import CloudTwin, TwinHost
 from rayslice.clusters import CloudAccess
 from rayslice.errors import SimulatorError
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
@@ -35,6 +35,7 @@ from rayslice.local.simulation.state import (
     CLOUD_API_CREDENTIALS_FILE,
     CLOUD_API_ENDPOINT_FILE,
     ROLE_HEAD_VM,
+    HostRecord,
     Plan,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
@@ -74,6 +75,13 @@ def mig_shape(spec: ClusterSpec) -> dict[str, object]:
     if spec.capacity != "spot":
         return {}
     return {"instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"}}
+
+
+def deployed_hosts(twin: CloudTwin) -> list[HostRecord]:
+    """The hosts to simulate after the Pulumi program ran against `twin` (`infra.preview.deploy`):
+    one per instance and TPU worker it holds, with the name, group, worker number, IP and
+    ``instance/attributes/`` it gives each (`Simulation.create`'s host source)."""
+    return [HostRecord(h.name, h.group, h.worker, h.ip, dict(h.metadata)) for h in twin.hosts()]
 
 
 def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec) -> None:
