@@ -207,4 +207,7 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
         (trace.victim, "recreate", "recreated")
     ]
     assert data["events"][0]["seen"].startswith("MIG ")
+    # The preemption stopped the hosts (Spot's termination action STOP; Compute Engine reports a
+    # stopped instance as TERMINATED) and left them for the controller (DO_NOTHING).
+    assert data["events"][0]["seen"] == "MIG " + ", ".join(f"{h} TERMINATED" for h in victims)
     assert data["events"][0]["seen"] == _events(sim)[0]["seen"]
