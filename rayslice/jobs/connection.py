@@ -11,22 +11,17 @@ import ipaddress
 import os
 import socket
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rayslice import addresses
+from rayslice import addresses, clusters
 from rayslice.errors import InvalidInput, NoCluster, NoCredentials
 from rayslice.names import DASHBOARD_PORT
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-# Packages that can offer a default cluster register a finder here (the simulator does), so
-# `rayslice.jobs` never imports them.
-CLUSTERS_GROUP = "rayslice.clusters"
 # Ray's client adds the token from its own environment when this variable says "token".
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
@@ -50,14 +45,11 @@ def jobs_url(address: str) -> str:
 def simulated_cluster() -> tuple[str, Path | None] | None:
     """(dashboard URL, token file) of the simulated slice in the default state dir, if one is up.
 
-    The simulator registers its finder under ``rayslice.clusters``; a client installed without
-    the simulator has no such entry and gets None.
+    The simulator registers its finder (`rayslice.clusters`); a client installed without the
+    simulator has none and gets None.
     """
-    for entry in entry_points(group=CLUSTERS_GROUP):
-        finder: Callable[[], tuple[str, Path | None] | None] = entry.load()
-        if (found := finder()) is not None:
-            return found
-    return None
+    found = clusters.find()
+    return None if found is None else (found.dashboard_url, found.token_file)
 
 
 def choose_target(address: str | None, token_file: Path | None) -> Target:

@@ -6,8 +6,9 @@ anything, so `down` also cleans up after a crashed or interrupted `up`.
 
 Only the commands that create, change or remove namespaces and processes need root; `status`
 reads the state file and asks the head's dashboard, so any user who can read the state dir may
-run it. `default_cluster` is how `rayslice run` finds the simulated slice: it reaches this module
-through the ``local`` entry point, so the workloads never import the simulator.
+run it. `default_cluster` is how `rayslice run` and `rayslice status` find the simulated cluster:
+they reach this module through the ``local`` entry point of ``rayslice.clusters``
+(`rayslice.clusters`), so neither imports the simulator.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any, TypeVar
 import click
 
 from rayslice.cli import Group, load_spec, spec_options
+from rayslice.clusters import FoundCluster
 from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
-from rayslice.local.simulation.cloud_bridge import request_preempt
+from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config, request_preempt
 from rayslice.local.simulation.simulator import Simulation, require_root
 from rayslice.local.simulation.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
 from rayslice.local.simulation.status import format_report, status_report
@@ -32,8 +34,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 
-def default_cluster() -> tuple[str, Path | None] | None:
-    """(dashboard URL, token file or None) of the simulation in the default state dir, if any."""
+def default_cluster() -> FoundCluster | None:
+    """The simulation in the default state dir, if any: its dashboard and token, its spec (with
+    the project and zone its cloud API emulation serves) and how that emulation is reached."""
     state_dir = default_state_dir()
     if not (state_dir / STATE_FILE).is_file():
         return None
@@ -42,7 +45,18 @@ def default_cluster() -> tuple[str, Path | None] | None:
     except (SimulatorError, OSError, ValueError, KeyError, TypeError):
         return None
     token = sim.token_file
-    return sim.dashboard_url(), token if token.is_file() else None
+    try:
+        access, problem = cloud_access(sim.state_dir), ""
+    except SimulatorError as exc:
+        access, problem = None, str(exc)
+    return FoundCluster(
+        where=f"the simulation in {sim.state_dir}",
+        dashboard_url=sim.dashboard_url(),
+        token_file=token if token.is_file() else None,
+        config=cloud_config(sim.spec()),
+        cloud=access,
+        cloud_problem=problem,
+    )
 
 
 def state_dir_option(func: F) -> F:

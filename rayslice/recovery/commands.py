@@ -1,6 +1,11 @@
 """`rayslice status`: each slice's state, each host's boot state and the recovery events, read
 from the cloud with Application Default Credentials.
 
+Given no stack file and no ``--set`` key, it reads the simulated cluster of the default state
+dir when one is up (`rayslice.clusters`, as `rayslice run` finds it): the spec it was made from,
+and its cloud API emulation with the credentials the emulation made for its owner
+(`client_for`). Nothing of the user's environment is needed then.
+
 No Pulumi CLI and no stack state: every name derives from the spec, as infra derives it
 (`rayslice.names.slice_name`, `head_name`, `host_name` via the MIG's listing). A host's boot
 state is the ``rayslice/state`` guest attribute its boot script publishes; the events are the
@@ -16,12 +21,25 @@ import json
 from typing import Any
 
 import click
+from google.auth.transport.requests import AuthorizedSession
+from google.oauth2 import service_account
 
-from rayslice import names, printable
+from rayslice import clusters, names, printable
+from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
-from rayslice.errors import EXIT_OK, InvalidInput
+from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
+from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
-from rayslice.recovery.cloud import CloudClient, Location, default_session
+from rayslice.recovery.cloud import (
+    COMPUTE_DEFAULT,
+    COMPUTE_ENDPOINT_ENV,
+    TPU_DEFAULT,
+    TPU_ENDPOINT_ENV,
+    CloudClient,
+    Location,
+    default_session,
+    endpoint,
+)
 from rayslice.recovery.events import events_from_guest_attributes
 from rayslice.spec import ClusterSpec
 
@@ -126,18 +144,63 @@ def render_text(data: dict[str, Any]) -> str:
     return "\n".join(printable.escaped(line) for line in lines)
 
 
+def client_for(spec: ClusterSpec, access: clusters.CloudAccess) -> CloudClient:
+    """A client for the cloud API `access` names, with its service-account key, at the spec's
+    project and zone (a found cluster's: `rayslice.clusters`). Only a service-account key is
+    loaded from the file, whatever else it may claim to be."""
+    try:
+        credentials = service_account.Credentials.from_service_account_file(
+            str(access.credentials_file), scopes=[CLOUD_PLATFORM_SCOPE]
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoCredentials(
+            f"cannot use the service-account key {access.credentials_file}: {exc!r}"
+        ) from None
+    assert spec.project is not None and spec.zone is not None  # a found cluster's config has both
+    return CloudClient(
+        AuthorizedSession(credentials),
+        Location(spec.project, spec.zone),
+        tpu_base=endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, access.endpoints),
+        compute_base=endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, access.endpoints),
+    )
+
+
+def _found_cluster() -> tuple[ClusterSpec, CloudClient] | None:
+    """The spec and a client of the cluster a finder reports (the simulation); None if none is up."""
+    found = clusters.find()
+    if found is None:
+        return None
+    if found.cloud is None:
+        raise NoCluster(f"cannot read the cloud state of {found.where}: {found.cloud_problem}")
+    spec = spec_module.load(dict(found.config))
+    return spec, client_for(spec, found.cloud)
+
+
 @click.command("status")
 @spec_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the same data).")
 def status_command(stack_file: str | None, overrides: tuple[str, ...], as_json: bool) -> int:
-    """Show each slice's state, each host's boot state and the recovery events, from the cloud."""
-    spec = load_spec(stack_file, overrides)
-    if spec.project is None:
+    """Show each slice's state, each host's boot state and the recovery events, from the cloud.
+
+    Without --stack-file and --set: the simulated cluster of `rayslice local up`, if one is up.
+    """
+    named = stack_file is not None or bool(overrides)
+    found = None if named else _found_cluster()
+    if found is not None:
+        spec, client = found
+    elif not named:
         raise InvalidInput(
-            "rayslice status needs the project: set rayslice:project or gcp:project (or --set project=ID)"
+            "rayslice status needs a cluster: pass --stack-file Pulumi.<stack>.yaml (or --set project=ID "
+            "--set zone=Z ...), or start a simulated cluster with `rayslice local up`"
         )
-    assert spec.zone is not None  # load_spec(require_zone=True) refuses a spec without one
-    client = CloudClient(default_session(), Location(spec.project, spec.zone))
+    else:
+        spec = load_spec(stack_file, overrides)
+        if spec.project is None:
+            raise InvalidInput(
+                "rayslice status needs the project: set rayslice:project or gcp:project (or --set project=ID)"
+            )
+        assert spec.zone is not None  # load_spec(require_zone=True) refuses a spec without one
+        client = CloudClient(default_session(), Location(spec.project, spec.zone))
     data = gather(client, spec)
     click.echo(json.dumps(data, indent=2) if as_json else render_text(data))
     return EXIT_OK

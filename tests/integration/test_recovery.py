@@ -29,6 +29,7 @@ from rayslice import cli, names, spec
 from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
+from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
 from tests.bench import load
 from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, wait_nodes
 
@@ -39,25 +40,13 @@ def _boots(sim: Simulation, host: str) -> int:
 
 
 def _status(sim: Simulation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
-    """`rayslice status --json` against the simulation, with the owner's credentials for the
-    emulation and its endpoint overrides, and every name derived from the spec's --set keys."""
-    cluster = sim.spec()
-    endpoint = json.loads((sim.state_dir / cloud_bridge.ENDPOINT_FILE).read_text())
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(sim.state_dir / cloud_bridge.CREDENTIALS_FILE))
-    monkeypatch.setenv("NO_GCE_CHECK", "true")
-    for key, value in endpoint["env"].items():
-        monkeypatch.setenv(key, value)
+    """Plain `rayslice status --json`, as a new user types it after `rayslice local up`: no
+    environment of the cloud, no --set keys; it finds the simulation in the default state dir."""
+    monkeypatch.setenv(state.STATE_DIR_ENV, str(sim.state_dir))
+    for variable in ("GOOGLE_APPLICATION_CREDENTIALS", TPU_ENDPOINT_ENV, COMPUTE_ENDPOINT_ENV):
+        monkeypatch.delenv(variable, raising=False)
     capsys.readouterr()
-    keys = {
-        "project": cloud_bridge.project_of(cluster),
-        "zone": str(cluster.zone),
-        "platform": cluster.platform,
-        "acceleratorType": cluster.accelerator_type,
-        "slices": str(cluster.slices),
-        "capacity": cluster.capacity,
-    }
-    sets = [arg for key, value in keys.items() for arg in ("--set", f"{key}={value}")]
-    assert cli.main(["status", *sets, "--json"]) == 0
+    assert cli.main(["status", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -218,4 +207,7 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
         (trace.victim, "recreate", "recreated")
     ]
     assert data["events"][0]["seen"].startswith("MIG ")
+    # The preemption stopped the hosts (Spot's termination action STOP; Compute Engine reports a
+    # stopped instance as TERMINATED) and left them for the controller (DO_NOTHING).
+    assert data["events"][0]["seen"] == "MIG " + ", ".join(f"{h} TERMINATED" for h in victims)
     assert data["events"][0]["seen"] == _events(sim)[0]["seen"]

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from rayslice import names
 from rayslice import spec as spec_module
+from rayslice.cloud.twin import CloudTwin
 from rayslice.errors import SimulatorError
+from rayslice.infra.network import SUBNET_CIDR
+from rayslice.infra.preview import deploy, stack_config
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation import cloud_bridge
@@ -79,7 +83,13 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
     with pytest.raises(KeyError, match="slices: rayslice-slice-0, rayslice-slice-1"):
         cloud_bridge.preempt(cloud, sim, spec, "rayslice-slice-2")
     data = gather(client, spec)
-    assert data["slices"][1]["state"] in ("PREEMPTED", "DEGRADED (0 of 4 hosts running)")
+    if platform == "compute":  # stopped per Spot's termination action, left by DO_NOTHING
+        assert data["slices"][1]["state"] == "DEGRADED (0 of 4 hosts running)"
+        assert [(h["name"], h["instance"]) for h in data["slices"][1]["hosts"]] == [
+            (h, "TERMINATED") for h in victims
+        ]
+    else:
+        assert data["slices"][1]["state"] == "PREEMPTED"
 
     controller.step()
     assert sim.actions == [("off", h) for h in victims] * 2 + [("boot", h) for h in victims]
@@ -113,7 +123,10 @@ def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
         cloud_bridge.request_preempt(tmp_path, "other-slice-0")
     hosts = cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
     assert hosts == cloud_bridge.slice_hosts(sim.plan, 0) and sim.actions == [("off", h) for h in hosts]
-    assert cloud.state.instances[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-0")] == []
+    # A Spot preemption with termination action STOP leaves the hosts behind, stopped
+    # (TERMINATED is how Compute Engine reports a stopped instance), and nothing repairs them.
+    instances = cloud.state.instances[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-0")]
+    assert [(i["name"], i["instanceStatus"]) for i in instances] == [(h, "TERMINATED") for h in hosts]
     assert endpoint.stat().st_mode & 0o777 == 0o600
 
 
@@ -137,3 +150,37 @@ def test_rayslice_local_preempt_command(
     assert node["state"] == "PREEMPTED"
     assert cli.main(["local", "preempt", "--state-dir", str(tmp_path), "rayslice-slice-9"]) == 2
     assert "no slice 'rayslice-slice-9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "config, accelerator, hosts",
+    [
+        ({"acceleratorType": "tpu7x-16", "capacity": "spot", "zone": "us-central1-c"}, "v7x-16", 2),
+        ({"acceleratorType": "v6e-16", "slices": 2, "zone": "us-east5-b"}, "v6e-16", 4),
+    ],
+)
+def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, hosts) -> None:
+    """`local up`'s hosts through the twin: exactly the topology's hosts per slice plus the head
+    VM, named as the program names them, each with the metadata a Compute Engine TPU host serves
+    (accelerator-type as the host reports it: v7x-16 on TPU7x)."""
+    config = {**config, "platform": "compute", "project": "my-project-1"}
+    cluster = spec_module.load(config)
+    twin = CloudTwin()
+    deploy(stack_config(None, [f"{k}={v}" for k, v in config.items()]), twin)
+    records = cloud_bridge.deployed_hosts(twin)
+    plan = make_plan(cluster, run_id="f1e2d3", network=ipaddress.IPv4Network(SUBNET_CIDR), hosts=records)
+    assert len(plan.hosts) == cluster.slices * hosts + 1 == len(twin.hosts())
+    assert plan.head.name == names.head_name(cluster.name)
+    for index in range(cluster.slices):
+        assert cloud_bridge.slice_hosts(plan, index) == [
+            names.host_name(cluster.slice_name(index), w) for w in range(hosts)
+        ]
+    by_name = {r.name: r for r in records}
+    for host in plan.hosts:
+        assert host.ip == by_name[host.name].ip  # the twin's address, kept
+        metadata = by_name[host.name].metadata or {}
+        if host.slice_index >= 0:
+            assert metadata["accelerator-type"] == accelerator
+            assert metadata["worker-id"] == str(host.worker)
+            assert metadata["worker-network-endpoints"].split(",")[host.worker].endswith(host.ip)
+            assert f"ACCELERATOR_TYPE: '{accelerator}'" in metadata["tpu-env"]

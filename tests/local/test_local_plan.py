@@ -18,6 +18,7 @@ from rayslice.local.simulation.state import (
     ROLE_HEAD,
     ROLE_HEAD_VM,
     ROLE_WORKER,
+    HostRecord,
     SimulationState,
     check_state,
     make_plan,
@@ -136,7 +137,34 @@ def _node(node_id: str, ip: str, start: int, **resources: float) -> dict:
     }
 
 
-def _report(nodes: list[dict], hosts: list[dict] = HOSTS) -> dict:
+# `rayslice status --json`'s data for a slice the controller recreated once (`cloud_report`).
+CLOUD = {
+    "cluster": "rayslice",
+    "platform": "compute",
+    "project": "rayslice-local",
+    "zone": "us-central1-b",
+    "head": {"name": "rayslice-head", "boot": "joined"},
+    "slices": [
+        {
+            "name": "rayslice-slice-0",
+            "state": "READY",
+            "hosts": [{"worker": 0, "name": "rayslice-slice-0-w0", "instance": "RUNNING", "boot": "joined"}],
+        }
+    ],
+    "events": [
+        {
+            "time": "2026-01-01T00:00:00Z",
+            "slice": "rayslice-slice-0",
+            "seen": "MIG rayslice-slice-0: worker 0 STOPPED",
+            "action": "recreate",
+            "outcome": "recreated",
+        }
+    ],
+    "recovery": True,
+}
+
+
+def _report(nodes: list[dict], hosts: list[dict] = HOSTS, cloud: dict = CLOUD) -> dict:
     """A status report as `status_report` builds it, from hosts and the dashboard's alive nodes."""
     hosts = [dict(h) for h in hosts]
     marked = status.mark_nodes(hosts, nodes)
@@ -156,6 +184,7 @@ def _report(nodes: list[dict], hosts: list[dict] = HOSTS) -> dict:
         "dashboard": "http://100.64.9.2:8265",
         "hosts": hosts,
         "ray": {"nodes": marked, "totals": totals},
+        "cloud": cloud,
     }
 
 
@@ -174,6 +203,17 @@ def test_status_layout_shows_hosts_their_nodes_and_cluster_totals():
     assert "Ray: 1 of 2 host(s) have a current node" in text and "stale" not in text
     assert "cluster: TPU 4, TPU-v6e-16-head 1" in text
     assert "node:" not in text
+
+
+def test_status_layout_shows_the_clouds_slices_and_the_recovery_events():
+    """After a preemption `local status` shows what `rayslice status` shows: the slice's state in
+    the cloud, its hosts' instance states and the controller's recreation."""
+    text = status.format_report(_report([]))
+    assert "slice rayslice-slice-0: READY" in text
+    assert "worker 0 rayslice-slice-0-w0 [RUNNING]: joined" in text
+    assert "rayslice-slice-0: saw MIG rayslice-slice-0: worker 0 STOPPED; recreate -> recreated" in text
+    text = status.format_report(_report([], cloud={"error": "no cloud API emulation runs for X"}))
+    assert "cloud API: no cloud API emulation runs for X" in text and "slice rayslice-slice-0" not in text
 
 
 def test_a_rebooted_hosts_old_node_reads_as_stale_not_as_an_extra_node():
@@ -228,6 +268,7 @@ def test_local_status_needs_no_root(monkeypatch, tmp_path, capsys):
         assert [h["name"] for h in report["hosts"]] == [host.name]
         assert report["hosts"][0]["running"] is False
         assert "head dashboard not reachable" in report["ray"]["error"]
+        assert "no cloud API emulation runs" in report["cloud"]["error"]
         assert cli.main(["local", "status", "--state-dir", str(state_dir)]) == 0
         assert f"{host.name}  head" in capsys.readouterr().out
         assert cli.main(["local", "down", "--state-dir", str(state_dir)]) == EXIT_INVALID
@@ -250,6 +291,10 @@ def test_run_finds_the_simulation_in_the_default_state_dir(monkeypatch, tmp_path
     assert connection.simulated_cluster() == ("http://127.77.0.2:8265", None)
     (state_dir / "ray-token").write_text("t")
     assert connection.simulated_cluster() == ("http://127.77.0.2:8265", state_dir / "ray-token")
+    found = default_cluster()  # what `rayslice status` reads: the spec, with the emulation's project
+    assert found is not None and found.config["acceleratorType"] == "v6e-4"
+    assert found.config["project"] == "rayslice-local"
+    assert found.cloud is None and "no cloud API emulation runs" in found.cloud_problem
 
 
 def test_restart_head_prints_one_line_per_host_and_keeps_rays_output_in_the_hosts_log(
@@ -321,3 +366,43 @@ def test_rayauth_none_without_insecure_is_refused_and_names_the_flag():
     with pytest.raises(SimulatorError, match="--insecure"):
         simulator._auth_spec(cluster, insecure=False)
     assert simulator._auth_spec(cluster, insecure=True).ray_auth == "none"
+
+
+def test_a_plan_from_host_records_keeps_their_names_and_addresses_and_places_them_by_slice():
+    """What the cloud holds decides the hosts (the seam for the cloud twin): twice the topology's
+    hosts give twice the simulated hosts, named and addressed as recorded, in slice/worker order."""
+    cluster = spec.load({"acceleratorType": "v6e-16", "platform": "compute", "slices": 2}, require_zone=False)
+    assert cluster.tpu.hosts == 4
+    s0, s1 = cluster.slice_name(0), cluster.slice_name(1)
+    records = [
+        *(HostRecord(f"{s1}-{w:04x}", s1, w, f"100.64.9.{40 + w}") for w in range(8)),
+        *(HostRecord(f"{s0}-{w:04x}", s0, w) for w in reversed(range(8))),
+        HostRecord("rayslice-head", None, 0, "100.64.9.9", {"rayslice-role": "head-vm"}),
+    ]
+    plan = make_plan(cluster, run_id="a1b2c3", network=NET, hosts=records)
+    assert len(plan.hosts) == 2 * cluster.total_hosts + 1
+    assert [(h.name, h.role, h.slice_index, h.worker) for h in plan.hosts[:2]] == [
+        ("rayslice-head", ROLE_HEAD_VM, -1, -1),
+        (f"{s0}-0000", ROLE_WORKER, 0, 0),
+    ]
+    assert plan.head.ip == "100.64.9.9"
+    assert plan.slice_ips(1) == [f"100.64.9.{40 + w}" for w in range(8)]
+    assert plan.slice_ips(0) == [f"100.64.9.{i}" for i in (2, 3, 4, 5, 6, 7, 8, 10)]  # .9 is the head's
+    check_state(SimulationState(plan=plan, state_dir="/x"))  # what `down` accepts
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        (HostRecord("stray-vm", None, 0), "neither the head VM nor a worker"),
+        (HostRecord("other-slice-0-w0", "other-slice-0", 0), "neither the head VM nor a worker"),
+        (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.1"), "its gateway"),
+        (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "10.0.0.2"), "outside 100.64.9.0/24"),
+        (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.3"), "taken twice"),
+    ],
+)
+def test_a_plan_refuses_host_records_it_cannot_place(record, message):
+    cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    records = [HostRecord("rayslice-slice-0-w0", "rayslice-slice-0", 0, "100.64.9.3"), record]
+    with pytest.raises(SimulatorError, match=message):
+        make_plan(cluster, run_id="a1b2c3", network=NET, hosts=records)

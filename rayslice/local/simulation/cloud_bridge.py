@@ -2,10 +2,11 @@
 
 The emulation then holds one TPU node (``tpu-vm``) or one MIG (``compute``) per simulated slice,
 named as infra names it; it answers guest attributes from the hosts' own metadata servers; and
-when the controller's deletion of a slice finishes, the slice's hosts power off, and when the
-recreation finishes, they boot again and run their startup script, as a recreated slice's hosts
-would. `preempt` is what ``rayslice local preempt SLICE`` does: the hosts power off at once and the
-API reports the slice as Google reports a preempted one.
+every host the emulation's twin (`rayslice.cloud.twin`) stops or deletes powers off, and every host
+it creates or repairs boots and runs its startup script, as a cloud host would. `preempt` is what
+``rayslice local preempt SLICE`` does: a Spot preemption in the twin, which stops (STOP) or deletes
+(DELETE) each host per its termination action and lets the MIG's lifecycle policy decide whether
+anything comes back (a TPU node turns PREEMPTED); the hosts it hits power off.
 
 The simulation is reached through a small protocol (`SimulatedCluster`), so this wiring is tested
 without root; the real `rayslice.local.simulation.simulator.Simulation` satisfies it.
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from rayslice.cloud.twin import CloudTwin, TwinHost
+from rayslice.clusters import CloudAccess
 from rayslice.errors import SimulatorError
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
 from rayslice.local.google.host_metadata import LOCAL_PROJECT, access_token_of
@@ -33,6 +36,7 @@ from rayslice.local.simulation.state import (
     CLOUD_API_CREDENTIALS_FILE,
     CLOUD_API_ENDPOINT_FILE,
     ROLE_HEAD_VM,
+    HostRecord,
     Plan,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
@@ -54,6 +58,11 @@ def project_of(spec: ClusterSpec) -> str:
     return spec.project or LOCAL_PROJECT
 
 
+def cloud_config(spec: ClusterSpec) -> dict[str, object]:
+    """The simulation's stack config as its emulated cloud knows it: with the project it serves."""
+    return {**spec.as_config(), "project": project_of(spec)}
+
+
 def slice_hosts(plan: Plan, index: int) -> list[str]:
     """The host names of slice `index`, worker 0 first."""
     hosts = [h for h in plan.hosts if h.role != ROLE_HEAD_VM and h.slice_index == index]
@@ -67,6 +76,13 @@ def mig_shape(spec: ClusterSpec) -> dict[str, object]:
     if spec.capacity != "spot":
         return {}
     return {"instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"}}
+
+
+def deployed_hosts(twin: CloudTwin) -> list[HostRecord]:
+    """The hosts to simulate after the Pulumi program ran against `twin` (`infra.preview.deploy`):
+    one per instance and TPU worker it holds, with the name, group, worker number, IP and
+    ``instance/attributes/`` it gives each (`Simulation.create`'s host source)."""
+    return [HostRecord(h.name, h.group, h.worker, h.ip, dict(h.metadata)) for h in twin.hosts()]
 
 
 def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec) -> None:
@@ -105,32 +121,32 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
         hosts = by_slice.get(node, [])
         return namespaced(hosts[worker_id]) if worker_id < len(hosts) else None
 
-    def down(name: str) -> None:
-        for host in by_slice.get(name, []):
-            sim.power_off(host)
+    def down(host: TwinHost) -> None:
+        if host.name in known:
+            sim.power_off(host.name)
 
-    def up(name: str) -> None:
-        for host in by_slice.get(name, []):
-            sim.boot(host)
+    def up(host: TwinHost) -> None:
+        if host.name in known:
+            sim.boot(host.name)
 
     emulator.guest_source = namespaced
     emulator.worker_guest_source = worker
-    emulator.on_slice_down = down
-    emulator.on_slice_up = up
+    # From here on every host the twin stops, deletes, creates or repairs is powered off or
+    # booted: a preemption, the controller's deletion and recreation, a MIG's own repair.
+    emulator.twin.on_host_down = down
+    emulator.twin.on_host_up = up
 
 
 def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec, name: str) -> Sequence[str]:
-    """Power off every host of slice `name` and report it preempted; returns the hosts."""
-    index = next((i for i in range(spec.slices) if slice_name(spec.name, i) == name), None)
-    if index is None:
+    """A Spot preemption of slice `name`: the twin stops or deletes each host per its termination
+    action and the MIG's lifecycle policy decides what comes back (a TPU node turns PREEMPTED);
+    the hook of `attach` powers each host it hit off. Returns the hosts hit."""
+    if name not in {slice_name(spec.name, i) for i in range(spec.slices)}:
         valid = ", ".join(slice_name(spec.name, i) for i in range(spec.slices))
         raise KeyError(f"no slice {name!r} in this simulation (slices: {valid})")
-    hosts = slice_hosts(sim.plan, index)
+    project, zone = project_of(spec), str(spec.zone)
     with emulator.lock:
-        for host in hosts:
-            sim.power_off(host)
-        emulator.preempt(project_of(spec), str(spec.zone), name)
-    return hosts
+        return [host.name for host in emulator.twin.preempt(project, zone, name)]
 
 
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
@@ -182,14 +198,42 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
         emulator.tokens.add(access_token_of(tree))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
-    # The owner's credentials for `rayslice status` against the simulation: a service-account
-    # key the emulation made (GOOGLE_APPLICATION_CREDENTIALS), beside the endpoint overrides.
+    publish(emulator, state_dir, spec)
+    emulator.serve_forever()
+
+
+def publish(emulator: CloudApiEmulator, state_dir: Path, spec: ClusterSpec) -> None:
+    """Write where the emulation answers into the state dir (0600): its URL, admin token and
+    endpoint overrides, and the owner's credentials for `rayslice status` against it, a
+    service-account key the emulation made (`cloud_access` reads both)."""
     write_private(state_dir / CREDENTIALS_FILE, json.dumps(emulator.service_account_info(project_of(spec))))
     write_private(
         state_dir / ENDPOINT_FILE,
         json.dumps({"url": emulator.url, "admin_token": emulator.admin_token, "env": emulator.environment()}),
     )
-    emulator.serve_forever()
+
+
+def cloud_access(state_dir: Path) -> CloudAccess:
+    """How the owner reaches the running emulation of the simulation in `state_dir` (what
+    `rayslice status` uses); `SimulatorError` when none runs or its files cannot be read."""
+    try:
+        endpoints = dict(json.loads((state_dir / ENDPOINT_FILE).read_text())["env"])
+        (state_dir / CREDENTIALS_FILE).read_bytes()
+    except FileNotFoundError:
+        raise SimulatorError(
+            f"no cloud API emulation runs for the simulation in {state_dir} (`rayslice local up` starts "
+            "one with every simulation)"
+        ) from None
+    except PermissionError as exc:
+        raise SimulatorError(
+            f"cannot read {exc.filename}: the simulation's cloud API credentials belong to the user who "
+            "ran `rayslice local up` (root); run this as that user"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SimulatorError(
+            f"cannot read the cloud API endpoint of the simulation in {state_dir}: {exc!r}"
+        ) from None
+    return CloudAccess(state_dir / CREDENTIALS_FILE, endpoints)
 
 
 def request_preempt(state_dir: Path, name: str) -> list[str]:

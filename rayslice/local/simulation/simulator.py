@@ -28,6 +28,8 @@ import random
 import secrets
 import shutil
 import sys
+from collections.abc import Callable, Sequence
+from ipaddress import IPv4Network
 from pathlib import Path
 
 import rayslice
@@ -52,15 +54,19 @@ from rayslice.local.simulation.state import (
     CLOUD_API_PROCESS,
     ROLE_HEAD_VM,
     HostPlan,
+    HostRecord,
     SimulationState,
     make_plan,
     new_run_id,
+    spec_hosts,
     subnet_prefix,
 )
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import RenderOptions, render
 
+# Which hosts a simulation has, given its network (`Simulation.create`).
+HostSource = Callable[[IPv4Network], Sequence[HostRecord]]
 TOKEN_PATH = "etc/rayslice/ray-token"  # below a host's root, where the boot script reads it
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount")
 
@@ -116,8 +122,14 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         insecure: bool = False,
         metadata_unavailable_for: float = 0.0,
         metadata_silent_for: float = 0.0,
+        hosts: HostSource | None = None,
     ) -> Simulation:
         """Create every host (network, metadata server, files) without booting any.
+
+        `hosts` says which hosts to simulate, given the simulation's network: records with name,
+        slice, worker, IP and the metadata Google serves each (`state.HostRecord`), e.g. what the
+        cloud twin holds after the Pulumi program ran. By default they come from the spec
+        (`state.spec_hosts`), their metadata from `host_metadata`.
 
         `script` replaces the rendered startup script (tests of the plumbing itself); by default
         every host gets ``render(spec, RenderOptions(supervisor="process", ...))``.
@@ -153,7 +165,8 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         ensure_private_dir(state_dir)
         host_count = spec.total_hosts + (1 if spec.head == "vm" else 0)
         network = netns.free_subnet(subnet_prefix(host_count), netns.used_networks(), random.Random())
-        plan = make_plan(spec, run_id=new_run_id(), network=network)
+        records = list(hosts(network) if hosts is not None else spec_hosts(spec))
+        plan = make_plan(spec, run_id=new_run_id(), network=network, hosts=records)
         source = package_source or default_package_source()
         shared = tuple(
             os.path.normpath(os.path.abspath(p))
@@ -172,7 +185,8 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         if script is None:
             options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
             script = render(spec, options)
-        sim._build(spec, script, metadata_unavailable_for, metadata_silent_for)
+        metadata = {r.name: dict(r.metadata) for r in records if r.metadata is not None}
+        sim._build(spec, script, metadata, metadata_unavailable_for, metadata_silent_for)
         sim._start_cloud_api()
         return sim
 
@@ -193,7 +207,17 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             raise SimulatorError(f"no simulation in {state_dir}; start one with `rayslice local up`")
         return cls(state)
 
-    def _build(self, spec: ClusterSpec, script: str, unavailable_for: float, silent_for: float) -> None:
+    def _build(
+        self,
+        spec: ClusterSpec,
+        script: str,
+        metadata: dict[str, dict[str, str]],
+        unavailable_for: float,
+        silent_for: float,
+    ) -> None:
+        """Make every host; a host's ``instance/attributes/`` are `metadata`'s entry for it when
+        there is one, else derived from the spec. Either way its startup script is `script`,
+        rendered for the simulator (`host_metadata.instance_tree`)."""
         plan = self.plan
         prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
@@ -219,7 +243,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 ip=host.ip,
                 network=plan.ip_network,
                 gateway=plan.gateway,
-                attributes=self._attributes(spec, host),
+                attributes=metadata.get(host.name) or self._attributes(spec, host),
                 startup_script=script,
                 access_token=secrets.token_urlsafe(32),  # the emulation admits only the controller's
                 machine_type=spec.head_machine_type if host.role == ROLE_HEAD_VM else spec.tpu.machine_type,

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -260,26 +261,74 @@ def subnet_prefix(host_count: int) -> int:
     return min(24, 32 - math.ceil(math.log2(host_count + 3)))
 
 
-def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network) -> Plan:
-    """Name and address every host: the head VM first (head=vm), then each slice's workers in order."""
-    head_vm = spec.head == "vm"
-    layout: list[tuple[str, str, int, int]] = []
-    if head_vm:
-        layout.append((head_name(spec.name), ROLE_HEAD_VM, HEAD_VM_SLICE_INDEX, -1))
+@dataclass(frozen=True)
+class HostRecord:
+    """One host to simulate, as the cloud holds it: its instance name, its slice (MIG or TPU node
+    name; None for a lone VM, the head VM) and worker number, its IP (None: the next free address
+    of the simulation's network) and the ``instance/attributes/`` Google serves it (None: derived
+    from the spec, `host_metadata`). `make_plan` places and names a simulation's hosts from these."""
+
+    name: str
+    group: str | None
+    worker: int
+    ip: str | None = None
+    metadata: Mapping[str, str] | None = None
+
+
+def spec_hosts(spec: ClusterSpec) -> list[HostRecord]:
+    """The hosts a spec describes, named as infra names them: the head VM (head=vm), then each
+    slice's workers in order."""
+    records = [HostRecord(head_name(spec.name), None, 0)] if spec.head == "vm" else []
     for s in range(spec.slices):
-        for w in range(spec.tpu.hosts):
-            role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
-            layout.append((host_name(spec.slice_name(s), w), role, s, w))
-    addresses = list(network.hosts())
-    if len(addresses) < len(layout) + 1:
-        raise SimulatorError(f"subnet {network} is too small for {len(layout)} hosts")
-    bad = [name for name, *_ in layout if not HOST_NAME.fullmatch(name)]
+        records += [
+            HostRecord(host_name(spec.slice_name(s), w), spec.slice_name(s), w) for w in range(spec.tpu.hosts)
+        ]
+    return records
+
+
+def make_plan(
+    spec: ClusterSpec,
+    *,
+    run_id: str,
+    network: ipaddress.IPv4Network,
+    hosts: Sequence[HostRecord] | None = None,
+) -> Plan:
+    """Place `hosts` (default: `spec_hosts`) on `network`: the head VM first (head=vm), then each
+    slice's workers in order. A record's IP is kept; one without gets the next free address
+    (the first address of the network is the bridge's)."""
+    head_vm = spec.head == "vm"
+    slices = {spec.slice_name(s): s for s in range(spec.slices)}
+    records = list(spec_hosts(spec) if hosts is None else hosts)
+    strays = [r.name for r in records if (r.group is None) != (r.name == head_name(spec.name) and head_vm)]
+    strays += [r.name for r in records if r.group is not None and r.group not in slices]
+    if strays:
+        raise SimulatorError(
+            f"hosts {strays} are neither the head VM nor a worker of one of the spec's slices "
+            f"({', '.join(slices)}); nothing was created"
+        )
+    records.sort(key=lambda r: (-1, 0) if r.group is None else (slices[r.group], r.worker))
+    addresses = [str(a) for a in network.hosts()]
+    if len(addresses) < len(records) + 1:
+        raise SimulatorError(f"subnet {network} is too small for {len(records)} hosts")
+    given = [r.ip for r in records if r.ip]
+    clashes = [ip for ip in given if ip not in addresses[1:] or given.count(ip) > 1]
+    if clashes:
+        raise SimulatorError(
+            f"host addresses {sorted(set(clashes))} are outside {network}, its gateway {addresses[0]}, "
+            "or taken twice; nothing was created"
+        )
+    bad = [r.name for r in records if not HOST_NAME.fullmatch(r.name)]
     if bad:
         raise SimulatorError(f"host names {bad} are not valid GCE instance names; choose a shorter `name`")
-    hosts = tuple(
-        HostPlan(name, role, s, w, str(addresses[i + 1]), *host_links(run_id, i, name))
-        for i, (name, role, s, w) in enumerate(layout)
-    )
+    free = (a for a in addresses[1:] if a not in given)
+    placed = []
+    for i, r in enumerate(records):
+        if r.group is None:
+            role, s, w = ROLE_HEAD_VM, HEAD_VM_SLICE_INDEX, -1
+        else:
+            s, w = slices[r.group], r.worker
+            role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
+        placed.append(HostPlan(r.name, role, s, w, r.ip or next(free), *host_links(run_id, i, r.name)))
     return Plan(
         run_id=run_id,
         config=spec.as_config(),
@@ -287,5 +336,5 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
         gateway=str(addresses[0]),
         bridge=bridge_name(run_id),
         root=str(DEFAULT_ROOTS_DIR / run_id),
-        hosts=hosts,
+        hosts=tuple(placed),
     )

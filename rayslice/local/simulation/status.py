@@ -1,8 +1,12 @@
-"""What `rayslice local status` shows: hosts, roles, boot states, each host's Ray nodes, resources.
+"""What `rayslice local status` shows: hosts, roles, boot states, each host's Ray nodes, resources,
+and the cloud's view: each slice's state and the recovery events, as `rayslice status` shows them.
 
 `status_report` gathers it as plain data (the ``--json`` form); `format_report` lays it out.
 Ray's view comes from the head's dashboard API over the bridge, so nothing runs inside a host and
-no root is needed: only the state dir and the dashboard are read.
+no root is needed: only the state dir and the dashboard are read. The cloud's view comes from the
+simulation's cloud API emulation, read with the credentials it made for the simulation's owner
+(`cloud_bridge.cloud_access`) through `rayslice status`'s own `gather`, so a preemption and the
+controller's recreation show here as they do there.
 
 Ray nodes are shown per host, matched by IP. A host that was rebooted comes back as a new Ray
 node while Ray still lists the old one as alive until its heartbeats time out; on one host only
@@ -16,7 +20,11 @@ import urllib.error
 from collections import Counter
 from typing import Any
 
+from rayslice import spec as spec_module
+from rayslice.errors import RaysliceError
+from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config
 from rayslice.local.simulation.simulator import Simulation
+from rayslice.recovery.commands import client_for, gather, render_text
 
 CURRENT = "current"
 STALE = "stale"
@@ -73,6 +81,7 @@ def status_report(sim: Simulation) -> dict:
         "dashboard": sim.dashboard_url(),
         "state_dir": str(sim.state_dir),
         "hosts": hosts,
+        "cloud": cloud_report(sim),
     }
     try:
         nodes = sim.ray_nodes()
@@ -97,6 +106,15 @@ def status_report(sim: Simulation) -> dict:
     return report
 
 
+def cloud_report(sim: Simulation) -> dict[str, Any]:
+    """`rayslice status --json`'s data for the simulation; {"error": why} when it cannot be read."""
+    try:
+        spec = spec_module.load(cloud_config(sim.spec()))
+        return gather(client_for(spec, cloud_access(sim.state_dir)), spec)
+    except RaysliceError as exc:
+        return {"error": str(exc)}
+
+
 def format_report(report: dict) -> str:
     lines = [
         f"simulation {report['run_id']}: {report['slices']} x {report['accelerator_type']}, "
@@ -117,9 +135,15 @@ def format_report(report: dict) -> str:
             row += (_host_nodes(h.get("ray_nodes", [])),)
         rows.append(row)
     lines += _table(rows)
-    if not reachable:
-        lines.append(f"Ray: {ray['error']}")
-        return "\n".join(lines)
+    lines += _ray_lines(report) if reachable else [f"Ray: {ray['error']}"]
+    cloud = report["cloud"]
+    lines.append(f"cloud API: {cloud['error']}" if "error" in cloud else render_text(cloud))
+    return "\n".join(lines)
+
+
+def _ray_lines(report: dict) -> list[str]:
+    ray = report["ray"]
+    lines: list[str] = []
     current = [n for n in ray["nodes"] if n["status"] == CURRENT]
     stale = [n for n in ray["nodes"] if n["status"] == STALE]
     summary = f"Ray: {len(current)} of {len(report['hosts'])} host(s) have a current node"
@@ -129,14 +153,14 @@ def format_report(report: dict) -> str:
             "(Ray drops them when their heartbeats time out)"
         )
     lines.append(summary)
-    rows = [("NODE IP", "HOST", "RESOURCES")]
+    rows: list[tuple[str, ...]] = [("NODE IP", "HOST", "RESOURCES")]
     rows += [
         (n["ip"], n["host"] or "(not a simulated host)", _resources(n["resources"]))
         for n in sorted(current, key=lambda n: n["ip"])
     ]
     lines += _table(rows)
     lines.append(f"cluster: {_resources(ray['totals'])}")
-    return "\n".join(lines)
+    return lines
 
 
 def _host_nodes(nodes: list[dict[str, Any]]) -> str:
