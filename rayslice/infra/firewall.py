@@ -138,8 +138,14 @@ class ClusterFirewall(pulumi.ComponentResource):
                 description=rule.description,
                 allows=None
                 if rule.deny
-                else [gcp.compute.FirewallAllowArgs(protocol=p, ports=list(ports) or None) for p, ports in rule.protocols],
-                denies=[gcp.compute.FirewallDenyArgs(protocol=p, ports=list(ports) or None) for p, ports in rule.protocols]
+                else [
+                    gcp.compute.FirewallAllowArgs(protocol=p, ports=list(ports) or None)
+                    for p, ports in rule.protocols
+                ],
+                denies=[
+                    gcp.compute.FirewallDenyArgs(protocol=p, ports=list(ports) or None)
+                    for p, ports in rule.protocols
+                ]
                 if rule.deny
                 else None,
                 priority=rule.priority,

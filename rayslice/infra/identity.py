@@ -163,7 +163,11 @@ class ClusterIdentity(pulumi.ComponentResource):
         )
 
     def _account(self, name: str, spec: ClusterSpec, suffix: str, who: str) -> gcp.serviceaccount.Account:
-        does = "recreate this cluster's slices" if suffix == CONTROLLER else "write logs and metrics, read the Ray token"
+        does = (
+            "recreate this cluster's slices"
+            if suffix == CONTROLLER
+            else "write logs and metrics, read the Ray token"
+        )
         return gcp.serviceaccount.Account(
             f"{name}-{suffix}",
             account_id=account_id(spec.name, suffix),
@@ -214,7 +218,9 @@ class ClusterIdentity(pulumi.ComponentResource):
                 condition = gcp.projects.IAMMemberConditionArgs(
                     title=f"rayslice {spec.name} instance templates",
                     description="Only this cluster's slice templates (rayslice.recovery.permissions)",
-                    expression=controller.project.apply(partial(permissions.template_condition, prefixes=prefixes)),
+                    expression=controller.project.apply(
+                        partial(permissions.template_condition, prefixes=prefixes)
+                    ),
                 )
             grants += [
                 role,

@@ -48,6 +48,8 @@ COMPUTE_TEMPLATE_PERMISSIONS = ("compute.instanceTemplates.useReadOnly",)
 # Cloud TPU's "Use a cross-project service account" page asks the same of whoever creates a
 # TPU VM that runs as a service account (https://cloud.google.com/tpu/docs/cross-project-sa).
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
+# The one permission of ACT_AS_ROLE the controller uses (on the hosts' account only).
+ACT_AS_PERMISSION = "iam.serviceAccounts.actAs"
 
 # The name IAM Conditions give an instance template (conditions-resource-attributes, above).
 TEMPLATE_RESOURCE_NAME = "projects/{project}/global/instanceTemplates/"
@@ -101,6 +103,13 @@ def role_parts(platform: str) -> tuple[RolePart, ...]:
 def permissions(platform: str) -> tuple[str, ...]:
     """Every permission the controller's custom roles hold on `platform`, each once."""
     return tuple(p for part in role_parts(platform) for p in part.permissions)
+
+
+def held(platform: str) -> tuple[str, ...]:
+    """Everything the controller's account may do on `platform`: its custom roles' permissions
+    and acting as the hosts' account (what the simulator's emulated IAM binds to it)."""
+    custom = permissions(platform)
+    return (*custom, ACT_AS_PERMISSION) if custom else ()
 
 
 def template_condition(project: str, prefixes: Sequence[str]) -> str:
