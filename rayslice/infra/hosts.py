@@ -2,9 +2,10 @@
 
 Both platforms run the same rendered boot script on ordinary VMs in the cluster's VPC, with the
 same firewall, the same hosts' identity and token, the same optional CPU head VM, the same
-recovery controller VM where the cluster recovers its slices, and the same outputs. Only the slice differs: a `gcp.tpu.V2Vm` on ``tpu-vm``, a managed instance group on
-``compute``. A platform subclasses `VmSliceCluster` and supplies `make_slice` and the SSH
-commands of its hosts; everything else is here, once.
+recovery controller VM where the cluster recovers its slices, and the same outputs. Only the
+slice differs: a `gcp.tpu.V2Vm` on ``tpu-vm``, a managed instance group on ``compute``. A
+platform subclasses `VmSliceCluster` and supplies `make_slice` and the SSH commands of its
+hosts; everything else is here, once.
 
 Hosts and the head VM are created only after every grant exists and after
 `IAM_PROPAGATION_WAIT` (see `ClusterIdentity`): a host that boots before its account may read

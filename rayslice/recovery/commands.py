@@ -5,8 +5,9 @@ No Pulumi CLI and no stack state: every name derives from the spec, as infra der
 (`rayslice.names.slice_name`, `head_name`, `host_name` via the MIG's listing). A host's boot
 state is the ``rayslice/state`` guest attribute its boot script publishes; the events are the
 ``rayslice/recovery-*`` guest attributes the controller publishes on its own VM
-(`rayslice.recovery.events`), beside that VM's state. The API calls are those of `rayslice.recovery.cloud`, so the
-simulator's emulation answers them through the normal endpoint override.
+(`rayslice.recovery.events`), beside that VM's state. The API calls are those of
+`rayslice.recovery.cloud`, so the simulator's emulation answers them through the normal endpoint
+override.
 """
 
 from __future__ import annotations
