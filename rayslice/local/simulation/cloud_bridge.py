@@ -34,8 +34,9 @@ from rayslice.local.simulation.state import (
     ROLE_HEAD_VM,
     Plan,
 )
-from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, head_name, slice_name
+from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, controller_name, slice_name
 from rayslice.platforms import MIG, VM_PLATFORMS
+from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
 
@@ -72,7 +73,7 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
     """Seed `emulator` with the simulation's slices and wire its hooks to the simulated hosts."""
     project, zone = project_of(spec), str(spec.zone)
     by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
-    known = {h.name for h in sim.plan.hosts}
+    known = {h.name for h in sim.plan.machines}
     for index, (name, hosts) in enumerate(by_slice.items()):
         if VM_PLATFORMS[spec.platform].slice_resource == MIG:
             emulator.add_mig(
@@ -161,24 +162,27 @@ class _Refreshing:
             self.sim.boot(name)
 
 
-def head_token(spec: ClusterSpec) -> str:
-    """The access token the simulated head VM's metadata server hands out (host_metadata)."""
-    return f"simulated-token-{numeric_id(head_name(spec.name))}"
+def controller_token(spec: ClusterSpec) -> str:
+    """The access token the simulated controller VM's metadata server hands out (host_metadata)."""
+    return f"simulated-token-{numeric_id(controller_name(spec.name))}"
 
 
 def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     """Serve the emulation on the simulation's bridge address until killed.
 
     Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of every
-    host's link); the head VM's metadata token is accepted as a token the emulation issued, as
-    Google accepts a VM's service-account token.
+    host's link); the controller VM's metadata token, and no Ray host's, is accepted as a token
+    the emulation issued, as Google accepts a VM's service-account token, and bound to the
+    controller's roles (`iam`): a call they do not allow is refused, as on the cloud.
     """
     opened = Simulation.open(state_dir)
     spec = opened.spec()
     sim = _Refreshing(opened)
     emulator = CloudApiEmulator((sim.plan.gateway, port))
     attach(emulator, sim, spec)
-    emulator.tokens.add(head_token(spec))
+    if sim.plan.controller is not None:
+        emulator.tokens.add(controller_token(spec))
+        emulator.bind(controller_token(spec), permissions.held(spec.platform))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
     # The owner's credentials for `rayslice status` against the simulation: a service-account

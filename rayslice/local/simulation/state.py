@@ -33,7 +33,14 @@ from rayslice.local.host.netns import RUN_ID, bridge_name, host_links
 from rayslice.local.host.paths import HOST_NAME
 from rayslice.local.host.private_files import read_private, write_private
 from rayslice.local.host.processes import ProcessRef
-from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name, host_name
+from rayslice.names import (
+    CONTROLLER_VM_ROLE,
+    HEAD_VM_ROLE,
+    HEAD_VM_SLICE_INDEX,
+    controller_name,
+    head_name,
+    host_name,
+)
 from rayslice.spec import ClusterSpec
 
 STATE_FILE = "state.json"
@@ -54,7 +61,10 @@ DEFAULT_ROOTS_DIR = Path("/run/rayslice-local")
 ROLE_HEAD = "head"  # worker 0 of slice 0 with head=slice
 ROLE_WORKER = "worker"  # every other TPU host
 ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
-ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM)
+# The recovery controller's own VM (`ClusterSpec.runs_recovery`): no Ray, booted with the
+# controller's script, holding the emulated cloud API's credentials (`Plan.controller`).
+ROLE_CONTROLLER_VM = CONTROLLER_VM_ROLE
+ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM, ROLE_CONTROLLER_VM)
 
 PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
 # The one process of the simulation itself rather than of a host: the cloud API emulation
@@ -76,7 +86,7 @@ class HostPlan:
     """One simulated host: its hostname, role, place in the cluster and its namespace plumbing."""
 
     name: str  # hostname (`names.host_name`, e.g. rayslice-slice-0-w1) or rayslice-head
-    role: str  # ROLE_HEAD, ROLE_WORKER or ROLE_HEAD_VM
+    role: str  # one of ROLES
     slice_index: int  # -1 for the head VM
     worker: int  # TPU worker number in its slice; -1 for the head VM
     ip: str
@@ -93,7 +103,13 @@ class Plan:
     gateway: str  # the bridge's address: the owner reaches hosts (dashboard) through it
     bridge: str
     root: str  # RenderOptions.root of every host (a per-host bind mount inside each host)
-    hosts: tuple[HostPlan, ...]
+    hosts: tuple[HostPlan, ...]  # the Ray hosts
+    controller: HostPlan | None = None  # the recovery controller's VM: a machine, not a Ray host
+
+    @property
+    def machines(self) -> tuple[HostPlan, ...]:
+        """Every simulated VM: the Ray hosts, then the controller's."""
+        return self.hosts + ((self.controller,) if self.controller is not None else ())
 
     @property
     def ip_network(self) -> ipaddress.IPv4Network:
@@ -104,10 +120,12 @@ class Plan:
         return next(h for h in self.hosts if h.role in (ROLE_HEAD, ROLE_HEAD_VM))
 
     def host(self, name: str) -> HostPlan:
-        for h in self.hosts:
+        for h in self.machines:
             if h.name == name:
                 return h
-        raise KeyError(f"no host {name!r} in this simulation; hosts: {', '.join(h.name for h in self.hosts)}")
+        raise KeyError(
+            f"no host {name!r} in this simulation; hosts: {', '.join(h.name for h in self.machines)}"
+        )
 
     def slice_ips(self, slice_index: int) -> list[str]:
         return [h.ip for h in sorted(self.hosts, key=lambda h: h.worker) if h.slice_index == slice_index]
@@ -143,8 +161,10 @@ class SimulationState:
         try:
             raw = json.loads(read_private(path))
             plan = raw["plan"]
+            controller = plan.get("controller")
+            hosts = tuple(HostPlan(**h) for h in plan["hosts"])
             state = cls(
-                plan=Plan(**{**plan, "hosts": tuple(HostPlan(**h) for h in plan["hosts"])}),
+                plan=Plan(**{**plan, "hosts": hosts, "controller": controller and HostPlan(**controller)}),
                 state_dir=raw["state_dir"],
                 processes={k: ProcessRef(**v) for k, v in raw["processes"].items()},
                 shared_paths=tuple(raw.get("shared_paths", ())),
@@ -171,7 +191,7 @@ def check_state(state: SimulationState) -> None:
     against the simulator's own patterns before anything is touched.
     """
     problems = _plan_problems(state.plan)
-    host_names = {h.name for h in state.plan.hosts}
+    host_names = {h.name for h in state.plan.machines}
     for key, ref in state.processes.items():
         kind, _, host = key.partition(":")
         if key != CLOUD_API_PROCESS and (kind not in PROCESS_KINDS or host not in host_names):
@@ -215,13 +235,16 @@ def _plan_problems(plan: Plan) -> list[str]:
         problems.append(f"root {plan.root!r} is not {str(DEFAULT_ROOTS_DIR / run_id)!r}")
     try:
         network = ipaddress.IPv4Network(plan.network)
-        addresses = [ipaddress.IPv4Address(plan.gateway), *(ipaddress.IPv4Address(h.ip) for h in plan.hosts)]
+        addresses = [
+            ipaddress.IPv4Address(plan.gateway),
+            *(ipaddress.IPv4Address(h.ip) for h in plan.machines),
+        ]
         if not all(a in network for a in addresses):
             problems.append(f"an address is outside the simulation's network {network}")
     except (ValueError, TypeError) as exc:
         problems.append(f"bad network or address: {exc}")
     seen: set[str] = set()
-    for i, host in enumerate(plan.hosts):
+    for i, host in enumerate(plan.machines):
         if not (isinstance(host.name, str) and HOST_NAME.fullmatch(host.name)) or host.name in seen:
             problems.append(
                 f"host name {host.name!r} is not a unique GCE instance name ([a-z][-a-z0-9]*, <= 63)"
@@ -235,8 +258,10 @@ def _plan_problems(plan: Plan) -> list[str]:
             found, wanted = getattr(host, attribute), getattr(expected, attribute)
             if found != wanted:
                 problems.append(f"host {host.name}: {attribute} {found!r} is not {wanted!r}")
-        if host.role not in ROLES:
-            problems.append(f"host {host.name}: role {host.role!r} is not one of {', '.join(ROLES)}")
+        if host.role not in ROLES or (host.role == ROLE_CONTROLLER_VM) != (host is plan.controller):
+            problems.append(
+                f"host {host.name}: role {host.role!r} is not one of {', '.join(ROLES)} in its place"
+            )
     return problems
 
 
@@ -250,7 +275,8 @@ def subnet_prefix(host_count: int) -> int:
 
 
 def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network) -> Plan:
-    """Name and address every host: the head VM first (head=vm), then each slice's workers in order."""
+    """Name and address every host: the head VM first (head=vm), then each slice's workers in
+    order, then the recovery controller's VM (with recovery)."""
     head_vm = spec.head == "vm"
     layout: list[tuple[str, str, int, int]] = []
     if head_vm:
@@ -259,16 +285,19 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
         for w in range(spec.tpu.hosts):
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
             layout.append((host_name(spec.slice_name(s), w), role, s, w))
+    if spec.runs_recovery:
+        layout.append((controller_name(spec.name), ROLE_CONTROLLER_VM, HEAD_VM_SLICE_INDEX, -1))
     addresses = list(network.hosts())
     if len(addresses) < len(layout) + 1:
         raise SimulatorError(f"subnet {network} is too small for {len(layout)} hosts")
     bad = [name for name, *_ in layout if not HOST_NAME.fullmatch(name)]
     if bad:
         raise SimulatorError(f"host names {bad} are not valid GCE instance names; choose a shorter `name`")
-    hosts = tuple(
+    machines = [
         HostPlan(name, role, s, w, str(addresses[i + 1]), *host_links(run_id, i, name))
         for i, (name, role, s, w) in enumerate(layout)
-    )
+    ]
+    controller = machines.pop() if spec.runs_recovery else None
     return Plan(
         run_id=run_id,
         config=spec.as_config(),
@@ -276,5 +305,6 @@ def make_plan(spec: ClusterSpec, *, run_id: str, network: ipaddress.IPv4Network)
         gateway=str(addresses[0]),
         bridge=bridge_name(run_id),
         root=str(DEFAULT_ROOTS_DIR / run_id),
-        hosts=hosts,
+        hosts=tuple(machines),
+        controller=controller,
     )
