@@ -56,7 +56,7 @@ def on(shape: str) -> pytest.MarkDecorator:
 
 
 def boot(sim: Simulation, names: Collection[str] | None = None) -> None:
-    """Power on `names` (default: every machine, the controller VM too) with `SHORT_WAITS` in their environment."""
+    """Power on `names` (default: every machine, the controller VM too) with `SHORT_WAITS`."""
     for name in names if names is not None else [h.name for h in sim.plan.machines]:
         sim.boot(name, env=SHORT_WAITS)
 
