@@ -26,6 +26,7 @@ STATE_KEY = "state"
 # RETRYING a step that failed transiently (``retrying: install (attempt 3)``), JOINED, or FAILED
 # for a reason no retry can fix (``failed: <reason>``).
 STATE_JOINED = "joined"
+STATE_WATCHING = "watching"  # the controller VM's state once the recovery controller runs
 STATE_WAITING_PREFIX = "waiting: "
 STATE_RETRYING_PREFIX = "retrying: "
 STATE_FAILED_PREFIX = "failed: "
@@ -47,13 +48,16 @@ ATTR_INDEX_CREDENTIALS_SECRET = "rayslice-index-credentials-secret"
 # instance/name in that list.
 ATTR_SLICE_NAME = "rayslice-slice-name"
 ATTR_SLICE_HOSTS = "rayslice-slice-hosts"
-# The head VM of a cluster with recovery (`ClusterSpec.runs_recovery`) gets the controller
-# (`rayslice.recovery.bundle`, base64) and what it needs to find this cluster's slices.
+# The controller VM of a cluster with recovery (`ClusterSpec.runs_recovery`) gets the controller
+# (`rayslice.recovery.bundle`, base64) and what it needs to find this cluster's slices; no
+# other VM carries these.
 ATTR_RECOVERY_BUNDLE = "rayslice-recovery-bundle"
 ATTR_CLUSTER = "rayslice-cluster"
 ATTR_PLATFORM = "rayslice-platform"
 HEAD_VM_ROLE = "head-vm"
 HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
+# The VM that runs only the recovery controller: no Ray, no user code (`controller_name`).
+CONTROLLER_VM_ROLE = "controller-vm"
 
 # Ray's TPU slice label (ray.util.tpu and the workloads read it).
 SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
@@ -70,6 +74,11 @@ def slice_name(cluster: str, index: int) -> str:
 def head_name(cluster: str) -> str:
     """The CPU head VM (head=vm)."""
     return f"{cluster}-head"
+
+
+def controller_name(cluster: str) -> str:
+    """The VM that runs the recovery controller of a cluster with recovery."""
+    return f"{cluster}-controller"
 
 
 def host_name(slice_name: str, worker: int) -> str:

@@ -8,6 +8,11 @@ hangs, e.g. jax#35905 after the coordinator port moved). From outside, SSH comes
 IAP's TCP-forwarding range, and the Ray dashboard / Jobs API only from the ranges the user
 lists. No rule admits 0.0.0.0/0: the spec refuses dashboard ranges that cover the whole address
 space, and nothing else takes a range from the user.
+
+The recovery controller's VM (`rayslice.infra.controller_vm`) carries neither tag, only its own,
+and one rule denies it every ingress from anywhere at the highest priority: it talks to Google's
+APIs and its metadata server (which no firewall rule governs) and to nothing else, and no rule of
+an existing network (``default-allow-internal``, ``default-allow-ssh``) can open it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from rayslice.spec import ClusterSpec
 # Google's documented source range of IAP TCP forwarding (`gcloud ... --tunnel-through-iap`).
 IAP_SOURCE_RANGE = "35.235.240.0/20"
 SSH_PORT = 22
+EVERYWHERE = "0.0.0.0/0"
+# Compute Engine firewall priorities run from 0 (first) to 65535; the default is 1000. At equal
+# priority a deny rule wins over an allow rule.
+FIRST_PRIORITY = 0
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,8 @@ class Rule:
     target_tags: tuple[str, ...]
     source_tags: tuple[str, ...] = ()
     source_ranges: tuple[str, ...] = ()
+    deny: bool = False  # the protocols are denied, not allowed
+    priority: int | None = None  # None: Compute Engine's default
 
 
 def cluster_tag(spec: ClusterSpec) -> str:
@@ -45,6 +56,11 @@ def cluster_tag(spec: ClusterSpec) -> str:
 def head_tag(spec: ClusterSpec) -> str:
     """The network tag of the host(s) that may run the Ray head (dashboard, Jobs API)."""
     return f"{spec.name}-head"
+
+
+def controller_tag(spec: ClusterSpec) -> str:
+    """The network tag of the recovery controller's VM (and of nothing else)."""
+    return f"{spec.name}-controller"
 
 
 def slice_tags(spec: ClusterSpec, index: int) -> list[str]:
@@ -83,6 +99,18 @@ def firewall_rules(spec: ClusterSpec) -> list[Rule]:
                 target_tags=(head_tag(spec),),
             )
         )
+    if spec.runs_recovery:
+        rules.append(
+            Rule(
+                suffix="controller-deny",
+                description="rayslice: nothing reaches the recovery controller's VM",
+                protocols=(("all", ()),),
+                source_ranges=(EVERYWHERE,),
+                target_tags=(controller_tag(spec),),
+                deny=True,
+                priority=FIRST_PRIORITY,
+            )
+        )
     return rules
 
 
@@ -108,10 +136,19 @@ class ClusterFirewall(pulumi.ComponentResource):
                 network=args.network,
                 direction="INGRESS",
                 description=rule.description,
-                allows=[
+                allows=None
+                if rule.deny
+                else [
                     gcp.compute.FirewallAllowArgs(protocol=p, ports=list(ports) or None)
                     for p, ports in rule.protocols
                 ],
+                denies=[
+                    gcp.compute.FirewallDenyArgs(protocol=p, ports=list(ports) or None)
+                    for p, ports in rule.protocols
+                ]
+                if rule.deny
+                else None,
+                priority=rule.priority,
                 source_tags=list(rule.source_tags) or None,
                 source_ranges=list(rule.source_ranges) or None,
                 target_tags=list(rule.target_tags),

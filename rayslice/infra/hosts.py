@@ -1,26 +1,28 @@
 """What every VM-based platform shares (Cloud TPU API and Compute Engine): `VmSliceCluster`.
 
 Both platforms run the same rendered boot script on ordinary VMs in the cluster's VPC, with the
-same firewall, the same hosts' identity and token, the same optional CPU head VM and the same
-outputs. Only the slice differs: a `gcp.tpu.V2Vm` on ``tpu-vm``, a managed instance group on
-``compute``. A platform subclasses `VmSliceCluster` and supplies `make_slice` and the SSH
-commands of its hosts; everything else is here, once.
+same firewall, the same hosts' identity and token, the same optional CPU head VM, the same
+recovery controller VM where the cluster recovers its slices, and the same outputs. Only the
+slice differs: a `gcp.tpu.V2Vm` on ``tpu-vm``, a managed instance group on ``compute``. A
+platform subclasses `VmSliceCluster` and supplies `make_slice` and the SSH commands of its
+hosts; everything else is here, once.
 
 Hosts and the head VM are created only after every grant exists and after
 `IAM_PROPAGATION_WAIT` (see `ClusterIdentity`): a host that boots before its account may read
-the token secret fails its first read, and a head VM that runs the recovery controller needs
-its own account's roles.
+the token secret fails its first read. The controller VM waits for its own grants and for the
+slices, so that it first looks at slices that exist.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import pulumi
 
 from rayslice.errors import InvalidInput
 from rayslice.infra import access
+from rayslice.infra.controller_vm import ControllerVm, ControllerVmArgs
 from rayslice.infra.firewall import ClusterFirewall, ClusterFirewallArgs
 from rayslice.infra.head_vm import HeadVm, HostArgs
 from rayslice.infra.identity import ClusterIdentity, ClusterIdentityArgs
@@ -112,9 +114,7 @@ class VmSliceCluster(pulumi.ComponentResource):
             token_secret=identity.token_secret,
             depends_on=host_deps,
         )
-        # The head VM runs as its own account where it runs the recovery controller (identity.py).
-        head_args = replace(host_args, service_account_email=identity.head_service_account_email)
-        head_vm = HeadVm(f"{name}-head", head_args, child) if spec.head == "vm" else None
+        head_vm = HeadVm(f"{name}-head", host_args, child) if spec.head == "vm" else None
         slices = [
             self.make_slice(
                 f"{name}-slice-{index}",
@@ -126,6 +126,20 @@ class VmSliceCluster(pulumi.ComponentResource):
             )
             for index in range(spec.slices)
         ]
+        if identity.controller_service_account_email is not None:
+            # Each platform's slice is a component: depending on it waits for all it creates.
+            created = [s for s in slices if isinstance(s, pulumi.Resource)]
+            ControllerVm(
+                f"{name}-controller",
+                ControllerVmArgs(
+                    spec=spec,
+                    network=network.network,
+                    subnetwork=network.subnetwork,
+                    service_account_email=identity.controller_service_account_email,
+                    depends_on=[*host_deps, *created],
+                ),
+                child,
+            )
 
         self.slice_names = pulumi.Output.all(*[s.slice_name for s in slices])
         self.slice_host_ips = pulumi.Output.all(*[s.host_ips for s in slices]).apply(

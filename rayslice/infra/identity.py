@@ -1,4 +1,5 @@
-"""Who the hosts and the head VM are: dedicated service accounts with only what each needs.
+"""Who the hosts, the head VM and the recovery controller are: dedicated service accounts with
+only what each needs.
 
 A host writes logs and metrics and, with ``rayAuth=token``, reads the cluster's Ray token. The
 account gets exactly those three permissions, the last one on the one secret only (not on
@@ -7,12 +8,14 @@ the project). The token is a `random.RandomPassword`: generated at the stack's f
 and every rebooted host sees the same token. It reaches hosts only through Secret Manager:
 metadata carries the secret's *name*, and no output carries the value.
 
-A CPU head VM that runs the recovery controller (`ClusterSpec.runs_recovery`) gets its own account,
-``<cluster>-head``: it boots the same script as the hosts, so it gets the same grants, and
-beyond them the controller's custom roles (`rayslice.recovery.permissions`, the one list of
-what the controller calls) plus ``roles/iam.serviceAccountUser`` on the hosts' account only,
-because a recreated slice runs as the hosts' account. The hosts' own grants do not change. Any
-other head VM runs as the hosts' account, as before.
+The CPU head VM boots the same script as the hosts and runs as the hosts' account: Ray and
+every job's driver run there, so it holds nothing a host does not. A cluster with recovery
+(`ClusterSpec.runs_recovery`) gets one more account, ``<cluster>-controller``, for the recovery
+controller's own VM (`rayslice.infra.controller_vm`), and only that account gets the
+controller's custom roles (`rayslice.recovery.permissions`, the one list of what the controller
+calls) plus ``roles/iam.serviceAccountUser`` on the hosts' account only, because a recreated
+slice runs as the hosts' account. It gets nothing else: no logging, metrics or secret grant
+(the controller calls none of them). The hosts' own grants do not change.
 
 Custom roles are soft-deleted: pulumi-gcp's ``gcp.projects.IAMCustomRole`` reference warns that
 "a deleted role is permanently deleted after 7 days, but it can take up to 30 more days (i.e.
@@ -53,23 +56,23 @@ _ACCOUNT_ID_MAX = 30
 # How long hosts wait after the grants (pulumi-gcp's TPU example waits 60 s after the account).
 IAM_PROPAGATION_WAIT = "60s"
 HOSTS = "hosts"
-HEAD = "head"
+CONTROLLER = "controller"
 GKE_NODES = "gke-nodes"  # GKE's node pools (rayslice.infra.gke.cluster)
 # The mark a cut-short account ID carries per suffix. The hosts' has none: their IDs predate
-# the head's account, and a changed ID would replace the hosts' account in existing stacks.
-_SHORT_MARK = {HOSTS: "", HEAD: "h", GKE_NODES: "n"}
+# the other accounts, and a changed ID would replace the hosts' account in existing stacks.
+_SHORT_MARK = {HOSTS: "", CONTROLLER: "c", GKE_NODES: "n"}
 # IAM role IDs: letters, digits, "_" and ".", at most 64 characters.
 _ROLE_ID_MAX = 64
 ROLE_SUFFIX_BYTES = 3  # the random end of each role ID: 6 hex characters
 
 
 def account_id(cluster_name: str, suffix: str = HOSTS) -> str:
-    """The ID (6-30 characters) of the cluster's `suffix` service account (`HOSTS`, `HEAD` or
-    `GKE_NODES`).
+    """The ID (6-30 characters) of the cluster's `suffix` service account (`HOSTS`, `CONTROLLER`
+    or `GKE_NODES`).
 
     ``<cluster>-<suffix>`` when it fits. Otherwise the cluster name is cut and given a hash of
     the full name (two long cluster names that share a prefix still get different accounts)
-    and the suffix's mark (the hosts' and the head's accounts of one cluster never collide).
+    and the suffix's mark (the accounts of one cluster never collide).
     """
     wanted = f"{cluster_name}-{suffix}"
     if len(wanted) <= _ACCOUNT_ID_MAX:
@@ -107,11 +110,11 @@ class ClusterIdentityArgs:
 
 
 class ClusterIdentity(pulumi.ComponentResource):
-    """The hosts' service account, the head's own one where it runs the recovery controller,
-    and, with rayAuth=token, the token's secret."""
+    """The hosts' service account (the head VM's too), the recovery controller's own one, and,
+    with rayAuth=token, the token's secret."""
 
-    service_account_email: pulumi.Output[str]  # the hosts'
-    head_service_account_email: pulumi.Output[str]  # the head's own, else the hosts'
+    service_account_email: pulumi.Output[str]  # the hosts' and the head VM's
+    controller_service_account_email: pulumi.Output[str] | None  # None without recovery
     token_secret: str | None  # the secret ID, known before deployment; None without token auth
     ready: time.Sleep  # created IAM_PROPAGATION_WAIT after every grant; hosts and head depend on it
 
@@ -119,17 +122,15 @@ class ClusterIdentity(pulumi.ComponentResource):
         super().__init__("rayslice:infra:ClusterIdentity", name, None, opts)
         spec = args.spec
         hosts = self._account(name, spec, HOSTS, "Ray hosts")
-        grants: list[pulumi.Resource] = [hosts, *self._project_roles(name, hosts, "")]
+        grants: list[pulumi.Resource] = [hosts, *self._project_roles(name, hosts)]
         # Who reads the cluster's secrets, and the resource-name label of each one's grant.
         readers = [("reader", hosts)]
         self.service_account_email = hosts.email
-        self.head_service_account_email = hosts.email
+        self.controller_service_account_email = None
         if spec.runs_recovery:
-            head = self._account(name, spec, HEAD, "Ray head and recovery controller")
-            grants += [head, *self._project_roles(name, head, "head-")]
-            grants += self._controller(name, spec, head, hosts)
-            readers.append(("head-reader", head))
-            self.head_service_account_email = head.email
+            controller = self._account(name, spec, CONTROLLER, "The recovery controller")
+            grants += [controller, *self._controller(name, spec, controller, hosts)]
+            self.controller_service_account_email = controller.email
         self.token_secret = None
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
@@ -156,29 +157,31 @@ class ClusterIdentity(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "service_account_email": self.service_account_email,
-                "head_service_account_email": self.head_service_account_email,
+                "controller_service_account_email": self.controller_service_account_email,
                 "token_secret": self.token_secret,
             }
         )
 
     def _account(self, name: str, spec: ClusterSpec, suffix: str, who: str) -> gcp.serviceaccount.Account:
+        does = (
+            "recreate this cluster's slices"
+            if suffix == CONTROLLER
+            else "write logs and metrics, read the Ray token"
+        )
         return gcp.serviceaccount.Account(
             f"{name}-{suffix}",
             account_id=account_id(spec.name, suffix),
             project=spec.project,
             display_name=f"rayslice {spec.name} {suffix}",
-            description=f"{who} of a rayslice cluster: write logs and metrics, read the Ray token"
-            + (", recreate this cluster's slices" if suffix == HEAD else ""),
+            description=f"{who} of a rayslice cluster: {does}",
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _project_roles(
-        self, name: str, account: gcp.serviceaccount.Account, label: str
-    ) -> list[pulumi.Resource]:
-        """`HOST_PROJECT_ROLES` for `account` (the head runs the same boot script as the hosts)."""
+    def _project_roles(self, name: str, account: gcp.serviceaccount.Account) -> list[pulumi.Resource]:
+        """`HOST_PROJECT_ROLES` for `account` (the hosts', which the head VM runs as too)."""
         return [
             gcp.projects.IAMMember(
-                f"{name}-{label}{role.split('/')[-1]}",
+                f"{name}-{role.split('/')[-1]}",
                 project=account.project,
                 role=role,
                 member=account.member,
@@ -191,10 +194,10 @@ class ClusterIdentity(pulumi.ComponentResource):
         self,
         name: str,
         spec: ClusterSpec,
-        head: gcp.serviceaccount.Account,
+        controller: gcp.serviceaccount.Account,
         hosts: gcp.serviceaccount.Account,
     ) -> list[pulumi.Resource]:
-        """The controller's custom roles bound to `head`, and acting as `hosts`; returns the grants."""
+        """The controller's custom roles bound to `controller`, and acting as `hosts`; returns the grants."""
         child = pulumi.ResourceOptions(parent=self)
         suffix = random.RandomId(f"{name}-recovery-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
         prefixes = [template_name_prefix(spec.slice_name(i)) for i in range(spec.slices)]
@@ -215,15 +218,17 @@ class ClusterIdentity(pulumi.ComponentResource):
                 condition = gcp.projects.IAMMemberConditionArgs(
                     title=f"rayslice {spec.name} instance templates",
                     description="Only this cluster's slice templates (rayslice.recovery.permissions)",
-                    expression=head.project.apply(partial(permissions.template_condition, prefixes=prefixes)),
+                    expression=controller.project.apply(
+                        partial(permissions.template_condition, prefixes=prefixes)
+                    ),
                 )
             grants += [
                 role,
                 gcp.projects.IAMMember(
                     f"{name}-recovery-{part.key}-binding",
-                    project=head.project,
+                    project=controller.project,
                     role=role.name,
-                    member=head.member,
+                    member=controller.member,
                     condition=condition,
                     opts=child,
                 ),
@@ -231,10 +236,10 @@ class ClusterIdentity(pulumi.ComponentResource):
         # On the hosts' account only (the service account's own policy, not the project's).
         grants.append(
             gcp.serviceaccount.IAMMember(
-                f"{name}-head-acts-as-hosts",
+                f"{name}-controller-acts-as-hosts",
                 service_account_id=hosts.name,
                 role=permissions.ACT_AS_ROLE,
-                member=head.member,
+                member=controller.member,
                 opts=child,
             )
         )

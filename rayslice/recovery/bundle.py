@@ -1,18 +1,19 @@
-"""The recovery controller as one runnable zip, carried to the head VM in its metadata.
+"""The recovery controller as one runnable zip, carried to the controller VM in its metadata.
 
-The head VM installs Ray from the package index, where rayslice itself may not be: the
-controller must reach the head from the machine that deploys it, in the version that deploys
+The controller VM installs packages from the package index, where rayslice itself may not be:
+the controller must reach the VM from the machine that deploys it, in the version that deploys
 it. So infra puts this zip (a `zipapp`: ``python recovery.pyz ARGS`` runs
-`rayslice.recovery.controller.main`) base64-encoded into the head's metadata attribute
-`names.ATTR_RECOVERY_BUNDLE`, and the head's boot script writes it out and runs it under its
-supervisor with the venv's Python, which has the two libraries it imports (google-auth and
-requests, `RUNTIME_REQUIREMENTS`).
+`rayslice.recovery.controller.main`) base64-encoded into the controller VM's metadata attribute
+`names.ATTR_RECOVERY_BUNDLE`, and that VM's boot script (`rayslice.startup_scripts.controller`)
+checks its sha256 against the one rendered into the script, writes it out and runs it under its
+supervisor with a Python that has the two libraries it imports (google-auth and requests,
+`RUNTIME_REQUIREMENTS`).
 
 It holds only the modules the controller imports (`MODULES`, shipped by `rayslice.shipping`;
-tests run it with nothing else importable) and is byte-for-byte reproducible, so the head's
-metadata, and with it the head VM, changes only when this code does. These modules must run on
-Python 3.10 too: an offline head (packageIndex set) uses its image's python3, which is 3.10 on
-Ubuntu 22.04, where rayslice itself needs 3.11.
+tests run it with nothing else importable) and is byte-for-byte reproducible, so the VM's
+metadata, and with it the VM, changes only when this code does. These modules must run on
+Python 3.10: the controller VM uses its image's python3, which is 3.10 on Ubuntu 22.04, where
+rayslice itself needs 3.11.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ MODULES = (
 )
 # The module whose `main` the zipapp runs; MODULES is its closure.
 ENTRY = "rayslice.recovery.controller"
-# What the controller imports from outside the standard library; the head installs these.
+# What the controller imports from outside the standard library; its VM installs these.
 RUNTIME_REQUIREMENTS = ("google-auth", "requests")
 MAIN = (
     '"""rayslice recovery controller (see rayslice/recovery/controller.py)."""\n'

@@ -9,9 +9,10 @@ and its cloud API emulation with the credentials the emulation made for its owne
 No Pulumi CLI and no stack state: every name derives from the spec, as infra derives it
 (`rayslice.names.slice_name`, `head_name`, `host_name` via the MIG's listing). A host's boot
 state is the ``rayslice/state`` guest attribute its boot script publishes; the events are the
-``rayslice/recovery-*`` guest attributes the controller publishes on the head VM
-(`rayslice.recovery.events`). The API calls are those of `rayslice.recovery.cloud`, so the
-simulator's emulation answers them through the normal endpoint override.
+``rayslice/recovery-*`` guest attributes the controller publishes on its own VM
+(`rayslice.recovery.events`), beside that VM's state. The API calls are those of
+`rayslice.recovery.cloud`, so the simulator's emulation answers them through the normal endpoint
+override.
 """
 
 from __future__ import annotations
@@ -103,11 +104,15 @@ def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
         for i in range(spec.slices)
     ]
     head: dict[str, Any] | None = None
+    controller: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
     if spec.head == "vm":
         head_vm = names.head_name(spec.name)
-        entries = client.instance_guest_attributes(head_vm, NAMESPACE_QUERY)
-        head = {"name": head_vm, "boot": _state(entries)}
+        head = {"name": head_vm, "boot": _state(client.instance_guest_attributes(head_vm, STATE_QUERY))}
+    if spec.runs_recovery:
+        controller_vm = names.controller_name(spec.name)
+        entries = client.instance_guest_attributes(controller_vm, NAMESPACE_QUERY)
+        controller = {"name": controller_vm, "boot": _state(entries)}
         events = [dataclasses.asdict(e) for e in events_from_guest_attributes(entries)]
     return {
         "cluster": spec.name,
@@ -115,9 +120,10 @@ def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
         "project": spec.project,
         "zone": spec.zone,
         "head": head,
+        "controller": controller,
         "slices": slices,
         "events": events,
-        "recovery": spec.recovery and spec.head == "vm",
+        "recovery": spec.runs_recovery,
     }
 
 
@@ -125,6 +131,8 @@ def render_text(data: dict[str, Any]) -> str:
     lines = [f"cluster {data['cluster']} ({data['platform']}, {data['project']}/{data['zone']})"]
     if data["head"] is not None:
         lines.append(f"head VM {data['head']['name']}: {data['head']['boot']}")
+    if data["controller"] is not None:
+        lines.append(f"controller VM {data['controller']['name']}: {data['controller']['boot']}")
     for item in data["slices"]:
         lines.append(f"slice {item['name']}: {item['state']}")
         for host in item["hosts"]:

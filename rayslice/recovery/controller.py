@@ -1,6 +1,7 @@
 """The recovery controller: watches this cluster's slices and recreates a broken one whole.
 
-It runs on the CPU head VM (a slice cannot heal its own host) as a supervised service. Every
+It runs on its own VM (a slice cannot heal its own host, and no Ray process or user code may
+run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervised service. Every
 `interval_s` it looks at each slice through the cloud API, as the platform's slice resource
 (`rayslice.platforms.VmPlatform.slice_resource`) says:
 

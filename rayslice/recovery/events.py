@@ -2,16 +2,16 @@
 
 Each event goes to every sink exactly once, when it happens:
 
-- stdout, one JSON object per line: the controller runs under systemd on the head VM, so the
-  journal keeps it and Google's logging agent forwards it to Cloud Logging;
-- optionally a JSON-lines file (the head's log);
-- the head VM's guest attributes, namespace ``rayslice``, one key per event
+- stdout, one JSON object per line: the controller runs under systemd on its own VM, so the
+  journal keeps it;
+- optionally a JSON-lines file (the controller VM's log);
+- the controller VM's guest attributes, namespace ``rayslice``, one key per event
   (``recovery-<ms since epoch>-<seq>``), written through the metadata server with PUT.
 
 Why guest attributes: `rayslice status` runs on the user's machine with the user's credentials and
-the head VM has no external address, so it can read neither a file nor a port on the head. Guest
+nothing reaches the controller VM, so it can read neither a file nor a port there. Guest
 attributes are readable through the Compute Engine API (``instances.getGuestAttributes``) with
-ordinary credentials, they survive a reboot of the head, the hosts already publish their boot
+ordinary credentials, they survive a reboot of the VM, the hosts already publish their boot
 state the same way, and the simulator's metadata server implements them, so cloud and simulator
 share the path. Reading Cloud Logging instead would need the Logging API and a log-viewer role.
 The sink keeps the newest `KEEP` events (older keys are deleted) to stay far below the guest
@@ -53,8 +53,8 @@ class Event:
 
     @classmethod
     def now(cls, slice_name: str, seen: str, action: str, outcome: str, attempt: int = 0) -> Event:
-        # Not datetime.UTC: the controller runs on the head VM's Python, which is 3.10 on an
-        # offline Ubuntu 22.04 head (rayslice.recovery.bundle).
+        # Not datetime.UTC: the controller runs on its VM's Python, which is 3.10 on Ubuntu
+        # 22.04 (rayslice.recovery.bundle).
         stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: UP017
         return cls(stamp, slice_name, seen, action, outcome[:OUTCOME_MAX_CHARS], attempt)
 

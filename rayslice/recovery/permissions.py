@@ -2,8 +2,8 @@
 
 Each permission is the one Google's REST reference names for a method the controller calls
 (`rayslice.recovery.cloud`), plus what creating the slice again implies. `rayslice.infra.identity`
-turns every `RolePart` into one project custom role and one binding for the head VM's own
-service account; this module is the only list of those permissions.
+turns every `RolePart` into one project custom role and one binding for the controller VM's own
+service account, which nothing else runs as; this module is the only list of those permissions.
 
 How far a grant can be narrowed is decided by which resources IAM Conditions can see, and
 Google's "Resource attributes for IAM Conditions"
@@ -48,6 +48,8 @@ COMPUTE_TEMPLATE_PERMISSIONS = ("compute.instanceTemplates.useReadOnly",)
 # Cloud TPU's "Use a cross-project service account" page asks the same of whoever creates a
 # TPU VM that runs as a service account (https://cloud.google.com/tpu/docs/cross-project-sa).
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
+# The one permission of ACT_AS_ROLE the controller uses (on the hosts' account only).
+ACT_AS_PERMISSION = "iam.serviceAccounts.actAs"
 
 # The name IAM Conditions give an instance template (conditions-resource-attributes, above).
 TEMPLATE_RESOURCE_NAME = "projects/{project}/global/instanceTemplates/"
@@ -77,12 +79,15 @@ ROLE_PARTS: dict[str, tuple[RolePart, ...]] = {
 
 UNNARROWED = {
     "tpu-vm": "Cloud TPU does not recognize resource attributes in IAM Conditions, so the TPU "
-    "permissions hold for every node in the project; the controller's own exact-name check is "
-    "what keeps it on this cluster's slices.",
+    "permissions hold for every node in the project: the controller's account may create, read and "
+    "delete any TPU node there. Only the controller's own code, which runs alone on its VM, keeps "
+    "to this cluster's slices (an exact-name check).",
     "compute": "IAM Conditions cannot name instance group managers, resource policies or zone "
     "operations, so the MIG permissions (compute.instanceGroupManagers.get, .delete, .create, "
     ".update), compute.resourcePolicies.use and compute.zoneOperations.get hold for the whole "
-    "project; the controller's own exact-name check is what keeps it on this cluster's MIGs. "
+    "project: the controller's account may read, delete, create and resize any MIG there (GKE's "
+    "node-pool MIGs too). Only the controller's own code, which runs alone on its VM, keeps to "
+    "this cluster's MIGs (an exact-name check). "
     "Only compute.instanceTemplates.useReadOnly is narrowed, to templates whose names start with "
     "one of this cluster's slice prefixes (templates get generated names, so a prefix, which "
     "another cluster named '<cluster>-slice-<i>' would also match, is as narrow as a condition "
@@ -98,6 +103,13 @@ def role_parts(platform: str) -> tuple[RolePart, ...]:
 def permissions(platform: str) -> tuple[str, ...]:
     """Every permission the controller's custom roles hold on `platform`, each once."""
     return tuple(p for part in role_parts(platform) for p in part.permissions)
+
+
+def held(platform: str) -> tuple[str, ...]:
+    """Everything the controller's account may do on `platform`: its custom roles' permissions
+    and acting as the hosts' account (what the simulator's emulated IAM binds to it)."""
+    custom = permissions(platform)
+    return (*custom, ACT_AS_PERMISSION) if custom else ()
 
 
 def template_condition(project: str, prefixes: Sequence[str]) -> str:

@@ -254,8 +254,8 @@ class ClusterSpec:
     )
     recovery: Bool = Field(
         True,
-        description="Run the recovery controller on the head VM: it recreates preempted or failed "
-        "slices whole. With capacity=spot it needs head=vm (the default for spot).",
+        description="Run the recovery controller on its own small VM (with head=vm): it recreates "
+        "preempted or failed slices whole. With capacity=spot it needs head=vm (the default for spot).",
     )
     kuberay: KubeRay = Field(
         "helm",
@@ -282,7 +282,7 @@ class ClusterSpec:
 
     @property
     def runs_recovery(self) -> bool:
-        """Whether the head VM runs the recovery controller (GKE recreates its node pools itself)."""
+        """Whether the recovery controller's VM runs (GKE recreates its node pools itself)."""
         return self.recovery and self.head == "vm" and self.platform != "gke"
 
     def slice_name(self, index: int) -> str:

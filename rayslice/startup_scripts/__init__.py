@@ -16,14 +16,11 @@ import json
 
 from rayslice.errors import InvalidInput
 from rayslice.names import (
-    ATTR_CLUSTER,
     ATTR_CONFIG_HASH,
     ATTR_HEAD_ADDRESS,
     ATTR_HEAD_MODE,
     ATTR_INDEX_CREDENTIALS_SECRET,
     ATTR_NUM_SLICES,
-    ATTR_PLATFORM,
-    ATTR_RECOVERY_BUNDLE,
     ATTR_ROLE,
     ATTR_SLICE_INDEX,
     ATTR_TOKEN_SECRET,
@@ -31,7 +28,6 @@ from rayslice.names import (
     HEAD_VM_SLICE_INDEX,
 )
 from rayslice.platforms import VM_PLATFORMS
-from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import RenderOptions
 from rayslice.startup_scripts.templating import render_template
@@ -59,9 +55,8 @@ def host_attributes(
     hosts also get their platform's identity attributes (`platforms.VmPlatform.identity_attributes`:
     the slice name and the slice's instance names in worker order), from which each host finds
     its worker number. `token_secret` and the spec's `package_index_credentials_secret` are Secret Manager
-    secret *names*, never their contents. The head VM of a cluster with recovery also gets the
-    controller itself (`rayslice.recovery.bundle`) and the cluster's name and platform, from
-    which it finds the slices it watches.
+    secret *names*, never their contents. No host gets the recovery controller: it runs on its
+    own VM (`rayslice.startup_scripts.controller`).
     """
     attributes = {
         ATTR_HEAD_MODE: spec.head,
@@ -71,10 +66,6 @@ def host_attributes(
     }
     if slice_index == HEAD_VM_SLICE_INDEX:
         attributes[ATTR_ROLE] = HEAD_VM_ROLE
-        if spec.runs_recovery:
-            attributes[ATTR_RECOVERY_BUNDLE] = bundle.encoded()
-            attributes[ATTR_CLUSTER] = spec.name
-            attributes[ATTR_PLATFORM] = spec.platform
     if head_address is not None:
         attributes[ATTR_HEAD_ADDRESS] = head_address
     if token_secret is not None:

@@ -6,7 +6,6 @@ import hashlib
 import json
 
 from rayslice import catalog, names
-from rayslice.recovery import bundle
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
 
@@ -54,13 +53,8 @@ PYTHON_VERSION = "3.11"
 
 
 def requirement_lines(spec: ClusterSpec) -> list[str]:
-    """The pip requirement lines every host installs, in install order.
-
-    With recovery, the libraries the controller imports are named too: ray[default] happens to
-    pull them in today, but the head must not depend on that.
-    """
-    controller = bundle.RUNTIME_REQUIREMENTS if spec.runs_recovery else ()
-    return [*PRESETS[spec.preset], f"ray[default]=={spec.ray_version}", *spec.requirements, *controller]
+    """The pip requirement lines every host installs, in install order."""
+    return [*PRESETS[spec.preset], f"ray[default]=={spec.ray_version}", *spec.requirements]
 
 
 def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
@@ -139,7 +133,4 @@ def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, obj
         "attr_index_credentials_secret": names.ATTR_INDEX_CREDENTIALS_SECRET,
         "attr_slice_name": names.ATTR_SLICE_NAME,
         "attr_slice_hosts": names.ATTR_SLICE_HOSTS,
-        "attr_recovery_bundle": names.ATTR_RECOVERY_BUNDLE,
-        "attr_cluster": names.ATTR_CLUSTER,
-        "attr_platform": names.ATTR_PLATFORM,
     }

@@ -1,21 +1,26 @@
-"""The head VM's own least-privilege identity where it runs the recovery controller (issue 10).
+"""Who runs as what: the hosts and the head VM share the hosts' account, and only the recovery
+controller's own VM holds the controller's roles (issues 10 and 20).
 
-Every expectation is written out here (account IDs, roles, resource names), not read back from
-the code under test, except the permission lists, whose one source is
-`rayslice.recovery.permissions` (tests/recovery/test_permissions.py checks those against the
-methods the controller calls).
+Every expectation is written out here (account IDs, roles, permissions, resource names), not
+read back from the code under test: `NEEDS` is this test's own statement of what each account
+needs, made from Google's REST reference for the calls each one makes, and the roles the
+program creates are compared with it, not with `rayslice.recovery.permissions`, the list they
+are built from. tests/recovery/test_permissions.py derives the same sets from the calls the
+controller makes against the emulation.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
+from rayslice import cli
 from rayslice.infra.identity import account_id, role_id
 from rayslice.infra.mocks import OfflineRun, Registration, run_offline
 from rayslice.infra.program import main
-from rayslice.recovery import permissions
 
 PROJECT = "my-gcp-project"
 ACCOUNT = "gcp:serviceaccount/account:Account"
@@ -35,10 +40,35 @@ BASE = {
     "gcp:project": PROJECT,
 }
 HOSTS_EMAIL = f"train-hosts@{PROJECT}.iam.gserviceaccount.com"
-HEAD_EMAIL = f"train-head@{PROJECT}.iam.gserviceaccount.com"
+CONTROLLER_EMAIL = f"train-controller@{PROJECT}.iam.gserviceaccount.com"
 HOSTS_NAME = f"projects/{PROJECT}/serviceAccounts/{HOSTS_EMAIL}"
 STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 ROLE_ID = re.compile(r"[a-zA-Z0-9_.]{3,64}")
+
+# What each account needs, stated here from Google's REST reference (each method's "IAM
+# Permissions" section), independently of rayslice.recovery.permissions. The controller calls:
+# TPU nodes.get / delete / create and operations.get (it polls them); Compute
+# instanceGroupManagers.get (+ listManagedInstances, listPerInstanceConfigs) / delete / insert
+# (".create") / createInstances (".update") and zoneOperations.get, and the MIG it inserts names
+# the slice's workload policy (resourcePolicies.use) and instance template (useReadOnly, the
+# one narrowed by name). Per custom role ("part"):
+CONTROLLER_NEEDS = {
+    "tpu-vm": {"slices": {"tpu.nodes.get", "tpu.nodes.delete", "tpu.nodes.create", "tpu.operations.get"}},
+    "compute": {
+        "slices": {
+            "compute.instanceGroupManagers.get",
+            "compute.instanceGroupManagers.delete",
+            "compute.instanceGroupManagers.create",
+            "compute.instanceGroupManagers.update",
+            "compute.resourcePolicies.use",
+            "compute.zoneOperations.get",
+        },
+        "templates": {"compute.instanceTemplates.useReadOnly"},
+    },
+}
+# Hosts and the head VM boot the Ray script: they write logs and metrics and read the Ray token.
+HOSTS_NEED = {"roles/logging.logWriter", "roles/monitoring.metricWriter"}
+SLICE_POWER = re.compile(r"tpu\.nodes\.|compute\.instanceGroupManagers\.")
 
 
 def _run(platform: str, **overrides: str) -> OfflineRun:
@@ -46,8 +76,8 @@ def _run(platform: str, **overrides: str) -> OfflineRun:
     return run_offline(lambda: main().exports, config)
 
 
-def _head(run: OfflineRun) -> Registration:
-    (instance,) = run.of_type(INSTANCE)
+def _instance(run: OfflineRun, role: str) -> Registration:
+    (instance,) = [i for i in run.of_type(INSTANCE) if i.inputs["metadata"].get("rayslice-role") == role]
     return instance
 
 
@@ -61,32 +91,57 @@ def recovering(request) -> tuple[str, OfflineRun]:
     return request.param, _run(request.param, capacity="spot", slices="2")
 
 
-def test_the_head_vm_runs_as_its_own_account_and_the_slices_as_the_hosts(recovering):
+def test_the_head_vm_runs_as_the_hosts_and_the_controller_vm_as_its_own_account(recovering):
     platform, run = recovering
-    assert {a.inputs["accountId"] for a in run.of_type(ACCOUNT)} == {"train-hosts", "train-head"}
-    assert _head(run).inputs["serviceAccount"]["email"] == HEAD_EMAIL
+    assert {a.inputs["accountId"] for a in run.of_type(ACCOUNT)} == {"train-hosts", "train-controller"}
+    assert _instance(run, "head-vm").inputs["serviceAccount"]["email"] == HOSTS_EMAIL
+    assert _instance(run, "controller-vm").inputs["serviceAccount"]["email"] == CONTROLLER_EMAIL
     slices = run.of_type(V2VM) if platform == "tpu-vm" else run.of_type(TEMPLATE)
     assert len(slices) == 2
     assert {s.inputs["serviceAccount"]["email"] for s in slices} == {HOSTS_EMAIL}
 
 
+def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering):
+    _, run = recovering
+    controller = _instance(run, "controller-vm")
+    # Its own tag only: not the hosts' (Ray's internal rule) nor the head's (dashboard), so no
+    # allow rule targets it, and the one rule that does denies everything.
+    assert controller.inputs["tags"] == ["train-controller"]
+    rules = [
+        r
+        for r in run.of_type("gcp:compute/firewall:Firewall")
+        if "train-controller" in r.inputs["targetTags"]
+    ]
+    assert [(r.inputs.get("allows"), r.inputs["denies"], r.inputs["sourceRanges"]) for r in rules] == [
+        (None, [{"protocol": "all"}], ["0.0.0.0/0"])
+    ]
+    metadata = controller.inputs["metadata"]
+    assert metadata["block-project-ssh-keys"] == "TRUE" and metadata["enable-oslogin"] == "TRUE"
+    script = metadata["startup-script"]
+    assert script != _instance(run, "head-vm").inputs["metadata"]["startup-script"]
+    assert "ray start" not in script and "rayslice-token-secret" not in metadata
+    assert controller.inputs.get("scheduling", {}).get("provisioningModel") in (None, "STANDARD")
+
+
 @pytest.mark.parametrize(
-    "platform, overrides, email",
+    "platform, overrides, controller",
     [
-        ("tpu-vm", {"capacity": "spot", "slices": "2", "recovery": "false"}, HOSTS_EMAIL),
-        ("compute", {"capacity": "spot", "slices": "2", "recovery": "false"}, HOSTS_EMAIL),
-        ("compute", {"head": "vm"}, HEAD_EMAIL),  # on-demand: recovery is still on by default
+        ("tpu-vm", {"capacity": "spot", "slices": "2", "recovery": "false"}, False),
+        ("compute", {"capacity": "spot", "slices": "2", "recovery": "false"}, False),
+        ("compute", {"head": "vm"}, True),  # on-demand: recovery is still on by default
     ],
     ids=["tpu-vm-no-recovery", "compute-no-recovery", "compute-on-demand-head-vm"],
 )
-def test_the_head_vm_has_its_own_account_exactly_when_it_runs_the_controller(platform, overrides, email):
+def test_the_controller_vm_and_its_account_exist_exactly_when_it_runs(platform, overrides, controller):
     run = _run(platform, **overrides)
-    assert _head(run).inputs["serviceAccount"]["email"] == email
-    if email == HOSTS_EMAIL:
+    assert _instance(run, "head-vm").inputs["serviceAccount"]["email"] == HOSTS_EMAIL
+    if not controller:
         assert [a.inputs["accountId"] for a in run.of_type(ACCOUNT)] == ["train-hosts"]
         assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not run.of_type(RANDOM_ID)
+        assert len(run.of_type(INSTANCE)) == 1
     else:
-        assert len(run.of_type(CUSTOM_ROLE)) == len(permissions.role_parts(platform))
+        assert len(run.of_type(CUSTOM_ROLE)) == len(CONTROLLER_NEEDS[platform])
+        assert _instance(run, "controller-vm").inputs["serviceAccount"]["email"] == CONTROLLER_EMAIL
 
 
 @pytest.mark.parametrize(
@@ -97,19 +152,15 @@ def test_the_head_vm_has_its_own_account_exactly_when_it_runs_the_controller(pla
 def test_no_controller_identity_without_a_head_vm_or_on_gke(platform, overrides):
     run = _run(platform, **overrides)
     assert not run.of_type(INSTANCE)
-    assert "train-head" not in {a.inputs["accountId"] for a in run.of_type(ACCOUNT)}
+    assert "train-controller" not in {a.inputs["accountId"] for a in run.of_type(ACCOUNT)}
     assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not run.of_type(RANDOM_ID)
 
 
-def test_the_custom_roles_hold_exactly_the_controllers_permissions(recovering):
+def test_the_custom_roles_hold_exactly_what_the_controller_needs(recovering):
     platform, run = recovering
     roles = {r.name.rsplit("-recovery-", 1)[1]: r for r in run.of_type(CUSTOM_ROLE)}
-    parts = {part.key: part for part in permissions.role_parts(platform)}
-    assert set(roles) == set(parts) and parts
-    for key, role in roles.items():
-        assert sorted(role.inputs["permissions"]) == sorted(parts[key].permissions)
+    assert {key: set(role.inputs["permissions"]) for key, role in roles.items()} == CONTROLLER_NEEDS[platform]
     granted = [p for r in roles.values() for p in r.inputs["permissions"]]
-    assert sorted(granted) == sorted(permissions.permissions(platform))
     assert len(granted) == len(set(granted))
     (suffix,) = run.of_type(RANDOM_ID)
     for key, role in roles.items():
@@ -119,12 +170,12 @@ def test_the_custom_roles_hold_exactly_the_controllers_permissions(recovering):
     assert suffix.inputs["byteLength"] == 3
 
 
-def test_each_role_is_bound_to_the_head_only_and_only_templates_are_narrowed(recovering):
+def test_each_role_is_bound_to_the_controller_only_and_only_templates_are_narrowed(recovering):
     platform, run = recovering
     roles = {f"projects/{PROJECT}/roles/{r.inputs['roleId']}": r for r in run.of_type(CUSTOM_ROLE)}
     bindings = [m for m in run.of_type(PROJECT_MEMBER) if m.inputs["role"] in roles]
     assert len(bindings) == len(roles)
-    assert {m.inputs["member"] for m in bindings} == {_member(HEAD_EMAIL)}
+    assert {m.inputs["member"] for m in bindings} == {_member(CONTROLLER_EMAIL)}
     conditioned = {m.inputs["role"].split("/")[-1].split("_")[2]: m.inputs.get("condition") for m in bindings}
     if platform == "tpu-vm":
         assert conditioned == {"slices": None}  # Cloud TPU cannot be narrowed by name
@@ -139,33 +190,40 @@ def test_each_role_is_bound_to_the_head_only_and_only_templates_are_narrowed(rec
     assert sorted(base + t.inputs["namePrefix"] for t in templates) == STARTS_WITH.findall(expression)
 
 
-def test_the_head_may_act_as_the_hosts_account_only(recovering):
+def test_the_controller_may_act_as_the_hosts_account_only(recovering):
     _, run = recovering
     (act_as,) = run.of_type(ACCOUNT_MEMBER)
     assert act_as.inputs == {
         "serviceAccountId": HOSTS_NAME,
         "role": "roles/iam.serviceAccountUser",
-        "member": _member(HEAD_EMAIL),
+        "member": _member(CONTROLLER_EMAIL),
     }
     assert not [m for m in run.of_type(PROJECT_MEMBER) if m.inputs["role"] == "roles/iam.serviceAccountUser"]
 
 
-def test_the_head_runs_the_same_boot_script_grants_as_the_hosts(recovering):
+def test_the_controller_account_holds_nothing_but_its_roles_and_act_as(recovering):
     _, run = recovering
-    head_roles = {
-        m.inputs["role"] for m in run.of_type(PROJECT_MEMBER) if m.inputs["member"] == _member(HEAD_EMAIL)
-    }
-    assert {r for r in head_roles if r.startswith("roles/")} == {
-        "roles/logging.logWriter",
-        "roles/monitoring.metricWriter",
-    }
-    readers = [m for m in run.of_type(SECRET_MEMBER) if m.inputs["member"] == _member(HEAD_EMAIL)]
-    assert [(m.inputs["secretId"], m.inputs["role"]) for m in readers] == [
-        ("train-ray-token", "roles/secretmanager.secretAccessor")
+    held = [r for r in run.registrations if r.inputs.get("member") == _member(CONTROLLER_EMAIL)]
+    custom = {f"projects/{PROJECT}/roles/{r.inputs['roleId']}" for r in run.of_type(CUSTOM_ROLE)}
+    assert sorted((r.type, r.inputs["role"] in custom or r.inputs["role"]) for r in held) == sorted(
+        [(PROJECT_MEMBER, True)] * len(custom) + [(ACCOUNT_MEMBER, "roles/iam.serviceAccountUser")]
+    )
+
+
+def test_the_head_and_hosts_hold_no_slice_power(recovering):
+    """The head runs Ray and every job's driver: its account (the hosts') can neither create nor
+    delete a TPU node or a MIG."""
+    _, run = recovering
+    held = [r for r in run.registrations if r.inputs.get("member") == _member(HOSTS_EMAIL)]
+    assert {r.inputs["role"] for r in held if r.type == PROJECT_MEMBER} == HOSTS_NEED
+    assert [(r.type, r.inputs["role"]) for r in held if r.type != PROJECT_MEMBER] == [
+        (SECRET_MEMBER, "roles/secretmanager.secretAccessor")
     ]
+    custom = {f"projects/{PROJECT}/roles/{r.inputs['roleId']}": r for r in run.of_type(CUSTOM_ROLE)}
+    assert not [r for r in held if r.inputs["role"] in custom]
 
 
-def test_the_head_reads_the_index_credentials_too():
+def test_the_index_credentials_are_read_by_the_hosts_only():
     run = _run(
         "tpu-vm",
         capacity="spot",
@@ -175,20 +233,29 @@ def test_the_head_reads_the_index_credentials_too():
     readers = {
         m.inputs["member"] for m in run.of_type(SECRET_MEMBER) if m.inputs["secretId"] == "pypi-mirror-login"
     }
-    assert readers == {_member(HOSTS_EMAIL), _member(HEAD_EMAIL)}
+    assert readers == {_member(HOSTS_EMAIL)}
 
 
-def test_the_head_vm_waits_for_every_grant_of_its_account(recovering):
-    _, run = recovering
+def test_the_controller_vm_waits_for_every_grant_of_its_account_and_for_the_slices(recovering):
+    platform, run = recovering
     (sleep,) = run.of_type(SLEEP)
-    head_grants = [
-        r for r in run.registrations if r.inputs.get("member") == _member(HEAD_EMAIL) or r.type == CUSTOM_ROLE
+    grants = [
+        r
+        for r in run.registrations
+        if r.inputs.get("member") == _member(CONTROLLER_EMAIL) or r.type == CUSTOM_ROLE
     ]
-    head_account = [a for a in run.of_type(ACCOUNT) if a.inputs["accountId"] == "train-head"]
-    # 2 project roles, 1 token reader, 1 act-as, the bindings and the roles themselves.
-    assert len(head_grants) >= 4 + 2 * len(run.of_type(CUSTOM_ROLE))
-    assert {r.urn for r in head_grants + head_account} <= sleep.dependencies
-    assert sleep.urn in _head(run).dependencies
+    account = [a for a in run.of_type(ACCOUNT) if a.inputs["accountId"] == "train-controller"]
+    # 1 act-as, the bindings and the roles themselves.
+    assert len(grants) == 1 + 2 * len(run.of_type(CUSTOM_ROLE))
+    assert {r.urn for r in grants + account} <= sleep.dependencies
+    controller = _instance(run, "controller-vm")
+    assert sleep.urn in controller.dependencies
+    # Depending on a slice's component waits for every resource it holds (the SDK expands it).
+    slices = {
+        c.urn for c in run.registrations if not c.custom and c.name.startswith(f"train-{platform}-slice-")
+    }
+    held = {r.urn for r in run.registrations if r.custom and r.parent in slices}
+    assert len(slices) == 2 and held and held <= controller.dependencies
 
 
 def _hosts_grants(run: OfflineRun) -> list[tuple[str, str, dict]]:
@@ -215,14 +282,14 @@ def test_the_hosts_identity_does_not_change(platform):
 
 
 def test_account_ids_of_one_cluster_never_collide():
-    assert account_id("train", "head") == "train-head"
+    assert account_id("train", "controller") == "train-controller"
     assert account_id("train") == account_id("train", "hosts") == "train-hosts"
     long_name = "a" * 30 + "-b"
-    hosts, head = account_id(long_name, "hosts"), account_id(long_name, "head")
-    assert hosts != head and "-h-" in head
-    for account in (hosts, head, account_id("a" * 30 + "-c", "head")):
+    hosts, controller = account_id(long_name, "hosts"), account_id(long_name, "controller")
+    assert hosts != controller and "-c-" in controller
+    for account in (hosts, controller, account_id("a" * 30 + "-c", "controller")):
         assert re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", account), account
-    assert account_id(long_name, "head") != account_id("a" * 30 + "-c", "head")
+    assert account_id(long_name, "controller") != account_id("a" * 30 + "-c", "controller")
 
 
 def test_role_ids_are_valid_and_unique_per_cluster():
@@ -231,3 +298,35 @@ def test_role_ids_are_valid_and_unique_per_cluster():
     ids = {role_id(name, "templates", "0a1b2c") for name in (long_a, long_b)}
     assert len(ids) == 2
     assert all(ROLE_ID.fullmatch(i) and i.endswith("_templates_0a1b2c") for i in ids)
+
+
+def test_preview_json_of_a_spot_multislice_stack_gives_slice_power_to_the_controller_only(capsys):
+    """Issue 20's acceptance: in `rayslice preview --output json` of a Spot multi-slice example,
+    the head VM's account holds no tpu.nodes.* or compute.instanceGroupManagers.* permission and
+    a separate account, the controller VM's, holds them."""
+    stack = Path(__file__).resolve().parents[2] / "infra" / "Pulumi.example-multislice.yaml"
+    assert (
+        cli.main(["preview", "--stack-file", str(stack), "--set", "capacity=spot", "--output", "json"]) == 0
+    )
+    resources = json.loads(capsys.readouterr().out)
+    by_type: dict[str, list[dict]] = {}
+    for r in resources:
+        by_type.setdefault(r["type"], []).append(r["inputs"])
+    custom = {
+        f"projects/{r['project']}/roles/{r['roleId']}": set(r["permissions"]) for r in by_type[CUSTOM_ROLE]
+    }
+    project_roles: dict[str, set[str]] = {}
+    for binding in by_type[PROJECT_MEMBER]:
+        project_roles.setdefault(binding["member"], set()).add(binding["role"])
+    vms = {vm["metadata"]["rayslice-role"]: vm["serviceAccount"]["email"] for vm in by_type[INSTANCE]}
+    head, controller = _member(vms["head-vm"]), _member(vms["controller-vm"])
+    assert head != controller
+
+    def permissions_of(member: str) -> set[str]:
+        return {p for role in project_roles.get(member, ()) for p in custom.get(role, ())}
+
+    # The head's predefined roles are the log and metric writers, which hold neither.
+    assert project_roles[head] == HOSTS_NEED
+    assert not {p for p in permissions_of(head) if SLICE_POWER.match(p)}
+    assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= permissions_of(controller)
+    assert project_roles[controller] <= set(custom)  # nothing but the controller's custom roles

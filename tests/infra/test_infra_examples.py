@@ -48,17 +48,18 @@ COMMON = {
     "gcp:secretmanager/secretIamMember:SecretIamMember": 1,
     SLEEP: 1,
 }
-# A head VM runs the recovery controller (recovery defaults to true) as its own account: that
-# account, its log and metric writers, its token reader, acting as the hosts' account, and one
-# custom role and binding per part of the controller's role (1 on tpu-vm, 2 on compute).
+# With a head VM the recovery controller runs (recovery defaults to true), on its own VM, as its
+# own account: that account, acting as the hosts' account, and one custom role and binding per
+# part of the controller's role (1 on tpu-vm, 2 on compute); nothing else (no log, metric or
+# secret grant). The VM itself and its deny rule are counted in each example (INSTANCE, FIREWALL).
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+CONTROLLER_ROLE = "controller-vm"
 
 
-def _head_identity(role_parts: int) -> dict[str, int]:
+def _controller_identity(role_parts: int) -> dict[str, int]:
     return {
         "gcp:serviceaccount/account:Account": 2,
-        "gcp:projects/iAMMember:IAMMember": 2 + 2 + role_parts,
-        "gcp:secretmanager/secretIamMember:SecretIamMember": 2,
+        "gcp:projects/iAMMember:IAMMember": 2 + role_parts,
         "gcp:serviceaccount/iAMMember:IAMMember": 1,
         "random:index/randomId:RandomId": 1,
         CUSTOM_ROLE: role_parts,
@@ -85,7 +86,8 @@ EXAMPLES = {
         head_vm=False,
     ),
     "Pulumi.example-v6e-16.yaml": dict(
-        counts={**COMMON, **_head_identity(1), V2VM: 1, FIREWALL: 2, INSTANCE: 1},
+        # Instances: the head VM and the controller VM; firewall: internal, IAP, controller deny.
+        counts={**COMMON, **_controller_identity(1), V2VM: 1, FIREWALL: 3, INSTANCE: 2},
         accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"spot": True},
@@ -101,7 +103,7 @@ EXAMPLES = {
         head_vm=False,
     ),
     "Pulumi.example-multislice.yaml": dict(
-        counts={**COMMON, **_head_identity(1), V2VM: 2, FIREWALL: 3, INSTANCE: 1},
+        counts={**COMMON, **_controller_identity(1), V2VM: 2, FIREWALL: 4, INSTANCE: 2},
         accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"reserved": True},
@@ -109,7 +111,7 @@ EXAMPLES = {
         head_vm=True,
     ),
     "Pulumi.example-compute-v6e-16.yaml": dict(
-        counts={**COMMON, **_head_identity(2), **_compute(4), FIREWALL: 2, INSTANCE: 1},
+        counts={**COMMON, **_controller_identity(2), **_compute(4), FIREWALL: 3, INSTANCE: 2},
         machine_type="ct6e-standard-4t",
         topology="4x4",
         provisioning="SPOT",
@@ -143,9 +145,14 @@ def example(request):
     return _example(request.param)
 
 
+def _controller_vms(run):
+    return [i for i in run.of_type(INSTANCE) if i.inputs["metadata"].get(ATTR_ROLE) == CONTROLLER_ROLE]
+
+
 def _hosts(run):
-    """Everything whose metadata boots a host: TPU VMs, instance templates, the head VM."""
-    return run.of_type(V2VM) + run.of_type(TEMPLATE) + run.of_type(INSTANCE)
+    """Everything whose metadata boots a Ray host: TPU VMs, instance templates, the head VM."""
+    ray = [i for i in run.of_type(INSTANCE) if i not in _controller_vms(run)]
+    return run.of_type(V2VM) + run.of_type(TEMPLATE) + ray
 
 
 def test_resource_types_and_counts(example):
@@ -219,8 +226,17 @@ def test_no_external_ips(example):
 
 def test_firewall_sources(example):
     _, cluster_spec, run = example
-    rules = run.of_type(FIREWALL)
+    denying = [r for r in run.of_type(FIREWALL) if r.inputs.get("denies")]
+    # The controller's VM: every protocol from everywhere denied, first, on its own tag only.
+    assert [
+        (r.inputs["denies"], r.inputs["sourceRanges"], r.inputs["targetTags"], r.inputs["priority"])
+        for r in denying
+    ] == [([{"protocol": "all"}], ["0.0.0.0/0"], [f"{cluster_spec.name}-controller"], 0)] * len(
+        _controller_vms(run)
+    )
+    rules = [r for r in run.of_type(FIREWALL) if r not in denying]
     for rule in rules:
+        assert not rule.inputs.get("denies")
         ranges = rule.inputs.get("sourceRanges") or []
         # GCP reads a rule without any source as 0.0.0.0/0: every rule must name one.
         assert ranges or rule.inputs.get("sourceTags")
@@ -261,7 +277,7 @@ def test_head_address_and_roles(example):
     head_ip = run.value["head_internal_ip"]
     slice_metadata = [vm.inputs["metadata"] for vm in run.of_type(V2VM) + run.of_type(TEMPLATE)]
     if expected["head_vm"]:
-        (instance,) = run.of_type(INSTANCE)
+        (instance,) = [i for i in run.of_type(INSTANCE) if i not in _controller_vms(run)]
         assert instance.inputs["metadata"][ATTR_ROLE] == "head-vm"
         assert instance.inputs["machineType"] == "n2-standard-16"
         assert all(m[ATTR_HEAD_ADDRESS] == head_ip for m in slice_metadata)
@@ -276,6 +292,9 @@ def test_no_secret_value_in_metadata_or_outputs(example):
     for host in _hosts(run):
         assert token not in json.dumps(host.inputs["metadata"])
         assert host.inputs["metadata"][ATTR_TOKEN_SECRET] == f"{cluster_spec.name}-ray-token"
+    for controller in _controller_vms(run):  # it never talks to Ray: not even the secret's name
+        assert token not in json.dumps(controller.inputs["metadata"])
+        assert ATTR_TOKEN_SECRET not in controller.inputs["metadata"]
     holders = [r for r in run.registrations if token in json.dumps(r.inputs)]
     assert [(r.type, sorted(r.secret_inputs)) for r in holders] == [
         ("gcp:secretmanager/secretVersion:SecretVersion", ["secretData"])
@@ -320,7 +339,7 @@ def test_hosts_wait_for_every_grant_and_the_firewall(example):
     assert sleep.inputs["createDuration"] == "60s"
     waited = {by_urn[u].type for u in sleep.dependencies if u in by_urn}
     assert set(GRANTS) <= waited
-    if expected["head_vm"]:  # and the head VM, which boots with them, for its controller's roles
+    if expected["head_vm"]:  # and the controller VM, which boots with them, for its roles
         assert {CUSTOM_ROLE, "gcp:serviceaccount/iAMMember:IAMMember"} <= waited
     rules = {r.urn for r in run.of_type(FIREWALL)}
     booting = [r for r in run.registrations if r.type in BOOTS_HOSTS]

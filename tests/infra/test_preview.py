@@ -58,17 +58,17 @@ def test_preview_of_each_example(capsys, name, slices, accelerator, runtime, hea
         "gcp.secretmanager.Secret",
     ):
         assert len(_resource_lines(out, kind)) == 1, kind
-    # The hosts' account, and the head VM's own (these head VMs run the recovery controller).
+    # The hosts' account, and the recovery controller's own (these clusters run one, on its VM).
     assert len(_resource_lines(out, "gcp.serviceaccount.Account")) == (2 if head_machine else 1)
     assert len(_resource_lines(out, "gcp.compute.Firewall")) >= 2
-    assert len(_resource_lines(out, "gcp.compute.Instance")) == (1 if head_machine else 0)
+    assert len(_resource_lines(out, "gcp.compute.Instance")) == (2 if head_machine else 0)
     if head_machine:
         assert f'machineType: "{head_machine}"' in out
     assert 'secretData: "[secret]"' in out
     assert 'startup-script": "<' in out  # the script is summarised, not dumped
     # A config change replaces the slices instead of patching metadata running hosts ignore.
     assert out.count("(replaced, not updated, when any of these inputs change: metadata)") == slices + (
-        1 if head_machine else 0
+        2 if head_machine else 0  # the head VM and the controller VM
     )
     assert out.count("(timeouts: create 60m, delete 30m)") == slices
 

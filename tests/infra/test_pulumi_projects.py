@@ -151,8 +151,11 @@ def test_example_creates_no_network_of_its_own_and_puts_the_slice_in_the_teams(e
     ):
         assert [r.name for r in registrations if r.type == kind] == [name], kind
     (template,) = [r for r in registrations if r.type == TEMPLATE]  # one v6e-16 slice on compute
-    (head,) = [r for r in registrations if r.type == INSTANCE]  # spot: the head runs on a CPU VM
-    for host in (template, head):
+    # Spot: the head runs on a CPU VM, and the recovery controller on its own.
+    head, controller = sorted(
+        (r for r in registrations if r.type == INSTANCE), key=lambda r: "controller" in r.name
+    )
+    for host in (template, head, controller):
         (nic,) = host.inputs["networkInterfaces"]
         assert (nic["network"], nic["subnetwork"]) == ("platform-vpc", "platform-tpu")
     rules = [r for r in registrations if r.type == FIREWALL]

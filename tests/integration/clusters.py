@@ -33,8 +33,8 @@ SHORT_WAITS = {
     # The GCS marks a node that stopped answering dead after period x threshold (default 3 s x 5).
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
-    # How often a head VM's recovery controller looks (the simulator's own default is 5 s, the
-    # cloud's 30 s); the boot script reads it on the head VM only.
+    # How often the recovery controller looks (the simulator's own default is 5 s, the cloud's
+    # 30 s); only the controller VM's script reads it.
     "RAYSLICE_RECOVERY_INTERVAL_S": str(RECOVERY_INTERVAL_S),
 }
 
@@ -56,8 +56,8 @@ def on(shape: str) -> pytest.MarkDecorator:
 
 
 def boot(sim: Simulation, names: Collection[str] | None = None) -> None:
-    """Power on `names` (default: every host) with `SHORT_WAITS` in their environment."""
-    for name in names if names is not None else [h.name for h in sim.plan.hosts]:
+    """Power on `names` (default: every machine, the controller VM too) with `SHORT_WAITS`."""
+    for name in names if names is not None else [h.name for h in sim.plan.machines]:
         sim.boot(name, env=SHORT_WAITS)
 
 

@@ -1,7 +1,9 @@
-"""Recovery on real namespaces, with the real boot script on every host: the simulated head VM's
-boot script writes the controller from its metadata and runs it as its second supervised service,
-as on a cloud VM (Application Default Credentials from the head's metadata server, the API through
-the endpoint override, events to the head's log and guest attributes); the cloud API emulation
+"""Recovery on real namespaces, with the real boot script on every host: the simulated controller
+VM, a machine of its own beside the Ray hosts, boots the controller's script, which writes the
+controller from its metadata (its hash checked) and runs it under its supervisor, as on a cloud VM
+(Application Default Credentials from the controller VM's metadata server, bound to the
+controller's roles in the emulation's IAM, the API through the endpoint override, events to the
+controller VM's log and guest attributes); the head VM runs Ray only; the cloud API emulation
 that `Simulation.create` starts runs beside the simulation on its bridge; `rayslice local preempt`
 powers a slice off; the controller notices by itself and recreates it, its hosts boot again and
 rejoin Ray; `rayslice status` shows the preemption and the recreation; `rayslice local down`
@@ -58,15 +60,20 @@ def _wait(condition: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.3)
 
 
+def _controller(sim: Simulation) -> str:
+    assert sim.plan.controller is not None
+    return sim.plan.controller.name
+
+
 def _events(sim: Simulation) -> list[dict[str, str]]:
-    """The controller's events, from the head VM's event log."""
-    log = sim.paths(sim.plan.head.name).root / "var/log/rayslice/recovery-events.jsonl"
+    """The controller's events, from the controller VM's event log."""
+    log = sim.paths(_controller(sim)).root / "var/log/rayslice/recovery-events.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 def _watching_since(sim: Simulation) -> float | None:
-    """When the head's boot script started the controller (its log line), as epoch seconds."""
-    boot_log = sim.paths(sim.plan.head.name).root / "var/log/rayslice/boot.log"
+    """When the controller VM's script started the controller (its log line), as epoch seconds."""
+    boot_log = sim.paths(_controller(sim)).root / "var/log/rayslice/boot.log"
     lines = [line for line in boot_log.read_text().splitlines() if "recovery: watching" in line]
     return _epoch(lines[-1].split()[0]) if lines else None
 
@@ -76,17 +83,20 @@ def _epoch(stamp: str) -> float:
 
 
 def _controller_started(sim: Simulation, slices: int) -> None:
-    """The head's boot script started the controller as its second service, from the bundle, and
-    the controller has looked at the healthy slices for two intervals without recording anything."""
-    head = sim.plan.head.name
-    assert head == names.head_name(sim.spec().name)
-    head_root = sim.paths(head).root
-    _wait(
-        lambda: (
-            f"recovery: watching {slices} slice(s)" in (head_root / "var/log/rayslice/boot.log").read_text()
-        )
+    """The controller VM's script started the controller from the bundle, on its own VM, and the
+    controller has looked at the healthy slices for two intervals without recording anything.
+    The head VM runs Ray only: no controller, no bundle there."""
+    controller = _controller(sim)
+    assert (
+        controller == names.controller_name(sim.spec().name) and state.ROLE_CONTROLLER_VM == "controller-vm"
     )
-    assert (head_root / "opt/rayslice/recovery.pyz").read_bytes().startswith(b"PK")
+    root = sim.paths(controller).root
+    _wait(lambda: f"recovery: watching {slices} slice(s)" in (root / "var/log/rayslice/boot.log").read_text())
+    assert (root / "opt/rayslice/recovery.pyz").read_bytes().startswith(b"PK")
+    assert sim.guest_attributes(controller)[names.STATE_KEY] == names.STATE_WATCHING
+    head_root = sim.paths(sim.plan.head.name).root
+    assert not (head_root / "opt/rayslice/recovery.pyz").exists()
+    assert "recovery" not in (head_root / "var/log/rayslice/boot.log").read_text()
     since = _watching_since(sim)
     assert since is not None
     _wait(lambda: time.time() - since > 2 * RECOVERY_INTERVAL_S + 1)
@@ -95,19 +105,19 @@ def _controller_started(sim: Simulation, slices: int) -> None:
 
 def _recorded_once(sim: Simulation, victim: str) -> None:
     """Every host has published `joined` again; exactly one event, a recreation of `victim`, still
-    alone two intervals later (whole again: nothing more to do), and stored once on the head VM
-    through its metadata server."""
+    alone two intervals later (whole again: nothing more to do), and stored once on the controller
+    VM through its metadata server."""
     sim.wait_for(lambda states: all(s == names.STATE_JOINED for s in states.values()), timeout=120)
     [event] = _events(sim)
     _wait(lambda: time.time() - _epoch(event["time"]) > 2 * RECOVERY_INTERVAL_S + 1)
     assert [(e["slice"], e["action"], e["outcome"]) for e in _events(sim)] == [
         (victim, "recreate", "recreated")
     ]
-    stored = [k for k in sim.guest_attributes(sim.plan.head.name) if k.startswith("recovery-")]
+    stored = [k for k in sim.guest_attributes(_controller(sim)) if k.startswith("recovery-")]
     assert len(stored) == 1
 
 
-def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_the_head_vm(
+def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
     simulation_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """On TPU VMs (the acceptance test below covers Compute Engine), with the smallest slices:
@@ -134,7 +144,10 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_the_head_vm(
     _wait(lambda: len(_events(sim)) == 1, 60)
     wait_nodes(sim, [h.ip for h in sim.plan.hosts if h.role != state.ROLE_HEAD_VM], 240)
     _recorded_once(sim, cluster.slice_name(1))
-    assert all(_boots(sim, h) == 1 for h in [sim.plan.head.name, *cloud_bridge.slice_hosts(sim.plan, 0)])
+    assert all(
+        _boots(sim, h) == 1
+        for h in [sim.plan.head.name, _controller(sim), *cloud_bridge.slice_hosts(sim.plan, 0)]
+    )
 
     data = _status(sim, monkeypatch, capsys)
     assert [s["state"] for s in data["slices"]] == ["READY"] * cluster.slices
@@ -198,7 +211,10 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     # the others once; status shows it.
     victims = cloud_bridge.slice_hosts(sim.plan, 1)
     assert all(_boots(sim, h) == 2 for h in victims)
-    assert all(_boots(sim, h) == 1 for h in [sim.plan.head.name, *cloud_bridge.slice_hosts(sim.plan, 0)])
+    assert all(
+        _boots(sim, h) == 1
+        for h in [sim.plan.head.name, _controller(sim), *cloud_bridge.slice_hosts(sim.plan, 0)]
+    )
     _recorded_once(sim, trace.victim)
     data = _status(sim, monkeypatch, capsys)
     assert [s["state"] for s in data["slices"]] == ["READY", "READY"]

@@ -32,7 +32,7 @@ class Recording:
     def __init__(self, plan: Plan):
         self.plan = plan
         self.actions: list[tuple[str, str]] = []
-        self.guest = {h.name: {"state": "joined"} for h in plan.hosts}
+        self.guest = {h.name: {"state": "joined"} for h in plan.machines}  # the controller VM too
 
     def guest_attributes(self, name: str) -> dict[str, str]:
         return self.guest[name]

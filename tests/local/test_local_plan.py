@@ -3,6 +3,7 @@ the status layout. Nothing here needs root or creates a namespace."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import random
 
@@ -15,6 +16,7 @@ from rayslice.local.host.paths import HostPaths
 from rayslice.local.host.processes import ProcessRef
 from rayslice.local.simulation import simulator, status
 from rayslice.local.simulation.state import (
+    ROLE_CONTROLLER_VM,
     ROLE_HEAD,
     ROLE_HEAD_VM,
     ROLE_WORKER,
@@ -61,6 +63,24 @@ def test_multislice_plan_puts_the_head_vm_first():
     assert plan.head is plan.hosts[0]
     assert [h.role for h in plan.hosts[1:]] == [ROLE_WORKER] * 8
     assert plan.slice_ips(1) == [f"100.64.9.{i}" for i in range(7, 11)]
+
+
+def test_a_recovering_cluster_gets_the_controller_vm_as_a_machine_apart_from_the_ray_hosts():
+    plan = _plan({"slices": 2, "acceleratorType": "v6e-16", "capacity": "spot"})
+    assert plan.controller is not None and plan.controller.role == ROLE_CONTROLLER_VM
+    assert plan.controller.name == "rayslice-controller" and plan.controller not in plan.hosts
+    assert (
+        plan.machines == (*plan.hosts, plan.controller)
+        and plan.host("rayslice-controller") is plan.controller
+    )
+    assert len({h.ip for h in plan.machines}) == len(plan.machines) == 10
+    check_state(SimulationState(plan=plan, state_dir="/x"))
+    off = _plan({"slices": 2, "acceleratorType": "v6e-16", "capacity": "spot", "recovery": False})
+    assert off.controller is None and off.machines == off.hosts
+    # A controller role among the Ray hosts is not what make_plan writes: refused.
+    swapped = dataclasses.replace(plan, hosts=(*plan.hosts[:-1], plan.controller), controller=plan.hosts[-1])
+    with pytest.raises(SimulatorError, match="in its place"):
+        check_state(SimulationState(plan=swapped, state_dir="/x"))
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])

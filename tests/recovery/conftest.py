@@ -1,5 +1,5 @@
 """The emulated cloud on loopback, a real client with real (emulated-issuer) credentials, and a
-real metadata server for the head VM whose guest attributes the emulation serves back."""
+real metadata server for the controller VM whose guest attributes the emulation serves back."""
 
 from __future__ import annotations
 
@@ -56,14 +56,14 @@ def client(adc: Path) -> CloudClient:
 
 
 @pytest.fixture
-def head_metadata(cloud: CloudApiEmulator) -> Iterator[MetadataServer]:
-    """The head VM's metadata server (the simulator's own), served to the emulation's
-    instances.getGuestAttributes for the head VM."""
+def controller_metadata(cloud: CloudApiEmulator) -> Iterator[MetadataServer]:
+    """The controller VM's metadata server (the simulator's own), served to the emulation's
+    instances.getGuestAttributes for the controller VM."""
     server = MetadataServer(("127.0.0.1", 0), {})
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    head = names.head_name(CLUSTER)
-    cloud.guest_source = lambda instance: server.guest if instance == head else None
+    controller = names.controller_name(CLUSTER)
+    cloud.guest_source = lambda instance: server.guest if instance == controller else None
     yield server
     server.shutdown()
     server.server_close()
@@ -80,7 +80,7 @@ class Clock:
 def make_controller(
     client: CloudClient,
     platform: str,
-    head_metadata: MetadataServer,
+    controller_metadata: MetadataServer,
     *,
     slices: int = 2,
     clock: Clock | None = None,
@@ -88,7 +88,7 @@ def make_controller(
     cap: float = 30.0,
 ) -> tuple[Controller, io.StringIO]:
     stream = io.StringIO()
-    host = head_metadata.url.removeprefix("http://")
+    host = controller_metadata.url.removeprefix("http://")
     recorder = Recorder([StreamSink(stream), GuestAttributeSink(host=host)])
     controller = Controller(
         client,

@@ -22,14 +22,14 @@ def _reduce(path: str) -> str:
     return re.sub(r"\{[^}]*\}", "{}", path)
 
 
-def _exercise(cloud: CloudApiEmulator, client: CloudClient, head: MetadataServer, platform: str) -> None:
+def _exercise(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, platform: str) -> None:
     seed(cloud, platform)
     ns = names.GUEST_ATTRIBUTE_NAMESPACE
     for worker in range(4):
         host = names.host_name(names.slice_name(CLUSTER, 0), worker)
         cloud.guest[host] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
         cloud.tpu_guest[(names.slice_name(CLUSTER, 0), worker)] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
-    controller, _ = make_controller(client, platform, head)
+    controller, _ = make_controller(client, platform, vm)
     controller.step()
     cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
     controller.step()
@@ -53,9 +53,9 @@ def _exercise(cloud: CloudApiEmulator, client: CloudClient, head: MetadataServer
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
 def test_every_request_and_response_matches_the_discovery_schemas(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, platform: str
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, platform: str
 ) -> None:
-    _exercise(cloud, client, head_metadata, platform)
+    _exercise(cloud, client, controller_metadata, platform)
     by_id = {route.method_id: route for route in ROUTES}
     served = [c for c in cloud.calls if c.status == 200]
     assert served, "nothing was served"

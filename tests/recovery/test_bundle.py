@@ -1,23 +1,28 @@
-"""The controller as the head VM gets it: a reproducible zipapp that runs with nothing else of rayslice."""
+"""The controller as its VM gets it: a reproducible zipapp that runs with nothing else of rayslice."""
 
 from __future__ import annotations
 
 import ast
 import base64
+import hashlib
 import io
 import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from rayslice import spec
-from rayslice.infra.metadata import host_metadata
+from rayslice.infra.metadata import controller_metadata
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.names import ATTR_CLUSTER, ATTR_PLATFORM, ATTR_RECOVERY_BUNDLE, HEAD_VM_SLICE_INDEX
 from rayslice.recovery import bundle
-from rayslice.startup_scripts import host_attributes, render
+from rayslice.startup_scripts import host_attributes
+from rayslice.startup_scripts.controller import controller_attributes, render_controller
 from tests.imports import closure
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
 
@@ -41,9 +46,22 @@ print(json.dumps({"code": code, "outside": outside}))
 """
 
 
-def test_the_bundle_is_reproducible_and_holds_only_the_controller() -> None:
+# The earliest date a zip entry can carry: what every entry must say, whenever it is built.
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def test_the_bundle_is_reproducible_and_holds_only_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builds a day and a half apart (the clock zipfile reads is moved, not slept) give the
+    same bytes, and no entry carries the time it was built."""
     data = bundle.build()
+    later = time.time() + 36 * 3600 + 17
+    monkeypatch.setattr(time, "time", lambda: later)
+    monkeypatch.setattr(
+        time, "localtime", lambda seconds=None: time.gmtime(later if seconds is None else seconds)
+    )
     assert data == bundle.build()
+    entries = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    assert {entry.date_time for entry in entries} == {ZIP_EPOCH}
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
     assert names == ["__main__.py", *bundle.MODULES]
     assert base64.b64decode(bundle.encoded()) == data
@@ -81,16 +99,20 @@ def test_the_bundle_runs_one_pass_against_the_api_with_nothing_else_of_rayslice(
     assert cloud.mutations() == [] and not events.exists()
 
 
-def test_only_the_head_vm_of_a_recovering_cluster_carries_the_controller() -> None:
+def test_only_the_controller_vm_carries_the_controller() -> None:
     spot = spec.load({"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2}, require_zone=False)
-    head = host_attributes(spot, HEAD_VM_SLICE_INDEX)
-    assert head[ATTR_RECOVERY_BUNDLE] == bundle.encoded()
-    assert (head[ATTR_CLUSTER], head[ATTR_PLATFORM]) == (spot.name, spot.platform)
-    assert ATTR_RECOVERY_BUNDLE not in host_attributes(spot, 0)  # TPU hosts never get it
-    off = spec.load(
-        {"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2, "recovery": False}, require_zone=False
-    )
-    assert not {ATTR_RECOVERY_BUNDLE, ATTR_CLUSTER} & set(host_attributes(off, HEAD_VM_SLICE_INDEX))
+    controller = controller_attributes(spot)
+    assert controller[ATTR_RECOVERY_BUNDLE] == bundle.encoded()
+    assert (controller[ATTR_CLUSTER], controller[ATTR_PLATFORM]) == (spot.name, spot.platform)
+    # Neither the head VM (Ray and every job's driver) nor a TPU host ever gets it.
+    for index in (HEAD_VM_SLICE_INDEX, 0, 1):
+        assert not {ATTR_RECOVERY_BUNDLE, ATTR_CLUSTER, ATTR_PLATFORM} & set(host_attributes(spot, index))
+
+
+def test_the_controller_script_pins_the_bundles_hash() -> None:
+    spot = spec.load({"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2}, require_zone=False)
+    script = render_controller(spot)
+    assert f"BUNDLE_SHA256={hashlib.sha256(base64.b64decode(bundle.encoded())).hexdigest()}\n" in script
 
 
 # Standard-library names that Python 3.11 added (its "What's New"): none may appear in the bundle.
@@ -111,7 +133,7 @@ NEW_MODULES_311 = {"tomllib", "wsgiref.types"}
 
 
 def test_the_bundle_is_python_3_10_code() -> None:
-    """An offline head VM runs it with Ubuntu 22.04's Python 3.10 (see rayslice.recovery.bundle)."""
+    """The controller VM runs it with Ubuntu 22.04's Python 3.10 (see rayslice.recovery.bundle)."""
     archive = zipfile.ZipFile(io.BytesIO(bundle.build()))
     for name in archive.namelist():
         tree = ast.parse(archive.read(name), filename=name, feature_version=(3, 10))
@@ -126,9 +148,9 @@ def test_the_bundle_is_python_3_10_code() -> None:
                 assert not {a.name for a in node.names} & NEW_MODULES_311, f"{name}:{node.lineno}"
 
 
-def test_the_head_metadata_with_the_controller_fits_compute_engines_limit() -> None:
+def test_the_controller_vm_metadata_fits_compute_engines_limit() -> None:
     """Compute Engine allows 512 KB of metadata per instance, keys and values together."""
     spot = spec.load({"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2}, require_zone=False)
-    metadata = host_metadata(spot, render(spot), HEAD_VM_SLICE_INDEX, token_secret="rayslice-ray-token")
+    metadata = controller_metadata(spot, render_controller(spot))
     assert metadata[ATTR_RECOVERY_BUNDLE] == bundle.encoded()
     assert sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) < 512 * 1024

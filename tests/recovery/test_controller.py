@@ -32,10 +32,10 @@ def _summary(cloud: CloudApiEmulator) -> list[tuple[str, str]]:
 
 
 def test_preempted_tpu_node_is_recreated_whole_from_its_own_spec(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "tpu-vm")
-    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata)
     controller.step()  # healthy: records each node's spec, touches nothing
     assert cloud.mutations() == []
     old_id = cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["id"]
@@ -67,7 +67,7 @@ def test_preempted_tpu_node_is_recreated_whole_from_its_own_spec(
 
 
 def test_a_node_answered_with_both_of_an_exclusive_pair_is_created_with_one(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     """nodes.get may fill in both networkConfig and networkConfigs (and acceleratorType beside
     acceleratorConfig); the create call carries only the one the program sets of each pair,
@@ -76,7 +76,7 @@ def test_a_node_answered_with_both_of_an_exclusive_pair_is_created_with_one(
     node = cloud.state.nodes[(PROJECT, ZONE, SLICE1)]
     node["acceleratorConfig"] = {"type": "V6E", "topology": "4x4"}
     node["networkConfigs"] = [NODE_FIELDS["networkConfig"]]
-    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata)
     controller.step()
     cloud.preempt(PROJECT, ZONE, SLICE1)
     controller.step()
@@ -93,10 +93,10 @@ def test_a_node_answered_with_both_of_an_exclusive_pair_is_created_with_one(
 @pytest.mark.parametrize("fields", [mig_fields, old_mig_fields], ids=["program", "earlier-bulk"])
 @pytest.mark.parametrize("mode", ["gone", "terminated"])
 def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, mode: str, fields
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, mode: str, fields
 ) -> None:
     seed(cloud, "compute", fields=fields)
-    controller, stream = make_controller(client, "compute", head_metadata)
+    controller, stream = make_controller(client, "compute", controller_metadata)
     controller.step()
     assert cloud.mutations() == []
 
@@ -154,10 +154,10 @@ def test_the_rules_refuse_the_shape_an_earlier_controller_sent() -> None:
     ],
 )
 def test_a_host_not_running_after_the_slice_was_whole_breaks_it(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, status, action
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, status, action
 ) -> None:
     seed(cloud, "compute")
-    controller, stream = make_controller(client, "compute", head_metadata)
+    controller, stream = make_controller(client, "compute", controller_metadata)
     controller.step()  # whole: every host RUNNING
     instance = cloud.state.instances[(PROJECT, ZONE, SLICE1)][1]
     instance.pop("instanceStatus")
@@ -176,14 +176,14 @@ def test_a_host_not_running_after_the_slice_was_whole_breaks_it(
 
 
 def test_a_compute_slice_being_created_is_not_broken_until_it_was_whole(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "compute")
     creating = cloud.state.instances[(PROJECT, ZONE, SLICE0)]
     for instance in creating[2:]:
         instance.pop("instanceStatus")
         instance["currentAction"] = "CREATING"
-    controller, stream = make_controller(client, "compute", head_metadata)
+    controller, stream = make_controller(client, "compute", controller_metadata)
     controller.step()
     assert cloud.mutations() == [] and stream.getvalue() == ""
     for instance in creating[2:]:
@@ -195,11 +195,11 @@ def test_a_compute_slice_being_created_is_not_broken_until_it_was_whole(
 
 
 def test_a_recreated_compute_slice_is_left_to_come_up(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     """After a recreation the new hosts are CREATING for a while: not broken again until whole."""
     seed(cloud, "compute")
-    controller, stream = make_controller(client, "compute", head_metadata)
+    controller, stream = make_controller(client, "compute", controller_metadata)
     controller.step()
     cloud.preempt(PROJECT, ZONE, SLICE0, mode="terminated")
     controller.step()
@@ -214,33 +214,33 @@ def test_a_recreated_compute_slice_is_left_to_come_up(
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
 def test_a_healthy_cluster_is_left_alone(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer, platform: str
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, platform: str
 ) -> None:
     seed(cloud, platform)
-    controller, stream = make_controller(client, platform, head_metadata)
+    controller, stream = make_controller(client, platform, controller_metadata)
     for _ in range(3):
         controller.step()
     assert cloud.mutations() == []
-    assert stream.getvalue() == "" and head_metadata.guest == {}
+    assert stream.getvalue() == "" and controller_metadata.guest == {}
     assert len(cloud.calls) >= 6  # it did look, every pass
 
 
 def test_a_slice_being_created_is_not_a_broken_one(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "tpu-vm")
     cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["state"] = "CREATING"
-    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata)
     controller.step()
     assert cloud.mutations() == [] and stream.getvalue() == ""
 
 
 def test_backoff_grows_exponentially_and_caps(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "tpu-vm")
     clock = Clock()
-    controller, stream = make_controller(client, "tpu-vm", head_metadata, clock=clock, base=10, cap=30)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata, clock=clock, base=10, cap=30)
     controller.step()
     cloud.fail_creates = 4  # four stockouts in a row, then capacity returns
     cloud.preempt(PROJECT, ZONE, SLICE0)
@@ -272,14 +272,14 @@ def test_backoff_grows_exponentially_and_caps(
 
 
 def test_a_name_that_is_not_this_clusters_slice_is_refused_and_never_touched(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "tpu-vm")
     # Preempted nodes that look close to the cluster's slices but are not among them.
     for foreign in ("prod-slice-0", f"{CLUSTER}-slice-2", f"{CLUSTER}-slice-1-copy", f"x{CLUSTER}-slice-0"):
         cloud.add_node(PROJECT, ZONE, foreign, **NODE_FIELDS)
         cloud.preempt(PROJECT, ZONE, foreign)
-    controller, stream = make_controller(client, "tpu-vm", head_metadata)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata)
     before = len(cloud.calls)
     for name in ("prod-slice-0", f"{CLUSTER}-slice-2", f"{CLUSTER}-slice-1-copy", f"{CLUSTER}-head"):
         with pytest.raises(RefusedResource, match="not one of"):
@@ -309,26 +309,26 @@ def test_compute_refuses_a_foreign_mig_before_sending(cloud: CloudApiEmulator, c
 
 
 def test_a_platform_without_a_vm_slice_resource_is_refused_before_any_request(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
-    controller, _ = make_controller(client, "gke", head_metadata)
+    controller, _ = make_controller(client, "gke", controller_metadata)
     with pytest.raises(RefusedResource, match="platform 'gke' has no recovery controller"):
         controller.act_on(SLICE0)
     assert cloud.calls == []
 
 
 def test_each_event_is_recorded_once_in_every_sink(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "compute")
-    controller, stream = make_controller(client, "compute", head_metadata)
+    controller, stream = make_controller(client, "compute", controller_metadata)
     controller.step()
     cloud.preempt(PROJECT, ZONE, SLICE1)
     for _ in range(4):  # the recovery, then healthy passes
         controller.step()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1
-    stored = head_metadata.guest[names.GUEST_ATTRIBUTE_NAMESPACE]
+    stored = controller_metadata.guest[names.GUEST_ATTRIBUTE_NAMESPACE]
     assert len(stored) == 1
     ((key, value),) = stored.items()
     assert key.startswith("recovery-") and json.loads(value) == json.loads(lines[0])
@@ -338,11 +338,11 @@ def test_each_event_is_recorded_once_in_every_sink(
 
 
 def test_a_missing_slice_never_seen_whole_is_reported_not_guessed(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "tpu-vm", slices=1)  # slice 1 does not exist, and was never seen
     clock = Clock()
-    controller, stream = make_controller(client, "tpu-vm", head_metadata, clock=clock)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata, clock=clock)
     controller.step()
     controller.step()  # inside the backoff: no second event
     assert cloud.mutations() == []
@@ -352,10 +352,10 @@ def test_a_missing_slice_never_seen_whole_is_reported_not_guessed(
 
 
 def test_a_node_deleted_after_it_was_seen_is_created_again(
-    cloud: CloudApiEmulator, client: CloudClient, head_metadata: MetadataServer
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     seed(cloud, "tpu-vm")
-    controller, _ = make_controller(client, "tpu-vm", head_metadata)
+    controller, _ = make_controller(client, "tpu-vm", controller_metadata)
     controller.step()
     del cloud.state.nodes[(PROJECT, ZONE, SLICE0)]
     controller.step()

@@ -1,13 +1,23 @@
-"""The controller's roles hold exactly the permissions of the methods it calls."""
+"""The controller's roles hold exactly the permissions of the methods it calls: derived from the
+calls it makes against the emulation, whose IAM refuses (403) any call its role does not allow."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
+import requests
 
+from rayslice import names
+from rayslice.errors import NoCredentials
+from rayslice.local.google.cloud_api import iam
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.routes import ROUTES
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import permissions
+from rayslice.recovery.cloud import CloudClient
+from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed
 
 STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 
@@ -72,3 +82,98 @@ def test_the_condition_names_exactly_this_clusters_templates() -> None:
 def test_a_condition_without_a_trailing_hyphen_or_prefixes_is_refused(prefixes: list[str]) -> None:
     with pytest.raises(ValueError):
         permissions.template_condition("proj-1", prefixes)
+
+
+# ---- derived from the calls the controller makes, enforced by the emulation ------------------
+
+SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
+
+
+def _controller_client(cloud: CloudApiEmulator, granted: tuple[str, ...]) -> CloudClient:
+    """A client whose token the emulation binds to `granted`, as IAM binds the controller's
+    account to its roles: a call needing anything else is refused with 403."""
+    token = f"controller-{len(cloud.bindings)}"
+    cloud.tokens.add(token)
+    cloud.bind(token, granted)
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    return CloudClient(
+        session,
+        LOCATION,
+        tpu_base=f"{cloud.url}/",
+        compute_base=f"{cloud.url}/compute/v1/",
+        sleep=lambda _: None,
+        poll_interval_s=0,
+    )
+
+
+def _every_way_it_acts(
+    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, platform: str
+) -> str:
+    """The controller looks at healthy slices, recreates a preempted one (delete, create and
+    the polls of both operations) and one that vanished (create only); returns its output."""
+    seed(cloud, platform)
+    controller, stream = make_controller(client, platform, vm)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1)
+    controller.step()
+    key = (PROJECT, ZONE, SLICE0)
+    if platform == "tpu-vm":
+        del cloud.state.nodes[key]
+    else:
+        del cloud.state.migs[key]
+    controller.step()
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
+def test_the_roles_hold_exactly_what_the_controllers_calls_need(
+    cloud: CloudApiEmulator, controller_metadata: MetadataServer, platform: str
+) -> None:
+    client = _controller_client(cloud, permissions.held(platform))
+    output = _every_way_it_acts(cloud, client, controller_metadata, platform)
+    assert output.count('"outcome": "recreated"') == 2, output
+    # Nothing refused; the one 404 is the vanished slice, as Google answers for it.
+    assert cloud.calls and {c.status for c in cloud.calls} == {200, 404}
+    called = {c.method_id for c in cloud.calls}
+    polled = "tpu.projects.locations.operations.get" if platform == "tpu-vm" else "compute.zoneOperations.get"
+    assert polled in called
+    needed = {p for c in cloud.calls for p in iam.required_permissions(c.method_id, c.request)}
+    # The custom roles: exactly what the calls needed (acting as the hosts is its own grant).
+    assert set(permissions.permissions(platform)) == needed - {iam.ACT_AS}
+    # A TPU node create names the hosts' account; Compute's MIG insert names a template whose
+    # account IAM may check (undocumented, permissions.py), so act-as is held on both.
+    assert (iam.ACT_AS in needed) == (platform == "tpu-vm")
+    assert set(permissions.held(platform)) == needed | {iam.ACT_AS}
+
+
+@pytest.mark.parametrize(
+    "platform, withheld",
+    [
+        ("tpu-vm", "tpu.operations.get"),
+        ("tpu-vm", "tpu.nodes.delete"),
+        ("compute", "compute.zoneOperations.get"),
+        ("compute", "compute.instanceTemplates.useReadOnly"),
+    ],
+)
+def test_a_call_the_role_does_not_allow_is_refused_403_and_nothing_is_recreated(
+    cloud: CloudApiEmulator, controller_metadata: MetadataServer, platform: str, withheld: str
+) -> None:
+    granted = tuple(p for p in permissions.held(platform) if p != withheld)
+    client = _controller_client(cloud, granted)
+    with contextlib.suppress(NoCredentials):  # a 403 is what the client calls refused credentials
+        _every_way_it_acts(cloud, client, controller_metadata, platform)
+    refused = [c for c in cloud.calls if c.status == 403]
+    assert refused and refused[0].response["error"]["status"] == "PERMISSION_DENIED"
+    assert withheld in refused[0].response["error"]["message"]
+
+
+def test_an_unbound_token_is_the_owner_and_may_call_everything(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    output = _every_way_it_acts(cloud, client, controller_metadata, "tpu-vm")
+    assert output.count('"outcome": "recreated"') == 2 and {c.status for c in cloud.calls} == {200, 404}
+
+
+def test_every_emulated_method_has_its_permission() -> None:
+    assert {r.method_id for r in ROUTES} == set(iam.METHOD_PERMISSIONS)

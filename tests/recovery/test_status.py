@@ -38,17 +38,19 @@ def _publish_states(cloud: CloudApiEmulator, platform: str) -> None:
 def test_status_shows_slices_hosts_and_the_recovery_events(
     cloud: CloudApiEmulator,
     client: CloudClient,
-    head_metadata: MetadataServer,
+    controller_metadata: MetadataServer,
     capsys: pytest.CaptureFixture[str],
     platform: str,
 ) -> None:
     seed(cloud, platform)
     _publish_states(cloud, platform)
-    head_metadata.guest[names.GUEST_ATTRIBUTE_NAMESPACE] = {names.STATE_KEY: names.STATE_JOINED}
-    controller, _ = make_controller(client, platform, head_metadata)
+    ns = names.GUEST_ATTRIBUTE_NAMESPACE
+    cloud.guest[names.head_name(CLUSTER)] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
+    controller_metadata.guest[ns] = {names.STATE_KEY: names.STATE_WATCHING}
+    controller, _ = make_controller(client, platform, controller_metadata)
     controller.step()
     cloud.preempt(PROJECT, ZONE, SLICE1)
-    controller.step()  # recreates slice 1 and publishes one event on the head VM
+    controller.step()  # recreates slice 1 and publishes one event on the controller VM
     _publish_states(cloud, platform)  # the new hosts boot and publish again
     capsys.readouterr()
 
@@ -56,6 +58,7 @@ def test_status_shows_slices_hosts_and_the_recovery_events(
     data = json.loads(capsys.readouterr().out)
     assert data["cluster"] == CLUSTER and data["platform"] == platform
     assert data["head"] == {"name": names.head_name(CLUSTER), "boot": names.STATE_JOINED}
+    assert data["controller"] == {"name": names.controller_name(CLUSTER), "boot": names.STATE_WATCHING}
     assert [s["name"] for s in data["slices"]] == [SLICE0, SLICE1]
     ready = "READY"
     assert [s["state"] for s in data["slices"]] == [ready, ready]
@@ -74,6 +77,7 @@ def test_status_shows_slices_hosts_and_the_recovery_events(
     assert f"slice {SLICE1}: READY" in text
     assert f"{SLICE1}: saw {event['seen']}; recreate -> recreated" in text
     assert "waiting: head" in text
+    assert f"controller VM {names.controller_name(CLUSTER)}: watching" in text
 
 
 def test_status_shows_a_preempted_slice_before_recovery(
@@ -86,6 +90,7 @@ def test_status_shows_a_preempted_slice_before_recovery(
     data = json.loads(capsys.readouterr().out)
     assert [s["state"] for s in data["slices"]] == ["PREEMPTED", "MISSING"]
     assert data["events"] == [] and data["head"]["boot"].startswith("unknown")
+    assert data["controller"]["boot"].startswith("unknown")
     assert cloud.mutations() == []  # status only reads
 
 
@@ -204,6 +209,7 @@ def test_status_text_shows_escape_sequences_and_line_breaks_from_guest_attribute
         "project": PROJECT,
         "zone": ZONE,
         "head": {"name": "head", "boot": forged},
+        "controller": {"name": "controller", "boot": forged},
         "slices": [
             {"name": SLICE0, "state": "READY", "hosts": [{"worker": 0, "name": "h0", "boot": forged}]}
         ],
@@ -212,5 +218,6 @@ def test_status_text_shows_escape_sequences_and_line_breaks_from_guest_attribute
     }
     text = render_text(data)
     assert not any(c in text for c in "\x1b\r\u202e")
-    assert len(text.splitlines()) == 6  # cluster, head, slice, worker, "recovery events:", one event
+    # cluster, head, controller, slice, worker, "recovery events:", one event
+    assert len(text.splitlines()) == 7
     assert "joined\\x1b[2J\\r\\nslice other: joined\\u202e" in text

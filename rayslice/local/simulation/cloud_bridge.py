@@ -41,6 +41,7 @@ from rayslice.local.simulation.state import (
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
 from rayslice.platforms import MIG, VM_PLATFORMS
+from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
 
@@ -89,7 +90,7 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
     """Seed `emulator` with the simulation's slices and wire its hooks to the simulated hosts."""
     project, zone = project_of(spec), str(spec.zone)
     by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
-    known = {h.name for h in sim.plan.hosts}
+    known = {h.name for h in sim.plan.machines}
     for index, (name, hosts) in enumerate(by_slice.items()):
         if VM_PLATFORMS[spec.platform].slice_resource == MIG:
             emulator.add_mig(
@@ -182,10 +183,11 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     """Serve the emulation on the simulation's bridge address until killed.
 
     Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of every
-    host's link), but only the controller's host is admitted (`Plan.controller`), and its
+    host's link), but only the controller VM's host is admitted (`Plan.controller`), and its
     metadata server's token is accepted as one the emulation issued, as Google accepts the
-    service-account token of a VM whose account holds the roles. Every host's token is a random
-    secret of the run (`host_metadata.instance_tree`); the others are refused.
+    service-account token of a VM whose account holds the roles, and bound to the controller's
+    roles (`iam`): a call they do not allow is refused, as on the cloud. Every host's token is a
+    random secret of the run (`host_metadata.instance_tree`); the others are refused.
     """
     opened = Simulation.open(state_dir)
     spec = opened.spec()
@@ -194,8 +196,9 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     emulator = CloudApiEmulator((sim.plan.gateway, port), clients=sim.plan.admitted)
     attach(emulator, sim, spec)
     if controller is not None:
-        tree = load_tree(opened.paths(controller.name).metadata_tree.read_text())
-        emulator.tokens.add(access_token_of(tree))
+        token = access_token_of(load_tree(opened.paths(controller.name).metadata_tree.read_text()))
+        emulator.tokens.add(token)
+        emulator.bind(token, permissions.held(spec.platform))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
     publish(emulator, state_dir, spec)

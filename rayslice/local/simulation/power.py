@@ -16,9 +16,9 @@ from rayslice.errors import SimulatorError
 from rayslice.local.host.boot import host_environment
 from rayslice.local.host.processes import children, is_alive
 from rayslice.local.simulation.recorded import RecordedSimulation
-from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_HEAD_VM
+from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
 
-# How often the simulated head's recovery controller looks (the cloud default is 30 s), through
+# How often the simulated recovery controller looks (the cloud default is 30 s), through
 # the boot script's RAYSLICE_RECOVERY_INTERVAL_S: a simulated preemption is noticed within seconds.
 LOCAL_RECOVERY_INTERVAL_S = 5
 
@@ -30,13 +30,14 @@ class HostPower(RecordedSimulation):
         """Power the host on: fresh PID/UTS/mount namespaces run the startup script (GCE: at every boot).
 
         `env` adds variables to the script's otherwise clean environment (tests shorten the
-        script's documented RAYSLICE_HEAD_DEADLINE_S with it). The head VM's environment also
-        points the cloud API clients at the emulation (the endpoint overrides gcloud and
-        `rayslice.recovery.cloud` honour) and shortens the recovery controller's interval.
+        script's documented RAYSLICE_HEAD_DEADLINE_S with it). The controller VM's environment
+        also points the cloud API clients at the emulation (the endpoint overrides gcloud and
+        `rayslice.recovery.cloud` honour) and shortens the recovery controller's interval; no
+        Ray host gets these.
         """
         host = self.plan.host(name)
-        if host.role == ROLE_HEAD_VM:
-            env = {**self._head_vm_environment(), **(env or {})}
+        if host.role == ROLE_CONTROLLER_VM:
+            env = {**self._controller_environment(), **(env or {})}
         if self.running(name):
             raise SimulatorError(f"host {name} is already running; use reboot")
         paths = self.paths(name)
@@ -71,11 +72,11 @@ class HostPower(RecordedSimulation):
         )
 
     def boot_all(self, skip: Collection[str] = ()) -> None:
-        """Boot every host except those named in `skip` (a host that never boots is a fault to test)."""
-        unknown = set(skip) - {h.name for h in self.plan.hosts}
+        """Boot every machine except those named in `skip` (a host that never boots is a fault to test)."""
+        unknown = set(skip) - {h.name for h in self.plan.machines}
         if unknown:
             raise SimulatorError(f"no hosts {sorted(unknown)} in this simulation")
-        for host in self.plan.hosts:
+        for host in self.plan.machines:
             if host.name not in skip:
                 self.boot(host.name)
 
@@ -129,6 +130,6 @@ class HostPower(RecordedSimulation):
         ray = str(Path(sys.executable).with_name("ray"))
         return self.exec_in(self.plan.head.name, [ray, "stop", "--force"])
 
-    def _head_vm_environment(self) -> dict[str, str]:
+    def _controller_environment(self) -> dict[str, str]:
         endpoint = json.loads((self.state_dir / CLOUD_API_ENDPOINT_FILE).read_text())
         return {**endpoint["env"], "RAYSLICE_RECOVERY_INTERVAL_S": str(LOCAL_RECOVERY_INTERVAL_S)}

@@ -52,6 +52,7 @@ from rayslice.local.simulation.services import SimulationServices
 from rayslice.local.simulation.state import (
     CLOUD_API_FILES,
     CLOUD_API_PROCESS,
+    ROLE_CONTROLLER_VM,
     ROLE_HEAD_VM,
     HostPlan,
     HostRecord,
@@ -64,6 +65,7 @@ from rayslice.local.simulation.state import (
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import RenderOptions, render
+from rayslice.startup_scripts.controller import controller_attributes, render_controller
 
 # Which hosts a simulation has, given its network (`Simulation.create`).
 HostSource = Callable[[IPv4Network], Sequence[HostRecord]]
@@ -163,7 +165,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                     "run `rayslice local down` first"
                 )
         ensure_private_dir(state_dir)
-        host_count = spec.total_hosts + (1 if spec.head == "vm" else 0)
+        host_count = spec.total_hosts + (1 if spec.head == "vm" else 0) + (1 if spec.runs_recovery else 0)
         network = netns.free_subnet(subnet_prefix(host_count), netns.used_networks(), random.Random())
         records = list(hosts(network) if hosts is not None else spec_hosts(spec))
         plan = make_plan(spec, run_id=new_run_id(), network=network, hosts=records)
@@ -182,11 +184,13 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 "no nft or iptables on this machine: the bridge subnet is not filtered, so other local "
                 "users can reach the hosts' ports (Ray token auth still applies); install nftables"
             )
+        options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
         if script is None:
-            options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
             script = render(spec, options)
         metadata = {r.name: dict(r.metadata) for r in records if r.metadata is not None}
-        sim._build(spec, script, metadata, metadata_unavailable_for, metadata_silent_for)
+        # The recovery controller's VM boots its own script, as on the cloud.
+        scripts = {ROLE_CONTROLLER_VM: render_controller(spec, options)} if plan.controller else {}
+        sim._build(spec, script, scripts, metadata, metadata_unavailable_for, metadata_silent_for)
         sim._start_cloud_api()
         return sim
 
@@ -211,13 +215,14 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         self,
         spec: ClusterSpec,
         script: str,
+        scripts: dict[str, str],
         metadata: dict[str, dict[str, str]],
         unavailable_for: float,
         silent_for: float,
     ) -> None:
-        """Make every host; a host's ``instance/attributes/`` are `metadata`'s entry for it when
-        there is one, else derived from the spec. Either way its startup script is `script`,
-        rendered for the simulator (`host_metadata.instance_tree`)."""
+        """Make every machine's network, files and metadata server. A machine's startup script is
+        `scripts`' entry for its role, else `script`; its ``instance/attributes/`` are `metadata`'s
+        entry for it when there is one, else derived from the spec (`host_metadata.instance_tree`)."""
         plan = self.plan
         prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
@@ -226,14 +231,15 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         token = secrets.token_hex(32) if spec.ray_auth == "token" else None
         if token is not None:
             write_private(self.token_file, token)
-        peers = {h.name: h.ip for h in plan.hosts}
-        for host in plan.hosts:
+        peers = {h.name: h.ip for h in plan.machines}
+        for host in plan.machines:
             netns.create_host_network(host.netns, host.veth, host.veth_peer, plan.bridge, host.ip, prefix)
             netns.write_etc(host.netns, host.name, peers)
             paths = self.paths(host.name)
             make_private_subdir(paths.root / "tmp")
-            paths.script.write_text(script)
-            if token is not None:
+            host_script = scripts.get(host.role, script)
+            paths.script.write_text(host_script)
+            if token is not None and host.role != ROLE_CONTROLLER_VM:  # no Ray there, no Ray token
                 token_file = paths.root / TOKEN_PATH
                 make_private_subdir(token_file.parent)
                 write_private(token_file, token)
@@ -244,19 +250,25 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 network=plan.ip_network,
                 gateway=plan.gateway,
                 attributes=metadata.get(host.name) or self._attributes(spec, host),
-                startup_script=script,
+                startup_script=host_script,
                 access_token=secrets.token_urlsafe(32),  # the emulation admits only the controller's
-                machine_type=spec.head_machine_type if host.role == ROLE_HEAD_VM else spec.tpu.machine_type,
+                machine_type=None
+                if host.role == ROLE_CONTROLLER_VM
+                else spec.head_machine_type
+                if host.role == ROLE_HEAD_VM
+                else spec.tpu.machine_type,
             )
             paths.metadata_tree.write_text(dump_tree(tree))
             self._start_metadata(host, unavailable_for, silent_for)
         wait_until(
-            lambda: all(self.paths(h.name).guest_file.exists() for h in plan.hosts),
+            lambda: all(self.paths(h.name).guest_file.exists() for h in plan.machines),
             30,
             "metadata servers did not start; see hosts/*/metadata.log in the state dir",
         )
 
     def _attributes(self, spec: ClusterSpec, host: HostPlan) -> dict[str, str]:
+        if host.role == ROLE_CONTROLLER_VM:
+            return controller_attributes(spec)
         if host.role == ROLE_HEAD_VM:
             return head_vm_attributes(spec)
         head = self.plan.head
@@ -274,15 +286,15 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         Everything removed is named by the (checked) plan or lies under the state dir it was
         loaded from; nothing is found by pattern.
         """
-        if self.plan.head.role == ROLE_HEAD_VM:  # first the recovery controller, which acts on hosts
-            self.power_off(self.plan.head.name)
+        if self.plan.controller is not None:  # first the recovery controller, which acts on hosts
+            self.power_off(self.plan.controller.name)
         self._stop_cloud_api()
         for host in self.plan.hosts:
             self.power_off(host.name)
         for key, ref in list(self.state.processes.items()):
             if key != CLOUD_API_PROCESS:
                 self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
-        for host in self.plan.hosts:
+        for host in self.plan.machines:
             for pid in netns.netns_pids(host.netns):  # anything left in our own namespaces
                 left = process_ref(pid)
                 if left is not None:

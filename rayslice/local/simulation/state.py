@@ -34,7 +34,14 @@ from rayslice.local.host.netns import RUN_ID, bridge_name, host_links
 from rayslice.local.host.paths import HOST_NAME
 from rayslice.local.host.private_files import read_private, write_private
 from rayslice.local.host.processes import ProcessRef
-from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name, host_name
+from rayslice.names import (
+    CONTROLLER_VM_ROLE,
+    HEAD_VM_ROLE,
+    HEAD_VM_SLICE_INDEX,
+    controller_name,
+    head_name,
+    host_name,
+)
 from rayslice.spec import ClusterSpec
 
 STATE_FILE = "state.json"
@@ -55,7 +62,10 @@ DEFAULT_ROOTS_DIR = Path("/run/rayslice-local")
 ROLE_HEAD = "head"  # worker 0 of slice 0 with head=slice
 ROLE_WORKER = "worker"  # every other TPU host
 ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
-ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM)
+# The recovery controller's own VM (`ClusterSpec.runs_recovery`): no Ray, booted with the
+# controller's script, holding the emulated cloud API's credentials (`Plan.controller`).
+ROLE_CONTROLLER_VM = CONTROLLER_VM_ROLE
+ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM, ROLE_CONTROLLER_VM)
 
 PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
 # The one process of the simulation itself rather than of a host: the cloud API emulation
@@ -77,7 +87,7 @@ class HostPlan:
     """One simulated host: its hostname, role, place in the cluster and its namespace plumbing."""
 
     name: str  # hostname (`names.host_name`, e.g. rayslice-slice-0-w1) or rayslice-head
-    role: str  # ROLE_HEAD, ROLE_WORKER or ROLE_HEAD_VM
+    role: str  # one of ROLES
     slice_index: int  # -1 for the head VM
     worker: int  # TPU worker number in its slice; -1 for the head VM
     ip: str
@@ -94,7 +104,13 @@ class Plan:
     gateway: str  # the bridge's address: the owner reaches hosts (dashboard) through it
     bridge: str
     root: str  # RenderOptions.root of every host (a per-host bind mount inside each host)
-    hosts: tuple[HostPlan, ...]
+    hosts: tuple[HostPlan, ...]  # the Ray hosts
+    controller: HostPlan | None = None  # the recovery controller's VM: a machine, not a Ray host
+
+    @property
+    def machines(self) -> tuple[HostPlan, ...]:
+        """Every simulated VM: the Ray hosts, then the controller's."""
+        return self.hosts + ((self.controller,) if self.controller is not None else ())
 
     @property
     def ip_network(self) -> ipaddress.IPv4Network:
@@ -105,21 +121,19 @@ class Plan:
         return next(h for h in self.hosts if h.role in (ROLE_HEAD, ROLE_HEAD_VM))
 
     @property
-    def controller(self) -> HostPlan | None:
-        """The host that runs the recovery controller (the head VM), or None: the one host the
-        cloud API emulation and the machine's packet filter admit (`cloud_bridge`, `firewall`)."""
-        return next((h for h in self.hosts if h.role == ROLE_HEAD_VM), None)
-
-    @property
     def admitted(self) -> list[str]:
-        """Addresses of the hosts that may open connections to the machine (the controller's)."""
+        """Addresses of the hosts that may open connections to the machine: the controller VM's,
+        the one host the cloud API emulation and the machine's packet filter admit (`cloud_bridge`,
+        `firewall`)."""
         return [self.controller.ip] if self.controller is not None else []
 
     def host(self, name: str) -> HostPlan:
-        for h in self.hosts:
+        for h in self.machines:
             if h.name == name:
                 return h
-        raise KeyError(f"no host {name!r} in this simulation; hosts: {', '.join(h.name for h in self.hosts)}")
+        raise KeyError(
+            f"no host {name!r} in this simulation; hosts: {', '.join(h.name for h in self.machines)}"
+        )
 
     def slice_ips(self, slice_index: int) -> list[str]:
         return [h.ip for h in sorted(self.hosts, key=lambda h: h.worker) if h.slice_index == slice_index]
@@ -155,8 +169,10 @@ class SimulationState:
         try:
             raw = json.loads(read_private(path))
             plan = raw["plan"]
+            controller = plan.get("controller")
+            hosts = tuple(HostPlan(**h) for h in plan["hosts"])
             state = cls(
-                plan=Plan(**{**plan, "hosts": tuple(HostPlan(**h) for h in plan["hosts"])}),
+                plan=Plan(**{**plan, "hosts": hosts, "controller": controller and HostPlan(**controller)}),
                 state_dir=raw["state_dir"],
                 processes={k: ProcessRef(**v) for k, v in raw["processes"].items()},
                 shared_paths=tuple(raw.get("shared_paths", ())),
@@ -183,7 +199,7 @@ def check_state(state: SimulationState) -> None:
     against the simulator's own patterns before anything is touched.
     """
     problems = _plan_problems(state.plan)
-    host_names = {h.name for h in state.plan.hosts}
+    host_names = {h.name for h in state.plan.machines}
     for key, ref in state.processes.items():
         kind, _, host = key.partition(":")
         if key != CLOUD_API_PROCESS and (kind not in PROCESS_KINDS or host not in host_names):
@@ -227,13 +243,16 @@ def _plan_problems(plan: Plan) -> list[str]:
         problems.append(f"root {plan.root!r} is not {str(DEFAULT_ROOTS_DIR / run_id)!r}")
     try:
         network = ipaddress.IPv4Network(plan.network)
-        addresses = [ipaddress.IPv4Address(plan.gateway), *(ipaddress.IPv4Address(h.ip) for h in plan.hosts)]
+        addresses = [
+            ipaddress.IPv4Address(plan.gateway),
+            *(ipaddress.IPv4Address(h.ip) for h in plan.machines),
+        ]
         if not all(a in network for a in addresses):
             problems.append(f"an address is outside the simulation's network {network}")
     except (ValueError, TypeError) as exc:
         problems.append(f"bad network or address: {exc}")
     seen: set[str] = set()
-    for i, host in enumerate(plan.hosts):
+    for i, host in enumerate(plan.machines):
         if not (isinstance(host.name, str) and HOST_NAME.fullmatch(host.name)) or host.name in seen:
             problems.append(
                 f"host name {host.name!r} is not a unique GCE instance name ([a-z][-a-z0-9]*, <= 63)"
@@ -247,8 +266,10 @@ def _plan_problems(plan: Plan) -> list[str]:
             found, wanted = getattr(host, attribute), getattr(expected, attribute)
             if found != wanted:
                 problems.append(f"host {host.name}: {attribute} {found!r} is not {wanted!r}")
-        if host.role not in ROLES:
-            problems.append(f"host {host.name}: role {host.role!r} is not one of {', '.join(ROLES)}")
+        if host.role not in ROLES or (host.role == ROLE_CONTROLLER_VM) != (host is plan.controller):
+            problems.append(
+                f"host {host.name}: role {host.role!r} is not one of {', '.join(ROLES)} in its place"
+            )
     return problems
 
 
@@ -277,12 +298,14 @@ class HostRecord:
 
 def spec_hosts(spec: ClusterSpec) -> list[HostRecord]:
     """The hosts a spec describes, named as infra names them: the head VM (head=vm), then each
-    slice's workers in order."""
+    slice's workers in order, then the recovery controller's VM (with recovery)."""
     records = [HostRecord(head_name(spec.name), None, 0)] if spec.head == "vm" else []
     for s in range(spec.slices):
         records += [
             HostRecord(host_name(spec.slice_name(s), w), spec.slice_name(s), w) for w in range(spec.tpu.hosts)
         ]
+    if spec.runs_recovery:
+        records.append(HostRecord(controller_name(spec.name), None, 0))
     return records
 
 
@@ -294,19 +317,27 @@ def make_plan(
     hosts: Sequence[HostRecord] | None = None,
 ) -> Plan:
     """Place `hosts` (default: `spec_hosts`) on `network`: the head VM first (head=vm), then each
-    slice's workers in order. A record's IP is kept; one without gets the next free address
-    (the first address of the network is the bridge's)."""
+    slice's workers in order, then the controller's VM (with recovery). A record's IP is kept;
+    one without gets the next free address (the first address of the network is the bridge's)."""
     head_vm = spec.head == "vm"
     slices = {spec.slice_name(s): s for s in range(spec.slices)}
+    lone_vms = {head_name(spec.name): head_vm, controller_name(spec.name): spec.runs_recovery}
     records = list(spec_hosts(spec) if hosts is None else hosts)
-    strays = [r.name for r in records if (r.group is None) != (r.name == head_name(spec.name) and head_vm)]
+    strays = [r.name for r in records if (r.group is None) != lone_vms.get(r.name, False)]
     strays += [r.name for r in records if r.group is not None and r.group not in slices]
     if strays:
         raise SimulatorError(
-            f"hosts {strays} are neither the head VM nor a worker of one of the spec's slices "
+            f"hosts {strays} are neither the head VM, the controller's VM nor a worker of one of the "
+            "spec's slices "
             f"({', '.join(slices)}); nothing was created"
         )
-    records.sort(key=lambda r: (-1, 0) if r.group is None else (slices[r.group], r.worker))
+    controller_vm = controller_name(spec.name)
+    # The head VM first, then each slice's workers, then the controller's VM.
+    records.sort(
+        key=lambda r: (
+            (slices[r.group], r.worker) if r.group else (len(slices) if r.name == controller_vm else -1, 0)
+        )
+    )
     addresses = [str(a) for a in network.hosts()]
     if len(addresses) < len(records) + 1:
         raise SimulatorError(f"subnet {network} is too small for {len(records)} hosts")
@@ -324,11 +355,14 @@ def make_plan(
     placed = []
     for i, r in enumerate(records):
         if r.group is None:
-            role, s, w = ROLE_HEAD_VM, HEAD_VM_SLICE_INDEX, -1
+            role = ROLE_CONTROLLER_VM if r.name == controller_vm else ROLE_HEAD_VM
+            s, w = HEAD_VM_SLICE_INDEX, -1
         else:
             s, w = slices[r.group], r.worker
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
         placed.append(HostPlan(r.name, role, s, w, r.ip or next(free), *host_links(run_id, i, r.name)))
+    controller = next((h for h in placed if h.role == ROLE_CONTROLLER_VM), None)
+    placed = [h for h in placed if h is not controller]
     return Plan(
         run_id=run_id,
         config=spec.as_config(),
@@ -337,4 +371,5 @@ def make_plan(
         bridge=bridge_name(run_id),
         root=str(DEFAULT_ROOTS_DIR / run_id),
         hosts=tuple(placed),
+        controller=controller,
     )

@@ -54,7 +54,13 @@ def test_v6e_16_example_acceptance(capsys):
     assert hosts and all(
         not nic.get("accessConfigs") for h in hosts for nic in h["inputs"]["networkInterfaces"]
     )
+    # No rule admits the whole address space (the controller VM's one rule denies it everything).
     for rule in _of(resources, "gcp:compute/firewall:Firewall"):
+        if rule["inputs"].get("denies"):
+            assert not rule["inputs"].get("allows") and rule["inputs"]["targetTags"] == [
+                "jax-compute-v6e-16-controller"
+            ]
+            continue
         for cidr in rule["inputs"].get("sourceRanges", []):
             assert ipaddress.ip_network(cidr).prefixlen > 0, rule["name"]
 

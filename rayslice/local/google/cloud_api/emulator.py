@@ -51,6 +51,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from rayslice.cloud.rules import DELETE, STOP
 from rayslice.local.google.cloud_api.compute import ComputeApi
+from rayslice.local.google.cloud_api.iam import EmulatedIam
 from rayslice.local.google.cloud_api.oauth import ServiceAccountTokens
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, Call, match_route
@@ -63,7 +64,7 @@ MAX_CALLS = 1000  # calls kept in `calls`, the latest
 MAX_STORED_BYTES = 32 << 20  # request bytes kept in `calls` (the latest calls' bodies)
 
 
-class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPServer):
+class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, ThreadingHTTPServer):
     """The emulated APIs on `address`; `url` is its base. Thread-safe; stop with `shutdown()`."""
 
     daemon_threads = True
@@ -78,6 +79,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
     ):
         ThreadingHTTPServer.__init__(self, address, _Handler)
         ServiceAccountTokens.__init__(self)
+        EmulatedIam.__init__(self)  # a bound token's calls are checked against its role (`iam`)
         EmulatedProject.__init__(self, op_polls=op_polls)
         # ``POST /rayslice-local/preempt/<slice>`` with header ADMIN_HEADER: `rayslice local preempt`.
         self.admin_token = ""
@@ -171,6 +173,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
                     )
                 body = json.loads(raw) if raw else None
                 call.request = body
+                self.authorize(authorization[7:], route.method_id, body)
                 status, answer = 200, getattr(self, route.handler)(params, query, body)
             except ApiError as exc:
                 status, answer = exc.code, exc.body()

@@ -1,0 +1,91 @@
+"""The recovery controller's VM: a small Compute Engine instance that runs only the controller.
+
+The controller may delete and create TPU nodes or MIGs anywhere in the project (IAM cannot name
+them, `rayslice.recovery.permissions`), so it runs apart from Ray: no Ray process and no user
+code runs on this VM, it runs as its own service account (`ClusterIdentity`), which no host
+holds, and nothing reaches it over the network (`firewall.controller_tag`: neither the hosts'
+tag nor IAP's SSH rule applies to it, and one rule denies it every ingress). It boots its own
+script (`rayslice.startup_scripts.controller`), always on-demand, and is replaced, not
+patched, when that script or the controller changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from rayslice.infra.firewall import controller_tag
+from rayslice.infra.head_vm import HEAD_VM_IMAGE
+from rayslice.infra.labels import resource_labels
+from rayslice.infra.metadata import REPLACE_ON_METADATA, controller_metadata
+from rayslice.names import CLOUD_PLATFORM_SCOPE, CONTROLLER_VM_ROLE, controller_name
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.controller import render_controller
+
+# The controller polls a few API calls every 30 s: the smallest shared-core machine is plenty.
+CONTROLLER_MACHINE_TYPE = "e2-small"
+CONTROLLER_DISK_GB = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerVmArgs:
+    spec: ClusterSpec
+    network: pulumi.Input[str]
+    subnetwork: pulumi.Input[str | None]
+    service_account_email: pulumi.Input[str]
+    # Its grants and firewall rule, and the slices: the controller starts once they exist.
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+class ControllerVm(pulumi.ComponentResource):
+    """The controller's instance."""
+
+    instance_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ControllerVmArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("rayslice:infra:ControllerVm", name, None, opts)
+        spec = args.spec
+        instance = gcp.compute.Instance(
+            f"{name}-instance",
+            name=controller_name(spec.name),
+            project=spec.project,
+            zone=spec.zone,
+            machine_type=CONTROLLER_MACHINE_TYPE,
+            boot_disk=gcp.compute.InstanceBootDiskArgs(
+                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                    image=HEAD_VM_IMAGE, size=CONTROLLER_DISK_GB, type="pd-balanced"
+                ),
+            ),
+            network_interfaces=[
+                gcp.compute.InstanceNetworkInterfaceArgs(
+                    network=args.network,
+                    subnetwork=args.subnetwork,
+                    # Outbound only (Google's APIs); the firewall admits nothing to it.
+                    access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
+                    if spec.external_ips
+                    else None,
+                )
+            ],
+            service_account=gcp.compute.InstanceServiceAccountArgs(
+                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
+            ),
+            shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
+                enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
+            ),
+            metadata=controller_metadata(spec, render_controller(spec)),
+            labels=resource_labels(spec, CONTROLLER_VM_ROLE),
+            tags=[controller_tag(spec)],
+            allow_stopping_for_update=True,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=list(args.depends_on),
+                replace_on_changes=[REPLACE_ON_METADATA],
+                delete_before_replace=True,
+            ),
+        )
+        self.instance_name = instance.name
+        # Repeated from the annotation: registered outputs are what `pulumi stack` shows.
+        self.register_outputs({"instance_name": self.instance_name})

@@ -1,0 +1,82 @@
+"""The controller VM's boot script and metadata: the recovery controller alone, apart from Ray.
+
+The controller holds project-wide rights on TPU nodes or MIGs (`rayslice.recovery.permissions`),
+so it runs where no Ray process and no user code runs: a small VM of its own, with its own
+service account, that boots this script instead of the hosts' one. The script installs the two
+libraries the controller imports (`bundle.RUNTIME_REQUIREMENTS`) from the cluster's package
+source, writes the controller from metadata (`names.ATTR_RECOVERY_BUNDLE`) and runs it under a
+supervisor. The bundle's sha256 is rendered into the script, and the script refuses a bundle
+whose hash differs: a bundle changed in metadata after deployment never runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from rayslice import names
+from rayslice.recovery import bundle
+from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.options import PackageSource, RenderOptions
+from rayslice.startup_scripts.templating import render_template
+from rayslice.startup_scripts.variables import (
+    EXIT_PERMANENT,
+    EXIT_TEMPFAIL,
+    METADATA_DEADLINE_S,
+    RETRY_MAX_DELAY_S,
+    SUPERVISOR_RESTART_DELAY_S,
+    package_variables,
+)
+
+TEMPLATE = "controller.sh.j2"
+# The supervised service (a systemd unit on a VM, a restart loop on the simulator).
+SERVICE = "rayslice-recovery"
+
+
+def controller_attributes(spec: ClusterSpec) -> dict[str, str]:
+    """The ``rayslice-*`` metadata attributes of the controller VM: the controller itself and
+    what it needs to find this cluster's slices."""
+    return {
+        names.ATTR_ROLE: names.CONTROLLER_VM_ROLE,
+        names.ATTR_RECOVERY_BUNDLE: bundle.encoded(),
+        names.ATTR_CLUSTER: spec.name,
+        names.ATTR_PLATFORM: spec.platform,
+        names.ATTR_NUM_SLICES: str(spec.slices),
+    }
+
+
+def install_fingerprint(source: PackageSource, index: str | None) -> str:
+    """Changes whenever the controller VM would install something different."""
+    text = repr((bundle.RUNTIME_REQUIREMENTS, source.mode, source.location, index))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def controller_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, object]:
+    source = PackageSource.parse(options.package_source)
+    return {
+        # The shared install block, with the controller's own requirements and no TPU find-links.
+        **package_variables(spec, source),
+        "find_links": [],
+        "requirements": list(bundle.RUNTIME_REQUIREMENTS),
+        "root": options.root,
+        "supervisor": options.supervisor,
+        "service": SERVICE,
+        "install_fingerprint": install_fingerprint(source, spec.package_index),
+        "bundle_sha256": hashlib.sha256(bundle.build()).hexdigest(),
+        "metadata_deadline_s": METADATA_DEADLINE_S,
+        "retry_max_delay_s": RETRY_MAX_DELAY_S,
+        "restart_delay_s": SUPERVISOR_RESTART_DELAY_S,
+        "exit_tempfail": EXIT_TEMPFAIL,
+        "exit_permanent": EXIT_PERMANENT,
+        "guest_namespace": names.GUEST_ATTRIBUTE_NAMESPACE,
+        "state_key": names.STATE_KEY,
+        "state_watching": names.STATE_WATCHING,
+        "attr_recovery_bundle": names.ATTR_RECOVERY_BUNDLE,
+        "attr_cluster": names.ATTR_CLUSTER,
+        "attr_platform": names.ATTR_PLATFORM,
+        "attr_num_slices": names.ATTR_NUM_SLICES,
+    }
+
+
+def render_controller(spec: ClusterSpec, options: RenderOptions | None = None) -> str:
+    """The controller VM's boot script; without `options`, for a real VM."""
+    return render_template(TEMPLATE, **controller_variables(spec, options or RenderOptions()))
