@@ -164,6 +164,7 @@ CLOUD = {
     "project": "rayslice-local",
     "zone": "us-central1-b",
     "head": {"name": "rayslice-head", "boot": "joined"},
+    "controller": {"name": "rayslice-controller", "boot": "watching"},
     "slices": [
         {
             "name": "rayslice-slice-0",
@@ -414,8 +415,11 @@ def test_a_plan_from_host_records_keeps_their_names_and_addresses_and_places_the
 @pytest.mark.parametrize(
     "record, message",
     [
-        (HostRecord("stray-vm", None, 0), "neither the head VM nor a worker"),
-        (HostRecord("other-slice-0-w0", "other-slice-0", 0), "neither the head VM nor a worker"),
+        (HostRecord("stray-vm", None, 0), "neither the head VM, the controller.s VM nor a worker"),
+        (
+            HostRecord("other-slice-0-w0", "other-slice-0", 0),
+            "neither the head VM, the controller.s VM nor a worker",
+        ),
         (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.1"), "its gateway"),
         (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "10.0.0.2"), "outside 100.64.9.0/24"),
         (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.3"), "taken twice"),
