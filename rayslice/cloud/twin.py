@@ -140,7 +140,11 @@ def _metadata(holder: dict[str, Any]) -> dict[str, str]:
 class CloudTwin:
     """The project's resources. Keyed by (project, zone or region or "global", name)."""
 
-    def __init__(self, default_range: str | None = None) -> None:
+    def __init__(self, default_range: str | None = None, address_range: str | None = None) -> None:
+        """`default_range`: where a subnetwork the twin never saw created (an existing one)
+        takes its addresses. `address_range`: where every subnetwork, declared or existing,
+        takes them (the simulator's free range; a declared ``ipCidrRange`` still goes through
+        the rules but hands out none); its first address is the gateway, as in a subnetwork."""
         # What the recovery controller reads through the emulated APIs (shared with them).
         self.nodes: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.migs: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -152,6 +156,8 @@ class CloudTwin:
         self.addresses: dict[str, str] = {}  # address name -> IP
         # Where a subnetwork the twin never saw created (an existing one) takes its addresses.
         self.default_subnet = _Subnet(ipaddress.IPv4Network(default_range)) if default_range else None
+        # One pool for every subnetwork when the addresses must come from a given range.
+        self.address_pool = _Subnet(ipaddress.IPv4Network(address_range)) if address_range else None
         self.refused: list[rules.Violation] = []
         self.on_host_up: Hook | None = None
         self.on_host_down: Hook | None = None
@@ -266,6 +272,8 @@ class CloudTwin:
             raise CloudRuleError(found)
 
     def _subnet(self, reference: Any) -> _Subnet | None:
+        if self.address_pool is not None:
+            return self.address_pool
         found = self.subnets.get(_short(reference)) if reference else None
         return found if found is not None else self.default_subnet
 
