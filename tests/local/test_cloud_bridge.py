@@ -169,14 +169,16 @@ def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, 
     deploy(stack_config(None, [f"{k}={v}" for k, v in config.items()]), twin)
     records = cloud_bridge.deployed_hosts(twin)
     plan = make_plan(cluster, run_id="f1e2d3", network=ipaddress.IPv4Network(SUBNET_CIDR), hosts=records)
-    assert len(plan.hosts) == cluster.slices * hosts + 1 == len(twin.hosts())
+    assert cluster.runs_recovery  # so the program declares the controller's VM too
+    assert len(plan.machines) == cluster.slices * hosts + 2 == len(twin.hosts())
     assert plan.head.name == names.head_name(cluster.name)
+    assert plan.controller is not None and plan.controller.name == names.controller_name(cluster.name)
     for index in range(cluster.slices):
         assert cloud_bridge.slice_hosts(plan, index) == [
             names.host_name(cluster.slice_name(index), w) for w in range(hosts)
         ]
     by_name = {r.name: r for r in records}
-    for host in plan.hosts:
+    for host in plan.machines:
         assert host.ip == by_name[host.name].ip  # the twin's address, kept
         metadata = by_name[host.name].metadata or {}
         if host.slice_index >= 0:

@@ -27,11 +27,11 @@ from rayslice.recovery.events import EVENT_KEY_PREFIX, Event, Recorder
 from tests.local.test_cloud_bridge import Recording
 
 
-class HeadSink:
-    """The controller's events, stored on the head VM as its guest attributes (as on a real head)."""
+class ControllerSink:
+    """The controller's events, stored on its own VM as guest attributes (as on a real one)."""
 
-    def __init__(self, sim: Recording, head: str):
-        self.sim, self.head, self.count = sim, head, 0
+    def __init__(self, sim: Recording, vm: str):
+        self.sim, self.head, self.count = sim, vm, 0
 
     def record(self, event: Event) -> None:
         self.count += 1
@@ -83,13 +83,14 @@ def test_plain_status_finds_the_simulation_and_shows_the_preemption_and_the_recr
     served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec, sim = served.spec, served.sim
-    head = names.head_name(spec.name)
+    head, controller_vm = names.head_name(spec.name), names.controller_name(spec.name)
     sim.guest[head] = {"state": "joined"}
+    sim.guest[controller_vm] = {"state": names.STATE_WATCHING}
     found = spec_module.load(cloud_bridge.cloud_config(spec))
     access = cloud_bridge.cloud_access(served.state_dir)
     client = client_for(found, access)
     target = Target(spec.name, spec.platform, spec.slices, Location(str(found.project), str(found.zone)))
-    controller = Controller(client, target, Recorder([HeadSink(sim, head)]))
+    controller = Controller(client, target, Recorder([ControllerSink(sim, controller_vm)]))
     controller.step()  # sees both slices whole
 
     data = _status(capsys, "status")
@@ -103,7 +104,7 @@ def test_plain_status_finds_the_simulation_and_shows_the_preemption_and_the_recr
     data = _status(capsys, "status")
     assert data["slices"][1]["state"].startswith("DEGRADED (0 of")
     assert {h["instance"] for h in data["slices"][1]["hosts"]} == {"TERMINATED"}  # stopped, left behind
-    controller.step()  # deletes and recreates the slice, records one event on the head VM
+    controller.step()  # deletes and recreates the slice, records one event on the controller's VM
     data = _status(capsys, "status")
     assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
     assert [(e["slice"], e["action"], e["outcome"]) for e in data["events"]] == [
