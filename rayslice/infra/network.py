@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.catalog import region_of
 from rayslice.spec import ClusterSpec
 
 # Private range of a created subnet: 4,096 addresses, far more than the largest slice's hosts.
@@ -70,11 +71,6 @@ def mtu_warning(network: str) -> str:
         f"raise: `gcloud compute networks update {network} --mtu={MULTISLICE_MTU}` (every VM in "
         "the network must be stopped first), or leave `network` unset so rayslice creates one."
     )
-
-
-def region_of(zone: str) -> str:
-    """``us-central1-b`` -> ``us-central1``."""
-    return zone.rsplit("-", 1)[0]
 
 
 @dataclass(frozen=True)
