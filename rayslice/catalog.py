@@ -686,6 +686,18 @@ def generation_rows(platform: str) -> list[dict[str, object]]:
 
 # The ways to get TPU capacity, in the order the spec and the catalog's price table show them.
 CAPACITIES = ("on-demand", "spot", "reserved", "flex-start")
+# What rayslice offers per platform (Google's "Cloud TPU consumption options" and each platform's
+# pages): Compute Engine takes flex-start as a FLEX_START MIG grown by a resize request; the TPU VM
+# API only through a queued resource (tpu v2alpha1 QueuedResource.provisioningModel FLEX_START);
+# GKE's flex-start node pools are not wired in rayslice yet.
+PLATFORM_CAPACITIES: dict[str, tuple[str, ...]] = {
+    "compute": CAPACITIES,
+    "tpu-vm": CAPACITIES,
+    "gke": ("on-demand", "spot", "reserved"),
+}
+# Flex-start capacity runs at most 7 days ("Flex-start VMs: ... for up to 7 days", Google's
+# "Plan your Cloud TPU resources").
+MAX_RUN_HOURS = 7 * 24
 
 
 def region_of(zone: str) -> str:
