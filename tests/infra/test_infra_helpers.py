@@ -188,7 +188,8 @@ def test_compute_reservation_affinity_and_image():
         "compute.googleapis.com/reservation-name",
         ["team-v6e"],
     )
-    assert compute_template.reservation_affinity(_spec(capacity="reserved")).type == "ANY_RESERVATION"
+    with pytest.raises(spec.SpecError, match="capacity=reserved on compute needs reservation"):
+        _spec(capacity="reserved")  # no ANY_RESERVATION template can be declared any more
     assert compute_template.reservation_affinity(_spec()) is None
     assert compute_template.source_image(_spec()) == (
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
