@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from rayslice import spec
+from rayslice.catalog import region_of
 from rayslice.infra import access
 from rayslice.infra.compute import template as compute_template
 from rayslice.infra.firewall import IAP_SOURCE_RANGE, cluster_tag, firewall_rules, head_tag, slice_tags
 from rayslice.infra.identity import account_id
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.network import region_of
 from rayslice.infra.tpu_vm.slice import accelerator_config, scheduling
 
 
