@@ -14,7 +14,8 @@ slice shape is generated from them, for three platforms that disagree in small w
 
 It also holds the one Compute Engine fact that is not a TPU's: which machine families each zone
 the catalog lists offers (`MACHINE_FAMILIES_BY_ZONE`), so a head VM's type is checked before
-anything is created.
+anything is created; and the list prices of ``prices.json`` (`chip_hour_price`,
+`machine_hour_price`), dated and sourced in that file, which say None where no price is published.
 
 Names are accepted as ``<gen>-<N>`` (N counts TensorCores for v2/v3/v4/v5p/tpu7x, chips for
 v5e/v6e), as ``<gen>-<topology>``, with the GKE accelerator label as the prefix
@@ -31,10 +32,13 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
+from typing import Any
 
 from rayslice.errors import CatalogError
 
@@ -676,3 +680,74 @@ def generation_rows(platform: str) -> list[dict[str, object]]:
             row["image"] = f"{TPU_IMAGE_PROJECT}/{gen.compute_image_family}"
         rows.append(row)
     return rows
+
+
+# ---- list prices (prices.json: the one copy, dated, with its source) ---------------------------
+
+# The ways to get TPU capacity, in the order the spec and the catalog's price table show them.
+CAPACITIES = ("on-demand", "spot", "reserved", "flex-start")
+# What rayslice offers per platform (Google's "Cloud TPU consumption options" and each platform's
+# pages): Compute Engine takes flex-start as a FLEX_START MIG grown by a resize request; the TPU VM
+# API only through a queued resource (tpu v2alpha1 QueuedResource.provisioningModel FLEX_START);
+# GKE's flex-start node pools are not wired in rayslice yet.
+PLATFORM_CAPACITIES: dict[str, tuple[str, ...]] = {
+    "compute": CAPACITIES,
+    "tpu-vm": CAPACITIES,
+    "gke": ("on-demand", "spot", "reserved"),
+}
+# Flex-start capacity runs at most 7 days ("Flex-start VMs: ... for up to 7 days", Google's
+# "Plan your Cloud TPU resources").
+MAX_RUN_HOURS = 7 * 24
+
+
+def region_of(zone: str) -> str:
+    """``us-central1-b`` -> ``us-central1``."""
+    return zone.rsplit("-", 1)[0]
+
+
+@cache
+def prices() -> dict[str, Any]:
+    """The price file as read: currency, retrieval date, source, notes and the tables."""
+    text = resources.files("rayslice").joinpath("prices.json").read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def _price(table: str, key: str, region: str, capacity: str) -> float | None:
+    found = prices()[table].get(key, {}).get(region, {}).get(capacity)
+    return float(found) if found is not None else None
+
+
+def chip_hour_price(generation_name: str, region: str, capacity: str) -> float | None:
+    """USD per chip-hour of a generation in `region` on `capacity`; None: not published in the
+    price file's source (say so, never guess)."""
+    return _price("tpu_chip_hour", generation(generation_name).name, region, capacity)
+
+
+def slice_hour_price(tpu: TpuType, region: str, capacity: str) -> float | None:
+    """USD per hour of one slice of shape `tpu`: its chips at the generation's per-chip price."""
+    per_chip = chip_hour_price(tpu.generation, region, capacity)
+    return None if per_chip is None else per_chip * tpu.chips
+
+
+def machine_hour_price(machine_type: str, region: str, capacity: str = "on-demand") -> float | None:
+    """USD per hour of a CPU VM of `machine_type` in `region`; None: not in the price file."""
+    return _price("machine_hour", machine_type, region, capacity)
+
+
+def price_source() -> str:
+    """One line naming where and when the prices were read, for output that shows a price."""
+    data = prices()
+    return f"list prices in {data['currency']}, read {data['retrieved']}, from {data['source']}"
+
+
+def format_price(per_hour: float | None) -> str:
+    """``$43.20/h``, or the words that say no price is published."""
+    return "no published price" if per_hour is None else f"${per_hour:,.2f}/h"
+
+
+def slice_prices(tpu: TpuType) -> dict[str, dict[str, float | None]]:
+    """Per region of the shape's zones, one slice's USD per hour on each capacity (None: no
+    published price)."""
+    regions = sorted({region_of(z) for z in tpu.zones})
+    return {region: {c: slice_hour_price(tpu, region, c) for c in CAPACITIES} for region in regions}

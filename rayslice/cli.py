@@ -110,14 +110,17 @@ def app() -> None:
 def catalog_command(accelerator_type: str | None, platform: str, as_json: bool) -> int:
     """Show the TPU generations on a platform, or one accelerator type (e.g. v5p-16, v6e-4x4)."""
     if accelerator_type:
-        shape = catalog.lookup(accelerator_type, platform).as_json()
+        tpu = catalog.lookup(accelerator_type, platform)
+        shape, prices = tpu.as_json(), catalog.slice_prices(tpu)
         if as_json:
-            click.echo(json.dumps(shape, indent=2))
+            priced = {"price_per_hour": prices, "price_source": catalog.price_source()}
+            click.echo(json.dumps(shape | priced, indent=2))
         else:
             width = max(len(k) for k in shape)
             for key, value in shape.items():
                 shown = ", ".join(value) if isinstance(value, list) else ("-" if value is None else value)
                 click.echo(f"{key:<{width}}  {shown}")
+            _echo_prices(prices)
         return EXIT_OK
     rows = catalog.generation_rows(platform)
     if as_json:
@@ -133,6 +136,19 @@ def catalog_command(accelerator_type: str | None, platform: str, as_json: bool) 
         "for v2/v3/v4/v5p/tpu7x and chips for v5litepod/v6e."
     )
     return EXIT_OK
+
+
+def _echo_prices(prices: dict[str, dict[str, float | None]]) -> None:
+    """One slice's price per hour, a row per region and a column per capacity."""
+    click.echo("\nprice of one slice per hour, by region and capacity:")
+    rows = [["region", *catalog.CAPACITIES]] + [
+        [region, *(catalog.format_price(by_capacity[c]) for c in catalog.CAPACITIES)]
+        for region, by_capacity in prices.items()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    click.echo(f"({catalog.price_source()})")
 
 
 @app.command("validate")

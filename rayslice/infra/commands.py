@@ -15,6 +15,7 @@ import click
 from rayslice.cli import load_spec, spec_options
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.errors import EXIT_OK
+from rayslice.infra.cost import render_costs, stack_costs
 from rayslice.infra.preview import FORMATS, preview, stack_config
 
 
@@ -32,13 +33,16 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     """Show the cloud resources `pulumi up` would create (offline: no Pulumi CLI, no credentials).
 
     Resources that a change of requirements, rayVersion, preset or the boot script replaces are
-    marked, with the create/delete timeouts Pulumi will wait. Resources that break one of Google's
+    marked, with the create/delete timeouts Pulumi will wait; the tree ends with the cost per hour
+    of each slice, each VM and the whole stack at list prices. Resources that break one of Google's
     documented rules (the policy pack in policy/ checks the same ones) are listed with the rule
     and its source, and the command exits 2.
     """
-    load_spec(stack_file, overrides)  # every problem at once, before the program runs
+    cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
     found = preview(stack_config(stack_file, list(overrides)))
     click.echo(FORMATS[output](found))
+    if output == "tree":  # json and yaml stay what a machine reads
+        click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
     if found.violations:
         raise CloudRuleError(found.violations)
     return EXIT_OK

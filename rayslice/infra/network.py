@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.catalog import region_of
 from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT
 from rayslice.spec import ClusterSpec
 
@@ -88,11 +89,6 @@ def open_ports_warning(network: str) -> str:
         f"firewall-rules list --filter=network:{network}`; set rayAuth=token, or leave `network` unset "
         "so rayslice creates one."
     )
-
-
-def region_of(zone: str) -> str:
-    """``us-central1-b`` -> ``us-central1``."""
-    return zone.rsplit("-", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ class Draft:
     runtime_version: Str | None
     capacity: Capacity | None
     reservation: Str | None
+    max_run_hours: Int | None
+    queued: Bool | None
+    queue_deadline_hours: Int | None
     head: Head | None
     head_machine_type: Str | None
     network: Str | None

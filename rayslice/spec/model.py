@@ -121,7 +121,7 @@ Bool = Annotated[bool, BeforeValidator(_boolean)]
 Strings = Annotated[tuple[str, ...], BeforeValidator(_strings)]
 StrMap = Annotated[dict[str, str], BeforeValidator(_mapping)]
 Platform = Annotated[Literal["compute", "tpu-vm", "gke"], BeforeValidator(_string)]
-Capacity = Annotated[Literal["on-demand", "spot", "reserved"], BeforeValidator(_string)]
+Capacity = Annotated[Literal["on-demand", "spot", "reserved", "flex-start"], BeforeValidator(_string)]
 Head = Annotated[Literal["slice", "vm"], BeforeValidator(_string)]
 Preset = Annotated[Literal["jax", "xla"], BeforeValidator(_string)]
 RayAuth = Annotated[Literal["token", "none"], BeforeValidator(_string)]
@@ -183,10 +183,34 @@ class ClusterSpec:
         description="TPU VM runtime (software) version, platform tpu-vm only; default: the "
         "generation's from the catalog.",
     )
-    capacity: Capacity = Field("on-demand", description="on-demand, spot or reserved.")
+    capacity: Capacity = Field(
+        "on-demand",
+        description="How the TPUs are obtained: on-demand, spot, reserved (a reservation) or "
+        "flex-start (waits for capacity, runs at most maxRunHours; compute, and tpu-vm with "
+        "queued=true). On-demand, spot and reserved fail fast where the zone has no capacity "
+        "unless queued=true (tpu-vm). See docs/capacity.md.",
+    )
     reservation: Str | None = Field(
         None,
-        description="Reservation name for capacity=reserved on GKE (TPU VMs use any matching reservation).",
+        description="Reservation name: required for capacity=reserved on compute (a "
+        "RESERVATION_BOUND MIG consumes one named reservation) and gke; on tpu-vm only with "
+        "queued=true (a direct create uses any matching reservation).",
+    )
+    max_run_hours: Int | None = Field(
+        None,
+        description="capacity=flex-start only: hours the slice may run before Google deletes it, "
+        "1 to 168 (7 days); default 168.",
+    )
+    queued: Bool = Field(
+        False,
+        description="tpu-vm only: create each slice through a queued resource, a request that "
+        "waits for capacity (until queueDeadlineHours) instead of failing; needed for flex-start "
+        "on tpu-vm.",
+    )
+    queue_deadline_hours: Int | None = Field(
+        None,
+        description="queued=true only: hours after which a request still waiting fails "
+        "(the queued resource's validUntilDuration); absent: it waits until cancelled.",
     )
     head: Head = _derived(
         "Where the Ray head runs: slice (worker 0 of slice 0) or vm (a CPU VM). Default: vm for "

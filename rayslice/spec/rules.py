@@ -69,6 +69,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_network(draft, problems)
     _check_dashboard(draft, problems)
     _check_gke(draft, problems)
+    _check_capacity(draft, problems)
     if problems:
         raise SpecError(problems)
     assert tpu is not None
@@ -76,6 +77,8 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     draft.zone = draft.zone or tpu.zones[0]
     if draft.platform == "tpu-vm":
         draft.runtime_version = draft.runtime_version or tpu.runtime_version
+    if draft.capacity == "flex-start" and draft.max_run_hours is None:
+        draft.max_run_hours = catalog.MAX_RUN_HOURS
     return draft.spec(tpu)
 
 
@@ -361,6 +364,64 @@ def _check_network(draft: Draft, problems: list[str]) -> None:
         )
 
 
+def _check_capacity(draft: Draft, problems: list[str]) -> None:
+    """What each platform offers, exactly: reserved with a named reservation where the API
+    consumes one, flex-start where it exists (through a queued resource on tpu-vm), queued
+    requests on tpu-vm, and the durations within Google's limits."""
+    platform, capacity = draft.platform, draft.capacity
+    if platform is None or capacity is None:
+        return  # refused above
+    offered = catalog.PLATFORM_CAPACITIES[platform]
+    if capacity not in offered:
+        problems.append(
+            f"capacity={capacity} is not offered on platform={platform}; it offers: {', '.join(offered)}"
+        )
+        return
+    queued = bool(draft.queued)
+    if queued and platform != "tpu-vm":
+        problems.append(
+            f"queued=true applies to platform=tpu-vm only (queued resources); on {platform} use "
+            + (
+                "capacity=flex-start, whose resize request waits for capacity"
+                if platform == "compute"
+                else "capacity=on-demand, spot or reserved"
+            )
+        )
+    if capacity == "flex-start" and platform == "tpu-vm" and not queued:
+        problems.append(
+            "capacity=flex-start on platform=tpu-vm is a queued request: set queued=true "
+            "(the TPU API takes flex-start only through a queued resource)"
+        )
+    if capacity == "reserved" and not draft.reservation and platform in ("compute", "gke"):
+        problems.append(
+            f"capacity=reserved on {platform} needs reservation=<name of your reservation>"
+            + (" (a RESERVATION_BOUND MIG consumes one named reservation)" if platform == "compute" else "")
+        )
+    if draft.reservation and capacity != "reserved":
+        problems.append(f"reservation is used with capacity=reserved only; remove it for capacity={capacity}")
+    elif draft.reservation and platform == "tpu-vm" and not queued:
+        problems.append(
+            "reservation on platform=tpu-vm is named through a queued resource: set queued=true, "
+            "or remove reservation (a direct create uses any matching reservation)"
+        )
+    hours = draft.max_run_hours
+    if hours is not None:
+        if capacity != "flex-start":
+            problems.append(
+                f"maxRunHours applies to capacity=flex-start only; remove it for capacity={capacity}"
+            )
+        elif not 1 <= hours <= catalog.MAX_RUN_HOURS:
+            problems.append(f"maxRunHours={hours} is out of range; use 1 to {catalog.MAX_RUN_HOURS} (7 days)")
+    deadline = draft.queue_deadline_hours
+    if deadline is not None:
+        if not queued:
+            problems.append(
+                "queueDeadlineHours applies to queued=true (tpu-vm) only; set queued=true or remove it"
+            )
+        elif deadline < 1:
+            problems.append(f"queueDeadlineHours={deadline} must be at least 1")
+
+
 def _check_gke(draft: Draft, problems: list[str]) -> None:
     """GKE's own limits on what the user chose, so `pulumi up` never fails half-way on them."""
     if draft.platform != "gke":
@@ -377,8 +438,6 @@ def _check_gke(draft: Draft, problems: list[str]) -> None:
             f"{key} covers the whole address space, which opens the GKE control-plane endpoint to "
             "the internet; list only your own ranges (empty: private endpoint only)"
         )
-    if draft.capacity == "reserved" and not draft.reservation:
-        problems.append("capacity=reserved on GKE needs reservation=<name of your reservation>")
     if draft.gke_cluster is not None:
         for net_key, net in (("network", draft.network), ("subnetwork", draft.subnetwork)):
             if net is not None:

@@ -21,6 +21,7 @@ from rayslice.cloud.twin import (
     CloudTwin,
     TwinHost,
 )
+from rayslice.errors import SpecError
 from rayslice.infra import preview
 from rayslice.infra.compute import slice as compute_slice
 from rayslice.infra.compute import template as compute_template
@@ -135,8 +136,9 @@ def test_reservation_bound_needs_a_specific_reservation_and_delete_in_bulk_mode(
 
 
 def test_reserved_stack_without_a_reservation_is_refused_through_the_program():
-    """Defect 3 through the program: ``capacity: reserved`` without a name is refused."""
-    with pytest.raises(CloudRuleError, match="reservation-bound-specific"):
+    """Defect 3 through the program: ``capacity: reserved`` without a name is refused, by the
+    spec now, before any request (the twin's own refusal is tested above with the bodies)."""
+    with pytest.raises(SpecError, match="capacity=reserved on compute needs reservation=<name"):
         _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=reserved")
     twin = _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=reserved", "reservation=my-res")
     assert len([h for h in twin.hosts() if h.kind == MIG_HOST]) == 4

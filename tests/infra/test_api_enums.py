@@ -80,7 +80,12 @@ BASE = {"rayslice:zone": "us-east5-b", "gcp:project": "my-gcp-project"}
 CONFIGS = {
     "compute-on-demand": {"rayslice:acceleratorType": "v6e-16"},
     "compute-spot": {"rayslice:acceleratorType": "v6e-16", "rayslice:capacity": "spot"},
-    "compute-reserved": {"rayslice:acceleratorType": "v6e-16", "rayslice:capacity": "reserved"},
+    # A compute reservation is always named now (the spec refuses reserved without one there).
+    "tpu-vm-reserved": {
+        "rayslice:acceleratorType": "v6e-16",
+        "rayslice:platform": "tpu-vm",
+        "rayslice:capacity": "reserved",
+    },
     "compute-named-reservation": {
         "rayslice:acceleratorType": "v6e-16",
         "rayslice:capacity": "reserved",

@@ -38,3 +38,15 @@ def test_every_problem_is_reported_before_the_program_runs(capsys):
     assert code == EXIT_INVALID
     assert "v6e-3" in captured.err and "slices" in captured.err
     assert captured.out == ""
+
+
+def test_a_valid_capacity_the_program_cannot_declare_yet_exits_2_and_says_so(capsys):
+    for overrides in (
+        ["--set", "platform=compute", "--set", "capacity=flex-start"],
+        ["--set", "platform=tpu-vm", "--set", "capacity=spot", "--set", "queued=true"],
+    ):
+        code = cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-16.yaml"), *overrides])
+        captured = capsys.readouterr()
+        assert code == EXIT_INVALID
+        assert "does not declare its request yet" in captured.err
+        assert "gcp.compute.InstanceGroupManager" not in captured.out

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from rayslice import spec
+from rayslice.catalog import region_of
 from rayslice.infra import access
 from rayslice.infra.compute import template as compute_template
 from rayslice.infra.firewall import IAP_SOURCE_RANGE, cluster_tag, firewall_rules, head_tag, slice_tags
 from rayslice.infra.identity import account_id
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.network import region_of
 from rayslice.infra.tpu_vm.slice import accelerator_config, scheduling
 
 
@@ -188,7 +190,8 @@ def test_compute_reservation_affinity_and_image():
         "compute.googleapis.com/reservation-name",
         ["team-v6e"],
     )
-    assert compute_template.reservation_affinity(_spec(capacity="reserved")).type == "ANY_RESERVATION"
+    with pytest.raises(spec.SpecError, match="capacity=reserved on compute needs reservation"):
+        _spec(capacity="reserved")  # no ANY_RESERVATION template can be declared any more
     assert compute_template.reservation_affinity(_spec()) is None
     assert compute_template.source_image(_spec()) == (
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"

@@ -26,6 +26,8 @@ JSON_KEYS = [
     "placement",
     "zones",
     "multislice",
+    "price_per_hour",
+    "price_source",
 ]
 
 
@@ -79,6 +81,17 @@ def test_catalog_table_lists_generations(capsys):
 def test_catalog_readable_one_type(capsys):
     assert cli.main(["catalog", "v6e-16"]) == 0
     assert "topology" in capsys.readouterr().out
+
+
+def test_catalog_shows_the_price_per_capacity(capsys):
+    assert cli.main(["catalog", "v6e-16", "--platform", "compute"]) == 0
+    out = capsys.readouterr().out
+    assert "region        on-demand  spot      reserved            flex-start" in out
+    assert "us-east5      $43.20/h   $19.44/h  no published price  no published price" in out
+    assert "read 2026-12-03" in out
+    assert cli.main(["catalog", "v6e-16", "--json"]) == 0
+    prices = json.loads(capsys.readouterr().out)["price_per_hour"]
+    assert prices["us-east5"] == {"on-demand": 43.2, "spot": 19.44, "reserved": None, "flex-start": None}
 
 
 def test_catalog_unknown_type_exits_2(capsys):

@@ -48,6 +48,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "acceleratorType",
             "slices",
             "capacity",
+            "queued",
             "headMachineType",
             "externalIps",
             "dashboardSourceRanges",

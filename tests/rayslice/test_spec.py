@@ -78,7 +78,7 @@ def test_tpu_vm_fills_the_runtime_version():
         ({"capacity": "spot"}, "vm"),
         ({"capacity": "spot", "recovery": "false"}, "vm"),
         ({"capacity": "spot", "recovery": "false", "head": "slice"}, "slice"),
-        ({"capacity": "reserved"}, "slice"),
+        ({"capacity": "reserved", "reservation": "team-v6e"}, "slice"),
     ],
 )
 def test_head_default(overrides, head):
@@ -330,7 +330,52 @@ ERRORS = [
     (
         "choice-capacity",
         {"capacity": "cheap"},
-        ["capacity='cheap' is not valid", "on-demand, spot, reserved"],
+        ["capacity='cheap' is not valid", "on-demand, spot, reserved, flex-start"],
+    ),
+    (
+        "gke-has-no-flex-start-yet",
+        {"platform": "gke", "capacity": "flex-start"},
+        ["capacity=flex-start is not offered on platform=gke; it offers: on-demand, spot, reserved"],
+    ),
+    (
+        "compute-reserved-needs-reservation",
+        {"platform": "compute", "capacity": "reserved"},
+        ["capacity=reserved on compute needs reservation=<name", "RESERVATION_BOUND"],
+    ),
+    (
+        "tpu-vm-flex-start-is-queued",
+        {"platform": "tpu-vm", "capacity": "flex-start"},
+        ["capacity=flex-start on platform=tpu-vm is a queued request: set queued=true"],
+    ),
+    (
+        "queued-is-tpu-vm-only",
+        {"platform": "compute", "queued": "true"},
+        ["queued=true applies to platform=tpu-vm only", "capacity=flex-start"],
+    ),
+    (
+        "tpu-vm-reservation-name-needs-queued",
+        {"platform": "tpu-vm", "capacity": "reserved", "reservation": "r1"},
+        ["reservation on platform=tpu-vm is named through a queued resource: set queued=true"],
+    ),
+    (
+        "reservation-without-reserved",
+        {"capacity": "spot", "reservation": "r1"},
+        ["reservation is used with capacity=reserved only"],
+    ),
+    (
+        "max-run-hours-out-of-range",
+        {"platform": "compute", "capacity": "flex-start", "maxRunHours": "169"},
+        ["maxRunHours=169 is out of range; use 1 to 168"],
+    ),
+    (
+        "max-run-hours-needs-flex-start",
+        {"capacity": "spot", "maxRunHours": "5"},
+        ["maxRunHours applies to capacity=flex-start only"],
+    ),
+    (
+        "queue-deadline-needs-queued",
+        {"platform": "tpu-vm", "queueDeadlineHours": "5"},
+        ["queueDeadlineHours applies to queued=true"],
     ),
     ("choice-head", {"head": "laptop"}, ["head='laptop' is not valid", "slice, vm"]),
     ("choice-preset", {"preset": "tf"}, ["preset='tf' is not valid", "jax, xla"]),
@@ -591,3 +636,28 @@ def test_the_rules_refuse_a_trailing_newline_and_foreign_digits_on_their_own(mon
 def test_requirements_with_markers_are_kept_literally():
     line = 'requests; python_version < "3.12"'
     assert load(requirements=[line]).requirements == (line,)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"platform": "compute", "capacity": "flex-start"}, ("flex-start", 168, False, None)),
+        (
+            {"platform": "compute", "capacity": "flex-start", "maxRunHours": "24"},
+            ("flex-start", 24, False, None),
+        ),
+        (
+            {"platform": "tpu-vm", "capacity": "flex-start", "queued": "true", "queueDeadlineHours": "6"},
+            ("flex-start", 168, True, 6),
+        ),
+        ({"platform": "tpu-vm", "capacity": "spot", "queued": "true"}, ("spot", None, True, None)),
+        (
+            {"platform": "tpu-vm", "capacity": "reserved", "queued": "true", "reservation": "r1"},
+            ("reserved", None, True, None),
+        ),
+        ({"platform": "tpu-vm", "capacity": "reserved"}, ("reserved", None, False, None)),
+    ],
+)
+def test_capacity_per_platform_is_accepted(overrides, expected):
+    s = load(**overrides)
+    assert (s.capacity, s.max_run_hours, s.queued, s.queue_deadline_hours) == expected

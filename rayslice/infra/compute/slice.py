@@ -30,6 +30,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.catalog import region_of
 from rayslice.infra.compute.template import (
     BOOT_DISK_GB,
     NIC,
@@ -46,7 +47,6 @@ from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
-from rayslice.infra.network import region_of
 from rayslice.names import CLOUD_PLATFORM_SCOPE, slice_host_names
 
 TARGET_SIZE = "targetSize"

@@ -64,21 +64,17 @@ def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
 
 
 def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReservationAffinityArgs | None:
-    """reserved: the named reservation (``SPECIFIC_RESERVATION``); other capacities: the default.
-
-    Without a name, ``ANY_RESERVATION`` is sent and `rayslice preview` refuses it (rule
-    reservation-bound-specific): a reservation-bound template consumes one named reservation.
-    """
+    """reserved: the named reservation (``SPECIFIC_RESERVATION``, rule
+    reservation-bound-specific; the spec requires the name on compute); other capacities: the
+    default."""
     if spec.capacity != "reserved":
         return None
-    if spec.reservation:
-        return gcp.compute.InstanceTemplateReservationAffinityArgs(
-            type=rules.SPECIFIC_RESERVATION,
-            specific_reservation=gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(
-                key=RESERVATION_NAME_KEY, values=[spec.reservation]
-            ),
-        )
-    return gcp.compute.InstanceTemplateReservationAffinityArgs(type="ANY_RESERVATION")
+    return gcp.compute.InstanceTemplateReservationAffinityArgs(
+        type=rules.SPECIFIC_RESERVATION,
+        specific_reservation=gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(
+            key=RESERVATION_NAME_KEY, values=[str(spec.reservation)]
+        ),
+    )
 
 
 def lifecycle_policy(capacity: str) -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs | None:

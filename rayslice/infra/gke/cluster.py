@@ -21,11 +21,12 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumiverse_time as time
 
+from rayslice.catalog import region_of
 from rayslice.errors import InvalidInput
 from rayslice.infra import identity
 from rayslice.infra.gke import nodes
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.network import ClusterNetwork, region_of
+from rayslice.infra.network import ClusterNetwork
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
 

@@ -116,15 +116,12 @@ def test_reserved_capacity_consumes_the_named_reservation(capsys):
 
 
 def test_reserved_capacity_without_a_reservation_name_is_refused(capsys):
-    """ANY_RESERVATION is still sent, and the preview names the rule Google's page sets."""
+    """The spec refuses it before the program runs (a RESERVATION_BOUND MIG consumes one named
+    reservation); the rule Google's page sets is tested on the bodies in tests/cloud."""
     assert cli.main(["preview", *RESERVED, "--output", "json"]) == 2
     captured = capsys.readouterr()
-    (template,) = _of(json.loads(captured.out), TEMPLATE)
-    assert template["inputs"]["reservationAffinity"] == {"type": "ANY_RESERVATION"}
-    [violation] = template["violations"]
-    assert violation["rule"] == "reservation-bound-specific"
-    assert "about-reservation-bound-vms" in violation["source"]
-    assert "reservation-bound-specific" in captured.err
+    assert captured.out == ""
+    assert "capacity=reserved on compute needs reservation=<name" in captured.err
 
 
 def test_v5p_boots_from_balanced_persistent_disk(capsys):

@@ -1,0 +1,64 @@
+"""`rayslice preview`'s cost per hour: each slice, each VM and the whole stack, at list prices
+a person can check against the copied table (tests/fixtures/skypilot-catalog-gcp)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+from rayslice import cli, spec
+from rayslice.infra.cost import Cost, render_costs, stack_costs
+from rayslice.infra.preview import preview, stack_config
+
+STACKS = Path(__file__).resolve().parents[2] / "infra"
+
+
+def _row(fixtures_dir, name: str, zone: str) -> dict[str, str]:
+    with (fixtures_dir / "skypilot-catalog-gcp" / "vms-rows.csv").open() as f:
+        key = "AcceleratorName" if name.startswith("tpu-") else "InstanceType"
+        return next(r for r in csv.DictReader(f) if r[key] == name and r["AvailabilityZone"] == zone)
+
+
+def test_preview_of_the_v6e_16_example_prints_the_tables_price(capsys, fixtures_dir):
+    stack = STACKS / "Pulumi.example-v6e-16.yaml"  # tpu-vm, v6e-16, spot, us-east5-b, head VM
+    assert cli.main(["preview", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    slice_price = float(_row(fixtures_dir, "tpu-v6e-16", "us-east5-b")["SpotPrice"])
+    head_price = float(_row(fixtures_dir, "n2-standard-16", "us-east5-b")["Price"])
+    assert re.search(rf"v6e-16 \(16 chips\), spot, us-east5 +\${slice_price:,.2f}/h\n", out)
+    head = rf"VM jax-v6e-16-head: n2-standard-16, on-demand, us-east5 +\${head_price:,.2f}/h\n"
+    assert re.search(head, out)
+    assert re.search(rf"whole stack +\${slice_price + head_price:,.2f}/h\n", out)
+    assert "read 2026-12-03" in out
+
+
+def test_every_slice_and_vm_is_priced_and_summed():
+    config = stack_config(str(STACKS / "Pulumi.example-multislice.yaml"), [])
+    cluster = spec.load_cli(str(STACKS / "Pulumi.example-multislice.yaml"), [])
+    costs = stack_costs(cluster, preview(config))
+    slices = [c for c in costs if c.item.startswith("slice ")]
+    vms = [c for c in costs if c.item.startswith("VM ")]
+    assert len(slices) == cluster.slices and len(vms) == 1
+    assert len(costs) == len(slices) + len(vms)
+
+
+def test_a_missing_price_is_named_and_left_out_of_the_total():
+    text = render_costs([Cost("slice a", 10.0), Cost("slice b", None)])
+    assert "slice b  no published price" in text
+    assert "at least $10.00/h (1 item(s) without a published price)" in text
+
+
+def test_tpu7x_has_no_published_price(capsys):
+    assert cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-compute-tpu7x-16.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"tpu7x-16 \(8 chips\), on-demand, us-central1 +no published price", out)
+    assert "(1 item(s) without a published price)" in out
+
+
+def test_json_output_carries_no_cost_lines(capsys):
+    assert (
+        cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-4.yaml"), "--output", "json"])
+        == 0
+    )
+    assert "cost per hour" not in capsys.readouterr().out
