@@ -191,14 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--platform", choices=("compute", "tpu-vm"), default="compute")
     args = parser.parse_args(argv)
-    # Checkpoints under /var/tmp: every simulated host sees it (each has its own /tmp).
-    with (
-        tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp,
-        tempfile.TemporaryDirectory(prefix="rayslice-checkpoints-", dir="/var/tmp") as checkpoints,
-    ):
+    with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:
         sim, cold = bring_up(cluster_spec(args.platform), Path(tmp) / "sim")
         try:
-            trace = preempt_during_training(sim, Path(checkpoints))
+            # In the simulation's shared folder: every host writes and reads it (`Plan.shared_dir`).
+            checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=sim.plan.shared_dir))
+            trace = preempt_during_training(sim, checkpoints)
         finally:
             sim.destroy()
     if trace.returncode != 0 or not trace.resumed_at:

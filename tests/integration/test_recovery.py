@@ -184,7 +184,8 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     assert sim.spec() == recovery.cluster_spec("compute")
     assert is_alive(sim.state.processes[state.CLOUD_API_PROCESS])
     _controller_started(sim, sim.spec().slices)
-    checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))  # seen by all hosts
+    # The simulation's shared folder: every host writes and reads it, as a real slice's hosts share a bucket.
+    checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=sim.plan.shared_dir))
     try:
         trace = recovery.preempt_during_training(sim, checkpoints)
     finally:

@@ -101,9 +101,10 @@ def test_jax_train_loss_falls_and_flops_are_reported(cluster):
 
 @SINGLE
 def test_jax_train_resumes_from_its_checkpoint(cluster):
-    # Under /var/tmp: every simulated host sees it (each has its own /tmp), as every TPU host sees
-    # the same gs:// bucket. (On a multi-host slice, across a preemption: test_recovery.py.)
-    checkpoints = Path(tempfile.mkdtemp(prefix="rayslice-checkpoints-", dir="/var/tmp"))
+    # In the simulation's shared folder: the one place of the machine a host may write that every
+    # host sees, as every TPU host sees the same gs:// bucket. (On a multi-host slice, across a
+    # preemption: test_recovery.py.)
+    checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=cluster.plan.shared_dir))
     try:
         options = ("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "3")
         first = rayslice_run(cluster, "jax_train", "--steps", "6", *options)

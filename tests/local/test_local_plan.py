@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import random
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,14 @@ NET = ipaddress.IPv4Network("100.64.9.0/24")
 
 def _plan(raw=None, run_id="a1b2c3"):
     return make_plan(spec.load(raw or {}, require_zone=False), run_id=run_id, network=NET)
+
+
+def test_the_shared_folder_is_the_runs_own_beside_the_hosts_root_and_outside_the_state_dir(tmp_path):
+    """Hosts see the machine read-only but for this folder, where multi-host jobs keep checkpoints
+    (tests/integration/test_recovery.py writes there from every host)."""
+    one, other = _plan(run_id="a1b2c3"), _plan(run_id="d4e5f6")
+    assert one.shared_dir == "/run/rayslice-local/a1b2c3-shared" != other.shared_dir
+    assert not Path(one.shared_dir).is_relative_to(one.root)  # not below a host's private root
 
 
 def test_tpu_vm_plan_is_one_v6e16_slice_with_head_on_worker_0():

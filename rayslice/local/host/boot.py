@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="a directory of the machine the host runs on: visible, read-only, even under /tmp or a cover",
     )
+    parser.add_argument(
+        "--shared-writable",
+        type=Path,
+        help="a directory of the machine every host sees and may write at the same path (checkpoints)",
+    )
     args = parser.parse_args(argv)
     paths = HostPaths(args.host_dir)
 
@@ -96,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         target.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "--bind", "-o", "ro", str(shared), str(target)], check=True)
     subprocess.run(["mount", "--rbind", str(private_tmp), "/tmp"], check=True)
+    writable_shares = [args.shared_writable] if args.shared_writable else []
+    for path in writable_shares:  # a mount of its own, so the machine's read-only remounts pass it by
+        subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
     confinement.confine(
         state_dir=paths.dir.parents[1],
-        writable=[args.root, Path("/tmp"), Path("/dev")],
+        writable=[args.root, Path("/tmp"), Path("/dev"), *writable_shares],
         needed=[*args.share, *interpreter_paths()],
     )
     runtime_env = tpu_runtime.install(tree)  # TPU hosts only

@@ -67,6 +67,7 @@ class HostPower(RecordedSimulation):
                 "--root",
                 self.plan.root,
                 *(f"--share={path}" for path in self.state.shared_paths),
+                f"--shared-writable={self.plan.shared_dir}",
                 *(f"--env={key}={value}" for key, value in (env or {}).items()),
             ],
         )

@@ -226,6 +226,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         plan = self.plan
         prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
+        Path(plan.shared_dir).mkdir(mode=0o755, exist_ok=True)
         netns.create_bridge(plan.bridge, plan.gateway, prefix)
         firewall.install(self.state.firewall, plan.run_id, plan.network, plan.admitted)
         token = secrets.token_hex(32) if spec.ray_auth == "token" else None
@@ -307,6 +308,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         root = Path(self.plan.root)
         if root.is_dir() and not root.is_symlink():
             root.rmdir()
+        shutil.rmtree(self.plan.shared_dir, ignore_errors=True)
         if root.parent.is_dir() and not any(root.parent.iterdir()):
             root.parent.rmdir()
         shutil.rmtree(self.state_dir / "hosts", ignore_errors=True)

@@ -108,6 +108,14 @@ class Plan:
     controller: HostPlan | None = None  # the recovery controller's VM: a machine, not a Ray host
 
     @property
+    def shared_dir(self) -> str:
+        """A folder of the machine that every host sees at this same path and may write, as every
+        host of a real cluster mounts the same bucket or Filestore share: where a multi-host job
+        keeps its checkpoints. Everything else of the machine is read-only to a host
+        (`confinement`); the folder goes with the simulation (`destroy`)."""
+        return f"{self.root}-shared"
+
+    @property
     def machines(self) -> tuple[HostPlan, ...]:
         """Every simulated VM: the Ray hosts, then the controller's."""
         return self.hosts + ((self.controller,) if self.controller is not None else ())
