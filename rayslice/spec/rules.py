@@ -230,9 +230,10 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
         )
     if capacity == "spot" and draft.recovery:
         problems.append(
-            "head=slice with capacity=spot puts the Ray head and the recovery controller on a Spot "
-            "host, so a preemption takes down what should recreate it: use head=vm (the default for "
-            "spot), or set recovery=false to keep head=slice without automatic recovery"
+            "head=slice with capacity=spot puts the Ray head on a Spot host: a preemption takes the "
+            "head with its jobs and their restart state, and the recreated slice starts an empty "
+            "cluster, so recovery has nothing to resume: use head=vm (the default for spot), or set "
+            "recovery=false to keep head=slice without automatic recovery"
         )
 
 
