@@ -1,10 +1,9 @@
 #!/bin/bash
 # Sets up .venv (scripts/setup.sh), checks lint, format and types, then runs the test suite;
 # extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
-# The suite runs serially. `-n 4` (pytest-xdist, with the scheduler in tests/conftest.py: two
-# workers for the integration tests, two for the quick ones) took 11 min instead of ~20 on a quiet
-# 2-core machine, but there local Ray start-ups and a simulated host's boot timed out under the
-# load; pass `-n 4` yourself on a larger machine.
+# The suite runs on three pytest-xdist workers (the scheduler in tests/conftest.py): two take the
+# tests that start simulated hosts or Ray, one cluster or module at a time each, the third the
+# quick modules. An `-n` given here wins (`-n 0`: serially).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$REPO/scripts/setup.sh"
@@ -13,4 +12,4 @@ echo "test: ruff check, ruff format --check, mypy"
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
 .venv/bin/mypy
-exec "$REPO/.venv/bin/python" -m pytest "$@"
+exec "$REPO/.venv/bin/python" -m pytest -n 3 "$@"

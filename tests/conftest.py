@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -39,29 +40,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
 
 
+# Under pytest-xdist, at most this many workers run tests that start Ray (two Ray start-ups at
+# once is what 2 cores bear: with more, a local Ray missed the 30 s Ray gives a node to register
+# with its GCS, a fixed limit). The other workers take the quick modules.
+RAY_WORKERS = 2
+# Slow tests outside tests/integration/ that start a local Ray.
+_STARTS_LOCAL_RAY = ("tests/workloads/test_cluster.py::",)
+_RAY_UNIT = "ray: "
+
+
 def _xdist_scope(nodeid: str) -> str | None:
-    """The pytest-xdist work unit of an integration test: those on the shared clusters
-    (`tests/integration/clusters.py`, one cluster at a time) in one, the others (each on its own
-    simulation or sandbox) in another, each run in order by one worker."""
-    if not nodeid.startswith("tests/integration/"):
+    """The pytest-xdist work unit of a test that starts Ray: the tests of one shared cluster
+    (`tests/integration/clusters.py`) together, or those of one module (each test on its own
+    simulation, sandbox or local Ray); None for a quick test."""
+    if not nodeid.startswith(("tests/integration/", *_STARTS_LOCAL_RAY)):
         return None
-    shared = any(nodeid.endswith(f"[{shape}]") for shape in SHARED)
-    return "integration: shared clusters" if shared else "integration: own hosts"
+    for shape in SHARED:
+        if nodeid.endswith(f"[{shape}]"):
+            return f"{_RAY_UNIT}cluster {shape}"
+    return _RAY_UNIT + nodeid.split("::")[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under pytest-xdist (`-n N`, as scripts/test.sh runs the suite): the integration tests in two
-    work units (`_xdist_scope`), every other module one unit, so two workers run the slow tier
-    while the others run the quick tests beside them. (pytest-xdist's own `--dist loadgroup`
-    cannot group with pytest 9: it renames test ids through an attribute pytest 9 dropped.)"""
+    """Under pytest-xdist (`-n 3`, as scripts/test.sh runs the suite): `RAY_WORKERS` workers take
+    the work units that start Ray (`_xdist_scope`), the shared clusters first and the unit with
+    the most tests first, each unit whole and in order, then quick modules once no Ray unit is
+    left; the other workers take only quick modules, one module a unit. (pytest-xdist's own
+    `--dist loadgroup` cannot group with pytest 9: it renames test ids through an attribute
+    pytest 9 dropped.)"""
     from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is loaded: it calls this hook
 
-    class IntegrationInTwo(LoadScopeScheduling):
+    class RayOnTwoWorkers(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _xdist_scope(nodeid) or super()._split_scope(nodeid)
 
-    return IntegrationInTwo(config, log)
+        def _runs_ray(self, node: Any) -> bool:
+            return len(self.nodes) <= RAY_WORKERS or self.nodes.index(node) < RAY_WORKERS
+
+        def _next_unit(self, node: Any) -> str | None:
+            ray = sorted(
+                (s for s in self.workqueue if s.startswith(_RAY_UNIT)),
+                key=lambda s: (not s.startswith(_RAY_UNIT + "cluster "), -len(self.workqueue[s])),
+            )
+            quick = [s for s in self.workqueue if not s.startswith(_RAY_UNIT)]
+            return next(iter(ray + quick if self._runs_ray(node) else quick), None)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            scope = self._next_unit(node)
+            if scope is not None:  # else a quick-only worker stays idle until the run ends
+                self.workqueue.move_to_end(scope, last=False)
+                super()._assign_work_unit(node)
+
+    return RayOnTwoWorkers(config, log)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -3,7 +3,8 @@ job fail with Ray's own node-death error, `rayslice run` waits for the node to c
 submits again; a job that fails on its own is not restarted.
 
 A head and one more node (with a `victim` resource) run on loopback inside new network and PID
-namespaces, so ports collide with nothing and every process dies with the sandbox. The job's
+namespaces, so ports collide with nothing and every process dies with the sandbox. Both jobs run
+on that one cluster, one after the other: first the one that fails on its own, then the one whose
 first run holds a task on the victim node; the sandbox kills that node's raylet (found by its own
 temp dir), waits for `rayslice run` to say it is waiting, and starts the node again.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 JOB = """\
 import os, sys, time
@@ -50,55 +53,72 @@ victim() {  # one more node on loopback, with its own ports and temp dir
     >> "$WORK/ray.log" 2>&1
 }
 victim "$VICTIM_TMP"
-cd "$WORK"
-rayslice run --address http://127.0.0.1:8265 --max-restarts "$MAX_RESTARTS" --rejoin-timeout 180 \
-  project/job.py -- "$WORK/mark" > run.out 2> run.err &
-RUN=$!
-if [ "$KILL" = yes ]; then
-  for _ in $(seq 600); do [ -e "$WORK/mark.started" ] && break; sleep 0.2; done
-  kill -9 "$(pgrep -f "raylet.*$VICTIM_TMP" | head -1)"
-  for _ in $(seq 600); do grep -q "waiting for every slice" run.err && break; sleep 0.2; done
-  mkdir -p "$VICTIM_TMP.2"; victim "$VICTIM_TMP.2"
-fi
-wait "$RUN"; echo "RUN EXIT $?"
+run() {  # run CASE MAX_RESTARTS: `rayslice run` of $WORK/CASE/project/job.py, in the background
+  cd "$WORK/$1"
+  rayslice run --address http://127.0.0.1:8265 --max-restarts "$2" --rejoin-timeout 180 \
+    project/job.py -- "$WORK/$1/mark" > run.out 2> run.err &
+  RUN=$!
+}
+run own 2
+wait "$RUN"; echo "own: RUN EXIT $?"
+run killed 1
+for _ in $(seq 600); do [ -e "$WORK/killed/mark.started" ] && break; sleep 0.2; done
+kill -9 "$(pgrep -f "raylet.*$VICTIM_TMP" | head -1)"
+for _ in $(seq 600); do grep -q "waiting for every slice" run.err && break; sleep 0.2; done
+mkdir -p "$VICTIM_TMP.2"; victim "$VICTIM_TMP.2"
+wait "$RUN"; echo "killed: RUN EXIT $?"
 """
+CASES = {"own": OWN_FAILURE, "killed": JOB}
 
 
-def sandbox(tmp_path: Path, job: str, *, kill: bool, max_restarts: int) -> tuple[str, str, str]:
-    (tmp_path / "project").mkdir()
-    (tmp_path / "project" / "job.py").write_text(job)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str, str]]:
+    """Both cases on one sandboxed cluster: per case, the sandbox's output and `rayslice run`'s
+    stdout and stderr."""
+    work = tmp_path_factory.mktemp("sandbox")  # no "restart" in it: its path is in the output
+    for case, job in CASES.items():
+        (work / case / "project").mkdir(parents=True)
+        (work / case / "project" / "job.py").write_text(job)
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": str(tmp_path),
+        "HOME": str(work),
         "RAY_AUTH_MODE": "disabled",
-        "WORK": str(tmp_path),
-        "KILL": "yes" if kill else "no",
-        "MAX_RESTARTS": str(max_restarts),
+        "WORK": str(work),
     }
     result = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "bash", "-c", SANDBOX],
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,
+        timeout=900,
     )
-    out = (tmp_path / "run.out").read_text() if (tmp_path / "run.out").exists() else ""
-    err = (tmp_path / "run.err").read_text() if (tmp_path / "run.err").exists() else ""
-    log = (tmp_path / "ray.log").read_text() if (tmp_path / "ray.log").exists() else ""
-    print(result.stdout[-2000:], result.stderr[-2000:], out[-4000:], err[-4000:], log[-2000:])
-    return result.stdout, out, err
+
+    def read(path: Path) -> str:
+        return path.read_text() if path.exists() else ""
+
+    print(result.stdout[-2000:], result.stderr[-2000:], read(work / "ray.log")[-2000:])
+    return {
+        case: (
+            "\n".join(line for line in result.stdout.splitlines() if line.startswith(f"{case}: ")),
+            read(work / case / "run.out"),
+            read(work / case / "run.err"),
+        )
+        for case in CASES
+    }
 
 
-def test_a_job_whose_node_died_is_resubmitted_after_the_node_is_back(tmp_path):
-    sandbox_out, out, err = sandbox(tmp_path, JOB, kill=True, max_restarts=1)
+def test_a_job_whose_node_died_is_resubmitted_after_the_node_is_back(runs):
+    sandbox_out, out, err = runs["killed"]
+    print(out[-4000:], err[-4000:])
     assert "RUN EXIT 0" in sandbox_out
     assert "restart 1 of 1 after " in out
     assert "second run: done" in out
     assert err.count("rayslice: submitted") == 2
 
 
-def test_a_job_that_fails_on_its_own_is_not_restarted(tmp_path):
-    sandbox_out, out, err = sandbox(tmp_path, OWN_FAILURE, kill=False, max_restarts=2)
+def test_a_job_that_fails_on_its_own_is_not_restarted(runs):
+    sandbox_out, out, err = runs["own"]
+    print(out[-4000:], err[-4000:])
     assert "RUN EXIT 1" in sandbox_out
     assert "restart" not in out
     assert err.count("rayslice: submitted") == 1

@@ -89,6 +89,8 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
     sim = Simulation.create(cluster, simulation_dir, script=TINY_SCRIPT, metadata_unavailable_for=6.0)
     sim.boot_all()
     sim.wait_for(_joined, timeout=60)
+    # The script publishes `joined` a moment before it exits; its exit status comes after.
+    _wait(lambda: all(sim.script_exit(h.name) is not None for h in sim.plan.hosts))
 
     for host in sim.plan.hosts:
         facts = sim.guest_attributes(host.name)
