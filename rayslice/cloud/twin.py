@@ -140,7 +140,11 @@ def _metadata(holder: dict[str, Any]) -> dict[str, str]:
 class CloudTwin:
     """The project's resources. Keyed by (project, zone or region or "global", name)."""
 
-    def __init__(self, default_range: str | None = None) -> None:
+    def __init__(self, default_range: str | None = None, address_range: str | None = None) -> None:
+        """`default_range`: where a subnetwork the twin never saw created (an existing one)
+        takes its addresses. `address_range`: where every subnetwork, declared or existing,
+        takes them (the simulator's free range; a declared ``ipCidrRange`` still goes through
+        the rules but hands out none); its first address is the gateway, as in a subnetwork."""
         # What the recovery controller reads through the emulated APIs (shared with them).
         self.nodes: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.migs: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -152,6 +156,8 @@ class CloudTwin:
         self.addresses: dict[str, str] = {}  # address name -> IP
         # Where a subnetwork the twin never saw created (an existing one) takes its addresses.
         self.default_subnet = _Subnet(ipaddress.IPv4Network(default_range)) if default_range else None
+        # One pool for every subnetwork when the addresses must come from a given range.
+        self.address_pool = _Subnet(ipaddress.IPv4Network(address_range)) if address_range else None
         self.refused: list[rules.Violation] = []
         self.on_host_up: Hook | None = None
         self.on_host_down: Hook | None = None
@@ -169,13 +175,16 @@ class CloudTwin:
         zone: str | None = None,
         region: str | None = None,
         target: str | None = None,
+        urn: str | None = None,
     ) -> dict[str, Any]:
         """One create call for Pulumi resource `name`; the outputs Google returns for it.
         `target` is the resource the call's URL names besides the project and zone (a
-        per-instance config's MIG).
+        per-instance config's MIG); `urn` the Pulumi URN a violation names (see `admit`).
 
         A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
-        link = self.admit(type_token, name, request, project=project, zone=zone, region=region, target=target)
+        link = self.admit(
+            type_token, name, request, project=project, zone=zone, region=region, target=target, urn=urn
+        )
         resource_name = request.name or name
         outputs: dict[str, Any] = {}
         if _COLLECTIONS.get(type_token):
@@ -213,14 +222,19 @@ class CloudTwin:
         zone: str | None = None,
         region: str | None = None,
         target: str | None = None,
+        urn: str | None = None,
     ) -> str:
         """Check a create call against the rules and, if none is broken, record what it
         declares for later references; the resource's self link. A broken rule raises
-        `CloudRuleError` (kept in `refused` too) and records nothing."""
+        `CloudRuleError` (kept in `refused` too) and records nothing.
+
+        Violations name the resource by `urn` (the Pulumi URN, so `rayslice preview` shows them
+        beside the resource) or, for a call that has none (the HTTP APIs), its self link."""
         scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
         collection = _COLLECTIONS.get(type_token, "other")
         link = f"projects/{project}/{scope}/{collection}/{request.name or name}"
-        resource = rules.Resource(type_token, link, name, request, self._refs(type_token, request, target))
+        refs = self._refs(type_token, request, target)
+        resource = rules.Resource(type_token, urn or link, name, request, refs)
         try:
             self._check(resource)
         except CloudRuleError as exc:
@@ -234,8 +248,14 @@ class CloudTwin:
         stack = rules.Stack(self.resources.values())
         return rules.check(stack, [r for r in rules.RULES if r.at_end])
 
+    def violations(self) -> list[rules.Violation]:
+        """What Google would refuse of everything applied so far: each refused request, then the
+        rules on the finished deployment (`audit`)."""
+        return [*self.refused, *self.audit()]
+
     def _refs(self, type_token: str, request: Request, target: str | None) -> dict[str, frozenset[str]]:
-        """What a request refers to, by self link, as Google resolves it."""
+        """What a request refers to, as Google resolves it: the `rules.Resource.urn` of each
+        resource this twin holds (or the reference as given)."""
         body = request.body
         refs: dict[str, set[str]] = {}
         if type_token == bodies.PER_INSTANCE_CONFIG and target:
@@ -245,7 +265,10 @@ class CloudTwin:
             policy = body.get("resourcePolicies", {}).get("workloadPolicy")
             if policy:
                 refs["resourcePolicies"] = {self._link(policy)}
-        return {k: frozenset(v) for k, v in refs.items()}
+        return {
+            k: frozenset(self.resources[u].urn if u in self.resources else u for u in v)
+            for k, v in refs.items()
+        }
 
     def _link(self, reference: Any) -> str:
         """The self link of a referenced resource this twin holds (or the reference as given)."""
@@ -257,7 +280,8 @@ class CloudTwin:
 
     def _check(self, resource: rules.Resource) -> None:
         """Refuse `resource` if a rule finds fault with it or with it beside what it refers to."""
-        related = [self.resources[u] for urns in resource.refs.values() for u in urns if u in self.resources]
+        wanted = {u for urns in resource.refs.values() for u in urns}
+        related = [r for r in self.resources.values() if r.urn in wanted]
         stack = rules.Stack([resource, *related])
         found = [
             v for v in rules.check(stack, [r for r in rules.RULES if not r.at_end]) if v.urn == resource.urn
@@ -266,6 +290,8 @@ class CloudTwin:
             raise CloudRuleError(found)
 
     def _subnet(self, reference: Any) -> _Subnet | None:
+        if self.address_pool is not None:
+            return self.address_pool
         found = self.subnets.get(_short(reference)) if reference else None
         return found if found is not None else self.default_subnet
 

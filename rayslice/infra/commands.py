@@ -2,9 +2,10 @@
 
 The command validates the configuration first (exit 2 with every problem, nothing run), then
 runs the real Pulumi program offline (`rayslice.infra.preview`) and prints what it registered.
-If a resource breaks one of Google's documented rules (`rayslice.cloud.rules`), the output is
-printed all the same and the violations follow on stderr, with exit 2 (`InvalidInput`): like a
-bad config value, it is bad input that Google would refuse, caught before anything is created.
+If the cloud twin refused a request or its audit of the finished deployment found fault (the
+rules of `rayslice.cloud.rules`), the output is printed all the same and the violations follow
+on stderr, with exit 2 (`CloudRuleError`, an `InvalidInput`): like a bad config value, it is bad
+input that Google would refuse, caught before anything is created.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import click
 
 from rayslice.cli import load_spec, spec_options
-from rayslice.errors import EXIT_OK, InvalidInput
-from rayslice.infra.preview import FORMATS, preview, stack_config, violations
+from rayslice.cloud.twin import CloudRuleError
+from rayslice.errors import EXIT_OK
+from rayslice.infra.preview import FORMATS, preview, stack_config
 
 
 @click.command("preview")
@@ -35,12 +37,8 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     and its source, and the command exits 2.
     """
     load_spec(stack_file, overrides)  # every problem at once, before the program runs
-    registrations = preview(stack_config(stack_file, list(overrides)))
-    click.echo(FORMATS[output](registrations))
-    found = violations(registrations)
-    if found:
-        raise InvalidInput(
-            f"{len(found)} violation(s) of Google's documented rules; Google would refuse this "
-            "deployment:\n" + "\n".join(f"  - {v}" for v in found)
-        )
+    found = preview(stack_config(stack_file, list(overrides)))
+    click.echo(FORMATS[output](found))
+    if found.violations:
+        raise CloudRuleError(found.violations)
     return EXIT_OK

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +82,21 @@ class FakeGcp(pulumi.runtime.Mocks):
         self.token = secrets.token_urlsafe(24)  # the fake "generated" Ray token
         # An existing subnetwork the program does not declare hands out SUBNET_CIDR's addresses.
         self.twin = twin if twin is not None else CloudTwin(default_range=SUBNET_CIDR)
+        # The engine registers resources from several threads: one create call at a time reaches
+        # the twin (a MIG's worker ids follow the order of its createInstances calls), and each
+        # thread knows the URN of the resource it registers (`registering`), which the twin's
+        # violations name.
+        self._twin_lock = threading.Lock()
+        self._registering = threading.local()
+
+    @contextmanager
+    def registering(self, urn: str) -> Iterator[None]:
+        """`new_resource` calls in this block (on this thread) are for the resource `urn`."""
+        self._registering.urn = urn
+        try:
+            yield
+        finally:
+            self._registering.urn = None
 
     def _apply(self, args: MockResourceArgs, inputs: dict[str, Any], project: str) -> dict[str, Any]:
         """The twin's outputs for a Compute Engine or TPU resource ({} for other types, or when
@@ -88,15 +105,17 @@ class FakeGcp(pulumi.runtime.Mocks):
         if request is None:
             return {}
         try:
-            return self.twin.apply(
-                args.typ,
-                args.name,
-                request,
-                project=project,
-                zone=inputs.get("zone"),
-                region=inputs.get("region"),
-                target=inputs.get("instanceGroupManager") or inputs.get("router"),
-            )
+            with self._twin_lock:
+                return self.twin.apply(
+                    args.typ,
+                    args.name,
+                    request,
+                    project=project,
+                    zone=inputs.get("zone"),
+                    region=inputs.get("region"),
+                    target=inputs.get("instanceGroupManager") or inputs.get("router"),
+                    urn=getattr(self._registering, "urn", None),
+                )
         except CloudRuleError:
             return {}
         except InvalidInput:
@@ -184,10 +203,12 @@ class _RecordingMonitor(MockMonitor):
 
     def __init__(self, mocks: FakeGcp) -> None:
         super().__init__(mocks)
+        self.mocks: FakeGcp = mocks
         self.registrations: list[Registration] = []
 
     def RegisterResource(self, request):
-        response = super().RegisterResource(request)
+        with self.mocks.registering(self.make_urn(request.parent, request.type, request.name)):
+            response = super().RegisterResource(request)
         if request.type != STACK_TYPE:
             raw = rpc.deserialize_properties(request.object)
             self.registrations.append(

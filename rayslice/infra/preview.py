@@ -7,14 +7,16 @@ CI. Resources that a config change replaces (``replaceOnChanges``) and custom cr
 timeouts are shown with them, so a user sees before ``pulumi up`` that changing requirements,
 rayVersion, preset or the boot script recreates the slices.
 
-Output formats live in `FORMATS` (name -> renderer of the recorded registrations): ``tree``,
-``json``, and ``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
+Output formats live in `FORMATS` (name -> renderer of a `Preview`): ``tree``, ``json``, and
+``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
 
-`deploy` applies the program to a cloud twin (`rayslice.cloud.twin`) that the simulator then
-boots from; it refuses what Google would refuse. `violations` runs Google's documented rules
-(`rayslice.cloud.rules`, the same ones the policy pack in ``policy/`` runs in ``pulumi
-preview``) over the REST bodies the provider would send for the registered Compute Engine and
-TPU resources; ``json`` carries each resource's violations.
+Every Compute Engine and TPU resource goes to a cloud twin (`rayslice.cloud.twin`) as the REST
+call the provider sends, and what Google would refuse is what the twin refused plus its audit of
+the finished deployment (`Preview.violations`): one runner of Google's documented rules
+(`rayslice.cloud.rules`, whose definitions the policy pack in ``policy/`` runs in ``pulumi
+preview``) for `rayslice preview`, the simulator and recovery alike. ``json`` carries each
+resource's violations. `deploy` applies the program to a given twin, which the simulator then
+boots from.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rayslice import spec
@@ -141,21 +144,21 @@ def render_tree(registrations: list[Registration]) -> str:
     return "\n".join(lines)
 
 
-def violations(registrations: list[Registration]) -> list[rules.Violation]:
-    """Every rule of `rayslice.cloud.rules` the registered cloud resources break."""
-    resources = [
-        resource
-        for r in registrations
-        if r.custom and (resource := rules.resource(r.type, r.urn, r.name, r.inputs, r.property_dependencies))
-    ]
-    return rules.check(rules.Stack(resources))
+@dataclass(frozen=True)
+class Preview:
+    """What `pulumi up` would create, and what Google would refuse of it."""
+
+    registrations: list[Registration]  # in the order the program registered them
+    # The cloud twin's refusals and its audit of the finished deployment, each naming the
+    # resource by its Pulumi URN (`rayslice.cloud.twin.CloudTwin.violations`).
+    violations: list[rules.Violation]
 
 
-def render_json(registrations: list[Registration]) -> str:
+def render_json(registrations: list[Registration], violations: Sequence[rules.Violation] = ()) -> str:
     """Machine-readable: one object per resource (type token, name, parent URN, inputs, and the
-    rules it breaks, each with its source)."""
+    `violations` that name it, each with its rule and source)."""
     found: dict[str, list[dict[str, str]]] = {}
-    for violation in violations(registrations):
+    for violation in violations:
         found.setdefault(violation.urn, []).append(violation.as_json())
     return json.dumps(
         [
@@ -218,18 +221,18 @@ def _manifest(registration: Registration) -> dict[str, Any]:
     }
 
 
-FORMATS: dict[str, Callable[[list[Registration]], str]] = {
-    "tree": render_tree,
-    "json": render_json,
-    "yaml": render_yaml,
+FORMATS: dict[str, Callable[[Preview], str]] = {
+    "tree": lambda found: render_tree(found.registrations),
+    "json": lambda found: render_json(found.registrations, found.violations),
+    "yaml": lambda found: render_yaml(found.registrations),
 }
 
 
-def preview(config: dict[str, str]) -> list[Registration]:
-    """Run the Pulumi program offline with `config`; the resources it registered, in order.
-
-    Its Compute Engine and TPU resources went to a fresh cloud twin (`rayslice.infra.mocks`)."""
-    return run_offline(main, config).registrations
+def preview(config: dict[str, str]) -> Preview:
+    """Run the Pulumi program offline with `config`, its Compute Engine and TPU resources applied
+    to a fresh cloud twin (`rayslice.infra.mocks`): what it registered, and what the twin refused."""
+    run = run_offline(main, config)
+    return Preview(run.registrations, run.twin.violations())
 
 
 def deploy(config: dict[str, str], twin: CloudTwin) -> list[Registration]:
@@ -239,7 +242,7 @@ def deploy(config: dict[str, str], twin: CloudTwin) -> list[Registration]:
     Raises `CloudRuleError` naming every request the twin refused and every rule the finished
     deployment breaks (a MIG with more or fewer hosts than its topology), with their sources."""
     run = run_offline(main, config, twin)
-    found = [*twin.refused, *twin.audit()]
+    found = twin.violations()
     if found:
         raise CloudRuleError(found)
     return run.registrations

@@ -33,6 +33,13 @@ def test_bulk_mode_only_with_flex_start_or_reservation_bound(model):
         assert "bulk-provisioning-model" not in rule_ids(stack)
 
 
+def test_a_bulk_spot_stack_with_n_plus_n_hosts_breaks_both_rules():
+    """Issue 19's hand-written bad stack, over the whole stack as the policy pack sees it (the
+    cloud twin refuses its MIG insert first, tests/infra/test_preview.py)."""
+    stack = slice_stack(target=4, bulk=True, model="SPOT", termination="STOP", lifecycle="DO_NOTHING")
+    assert rule_ids(stack) == ["bulk-provisioning-model", "instances-match-topology"]
+
+
 def test_reservation_bound_needs_a_specific_reservation():
     stack = slice_stack(model="RESERVATION_BOUND", termination="DELETE", affinity={"type": "ANY_RESERVATION"})
     assert rule_ids(stack) == ["reservation-bound-specific"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,10 +12,19 @@ import pulumi_gcp as gcp
 import pytest
 
 from rayslice.cloud import bodies, rules
-from rayslice.cloud.twin import DELETED, MIG_HOST, RUNNING, TERMINATED, CloudRuleError, CloudTwin
+from rayslice.cloud.twin import (
+    DELETED,
+    MIG_HOST,
+    RUNNING,
+    TERMINATED,
+    CloudRuleError,
+    CloudTwin,
+    TwinHost,
+)
 from rayslice.infra import preview
 from rayslice.infra.compute import slice as compute_slice
 from rayslice.infra.compute import template as compute_template
+from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from tests.cloud.stacks import slice_entries
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"
@@ -218,3 +230,47 @@ def test_spot_without_stop_or_do_nothing_reverted_is_refused(monkeypatch):
     monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda capacity: None)
     with pytest.raises(CloudRuleError, match="rule spot-tpu-do-nothing"):
         _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
+
+
+@pytest.mark.parametrize("stack", ["Pulumi.example-compute-tpu7x-16.yaml", "Pulumi.example-multislice.yaml"])
+def test_an_address_range_gives_every_subnetwork_its_addresses(stack):
+    """The simulator's range: declared (10.128.0.0/20) and existing subnetworks alike hand out
+    addresses from it, the first being the gateway; each host its own."""
+    pool = ipaddress.IPv4Network("100.64.7.0/26")
+    twin = CloudTwin(address_range=str(pool))
+    preview.deploy(preview.stack_config(str(STACKS / stack), []), twin)
+    ips = [h.ip for h in twin.hosts()]
+    assert len(ips) >= 2 and len(set(ips)) == len(ips)
+    assert all(ipaddress.IPv4Address(ip) in pool for ip in ips)
+    assert str(pool[1]) not in ips and str(pool[2]) in ips
+    mig_hosts = [h for h in twin.hosts() if h.group and h.kind == MIG_HOST]
+    for host in mig_hosts:
+        assert host.metadata["worker-network-endpoints"] == ",".join(
+            f"unknown:unknown:{h.ip}" for h in mig_hosts if h.group == host.group
+        )
+
+
+def test_a_twin_host_round_trips_through_json():
+    """The emulation process writes the twin's hosts for `local up` as JSON."""
+    twin = _deploy("Pulumi.example-compute-tpu7x-16.yaml")
+    for host in twin.hosts():
+        assert TwinHost(**json.loads(json.dumps(dataclasses.asdict(host)))) == host
+
+
+def test_the_emulators_spot_preemption_returns_the_hosts_it_hit_each_reported_down():
+    """What `rayslice local preempt` calls: each host stopped (STOP) and left (DO_NOTHING), and
+    ``on_host_down`` called once per host hit."""
+    emulator = CloudApiEmulator(address_range="100.64.8.0/24")
+    try:
+        config = preview.stack_config(str(STACKS / "Pulumi.example-compute-tpu7x-16.yaml"), ["capacity=spot"])
+        preview.deploy(config, emulator.twin)
+        down: list[TwinHost] = []
+        emulator.twin.on_host_down = down.append
+        [host, *_] = [h for h in emulator.twin.hosts() if h.kind == MIG_HOST]  # not the head VM
+        hit = emulator.preempt(host.project, host.zone, str(host.group), mode="spot")
+    finally:
+        emulator.server_close()
+    assert [h.name for h in hit] == ["jax-ironwood-slice-0-w0", "jax-ironwood-slice-0-w1"]
+    assert all(h.status == RUNNING for h in hit)  # as they were when hit
+    assert [(h.name, h.status) for h in down] == [(h.name, TERMINATED) for h in hit]
+    assert {h.status for h in emulator.twin.hosts() if h.group == host.group} == {TERMINATED}

@@ -7,15 +7,15 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pulumi_gcp as gcp
 import pytest
 import yaml
 
 from rayslice import cli
-from rayslice.infra import commands, preview
+from rayslice.infra import preview
 from rayslice.infra.gke import kuberay
-from rayslice.infra.mocks import Registration, run_offline
+from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
-from tests.cloud.stacks import slice_entries, urn
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"  # the project\'s example stacks
 
@@ -214,44 +214,73 @@ def test_display_type(token, shown):
     assert preview.display_type(token) == shown
 
 
-def _registrations_of(entries) -> list:
-    """Hand-written Registrations (what the mock engine records) of tests.cloud.stacks entries."""
-    return [
-        Registration(
-            urn=urn(kind, name),
-            parent="",
-            type=kind,
-            name=name,
-            custom=True,
-            inputs=props,
-            secret_inputs=frozenset(),
-            property_dependencies={k: frozenset(v) for k, v in refs.items()},
-        )
-        for kind, name, props, refs in entries
-    ]
+def _bulk_spot_program() -> None:
+    """A hand-written bad stack, as a user's own Pulumi program would declare it: a v6e-16 MIG in
+    bulk mode whose template is Spot (issue 19, defect 2)."""
+    policy = gcp.compute.ResourcePolicy(
+        "s-0-policy",
+        name="s-0-policy",
+        region="us-east5",
+        workload_policy=gcp.compute.ResourcePolicyWorkloadPolicyArgs(
+            type="HIGH_THROUGHPUT", accelerator_topology="4x4"
+        ),
+    )
+    template = gcp.compute.InstanceTemplate(
+        "s-0-template",
+        name_prefix="s-0-",
+        machine_type="ct6e-standard-4t",
+        disks=[gcp.compute.InstanceTemplateDiskArgs(boot=True, disk_type="hyperdisk-balanced")],
+        scheduling=gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model="SPOT", instance_termination_action="STOP"
+        ),
+    )
+    gcp.compute.InstanceGroupManager(
+        "s-0-mig",
+        name="s-0",
+        zone="us-east5-b",
+        base_instance_name="s-0",
+        target_size=4,
+        versions=[gcp.compute.InstanceGroupManagerVersionArgs(instance_template=template.self_link_unique)],
+        target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode="BULK")],
+        instance_lifecycle_policy=gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(
+            default_action_on_failure="DO_NOTHING"
+        ),
+        resource_policies=gcp.compute.InstanceGroupManagerResourcePoliciesArgs(
+            workload_policy=policy.self_link
+        ),
+    )
 
 
 def test_a_hand_written_bulk_spot_stack_shows_its_violations(capsys, monkeypatch):
-    """Issue 19: BULK with a SPOT template, target size N plus N per-instance configs."""
-    bad = _registrations_of(
-        slice_entries(target=4, bulk=True, model="SPOT", termination="STOP", lifecycle="DO_NOTHING")
-    )
-    assert sorted(v.rule for v in preview.violations(bad)) == [
-        "bulk-provisioning-model",
-        "instances-match-topology",
-    ]
-    monkeypatch.setattr(commands, "preview", lambda config: bad)
+    """Issue 19: BULK with a SPOT template. The twin refuses the MIG's insert, and the command
+    prints that refusal beside the MIG and on stderr, with its rule and source."""
+    monkeypatch.setattr(preview, "main", _bulk_spot_program)
     args = ["preview", "--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b", "--output", "json"]
     assert cli.main(args) == 2  # EXIT_INVALID: Google would refuse it, nothing was created
     captured = capsys.readouterr()
-    (mig,) = [r for r in json.loads(captured.out) if r["name"] == "s-0-mig"]
-    assert {v["rule"] for v in mig["violations"]} == {"bulk-provisioning-model", "instances-match-topology"}
+    resources = json.loads(captured.out)
+    (mig,) = [r for r in resources if r["name"] == "s-0-mig"]
+    assert [v["rule"] for v in mig["violations"]] == ["bulk-provisioning-model"]
     assert all("https://" in v["source"] for v in mig["violations"])
+    assert all(not r["violations"] for r in resources if r["name"] != "s-0-mig")
     assert (
         "s-0-mig: target-size policy BULK with template s-0-template of provisioning model SPOT"
         in captured.err
     )
-    assert "2 violation(s) of Google's documented rules" in captured.err
+    assert "rule bulk-provisioning-model; source: Compute Engine, 'Create a MIG that uses the bulk mode'" in (
+        captured.err
+    )
+    assert "1 violation(s) of Google's documented rules" in captured.err
+
+
+def test_the_exit_2_report_is_the_twins_refusals_and_audit(capsys, monkeypatch):
+    """One runner: what `rayslice preview` prints is what the cloud twin refused and found at the
+    end, not a second check of its own (a twin that refuses nothing passes)."""
+    monkeypatch.setattr(preview.CloudTwin, "violations", lambda self: [])
+    monkeypatch.setattr(preview, "main", _bulk_spot_program)
+    args = ["preview", "--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b", "--output", "json"]
+    assert cli.main(args) == 0
+    assert all(not r["violations"] for r in json.loads(capsys.readouterr().out))
 
 
 def test_every_example_passes_every_rule(capsys):

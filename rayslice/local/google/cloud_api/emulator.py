@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rayslice.cloud.rules import DELETE, STOP
+from rayslice.cloud.twin import TwinHost
 from rayslice.local.google.cloud_api.compute import ComputeApi
 from rayslice.local.google.cloud_api.oauth import ServiceAccountTokens
 from rayslice.local.google.cloud_api.project import EmulatedProject
@@ -75,10 +76,11 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
         *,
         op_polls: int = 1,
         clients: Collection[str] = (),
+        address_range: str | None = None,
     ):
         ThreadingHTTPServer.__init__(self, address, _Handler)
         ServiceAccountTokens.__init__(self)
-        EmulatedProject.__init__(self, op_polls=op_polls)
+        EmulatedProject.__init__(self, op_polls=op_polls, address_range=address_range)
         # ``POST /rayslice-local/preempt/<slice>`` with header ADMIN_HEADER: `rayslice local preempt`.
         self.admin_token = ""
         self.admin_preempt: Callable[[str], Sequence[str]] | None = None
@@ -108,22 +110,22 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, ThreadingHTTPSe
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.url}/compute/v1/",
         }
 
-    def preempt(self, project: str, zone: str, name: str, *, mode: str = "gone") -> None:
+    def preempt(self, project: str, zone: str, name: str, *, mode: str = "gone") -> list[TwinHost]:
         """A preemption: the node turns PREEMPTED; a MIG's hosts are gone (``gone``) or TERMINATED
         (``terminated``) with no repair, or (``spot``) each stopped or deleted per its template's
         termination action and then left or repaired per the MIG's lifecycle policy (the twin's
-        `preempt`)."""
+        `preempt`). The hosts it hit, as they were; the twin's ``on_host_down`` ran for each."""
         with self.lock:
             key = (project, zone, name)
             if key in self.state.nodes:
-                self.state.preempt(project, zone, name)
+                hit = self.state.preempt(project, zone, name)
                 for worker in [w for (n, w) in self.tpu_guest if n == name]:
                     self.tpu_guest.pop((name, worker))
-            elif key in self.state.migs:
+                return hit
+            if key in self.state.migs:
                 forced = {"gone": DELETE, "terminated": STOP}.get(mode)
-                self.state.preempt(project, zone, name, action=forced, repair=forced is None)
-            else:
-                raise KeyError(f"no slice {name} in {project}/{zone}")
+                return self.state.preempt(project, zone, name, action=forced, repair=forced is None)
+            raise KeyError(f"no slice {name} in {project}/{zone}")
 
     def mutations(self) -> list[Call]:
         """Every served call that could change something (not GET, not a read-only POST)."""

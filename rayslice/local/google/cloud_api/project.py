@@ -33,12 +33,13 @@ class _Operation:
 class EmulatedProject:
     """The emulated project's state and the operation machinery both APIs use."""
 
-    def __init__(self, *, op_polls: int = 1):
+    def __init__(self, *, op_polls: int = 1, address_range: str | None = None):
         self.op_polls = op_polls
         # The project's resources and Google's behaviour and rules: the same twin the Pulumi
         # program is applied to (`rayslice.infra.preview.deploy`), so recovery and the simulator
-        # act on what the program declared.
-        self.state = CloudTwin()
+        # act on what the program declared. `address_range`: where every subnetwork takes its
+        # addresses (the simulator's free range; `CloudTwin`).
+        self.state = CloudTwin(address_range=address_range)
         self.guest: dict[str, dict[str, dict[str, str]]] = {}  # instance -> namespace -> key -> value
         self.tpu_guest: dict[tuple[str, int], dict[str, dict[str, str]]] = {}  # (node, worker) -> ...
         self.guest_source: Callable[[str], dict[str, dict[str, str]] | None] | None = None
