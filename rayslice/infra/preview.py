@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,15 @@ def stack_config(stack_file: str | None, overrides: list[str]) -> dict[str, str]
     """
     raw = dict(spec.read_stack_file(stack_file)) if stack_file else {}
     raw.update(spec.parse_overrides(overrides))
-    return {f"{spec.NAMESPACE}:{key}": _config_string(value) for key, value in raw.items()}
+    return pulumi_config(raw)
+
+
+def pulumi_config(values: Mapping[str, Any]) -> dict[str, str]:
+    """Pulumi config from config keys and values (a stack file's, or `ClusterSpec.as_config`'s,
+    as the simulator deploys its spec); keys without a value (None) are left unset."""
+    return {
+        f"{spec.NAMESPACE}:{key}": _config_string(value) for key, value in values.items() if value is not None
+    }
 
 
 def _config_string(value: Any) -> str:

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from rayslice import cli, names, spec
-from rayslice.errors import EXIT_INVALID
+from rayslice.errors import EXIT_INVALID, InvalidInput
 from rayslice.local.host import firewall, netns
 from rayslice.local.host.private_files import write_private
 from rayslice.local.host.processes import is_alive, process_ref
@@ -197,6 +197,20 @@ def test_down_refuses_a_tampered_state_and_never_kills_a_foreign_pid(simulation_
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_program_the_cloud_refuses_leaves_nothing_behind_and_says_why_on_one_line(simulation_dir):
+    """The emulation runs the Pulumi program before any host exists; when it is refused, `create`
+    removes what it had made (state, bridge, emulation) and raises one line (exit 2)."""
+    networks = set(netns.used_networks())  # a bridge left behind would add its subnet
+    requirements = [f"package-number-{i}-with-a-long-name==1.0" for i in range(6000)]
+    cluster = spec.load({"acceleratorType": "v6e-4", "requirements": requirements}, require_zone=False)
+    with pytest.raises(InvalidInput) as refused:
+        Simulation.create(cluster, simulation_dir, script="true\n")
+    assert refused.value.exit_code == EXIT_INVALID
+    assert "\n" not in str(refused.value) and "GCE metadata allows 262144" in str(refused.value)
+    assert not simulation_dir.exists()
+    assert set(netns.used_networks()) == networks
 
 
 def test_metadata_fault_knobs_and_a_host_that_never_boots(simulation_dir):

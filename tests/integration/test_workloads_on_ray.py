@@ -18,8 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rayslice import names
+from rayslice.cli import load_spec
+from rayslice.jobs.upload import workloads
+from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.simulation.simulator import Simulation
-from tests.integration.clusters import on
+from tests.integration.clusters import bring_up, on, tpu_nodes
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 
@@ -209,3 +213,46 @@ def test_jax_train_step_lines_arrive_while_the_job_runs(cluster):
     assert len(losses("".join([first, *rest]))) == 200
     chips = cluster.spec().tpu.chips
     assert re.search(rf"^{chips} x cpu, global batch {32 * chips}: ", "".join(rest), re.M)
+
+
+# ---- TPU7x on Compute Engine, from its example stack (issue 19's acceptance) -----------------------
+
+TPU7X_EXAMPLE = "infra/Pulumi.example-compute-tpu7x-16.yaml"  # the smallest TPU7x shape: 2 hosts
+# The bundled jobs that fit one multi-host slice, with short arguments, and what each must print.
+FITS_ONE_MULTIHOST_SLICE = {
+    "jax_multihost": ((), lambda tpu: str([tpu.chips] * tpu.hosts)),
+    "jax_train": (("--steps", "4"), lambda tpu: f"{tpu.chips} x cpu, global batch"),
+    "xla_multihost": ((), lambda tpu: f"{tpu.chips} tasks on {tpu.chips} distinct chips"),
+    "xla_single": ((), lambda tpu: "xla:0"),
+    "xla_train": (("--steps", "4"), lambda tpu: "steps/s"),
+}
+# Single-host jobs refuse a multi-host slice before submitting; multislice needs more than one.
+DOES_NOT_FIT = {"jax_single_host": 2, "xla_multi_device": 2, "jax_multislice": None}
+
+
+def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_every_bundled_job_that_fits(simulation_dir):
+    """`local up` of the TPU7x example goes through the cloud twin: its two hosts are the ones
+    the program names, each serving accelerator-type v7x-16 (as a real TPU7x host reports it) and
+    its worker-id; they join Ray with Ray's own TPU resources, and every bundled job that fits one
+    2-host slice runs on it through `rayslice run`."""
+    assert set(FITS_ONE_MULTIHOST_SLICE) | set(DOES_NOT_FIT) == set(workloads())
+    cluster = load_spec(TPU7X_EXAMPLE, [], require_zone=False)
+    sim = Simulation.create(cluster, simulation_dir)
+    tpu = cluster.tpu
+    assert [h.name for h in sim.plan.hosts] == names.slice_host_names(
+        cluster.slice_name(0), tpu.hosts
+    ) and tpu.hosts == 2
+    for host in sim.plan.hosts:
+        attributes = load_tree(sim.paths(host.name).metadata_tree.read_text())["instance"]["attributes"]
+        assert (attributes["accelerator-type"], attributes["worker-id"]) == ("v7x-16", str(host.worker))
+        assert attributes["worker-network-endpoints"].split(",")[host.worker].endswith(f":{host.ip}")
+    bring_up(sim)
+    assert [n["resources"].get("TPU-v7x-16-head") for n in tpu_nodes(sim) if n["head"]] == [1.0]
+
+    for job, (job_args, expected) in FITS_ONE_MULTIHOST_SLICE.items():
+        result = rayslice_run(sim, job, *job_args)
+        assert result.returncode == 0, job
+        assert expected(tpu) in result.stdout, job
+    for job, exit_code in DOES_NOT_FIT.items():
+        if exit_code is not None:
+            assert rayslice_run(sim, job, timeout=120).returncode == exit_code, job

@@ -1,6 +1,7 @@
-"""The emulation wired to a simulated cluster's plan: preempt powers the slice off, the controller's
-recreation boots the same hosts again, guest attributes come from the hosts. No root needed: the
-simulation is a recording stand-in with the real plan."""
+"""The emulation wired to a simulated cluster's plan: the plan's hosts are what the Pulumi program
+deployed to the emulation's twin, preempt powers the slice off, the controller's recreation boots
+the same hosts again, guest attributes come from the hosts. No root needed: the simulation is a
+recording stand-in with the real plan."""
 
 from __future__ import annotations
 
@@ -14,14 +15,23 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
-from rayslice.cloud.twin import CloudTwin
-from rayslice.errors import SimulatorError
-from rayslice.infra.network import SUBNET_CIDR
+from rayslice.cloud.rules import Violation
+from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.errors import EXIT_INVALID, InvalidInput, SimulatorError
+from rayslice.infra.controller_vm import CONTROLLER_MACHINE_TYPE
 from rayslice.infra.preview import deploy, stack_config
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation import cloud_bridge
-from rayslice.local.simulation.state import Plan, make_plan
+from rayslice.local.simulation.state import (
+    ROLE_CONTROLLER_VM,
+    ROLE_HEAD_VM,
+    Plan,
+    SimulationState,
+    make_plan,
+    read_deployed,
+    write_deployed,
+)
 from rayslice.recovery.cloud import CloudClient, Location, default_session
 from rayslice.recovery.commands import gather
 from rayslice.recovery.controller import Controller, Target
@@ -44,9 +54,19 @@ class Recording:
         self.actions.append(("boot", name))
 
 
+NETWORK = ipaddress.IPv4Network("10.77.0.0/24")  # the simulation's network, the twin's addresses
+
+
+def deployed(cloud: CloudApiEmulator, spec: spec_module.ClusterSpec, run_id: str) -> Recording:
+    """What `local up` simulates: the hosts the program deployed to `cloud`'s twin, placed."""
+    return Recording(
+        make_plan(spec, run_id=run_id, network=NETWORK, hosts=cloud_bridge.deploy_spec(cloud, spec))
+    )
+
+
 @pytest.fixture
 def cloud() -> Iterator[CloudApiEmulator]:
-    server = CloudApiEmulator(op_polls=1)
+    server = CloudApiEmulator(op_polls=1, address_range=str(NETWORK))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -61,7 +81,7 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
         {"slices": 2, "capacity": "spot", "platform": platform, "acceleratorType": "v6e-16"},
         require_zone=False,
     )
-    sim = Recording(make_plan(spec, run_id="b1c2d3", network=ipaddress.IPv4Network("10.77.0.0/24")))
+    sim = deployed(cloud, spec, "b1c2d3")
     cloud_bridge.attach(cloud, sim, spec)
     adc = tmp_path / "adc.json"
     adc.write_text(json.dumps(cloud.service_account_info()))
@@ -105,7 +125,7 @@ def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
     cloud: CloudApiEmulator, tmp_path: Path
 ) -> None:
     spec = spec_module.load({"slices": 2, "capacity": "spot", "platform": "compute"}, require_zone=False)
-    sim = Recording(make_plan(spec, run_id="c1d2e3", network=ipaddress.IPv4Network("10.78.0.0/24")))
+    sim = deployed(cloud, spec, "c1d2e3")
     cloud_bridge.attach(cloud, sim, spec)
     cloud.admin_token = "s3cret-admin"
     cloud.admin_preempt = lambda name: cloud_bridge.preempt(cloud, sim, spec, name)
@@ -136,7 +156,7 @@ def test_rayslice_local_preempt_command(
     from rayslice import cli
 
     spec = spec_module.load({"slices": 2, "capacity": "spot", "platform": "tpu-vm"}, require_zone=False)
-    sim = Recording(make_plan(spec, run_id="d1e2f3", network=ipaddress.IPv4Network("10.79.0.0/24")))
+    sim = deployed(cloud, spec, "d1e2f3")
     cloud_bridge.attach(cloud, sim, spec)
     cloud.admin_token = "t0ken"
     cloud.admin_preempt = lambda name: cloud_bridge.preempt(cloud, sim, spec, name)
@@ -159,20 +179,29 @@ def test_rayslice_local_preempt_command(
         ({"acceleratorType": "v6e-16", "slices": 2, "zone": "us-east5-b"}, "v6e-16", 4),
     ],
 )
-def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, hosts) -> None:
+def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, hosts, tmp_path) -> None:
     """`local up`'s hosts through the twin: exactly the topology's hosts per slice plus the head
-    VM, named as the program names them, each with the metadata a Compute Engine TPU host serves
-    (accelerator-type as the host reports it: v7x-16 on TPU7x)."""
+    VM, named as the program names them, on the simulation's network, each with the metadata and
+    machine type a Compute Engine TPU host has (accelerator-type as the host reports it: v7x-16
+    on TPU7x); they reach `create` through the state dir unchanged."""
     config = {**config, "platform": "compute", "project": "my-project-1"}
     cluster = spec_module.load(config)
-    twin = CloudTwin()
+    twin = CloudTwin(address_range=str(NETWORK))
     deploy(stack_config(None, [f"{k}={v}" for k, v in config.items()]), twin)
-    records = cloud_bridge.deployed_hosts(twin)
-    plan = make_plan(cluster, run_id="f1e2d3", network=ipaddress.IPv4Network(SUBNET_CIDR), hosts=records)
+    write_deployed(tmp_path, cloud_bridge.deployed_hosts(twin))
+    records = read_deployed(tmp_path)
+    assert records == cloud_bridge.deployed_hosts(twin)
+    plan = make_plan(cluster, run_id="f1e2d3", network=NETWORK, hosts=records)
     assert cluster.runs_recovery  # so the program declares the controller's VM too
     assert len(plan.machines) == cluster.slices * hosts + 2 == len(twin.hosts())
-    assert plan.head.name == names.head_name(cluster.name)
+    assert plan.head.name == names.head_name(cluster.name) and plan.head.role == ROLE_HEAD_VM
     assert plan.controller is not None and plan.controller.name == names.controller_name(cluster.name)
+    assert plan.controller.role == ROLE_CONTROLLER_VM
+    assert {r.machine_type for r in records} == {
+        cluster.head_machine_type,
+        cluster.tpu.machine_type,
+        CONTROLLER_MACHINE_TYPE,
+    }
     for index in range(cluster.slices):
         assert cloud_bridge.slice_hosts(plan, index) == [
             names.host_name(cluster.slice_name(index), w) for w in range(hosts)
@@ -186,3 +215,63 @@ def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, 
             assert metadata["worker-id"] == str(host.worker)
             assert metadata["worker-network-endpoints"].split(",")[host.worker].endswith(host.ip)
             assert f"ACCELERATOR_TYPE: '{accelerator}'" in metadata["tpu-env"]
+
+
+def test_a_program_that_doubles_a_slice_gives_twice_the_simulated_hosts() -> None:
+    """The simulator boots what the twin holds, not what the spec says: had the program created
+    a MIG of target size N and then N per-instance configs (defect 1 of issue 19, which the
+    provider turns into createInstances), the twin holds 2N hosts and so does the plan."""
+    cluster = spec_module.load({"acceleratorType": "v6e-16", "platform": "compute"}, require_zone=False)
+    cloud = CloudApiEmulator(address_range=str(NETWORK))
+    try:
+        records = cloud_bridge.deploy_spec(cloud, cluster)
+        n = cluster.tpu.hosts
+        assert len(records) == n
+        name = cluster.slice_name(0)
+        mig = cloud.twin.migs[(cloud_bridge.project_of(cluster), str(cluster.zone), name)]
+        cloud.twin.create_instances(
+            cloud_bridge.project_of(cluster),
+            str(cluster.zone),
+            mig,
+            [{"name": names.host_name(name, w)} for w in range(n, 2 * n)],
+        )
+        plan = make_plan(
+            cluster, run_id="f1e2d4", network=NETWORK, hosts=cloud_bridge.deployed_hosts(cloud.twin)
+        )
+    finally:
+        cloud.server_close()
+    assert len(plan.hosts) == 2 * n
+    assert cloud_bridge.slice_hosts(plan, 0) == names.slice_host_names(name, 2 * n)
+    assert len({h.ip for h in plan.hosts}) == 2 * n
+
+
+def test_a_refused_program_reaches_create_as_one_line_naming_the_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulation runs the program first; when the twin refuses it, it writes the refusal for
+    `create` (which removes the simulation and exits 2 with it) instead of any host, and exits 2."""
+    cluster = spec_module.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    state_dir = tmp_path / "sim"
+    state_dir.mkdir(mode=0o700)
+    plan = make_plan(cluster, run_id="a9b8c7", network=ipaddress.IPv4Network("127.79.0.0/24"), hosts=())
+    SimulationState(plan=plan, state_dir=str(state_dir)).save()
+    refused = [
+        Violation("urn:a", "mig-a", "bulk-provisioning-model", "BULK with SPOT", "https://a"),
+        Violation("urn:b", "mig-b", "spot-tpu-stop", "DELETE on Spot", "https://b"),
+    ]
+
+    def deploy_refused(emulator: CloudApiEmulator, spec: spec_module.ClusterSpec) -> list:
+        pool = emulator.twin.address_pool  # the twin hands out the simulation's addresses
+        assert pool is not None and str(pool.network) == plan.network
+        raise CloudRuleError(refused)
+
+    monkeypatch.setattr(cloud_bridge, "deploy_spec", deploy_refused)
+    with pytest.raises(SystemExit) as exited:
+        cloud_bridge.serve(state_dir)
+    assert exited.value.code == EXIT_INVALID
+    with pytest.raises(InvalidInput) as error:
+        read_deployed(state_dir)
+    message = str(error.value)
+    assert "\n" not in message and "nothing was created" in message
+    assert all(f"{v.resource}: {v.message} [rule {v.rule}; source: {v.source}]" in message for v in refused)
+    assert not (state_dir / cloud_bridge.ENDPOINT_FILE).exists()  # it never served

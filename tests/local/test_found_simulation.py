@@ -56,10 +56,11 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     )
     state_dir = tmp_path / "sim"
     state_dir.mkdir(mode=0o700)
-    plan = make_plan(spec, run_id="e1f2a3", network=ipaddress.IPv4Network("127.78.0.0/24"))
+    network = ipaddress.IPv4Network("127.78.0.0/24")
+    cloud = CloudApiEmulator(op_polls=1, address_range=str(network))
+    plan = make_plan(spec, run_id="e1f2a3", network=network, hosts=cloud_bridge.deploy_spec(cloud, spec))
     SimulationState(plan=plan, state_dir=str(state_dir)).save()
     sim = Recording(plan)
-    cloud = CloudApiEmulator(op_polls=1)
     threading.Thread(target=cloud.serve_forever, daemon=True).start()
     cloud_bridge.attach(cloud, sim, spec)
     cloud.admin_token = "admin"

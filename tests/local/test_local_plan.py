@@ -407,7 +407,7 @@ def test_a_plan_from_host_records_keeps_their_names_and_addresses_and_places_the
     records = [
         *(HostRecord(f"{s1}-{w:04x}", s1, w, f"100.64.9.{40 + w}") for w in range(8)),
         *(HostRecord(f"{s0}-{w:04x}", s0, w) for w in reversed(range(8))),
-        HostRecord("rayslice-head", None, 0, "100.64.9.9", {"rayslice-role": "head-vm"}),
+        HostRecord("rayslice-head", None, 0, "100.64.9.9", {"rayslice-role": "head-vm"}, role=ROLE_HEAD_VM),
     ]
     plan = make_plan(cluster, run_id="a1b2c3", network=NET, hosts=records)
     assert len(plan.hosts) == 2 * cluster.total_hosts + 1
@@ -424,11 +424,11 @@ def test_a_plan_from_host_records_keeps_their_names_and_addresses_and_places_the
 @pytest.mark.parametrize(
     "record, message",
     [
-        (HostRecord("stray-vm", None, 0), "neither the head VM, the controller.s VM nor a worker"),
-        (
-            HostRecord("other-slice-0-w0", "other-slice-0", 0),
-            "neither the head VM, the controller.s VM nor a worker",
-        ),
+        (HostRecord("stray-vm", None, 0), "neither a lone VM the spec has"),
+        (HostRecord("stray-vm", None, 0, role="database"), "neither a lone VM the spec has"),
+        # head=slice: a head VM the program declared would be a second head
+        (HostRecord("rayslice-head", None, 0, role=ROLE_HEAD_VM), r"neither a lone VM the spec has \(none\)"),
+        (HostRecord("other-slice-0-w0", "other-slice-0", 0), "nor a worker of one of its slices"),
         (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.1"), "its gateway"),
         (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "10.0.0.2"), "outside 100.64.9.0/24"),
         (HostRecord("rayslice-slice-0-w9", "rayslice-slice-0", 9, "100.64.9.3"), "taken twice"),
@@ -439,3 +439,54 @@ def test_a_plan_refuses_host_records_it_cannot_place(record, message):
     records = [HostRecord("rayslice-slice-0-w0", "rayslice-slice-0", 0, "100.64.9.3"), record]
     with pytest.raises(SimulatorError, match=message):
         make_plan(cluster, run_id="a1b2c3", network=NET, hosts=records)
+
+
+def test_a_lone_vm_is_placed_by_the_role_the_program_labels_it_with_not_by_its_name():
+    """The head VM (and any lone VM of `LONE_VM_ROLES`) is recognised by its role label, so a lone
+    VM the program names differently still finds its place; head=vm without one is refused."""
+    cluster = spec.load({"acceleratorType": "v6e-4", "head": "vm"}, require_zone=False)
+    worker = HostRecord("rayslice-slice-0-w0", "rayslice-slice-0", 0)
+    plan = make_plan(
+        cluster,
+        run_id="a1b2c3",
+        network=NET,
+        hosts=[worker, HostRecord("some-vm", None, 0, role=ROLE_HEAD_VM)],
+    )
+    assert [(h.name, h.role, h.slice_index) for h in plan.hosts] == [
+        ("some-vm", ROLE_HEAD_VM, -1),
+        ("rayslice-slice-0-w0", ROLE_WORKER, 0),
+    ]
+    assert plan.head.name == "some-vm" and plan.controller is None  # no recovery, no controller VM
+    with pytest.raises(SimulatorError, match="exactly one head VM"):
+        make_plan(cluster, run_id="a1b2c3", network=NET, hosts=[worker])
+    spot = spec.load({"acceleratorType": "v6e-4", "head": "vm", "capacity": "spot"}, require_zone=False)
+    assert spot.runs_recovery
+    records = [worker, HostRecord("some-vm", None, 0, role=ROLE_HEAD_VM)]
+    plan = make_plan(
+        spot,
+        run_id="a1b2c3",
+        network=NET,
+        hosts=[*records, HostRecord("watcher", None, 0, role=ROLE_CONTROLLER_VM)],
+    )
+    assert plan.controller is not None and (plan.controller.name, plan.controller.role) == (
+        "watcher",
+        ROLE_CONTROLLER_VM,
+    )
+    assert "watcher" not in [h.name for h in plan.hosts]  # a machine, not a Ray host
+    with pytest.raises(SimulatorError, match="neither a lone VM"):  # without recovery it is a stray
+        make_plan(
+            cluster,
+            run_id="a1b2c3",
+            network=NET,
+            hosts=[*records, HostRecord("w", None, 0, role=ROLE_CONTROLLER_VM)],
+        )
+
+
+def test_a_plan_saved_before_the_twins_hosts_are_known_is_a_valid_state_without_a_head():
+    """`create` saves the plan with no hosts before the emulation deploys: `down` accepts it, and
+    whatever needs the head says the simulation is still being created."""
+    plan = make_plan(spec.load({}, require_zone=False), run_id="a1b2c3", network=NET, hosts=())
+    assert plan.hosts == () and plan.controller is None and plan.admitted == []
+    check_state(SimulationState(plan=plan, state_dir="/x"))
+    with pytest.raises(SimulatorError, match="no hosts yet"):
+        assert plan.head

@@ -1,9 +1,10 @@
 """Connects the cloud API emulation (`google.cloud_api`) to a simulated cluster (`simulator`).
 
-The emulation then holds one TPU node (``tpu-vm``) or one MIG (``compute``) per simulated slice,
-named as infra names it; it answers guest attributes from the hosts' own metadata servers; and
-every host the emulation's twin (`rayslice.cloud.twin`) stops or deletes powers off, and every host
-it creates or repairs boots and runs its startup script, as a cloud host would. `preempt` is what
+The emulation's cloud twin (`rayslice.cloud.twin`) holds what the Pulumi program deploys
+(`deploy_spec`, addresses from the simulation's network), and the simulation is made of exactly
+those hosts (`deployed_hosts`). Once they exist, the emulation answers guest attributes from the
+hosts' own metadata servers; every host the twin stops or deletes powers off, and every host it
+creates or repairs boots and runs its startup script, as a cloud host would. `preempt` is what
 ``rayslice local preempt SLICE`` does: a Spot preemption in the twin, which stops (STOP) or deletes
 (DELETE) each host per its termination action and lets the MIG's lifecycle policy decide whether
 anything comes back (a TPU node turns PREEMPTED); the hosts it hits power off.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,9 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from rayslice.cloud.twin import CloudTwin, TwinHost
+from rayslice.cloud.twin import CloudRuleError, CloudTwin, TwinHost
 from rayslice.clusters import CloudAccess
-from rayslice.errors import SimulatorError
+from rayslice.errors import RaysliceError, SimulatorError
+from rayslice.infra.labels import LABEL_ROLE
+from rayslice.infra.preview import deploy, pulumi_config
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
 from rayslice.local.google.host_metadata import LOCAL_PROJECT, access_token_of
 from rayslice.local.google.metadata_server import load_tree
@@ -38,9 +42,9 @@ from rayslice.local.simulation.state import (
     ROLE_HEAD_VM,
     HostRecord,
     Plan,
+    write_deployed,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
-from rayslice.platforms import MIG, VM_PLATFORMS
 from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
@@ -70,50 +74,46 @@ def slice_hosts(plan: Plan, index: int) -> list[str]:
     return [h.name for h in sorted(hosts, key=lambda h: h.worker)]
 
 
-def mig_shape(spec: ClusterSpec) -> dict[str, object]:
-    """The fields of a slice's MIG that the program's shape decides (rayslice/infra/compute:
-    target size 0 raised by one per-instance config per host, which `add_mig` stands for; no
-    bulk target-size policy; a Spot MIG does nothing on a failed host, rule spot-tpu-do-nothing)."""
-    if spec.capacity != "spot":
-        return {}
-    return {"instanceLifecyclePolicy": {"defaultActionOnFailure": "DO_NOTHING"}}
+def deploy_spec(emulator: CloudApiEmulator, spec: ClusterSpec) -> list[HostRecord]:
+    """Run the Pulumi program for `spec` against the emulation's twin, as `pulumi up` runs it
+    against Google's project (with the project the emulation serves), and return the hosts to
+    simulate (`deployed_hosts`). `CloudRuleError` names every rule the twin refused it with."""
+    deploy(pulumi_config(cloud_config(spec)), emulator.twin)
+    return deployed_hosts(emulator.twin)
+
+
+def refusal(error: RaysliceError) -> str:
+    """Why the program could not be deployed, on one line: each rule the twin refused it with
+    (resource, rule and source), or the program's own error."""
+    if isinstance(error, CloudRuleError):
+        found = "; ".join(str(v) for v in error.violations)
+        return f"the cloud twin refused the Pulumi program, as Google would (nothing was created): {found}"
+    return " ".join(str(error).split())
 
 
 def deployed_hosts(twin: CloudTwin) -> list[HostRecord]:
     """The hosts to simulate after the Pulumi program ran against `twin` (`infra.preview.deploy`):
-    one per instance and TPU worker it holds, with the name, group, worker number, IP and
-    ``instance/attributes/`` it gives each (`Simulation.create`'s host source)."""
-    return [HostRecord(h.name, h.group, h.worker, h.ip, dict(h.metadata)) for h in twin.hosts()]
+    one per instance and TPU worker it holds, with the name, group, worker number, IP,
+    ``instance/attributes/`` and machine type it gives each, and a lone VM's role as the program
+    labels it (`state.LONE_VM_ROLES`: the head VM)."""
+    return [
+        HostRecord(
+            h.name,
+            h.group,
+            h.worker,
+            h.ip,
+            dict(h.metadata),
+            role=h.labels.get(LABEL_ROLE) if h.group is None else None,
+            machine_type=h.machine_type,
+        )
+        for h in twin.hosts()
+    ]
 
 
 def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec) -> None:
-    """Seed `emulator` with the simulation's slices and wire its hooks to the simulated hosts."""
-    project, zone = project_of(spec), str(spec.zone)
+    """Wire the emulation's hooks to the simulated hosts (the twin holds them already, `deploy_spec`)."""
     by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
     known = {h.name for h in sim.plan.machines}
-    for index, (name, hosts) in enumerate(by_slice.items()):
-        if VM_PLATFORMS[spec.platform].slice_resource == MIG:
-            emulator.add_mig(
-                project,
-                zone,
-                name,
-                hosts,
-                baseInstanceName=name,
-                instanceTemplate=f"projects/{project}/global/instanceTemplates/{name}-local",
-                **mig_shape(spec),
-            )
-        else:
-            ips = {h.name: h.ip for h in sim.plan.hosts}
-            emulator.add_node(
-                project,
-                zone,
-                name,
-                acceleratorType=spec.accelerator_type,
-                runtimeVersion=spec.runtime_version or "",
-                schedulingConfig={"spot": spec.capacity == "spot"},
-                networkEndpoints=[{"ipAddress": ips[h]} for h in hosts],
-                metadata={"rayslice-slice-index": str(index)},
-            )
 
     def namespaced(name: str) -> dict[str, dict[str, str]] | None:
         return {GUEST_ATTRIBUTE_NAMESPACE: sim.guest_attributes(name)} if name in known else None
@@ -145,9 +145,7 @@ def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec
     if name not in {slice_name(spec.name, i) for i in range(spec.slices)}:
         valid = ", ".join(slice_name(spec.name, i) for i in range(spec.slices))
         raise KeyError(f"no slice {name!r} in this simulation (slices: {valid})")
-    project, zone = project_of(spec), str(spec.zone)
-    with emulator.lock:
-        return [host.name for host in emulator.twin.preempt(project, zone, name)]
+    return [host.name for host in emulator.preempt(project_of(spec), str(spec.zone), name, mode="spot")]
 
 
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
@@ -155,6 +153,7 @@ def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec
 ENDPOINT_FILE = CLOUD_API_ENDPOINT_FILE  # in the state dir, 0600: the emulation's URL and admin token
 CREDENTIALS_FILE = CLOUD_API_CREDENTIALS_FILE  # 0600: ADC for `rayslice status` on the simulation
 DEFAULT_PORT = 0  # any free port on the bridge address; the endpoint file says which
+BUILD_TIMEOUT_S = 600  # how long the emulation waits for `create` to make the deployed hosts
 
 
 class _Refreshing:
@@ -180,10 +179,16 @@ class _Refreshing:
 
 
 def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
-    """Serve the emulation on the simulation's bridge address until killed.
+    """Deploy the simulation's spec to the emulation's twin, then serve it on the simulation's
+    bridge address until killed.
 
-    Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of every
-    host's link), but only the controller VM's host is admitted (`Plan.controller`), and its
+    `Simulation.create` starts this with the bridge up and no hosts yet: the program runs against
+    the twin with addresses from the simulation's network, the hosts it deployed (or the rules
+    the twin refused it with, exit 2) go to the state dir for `create` (`state.write_deployed`),
+    and the emulation serves once `create` has made those hosts.
+
+    Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of
+    every host's link), but only the controller VM's host is admitted (`Plan.controller`), and its
     metadata server's token is accepted as one the emulation issued, as Google accepts the
     service-account token of a VM whose account holds the roles, and bound to the controller's
     roles (`iam`): a call they do not allow is refused, as on the cloud. Every host's token is a
@@ -191,9 +196,16 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     """
     opened = Simulation.open(state_dir)
     spec = opened.spec()
+    emulator = CloudApiEmulator((opened.plan.gateway, port), address_range=opened.plan.network)
+    try:
+        write_deployed(state_dir, deploy_spec(emulator, spec))
+    except RaysliceError as exc:  # the twin's refusal, or input the program itself refuses
+        write_deployed(state_dir, refused=refusal(exc))
+        raise SystemExit(exc.exit_code) from None
+    opened = _built(state_dir)
     sim = _Refreshing(opened)
     controller = sim.plan.controller
-    emulator = CloudApiEmulator((sim.plan.gateway, port), clients=sim.plan.admitted)
+    emulator.clients = frozenset(sim.plan.admitted)
     attach(emulator, sim, spec)
     if controller is not None:
         token = access_token_of(load_tree(opened.paths(controller.name).metadata_tree.read_text()))
@@ -203,6 +215,18 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
     publish(emulator, state_dir, spec)
     emulator.serve_forever()
+
+
+def _built(state_dir: Path, timeout: float = BUILD_TIMEOUT_S) -> Simulation:
+    """The simulation once `create` has made the deployed hosts: in its state file, each with its
+    metadata server running (which also means its metadata tree, with its token, is written)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sim = Simulation.open(state_dir)
+        if sim.plan.hosts and all(sim.paths(h.name).guest_file.exists() for h in sim.plan.hosts):
+            return sim
+        time.sleep(0.2)
+    raise SimulatorError(f"the simulation's hosts were not created within {timeout} s")
 
 
 def publish(emulator: CloudApiEmulator, state_dir: Path, spec: ClusterSpec) -> None:

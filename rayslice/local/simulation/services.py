@@ -11,11 +11,18 @@ from rayslice.local.host.processes import cmdline, is_alive, stop
 from rayslice.local.simulation.recorded import RecordedSimulation, wait_until
 from rayslice.local.simulation.state import (
     CLOUD_API_ENDPOINT_FILE,
+    CLOUD_API_HOSTS_FILE,
     CLOUD_API_LOG,
     CLOUD_API_PROCESS,
     HostPlan,
+    HostRecord,
     cloud_api_argv,
+    read_deployed,
 )
+
+# Seconds the emulation may take for each step: importing Pulumi and running the program offline
+# takes ~10 s on a busy two-core machine.
+CLOUD_API_START_S = 120
 
 
 class SimulationServices(RecordedSimulation):
@@ -64,26 +71,40 @@ class SimulationServices(RecordedSimulation):
             f"the metadata server of {name} did not start again; see {self.paths(name).metadata_log}",
         )
 
-    def _start_cloud_api(self) -> None:
-        """Start the cloud API emulation (`cloud_bridge`) on the bridge and wait until it serves.
+    def _start_cloud_api(self) -> list[HostRecord]:
+        """Start the cloud API emulation (`cloud_bridge`) on the bridge; return the hosts the
+        Pulumi program deployed to its twin (`read_deployed`: `InvalidInput` naming the rules if
+        the twin refused it). The emulation serves once the hosts exist (`_await_cloud_api`).
 
-        Every simulation gets one, whatever its head: `rayslice status` and `rayslice local
-        preempt` need it on every cluster, and the recovery controller on a head VM reaches it
-        through the endpoint overrides it writes to the state dir (`CLOUD_API_ENDPOINT_FILE`).
+        Every simulation gets one, whatever its head: its twin holds the simulation's hosts, and
+        `rayslice status`, `rayslice local preempt` and the recovery controller act on it (the
+        controller through the endpoint overrides it writes to the state dir,
+        `CLOUD_API_ENDPOINT_FILE`).
         """
         self._start(
             CLOUD_API_PROCESS,
             self.state_dir / CLOUD_API_LOG,
             cloud_api_argv(sys.executable, self.state_dir),
         )
+        self._await_emulation(CLOUD_API_HOSTS_FILE, "did not deploy the Pulumi program")
+        return read_deployed(self.state_dir)
+
+    def _await_cloud_api(self) -> None:
+        """Wait until the emulation serves (it does once every host's metadata server runs)."""
+        self._await_emulation(CLOUD_API_ENDPOINT_FILE, "did not start serving")
+
+    def _await_emulation(self, name: str, what: str) -> None:
         ref = self.state.processes[CLOUD_API_PROCESS]
-        endpoint = self.state_dir / CLOUD_API_ENDPOINT_FILE
+        written = self.state_dir / name
+        log = self.state_dir / CLOUD_API_LOG
         wait_until(
-            lambda: endpoint.exists() or not is_alive(ref), 60, "the cloud API emulation did not start"
+            lambda: written.exists() or not is_alive(ref),
+            CLOUD_API_START_S,
+            f"the cloud API emulation {what} within {CLOUD_API_START_S} s; see {log}",
         )
-        if not endpoint.exists():
+        if not written.exists():
             raise SimulatorError(
-                f"the cloud API emulation exited at start; see {self.state_dir / CLOUD_API_LOG} "
+                f"the cloud API emulation exited: it {what}; see {log} "
                 "(`rayslice local down` removes the simulation)"
             )
 

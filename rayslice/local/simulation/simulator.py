@@ -28,14 +28,13 @@ import random
 import secrets
 import shutil
 import sys
-from collections.abc import Callable, Sequence
-from ipaddress import IPv4Network
+from collections.abc import Mapping
 from pathlib import Path
 
 import rayslice
 from rayslice import spec as spec_module
-from rayslice.errors import SimulatorError
-from rayslice.local.google.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
+from rayslice.errors import InvalidInput, SimulatorError
+from rayslice.local.google.host_metadata import instance_tree
 from rayslice.local.google.metadata_server import dump_tree
 from rayslice.local.host import firewall, netns
 from rayslice.local.host.private_files import (
@@ -53,22 +52,18 @@ from rayslice.local.simulation.state import (
     CLOUD_API_FILES,
     CLOUD_API_PROCESS,
     ROLE_CONTROLLER_VM,
-    ROLE_HEAD_VM,
-    HostPlan,
     HostRecord,
     SimulationState,
+    address_room,
     make_plan,
     new_run_id,
-    spec_hosts,
     subnet_prefix,
 )
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import RenderOptions, render
-from rayslice.startup_scripts.controller import controller_attributes, render_controller
+from rayslice.startup_scripts.controller import render_controller
 
-# Which hosts a simulation has, given its network (`Simulation.create`).
-HostSource = Callable[[IPv4Network], Sequence[HostRecord]]
 TOKEN_PATH = "etc/rayslice/ray-token"  # below a host's root, where the boot script reads it
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "mount")
 
@@ -124,14 +119,15 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         insecure: bool = False,
         metadata_unavailable_for: float = 0.0,
         metadata_silent_for: float = 0.0,
-        hosts: HostSource | None = None,
     ) -> Simulation:
         """Create every host (network, metadata server, files) without booting any.
 
-        `hosts` says which hosts to simulate, given the simulation's network: records with name,
-        slice, worker, IP and the metadata Google serves each (`state.HostRecord`), e.g. what the
-        cloud twin holds after the Pulumi program ran. By default they come from the spec
-        (`state.spec_hosts`), their metadata from `host_metadata`.
+        The hosts are what the Pulumi program deploys: the cloud API emulation starts first, runs
+        the program against its cloud twin with addresses from the simulation's network
+        (`cloud_bridge`), and hands back one record per instance and TPU worker the twin then
+        holds, with the name, IP, metadata and machine type the twin gives it
+        (`state.HostRecord`). If the twin refuses the program, nothing is left behind and
+        `InvalidInput` names the rules.
 
         `script` replaces the rendered startup script (tests of the plumbing itself); by default
         every host gets ``render(spec, RenderOptions(supervisor="process", ...))``.
@@ -165,10 +161,8 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                     "run `rayslice local down` first"
                 )
         ensure_private_dir(state_dir)
-        host_count = spec.total_hosts + (1 if spec.head == "vm" else 0) + (1 if spec.runs_recovery else 0)
-        network = netns.free_subnet(subnet_prefix(host_count), netns.used_networks(), random.Random())
-        records = list(hosts(network) if hosts is not None else spec_hosts(spec))
-        plan = make_plan(spec, run_id=new_run_id(), network=network, hosts=records)
+        network = netns.free_subnet(subnet_prefix(address_room(spec)), netns.used_networks(), random.Random())
+        plan = make_plan(spec, run_id=new_run_id(), network=network, hosts=())
         source = package_source or default_package_source()
         shared = tuple(
             os.path.normpath(os.path.abspath(p))
@@ -178,20 +172,28 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             plan=plan, state_dir=str(state_dir), shared_paths=shared, firewall=backend, insecure=insecure
         )
         sim = cls(state)
-        sim.state.save()  # before anything exists: `down` works from here on
+        sim.state.save()  # before anything exists, with no hosts yet: `down` works from here on
         if backend == firewall.NONE:
             sim.warnings.append(
                 "no nft or iptables on this machine: the bridge subnet is not filtered, so other local "
                 "users can reach the hosts' ports (Ray token auth still applies); install nftables"
             )
         options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
+        netns.create_bridge(plan.bridge, plan.gateway, network.prefixlen)  # the emulation listens on it
+        try:
+            records = sim._start_cloud_api()
+        except InvalidInput:
+            sim.destroy()  # the twin refused the program: as `pulumi up` would, nothing is created
+            raise
+        sim.state.plan = sim.plan = make_plan(spec, run_id=plan.run_id, network=network, hosts=records)
+        sim.state.save()
         if script is None:
             script = render(spec, options)
-        metadata = {r.name: dict(r.metadata) for r in records if r.metadata is not None}
         # The recovery controller's VM boots its own script, as on the cloud.
-        scripts = {ROLE_CONTROLLER_VM: render_controller(spec, options)} if plan.controller else {}
-        sim._build(spec, script, scripts, metadata, metadata_unavailable_for, metadata_silent_for)
-        sim._start_cloud_api()
+        scripts = {ROLE_CONTROLLER_VM: render_controller(spec, options)} if sim.plan.controller else {}
+        records_by_name = {r.name: r for r in records}
+        sim._build(spec, script, scripts, records_by_name, metadata_unavailable_for, metadata_silent_for)
+        sim._await_cloud_api()
         return sim
 
     @classmethod
@@ -216,18 +218,17 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         spec: ClusterSpec,
         script: str,
         scripts: dict[str, str],
-        metadata: dict[str, dict[str, str]],
+        records: Mapping[str, HostRecord],
         unavailable_for: float,
         silent_for: float,
     ) -> None:
-        """Make every machine's network, files and metadata server. A machine's startup script is
-        `scripts`' entry for its role, else `script`; its ``instance/attributes/`` are `metadata`'s
-        entry for it when there is one, else derived from the spec (`host_metadata.instance_tree`)."""
+        """Make every machine of the plan; its ``instance/attributes/`` and machine type are its
+        record's (the twin's), its startup script `scripts`' entry for its role, else `script`,
+        rendered for the simulator (`host_metadata.instance_tree`)."""
         plan = self.plan
         prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
         Path(plan.shared_dir).mkdir(mode=0o755, exist_ok=True)
-        netns.create_bridge(plan.bridge, plan.gateway, prefix)
         firewall.install(self.state.firewall, plan.run_id, plan.network, plan.admitted)
         token = secrets.token_hex(32) if spec.ray_auth == "token" else None
         if token is not None:
@@ -244,20 +245,17 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 token_file = paths.root / TOKEN_PATH
                 make_private_subdir(token_file.parent)
                 write_private(token_file, token)
+            record = records[host.name]
             tree = instance_tree(
                 spec,
                 hostname=host.name,
                 ip=host.ip,
                 network=plan.ip_network,
                 gateway=plan.gateway,
-                attributes=metadata.get(host.name) or self._attributes(spec, host),
+                attributes=dict(record.metadata or {}),
                 startup_script=host_script,
                 access_token=secrets.token_urlsafe(32),  # the emulation admits only the controller's
-                machine_type=None
-                if host.role == ROLE_CONTROLLER_VM
-                else spec.head_machine_type
-                if host.role == ROLE_HEAD_VM
-                else spec.tpu.machine_type,
+                machine_type=record.machine_type or spec.tpu.machine_type,  # a TPU node's workers name none
             )
             paths.metadata_tree.write_text(dump_tree(tree))
             self._start_metadata(host, unavailable_for, silent_for)
@@ -265,20 +263,6 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             lambda: all(self.paths(h.name).guest_file.exists() for h in plan.machines),
             30,
             "metadata servers did not start; see hosts/*/metadata.log in the state dir",
-        )
-
-    def _attributes(self, spec: ClusterSpec, host: HostPlan) -> dict[str, str]:
-        if host.role == ROLE_CONTROLLER_VM:
-            return controller_attributes(spec)
-        if host.role == ROLE_HEAD_VM:
-            return head_vm_attributes(spec)
-        head = self.plan.head
-        # Hosts outside the head's slice (or all, with a head VM) learn its address from metadata.
-        head_address = (
-            head.ip if (head.role == ROLE_HEAD_VM or host.slice_index != head.slice_index) else None
-        )
-        return slice_host_attributes(
-            spec, host.slice_index, host.worker, self.plan.slice_ips(host.slice_index), head_address
         )
 
     def destroy(self) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rayslice.errors import SimulatorError
+from rayslice.errors import InvalidInput, SimulatorError
 from rayslice.local.host.netns import RUN_ID, bridge_name, host_links
 from rayslice.local.host.paths import HOST_NAME
 from rayslice.local.host.private_files import read_private, write_private
@@ -66,6 +66,9 @@ ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
 # controller's script, holding the emulated cloud API's credentials (`Plan.controller`).
 ROLE_CONTROLLER_VM = CONTROLLER_VM_ROLE
 ROLES = (ROLE_HEAD, ROLE_WORKER, ROLE_HEAD_VM, ROLE_CONTROLLER_VM)
+# The roles of a lone VM (no MIG, no TPU node) the Pulumi program may declare, read from the
+# role label it puts on the instance (`HostRecord.role`): any other lone VM is a stray.
+LONE_VM_ROLES = (ROLE_HEAD_VM, ROLE_CONTROLLER_VM)
 
 PROCESS_KINDS = ("metadata", "boot")  # state.processes keys are "<kind>:<host name>"
 # The one process of the simulation itself rather than of a host: the cloud API emulation
@@ -78,7 +81,10 @@ CLOUD_API_MODULE = "rayslice.local.simulation.cloud_bridge"
 CLOUD_API_ENDPOINT_FILE = "cloud-api.json"
 CLOUD_API_CREDENTIALS_FILE = "cloud-api-credentials.json"
 CLOUD_API_LOG = "cloud-api.log"
-CLOUD_API_FILES = (CLOUD_API_ENDPOINT_FILE, CLOUD_API_CREDENTIALS_FILE, CLOUD_API_LOG)
+# What the Pulumi program deployed to the emulation's twin (the hosts `create` then builds), or
+# the rules the twin refused it with.
+CLOUD_API_HOSTS_FILE = "cloud-hosts.json"
+CLOUD_API_FILES = (CLOUD_API_ENDPOINT_FILE, CLOUD_API_CREDENTIALS_FILE, CLOUD_API_LOG, CLOUD_API_HOSTS_FILE)
 FIREWALL_BACKENDS = ("nft", "iptables", "none")
 
 
@@ -126,7 +132,10 @@ class Plan:
 
     @property
     def head(self) -> HostPlan:
-        return next(h for h in self.hosts if h.role in (ROLE_HEAD, ROLE_HEAD_VM))
+        head = next((h for h in self.hosts if h.role in (ROLE_HEAD, ROLE_HEAD_VM)), None)
+        if head is None:  # saved before the cloud twin's hosts are known (`Simulation.create`)
+            raise SimulatorError("this simulation has no hosts yet: `rayslice local up` is still creating it")
+        return head
 
     @property
     def admitted(self) -> list[str]:
@@ -290,30 +299,61 @@ def subnet_prefix(host_count: int) -> int:
     return min(24, 32 - math.ceil(math.log2(host_count + 3)))
 
 
+def address_room(spec: ClusterSpec) -> int:
+    """How many addresses a simulation's network keeps for hosts. It is chosen before the Pulumi
+    program runs, so it holds twice the spec's TPU hosts (a program that creates too many shows
+    as too many hosts, not as a twin out of addresses) plus every lone VM it may declare."""
+    return 2 * spec.total_hosts + len(LONE_VM_ROLES)
+
+
 @dataclass(frozen=True)
 class HostRecord:
     """One host to simulate, as the cloud holds it: its instance name, its slice (MIG or TPU node
-    name; None for a lone VM, the head VM) and worker number, its IP (None: the next free address
-    of the simulation's network) and the ``instance/attributes/`` Google serves it (None: derived
-    from the spec, `host_metadata`). `make_plan` places and names a simulation's hosts from these."""
+    name; None for a lone VM such as the head VM) and worker number, its IP (None: the next free
+    address of the simulation's network), the ``instance/attributes/`` Google serves it, its
+    role if it is a lone VM, and its machine type. `make_plan` places and names a simulation's
+    hosts from these; `Simulation.create` takes them from the cloud twin (`cloud_bridge`)."""
 
     name: str
     group: str | None
     worker: int
     ip: str | None = None
     metadata: Mapping[str, str] | None = None
+    role: str | None = None  # a lone VM's role as the program labels it (LONE_VM_ROLES)
+    machine_type: str | None = None  # None: the spec's (head VM or TPU host)
+
+
+def write_deployed(state_dir: Path, hosts: Sequence[HostRecord] = (), refused: str = "") -> None:
+    """Write what the cloud twin holds after the Pulumi program ran (the emulation does, as
+    root), or `refused`: the rules it refused the program with, on one line."""
+    content = {"refused": refused} if refused else {"hosts": [asdict(h) for h in hosts]}
+    write_private(Path(state_dir) / CLOUD_API_HOSTS_FILE, json.dumps(content))
+
+
+def read_deployed(state_dir: Path) -> list[HostRecord]:
+    """The hosts `write_deployed` wrote; `InvalidInput` with the twin's refusal, if that is what it wrote."""
+    path = Path(state_dir) / CLOUD_API_HOSTS_FILE
+    try:
+        content = json.loads(read_private(path))
+        if "refused" in content:
+            raise InvalidInput(str(content["refused"]))
+        return [HostRecord(**h) for h in content["hosts"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SimulatorError(
+            f"{path} is not a list of deployed hosts ({exc!r}); see {CLOUD_API_LOG}"
+        ) from None
 
 
 def spec_hosts(spec: ClusterSpec) -> list[HostRecord]:
     """The hosts a spec describes, named as infra names them: the head VM (head=vm), then each
     slice's workers in order, then the recovery controller's VM (with recovery)."""
-    records = [HostRecord(head_name(spec.name), None, 0)] if spec.head == "vm" else []
+    records = [HostRecord(head_name(spec.name), None, 0, role=ROLE_HEAD_VM)] if spec.head == "vm" else []
     for s in range(spec.slices):
         records += [
             HostRecord(host_name(spec.slice_name(s), w), spec.slice_name(s), w) for w in range(spec.tpu.hosts)
         ]
     if spec.runs_recovery:
-        records.append(HostRecord(controller_name(spec.name), None, 0))
+        records.append(HostRecord(controller_name(spec.name), None, 0, role=ROLE_CONTROLLER_VM))
     return records
 
 
@@ -326,26 +366,38 @@ def make_plan(
 ) -> Plan:
     """Place `hosts` (default: `spec_hosts`) on `network`: the head VM first (head=vm), then each
     slice's workers in order, then the controller's VM (with recovery). A record's IP is kept;
-    one without gets the next free address (the first address of the network is the bridge's)."""
+    one without gets the next free address (the first address of the network is the bridge's).
+    A lone VM takes its role from the record (the program's role label); an empty `hosts` is the
+    plan `create` saves before the twin's hosts are known."""
     head_vm = spec.head == "vm"
     slices = {spec.slice_name(s): s for s in range(spec.slices)}
-    lone_vms = {head_name(spec.name): head_vm, controller_name(spec.name): spec.runs_recovery}
     records = list(spec_hosts(spec) if hosts is None else hosts)
-    strays = [r.name for r in records if (r.group is None) != lone_vms.get(r.name, False)]
+    wanted = {ROLE_HEAD_VM: head_vm, ROLE_CONTROLLER_VM: spec.runs_recovery}
+    lone_roles = {role for role in LONE_VM_ROLES if wanted[role]}
+    strays = [r.name for r in records if r.group is None and r.role not in lone_roles]
     strays += [r.name for r in records if r.group is not None and r.group not in slices]
     if strays:
         raise SimulatorError(
-            f"hosts {strays} are neither the head VM, the controller's VM nor a worker of one of the "
-            "spec's slices "
-            f"({', '.join(slices)}); nothing was created"
+            f"hosts {strays} are neither a lone VM the spec has ({', '.join(sorted(lone_roles)) or 'none'}) "
+            f"nor a worker of one of its slices ({', '.join(slices)}); nothing was created"
         )
-    controller_vm = controller_name(spec.name)
-    # The head VM first, then each slice's workers, then the controller's VM.
-    records.sort(
-        key=lambda r: (
-            (slices[r.group], r.worker) if r.group else (len(slices) if r.name == controller_vm else -1, 0)
+    heads = [r.name for r in records if r.group is None and r.role == ROLE_HEAD_VM]
+    controllers = [r.name for r in records if r.group is None and r.role == ROLE_CONTROLLER_VM]
+    if records and head_vm and len(heads) != 1:
+        raise SimulatorError(
+            f"head=vm needs exactly one head VM, the program declared {heads}; nothing was created"
         )
-    )
+    if len(controllers) > 1:
+        raise SimulatorError(
+            f"the program declared several controller VMs {controllers}; nothing was created"
+        )
+
+    def order(r: HostRecord) -> tuple[int, int]:  # the head VM, each slice's workers, the controller's VM
+        if r.group:
+            return slices[r.group], r.worker
+        return (len(slices) if r.role == ROLE_CONTROLLER_VM else -1), 0
+
+    records.sort(key=order)
     addresses = [str(a) for a in network.hosts()]
     if len(addresses) < len(records) + 1:
         raise SimulatorError(f"subnet {network} is too small for {len(records)} hosts")
@@ -363,8 +415,7 @@ def make_plan(
     placed = []
     for i, r in enumerate(records):
         if r.group is None:
-            role = ROLE_CONTROLLER_VM if r.name == controller_vm else ROLE_HEAD_VM
-            s, w = HEAD_VM_SLICE_INDEX, -1
+            role, s, w = str(r.role), HEAD_VM_SLICE_INDEX, -1
         else:
             s, w = slices[r.group], r.worker
             role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
