@@ -456,7 +456,7 @@ def test_a_lone_vm_is_placed_by_the_role_the_program_labels_it_with_not_by_its_n
         ("some-vm", ROLE_HEAD_VM, -1),
         ("rayslice-slice-0-w0", ROLE_WORKER, 0),
     ]
-    assert plan.head.name == "some-vm" and plan.controller is None  # no recovery, no controller VM
+    assert plan.head.name == "some-vm" and plan.controller is None  # the records hold no controller VM
     with pytest.raises(SimulatorError, match="exactly one head VM"):
         make_plan(cluster, run_id="a1b2c3", network=NET, hosts=[worker])
     spot = spec.load({"acceleratorType": "v6e-4", "head": "vm", "capacity": "spot"}, require_zone=False)
@@ -473,9 +473,10 @@ def test_a_lone_vm_is_placed_by_the_role_the_program_labels_it_with_not_by_its_n
         ROLE_CONTROLLER_VM,
     )
     assert "watcher" not in [h.name for h in plan.hosts]  # a machine, not a Ray host
+    no_recovery = spec.load({"acceleratorType": "v6e-4", "head": "vm", "recovery": False}, require_zone=False)
     with pytest.raises(SimulatorError, match="neither a lone VM"):  # without recovery it is a stray
         make_plan(
-            cluster,
+            no_recovery,
             run_id="a1b2c3",
             network=NET,
             hosts=[*records, HostRecord("w", None, 0, role=ROLE_CONTROLLER_VM)],
