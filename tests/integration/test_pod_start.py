@@ -362,8 +362,14 @@ def node_ports(first: int) -> dict[str, str]:
         "metrics-export-port",
         "runtime-env-agent-port",
     ]
-    ports = dict(zip(names, map(str, free_ports(len(names))), strict=True))
-    ports.update({"min-worker-port": str(first), "max-worker-port": str(first + 40)})
+    workers = range(first, first + 41)
+    # Free ports come from the kernel's ephemeral range, which the worker range may overlap; Ray
+    # refuses to start a node whose pinned port lies in its worker range (seen in CI), so draw again.
+    picked = free_ports(len(names))
+    while any(port in workers for port in picked):
+        picked = free_ports(len(names))
+    ports = dict(zip(names, map(str, picked), strict=True))
+    ports.update({"min-worker-port": str(workers[0]), "max-worker-port": str(workers[-1])})
     return ports
 
 
