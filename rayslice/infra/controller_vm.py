@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
-import pulumi_gcp as gcp
 
+from rayslice.infra.cpu_vm import cpu_vm
 from rayslice.infra.firewall import controller_tag
-from rayslice.infra.head_vm import HEAD_VM_IMAGE
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import REPLACE_ON_METADATA, controller_metadata
-from rayslice.names import CLOUD_PLATFORM_SCOPE, CONTROLLER_VM_ROLE, controller_name
+from rayslice.infra.metadata import controller_metadata
+from rayslice.names import CONTROLLER_VM_ROLE, controller_name
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.controller import render_controller
 
@@ -48,43 +47,20 @@ class ControllerVm(pulumi.ComponentResource):
     def __init__(self, name: str, args: ControllerVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:ControllerVm", name, None, opts)
         spec = args.spec
-        instance = gcp.compute.Instance(
+        instance = cpu_vm(
             f"{name}-instance",
+            spec=spec,
             name=controller_name(spec.name),
-            project=spec.project,
-            zone=spec.zone,
             machine_type=CONTROLLER_MACHINE_TYPE,
-            boot_disk=gcp.compute.InstanceBootDiskArgs(
-                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                    image=HEAD_VM_IMAGE, size=CONTROLLER_DISK_GB, type="pd-balanced"
-                ),
-            ),
-            network_interfaces=[
-                gcp.compute.InstanceNetworkInterfaceArgs(
-                    network=args.network,
-                    subnetwork=args.subnetwork,
-                    # Outbound only (Google's APIs); the firewall admits nothing to it.
-                    access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
-                    if spec.external_ips
-                    else None,
-                )
-            ],
-            service_account=gcp.compute.InstanceServiceAccountArgs(
-                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
-            ),
-            shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
-                enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
-            ),
+            disk_gb=CONTROLLER_DISK_GB,
+            network=args.network,
+            subnetwork=args.subnetwork,  # outbound only (Google's APIs); the firewall admits nothing
+            service_account_email=args.service_account_email,
             metadata=controller_metadata(spec, render_controller(spec)),
             labels=resource_labels(spec, CONTROLLER_VM_ROLE),
             tags=[controller_tag(spec)],
-            allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=list(args.depends_on),
-                replace_on_changes=[REPLACE_ON_METADATA],
-                delete_before_replace=True,
-            ),
+            parent=self,
+            depends_on=args.depends_on,
         )
         self.instance_name = instance.name
         # Repeated from the annotation: registered outputs are what `pulumi stack` shows.

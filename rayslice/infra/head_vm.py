@@ -15,14 +15,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from rayslice.infra.cpu_vm import cpu_vm
 from rayslice.infra.firewall import cluster_tag, head_tag
 from rayslice.infra.labels import resource_labels
-from rayslice.infra.metadata import REPLACE_ON_METADATA, host_metadata
-from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
+from rayslice.infra.metadata import host_metadata
+from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
 from rayslice.spec import ClusterSpec
 
-# Same OS family as the TPU VM runtime images (Ubuntu 22.04), so one boot script fits both.
-HEAD_VM_IMAGE = "ubuntu-os-cloud/ubuntu-2204-lts"
 HEAD_VM_DISK_GB = 100
 
 
@@ -63,42 +62,20 @@ class HeadVm(pulumi.ComponentResource):
     def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:HeadVm", name, None, opts)
         spec = args.spec
-        instance = gcp.compute.Instance(
+        instance = cpu_vm(
             f"{name}-instance",
+            spec=spec,
             name=head_vm_name(spec),
-            project=spec.project,
-            zone=spec.zone,
             machine_type=spec.head_machine_type,
-            boot_disk=gcp.compute.InstanceBootDiskArgs(
-                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                    image=HEAD_VM_IMAGE, size=HEAD_VM_DISK_GB, type="pd-balanced"
-                ),
-            ),
-            network_interfaces=[
-                gcp.compute.InstanceNetworkInterfaceArgs(
-                    network=args.network,
-                    subnetwork=args.subnetwork,
-                    access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
-                    if spec.external_ips
-                    else None,
-                )
-            ],
-            service_account=gcp.compute.InstanceServiceAccountArgs(
-                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
-            ),
-            shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
-                enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
-            ),
+            disk_gb=HEAD_VM_DISK_GB,
+            network=args.network,
+            subnetwork=args.subnetwork,
+            service_account_email=args.service_account_email,
             metadata=host_metadata(spec, args.script, HEAD_VM_SLICE_INDEX, token_secret=args.token_secret),
             labels=resource_labels(spec, HEAD_VM_ROLE),
             tags=[cluster_tag(spec), head_tag(spec)],
-            allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=list(args.depends_on),
-                replace_on_changes=[REPLACE_ON_METADATA],
-                delete_before_replace=True,
-            ),
+            parent=self,
+            depends_on=args.depends_on,
         )
         self.instance_name = instance.name
         self.internal_ip = instance.network_interfaces.apply(_internal_ip)
