@@ -30,7 +30,10 @@ IAP_SOURCE_RANGE = "35.235.240.0/20"
 SSH_PORT = 22
 EVERYWHERE = "0.0.0.0/0"
 # Compute Engine firewall priorities run from 0 (first) to 65535; the default is 1000. At equal
-# priority a deny rule wins over an allow rule.
+# priority a deny rule wins over an allow rule. Source: Google's "VPC firewall rules" page
+# (cloud.google.com/firewall/docs/firewalls, "Priority"); the compute v1 discovery document's
+# Firewall.priority says the same range and default. The twin checks the body's fields against
+# that document (cloud/bodies.py); no twin rule models rule evaluation order.
 FIRST_PRIORITY = 0
 
 
