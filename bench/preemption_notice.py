@@ -16,13 +16,18 @@ each starts when the preemption is requested (the notice, where there is one) an
 the head's GCS no longer offers the slice's nodes for scheduling: draining (`get_draining_nodes`)
 or no longer alive. Also shown: when the GCS lists them dead. Printed: both times and their ratio.
 
-Run as root: ``.venv/bin/python bench/preemption_notice.py`` (a few minutes).
+Run as root: ``.venv/bin/python bench/preemption_notice.py`` (a few minutes). With
+``--state-dir DIR --slice NAME`` it preempts one slice of a running simulation instead and prints
+what it saw as JSON (tests/integration/test_recovery.py runs it so: Ray's client reads its token
+settings once per process, so the GCS is read from a process of its own).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -128,7 +133,13 @@ def report(baseline: Loss, noticed: Loss, date: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--notice-s", type=float, default=names.PREEMPTION_NOTICE_S)
+    parser.add_argument("--state-dir", type=Path, help="preempt one slice of this running simulation")
+    parser.add_argument("--slice", help="with --state-dir: the slice to preempt")
     args = parser.parse_args(argv)
+    if args.state_dir is not None:
+        sim = Simulation.open(args.state_dir)
+        print(json.dumps(dataclasses.asdict(preempt(sim, Gcs(sim), args.slice, args.notice_s))))
+        return 0
     spec = spec_module.load(dict(SPEC), require_zone=False)
     victim = spec.slice_name(1)
     with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:

@@ -32,7 +32,7 @@ from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
-from tests.bench import load
+from tests.bench import BENCH, load
 from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, wait_nodes
 
 NOTICE_S = 5  # the preemption notice's window in these tests (Google's is 30 s)
@@ -143,12 +143,12 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
     # `rayslice local preempt --notice-s 5`, while this test watches the head's GCS: the notice
     # reached Ray before the power-off. The victim's watcher drained its node with the preemption
     # reason, so the GCS stopped offering it while the host still ran.
-    notice = load("preemption_notice")
-    if sim.token_file.exists():  # the Ray token for the test's GCS client, restored afterwards
-        monkeypatch.setenv("RAY_AUTH_MODE", "token")
-        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(sim.token_file))
-    loss = notice.preempt(sim, notice.Gcs(sim), cluster.slice_name(1), NOTICE_S)
-    assert 0 < loss.unschedulable_s < loss.off_s
+    measure = [sys.executable, str(BENCH / "preemption_notice.py"), "--state-dir", str(simulation_dir)]
+    measure += ["--slice", cluster.slice_name(1), "--notice-s", str(NOTICE_S)]
+    seen = subprocess.run(measure, capture_output=True, text=True, timeout=300)
+    assert seen.returncode == 0, seen.stdout + seen.stderr
+    loss = json.loads(seen.stdout.splitlines()[-1])
+    assert 0 < loss["unschedulable_s"] < loss["off_s"]
     assert not any(sim.running(h) for h in victims)
     assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
     [victim_log] = [_boot_log(sim, h) for h in victims]
