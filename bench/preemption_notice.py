@@ -18,8 +18,8 @@ or no longer alive. Also shown: when the GCS lists them dead. Printed: both time
 
 Run as root: ``.venv/bin/python bench/preemption_notice.py`` (a few minutes). With
 ``--state-dir DIR --slice NAME`` it preempts one slice of a running simulation instead and prints
-what it saw as JSON (tests/integration/test_recovery.py runs it so: Ray's client reads its token
-settings once per process, so the GCS is read from a process of its own).
+what it saw as JSON (tests/integration/test_recovery.py runs it so, keeping Ray's token settings
+out of the test's own process).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ray._raylet import Config  # type: ignore[attr-defined]  # compiled: mypy cannot see it
 from recovery import wait
 
 from rayslice import cli, names
@@ -61,13 +62,16 @@ class Loss:
 
 
 class Gcs:
-    """The head's GCS, read from this machine with the simulation's Ray token (put in the
-    environment, where Ray's client reads it when it connects)."""
+    """The head's GCS, read from this machine with the simulation's Ray token."""
 
     def __init__(self, sim: Simulation):
         if sim.token_file.exists():
             os.environ["RAY_AUTH_MODE"] = "token"
             os.environ["RAY_AUTH_TOKEN_PATH"] = str(sim.token_file)
+            # Ray caches its config (the auth mode with it) when it is imported; this reloads it
+            # from the environment, as Ray's own `_enable_token_auth` does
+            # (ray/_private/authentication/authentication_token_setup.py).
+            Config.initialize("")
         self.client = GcsClient(address=f"{sim.plan.head.ip}:{names.GCS_PORT}")
 
     def alive(self, ips: set[str]) -> set[str]:
