@@ -19,6 +19,7 @@ from rayslice.startup_scripts import preemption_watcher as watcher
 from rayslice.startup_scripts import render
 from rayslice.startup_scripts.options import RenderOptions
 from rayslice.startup_scripts.variables import PREEMPTION_WATCHER, script_variables
+from tests.imports import imported_modules
 
 
 @pytest.fixture
@@ -161,3 +162,19 @@ def test_only_a_spot_slices_script_carries_the_watcher() -> None:
     assert script_variables(spot, RenderOptions())["preemption_notice_s"] == names.PREEMPTION_NOTICE_S
     assert f"PREEMPTION_WATCHER={shipped}" in render(spot)
     assert "PREEMPTION_WATCHER=''" in render(on_demand)
+
+
+def test_the_watcher_needs_only_the_standard_library_and_ray() -> None:
+    """It runs on hosts that do not install rayslice: no rayslice import, lazy or not."""
+    found = imported_modules(PREEMPTION_WATCHER.read_text(), watcher.__name__, is_package=False)
+    assert found and {name.split(".")[0] for _, name in found} <= {
+        "__future__",
+        "argparse",
+        "collections",
+        "datetime",
+        "http",
+        "sys",
+        "time",
+        "urllib",
+        "ray",
+    }
