@@ -111,8 +111,12 @@ def _checkpointed(directory: Path, step: int) -> bool:
     return any(p.name.isdigit() and int(p.name) >= step for p in directory.iterdir())
 
 
-def preempt_during_training(sim: Simulation, checkpoints: Path, *, steps: int = 60) -> Trace:
-    """Train on slice 1, preempt it once step `PREEMPT_AFTER_STEP` is saved, follow the recovery."""
+def preempt_during_training(
+    sim: Simulation, checkpoints: Path, *, steps: int = 60, notice_s: float = 0
+) -> Trace:
+    """Train on slice 1, preempt it once step `PREEMPT_AFTER_STEP` is saved (its hosts get the
+    preemption notice `notice_s` before they power off; none by default, as the figures in
+    docs/benchmarks.md were measured), follow the recovery."""
     spec = sim.spec()
     trace = Trace(victim=slice_name(spec.name, 1))
     argv = [RAYSLICE, "run", "jax_train", "--address", sim.dashboard_url(), "--max-restarts", "2"]
@@ -151,7 +155,8 @@ def preempt_during_training(sim: Simulation, checkpoints: Path, *, steps: int = 
             raise RuntimeError(f"{ended}:\n{trace.output}{trace.stderr}")
         before = {n["id"] for n in alive_tpu_nodes(sim)}
         trace.preempted_at = time.monotonic()
-        if cli.main(["local", "preempt", "--state-dir", str(sim.state_dir), trace.victim]) != 0:
+        preempt = ["local", "preempt", "--state-dir", str(sim.state_dir), "--notice-s", str(notice_s)]
+        if cli.main([*preempt, trace.victim]) != 0:
             raise RuntimeError(f"rayslice local preempt {trace.victim} failed")
         hosts = spec.tpu.hosts
 

@@ -16,6 +16,12 @@ JAX_COORDINATOR_PORT = 8476
 # Multislice (megascale) DCN traffic, the port MEGASCALE_PORT names.
 MEGASCALE_PORT = 8081
 
+# How long a Spot VM runs after its preemption notice (metadata `instance/preempted` turns TRUE,
+# ACPI G2 soft off) before Compute Engine stops it: "up to 30 seconds" (Google's "Spot VMs" ->
+# "Preemption process"). A host's preemption watcher gives Ray this deadline when it drains the
+# node; `rayslice local preempt` waits this long between the notice and the power-off by default.
+PREEMPTION_NOTICE_S = 30
+
 # OAuth scope of every identity rayslice creates; IAM roles, not scopes, limit what it can do.
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 

@@ -24,11 +24,12 @@ import click
 from rayslice.cli import Group, load_spec, spec_options
 from rayslice.clusters import FoundCluster
 from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
+from rayslice.local.google.cloud_api.emulator import MAX_NOTICE_S
 from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config, request_preempt
 from rayslice.local.simulation.simulator import Simulation, require_root
 from rayslice.local.simulation.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
 from rayslice.local.simulation.status import format_report, status_report
-from rayslice.names import STATE_FAILED_PREFIX, STATE_JOINED
+from rayslice.names import PREEMPTION_NOTICE_S, STATE_FAILED_PREFIX, STATE_JOINED
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -236,15 +237,24 @@ def restart_head_command(state_dir: Path | None) -> int:
 
 @local_group.command("preempt")
 @state_dir_option
+@click.option(
+    "--notice-s",
+    type=click.FloatRange(0, MAX_NOTICE_S),
+    default=PREEMPTION_NOTICE_S,
+    show_default=True,
+    metavar="S",
+    help="Seconds between the preemption notice (instance/preempted TRUE) and the power-off; 0: none.",
+)
 @click.argument("slice_name", metavar="SLICE")
-def preempt_command(state_dir: Path | None, slice_name: str) -> int:
-    """Power off every host of SLICE and have the cloud API emulation report it preempted.
+def preempt_command(state_dir: Path | None, notice_s: float, slice_name: str) -> int:
+    """Give every host of SLICE a preemption notice, then power them off and have the cloud API
+    emulation report the slice preempted, as Compute Engine preempts a Spot VM.
 
     Asks the simulation's cloud API emulation (`rayslice.local.simulation.cloud_bridge`), which `local up`
-    starts with every simulation and `local down` stops.
+    starts with every simulation and `local down` stops. Returns once the hosts are off.
     """
 
     require_root()
-    hosts = request_preempt(state_dir or default_state_dir(), slice_name)
-    click.echo(f"preempted {slice_name}: powered off {', '.join(hosts)}")
+    hosts = request_preempt(state_dir or default_state_dir(), slice_name, notice_s)
+    click.echo(f"preempted {slice_name}: notice, then after {notice_s:g} s powered off {', '.join(hosts)}")
     return EXIT_OK

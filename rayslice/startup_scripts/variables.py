@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+from pathlib import Path
 
 from rayslice import catalog, names
 from rayslice.spec import ClusterSpec
@@ -50,6 +52,19 @@ SUPERVISOR_RESTART_DELAY_S = 5
 EXIT_TEMPFAIL = 75
 EXIT_PERMANENT = 78
 PYTHON_VERSION = "3.11"
+
+
+# The hosts' preemption watcher: this file's text goes into the boot script (base64, one line, so
+# the quoting filter takes it), which writes it on the host and runs it with the venv's Python.
+PREEMPTION_WATCHER = Path(__file__).with_name("preemption_watcher.py")
+
+
+def preemption_watcher(spec: ClusterSpec) -> str:
+    """The watcher as the boot script carries it: only Spot slices get a notice, so only their
+    script has one to start (empty otherwise)."""
+    if spec.capacity != "spot":
+        return ""
+    return base64.b64encode(PREEMPTION_WATCHER.read_bytes()).decode()
 
 
 def requirement_lines(spec: ClusterSpec) -> list[str]:
@@ -133,4 +148,6 @@ def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, obj
         "attr_index_credentials_secret": names.ATTR_INDEX_CREDENTIALS_SECRET,
         "attr_slice_name": names.ATTR_SLICE_NAME,
         "attr_slice_hosts": names.ATTR_SLICE_HOSTS,
+        "preemption_watcher": preemption_watcher(spec),
+        "preemption_notice_s": names.PREEMPTION_NOTICE_S,
     }

@@ -32,8 +32,14 @@ from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
-from tests.bench import load
+from tests.bench import BENCH, load
 from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, wait_nodes
+
+NOTICE_S = 5  # the preemption notice's window in these tests (Google's is 30 s)
+
+
+def _boot_log(sim: Simulation, host: str) -> str:
+    return (sim.paths(host).root / "var/log/rayslice/boot.log").read_text()
 
 
 def _boots(sim: Simulation, host: str) -> int:
@@ -134,9 +140,27 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
     _controller_started(sim, cluster.slices)
 
     victims = cloud_bridge.slice_hosts(sim.plan, 1)
-    assert cli.main(["local", "preempt", "--state-dir", str(simulation_dir), cluster.slice_name(1)]) == 0
+    # `rayslice local preempt --notice-s 5`, while this test watches the head's GCS: the notice
+    # reached Ray before the power-off. The victim's watcher drained its node with the preemption
+    # reason, so the GCS stopped offering it while the host still ran.
+    measure = [sys.executable, str(BENCH / "preemption_notice.py"), "--state-dir", str(simulation_dir)]
+    measure += ["--slice", cluster.slice_name(1), "--notice-s", str(NOTICE_S)]
+    seen = subprocess.run(measure, capture_output=True, text=True, timeout=300)
+    assert seen.returncode == 0, seen.stdout + seen.stderr
+    loss = json.loads(seen.stdout.splitlines()[-1])
+    assert 0 < loss["unschedulable_s"] < loss["off_s"]
     assert not any(sim.running(h) for h in victims)
     assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
+    [victim_log] = [_boot_log(sim, h) for h in victims]
+    assert "rayslice-preemption: preemption notice: instance/preempted is TRUE" in victim_log
+    assert re.search(
+        r"rayslice-preemption: drained Ray node [0-9a-f]{56} \(DRAIN_NODE_REASON_PREEMPTION", victim_log
+    )
+    # The other slice's host watches and heard nothing; the head VM has no watcher at all.
+    [other_log] = [_boot_log(sim, h) for h in cloud_bridge.slice_hosts(sim.plan, 0)]
+    assert "rayslice-preemption: watching instance/preempted" in other_log
+    assert "preemption notice" not in other_log
+    assert "rayslice-preemption" not in _boot_log(sim, sim.plan.head.name)
 
     # The controller notices on its own, within its interval, and recreates the slice; its hosts
     # boot a second time and rejoin Ray, the other slice's hosts are untouched.
@@ -148,6 +172,9 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
         _boots(sim, h) == 1
         for h in [sim.plan.head.name, _controller(sim), *cloud_bridge.slice_hosts(sim.plan, 0)]
     )
+    # The recreated host booted with instance/preempted FALSE again: its watcher watches anew.
+    _wait(lambda: _boot_log(sim, victims[0]).count("rayslice-preemption: watching instance/preempted") == 2)
+    assert _boot_log(sim, victims[0]).count("preemption notice:") == 1
 
     data = _status(sim, monkeypatch, capsys)
     assert [s["state"] for s in data["slices"]] == ["READY"] * cluster.slices
@@ -187,7 +214,7 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     # The simulation's shared folder: every host writes and reads it, as a real slice's hosts share a bucket.
     checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=sim.plan.shared_dir))
     try:
-        trace = recovery.preempt_during_training(sim, checkpoints)
+        trace = recovery.preempt_during_training(sim, checkpoints, notice_s=NOTICE_S)
     finally:
         shutil.rmtree(checkpoints, ignore_errors=True)
     out = trace.output

@@ -69,7 +69,7 @@ def test_a_caller_that_is_neither_the_machine_nor_admitted_is_refused_whatever_i
 def test_an_admitted_client_calls_the_api_but_never_the_admin_endpoint():
     server = _serve(clients=(OTHER_HOST,))
     server.admin_token = "admin"
-    server.admin_preempt = lambda name: [name]
+    server.admin_preempt = lambda name, notice_s: [name]
     try:
         assert _call(server, "GET", NODE, source=OTHER_HOST)[0] == 200
         admin = {ADMIN_HEADER: "admin"}

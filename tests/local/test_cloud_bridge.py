@@ -53,6 +53,10 @@ class Recording:
     def boot(self, name: str) -> None:
         self.actions.append(("boot", name))
 
+    def set_preempted(self, name: str, notice: bool) -> bool:
+        self.actions.append(("notice" if notice else "clear", name))
+        return True
+
 
 NETWORK = ipaddress.IPv4Network("10.77.0.0/24")  # the simulation's network, the twin's addresses
 
@@ -128,21 +132,26 @@ def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
     sim = deployed(cloud, spec, "c1d2e3")
     cloud_bridge.attach(cloud, sim, spec)
     cloud.admin_token = "s3cret-admin"
-    cloud.admin_preempt = lambda name: cloud_bridge.preempt(cloud, sim, spec, name)
+    cloud.admin_preempt = lambda name, notice_s: cloud_bridge.preempt(cloud, sim, spec, name, notice_s)
     endpoint = tmp_path / cloud_bridge.ENDPOINT_FILE
 
     with pytest.raises(SimulatorError, match="no cloud API emulation runs"):
-        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
+        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0", 0)
     write_private(endpoint, json.dumps({"url": cloud.url, "admin_token": "guess"}))
     with pytest.raises(SimulatorError, match="not the simulator"):
-        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
+        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0", 0)
     assert sim.actions == []
 
     write_private(endpoint, json.dumps({"url": cloud.url, "admin_token": "s3cret-admin"}))
     with pytest.raises(SimulatorError, match="no slice 'other-slice-0'"):
-        cloud_bridge.request_preempt(tmp_path, "other-slice-0")
-    hosts = cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0")
-    assert hosts == cloud_bridge.slice_hosts(sim.plan, 0) and sim.actions == [("off", h) for h in hosts]
+        cloud_bridge.request_preempt(tmp_path, "other-slice-0", 0)
+    with pytest.raises(SimulatorError, match="notice_s must be a number of seconds from 0 to 3600"):
+        cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0", 3601)
+    assert sim.actions == []
+    # The notice first, to every host of the slice, then (the window over) the power-off.
+    hosts = cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0", 0.1)
+    assert hosts == cloud_bridge.slice_hosts(sim.plan, 0)
+    assert sim.actions == [("notice", h) for h in hosts] + [("off", h) for h in hosts]
     # A Spot preemption with termination action STOP leaves the hosts behind, stopped
     # (TERMINATED is how Compute Engine reports a stopped instance), and nothing repairs them.
     instances = cloud.state.instances[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-0")]
@@ -159,16 +168,23 @@ def test_rayslice_local_preempt_command(
     sim = deployed(cloud, spec, "d1e2f3")
     cloud_bridge.attach(cloud, sim, spec)
     cloud.admin_token = "t0ken"
-    cloud.admin_preempt = lambda name: cloud_bridge.preempt(cloud, sim, spec, name)
+    cloud.admin_preempt = lambda name, notice_s: cloud_bridge.preempt(cloud, sim, spec, name, notice_s)
     write_private(
         tmp_path / cloud_bridge.ENDPOINT_FILE, json.dumps({"url": cloud.url, "admin_token": "t0ken"})
     )
-    assert cli.main(["local", "preempt", "--state-dir", str(tmp_path), "rayslice-slice-1"]) == 0
+    preempt = ["local", "preempt", "--state-dir", str(tmp_path), "--notice-s", "0.5", "rayslice-slice-1"]
+    assert cli.main(preempt) == 0
     hosts = cloud_bridge.slice_hosts(sim.plan, 1)
-    assert capsys.readouterr().out.strip() == f"preempted rayslice-slice-1: powered off {', '.join(hosts)}"
+    assert capsys.readouterr().out.strip() == (
+        f"preempted rayslice-slice-1: notice, then after 0.5 s powered off {', '.join(hosts)}"
+    )
+    assert sim.actions == [("notice", h) for h in hosts] + [("off", h) for h in hosts]
     node = cloud.state.nodes[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-1")]
     assert node["state"] == "PREEMPTED"
-    assert cli.main(["local", "preempt", "--state-dir", str(tmp_path), "rayslice-slice-9"]) == 2
+    assert (
+        cli.main(["local", "preempt", "--state-dir", str(tmp_path), "--notice-s", "0", "rayslice-slice-9"])
+        == 2
+    )
     assert "no slice 'rayslice-slice-9'" in capsys.readouterr().err
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -365,3 +366,90 @@ def test_jax_cloud_tpu_cluster_detection(worker2, monkeypatch):
         GceTpuCluster.get_coordinator_address(timeout_secs=5, override_coordinator_port=None)
         == f"{SLICE_IPS[0]}:8482"
     )
+
+
+def _read(server, query: str) -> tuple[float, str, str]:
+    """GET instance/preempted with `query`: (seconds it took, value, ETag)."""
+    start = time.monotonic()
+    request = urllib.request.Request(
+        f"{server.url}/computeMetadata/v1/instance/preempted{query}", headers={"Metadata-Flavor": "Google"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return time.monotonic() - start, response.read().decode(), response.headers["ETag"]
+
+
+def test_preempted_is_false_until_the_notice_and_wait_for_change_answers_it_at_once(worker0):
+    """Google's default key: FALSE on a running VM; a wait_for_change request with the value's
+    ETag is held until the notice turns it TRUE, and answered then, not at its timeout."""
+    _, value, etag = _read(worker0, "")
+    assert value == "FALSE"
+    # Unchanged: held for timeout_sec, then the same value and ETag.
+    took, value, same = _read(worker0, f"?wait_for_change=true&last_etag={etag}&timeout_sec=1")
+    assert (value, same) == ("FALSE", etag) and took >= 0.9
+    # A last_etag that is not the current one answers at once (how a client starts watching).
+    took, value, _ = _read(worker0, "?wait_for_change=true&last_etag=0&timeout_sec=20")
+    assert value == "FALSE" and took < 5
+    noticed: list[tuple[float, str, str]] = []
+    waiter = threading.Thread(
+        target=lambda: noticed.append(
+            _read(worker0, f"?wait_for_change=true&last_etag={etag}&timeout_sec=20")
+        )
+    )
+    waiter.start()
+    time.sleep(0.5)  # the waiter's request is being held
+    assert not noticed
+    worker0.set_value(("instance", "preempted"), "TRUE")
+    waiter.join(timeout=10)
+    [(took, value, changed)] = noticed
+    assert value == "TRUE" and changed != etag and took < 10
+    # Without last_etag: until the next change (here the notice's end, as at the next boot).
+    later = threading.Thread(
+        target=lambda: noticed.append(_read(worker0, "?wait_for_change=true&timeout_sec=20"))
+    )
+    later.start()
+    time.sleep(0.5)
+    worker0.set_value(("instance", "preempted"), "FALSE")
+    later.join(timeout=10)
+    assert noticed[-1][1] == "FALSE"
+
+
+def test_the_notice_and_its_end_reach_a_standalone_server_as_signals(tmp_path):
+    """What the simulator does (`RecordedSimulation.set_preempted`): SIGUSR1 gives the notice,
+    SIGUSR2 clears it, to the server process `python -m ...metadata_server` it started."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "tree.json").write_text(dump_tree(_tree(0)))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rayslice.local.google.metadata_server",
+            "--tree",
+            str(tmp_path / "tree.json"),
+            "--guest-file",
+            str(tmp_path / "guest.json"),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+    )
+
+    class Remote:
+        url = f"http://127.0.0.1:{port}"
+
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "guest.json").exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.1)
+        _, value, etag = _read(Remote, "")
+        assert value == "FALSE"
+        server.send_signal(signal.SIGUSR1)
+        assert _read(Remote, f"?wait_for_change=true&last_etag={etag}&timeout_sec=20")[1] == "TRUE"
+        server.send_signal(signal.SIGUSR2)
+        assert _read(Remote, "?wait_for_change=true&last_etag=0&timeout_sec=20")[1] == "FALSE"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -28,7 +28,7 @@ from ipaddress import IPv4Network
 from typing import cast
 
 from rayslice.cloud import twin
-from rayslice.local.google.metadata_server import Json, Tree
+from rayslice.local.google.metadata_server import FALSE, Json, Tree
 from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
@@ -126,6 +126,7 @@ def instance_tree(
                 "subnetmask": str(network.netmask),
             }
         ],
+        "preempted": FALSE,  # TRUE once a preemption notice arrives (metadata_server.PREEMPTED_PATH)
         "service-accounts": {"default": account, email: account},
         "zone": f"projects/{number}/zones/{zone}",
     }

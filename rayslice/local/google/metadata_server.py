@@ -18,6 +18,16 @@ of the guest attributes rewritten atomically on every change, which the owner re
 entering the host's namespace. A server started on an existing guest file keeps its values, as
 guest attributes survive a real VM's reboot.
 
+Waiting for a change, as Google's server does ("Querying VM metadata" → "Wait for change"):
+``?wait_for_change=true`` on a value holds the answer until the value differs from the one whose
+``ETag`` the client names in ``last_etag`` (without one: until the next change), or for
+``timeout_sec`` seconds, then answers the current value with its ``ETag``. The one value that
+changes while a host runs is ``instance/preempted`` (`PREEMPTED_PATH`): ``FALSE``, and ``TRUE``
+from a Spot preemption's notice until the host powers off (Google's "Spot VMs" → "Preemption
+process": the notice reaches the guest about 30 s before the VM stops, and this key turns TRUE,
+"Detect preemption of Spot VMs"). The simulator gives the notice with SIGUSR1 and clears it at the
+next boot with SIGUSR2 (`notice_preemption`, `clear_preemption`); `set_value` does either in process.
+
 Run as ``python -m rayslice.local.google.metadata_server --tree FILE --guest-file FILE``.
 """
 
@@ -27,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +60,13 @@ MAX_GUEST_BYTES = 8 << 20  # all keys and values together
 # Directories whose entry names are user data: recursive JSON keeps them as they are.
 _VERBATIM_DIRS = ("attributes", GUEST_ATTRIBUTES)
 _JSON_TAG = "$json"
+# Google's metadata key that turns TRUE when a preemption notice arrives (default metadata of
+# every VM; "Detect preemption of Spot VMs").
+PREEMPTED_PATH = ("instance", "preempted")
+TRUE, FALSE = "TRUE", "FALSE"
+# wait_for_change without timeout_sec: how long the answer is held at most (the real server's
+# own limit is not published; clients pass timeout_sec).
+MAX_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,8 @@ class MetadataServer(ThreadingHTTPServer):
         self.unavailable_until = time.monotonic() + unavailable_for
         self.silent_until = time.monotonic() + silent_for
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._version = 0  # counts changes, so a waiter never misses one between look and wait
         self.guest: dict[str, dict[str, str]] = (
             json.loads(guest_file.read_text()) if guest_file is not None and guest_file.exists() else {}
         )
@@ -137,6 +157,8 @@ class MetadataServer(ThreadingHTTPServer):
             return self._write_guest(method, segments, body)
         if method != "GET":
             return Response(405, f"{method} not allowed\n")
+        if query.get("wait_for_change") == "true":
+            self._wait_for_change(segments, path, query)
         node: object = self._view()
         for segment in segments:
             node = _child(node, segment)
@@ -149,6 +171,50 @@ class MetadataServer(ThreadingHTTPServer):
             directory=not segments or relative.endswith("/"),
             verbatim=bool(segments) and segments[-1] in _VERBATIM_DIRS,
         )
+
+    def set_value(self, segments: tuple[str, ...], value: str) -> None:
+        """Change one value of the tree (e.g. `PREEMPTED_PATH`) and wake every wait_for_change."""
+        with self._changed:
+            node = self.tree
+            for segment in segments[:-1]:
+                child = node.setdefault(segment, {})
+                assert isinstance(child, dict), segments
+                node = child
+            node[segments[-1]] = value
+            self._version += 1
+            self._changed.notify_all()
+
+    def _wait_for_change(self, segments: list[str], path: str, query: dict[str, str]) -> None:
+        """Hold a ``wait_for_change=true`` request until the value's ETag differs from
+        ``last_etag`` (none given: until the next change) or ``timeout_sec`` passes."""
+        try:
+            timeout = min(float(query.get("timeout_sec", MAX_WAIT_S)), MAX_WAIT_S)
+        except ValueError:
+            timeout = MAX_WAIT_S
+        deadline = time.monotonic() + max(timeout, 0.0)
+        last = query.get("last_etag") or self._etag(segments, path, query)
+        while True:
+            with self._changed:
+                version = self._version
+            if self._etag(segments, path, query) != last:
+                return
+            with self._changed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if self._version == version:
+                    self._changed.wait(left)
+
+    def _etag(self, segments: list[str], path: str, query: dict[str, str]) -> str:
+        """The ETag the answer would carry now (of its body, as `_Handler` sends it)."""
+        node: object = self._view()
+        for segment in segments:
+            node = _child(node, segment)
+            if node is None:
+                return ""
+        view = {k: v for k, v in query.items() if k in ("alt", "recursive")}
+        response = _render(node, path, view, directory=path.endswith("/"), verbatim=False)
+        return etag(response.body.encode())
 
     def _view(self) -> Tree:
         with self._lock:
@@ -179,6 +245,8 @@ class MetadataServer(ThreadingHTTPServer):
             else:
                 del self.guest[namespace][key]
             self._save_guest()
+            self._version += 1
+            self._changed.notify_all()
         return Response(200)
 
     def _save_guest(self) -> None:
@@ -188,6 +256,11 @@ class MetadataServer(ThreadingHTTPServer):
         tmp = self.guest_file.with_name(self.guest_file.name + ".tmp")
         tmp.write_text(json.dumps(self.guest, indent=1, sort_keys=True))
         os.replace(tmp, self.guest_file)
+
+
+def etag(payload: bytes) -> str:
+    """The ETag of an answer's body: what a client passes back as ``last_etag``."""
+    return hashlib.sha256(payload).hexdigest()[:16]
 
 
 def _child(node: object, segment: str) -> object:
@@ -298,7 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header(FLAVOR_HEADER, FLAVOR)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(payload)))
-        self.send_header("ETag", hashlib.sha256(payload).hexdigest()[:16])
+        self.send_header("ETag", etag(payload))
         if response.location:
             self.send_header("Location", response.location)
         self.end_headers()
@@ -337,6 +410,9 @@ def main(argv: list[str] | None = None) -> None:
         unavailable_for=args.unavailable_for,
         silent_for=args.silent_for,
     )
+    # The simulator's preemption notice, and its end at the next boot (see the module docstring).
+    signal.signal(signal.SIGUSR1, lambda *_: server.set_value(PREEMPTED_PATH, TRUE))
+    signal.signal(signal.SIGUSR2, lambda *_: server.set_value(PREEMPTED_PATH, FALSE))
     server.serve_forever()
 
 

@@ -5,9 +5,12 @@ The emulation's cloud twin (`rayslice.cloud.twin`) holds what the Pulumi program
 those hosts (`deployed_hosts`). Once they exist, the emulation answers guest attributes from the
 hosts' own metadata servers; every host the twin stops or deletes powers off, and every host it
 creates or repairs boots and runs its startup script, as a cloud host would. `preempt` is what
-``rayslice local preempt SLICE`` does: a Spot preemption in the twin, which stops (STOP) or deletes
-(DELETE) each host per its termination action and lets the MIG's lifecycle policy decide whether
-anything comes back (a TPU node turns PREEMPTED); the hosts it hits power off.
+``rayslice local preempt SLICE`` does: first the preemption notice, as Compute Engine gives it
+(each host's ``instance/preempted`` turns TRUE; "Spot VMs" -> "Preemption process": up to 30 s
+before the stop, `names.PREEMPTION_NOTICE_S`), then, once the notice window has passed, a Spot
+preemption in the twin, which stops (STOP) or deletes (DELETE) each host per its termination
+action and lets the MIG's lifecycle policy decide whether anything comes back (a TPU node turns
+PREEMPTED); the hosts it hits power off.
 
 The simulation is reached through a small protocol (`SimulatedCluster`), so this wiring is tested
 without root; the real `rayslice.local.simulation.simulator.Simulation` satisfies it.
@@ -31,7 +34,12 @@ from rayslice.clusters import CloudAccess
 from rayslice.errors import RaysliceError, SimulatorError
 from rayslice.infra.labels import LABEL_ROLE
 from rayslice.infra.preview import deploy, pulumi_config
-from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
+from rayslice.local.google.cloud_api.emulator import (
+    ADMIN_HEADER,
+    ADMIN_PREFIX,
+    NOTICE_PARAMETER,
+    CloudApiEmulator,
+)
 from rayslice.local.google.host_metadata import LOCAL_PROJECT, access_token_of
 from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.host.private_files import write_private
@@ -57,6 +65,8 @@ class SimulatedCluster(Protocol):
     def power_off(self, name: str) -> None: ...
 
     def boot(self, name: str) -> None: ...
+
+    def set_preempted(self, name: str, notice: bool) -> bool: ...
 
 
 def project_of(spec: ClusterSpec) -> str:
@@ -138,13 +148,21 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
     emulator.twin.on_host_up = up
 
 
-def preempt(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec, name: str) -> Sequence[str]:
-    """A Spot preemption of slice `name`: the twin stops or deletes each host per its termination
-    action and the MIG's lifecycle policy decides what comes back (a TPU node turns PREEMPTED);
-    the hook of `attach` powers each host it hit off. Returns the hosts hit."""
-    if name not in {slice_name(spec.name, i) for i in range(spec.slices)}:
-        valid = ", ".join(slice_name(spec.name, i) for i in range(spec.slices))
-        raise KeyError(f"no slice {name!r} in this simulation (slices: {valid})")
+def preempt(
+    emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec, name: str, notice_s: float = 0.0
+) -> Sequence[str]:
+    """A Spot preemption of slice `name`: each host gets the preemption notice, `notice_s`
+    seconds pass (the guest's time to react; none by default), then the twin stops or deletes
+    each host per its termination action and the MIG's lifecycle policy decides what comes back
+    (a TPU node turns PREEMPTED); the hook of `attach` powers each host it hit off. Returns the
+    hosts hit."""
+    slices = [slice_name(spec.name, i) for i in range(spec.slices)]
+    if name not in slices:
+        raise KeyError(f"no slice {name!r} in this simulation (slices: {', '.join(slices)})")
+    if notice_s > 0:
+        for host in slice_hosts(sim.plan, slices.index(name)):
+            sim.set_preempted(host, notice=True)
+        time.sleep(notice_s)  # the notice window itself, which the cloud waits out too
     return [host.name for host in emulator.preempt(project_of(spec), str(spec.zone), name, mode="spot")]
 
 
@@ -176,6 +194,10 @@ class _Refreshing:
         self.sim.refresh()
         if not self.sim.running(name):
             self.sim.boot(name)
+
+    def set_preempted(self, name: str, notice: bool) -> bool:
+        self.sim.refresh()
+        return self.sim.set_preempted(name, notice)
 
 
 def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
@@ -212,7 +234,7 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
         emulator.tokens.add(token)
         emulator.bind(token, permissions.held(spec.platform))
     emulator.admin_token = secrets.token_urlsafe(24)
-    emulator.admin_preempt = lambda name: preempt(emulator, sim, spec, name)
+    emulator.admin_preempt = lambda name, notice_s: preempt(emulator, sim, spec, name, notice_s)
     publish(emulator, state_dir, spec)
     emulator.serve_forever()
 
@@ -263,8 +285,9 @@ def cloud_access(state_dir: Path) -> CloudAccess:
     return CloudAccess(state_dir / CREDENTIALS_FILE, endpoints)
 
 
-def request_preempt(state_dir: Path, name: str) -> list[str]:
-    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`."""
+def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
+    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`, its
+    hosts powered off `notice_s` seconds after their preemption notice."""
     try:
         endpoint = json.loads((state_dir / ENDPOINT_FILE).read_text())
     except FileNotFoundError as exc:
@@ -273,13 +296,14 @@ def request_preempt(state_dir: Path, name: str) -> list[str]:
             "starts one with every simulation; is this a simulation at all?"
         ) from exc
     request = urllib.request.Request(
-        f"{endpoint['url']}{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}",
+        f"{endpoint['url']}{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}"
+        f"?{urllib.parse.urlencode({NOTICE_PARAMETER: notice_s})}",
         data=b"",
         method="POST",
         headers={ADMIN_HEADER: endpoint["admin_token"]},
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=notice_s + 60) as response:
             return list(json.loads(response.read())["hosts"])
     except urllib.error.HTTPError as exc:
         message = json.loads(exc.read() or b"{}").get("error", {}).get("message", str(exc))

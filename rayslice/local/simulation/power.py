@@ -29,7 +29,8 @@ class HostPower(RecordedSimulation):
     def boot(self, name: str, env: Mapping[str, str] | None = None) -> None:
         """Power the host on: fresh PID/UTS/mount namespaces run the startup script (GCE: at every boot).
 
-        `env` adds variables to the script's otherwise clean environment (tests shorten the
+        A preemption notice the host got before it stopped is cleared (``instance/preempted``
+        FALSE again). `env` adds variables to the script's otherwise clean environment (tests shorten the
         script's documented RAYSLICE_HEAD_DEADLINE_S with it). The controller VM's environment
         also points the cloud API clients at the emulation (the endpoint overrides gcloud and
         `rayslice.recovery.cloud` honour) and shortens the recovery controller's interval; no
@@ -42,6 +43,7 @@ class HostPower(RecordedSimulation):
             raise SimulatorError(f"host {name} is already running; use reboot")
         paths = self.paths(name)
         paths.exit_file.unlink(missing_ok=True)
+        self.set_preempted(name, notice=False)  # a VM boots without a preemption notice
         self._start(
             f"boot:{name}",
             paths.console,

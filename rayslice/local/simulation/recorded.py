@@ -8,6 +8,8 @@ after a crash, and stopped only while it still runs in the namespace of the host
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +22,11 @@ from rayslice.local.host.paths import HostPaths
 from rayslice.local.host.processes import ProcessRef, is_alive, start_detached, stop
 from rayslice.local.simulation.state import HostPlan, SimulationState
 from rayslice.spec import ClusterSpec
+
+
+def metadata_process(name: str) -> str:
+    """The key under which host `name`'s metadata server is recorded."""
+    return f"metadata:{name}"
 
 
 class RecordedSimulation:
@@ -57,6 +64,18 @@ class RecordedSimulation:
         """Stop a recorded process, but only while it is still one of `host`'s (netns.in_netns)."""
         if is_alive(ref) and netns.in_netns(ref.pid, host.netns):
             stop(ref, grace_s=grace_s)
+
+    def set_preempted(self, name: str, notice: bool) -> bool:
+        """Give host `name` a preemption notice (its ``instance/preempted`` turns TRUE), or clear
+        it (FALSE, as a VM boots): a signal to its metadata server (`metadata_server.main`),
+        only while the recorded process is still that host's. False when none runs (a fault a
+        test made): that host hears nothing, as a guest whose metadata server is down."""
+        host = self.plan.host(name)
+        ref = self.state.processes.get(metadata_process(host.name))
+        if ref is None or not is_alive(ref) or not netns.in_netns(ref.pid, host.netns):
+            return False
+        os.kill(ref.pid, signal.SIGUSR1 if notice else signal.SIGUSR2)
+        return True
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:

@@ -8,7 +8,7 @@ import sys
 
 from rayslice.errors import SimulatorError
 from rayslice.local.host.processes import cmdline, is_alive, stop
-from rayslice.local.simulation.recorded import RecordedSimulation, wait_until
+from rayslice.local.simulation.recorded import RecordedSimulation, metadata_process, wait_until
 from rayslice.local.simulation.state import (
     CLOUD_API_ENDPOINT_FILE,
     CLOUD_API_HOSTS_FILE,
@@ -31,7 +31,7 @@ class SimulationServices(RecordedSimulation):
     def _start_metadata(self, host: HostPlan, unavailable_for: float, silent_for: float) -> None:
         paths = self.paths(host.name)
         self._start(
-            f"metadata:{host.name}",
+            metadata_process(host.name),
             paths.metadata_log,
             [
                 "ip",
@@ -60,7 +60,7 @@ class SimulationServices(RecordedSimulation):
         host = self.plan.host(name)
         guest_file = self.paths(name).guest_file
         before = guest_file.stat().st_ino if guest_file.exists() else None
-        ref = self.state.processes.pop(f"metadata:{host.name}", None)
+        ref = self.state.processes.pop(metadata_process(host.name), None)
         if ref is not None:
             self._stop(host, ref, grace_s=2)
         self.state.save()

@@ -59,6 +59,8 @@ from rayslice.local.google.cloud_api.routes import ApiError, Call, match_route
 from rayslice.local.google.cloud_api.tpu import TpuApi
 
 ADMIN_PREFIX = "/rayslice-local/preempt/"
+NOTICE_PARAMETER = "notice_s"
+MAX_NOTICE_S = 3600.0  # a preemption request holds its HTTP call this long at most
 ADMIN_HEADER = "X-Rayslice-Simulator"
 MAX_BODY = 1 << 20  # bytes of one request body (a TPU node's create body with its startup script: ~60 KiB)
 MAX_CALLS = 1000  # calls kept in `calls`, the latest
@@ -85,7 +87,8 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         EmulatedProject.__init__(self, op_polls=op_polls, address_range=address_range)
         # ``POST /rayslice-local/preempt/<slice>`` with header ADMIN_HEADER: `rayslice local preempt`.
         self.admin_token = ""
-        self.admin_preempt: Callable[[str], Sequence[str]] | None = None
+        # ``?notice_s=S``: the hosts get the preemption notice S seconds before they power off.
+        self.admin_preempt: Callable[[str, float], Sequence[str]] | None = None
         self.calls: list[Call] = []
         self._stored: list[int] = []  # request bytes of each entry of `calls`
         self.clients = frozenset(clients)  # admitted callers besides the machine itself
@@ -159,7 +162,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         if url.path == "/token" and method == "POST":
             return self._token({k: v[-1] for k, v in parse_qs(raw.decode()).items()})
         if url.path.startswith(ADMIN_PREFIX) and method == "POST":
-            return self._admin(url.path[len(ADMIN_PREFIX) :], headers)
+            return self._admin(url.path[len(ADMIN_PREFIX) :], headers, query)
         route, params = match_route(method, url.path)
         body: Any = None
         with self.lock:
@@ -191,7 +194,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         while len(self.calls) > MAX_CALLS or (len(self.calls) > 1 and sum(self._stored) > MAX_STORED_BYTES):
             del self.calls[0], self._stored[0]
 
-    def _admin(self, name: str, headers: dict[str, str]) -> tuple[int, Any]:
+    def _admin(self, name: str, headers: dict[str, str], query: dict[str, str]) -> tuple[int, Any]:
         """The simulator's own preemption request (not a Google API): needs `admin_token`."""
         given = headers.get(ADMIN_HEADER.lower(), "")
         if (
@@ -203,7 +206,14 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
                 "error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}
             }
         try:
-            return 200, {"preempted": name, "hosts": list(self.admin_preempt(name))}
+            notice_s = float(query.get(NOTICE_PARAMETER, "0"))
+        except ValueError:
+            notice_s = -1.0
+        if not 0 <= notice_s <= MAX_NOTICE_S:
+            message = f"{NOTICE_PARAMETER} must be a number of seconds from 0 to {MAX_NOTICE_S:.0f}"
+            return 400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+        try:
+            return 200, {"preempted": name, "hosts": list(self.admin_preempt(name, notice_s))}
         except KeyError as exc:
             return 404, {"error": {"code": 404, "message": str(exc.args[0]), "status": "NOT_FOUND"}}
 
