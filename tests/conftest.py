@@ -56,26 +56,27 @@ _NO_RAY_OF_THEIR_OWN = (
     "tests/integration/test_simulator.py",
     "tests/integration/test_tpu_runtime.py",
 )
-# Seconds each unit that starts simulated hosts or Ray took in a full run (scripts/test.sh on the
-# 2-core machine, 2026-12-04; docs/benchmarks.md): the scheduler hands the longest out first, so
-# that the two Ray workers end together. A unit missing here goes first (it may be the longest);
+# Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
+# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, 2026-12-04
+# 08:33 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so that the two Ray
+# workers end together. A unit missing here goes first (it may be the longest);
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
-    "cluster v6e-4": 330,
-    "cluster 2 x v6e-16 spot": 230,
-    "tests/integration/test_faults.py": 225,
-    "tests/integration/test_readme.py": 120,
-    "tests/integration/test_workloads_on_ray.py": 110,
-    "cluster v5p-16 tpu-vm": 90,
-    "tests/integration/test_boot_script.py": 80,
-    "tests/integration/test_run_restarts.py": 70,
-    "tests/integration/test_recovery.py": 66,
-    "tests/integration/test_wheel_install.py": 60,
-    "tests/integration/test_simulator.py": 70,
-    "tests/integration/test_pod_start.py": 25,
-    "tests/integration/test_pod_joins_ray.py": 32,
-    "tests/integration/test_tpu_runtime.py": 20,
-    "tests/workloads/test_cluster.py": 20,
+    "cluster v6e-4": 349,
+    "cluster 2 x v6e-16 spot": 281,
+    "tests/integration/test_faults.py": 145,
+    "tests/integration/test_workloads_on_ray.py": 92,
+    "tests/integration/test_simulator.py": 91,
+    "tests/integration/test_readme.py": 73,
+    "cluster v5p-16 tpu-vm": 63,
+    "tests/integration/test_run_restarts.py": 58,
+    "tests/integration/test_recovery.py": 38,
+    "tests/integration/test_boot_script.py": 31,
+    "tests/integration/test_pod_start.py": 28,
+    "tests/integration/test_wheel_install.py": 23,
+    "tests/integration/test_tpu_runtime.py": 19,
+    "tests/workloads/test_cluster.py": 13,
+    "tests/integration/test_pod_joins_ray.py": 9,
 }
 
 
