@@ -47,6 +47,37 @@ RAY_WORKERS = 2
 # Slow tests outside tests/integration/ that start a local Ray.
 _STARTS_LOCAL_RAY = ("tests/workloads/test_cluster.py::",)
 _RAY_UNIT = "ray: "
+# Integration modules whose own tests start no Ray (simulated hosts with a tiny boot script, JAX
+# processes, a pod's start script with a fake `ray`): any worker may take them, the quick
+# workers too once their quick modules are done. Their tests on a shared cluster are that
+# cluster's unit.
+_NO_RAY_OF_THEIR_OWN = (
+    "tests/integration/test_pod_start.py",
+    "tests/integration/test_simulator.py",
+    "tests/integration/test_tpu_runtime.py",
+)
+# Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
+# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, 2026-12-04
+# 08:33 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so that the two Ray
+# workers end together. A unit missing here goes first (it may be the longest);
+# tests/test_scheduling.py fails until it is added.
+RAY_UNIT_SECONDS = {
+    "cluster v6e-4": 349,
+    "cluster 2 x v6e-16 spot": 281,
+    "tests/integration/test_faults.py": 145,
+    "tests/integration/test_workloads_on_ray.py": 92,
+    "tests/integration/test_simulator.py": 91,
+    "tests/integration/test_readme.py": 73,
+    "cluster v5p-16 tpu-vm": 63,
+    "tests/integration/test_run_restarts.py": 58,
+    "tests/integration/test_recovery.py": 38,
+    "tests/integration/test_boot_script.py": 31,
+    "tests/integration/test_pod_start.py": 28,
+    "tests/integration/test_wheel_install.py": 23,
+    "tests/integration/test_tpu_runtime.py": 19,
+    "tests/workloads/test_cluster.py": 13,
+    "tests/integration/test_pod_joins_ray.py": 9,
+}
 
 
 def _xdist_scope(nodeid: str) -> str | None:
@@ -61,14 +92,23 @@ def _xdist_scope(nodeid: str) -> str | None:
     return _RAY_UNIT + nodeid.split("::")[0]
 
 
+def _order(units: list[str]) -> list[str]:
+    """Longest first, by `RAY_UNIT_SECONDS` (a unit it lacks first of all)."""
+    return sorted(units, key=lambda unit: -RAY_UNIT_SECONDS.get(unit.removeprefix(_RAY_UNIT), 10**6))
+
+
+def _starts_ray(unit: str) -> bool:
+    return unit.startswith(_RAY_UNIT) and unit.removeprefix(_RAY_UNIT) not in _NO_RAY_OF_THEIR_OWN
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Under pytest-xdist (`-n 3`, as scripts/test.sh runs the suite): `RAY_WORKERS` workers take
-    the work units that start Ray (`_xdist_scope`), the shared clusters first and the unit with
-    the most tests first, each unit whole and in order, then quick modules once no Ray unit is
-    left; the other workers take only quick modules, one module a unit. (pytest-xdist's own
-    `--dist loadgroup` cannot group with pytest 9: it renames test ids through an attribute
-    pytest 9 dropped.)"""
+    the work units that start Ray (`_xdist_scope`), longest first (`RAY_UNIT_SECONDS`), each unit
+    whole and in order, then the slow units that start no Ray of their own, then quick modules;
+    the other workers take those slow units without Ray first, then quick modules, one module a
+    unit. (pytest-xdist's own `--dist loadgroup` cannot group with pytest 9: it renames test ids
+    through an attribute pytest 9 dropped.)"""
     from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is loaded: it calls this hook
 
     class RayOnTwoWorkers(LoadScopeScheduling):
@@ -79,12 +119,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return len(self.nodes) <= RAY_WORKERS or self.nodes.index(node) < RAY_WORKERS
 
         def _next_unit(self, node: Any) -> str | None:
-            ray = sorted(
-                (s for s in self.workqueue if s.startswith(_RAY_UNIT)),
-                key=lambda s: (not s.startswith(_RAY_UNIT + "cluster "), -len(self.workqueue[s])),
-            )
+            slow = [s for s in self.workqueue if s.startswith(_RAY_UNIT)]
+            ray = _order([s for s in slow if _starts_ray(s)])
+            without_ray = _order([s for s in slow if not _starts_ray(s)])
             quick = [s for s in self.workqueue if not s.startswith(_RAY_UNIT)]
-            return next(iter(ray + quick if self._runs_ray(node) else quick), None)
+            order = ray + without_ray + quick if self._runs_ray(node) else without_ray + quick
+            return next(iter(order), None)
 
         def _assign_work_unit(self, node: Any) -> None:
             scope = self._next_unit(node)
@@ -146,12 +186,22 @@ def rayslice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def wheelhouse() -> Path:
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repo's local wheelhouse (jax preset, Ray, uv and their dependencies), as an offline site
     keeps one: filled once from the package index, then read offline by every later session.
-    bench/wheelhouse.py builds it (bench/bringup.py uses the same one)."""
-    spec = load({"acceleratorType": "v6e-4"}, require_zone=False)
-    return load_bench("wheelhouse").ensure_wheelhouse(REPO / ".wheelhouse", spec)
+    bench/wheelhouse.py builds it (bench/bringup.py uses the same one). Checked once per session:
+    under pytest-xdist, by the first worker that asks (the offline check alone resolves every
+    requirement, half a minute on 2 cores)."""
+    base = tmp_path_factory.getbasetemp()
+    out = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(out / "wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        checked = out / "wheelhouse.checked"
+        if not checked.exists():
+            spec = load({"acceleratorType": "v6e-4"}, require_zone=False)
+            load_bench("wheelhouse").ensure_wheelhouse(REPO / ".wheelhouse", spec)
+            checked.touch()
+    return REPO / ".wheelhouse"
 
 
 @pytest.fixture(scope="session")

@@ -189,15 +189,6 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
     assert not os.path.exists(simulation_dir / state.STATE_FILE)
 
 
-def _fresh_loss() -> float:
-    """jax_train's loss at step 0 from scratch (one CPU process): what a run that lost its
-    checkpoint would start from."""
-    code = "from rayslice.workloads.jax_train import train; print(train(steps=2).losses[0])"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return float(result.stdout.split()[-1])
-
-
 @on("2 x v6e-16 spot")
 def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint(
     cluster: Simulation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -227,13 +218,15 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     [resumed] = {int(k) for k in recovery.RESUMED.findall(out)}
     assert resumed >= recovery.PREEMPT_AFTER_STEP
     # The first run's steps stream before the restart line; the resumed run's follow it.
-    first = [int(n) for n in re.findall(r"^step +(\d+) +loss", out[: restart.start()], re.M)]
+    before = out[: restart.start()]
+    first = [int(n) for n in re.findall(r"^step +(\d+) +loss", before, re.M)]
     assert first == list(range(len(first))) and len(first) >= recovery.PREEMPT_AFTER_STEP
+    [fresh] = re.findall(r"^step +0 +loss ([0-9.]+)$", before, re.M)  # its loss from scratch
     after = out[restart.end() :]
     steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", after, re.M)]
     assert steps == list(range(resumed, 60))  # the resumed run's steps, to the end
     curve = [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", after, re.M)]
-    assert curve[0] < _fresh_loss()  # it went on from the checkpoint, not from scratch
+    assert curve[0] < float(fresh)  # it went on from the checkpoint, not from scratch
     assert sum(curve[-3:]) / 3 < curve[0]  # and kept falling
     # The controller recreated exactly the preempted slice, once: its hosts booted a second time,
     # the others once; status shows it.

@@ -19,11 +19,13 @@ import tempfile
 from pathlib import Path
 
 from rayslice import names
+from rayslice import spec as spec_module
 from rayslice.cli import load_spec
 from rayslice.jobs.upload import workloads
 from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.simulation.simulator import Simulation
-from tests.integration.clusters import bring_up, on, tpu_nodes
+from tests.integration import test_recovery
+from tests.integration.clusters import SHARED, bring_up, on, tpu_nodes
 
 RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 
@@ -89,42 +91,6 @@ def test_jax_multislice_over_two_slices(cluster):
 
 
 @SINGLE
-def test_jax_train_loss_falls_and_flops_are_reported(cluster):
-    result = rayslice_run(cluster, "jax_train", "--steps", "12", "--batch-per-device", "32")
-    assert result.returncode == 0
-    curve = losses(result.stdout)
-    assert len(curve) == 12
-    assert sum(curve[-3:]) / 3 < curve[0]
-    chips = cluster.spec().tpu.chips  # the slice's devices
-    assert re.search(
-        rf"^{chips} x cpu, global batch {32 * chips}: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s",
-        result.stdout,
-        re.M,
-    )
-
-
-@SINGLE
-def test_jax_train_resumes_from_its_checkpoint(cluster):
-    # In the simulation's shared folder: the one place of the machine a host may write that every
-    # host sees, as every TPU host sees the same gs:// bucket. (On a multi-host slice, across a
-    # preemption: test_recovery.py.)
-    checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=cluster.plan.shared_dir))
-    try:
-        options = ("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "3")
-        first = rayslice_run(cluster, "jax_train", "--steps", "6", *options)
-        assert first.returncode == 0
-        assert "resumed from step" not in first.stdout
-        second = rayslice_run(cluster, "jax_train", "--steps", "10", *options)
-        assert second.returncode == 0
-        assert re.search(r"resumed from step 6$", second.stdout, re.M)
-        steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", second.stdout, re.M)]
-        assert steps == [6, 7, 8, 9]
-        assert losses(second.stdout)[0] < losses(first.stdout)[0]
-    finally:
-        shutil.rmtree(checkpoints, ignore_errors=True)
-
-
-@SINGLE
 def test_a_job_asking_for_more_chips_than_a_host_has_fails_clearly(cluster):
     per_host = cluster.spec().tpu.chips_per_host
     result = rayslice_run(cluster, "jax_single_host", "--chips", str(2 * per_host), timeout=120)
@@ -159,15 +125,6 @@ def test_xla_single_prints_a_tensor_on_an_xla_device(cluster):
     assert "device='xla:0')" in result.stdout
 
 
-@SLICE
-def test_xla_multihost_runs_one_task_per_chip_of_a_slice(cluster):
-    spec = cluster.spec()
-    result = rayslice_run(cluster, "xla_multihost", "--slice", spec.slice_name(0))
-    assert result.returncode == 0
-    chips = spec.tpu.chips
-    assert f"{chips} tasks on {chips} distinct chips" in result.stdout.splitlines()
-
-
 @SINGLE
 def test_xla_train_loss_falls(cluster):
     result = rayslice_run(cluster, "xla_train", "--steps", "12")
@@ -187,55 +144,117 @@ def test_a_single_host_job_on_multi_host_slices_is_refused_before_it_is_submitte
 
 
 @SINGLE
-def test_jax_train_step_lines_arrive_while_the_job_runs(cluster):
-    """Read `rayslice run`'s output as it comes: the first step line is there while the job (and
-    so the command) is still running, not all at once at the end."""
+def test_jax_train_streams_its_steps_learns_reports_flops_and_resumes_from_its_checkpoint(cluster):
+    """One training run, then a second on its checkpoints. The first: `rayslice run`'s output is
+    read as it comes, so the first step line is there while the job (and the command) still runs,
+    not all at once at the end; its loss falls over 200 steps and it reports its FLOP rate. The
+    second goes on from the first's last checkpoint, with a lower loss than the first's start."""
+    # In the simulation's shared folder: the one place of the machine a host may write that every
+    # host sees, as every TPU host sees the same gs:// bucket. (On a multi-host slice, across a
+    # preemption: test_recovery.py.)
+    checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=cluster.plan.shared_dir))
+    options = ("--batch-per-device", "32", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "100")
     argv = [RAYSLICE, "run", "jax_train", "--address", cluster.dashboard_url()]
     if cluster.token_file.exists():
         argv += ["--token-file", str(cluster.token_file)]
     run = subprocess.Popen(
-        [*argv, "--", "--steps", "200", "--batch-per-device", "32"],
+        [*argv, "--", "--steps", "200", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")},
     )
     try:
-        assert run.stdout is not None
-        lines = iter(run.stdout.readline, "")
-        first = next(line for line in lines if re.match(r"step +\d+ +loss", line))
-        assert run.poll() is None  # 199 steps and the summary are still to come
-        assert first.startswith("step   0  loss")
-        rest = list(lines)
-        assert run.wait(timeout=600) == 0
+        try:
+            assert run.stdout is not None
+            lines = iter(run.stdout.readline, "")
+            first = next(line for line in lines if re.match(r"step +\d+ +loss", line))
+            assert run.poll() is None  # 199 steps and the summary are still to come
+            assert first.startswith("step   0  loss")
+            rest = list(lines)
+            assert run.wait(timeout=600) == 0
+        finally:
+            run.kill()
+        output = "".join([first, *rest])
+        print(output[-5000:])  # shown when the test fails
+        assert "resumed from step" not in output
+        curve = losses(output)
+        assert len(curve) == 200
+        assert sum(curve[-3:]) / 3 < curve[0]
+        chips = cluster.spec().tpu.chips  # the slice's devices
+        assert re.search(
+            rf"^{chips} x cpu, global batch {32 * chips}: [0-9.]+ steps/s, \d+ samples/s, [0-9.]+ GFLOP/s",
+            output,
+            re.M,
+        )
+
+        second = rayslice_run(cluster, "jax_train", "--steps", "204", *options)
+        assert second.returncode == 0
+        assert re.search(r"resumed from step 200$", second.stdout, re.M)
+        steps = [int(n) for n in re.findall(r"^step +(\d+) +loss", second.stdout, re.M)]
+        assert steps == [200, 201, 202, 203]
+        assert losses(second.stdout)[0] < curve[0]
     finally:
-        run.kill()
-    assert len(losses("".join([first, *rest]))) == 200
-    chips = cluster.spec().tpu.chips
-    assert re.search(rf"^{chips} x cpu, global batch {32 * chips}: ", "".join(rest), re.M)
+        shutil.rmtree(checkpoints, ignore_errors=True)
 
 
 # ---- TPU7x on Compute Engine, from its example stack (issue 19's acceptance) -----------------------
 
 TPU7X_EXAMPLE = "infra/Pulumi.example-compute-tpu7x-16.yaml"  # the smallest TPU7x shape: 2 hosts
-# The bundled jobs that fit one multi-host slice, with short arguments, and what each must print.
-FITS_ONE_MULTIHOST_SLICE = {
-    "jax_multihost": ((), lambda tpu: str([tpu.chips] * tpu.hosts)),
-    "jax_train": (("--steps", "4"), lambda tpu: f"{tpu.chips} x cpu, global batch"),
-    "xla_multihost": ((), lambda tpu: f"{tpu.chips} tasks on {tpu.chips} distinct chips"),
-    "xla_single": ((), lambda tpu: "xla:0"),
-    "xla_train": (("--steps", "4"), lambda tpu: "steps/s"),
+# The bundled jobs that fit one 2-host slice. These run on the TPU7x slice itself (the multi-host
+# ones: JAX and PyTorch/XLA over both hosts), with their arguments and what each must print:
+RUN_ON_TPU7X = {
+    "jax_multihost": (lambda spec: (), lambda spec: str([spec.tpu.chips] * spec.tpu.hosts)),
+    "xla_multihost": (
+        lambda spec: ("--slice", spec.slice_name(0)),
+        lambda spec: f"{spec.tpu.chips} tasks on {spec.tpu.chips} distinct chips",
+    ),
 }
-# Single-host jobs refuse a multi-host slice before submitting; multislice needs more than one.
+# The others run once in the suite, in the test named, on a shared cluster that asks of them what
+# a v7x-16 would (the condition, which both shapes meet): the whole of one multi-host slice, or
+# one chip of a host. (Running them on the v7x-16 as well cost a minute and a half of the suite.)
+RUN_ELSEWHERE = {
+    "jax_train": (
+        "test_recovery.py::test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint",
+        lambda tpu: tpu.hosts > 1,
+    ),
+    "xla_single": ("test_xla_single_prints_a_tensor_on_an_xla_device", lambda tpu: tpu.chips_per_host >= 1),
+    "xla_train": ("test_xla_train_loss_falls", lambda tpu: tpu.chips_per_host >= 1),
+}
+# Single-host jobs refuse a multi-host slice before submitting (exit 2); multislice needs more than one.
 DOES_NOT_FIT = {"jax_single_host": 2, "xla_multi_device": 2, "jax_multislice": None}
 
 
-def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_every_bundled_job_that_fits(simulation_dir):
+def _shape_of(test_name: str) -> str:
+    """The shared cluster a test of this folder runs on (its `on(shape)` mark)."""
+    module, _, name = test_name.rpartition("::")
+    namespace = vars(test_recovery) if module == "test_recovery.py" else globals()
+    [mark] = [m for m in namespace[name].pytestmark if m.name == "parametrize" and m.args[0] == "cluster"]
+    [shape] = mark.args[1]
+    return shape
+
+
+def test_every_bundled_job_that_fits_a_tpu7x_slice_runs_on_it_or_on_a_slice_that_asks_the_same():
+    """The table behind the TPU7x test below: every bundled job is placed once, the jobs run
+    elsewhere fit a v7x-16 by the catalog and run on a shape that meets the same condition, and
+    those that do not fit are refused by what the catalog says of the v7x-16."""
+    assert sorted([*RUN_ON_TPU7X, *RUN_ELSEWHERE, *DOES_NOT_FIT]) == sorted(workloads())
+    tpu7x = load_spec(TPU7X_EXAMPLE, [], require_zone=False)
+    for job, (test_name, condition) in RUN_ELSEWHERE.items():
+        shape = spec_module.load(SHARED[_shape_of(test_name)], require_zone=False)
+        assert condition(tpu7x.tpu) and condition(shape.tpu), job
+        assert workloads()[job].multihost_counterpart is None, job
+    for job, exit_code in DOES_NOT_FIT.items():  # single-host jobs are refused on a multi-host slice
+        assert (workloads()[job].multihost_counterpart is not None) == (exit_code == 2), job
+    assert tpu7x.tpu.hosts > 1 and tpu7x.slices == 1
+
+
+def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_the_multi_host_jobs(simulation_dir):
     """`local up` of the TPU7x example goes through the cloud twin: its two hosts are the ones
     the program names, each serving accelerator-type v7x-16 (as a real TPU7x host reports it) and
-    its worker-id; they join Ray with Ray's own TPU resources, and every bundled job that fits one
-    2-host slice runs on it through `rayslice run`."""
-    assert set(FITS_ONE_MULTIHOST_SLICE) | set(DOES_NOT_FIT) == set(workloads())
+    its worker-id; they join Ray with Ray's own TPU resources; the multi-host jobs run on it
+    through `rayslice run` (the other jobs that fit: `RUN_ELSEWHERE`), and single-host jobs are
+    refused before they are submitted."""
     cluster = load_spec(TPU7X_EXAMPLE, [], require_zone=False)
     sim = Simulation.create(cluster, simulation_dir)
     tpu = cluster.tpu
@@ -249,10 +268,10 @@ def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_every_bundled_job_that
     bring_up(sim)
     assert [n["resources"].get("TPU-v7x-16-head") for n in tpu_nodes(sim) if n["head"]] == [1.0]
 
-    for job, (job_args, expected) in FITS_ONE_MULTIHOST_SLICE.items():
-        result = rayslice_run(sim, job, *job_args)
+    for job, (job_args, expected) in RUN_ON_TPU7X.items():
+        result = rayslice_run(sim, job, *job_args(cluster))
         assert result.returncode == 0, job
-        assert expected(tpu) in result.stdout, job
+        assert expected(cluster) in result.stdout, job
     for job, exit_code in DOES_NOT_FIT.items():
         if exit_code is not None:
             assert rayslice_run(sim, job, timeout=120).returncode == exit_code, job

@@ -1,0 +1,46 @@
+"""The suite's scheduler (tests/conftest.py) knows every unit that starts simulated hosts or Ray.
+
+It hands the longest unit out first by `RAY_UNIT_SECONDS`; a unit missing from that table would
+be placed by guess, one that is gone would mislead the next reader. The units are what pytest
+collects (a shared cluster's tests, or one module's), so the check collects them too.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests import conftest
+from tests.integration.clusters import SHARED
+
+
+def _slow_units() -> set[str]:
+    """The scheduler's units of the tests pytest collects under tests/integration and beside."""
+    paths = ["tests/integration", *(p.removesuffix("::") for p in conftest._STARTS_LOCAL_RAY)]
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
+        cwd=conftest.REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    nodeids = [line for line in collected.stdout.splitlines() if "::" in line]
+    units = {conftest._xdist_scope(nodeid) for nodeid in nodeids}
+    assert None not in units
+    return {unit.removeprefix(conftest._RAY_UNIT) for unit in units if unit is not None}
+
+
+def test_every_slow_unit_has_its_measured_seconds_and_no_other_does():
+    units = _slow_units()
+    assert {f"cluster {shape}" for shape in SHARED} <= units
+    assert set(conftest.RAY_UNIT_SECONDS) == units
+    assert set(conftest._NO_RAY_OF_THEIR_OWN) <= units
+
+
+def test_the_longest_unit_goes_first_and_an_unmeasured_one_before_it():
+    units = [conftest._RAY_UNIT + unit for unit in conftest.RAY_UNIT_SECONDS]
+    ordered = conftest._order([*units, conftest._RAY_UNIT + "tests/integration/test_new.py"])
+    assert ordered[0].endswith("test_new.py")
+    seconds = [conftest.RAY_UNIT_SECONDS[unit.removeprefix(conftest._RAY_UNIT)] for unit in ordered[1:]]
+    assert seconds == sorted(seconds, reverse=True)
