@@ -440,7 +440,9 @@ def _router_nat(props: Mapping[str, Any]) -> Request:
 
 
 def _image(props: Mapping[str, Any]) -> Request:
-    body = _pick(props, "name", "description", "family", "labels", "sourceDisk", "sourceImage", "sourceSnapshot")
+    body = _pick(
+        props, "name", "description", "family", "labels", "sourceDisk", "sourceImage", "sourceSnapshot"
+    )
     if props.get("diskSizeGb") is not None:
         body["diskSizeGb"] = _int64(props["diskSizeGb"])
     if props.get("storageLocations"):

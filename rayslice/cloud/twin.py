@@ -270,7 +270,11 @@ class CloudTwin:
         for vm in self.vms.values():
             boot = next((d for d in vm.properties.get("disks", []) if d.get("boot")), None)
             disk_name = (boot or {}).get("initializeParams", {}).get("diskName") or vm.name
-            if (vm.project, disk_name) == (project, parts[-1]) and zone in (None, vm.zone) and vm.status == RUNNING:
+            if (
+                (vm.project, disk_name) == (project, parts[-1])
+                and zone in (None, vm.zone)
+                and vm.status == RUNNING
+            ):
                 violation = rules.Violation(
                     urn=urn or f"projects/{project}/global/images/{request.name or name}",
                     resource=name,

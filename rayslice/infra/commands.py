@@ -94,7 +94,9 @@ def image_preview_command(stack_file: str | None, overrides: tuple[str, ...], ph
         config = {**stack_config(stack_file, list(overrides)), f"{PHASE_NAMESPACE}:{PHASE_KEY}": shown}
         result = preview(config, image_main)
         if output == "tree":
-            click.echo(f"# phase {shown}: `pulumi config set {PHASE_NAMESPACE}:{PHASE_KEY} {shown} && pulumi up`")
+            click.echo(
+                f"# phase {shown}: `pulumi config set {PHASE_NAMESPACE}:{PHASE_KEY} {shown} && pulumi up`"
+            )
         click.echo(FORMATS[output](result))
         found += result.violations
     if found:

@@ -80,7 +80,7 @@ def test_imaging_the_disk_of_a_running_builder_is_refused(monkeypatch):
 
 
 def test_other_requirements_make_another_image():
-    assert image.image_name(_spec()) != image.image_name(_spec("requirements=[\"six\"]"))
+    assert image.image_name(_spec()) != image.image_name(_spec('requirements=["six"]'))
     assert image.image_name(_spec()) == image.image_name(_spec("slices=2", "capacity=spot"))
 
 
@@ -128,7 +128,10 @@ def test_cli_preview_shows_each_phase(capsys):
     ("extra", "message"),
     [
         (["platform=tpu-vm", "acceleratorType=v6e-4"], "for platform=compute"),
-        (["packageIndex=https://pypi.internal.example/simple", "packageIndexCredentialsSecret=creds"], "not supported yet"),
+        (
+            ["packageIndex=https://pypi.internal.example/simple", "packageIndexCredentialsSecret=creds"],
+            "not supported yet",
+        ),
     ],
 )
 def test_cli_refuses_what_it_cannot_build(capsys, extra, message):
@@ -140,3 +143,11 @@ def test_cli_refuses_what_it_cannot_build(capsys, extra, message):
 def test_an_unknown_phase_is_refused():
     with pytest.raises(Exception, match="is not a phase"):
         run_offline(image.main, _config("bake"))
+
+
+@pytest.mark.parametrize("phase", image.PHASES)
+def test_every_input_of_the_image_program_reaches_the_request_or_the_provider(phase):
+    run = run_offline(image.main, _config(phase))
+    for registration in (r for r in run.registrations if r.custom):
+        unknown = set(registration.inputs) - bodies.consumed(registration.type) - bodies.PROVIDER_ONLY
+        assert unknown == set(), (registration.type, unknown)
