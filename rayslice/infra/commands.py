@@ -17,7 +17,14 @@ from rayslice.cli import Group, load_spec, spec_options
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.errors import EXIT_OK, InvalidInput
 from rayslice.infra.cost import render_costs, stack_costs
-from rayslice.infra.image import PHASE_KEY, PHASE_NAMESPACE, PHASES, image_name, unbuildable
+from rayslice.infra.image import (
+    PHASE_KEY,
+    PHASE_NAMESPACE,
+    PHASES,
+    image_name,
+    stale_image_warning,
+    unbuildable,
+)
 from rayslice.infra.image import main as image_main
 from rayslice.infra.preview import FORMATS, preview, stack_config
 
@@ -46,6 +53,9 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
+    warning = stale_image_warning(cluster)
+    if warning:
+        click.echo(f"rayslice: warning: {warning}", err=True)
     if found.violations:
         raise CloudRuleError(found.violations)
     return EXIT_OK

@@ -34,6 +34,8 @@ prints the name to set as ``hostImage``.
 
 from __future__ import annotations
 
+import re
+
 import pulumi
 import pulumi_gcp as gcp
 
@@ -43,7 +45,7 @@ from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import GUEST_ATTRIBUTES_KEY, OS_LOGIN_KEY, STARTUP_SCRIPT_KEY
 from rayslice.infra.program import read_spec
 from rayslice.platforms import VM_PLATFORMS
-from rayslice.spec import ClusterSpec
+from rayslice.spec import ClusterSpec, host_image_link
 from rayslice.startup_scripts import image_builder_attributes, render
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.variables import install_fingerprint
@@ -60,11 +62,31 @@ DEFAULT_NETWORK = "default"
 STOPPED = "TERMINATED"  # pulumi-gcp Instance.desired_status: RUNNING, SUSPENDED or TERMINATED
 
 
+_IMAGE_NAME = re.compile(r"rayslice-host-[0-9a-f]{16}", re.ASCII)
+
+
 def image_name(spec: ClusterSpec) -> str:
     """``rayslice-host-<install fingerprint>``: equal for two specs exactly when their hosts
     would install the same thing (requirements, index, find-links, Python, uv), so the name says
     which stacks the image fits."""
     return f"rayslice-host-{install_fingerprint(spec, PackageSource.parse(None))}"
+
+
+def stale_image_warning(spec: ClusterSpec) -> str | None:
+    """A warning when `spec` boots a host image `rayslice image` named for another install:
+    the hosts then install at their first boot, as without an image (None otherwise, and for
+    images named some other way, whose content rayslice cannot tell from the name)."""
+    if spec.host_image is None:
+        return None
+    _, name = host_image_link(spec.host_image)
+    wanted = image_name(spec)
+    if not _IMAGE_NAME.fullmatch(name) or name == wanted:
+        return None
+    return (
+        f"hostImage {name} holds another install than this stack's ({wanted}): the hosts will "
+        "install over it at their first boot; build the stack's image (`rayslice image`) or set "
+        f"hostImage={wanted} once it exists"
+    )
 
 
 def builder_name(spec: ClusterSpec) -> str:

@@ -151,3 +151,14 @@ def test_every_input_of_the_image_program_reaches_the_request_or_the_provider(ph
     for registration in (r for r in run.registrations if r.custom):
         unknown = set(registration.inputs) - bodies.consumed(registration.type) - bodies.PROVIDER_ONLY
         assert unknown == set(), (registration.type, unknown)
+
+
+def test_preview_warns_when_the_image_holds_another_install(capsys):
+    other = image.image_name(_spec('requirements=["six"]'))
+    assert cli.main(["preview", *(f"--set={s}" for s in STACK), f"--set=hostImage={other}"]) == 0
+    err = capsys.readouterr().err
+    assert f"hostImage {other} holds another install than this stack's ({image.image_name(_spec())})" in err
+    # The stack's own image, or an image named some other way: nothing to say.
+    for fine in (image.image_name(_spec()), "team-golden-image"):
+        assert cli.main(["preview", *(f"--set={s}" for s in STACK), f"--set=hostImage={fine}"]) == 0
+        assert "warning" not in capsys.readouterr().err
