@@ -32,6 +32,7 @@ STATE_KEY = "state"
 # RETRYING a step that failed transiently (``retrying: install (attempt 3)``), JOINED, or FAILED
 # for a reason no retry can fix (``failed: <reason>``).
 STATE_JOINED = "joined"
+STATE_IMAGE_READY = "image ready"  # an image builder's last state, before it powers off
 STATE_WATCHING = "watching"  # the controller VM's state once the recovery controller runs
 STATE_WAITING_PREFIX = "waiting: "
 STATE_RETRYING_PREFIX = "retrying: "
@@ -64,6 +65,9 @@ HEAD_VM_ROLE = "head-vm"
 HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
 # The VM that runs only the recovery controller: no Ray, no user code (`controller_name`).
 CONTROLLER_VM_ROLE = "controller-vm"
+# The instance `rayslice image` boots to bake a host image: its boot script installs the hosts'
+# packages, publishes STATE_IMAGE_READY and powers the instance off (`rayslice.infra.image`).
+IMAGE_BUILDER_ROLE = "image-builder"
 
 # Ray's TPU slice label (ray.util.tpu and the workloads read it).
 SLICE_NAME_LABEL = "ray.io/tpu-slice-name"

@@ -64,6 +64,10 @@ class VmPlatform:
     # boot script takes its worker number and host list from one of the two, never a mix).
     # False: Google names the workers and its attributes identify them.
     rayslice_names_hosts: bool
+    # True: the slices' boot disks come from an image the stack names (an instance template's
+    # sourceImage), so a stack may boot them from a host image (`hostImage`, `rayslice image`).
+    # False: the TPU API picks the image from the runtime version.
+    host_images: bool
 
     def identity_attributes(self, slice_name: str, hosts: int) -> dict[str, str]:
         """The identity attributes rayslice writes for slice `slice_name` of `hosts` hosts (none
@@ -77,9 +81,17 @@ class VmPlatform:
 
 
 COMPUTE = VmPlatform(
-    name="compute", slice_resource=MIG, google_attributes=COMPUTE_TPU_ATTRIBUTES, rayslice_names_hosts=True
+    name="compute",
+    slice_resource=MIG,
+    google_attributes=COMPUTE_TPU_ATTRIBUTES,
+    rayslice_names_hosts=True,
+    host_images=True,
 )
 TPU_VM = VmPlatform(
-    name="tpu-vm", slice_resource=TPU_NODE, google_attributes=TPU_API_ATTRIBUTES, rayslice_names_hosts=False
+    name="tpu-vm",
+    slice_resource=TPU_NODE,
+    google_attributes=TPU_API_ATTRIBUTES,
+    rayslice_names_hosts=False,
+    host_images=False,
 )
 VM_PLATFORMS = {platform.name: platform for platform in (COMPUTE, TPU_VM)}

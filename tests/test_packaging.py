@@ -20,6 +20,7 @@ def test_wheel_has_only_the_rayslice_package(rayslice_wheel):
     commands = text.split("[rayslice.commands]")[1].split("\n[")[0]
     registered = dict(line.split(" = ") for line in commands.strip().splitlines())
     assert registered == {
+        "image": "rayslice.infra.commands:image_group",
         "local": "rayslice.local.commands:local_group",
         "preview": "rayslice.infra.commands:preview_command",
         "render": "rayslice.startup_scripts.commands:render_command",

@@ -23,6 +23,9 @@ Sources, per type (the encoders of terraform-provider-google, in magic-modules):
   ``.../instanceGroupManagers/{{instance_group_manager}}/createInstances`` and the encoder
   ``compute_per_instance_config.go.tmpl`` wraps the config as ``{"instances": [config]}``;
   ``internal_ip`` blocks become the ``internalIPs`` map keyed by interface name.
+- Image: ``mmv1/products/compute/Image.yaml``: the fields keep their REST names (``sourceDisk``,
+  ``family``, ``diskSizeGb`` ...) in the body of ``images.insert``; the provider never sets the
+  ``forceCreate`` query parameter, so a disk attached to a running instance is refused.
 - V2Vm: ``mmv1/products/tpuv2/Vm.yaml``: the node's name is the ``nodeId`` URL parameter, the
   zone is in the URL, the rest is the Node body under the same names.
 
@@ -50,6 +53,7 @@ SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
 ROUTER = "gcp:compute/router:Router"
 ROUTER_NAT = "gcp:compute/routerNat:RouterNat"
 TPU_NODE = "gcp:tpu/v2Vm:V2Vm"
+IMAGE = "gcp:compute/image:Image"
 
 # The Cloud TPU API's AcceleratorConfig.type per catalog generation (tpu v2 discovery document,
 # schema AcceleratorConfig: V2, V3, V4, V5LITE_POD, V5P, V6E; tests check it against the file).
@@ -76,6 +80,10 @@ PROVIDER_ONLY = frozenset(
         "minimalAction",
         "mostDisruptiveAllowedAction",
         "deletionProtection",
+        # Instance: after the insert the provider stops (or starts) the instance to reach it
+        # (pulumi-gcp Instance.desired_status: "Desired status of the instance. Either RUNNING,
+        # SUSPENDED or TERMINATED"), a separate instances.stop call, not a field of the body.
+        "desiredStatus",
         "router",  # RouterNat: the router the NAT is patched into (URL)
     }
 )
@@ -431,6 +439,17 @@ def _router_nat(props: Mapping[str, Any]) -> Request:
     return Request("compute", "compute.routers.patch", "Router", props.get("name"), {"nats": [nat]})
 
 
+def _image(props: Mapping[str, Any]) -> Request:
+    body = _pick(
+        props, "name", "description", "family", "labels", "sourceDisk", "sourceImage", "sourceSnapshot"
+    )
+    if props.get("diskSizeGb") is not None:
+        body["diskSizeGb"] = _int64(props["diskSizeGb"])
+    if props.get("storageLocations"):
+        body["storageLocations"] = list(props["storageLocations"])
+    return Request("compute", "compute.images.insert", "Image", props.get("name"), body)
+
+
 def _tpu_node(props: Mapping[str, Any]) -> Request:
     body = _pick(
         props,
@@ -540,6 +559,22 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
     ROUTER_NAT: (
         frozenset({*_NAT_FIELDS, "logConfig"}),
         _router_nat,
+    ),
+    IMAGE: (
+        frozenset(
+            {
+                "name",
+                "description",
+                "family",
+                "labels",
+                "sourceDisk",
+                "sourceImage",
+                "sourceSnapshot",
+                "diskSizeGb",
+                "storageLocations",
+            }
+        ),
+        _image,
     ),
     TPU_NODE: (
         frozenset(

@@ -31,6 +31,16 @@ Behaviour, by source:
   back unless the lifecycle policy repairs it or someone recreates it ("Request TPU Spot VMs":
   "To restart a Spot VMs instance or MIG, you must delete and then recreate it"). A TPU node
   turns PREEMPTED (tpu v2 discovery document, Node.state).
+- An image is made from a disk (images.insert ``sourceDisk``) only while no running instance
+  uses it: Google's sample "Create a disk image"
+  (https://cloud.google.com/compute/docs/samples/compute-images-create) refuses a disk attached
+  to a running instance unless ``forceCreate`` ("proceeds even if the disk is attached to a
+  running instance. This may compromise integrity of the image!"), which the provider never
+  sends (`bodies`). An instance's boot disk is named after the instance unless its
+  ``initializeParams.diskName`` says otherwise (discovery, AttachedDiskInitializeParams.diskName:
+  "If not specified, the default is to use the name of the instance"). An instance declared with
+  ``desiredStatus: TERMINATED`` is stopped after its insert (`stop_instance`), as the provider
+  does.
 - Internal IPs come from the declared subnetwork's ``ipCidrRange``, the first address being the
   gateway (Compute Engine, "Subnets": "the first two ... in the primary IPv4 range are reserved"
   -- .0 network and .1 gateway); a reserved INTERNAL address keeps its IP for the instance that
@@ -61,6 +71,11 @@ from rayslice.errors import InvalidInput
 from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
 
 API_ROOT = "https://www.googleapis.com/compute/v1/"
+IMAGE_DISK_SOURCE = (
+    "Google's sample 'Create a disk image' (https://cloud.google.com/compute/docs/samples/"
+    "compute-images-create): forceCreate 'proceeds even if the disk is attached to a running "
+    "instance'; without it images.insert refuses such a disk"
+)
 RUNNING, TERMINATED, DELETED = "RUNNING", "TERMINATED", "DELETED"
 REPAIR = "REPAIR"
 MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
@@ -182,6 +197,8 @@ class CloudTwin:
         per-instance config's MIG); `urn` the Pulumi URN a violation names (see `admit`).
 
         A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
+        if type_token == bodies.IMAGE:
+            self._check_source_disk(name, request, project=project, urn=urn)
         link = self.admit(
             type_token, name, request, project=project, zone=zone, region=region, target=target, urn=urn
         )
@@ -242,6 +259,39 @@ class CloudTwin:
             raise
         self.resources[link] = resource
         return link
+
+    def _check_source_disk(self, name: str, request: Request, *, project: str, urn: str | None) -> None:
+        """Refuse an image of a disk that a running instance this twin holds still uses."""
+        disk = request.body.get("sourceDisk")
+        if not disk:
+            return
+        parts = str(disk).split("?", 1)[0].split("/")
+        zone = parts[parts.index("zones") + 1] if "zones" in parts else None
+        for vm in self.vms.values():
+            boot = next((d for d in vm.properties.get("disks", []) if d.get("boot")), None)
+            disk_name = (boot or {}).get("initializeParams", {}).get("diskName") or vm.name
+            if (
+                (vm.project, disk_name) == (project, parts[-1])
+                and zone in (None, vm.zone)
+                and vm.status == RUNNING
+            ):
+                violation = rules.Violation(
+                    urn=urn or f"projects/{project}/global/images/{request.name or name}",
+                    resource=name,
+                    rule="image-source-disk-in-use",
+                    message=f"disk {parts[-1]} is the boot disk of instance {vm.name}, which is running: "
+                    "stop the instance (desiredStatus TERMINATED) before imaging its disk",
+                    source=IMAGE_DISK_SOURCE,
+                )
+                self.refused.append(violation)
+                raise CloudRuleError([violation])
+
+    def stop_instance(self, project: str, zone: str, name: str) -> None:
+        """instances.stop: the instance is TERMINATED, its disks stay (discovery, Instance.status
+        TERMINATED "The instance has stopped (either by explicit action or underlying failure)")."""
+        vm = self.vms[(project, zone, name)]
+        vm.status = TERMINATED
+        self._hook(self.on_host_down, vm)
 
     def audit(self) -> list[rules.Violation]:
         """The rules that read the finished deployment (a MIG's final size, rules.Rule.at_end)."""
@@ -663,6 +713,7 @@ _COLLECTIONS = {
     bodies.ROUTER: "routers",
     bodies.PER_INSTANCE_CONFIG: "perInstanceConfigs",
     bodies.TPU_NODE: "nodes",
+    bodies.IMAGE: "images",
 }
 
 

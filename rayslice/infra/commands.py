@@ -1,4 +1,5 @@
-"""`rayslice preview`: the click command, registered in pyproject.toml's ``rayslice.commands``.
+"""`rayslice preview` and `rayslice image`: click commands, registered in pyproject.toml's
+``rayslice.commands``.
 
 The command validates the configuration first (exit 2 with every problem, nothing run), then
 runs the real Pulumi program offline (`rayslice.infra.preview`) and prints what it registered.
@@ -12,10 +13,19 @@ from __future__ import annotations
 
 import click
 
-from rayslice.cli import load_spec, spec_options
+from rayslice.cli import Group, load_spec, spec_options
 from rayslice.cloud.twin import CloudRuleError
-from rayslice.errors import EXIT_OK
+from rayslice.errors import EXIT_OK, InvalidInput
 from rayslice.infra.cost import render_costs, stack_costs
+from rayslice.infra.image import (
+    PHASE_KEY,
+    PHASE_NAMESPACE,
+    PHASES,
+    image_name,
+    stale_image_warning,
+    unbuildable,
+)
+from rayslice.infra.image import main as image_main
 from rayslice.infra.preview import FORMATS, preview, stack_config
 
 
@@ -43,6 +53,62 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
+    warning = stale_image_warning(cluster)
+    if warning:
+        click.echo(f"rayslice: warning: {warning}", err=True)
     if found.violations:
         raise CloudRuleError(found.violations)
+    return EXIT_OK
+
+
+@click.group("image", cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+def image_group() -> None:
+    """The compute host image (hostImage): its name, and the program that builds it, offline."""
+
+
+@image_group.command("name")
+@spec_options
+def image_name_command(stack_file: str | None, overrides: tuple[str, ...]) -> int:
+    """Print the name of the image that holds this stack's venv (set it as hostImage)."""
+    cluster = load_spec(stack_file, overrides, require_zone=False)
+    problem = unbuildable(cluster, PHASES[0])
+    if problem:
+        raise InvalidInput(problem)
+    click.echo(image_name(cluster))
+    return EXIT_OK
+
+
+@image_group.command("preview")
+@spec_options
+@click.option(
+    "--phase",
+    type=click.Choice([*PHASES, "all"]),
+    default="all",
+    show_default=True,
+    help="Which `pulumi up` of the image program to show (rayslice-image:phase); all: each in turn.",
+)
+@click.option("--output", type=click.Choice(["tree", "json"]), default="tree", show_default=True)
+def image_preview_command(stack_file: str | None, overrides: tuple[str, ...], phase: str, output: str) -> int:
+    """Show what each phase of the image program creates (offline, against the cloud twin).
+
+    build: the builder instance, which installs the hosts' packages and powers off; image: the
+    builder stopped and the image of its disk; done: the image alone (the builder deleted).
+    Exits 2 with the rule and its source if Google would refuse a request.
+    """
+    cluster = load_spec(stack_file, overrides)
+    problem = unbuildable(cluster, PHASES[0])
+    if problem:
+        raise InvalidInput(problem)
+    found = []
+    for shown in PHASES if phase == "all" else (phase,):
+        config = {**stack_config(stack_file, list(overrides)), f"{PHASE_NAMESPACE}:{PHASE_KEY}": shown}
+        result = preview(config, image_main)
+        if output == "tree":
+            click.echo(
+                f"# phase {shown}: `pulumi config set {PHASE_NAMESPACE}:{PHASE_KEY} {shown} && pulumi up`"
+            )
+        click.echo(FORMATS[output](result))
+        found += result.violations
+    if found:
+        raise CloudRuleError(found)
     return EXIT_OK

@@ -32,7 +32,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
 from rayslice.cloud import bodies
-from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.cloud.twin import TERMINATED, CloudRuleError, CloudTwin
 from rayslice.errors import InvalidInput
 from rayslice.infra.network import SUBNET_CIDR
 
@@ -136,6 +136,9 @@ class FakeGcp(pulumi.runtime.Mocks):
                 {**nic, "networkIp": ips[i]} if i < len(ips) else dict(nic)
                 for i, nic in enumerate(inputs["networkInterfaces"])
             ]
+            if applied and inputs.get("desiredStatus") == TERMINATED:  # stopped once created
+                with self._twin_lock:
+                    self.twin.stop_instance(project, str(inputs["zone"]), str(inputs["name"]))
         elif args.typ in _SELF_LINKED:
             if inputs.get("region"):
                 scope = f"regions/{inputs['region']}"
@@ -195,6 +198,7 @@ _SELF_LINKED = {
     "gcp:compute/instanceTemplate:InstanceTemplate": "instanceTemplates",
     "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate": "instanceTemplates",
     "gcp:compute/instanceGroupManager:InstanceGroupManager": "instanceGroupManagers",
+    bodies.IMAGE: "images",
 }
 
 

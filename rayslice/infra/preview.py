@@ -236,10 +236,11 @@ FORMATS: dict[str, Callable[[Preview], str]] = {
 }
 
 
-def preview(config: dict[str, str]) -> Preview:
-    """Run the Pulumi program offline with `config`, its Compute Engine and TPU resources applied
-    to a fresh cloud twin (`rayslice.infra.mocks`): what it registered, and what the twin refused."""
-    run = run_offline(main, config)
+def preview(config: dict[str, str], program: Callable[[], Any] | None = None) -> Preview:
+    """Run `program` (the cluster's by default; `rayslice.infra.image.main` for the host image)
+    offline with `config`, its Compute Engine and TPU resources applied to a fresh cloud twin
+    (`rayslice.infra.mocks`): what it registered, and what the twin refused."""
+    run = run_offline(program or main, config)
     return Preview(run.registrations, run.twin.violations())
 
 

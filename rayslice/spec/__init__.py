@@ -12,7 +12,7 @@ rest of rayslice uses, so callers import from ``rayslice.spec``.
 
 from rayslice.errors import SpecError
 from rayslice.spec.model import DEFAULT_RAY_VERSION, KEY_NAMES, KEYS, ClusterSpec, Key
-from rayslice.spec.rules import GKE_NODE_POOL_NAME_MAX, load
+from rayslice.spec.rules import GKE_NODE_POOL_NAME_MAX, host_image_link, load
 from rayslice.spec.sources import NAMESPACE, from_namespaced, load_cli, parse_overrides, read_stack_file
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Key",
     "SpecError",
     "from_namespaced",
+    "host_image_link",
     "load",
     "load_cli",
     "parse_overrides",

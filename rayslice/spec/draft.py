@@ -68,6 +68,7 @@ class Draft:
     allow_insecure_package_index: Bool | None
     package_index_credentials_secret: Str | None
     ray_version: Str | None
+    host_image: Str | None
     labels: StrMap | None
     ray_auth: RayAuth | None
     recovery: Bool | None

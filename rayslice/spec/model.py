@@ -270,6 +270,14 @@ class ClusterSpec:
         "user:password; hosts read it into uv's index credential variables.",
     )
     ray_version: Str = Field(DEFAULT_RAY_VERSION, description="Ray version installed on every host (X.Y.Z).")
+    host_image: Str | None = Field(
+        None,
+        description="compute only: a Compute Engine image in the stack's project (a name, or "
+        "projects/PROJECT/global/images/NAME) that the slices boot from instead of the TPU OS "
+        "image; `rayslice image` builds one that already holds the hosts' venv, so the first "
+        "boot skips the install. An image whose venv does not match the requirements is "
+        "installed over as usual.",
+    )
     labels: StrMap = Field(
         default_factory=dict, description="GCP labels added to every resource (GCP label rules apply)."
     )

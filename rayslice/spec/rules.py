@@ -39,6 +39,14 @@ _RAY_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+", re.ASCII)
 _URL = re.compile(r"(https?|file)://[A-Za-z0-9._~:/?#@!&()*+,=%\[\]-]+", re.ASCII)
 # Secret Manager secret IDs: letters, digits, '-' and '_', at most 255 characters.
 _SECRET_ID = re.compile(r"[A-Za-z0-9_-]{1,255}", re.ASCII)
+# A Compute Engine image: a name (RFC 1035) or its partial URL in a project (compute v1 discovery
+# document, AttachedDiskInitializeParams.sourceImage: "specify the image name in the following
+# format: global/images/my-custom-image"; Image.name: RFC1035, 1-63 characters).
+_IMAGE = re.compile(
+    r"(?:projects/(?P<project>[a-z][-a-z0-9]{4,28}[a-z0-9])/)?(?:global/images/)?"
+    r"(?P<name>[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)",
+    re.ASCII,
+)
 # Longest name rayslice derives from `name` is "<name>-slice-NN-fw-internal" (63 max).
 _NAME_MAX = 40
 # The most public address space dashboardSourceRanges may cover together without
@@ -70,6 +78,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_dashboard(draft, problems)
     _check_gke(draft, problems)
     _check_capacity(draft, problems)
+    _check_host_image(draft, problems)
     if problems:
         raise SpecError(problems)
     assert tpu is not None
@@ -456,4 +465,41 @@ def _check_gke(draft: Draft, problems: list[str]) -> None:
             f"name={name!r} is too long for platform=gke: node pool {longest!r} would have "
             f"{len(longest)} characters and GKE allows {GKE_NODE_POOL_NAME_MAX}; shorten name "
             f"to at most {room} characters"
+        )
+
+
+def host_image_link(image: str) -> tuple[str | None, str]:
+    """(project or None, image name) of a valid hostImage value."""
+    found = _IMAGE.fullmatch(image)
+    assert found is not None, image  # `load` refused anything else
+    return found["project"], found["name"]
+
+
+def _check_host_image(draft: Draft, problems: list[str]) -> None:
+    """hostImage: an image in the stack's project, on the one platform whose template names it."""
+    image = draft.host_image
+    if image is None:
+        return
+    if draft.platform is not None and draft.platform != "compute":
+        route = (
+            "on gke, bake the packages into a container image instead (docs/deploy-gke.md)"
+            if draft.platform == "gke"
+            else "on tpu-vm the runtime version picks the image"
+        )
+        problems.append(
+            f"hostImage applies to platform=compute only (the image its instance templates boot); "
+            f"{route}; remove hostImage or set platform=compute"
+        )
+        return
+    found = _IMAGE.fullmatch(image)
+    if found is None:
+        problems.append(
+            f"hostImage={image!r} is not a Compute Engine image: give its name (1-63 lowercase "
+            "letters, digits or hyphens, a letter first) or projects/PROJECT/global/images/NAME, "
+            "as `rayslice image name` prints it"
+        )
+    elif found["project"] and draft.project and found["project"] != draft.project:
+        problems.append(
+            f"hostImage {image!r} is in project {found['project']}, not the stack's project "
+            f"{draft.project}: build the image in {draft.project} (`rayslice image`) or give its name"
         )

@@ -26,6 +26,7 @@ from rayslice.names import (
     ATTR_TOKEN_SECRET,
     HEAD_VM_ROLE,
     HEAD_VM_SLICE_INDEX,
+    IMAGE_BUILDER_ROLE,
 )
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
@@ -75,6 +76,16 @@ def host_attributes(
     platform = VM_PLATFORMS.get(spec.platform)
     if platform is not None and slice_index != HEAD_VM_SLICE_INDEX:
         attributes.update(platform.identity_attributes(spec.slice_name(slice_index), spec.tpu.hosts))
+    return attributes
+
+
+def image_builder_attributes(spec: ClusterSpec) -> dict[str, str]:
+    """The ``rayslice-*`` attributes of the instance that bakes `spec`'s host image: its role
+    (the boot script then installs and powers off instead of starting Ray) and, for a private
+    index, the secret holding its credentials."""
+    attributes = {ATTR_ROLE: IMAGE_BUILDER_ROLE}
+    if spec.package_index_credentials_secret is not None:
+        attributes[ATTR_INDEX_CREDENTIALS_SECRET] = spec.package_index_credentials_secret
     return attributes
 
 

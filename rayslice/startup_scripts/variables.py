@@ -144,6 +144,8 @@ def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, obj
         "attr_config_hash": names.ATTR_CONFIG_HASH,
         "attr_role": names.ATTR_ROLE,
         "head_vm_role": names.HEAD_VM_ROLE,
+        "image_builder_role": names.IMAGE_BUILDER_ROLE,
+        "state_image_ready": names.STATE_IMAGE_READY,
         "attr_token_secret": names.ATTR_TOKEN_SECRET,
         "attr_index_credentials_secret": names.ATTR_INDEX_CREDENTIALS_SECRET,
         "attr_slice_name": names.ATTR_SLICE_NAME,

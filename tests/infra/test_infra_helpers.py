@@ -196,3 +196,7 @@ def test_compute_reservation_affinity_and_image():
     assert compute_template.source_image(_spec()) == (
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
     )
+    # A host image: a bare name in the template's own project, or the link as given.
+    assert compute_template.source_image(_spec(hostImage="img")) == "global/images/img"
+    linked = "projects/my-project/global/images/img"
+    assert compute_template.source_image(_spec(hostImage=linked, project="my-project")) == linked

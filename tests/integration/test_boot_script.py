@@ -66,3 +66,28 @@ def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
         f"failed: this script was rendered for {other.accelerator_type} but the host is "
         f"{spec.accelerator_type}; render it for this slice"
     )
+
+
+def test_a_host_booted_from_an_image_skips_the_install_and_joins(simulation_dir, wheelhouse, tmp_path):
+    """The simulator's host image (`images`): a host that installed is the builder; a new
+    simulation whose spec names the image starts its hosts with the builder's venv in place."""
+    source = f"wheels:{wheelhouse}"
+    builder = Simulation.create(_spec(), simulation_dir, package_source=source, insecure=True)
+    [host] = builder.plan.hosts
+    boot(builder)
+    builder.wait_for(lambda s: s[host.name] == "joined", timeout=600)
+    fingerprint = builder.capture_image(host.name, tmp_path / "image")
+    builder.destroy()
+
+    spec = _spec(hostImage=f"rayslice-host-{fingerprint}")
+    sim = Simulation.create(
+        spec, simulation_dir, package_source=source, insecure=True, host_image=tmp_path / "image"
+    )
+    [host] = sim.plan.hosts
+    boot(sim)
+    sim.wait_for(lambda s: s[host.name] == "joined", timeout=120)
+    log = _log(sim, host.name)
+    assert f"requirements unchanged ({fingerprint}): skipping install" in log
+    assert "installing" not in log  # neither uv nor the requirements: the first boot took the fast path
+    [node] = wait_nodes(sim, [host.ip], timeout=60)
+    assert node["resources"]["TPU"] == spec.tpu.chips_per_host

@@ -130,7 +130,7 @@ def test_bad_arguments_exit_2(argv, capsys):
 
 # ---- commands registered by entry point, help, and the one exit-code table ------------------------
 
-REGISTERED = {"render", "preview", "local", "run", "status"}
+REGISTERED = {"render", "preview", "image", "local", "run", "status"}
 
 
 def test_every_registered_command_loads_under_its_own_name():
@@ -165,6 +165,8 @@ def test_top_level_help_lists_every_command_with_its_summary():
         (["local", "up", "--help"], ["--stack-file", "--set", "--wheelhouse", "--timeout", "--state-dir"]),
         (["local", "status", "--help"], ["--json", "--state-dir", "no root"]),
         (["local", "reboot", "--help"], ["HOST"]),
+        (["image", "--help"], ["name", "preview"]),
+        (["image", "preview", "--help"], ["--phase", "build", "image", "done", "--stack-file"]),
     ],
 )
 def test_each_help_page_names_its_options(argv, expected, capsys):

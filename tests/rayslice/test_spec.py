@@ -177,6 +177,27 @@ def test_head_machine_type_is_checked_only_where_a_head_machine_runs():
 # (id, overrides on BASE, fragments the single problem must contain: the key, and the fix)
 ERRORS = [
     ("unknown-key", {"acceleratortype": "v6e-16"}, ["did you mean 'acceleratorType'"]),
+    (
+        "host-image-name",
+        {"hostImage": "My_Image"},
+        ["hostImage='My_Image' is not a Compute Engine image", "projects/PROJECT/global/images/NAME"],
+    ),
+    ("host-image-family", {"hostImage": "global/images/family/x"}, ["is not a Compute Engine image"]),
+    (
+        "host-image-other-project",
+        {"project": "my-project", "hostImage": "projects/their-project/global/images/img"},
+        ["in project their-project, not the stack's project my-project"],
+    ),
+    (
+        "host-image-not-compute",
+        {"platform": "tpu-vm", "acceleratorType": "v6e-16", "hostImage": "img"},
+        ["hostImage applies to platform=compute only", "runtime version picks the image"],
+    ),
+    (
+        "host-image-gke",
+        {"platform": "gke", "hostImage": "img"},
+        ["hostImage applies to platform=compute only", "container image instead (docs/deploy-gke.md)"],
+    ),
     ("unknown-key-far", {"colour": "red"}, ["unknown config key 'colour'", "known keys:"]),
     ("accelerator-unknown", {"acceleratorType": "v5p-7", "zone": "us-east5-a"}, ["v5p-8, v5p-16, v5p-32"]),
     (
@@ -661,3 +682,10 @@ def test_requirements_with_markers_are_kept_literally():
 def test_capacity_per_platform_is_accepted(overrides, expected):
     s = load(**overrides)
     assert (s.capacity, s.max_run_hours, s.queued, s.queue_deadline_hours) == expected
+
+
+@pytest.mark.parametrize(
+    "image", ["rayslice-host-0123abcd", "global/images/img", "projects/my-project/global/images/img"]
+)
+def test_host_image_takes_a_name_or_a_link_in_the_stacks_project(image):
+    assert load(project="my-project", hostImage=image).host_image == image

@@ -10,6 +10,7 @@ test asserts.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -19,8 +20,9 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
-from rayslice.startup_scripts import RenderOptions, host_attributes, templating
-from rayslice.startup_scripts.variables import UV_VERSION, script_variables
+from rayslice.startup_scripts import RenderOptions, host_attributes, image_builder_attributes, templating
+from rayslice.startup_scripts.options import PackageSource
+from rayslice.startup_scripts.variables import UV_VERSION, install_fingerprint, script_variables
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.faults import Fault, FaultTable
 
@@ -522,3 +524,59 @@ def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, w
         assert not list(Path("/tmp").glob("tmp*netrc*"))
     finally:
         index.shutdown()
+
+
+# ---- images: the builder's install, and a host booting from what it left ----------------------
+
+
+def _builder(host: list[sandbox.Sandbox], tmp_path: Path, spec: spec_module.ClusterSpec) -> sandbox.Sandbox:
+    """Run the image builder's boot in `tmp_path`'s root: it installs, then stops."""
+    metadata = sandbox.base_metadata(image_builder_attributes(spec), name="rayslice-image-builder")
+    box = _box(host, tmp_path / "builder", sandbox.StubCloud(metadata, {}))
+    result = box.boot(box.render(spec, sandbox.free_port()))
+    assert result.returncode == 0, result.stderr
+    return box
+
+
+def _booted_from(
+    host: list[sandbox.Sandbox], tmp_path: Path, builder: sandbox.Sandbox, spec: spec_module.ClusterSpec
+) -> sandbox.Sandbox:
+    """A slice's host whose disk is a copy of the builder's (what an image gives it)."""
+    shutil.copytree(builder.root, tmp_path / "host" / "root", symlinks=True)
+    box = _box(host, tmp_path / "host", _cloud(spec))
+    assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
+    box.wait(lambda: _joined(box))
+    return box
+
+
+def test_the_image_builder_installs_then_leaves_only_the_venv(host, tmp_path):
+    spec = _spec(rayAuth="none", platform="compute", acceleratorType="v6e-4")
+    box = _builder(host, tmp_path, spec)
+    assert box.cloud.states[-1] == names.STATE_IMAGE_READY
+    assert "installing" in box.cloud.states
+    assert box.uv_count.read_text().strip() == "1"
+    marker = box.root / "opt/rayslice/venv/.rayslice-install"
+    assert marker.read_text() == install_fingerprint(spec, PackageSource("pypi"))
+    assert box.supervisor_pid() is None and not box.ray_starts()  # no Ray on a builder
+    # Nothing of the builder's own boot stays on the disk the image is made from.
+    assert not (box.root / "var/lib/rayslice").exists()
+    assert not (box.root / "var/log/rayslice").exists()
+
+
+def test_a_host_booted_from_the_image_skips_the_install(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    box = _booted_from(host, tmp_path, _builder(host, tmp_path, spec), spec)
+    assert "requirements unchanged" in box.log
+    assert not box.uv_count.exists()  # uv never ran on the host
+    assert "installing" not in box.cloud.states
+
+
+def test_a_host_booted_from_an_image_for_other_requirements_installs_as_usual(host, tmp_path):
+    baked = _spec(rayAuth="none", requirements=["six"])
+    spec = _spec(rayAuth="none")
+    box = _booted_from(host, tmp_path, _builder(host, tmp_path, baked), spec)
+    old, new = (install_fingerprint(s, PackageSource("pypi")) for s in (baked, spec))
+    assert f"holds the install {old}, not {new}" in box.log
+    assert "installing over it" in box.log
+    assert box.uv_count.read_text().strip() == "1"
+    assert (box.root / "opt/rayslice/venv/.rayslice-install").read_text() == new

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from rayslice.cloud import rules
-from rayslice.spec import ClusterSpec
+from rayslice.spec import ClusterSpec, host_image_link
 
 # Values below are Compute Engine API enums; tests/infra/test_api_enums.py checks each against
 # the compute v1 discovery document google-api-python-client ships. The rules they satisfy, each
@@ -93,6 +93,22 @@ def boot_disk_type(spec: ClusterSpec) -> str:
     return rules.BOOT_DISK_TYPES[spec.tpu.generation][0]
 
 
-def source_image(spec: ClusterSpec) -> str:
-    """The TPU OS image family of the generation, from the catalog."""
+def base_image(spec: ClusterSpec) -> str:
+    """The TPU OS image family of the generation, from the catalog: what a slice boots without
+    `hostImage`, and what `rayslice image` bakes the hosts' venv onto."""
     return f"projects/{spec.tpu.image_project}/global/images/family/{spec.tpu.image_family}"
+
+
+def source_image(spec: ClusterSpec) -> str:
+    """The image the slice's boot disks are made from: `hostImage` (an image in the stack's
+    project, built by `rayslice image`), else the generation's TPU OS image family.
+
+    A bare image name becomes ``global/images/NAME``, the form Compute Engine resolves in the
+    template's own project (compute v1 discovery document, AttachedDiskInitializeParams.sourceImage:
+    "To create a disk with a custom image that you created, specify the image name in the
+    following format: global/images/my-custom-image").
+    """
+    if spec.host_image is None:
+        return base_image(spec)
+    project, name = host_image_link(spec.host_image)
+    return f"projects/{project}/global/images/{name}" if project else f"global/images/{name}"

@@ -44,6 +44,7 @@ from rayslice.local.host.private_files import (
     write_private,
 )
 from rayslice.local.host.processes import process_ref, stop
+from rayslice.local.simulation import images
 from rayslice.local.simulation.power import HostPower
 from rayslice.local.simulation.progress import HostProgress
 from rayslice.local.simulation.recorded import wait_until
@@ -51,6 +52,7 @@ from rayslice.local.simulation.services import SimulationServices
 from rayslice.local.simulation.state import (
     CLOUD_API_FILES,
     CLOUD_API_PROCESS,
+    LONE_VM_ROLES,
     ROLE_CONTROLLER_VM,
     HostRecord,
     SimulationState,
@@ -119,6 +121,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         insecure: bool = False,
         metadata_unavailable_for: float = 0.0,
         metadata_silent_for: float = 0.0,
+        host_image: Path | None = None,
     ) -> Simulation:
         """Create every host (network, metadata server, files) without booting any.
 
@@ -137,6 +140,9 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         Fault knobs, for every host's metadata server: `metadata_unavailable_for` answers 503
         for that many seconds; `metadata_silent_for` accepts connections and answers nothing
         for that long (``math.inf``: never). `restart_metadata` sets them for one host later.
+        `host_image`: the local copy of the spec's ``hostImage`` (`images`, made with
+        `capture_image`), whose files every slice host's root starts with; required exactly
+        when the spec names a hostImage.
         """
         if spec.platform not in VM_PLATFORMS:
             raise SimulatorError(
@@ -144,6 +150,16 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             )
         require_root()
         spec = _auth_spec(spec, insecure)
+        if (spec.host_image is None) != (host_image is None):
+            raise SimulatorError(
+                f"hostImage={spec.host_image} names a Compute Engine image; the simulator boots from a local "
+                "copy of it: pass host_image=DIR (made with Simulation.capture_image)"
+                if host_image is None
+                else "host_image is the local copy of the spec's hostImage, and this spec names none: set "
+                "hostImage (e.g. to `rayslice image name`'s answer)"
+            )
+        if host_image is not None:
+            images.check(host_image)
         backend = firewall.available_backend()
         if insecure and backend == firewall.NONE:
             raise SimulatorError(
@@ -193,6 +209,10 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         scripts = {ROLE_CONTROLLER_VM: render_controller(spec, options)} if sim.plan.controller else {}
         records_by_name = {r.name: r for r in records}
         sim._build(spec, script, scripts, records_by_name, metadata_unavailable_for, metadata_silent_for)
+        if host_image is not None:
+            for host in sim.plan.machines:
+                if host.role not in LONE_VM_ROLES:  # the slices boot hostImage, lone VMs their own
+                    images.install(host_image, sim.paths(host.name).root)
         sim._await_cloud_api()
         return sim
 
@@ -264,6 +284,11 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             30,
             "metadata servers did not start; see hosts/*/metadata.log in the state dir",
         )
+
+    def capture_image(self, name: str, image: Path) -> str:
+        """Make a host image (`images`) in the new directory `image` from host `name`'s install;
+        the install fingerprint it holds. The host must have finished installing."""
+        return images.capture(self.paths(name).root, image)
 
     def destroy(self) -> None:
         """Remove every process, namespace, veth, bridge, filter rule and file this simulation made.
