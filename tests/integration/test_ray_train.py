@@ -1,0 +1,134 @@
+"""Ray's own TPU scheduling on a rayslice cluster: Ray Train's JaxTrainer and `slice_placement_group`
+on the shared simulated cluster of two Spot v6e-16 slices (CPU head VM, 8 TPU hosts), submitted
+with `rayslice run` as a user would.
+
+- A JaxTrainer script in the shape of Ray's own example (the `JaxTrainer` API reference,
+  docs.ray.io, ray.train.v2.jax.JaxTrainer: `ScalingConfig(use_tpu=True, num_workers=4,
+  topology="4x4", accelerator_type="TPU-V6E", placement_strategy="SPREAD", resources_per_worker=
+  {"TPU": 4})`, `JAX_PLATFORMS=tpu` in the workers' runtime environment) with MaxText's `main`
+  (not installed here) replaced by a function that gathers every worker's JAX process index and
+  device count; nothing in it knows about the simulator. The same script reserves both slices with
+  `ray.util.tpu.slice_placement_group` and reports the node of each bundle.
+- The bundled `jax_trainer` job: elastic between one and two slices, it trains on both; run again
+  under the same name with at most one slice, it resumes from the first run's last checkpoint on
+  half the devices (orbax reshards it) and the loss goes on from where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from rayslice.local.simulation.simulator import Simulation
+from tests.integration.clusters import on
+from tests.integration.test_workloads_on_ray import losses, rayslice_run
+
+RAY_DOCS_SCRIPT = """
+import json
+
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.v2.jax import JaxTrainer
+from ray.util.tpu import slice_placement_group
+
+
+def train_loop_per_worker(config):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    import ray.train
+
+    mine = jnp.array([jax.process_index(), jax.device_count(), jax.process_count()])
+    everyone = multihost_utils.process_allgather(mine)
+    ray.train.report({"workers": everyone.tolist()})
+
+
+def main():
+    ray.init()
+    tpu_scaling_config = ScalingConfig(
+        use_tpu=True,
+        num_workers=4,
+        topology="4x4",
+        accelerator_type="TPU-V6E",
+        placement_strategy="SPREAD",
+        resources_per_worker={"TPU": 4},
+    )
+    trainer = JaxTrainer(
+        train_loop_per_worker=train_loop_per_worker,
+        scaling_config=tpu_scaling_config,
+        run_config=RunConfig(
+            name="docs_jaxtrainer",
+            storage_path=STORAGE_PATH,
+            worker_runtime_env={"env_vars": {"JAX_PLATFORMS": "tpu"}},
+        ),
+    )
+    result = trainer.fit()
+    print("JAXTRAINER " + json.dumps(result.metrics["workers"]))
+
+    # Two whole v6e-16 slices, one bundle per host.
+    group = slice_placement_group(topology="4x4", accelerator_version="v6e", num_slices=2)
+    ray.get(group.placement_group.ready(), timeout=120)
+    table = ray.util.placement_group_table(group.placement_group)
+    nodes = {n["NodeID"]: n for n in ray.nodes()}
+    bundles = [nodes[table["bundles_to_node_id"][i]] for i in sorted(table["bundles"])]
+    where = [[n["NodeManagerAddress"], n["Labels"]["ray.io/tpu-slice-name"]] for n in bundles]
+    print("BUNDLES " + json.dumps(where))
+    group.shutdown()
+
+
+main()
+"""
+
+
+@on("2 x v6e-16 spot")
+def test_ray_docs_jaxtrainer_and_slice_placement_group_run_unchanged(
+    cluster: Simulation, tmp_path: Path
+) -> None:
+    folder = tmp_path / "docs_jaxtrainer"
+    folder.mkdir()
+    storage = tempfile.mkdtemp(prefix="ray-train-", dir=cluster.plan.shared_dir)
+    script = folder / "docs_jaxtrainer.py"
+    script.write_text(f"STORAGE_PATH = {storage!r}\n{RAY_DOCS_SCRIPT}")
+    try:
+        result = rayslice_run(cluster, str(script))
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    assert result.returncode == 0
+    [workers] = re.findall(r"^JAXTRAINER (.+)$", result.stdout, re.M)
+    # Every worker sees the slice's 16 devices and is one of 4 processes, indexes 0 to 3.
+    assert sorted(map(tuple, json.loads(workers))) == [(i, 16, 4) for i in range(4)]
+    [bundles] = re.findall(r"^BUNDLES (.+)$", result.stdout, re.M)
+    placed = json.loads(bundles)
+    # One bundle per host, on the 8 TPU hosts of both slices, 4 on each.
+    tpu_hosts = {h.ip for h in cluster.plan.hosts if h.name != cluster.plan.head.name}
+    assert len(placed) == 8 and {ip for ip, _ in placed} == tpu_hosts
+    per_slice = [sum(s == name for _, s in placed) for name in {s for _, s in placed}]
+    assert per_slice == [4, 4]
+
+
+@on("2 x v6e-16 spot")
+def test_jax_trainer_trains_on_both_slices_then_resumes_on_one(cluster: Simulation) -> None:
+    storage = tempfile.mkdtemp(prefix="jax-trainer-", dir=cluster.plan.shared_dir)
+    common = ["--storage-path", storage, "--name", "resume", "--checkpoint-every", "4"]
+    try:
+        both = rayslice_run(cluster, "jax_trainer", "--steps", "8", "--min-slices", "1", *common)
+        assert both.returncode == 0
+        one = rayslice_run(cluster, "jax_trainer", "--steps", "12", "--max-slices", "1", *common)
+        assert one.returncode == 0
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    # Elastic between one and two slices, with both alive: both, 8 workers over 32 devices.
+    assert "workers 8, devices 32, from step 0" in both.stdout
+    assert re.search(r"^finished at step 8, loss [0-9.]+, on 8 workers", both.stdout, re.M)
+    # The second run resumed the first from its last checkpoint, on one slice.
+    assert "resumed from step 8" in one.stdout
+    assert "workers 4, devices 16, from step 8" in one.stdout
+    assert re.search(r"^finished at step 12, loss [0-9.]+, on 4 workers", one.stdout, re.M)
+    first, second = losses(both.stdout), losses(one.stdout)
+    assert len(first) == 8 and len(second) == 4
+    # Where the first left off, not a fresh model's loss, and still falling.
+    assert second[0] < first[0] and second[-1] < first[0]
