@@ -27,6 +27,7 @@ Rank 0 prints `workers W, devices D, from step K` when an attempt starts, then a
 from __future__ import annotations
 
 import argparse
+import logging
 import posixpath
 import sys
 import time
@@ -59,6 +60,14 @@ def orbax_uri(storage_path: str, fs_path: str) -> str:
     return f"{scheme}://{fs_path}" if scheme else fs_path
 
 
+def show(line: str) -> None:
+    """Print one line of a worker's progress, once and at once. Ray Train replaces `print` in its
+    workers with one that logs the line and, when stdout is wrapped (as in a Ray worker), also
+    prints it: the driver would show every line twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """One worker's training, on one host (Ray Train runs it on every host of the slices)."""
     import jax
@@ -67,6 +76,8 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train
     from ray.train.v2.api.report_config import CheckpointUploadMode
 
+    # orbax reports every save at INFO, on every host; the step lines would drown in it.
+    logging.getLogger("absl").setLevel(logging.WARNING)
     context = ray.train.get_context()
     storage = context.get_storage()
     rank0 = context.get_world_rank() == 0
@@ -81,11 +92,9 @@ def train_loop(config: dict[str, Any]) -> None:
         # or fewer than the run that saved it had.
         state = checkpointer.restore(orbax_uri(config["storage_path"], latest.path), state)
         if rank0:
-            print(f"resumed from step {start}", flush=True)
+            show(f"resumed from step {start}")
     if rank0:
-        print(
-            f"workers {context.get_world_size()}, devices {jax.device_count()}, from step {start}", flush=True
-        )
+        show(f"workers {context.get_world_size()}, devices {jax.device_count()}, from step {start}")
     # Each host its own samples, seeded by where this attempt starts (as jax_train does).
     local_rng = np.random.default_rng([config["seed"], jax.process_index(), start])
     params, opt_state = state
@@ -94,7 +103,7 @@ def train_loop(config: dict[str, Any]) -> None:
         params, opt_state, loss = model.step(params, opt_state, x, y)
         done = i + 1
         if rank0:
-            print(jax_train.step_line(i, float(loss)), flush=True)
+            show(jax_train.step_line(i, float(loss)))
         # Every worker asks, the same number of times (Ray makes it a barrier).
         preempting = ray.train.get_preemption_info() is not None
         if done % config["checkpoint_every"] and done != config["steps"] and not preempting:

@@ -7,7 +7,8 @@ with `rayslice run` as a user would.
   topology="4x4", accelerator_type="TPU-V6E", placement_strategy="SPREAD", resources_per_worker=
   {"TPU": 4})`, `JAX_PLATFORMS=tpu` in the workers' runtime environment) with MaxText's `main`
   (not installed here) replaced by a function that gathers every worker's JAX process index and
-  device count; nothing in it knows about the simulator. The same script reserves both slices with
+  device count and reports them, rank 0 with a checkpoint, as `ray.train.report`'s own example
+  does; nothing in it knows about the simulator. The same script reserves both slices with
   `ray.util.tpu.slice_placement_group` and reports the node of each bundle.
 - The bundled `jax_trainer` job: elastic between one and two slices, it trains on both; run again
   under the same name with at most one slice, it resumes from the first run's last checkpoint on
@@ -24,10 +25,20 @@ from pathlib import Path
 
 from rayslice.local.simulation.simulator import Simulation
 from tests.integration.clusters import on
-from tests.integration.test_workloads_on_ray import losses, rayslice_run
+from tests.integration.test_workloads_on_ray import rayslice_run
+
+# A worker's step line reaches the driver through Ray's log monitor, behind the worker's name.
+STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$", re.M)
+
+
+def losses(output: str) -> list[float]:
+    return [float(loss) for _, loss in STEP.findall(output)]
+
 
 RAY_DOCS_SCRIPT = """
 import json
+import os
+import tempfile
 
 import ray
 from ray.train import RunConfig, ScalingConfig
@@ -44,7 +55,16 @@ def train_loop_per_worker(config):
 
     mine = jnp.array([jax.process_index(), jax.device_count(), jax.process_count()])
     everyone = multihost_utils.process_allgather(mine)
-    ray.train.report({"workers": everyone.tolist()})
+    metrics = {"workers": everyone.tolist()}
+    with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+        with open(os.path.join(temp_checkpoint_dir, "workers.json"), "w") as f:
+            json.dump(metrics, f)
+        checkpoint = ray.train.Checkpoint.from_directory(temp_checkpoint_dir)
+        # Only the rank 0 worker uploads the checkpoint.
+        if ray.train.get_context().get_world_rank() == 0:
+            ray.train.report(metrics, checkpoint=checkpoint)
+        else:
+            ray.train.report(metrics, checkpoint=None)
 
 
 def main():
@@ -68,6 +88,9 @@ def main():
     )
     result = trainer.fit()
     print("JAXTRAINER " + json.dumps(result.metrics["workers"]))
+    with result.checkpoint.as_directory() as saved:
+        with open(os.path.join(saved, "workers.json")) as f:
+            print("CHECKPOINT " + f.read())
 
     # Two whole v6e-16 slices, one bundle per host.
     group = slice_placement_group(topology="4x4", accelerator_version="v6e", num_slices=2)
@@ -101,6 +124,9 @@ def test_ray_docs_jaxtrainer_and_slice_placement_group_run_unchanged(
     [workers] = re.findall(r"^JAXTRAINER (.+)$", result.stdout, re.M)
     # Every worker sees the slice's 16 devices and is one of 4 processes, indexes 0 to 3.
     assert sorted(map(tuple, json.loads(workers))) == [(i, 16, 4) for i in range(4)]
+    # Rank 0's checkpoint went through ray.train.report into the shared storage and back.
+    [saved] = re.findall(r"^CHECKPOINT (.+)$", result.stdout, re.M)
+    assert json.loads(saved) == {"workers": json.loads(workers)}
     [bundles] = re.findall(r"^BUNDLES (.+)$", result.stdout, re.M)
     placed = json.loads(bundles)
     # One bundle per host, on the 8 TPU hosts of both slices, 4 on each.
