@@ -10,9 +10,10 @@ with `rayslice run` as a user would.
   device count and reports them, rank 0 with a checkpoint, as `ray.train.report`'s own example
   does; nothing in it knows about the simulator. The same script reserves both slices with
   `ray.util.tpu.slice_placement_group` and reports the node of each bundle.
-- The bundled `jax_trainer` job: elastic between one and two slices, it trains on both; run again
-  under the same name with at most one slice, it resumes from the first run's last checkpoint on
-  half the devices (orbax reshards it) and the loss goes on from where it was.
+
+The bundled `jax_trainer` job is tested through a preemption on the same cluster, in
+test_recovery.py (after the recovery acceptance test, which counts the cluster's boots): one run
+that trains on both slices, shrinks to one from its checkpoint, and grows back.
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ from pathlib import Path
 from rayslice.local.simulation.simulator import Simulation
 from tests.integration.clusters import on
 from tests.integration.test_workloads_on_ray import rayslice_run
-
-# A worker's step line reaches the driver through Ray's log monitor, behind the worker's name.
-STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$", re.M)
-
-
-def losses(output: str) -> list[float]:
-    return [float(loss) for _, loss in STEP.findall(output)]
-
 
 RAY_DOCS_SCRIPT = """
 import json
@@ -134,27 +127,3 @@ def test_ray_docs_jaxtrainer_and_slice_placement_group_run_unchanged(
     assert len(placed) == 8 and {ip for ip, _ in placed} == tpu_hosts
     per_slice = [sum(s == name for _, s in placed) for name in {s for _, s in placed}]
     assert per_slice == [4, 4]
-
-
-@on("2 x v6e-16 spot")
-def test_jax_trainer_trains_on_both_slices_then_resumes_on_one(cluster: Simulation) -> None:
-    storage = tempfile.mkdtemp(prefix="jax-trainer-", dir=cluster.plan.shared_dir)
-    common = ["--storage-path", storage, "--name", "resume", "--checkpoint-every", "4"]
-    try:
-        both = rayslice_run(cluster, "jax_trainer", "--steps", "8", "--min-slices", "1", *common)
-        assert both.returncode == 0
-        one = rayslice_run(cluster, "jax_trainer", "--steps", "12", "--max-slices", "1", *common)
-        assert one.returncode == 0
-    finally:
-        shutil.rmtree(storage, ignore_errors=True)
-    # Elastic between one and two slices, with both alive: both, 8 workers over 32 devices.
-    assert "workers 8, devices 32, from step 0" in both.stdout
-    assert re.search(r"^finished at step 8, loss [0-9.]+, on 8 workers", both.stdout, re.M)
-    # The second run resumed the first from its last checkpoint, on one slice.
-    assert "resumed from step 8" in one.stdout
-    assert "workers 4, devices 16, from step 8" in one.stdout
-    assert re.search(r"^finished at step 12, loss [0-9.]+, on 4 workers", one.stdout, re.M)
-    first, second = losses(both.stdout), losses(one.stdout)
-    assert len(first) == 8 and len(second) == 4
-    # Where the first left off, not a fresh model's loss, and still falling.
-    assert second[0] < first[0] and second[-1] < first[0]

@@ -286,7 +286,7 @@ def _stop_job(sim: Simulation, entrypoint: str) -> None:
 @on("2 x v6e-16 spot")
 def test_ray_train_goes_on_on_the_surviving_slice_and_grows_back(cluster: Simulation) -> None:
     """Issue 22's scenario: `rayslice run jax_trainer`, elastic between one and two slices, a
-    checkpoint every 5 steps; once it trains on both slices and step 10 is saved, `rayslice local
+    checkpoint every 3 steps; once it trains on both slices and step 6 is saved, `rayslice local
     preempt` of slice 1 with a notice. Within the same job, without failing it, training goes on on
     slice 0 from its last checkpoint; once the controller has recreated slice 1 and its hosts
     joined, it grows back to both. The loss goes on from where it was at each resize. The job
@@ -301,7 +301,7 @@ def test_ray_train_goes_on_on_the_surviving_slice_and_grows_back(cluster: Simula
     argv = [RAYSLICE, "run", "jax_trainer", "--address", sim.dashboard_url()]
     if sim.token_file.exists():
         argv += ["--token-file", str(sim.token_file)]
-    argv += ["--", "--steps", "100000", "--checkpoint-every", "5", "--min-slices", "1", "--max-slices", "2"]
+    argv += ["--", "--steps", "100000", "--checkpoint-every", "3", "--min-slices", "1", "--max-slices", "2"]
     argv += ["--resize-check-s", "5", "--storage-path", str(storage), "--name", "elastic"]
     env = {"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")}
     env |= {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
