@@ -12,9 +12,11 @@ from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
 
 # The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9; libtpu wheels for
-# torch_xla come from Google's find-links pages, as in the guide.
+# torch_xla come from Google's find-links pages, as in the guide. The jax preset also carries
+# what the bundled JAX training jobs import (jax_train, jax_trainer): optax for the optimizer,
+# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with.
 PRESETS: dict[str, tuple[str, ...]] = {
-    "jax": ("jax[tpu]>=0.10.2,<0.11",),
+    "jax": ("jax[tpu]>=0.10.2,<0.11", "optax>=0.2.8,<0.3", "orbax-checkpoint>=0.12.8,<0.13"),
     "xla": ("torch~=2.9.0", "torch_xla[tpu]~=2.9.0"),
 }
 PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
@@ -67,9 +69,15 @@ def preemption_watcher(spec: ClusterSpec) -> str:
     return base64.b64encode(PREEMPTION_WATCHER.read_bytes()).decode()
 
 
+# Ray's extras every host installs: `default` for the dashboard, the Jobs API and the autoscaler
+# SDK; `train` for `ray.train` (JaxTrainer, ray.train.report, elastic scaling), which refuses to
+# import without pandas, pyarrow and tensorboardX (Ray's setup.py, extra "train").
+RAY_EXTRAS = "default,train"
+
+
 def requirement_lines(spec: ClusterSpec) -> list[str]:
     """The pip requirement lines every host installs, in install order."""
-    return [*PRESETS[spec.preset], f"ray[default]=={spec.ray_version}", *spec.requirements]
+    return [*PRESETS[spec.preset], f"ray[{RAY_EXTRAS}]=={spec.ray_version}", *spec.requirements]
 
 
 def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:

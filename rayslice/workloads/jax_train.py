@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from rayslice import names
 from rayslice.workloads import _cluster, _jax_hosts
@@ -90,24 +91,20 @@ def _steps_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def train(
-    steps: int = 30,
-    batch_per_device: int = 32,
-    hidden: int = 256,
-    seed: int = 0,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int = 10,
-    progress: Callable[[str], None] | None = None,
-) -> TrainReport:
-    """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`).
+class Model(NamedTuple):
+    """The MLP, its optimizer state and its jitted step, set up on every device JAX sees."""
 
-    With `checkpoint_dir`, state is saved after every `checkpoint_every`-th step and at the end,
-    and training starts after the latest saved step (every process must see the same directory).
-    Process 0 reports each step's line as the step ends, to `progress` (a Ray job's driver shows
-    them, `_cluster.Progress`), by default printed at once.
-    """
-    check_steps(steps)
-    report = progress or _cluster.show_line
+    params: Any  # replicated over the `data` mesh
+    opt_state: Any
+    step: Any  # jitted (params, opt_state, x, y) -> (params, opt_state, loss); donates the first two
+    global_batch: int
+    batch: Callable[[Any], tuple[Any, Any]]  # a numpy Generator -> this process's share of (x, y)
+
+
+def build_model(batch_per_device: int = 32, hidden: int = 256, seed: int = 0) -> Model:
+    """The model both JAX training jobs train (jax_train's own loop, and jax_trainer's under Ray
+    Train), on a 1-D `data` mesh of every device: the same seed everywhere, so every process
+    builds the same teacher and the same initial parameters."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -117,7 +114,6 @@ def train(
     mesh = jax.make_mesh((jax.device_count(),), ("data",))
     replicated = NamedSharding(mesh, PartitionSpec())
     batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
-    global_batch = batch_per_device * jax.device_count()
     local_batch = batch_per_device * jax.local_device_count()
 
     rng = np.random.default_rng(seed)  # same seed everywhere: the teacher and the init agree
@@ -142,6 +138,41 @@ def train(
         updates, state = optimizer.update(grads, state, p)
         return optax.apply_updates(p, updates), state, loss
 
+    def batch(local_rng: Any) -> tuple[Any, Any]:
+        x = local_rng.normal(size=(local_batch, FEATURES)).astype(np.float32)
+        y = x @ teacher + 0.01 * local_rng.normal(size=(local_batch, 1)).astype(np.float32)
+        return (
+            jax.make_array_from_process_local_data(batch_sharding, x),
+            jax.make_array_from_process_local_data(batch_sharding, y),
+        )
+
+    return Model(params, opt_state, step, batch_per_device * jax.device_count(), batch)
+
+
+def train(
+    steps: int = 30,
+    batch_per_device: int = 32,
+    hidden: int = 256,
+    seed: int = 0,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 10,
+    progress: Callable[[str], None] | None = None,
+) -> TrainReport:
+    """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`).
+
+    With `checkpoint_dir`, state is saved after every `checkpoint_every`-th step and at the end,
+    and training starts after the latest saved step (every process must see the same directory).
+    Process 0 reports each step's line as the step ends, to `progress` (a Ray job's driver shows
+    them, `_cluster.Progress`), by default printed at once.
+    """
+    check_steps(steps)
+    report = progress or _cluster.show_line
+    import jax
+    import numpy as np
+
+    model = build_model(batch_per_device, hidden, seed)
+    params, opt_state, step = model.params, model.opt_state, model.step
+
     manager = None
     start = 0
     if checkpoint_dir is not None:
@@ -162,12 +193,7 @@ def train(
     local_rng = np.random.default_rng([seed, jax.process_index(), start])
 
     def batch():
-        x = local_rng.normal(size=(local_batch, FEATURES)).astype(np.float32)
-        y = x @ teacher + 0.01 * local_rng.normal(size=(local_batch, 1)).astype(np.float32)
-        return (
-            jax.make_array_from_process_local_data(batch_sharding, x),
-            jax.make_array_from_process_local_data(batch_sharding, y),
-        )
+        return model.batch(local_rng)
 
     x, y = batch()
     costs = step.lower(params, opt_state, x, y).compile().cost_analysis()
@@ -194,10 +220,10 @@ def train(
     return TrainReport(
         devices=jax.device_count(),
         device_kind=jax.devices()[0].device_kind,
-        global_batch=global_batch,
+        global_batch=model.global_batch,
         losses=tuple(losses),
         steps_per_s=steps_per_s,
-        samples_per_s=steps_per_s * global_batch,
+        samples_per_s=steps_per_s * model.global_batch,
         flops_per_step=flops_per_device * jax.device_count(),
         flops_source="the compiled step's cost_analysis",
         first_step=start,

@@ -20,21 +20,27 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ray.job_submission import JobStatus
 
 from rayslice import cli, names, spec
+from rayslice.jobs import connection
 from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
+from rayslice.names import slice_name
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
+from rayslice.workloads import jax_trainer
 from tests.bench import BENCH, load
-from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, wait_nodes
+from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, tpu_nodes, wait_nodes
 
+RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 NOTICE_S = 5  # the preemption notice's window in these tests (Google's is 30 s)
 
 
@@ -248,3 +254,115 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     # stopped instance as TERMINATED) and left them for the controller (DO_NOTHING).
     assert data["events"][0]["seen"] == "MIG " + ", ".join(f"{h} TERMINATED" for h in victims)
     assert data["events"][0]["seen"] == _events(sim)[0]["seen"]
+
+
+# jax_trainer's line as each attempt of its worker group starts (Ray Train's rank 0).
+ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$", re.M)
+TRAIN_STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$", re.M)
+
+
+def _saved_steps(run: Path) -> list[int]:
+    """The steps of jax_trainer's committed checkpoints in `run` (orbax renames a finished save to
+    its final name; Ray Train keeps the latest two)."""
+    return [jax_trainer.checkpoint_step(p.name) for p in run.glob("step_*") if p.name[5:].isdigit()]
+
+
+def _stop_job(sim: Simulation, entrypoint: str) -> None:
+    """Stop the cluster's running job whose entrypoint names `entrypoint`, through the Jobs API."""
+    token = sim.token_file if sim.token_file.exists() else None
+    client = connection.connect(connection.choose_target(sim.dashboard_url(), token))
+    for job in client.list_jobs():
+        if job.status == JobStatus.RUNNING and entrypoint in job.entrypoint:
+            client.stop_job(job.submission_id)
+
+
+@on("2 x v6e-16 spot")
+def test_ray_train_goes_on_on_the_surviving_slice_and_grows_back(cluster: Simulation) -> None:
+    """Issue 22's scenario: `rayslice run jax_trainer`, elastic between one and two slices, a
+    checkpoint every 3 steps; once it trains on both slices and step 6 is saved, `rayslice local
+    preempt` of slice 1 with a notice. Within the same job, without failing it, training goes on on
+    slice 0 from its last checkpoint; once the controller has recreated slice 1 and its hosts
+    joined, it grows back to both. The loss goes on from where it was at each resize. The job
+    (asked for far more steps) is stopped there; the cluster is whole again.
+
+    After the acceptance test, which counts this shared cluster's boots and events."""
+    sim = cluster
+    victim = slice_name(sim.spec().name, 1)
+    victim_ips = {sim.plan.host(h).ip for h in cloud_bridge.slice_hosts(sim.plan, 1)}
+    every_ip = {n["ip"] for n in tpu_nodes(sim)}
+    storage = Path(tempfile.mkdtemp(prefix="elastic-", dir=sim.plan.shared_dir))
+    argv = [RAYSLICE, "run", "jax_trainer", "--address", sim.dashboard_url()]
+    if sim.token_file.exists():
+        argv += ["--token-file", str(sim.token_file)]
+    argv += ["--", "--steps", "100000", "--checkpoint-every", "3", "--min-slices", "1", "--max-slices", "2"]
+    argv += ["--resize-check-s", "5", "--storage-path", str(storage), "--name", "elastic"]
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")}
+    env |= {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert job.stdout is not None
+        for line in job.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def attempts(text: str) -> list[tuple[int, int, int]]:
+        return [(int(w), int(d), int(k)) for w, d, k in ATTEMPT.findall(text)]
+
+    try:
+        _wait(
+            lambda: (
+                bool(attempts("".join(lines))) and max(_saved_steps(storage / "elastic"), default=0) >= 10
+            ),
+            300,
+        )
+        saved_before = max(_saved_steps(storage / "elastic"))
+        before = {n["id"] for n in tpu_nodes(sim) if n["ip"] in victim_ips}
+        cut = len(lines)
+        assert (
+            cli.main(
+                ["local", "preempt", "--state-dir", str(sim.state_dir), "--notice-s", str(NOTICE_S), victim]
+            )
+            == 0
+        )
+        # Shrunk to slice 0 ...
+        _wait(lambda: (4, 16) in [a[:2] for a in attempts("".join(lines[cut:]))], 300)
+        # ... the controller recreated slice 1, its hosts joined Ray, and training grew back.
+        wait_nodes(sim, every_ip, timeout=300, avoid=before)
+
+        def grown() -> list[str]:
+            after = "".join(lines[cut:])
+            shrunk = after.index(", devices 16,")
+            regrown = after.find(", devices 32,", shrunk)
+            return TRAIN_STEP.findall(after[regrown:]) if regrown > 0 else []
+
+        _wait(lambda: len(grown()) >= 3, 300)
+        assert job.poll() is None  # one job throughout: it never failed
+    finally:
+        if job.poll() is None:
+            _stop_job(sim, "jax_trainer")
+            job.wait(timeout=120)
+        reader.join(timeout=10)
+        shutil.rmtree(storage, ignore_errors=True)
+    out = "".join(lines)
+    print(out[-8000:])  # shown when the test fails
+    before_cut, after = "".join(lines[:cut]), "".join(lines[cut:])
+    assert attempts(before_cut)[0] == (8, 32, 0)  # both slices from the start
+    shrink = next(a for a in attempts(after) if a[0] == 4)
+    grow = next(a for a in attempts(after)[attempts(after).index(shrink) :] if a[0] == 8)
+    assert shrink[:2] == (4, 16) and grow[:2] == (8, 32)
+    # Each resize resumed from a checkpoint: no older than the one saved before the preemption,
+    # never past the last step trained.
+    trained = [int(s) for s, _ in TRAIN_STEP.findall(out)]
+    assert saved_before <= shrink[2] <= grow[2] <= max(trained) + 1
+    assert f"resumed from step {shrink[2]}" in after and f"resumed from step {grow[2]}" in after
+    # The loss goes on: the first step after each resize is about where the run was, far below
+    # the fresh model's first loss.
+    loss = {int(s): float(x) for s, x in TRAIN_STEP.findall(before_cut)}
+    first_after = [float(x) for s, x in TRAIN_STEP.findall(after) if int(s) == shrink[2]]
+    assert first_after and first_after[0] < loss[0] / 2
+    regrown = [float(x) for s, x in TRAIN_STEP.findall(after) if int(s) == grow[2]]
+    assert regrown and regrown[-1] < loss[0] / 2

@@ -43,10 +43,20 @@ def rayslice_run(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")},
+        env={
+            "PATH": str(Path(sys.executable).parent),
+            "HOME": os.environ.get("HOME", "/root"),
+            **_checkout(),
+        },
     )
     print(result.stdout[-5000:], result.stderr[-3000:])  # shown when a test fails
     return result
+
+
+def _checkout() -> dict[str, str]:
+    """PYTHONPATH when the tests run another checkout than the venv's editable install (a
+    worktree), so that `rayslice run` ships that checkout's workloads; nothing otherwise."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
 def losses(output: str) -> list[float]:

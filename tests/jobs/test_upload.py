@@ -27,6 +27,7 @@ ALL = [
     "jax_multislice",
     "jax_single_host",
     "jax_train",
+    "jax_trainer",
     "xla_multi_device",
     "xla_multihost",
     "xla_single",

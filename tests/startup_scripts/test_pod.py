@@ -12,6 +12,7 @@ import pytest
 from rayslice import spec as specs
 from rayslice.errors import InvalidInput
 from rayslice.startup_scripts import pod
+from rayslice.startup_scripts.variables import PRESETS
 
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 
@@ -61,7 +62,7 @@ def test_hostnames_are_per_slice_lists_ordered_by_worker_id():
 def test_requirements_are_the_boot_scripts():
     cluster_spec = gke_spec(requirements='["optax>=0.2"]', packageIndex="https://pypi.internal/simple")
     variables = pod.pod_variables(cluster_spec)
-    assert variables["requirements"] == ["jax[tpu]>=0.10.2,<0.11", "ray[default]==2.60.0", "optax>=0.2"]
+    assert variables["requirements"] == [*PRESETS["jax"], "ray[default,train]==2.60.0", "optax>=0.2"]
     assert variables["package_index"] == "https://pypi.internal/simple"
     assert variables["package_mode"] == "pypi"
 

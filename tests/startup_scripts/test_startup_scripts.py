@@ -73,7 +73,9 @@ def _assignments(script: str) -> dict[str, str]:
 def test_rendered_values():
     values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
     assert values["TPU_RESOURCES"] == '{"TPU": 4}'
-    assert values["REQUIREMENTS"] == "jax[tpu]>=0.10.2,<0.11 ray[default]==2.60.0"
+    assert values["REQUIREMENTS"] == (
+        "jax[tpu]>=0.10.2,<0.11 optax>=0.2.8,<0.3 orbax-checkpoint>=0.12.8,<0.13 ray[default,train]==2.60.0"
+    )
     assert values["RAY_AUTH_MODE_VALUE"] == "token"
     assert values["SUPERVISOR"] == "systemd" and values["PACKAGE_MODE"] == "pypi" and values["ROOT"] == ""
 

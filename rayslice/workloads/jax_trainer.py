@@ -1,0 +1,230 @@
+"""jax_train's model under Ray Train's JaxTrainer: orbax checkpoints, restarts and elastic slices by Ray.
+
+Ray Train (`ray.train.v2.jax.JaxTrainer`, `ScalingConfig(use_tpu=True, topology=...,
+accelerator_type=...)`) reserves whole slices itself, one worker per host, and sets up
+`jax.distributed` (and `MEGASCALE_*` across slices) in each worker. The training function is
+jax_train's model and step (`jax_train.build_model`), wrapped the way Ray Train expects:
+
+- **Checkpoints.** Every `--checkpoint-every` steps, and at once when Ray reports that a host of
+  the run is being preempted (`ray.train.get_preemption_info`, which the hosts' preemption watcher
+  feeds by draining their Ray nodes), every worker saves the state with orbax-checkpoint into the
+  run's folder under `--storage-path` (a `gs://` bucket on Cloud TPU, a folder every host shares
+  elsewhere), and rank 0 registers it with `ray.train.report`. A new attempt restores the latest one
+  (`ray.train.get_checkpoint`) and prints `resumed from step K`; `--name` of an earlier run resumes
+  that run.
+- **Failures.** `--max-failures` restarts after a worker error (`FailureConfig`); preemptions are
+  counted apart and retried without limit (Ray's default for `max_preemption_failures`).
+- **Elastic slices.** With `--min-slices A --max-slices B`, training runs on as many whole slices
+  as are alive, between A and B: when a slice is lost it goes on with the rest from the last
+  checkpoint, and every `--resize-check-s` seconds Ray looks for more and grows back.
+
+Rank 0 prints `workers W, devices D, from step K` when an attempt starts, then a line per step.
+
+    python -m rayslice.workloads.jax_trainer --storage-path PATH [--steps N] [--min-slices A]
+        [--max-slices B] [--checkpoint-every K] [--max-failures F] [--resize-check-s S] [--name NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import posixpath
+import sys
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.v2.jax import JaxTrainer
+
+from rayslice.errors import InvalidInput
+from rayslice.workloads import _cluster, jax_train
+
+CHECKPOINT_PREFIX = "step_"  # a checkpoint's folder is step_<steps done>, zero-padded
+KEEP_CHECKPOINTS = 2
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def checkpoint_step(path: str) -> int:
+    """The steps done when the checkpoint at `path` was saved, from its folder's name."""
+    return int(posixpath.basename(path.rstrip("/")).removeprefix(CHECKPOINT_PREFIX))
+
+
+def orbax_uri(storage_path: str, fs_path: str) -> str:
+    """Where orbax finds `fs_path`: Ray Train's paths drop the storage URI's scheme (`gs://`),
+    which orbax needs back; a local path stays as it is."""
+    scheme = urlparse(storage_path).scheme
+    return f"{scheme}://{fs_path}" if scheme else fs_path
+
+
+def show(line: str) -> None:
+    """Print one line of a worker's progress, once and at once. Ray Train replaces `print` in its
+    workers with one that logs the line and, when stdout is wrapped (as in a Ray worker), also
+    prints it: the driver would show every line twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """One worker's training, on one host (Ray Train runs it on every host of the slices)."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    import ray.train
+    from ray.train.v2.api.report_config import CheckpointUploadMode
+
+    # orbax reports every save at INFO, on every host; the step lines would drown in it.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    context = ray.train.get_context()
+    storage = context.get_storage()
+    rank0 = context.get_world_rank() == 0
+    model = jax_train.build_model(config["batch_per_device"], config["hidden"], config["seed"])
+    state = (model.params, model.opt_state)
+    checkpointer = ocp.StandardCheckpointer()
+    start = 0
+    latest = ray.train.get_checkpoint()
+    if latest is not None:
+        start = checkpoint_step(latest.path)
+        # The target gives each array its sharding on this attempt's devices, which may be more
+        # or fewer than the run that saved it had.
+        state = checkpointer.restore(orbax_uri(config["storage_path"], latest.path), state)
+        if rank0:
+            show(f"resumed from step {start}")
+    if rank0:
+        show(f"workers {context.get_world_size()}, devices {jax.device_count()}, from step {start}")
+    # Each host its own samples, seeded by where this attempt starts (as jax_train does).
+    local_rng = np.random.default_rng([config["seed"], jax.process_index(), start])
+    params, opt_state = state
+    for i in range(start, config["steps"]):
+        x, y = model.batch(local_rng)
+        params, opt_state, loss = model.step(params, opt_state, x, y)
+        done = i + 1
+        if rank0:
+            show(jax_train.step_line(i, float(loss)))
+        # Every worker asks, the same number of times (Ray makes it a barrier).
+        preempting = ray.train.get_preemption_info() is not None
+        if done % config["checkpoint_every"] and done != config["steps"] and not preempting:
+            continue
+        path = storage.build_checkpoint_path_from_name(checkpoint_name(done))
+        # Every process writes its part into the shared folder (orbax's multi-host save).
+        checkpointer.save(orbax_uri(config["storage_path"], path), (params, opt_state), force=True)
+        checkpointer.wait_until_finished()
+        saved = ray.train.Checkpoint(path, filesystem=storage.storage_filesystem) if rank0 else None
+        metrics = {"step": done, "loss": float(loss), "workers": context.get_world_size()}
+        # Already in the run's folder: Ray registers it where it is instead of copying it.
+        ray.train.report(metrics, checkpoint=saved, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    checkpointer.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jax_trainer", description=__doc__.splitlines()[0])
+    jax_train.add_training_args(parser, "--batch-per-device", 32)
+    parser.add_argument(
+        "--storage-path",
+        required=True,
+        metavar="PATH",
+        help="where Ray Train keeps the run and its checkpoints: gs://BUCKET/DIR on Cloud TPU, "
+        "else a folder every host shares",
+    )
+    parser.add_argument("--name", help="the run's name under the storage path (default: a new one)")
+    parser.add_argument(
+        "--checkpoint-every", type=_at_least(1), default=10, metavar="K", help="save every K steps"
+    )
+    parser.add_argument(
+        "--min-slices", type=_at_least(1), default=1, metavar="A", help="train on at least A slices"
+    )
+    parser.add_argument(
+        "--max-slices",
+        type=_at_least(1),
+        metavar="B",
+        help="and at most B (default: the slices of that type the cluster has now)",
+    )
+    parser.add_argument(
+        "--max-failures", type=_at_least(0), default=3, metavar="F", help="restarts after worker errors"
+    )
+    parser.add_argument(
+        "--resize-check-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how often a run below --max-slices looks for more slices",
+    )
+    return parser
+
+
+def _at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def scaling_config(
+    tpu_slice: _cluster.TpuSlice, min_slices: int, max_slices: int, resize_check_s: float
+) -> ScalingConfig:
+    """One worker per host of `min_slices` to `max_slices` whole slices of `tpu_slice`'s shape."""
+    hosts = tpu_slice.expected_hosts
+    workers = min_slices * hosts if min_slices == max_slices else (min_slices * hosts, max_slices * hosts)
+    return ScalingConfig(
+        num_workers=workers,
+        use_tpu=True,
+        topology=tpu_slice.topology,
+        accelerator_type=f"TPU-{tpu_slice.generation.upper()}",  # Ray's spelling: TPU-V6E
+        elastic_resize_monitor_interval_s=resize_check_s,
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    # The shape: the chosen (or largest) complete slice's; every slice of that type counts.
+    (first,) = _cluster.choose_slices(1, slice_name=args.slice_name, accelerator_type=args.accelerator_type)
+    present = [s for s in _cluster.tpu_slices() if s.pod_type == first.pod_type]
+    max_slices = args.max_slices or len(present)
+    if not args.min_slices <= max_slices:
+        raise InvalidInput(f"--min-slices {args.min_slices} is more than --max-slices {max_slices}")
+    name = args.name or f"jax_trainer-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(
+        f"slices of {first.pod_type} (topology {first.topology}): {args.min_slices} to {max_slices}",
+        flush=True,
+    )
+    print(f"run {name} in {args.storage_path}", flush=True)
+    trainer = JaxTrainer(
+        train_loop,
+        train_loop_config={
+            "steps": args.steps,
+            "batch_per_device": args.batch_per_device,
+            "hidden": args.hidden,
+            "seed": 0,
+            "checkpoint_every": args.checkpoint_every,
+            "storage_path": args.storage_path,
+        },
+        scaling_config=scaling_config(first, args.min_slices, max_slices, args.resize_check_s),
+        run_config=RunConfig(
+            name=name,
+            storage_path=args.storage_path,
+            failure_config=FailureConfig(max_failures=args.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
+        ),
+    )
+    result = trainer.fit()
+    metrics = dict(result.metrics or {})
+    where = result.checkpoint.path if result.checkpoint else None
+    print(
+        f"finished at step {metrics.get('step')}, loss {metrics.get('loss', float('nan')):.5f}, "
+        f"on {metrics.get('workers')} workers; checkpoint {where}",
+        flush=True,
+    )
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _cluster.run_main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
