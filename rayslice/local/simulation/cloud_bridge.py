@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rayslice.cloud.twin import CloudRuleError, CloudTwin, TwinHost
 from rayslice.clusters import CloudAccess
@@ -37,6 +37,7 @@ from rayslice.infra.preview import deploy, pulumi_config
 from rayslice.local.google.cloud_api.emulator import (
     ADMIN_HEADER,
     ADMIN_PREFIX,
+    CAPACITY_PATH,
     NOTICE_PARAMETER,
     CloudApiEmulator,
 )
@@ -53,6 +54,7 @@ from rayslice.local.simulation.state import (
     write_deployed,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
+from rayslice.platforms import MIG, VM_PLATFORMS
 from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
@@ -166,6 +168,27 @@ def preempt(
     return [host.name for host in emulator.preempt(project_of(spec), str(spec.zone), name, mode="spot")]
 
 
+def capacity_kind(spec: ClusterSpec) -> str:
+    """What the zone's capacity counts for this spec's slices (`rayslice.cloud.capacity`): the
+    hosts' machine type on Compute Engine, the TPU generation on the TPU API (`twin.node_kind`)."""
+    if VM_PLATFORMS[spec.platform].slice_resource == MIG and spec.tpu.machine_type:
+        return spec.tpu.machine_type
+    return spec.tpu.generation
+
+
+def set_capacity(
+    emulator: CloudApiEmulator, spec: ClusterSpec, hosts: int, zone: str | None, kind: str | None
+) -> dict[str, Any]:
+    """What ``rayslice local capacity`` does: the zone (default: the spec's) now has `hosts`
+    free hosts of `kind` (default: `capacity_kind`); requests that now fit are fulfilled, and
+    the hosts they create boot (`attach`'s hook). Returns what was set and the requests still
+    waiting there."""
+    zone, kind = zone or str(spec.zone), kind or capacity_kind(spec)
+    emulator.twin.set_capacity(zone, kind, hosts)
+    waiting = [r.name for r in emulator.twin.capacity.waiting() if (r.zone, r.kind) == (zone, kind)]
+    return {"zone": zone, "type": kind, "free": emulator.twin.capacity.free[(zone, kind)], "waiting": waiting}
+
+
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
 
 ENDPOINT_FILE = CLOUD_API_ENDPOINT_FILE  # in the state dir, 0600: the emulation's URL and admin token
@@ -235,6 +258,7 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
         emulator.bind(token, permissions.held(spec.platform))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name, notice_s: preempt(emulator, sim, spec, name, notice_s)
+    emulator.admin_capacity = lambda hosts, zone, kind: set_capacity(emulator, spec, hosts, zone, kind)
     publish(emulator, state_dir, spec)
     emulator.serve_forever()
 
@@ -285,9 +309,9 @@ def cloud_access(state_dir: Path) -> CloudAccess:
     return CloudAccess(state_dir / CREDENTIALS_FILE, endpoints)
 
 
-def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
-    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`, its
-    hosts powered off `notice_s` seconds after their preemption notice."""
+def _admin_call(state_dir: Path, path: str, params: dict[str, str], timeout: float) -> Any:
+    """POST one admin call to the running emulation of the simulation in `state_dir` (with the
+    admin token from its endpoint file); `SimulatorError` with the emulation's message if refused."""
     try:
         endpoint = json.loads((state_dir / ENDPOINT_FILE).read_text())
     except FileNotFoundError as exc:
@@ -296,18 +320,37 @@ def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
             "starts one with every simulation; is this a simulation at all?"
         ) from exc
     request = urllib.request.Request(
-        f"{endpoint['url']}{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}"
-        f"?{urllib.parse.urlencode({NOTICE_PARAMETER: notice_s})}",
+        f"{endpoint['url']}{path}?{urllib.parse.urlencode(params)}",
         data=b"",
         method="POST",
         headers={ADMIN_HEADER: endpoint["admin_token"]},
     )
     try:
-        with urllib.request.urlopen(request, timeout=notice_s + 60) as response:
-            return list(json.loads(response.read())["hosts"])
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         message = json.loads(exc.read() or b"{}").get("error", {}).get("message", str(exc))
-        raise SimulatorError(f"cannot preempt {name}: {message}") from exc
+        raise SimulatorError(message) from exc
+
+
+def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
+    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`, its
+    hosts powered off `notice_s` seconds after their preemption notice."""
+    path = f"{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}"
+    try:
+        answer = _admin_call(state_dir, path, {NOTICE_PARAMETER: str(notice_s)}, notice_s + 60)
+    except SimulatorError as exc:
+        raise SimulatorError(f"cannot preempt {name}: {exc}") from exc
+    return list(answer["hosts"])
+
+
+def request_capacity(state_dir: Path, hosts: int, zone: str | None, kind: str | None) -> dict[str, Any]:
+    """Ask the running emulation to give a zone `hosts` free hosts of a type (`set_capacity`)."""
+    params = {"hosts": str(hosts), **({"zone": zone} if zone else {}), **({"type": kind} if kind else {})}
+    try:
+        return dict(_admin_call(state_dir, CAPACITY_PATH, params, BUILD_TIMEOUT_S))
+    except SimulatorError as exc:
+        raise SimulatorError(f"cannot set capacity: {exc}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> None:
