@@ -745,7 +745,9 @@ def node_kind(body: dict[str, Any]) -> str:
     config = body.get("acceleratorConfig")
     if config:
         return _API_GENERATIONS[config["type"]]
-    return catalog.lookup(str(body.get("acceleratorType"))).generation
+    if body.get("acceleratorType"):
+        return catalog.lookup(str(body["acceleratorType"])).generation
+    return ""  # no type (the emulation's bare test nodes): a kind no zone limits
 
 
 def _rfc3339(seconds: float) -> str:
