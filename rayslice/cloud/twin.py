@@ -348,13 +348,19 @@ class CloudTwin:
         return mig
 
     def _add_auto_named(self, project: str, zone: str, mig: dict[str, Any], count: int) -> None:
-        """`count` instances named as a MIG names them: ``<baseInstanceName>-<4 characters>``."""
+        """`count` instances named as a MIG names them: ``<baseInstanceName>-<4 characters>``,
+        created together: ``on_host_up`` runs once all exist, so each host's attributes list
+        every peer (a bulk MIG "creates VMs all at once")."""
         prefix = mig.get("baseInstanceName", mig["name"])
+        created = []
         for _ in range(count):
             name = f"{prefix}-{secrets.token_hex(2)}"
             while (project, zone, name) in self.vms:
                 name = f"{prefix}-{secrets.token_hex(2)}"
-            self._add_to_mig(project, zone, mig, name, {})
+            self._add_to_mig(project, zone, mig, name, {}, announce=False)
+            created.append(self.vms[(project, zone, name)])
+        for vm in created:
+            self._hook(self.on_host_up, vm)
 
     def _machine_of(self, mig: dict[str, Any]) -> str:
         """The machine type of a MIG's hosts (its template's), the kind its capacity counts."""
@@ -415,7 +421,13 @@ class CloudTwin:
         return added
 
     def _add_to_mig(
-        self, project: str, zone: str, mig: dict[str, Any], name: str, config: dict[str, Any]
+        self,
+        project: str,
+        zone: str,
+        mig: dict[str, Any],
+        name: str,
+        config: dict[str, Any],
+        announce: bool = True,
     ) -> dict[str, Any]:
         key = (project, zone, mig["name"])
         template = self._template_of(mig)
@@ -433,7 +445,7 @@ class CloudTwin:
             None,
         )
         worker = len(self.instances[key])
-        self._new_vm(project, zone, name, mig["name"], worker, properties, ip=ip)
+        self._new_vm(project, zone, name, mig["name"], worker, properties, ip=ip, announce=announce)
         record = {
             "instance": f"{API_ROOT}projects/{project}/zones/{zone}/instances/{name}",
             "name": name,
@@ -466,6 +478,7 @@ class CloudTwin:
         worker: int,
         properties: dict[str, Any],
         ip: str | None = None,
+        announce: bool = True,
     ) -> _Vm:
         nics = properties.get("networkInterfaces") or [{}]
         subnet = self._subnet(nics[0].get("subnetwork"))
@@ -473,7 +486,8 @@ class CloudTwin:
         address = subnet.take(wanted) if subnet else str(wanted or "")
         vm = _Vm(project, zone, name, group, worker, address, properties)
         self.vms[(project, zone, name)] = vm
-        self._hook(self.on_host_up, vm)
+        if announce:
+            self._hook(self.on_host_up, vm)
         return vm
 
     def _hook(self, hook: Hook | None, vm: _Vm) -> None:

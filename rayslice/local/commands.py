@@ -111,6 +111,13 @@ def local_group() -> None:
     is_flag=True,
     help="Allow rayAuth=none: any local user could then submit jobs that run as root.",
 )
+@click.option(
+    "--zone-capacity",
+    type=click.IntRange(0),
+    metavar="HOSTS",
+    help="The zone's free hosts of the slices' type before the program runs (default: room for all). "
+    "A flex-start slice then waits for `rayslice local capacity`; a direct create beyond it fails.",
+)
 def up_command(
     stack_file: str | None,
     overrides: tuple[str, ...],
@@ -118,12 +125,21 @@ def up_command(
     wheelhouse: str | None,
     timeout: float,
     insecure: bool,
+    zone_capacity: int | None,
 ) -> int:
-    """Create the simulated hosts, boot them and wait until all joined Ray."""
+    """Create the simulated hosts, boot them and wait until all joined Ray.
+
+    The hosts are what the Pulumi program deployed to the emulated cloud; a flex-start slice
+    whose request waits for capacity (--zone-capacity) has none yet: they boot and join when
+    `rayslice local capacity` gives the zone room."""
     spec = load_spec(stack_file, overrides, require_zone=False)
     package_source = f"wheels:{Path(wheelhouse).resolve()}" if wheelhouse else None
     where = state_dir or default_state_dir()
-    sim = _as_root(lambda: Simulation.create(spec, where, package_source=package_source, insecure=insecure))
+    sim = _as_root(
+        lambda: Simulation.create(
+            spec, where, package_source=package_source, insecure=insecure, zone_capacity=zone_capacity
+        )
+    )
     for warning in sim.warnings:
         click.echo(f"rayslice: warning: {warning}", err=True)
     hosts = sim.plan.hosts

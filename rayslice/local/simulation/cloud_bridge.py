@@ -46,6 +46,7 @@ from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import (
+    CLOUD_API_CAPACITY_FILE,
     CLOUD_API_CREDENTIALS_FILE,
     CLOUD_API_ENDPOINT_FILE,
     ROLE_HEAD_VM,
@@ -60,7 +61,8 @@ from rayslice.spec import ClusterSpec
 
 
 class SimulatedCluster(Protocol):
-    plan: Plan
+    @property
+    def plan(self) -> Plan: ...
 
     def guest_attributes(self, name: str) -> dict[str, str]: ...
 
@@ -69,6 +71,8 @@ class SimulatedCluster(Protocol):
     def boot(self, name: str) -> None: ...
 
     def set_preempted(self, name: str, notice: bool) -> bool: ...
+
+    def add_hosts(self, records: Sequence[HostRecord]) -> list[str]: ...
 
 
 def project_of(spec: ClusterSpec) -> str:
@@ -108,30 +112,35 @@ def deployed_hosts(twin: CloudTwin) -> list[HostRecord]:
     one per instance and TPU worker it holds, with the name, group, worker number, IP,
     ``instance/attributes/`` and machine type it gives each, and a lone VM's role as the program
     labels it (`state.LONE_VM_ROLES`: the head VM)."""
-    return [
-        HostRecord(
-            h.name,
-            h.group,
-            h.worker,
-            h.ip,
-            dict(h.metadata),
-            role=h.labels.get(LABEL_ROLE) if h.group is None else None,
-            machine_type=h.machine_type,
-        )
-        for h in twin.hosts()
-    ]
+    return [host_record(h) for h in twin.hosts()]
+
+
+def host_record(host: TwinHost) -> HostRecord:
+    """How the simulation builds a host the twin holds."""
+    return HostRecord(
+        host.name,
+        host.group,
+        host.worker,
+        host.ip,
+        dict(host.metadata),
+        role=host.labels.get(LABEL_ROLE) if host.group is None else None,
+        machine_type=host.machine_type,
+    )
 
 
 def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec) -> None:
-    """Wire the emulation's hooks to the simulated hosts (the twin holds them already, `deploy_spec`)."""
-    by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
+    """Wire the emulation's hooks to the simulated hosts (the twin holds them already, `deploy_spec`).
+
+    A slice host the twin creates later under a new name (a flex-start slice's hosts, when its
+    resize request is fulfilled) is made first (`SimulatedCluster.add_hosts`), then booted."""
+    slices = [slice_name(spec.name, i) for i in range(spec.slices)]
     known = {h.name for h in sim.plan.machines}
 
     def namespaced(name: str) -> dict[str, dict[str, str]] | None:
         return {GUEST_ATTRIBUTE_NAMESPACE: sim.guest_attributes(name)} if name in known else None
 
     def worker(node: str, worker_id: int) -> dict[str, dict[str, str]] | None:
-        hosts = by_slice.get(node, [])
+        hosts = slice_hosts(sim.plan, slices.index(node)) if node in slices else []
         return namespaced(hosts[worker_id]) if worker_id < len(hosts) else None
 
     def down(host: TwinHost) -> None:
@@ -139,6 +148,8 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
             sim.power_off(host.name)
 
     def up(host: TwinHost) -> None:
+        if host.name not in known and host.group in slices:
+            known.update(sim.add_hosts([host_record(host)]))
         if host.name in known:
             sim.boot(host.name)
 
@@ -204,7 +215,13 @@ class _Refreshing:
 
     def __init__(self, sim: Simulation):
         self.sim = sim
-        self.plan = sim.plan
+
+    @property
+    def plan(self) -> Plan:
+        return self.sim.plan
+
+    def add_hosts(self, records: Sequence[HostRecord]) -> list[str]:
+        return self.sim.add_hosts(records)
 
     def guest_attributes(self, name: str) -> dict[str, str]:
         return self.sim.guest_attributes(name)
@@ -242,6 +259,9 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     opened = Simulation.open(state_dir)
     spec = opened.spec()
     emulator = CloudApiEmulator((opened.plan.gateway, port), address_range=opened.plan.network)
+    limited = state_dir / CLOUD_API_CAPACITY_FILE
+    if limited.exists():  # `local up --zone-capacity`: the zone's free hosts before the program runs
+        emulator.twin.set_capacity(str(spec.zone), capacity_kind(spec), int(json.loads(limited.read_text())))
     try:
         write_deployed(state_dir, deploy_spec(emulator, spec))
     except RaysliceError as exc:  # the twin's refusal, or input the program itself refuses
