@@ -379,3 +379,10 @@ def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_s
     assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
     assert "capacity=flex-start" in done["error"]["errors"][0]["message"]
     assert cli.main([*capacity, "-1"]) == 2  # click refuses a negative count
+    with pytest.raises(SimulatorError, match="hosts must be a whole number of hosts, 0 or more"):
+        cloud_bridge.request_capacity(tmp_path, -1, None, None)  # and so does the emulation
+    write_private(
+        tmp_path / cloud_bridge.ENDPOINT_FILE, json.dumps({"url": cloud.url, "admin_token": "guess"})
+    )
+    with pytest.raises(SimulatorError, match="not the simulator"):
+        cloud_bridge.request_capacity(tmp_path, 9, None, None)
