@@ -102,6 +102,12 @@ def host_name(slice_name: str, worker: int) -> str:
     return f"{slice_name}-w{worker}"
 
 
+def resize_request_name(slice_name: str) -> str:
+    """The resize request that asks for a flex-start slice's hosts (``<slice>-request``): infra
+    declares it, the recovery controller makes it again in a recreated MIG, status reads it."""
+    return f"{slice_name}-request"
+
+
 def slice_host_names(slice_name: str, hosts: int) -> list[str]:
     """`host_name` of each of a slice's `hosts` hosts, worker 0 first."""
     return [host_name(slice_name, worker) for worker in range(hosts)]

@@ -69,11 +69,19 @@ class VmPlatform:
     # False: the TPU API picks the image from the runtime version.
     host_images: bool
 
-    def identity_attributes(self, slice_name: str, hosts: int) -> dict[str, str]:
+    def identity_attributes(
+        self, slice_name: str, hosts: int, *, cloud_names: bool = False
+    ) -> dict[str, str]:
         """The identity attributes rayslice writes for slice `slice_name` of `hosts` hosts (none
-        where Google's own attributes identify the workers)."""
+        where Google's own attributes identify the workers). `cloud_names`: the cloud names this
+        slice's hosts (a flex-start MIG's resize request: "The MIG automatically generates the
+        names of the VMs", Compute Engine, "About resize requests in a MIG"), so no list of
+        names can be written: only the slice's name, and the hosts identify themselves by
+        Google's attributes."""
         if not self.rayslice_names_hosts:
             return {}
+        if cloud_names:
+            return {ATTR_SLICE_NAME: slice_name}
         return {
             ATTR_SLICE_NAME: slice_name,
             ATTR_SLICE_HOSTS: ",".join(slice_host_names(slice_name, hosts)),

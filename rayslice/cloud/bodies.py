@@ -26,6 +26,10 @@ Sources, per type (the encoders of terraform-provider-google, in magic-modules):
 - Image: ``mmv1/products/compute/Image.yaml``: the fields keep their REST names (``sourceDisk``,
   ``family``, ``diskSizeGb`` ...) in the body of ``images.insert``; the provider never sets the
   ``forceCreate`` query parameter, so a disk attached to a running instance is refused.
+- ResizeRequest: ``mmv1/products/compute/ResizeRequest.yaml``: created with
+  ``instanceGroupManagerResizeRequests.insert`` on ``.../instanceGroupManagers/{{instance_group_manager}}
+  /resizeRequests`` (the MIG is in the URL), the body the InstanceGroupManagerResizeRequest under the
+  same names (``requestedRunDuration`` a Duration of ``seconds``, an int64 string, and ``nanos``).
 - V2Vm: ``mmv1/products/tpuv2/Vm.yaml``: the node's name is the ``nodeId`` URL parameter, the
   zone is in the URL, the rest is the Node body under the same names.
 
@@ -52,6 +56,7 @@ NETWORK = "gcp:compute/network:Network"
 SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
 ROUTER = "gcp:compute/router:Router"
 ROUTER_NAT = "gcp:compute/routerNat:RouterNat"
+RESIZE_REQUEST = "gcp:compute/resizeRequest:ResizeRequest"
 TPU_NODE = "gcp:tpu/v2Vm:V2Vm"
 IMAGE = "gcp:compute/image:Image"
 
@@ -326,6 +331,23 @@ def _mig(props: Mapping[str, Any]) -> Request:
     )
 
 
+def _resize_request(props: Mapping[str, Any]) -> Request:
+    body = _pick(props, "name", "description", "resizeBy")
+    duration = props.get("requestedRunDuration")
+    if duration:
+        body["requestedRunDuration"] = {
+            "seconds": _int64(duration["seconds"]),
+            **_pick(duration, "nanos"),
+        }
+    return Request(
+        "compute",
+        "compute.instanceGroupManagerResizeRequests.insert",
+        "InstanceGroupManagerResizeRequest",
+        props.get("name"),
+        body,
+    )
+
+
 def _preserved_ips(ips: list[Mapping[str, Any]] | None) -> dict[str, Any]:
     return {
         ip["interfaceName"]: {
@@ -528,6 +550,10 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
     PER_INSTANCE_CONFIG: (
         frozenset({"name", "preservedState", "instanceGroupManager"}),
         _per_instance_config,
+    ),
+    RESIZE_REQUEST: (
+        frozenset({"name", "description", "resizeBy", "requestedRunDuration", "instanceGroupManager"}),
+        _resize_request,
     ),
     RESOURCE_POLICY: (frozenset({"name", "description", "workloadPolicy"}), _resource_policy),
     ADDRESS: (

@@ -29,6 +29,7 @@ from rayslice.errors import CloudError, RaysliceError
 ZONE_RESOURCE_POOL_EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED"
 # Queued resource states (tpu v2 discovery document, QueuedResourceState.state).
 WAITING, ACTIVE, FAILED = "WAITING_FOR_RESOURCES", "ACTIVE", "FAILED"
+CANCELLED = "CANCELLED"  # withdrawn before it was fulfilled (its MIG or queued resource deleted)
 
 
 class CapacityExhausted(RaysliceError):
@@ -111,6 +112,11 @@ class Capacity:
                 self.free[(request.zone, request.kind)] = free - request.hosts
             request.state = ACTIVE
             request.on_fulfilled()
+
+    def cancel(self, request: Request) -> None:
+        """A waiting request withdrawn (its MIG deleted): it never takes capacity."""
+        if request.state == WAITING:
+            request.state = CANCELLED
 
     def waiting(self) -> list[Request]:
         return [r for r in self.requests if r.state == WAITING]

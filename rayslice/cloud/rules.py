@@ -27,7 +27,15 @@ from typing import Any
 
 from rayslice import catalog
 from rayslice.cloud import bodies
-from rayslice.cloud.bodies import MIG, PER_INSTANCE_CONFIG, RESOURCE_POLICY, TEMPLATE, TPU_NODE, Request
+from rayslice.cloud.bodies import (
+    MIG,
+    PER_INSTANCE_CONFIG,
+    RESIZE_REQUEST,
+    RESOURCE_POLICY,
+    TEMPLATE,
+    TPU_NODE,
+    Request,
+)
 
 # Provisioning models, instance termination actions and MIG settings (compute v1 enums).
 FLEX_START = "FLEX_START"
@@ -230,7 +238,10 @@ def _bulk_reservation_bound_deletes(stack: Stack) -> Iterator[Finding]:
 # mmv1/products/compute/PerInstanceConfig.yaml, create_url), which adds an instance and raises
 # the target size by one (compute v1 discovery, instanceGroupManagers.createInstances: "Creates
 # instances with per-instance configurations in this managed instance group"; targetSize: "The
-# target number of running instances"). So the MIG ends with targetSize + per-instance configs.
+# target number of running instances"). A resize request raises it by its resizeBy once it is
+# fulfilled (compute v1 discovery, InstanceGroupManagerResizeRequest.resizeBy: "The group's target
+# size will be increased by this number"). So the MIG ends with targetSize + per-instance configs
+# + the resize requests' resizeBy.
 _TPU_MIG_PAGE = (
     "Compute Engine, 'Create a MIG with multi-host TPU slice', "
     "https://docs.cloud.google.com/compute/docs/tpus/create-tpu-mig-multi-host-slice; magic-modules "
@@ -272,14 +283,18 @@ def _topology_fits_machine_type(stack: Stack) -> Iterator[Finding]:
 def _instances_match_topology(stack: Stack) -> Iterator[Finding]:
     for mig in stack.of_type(MIG):
         configs = stack.referencing(mig, "instanceGroupManager", PER_INSTANCE_CONFIG)
+        requests = stack.referencing(mig, "instanceGroupManager", RESIZE_REQUEST)
         target = int(mig.body.get("targetSize", 0))
+        resized = sum(int(r.body.get("resizeBy", 0)) for r in requests)
+        ends = target + len(configs) + resized
         for _, _, topology, per_host, hosts in _slice_shape(stack, mig):
-            if per_host and target + len(configs) != hosts:
+            if per_host and ends != hosts:
                 yield (
                     mig,
-                    f"ends with {target + len(configs)} instances (target size {target} plus "
-                    f"{len(configs)} per-instance configs, each created by createInstances, which "
-                    f"raises the target size) for topology {topology} of {hosts} hosts",
+                    f"ends with {ends} instances (target size {target} plus {len(configs)} "
+                    "per-instance configs, each created by createInstances, which raises the "
+                    f"target size, plus {resized} from resize requests) for topology {topology} "
+                    f"of {hosts} hosts",
                 )
 
 

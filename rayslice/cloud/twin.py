@@ -51,6 +51,20 @@ Behaviour, by source:
   Cloud TPU API worker the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`. Where no
   source gives an order, the worker id of a MIG's instance is its creation order.
 
+- Capacity (`rayslice.cloud.capacity`, sources there): every direct create (a MIG's target
+  size, ``createInstances``, an instance, a TPU node) takes its hosts from the zone's capacity or
+  fails with ``ZONE_RESOURCE_POOL_EXHAUSTED`` and creates nothing; a zone never given a number
+  has room for everything. A MIG resize request (compute v1 discovery,
+  instanceGroupManagerResizeRequests.insert; "About resize requests in a MIG") is ACCEPTED at
+  once and waits while the zone lacks hosts for all of it; when they come, the MIG creates all
+  ``resizeBy`` instances at once, auto-named ``<baseInstanceName>-<4 characters>`` ("resizeBy:
+  ... The MIG automatically generates the names of the VMs"), raises its target size by as many
+  (resizeBy: "The group's target size will be increased by this number") and the request turns
+  SUCCEEDED. The v1 resize request has no deadline field (Dynamic Workload Scheduler "persists
+  the request" until capacity comes), so it waits until it or its MIG is deleted. Deleting a
+  slice (MIG or TPU node) gives its hosts back to the zone; a preempted host's capacity stays
+  with Google.
+
 Core-level (no platform code): `rayslice preview` (infra) and the simulator (local) both use it.
 """
 
@@ -60,6 +74,7 @@ import copy
 import ipaddress
 import itertools
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -67,6 +82,8 @@ from typing import Any
 from rayslice import catalog
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES, Request
+from rayslice.cloud.capacity import Capacity
+from rayslice.cloud.capacity import Request as CapacityRequest
 from rayslice.errors import InvalidInput
 from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
 
@@ -80,6 +97,8 @@ RUNNING, TERMINATED, DELETED = "RUNNING", "TERMINATED", "DELETED"
 REPAIR = "REPAIR"
 MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
 TPU_READY, TPU_PREEMPTED = "READY", "PREEMPTED"
+# InstanceGroupManagerResizeRequest.state (compute v1 discovery document).
+RESIZE_ACCEPTED, RESIZE_SUCCEEDED, RESIZE_FAILED = "ACCEPTED", "SUCCEEDED", "FAILED"
 
 
 class CloudRuleError(InvalidInput):
@@ -176,6 +195,13 @@ class CloudTwin:
         self.refused: list[rules.Violation] = []
         self.on_host_up: Hook | None = None
         self.on_host_down: Hook | None = None
+        # Free hosts per zone and type, and the requests that wait for them (`capacity`); the
+        # clock dates requests and decides deadlines (tests set it).
+        self.capacity = Capacity()
+        self.clock: Callable[[], float] = time.time
+        # A MIG's resize requests as Google returns them, and what each waits on.
+        self.resize_requests: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self._waits: dict[int, CapacityRequest] = {}  # id(resize request record) -> its wait
         self._ids = itertools.count(1)
 
     # ---- applying the program's resources ------------------------------------------------------
@@ -219,7 +245,10 @@ class CloudTwin:
         elif type_token == bodies.PER_INSTANCE_CONFIG:
             mig = self._mig_named(project, str(zone), str(target), name)
             self.create_instances(project, str(zone), mig, request.body["instances"])
+        elif type_token == bodies.RESIZE_REQUEST:
+            self.insert_resize_request(project, str(zone), _short(target), request.body)
         elif type_token == bodies.INSTANCE:
+            self.capacity.take(str(zone), _short(request.body.get("machineType", "")), 1)
             vm = self._new_vm(project, str(zone), resource_name, None, 0, request.body)
             outputs["networkInterfaces"] = [{"networkIp": vm.ip}]
         elif type_token == bodies.TPU_NODE:
@@ -308,7 +337,7 @@ class CloudTwin:
         resource this twin holds (or the reference as given)."""
         body = request.body
         refs: dict[str, set[str]] = {}
-        if type_token == bodies.PER_INSTANCE_CONFIG and target:
+        if type_token in (bodies.PER_INSTANCE_CONFIG, bodies.RESIZE_REQUEST) and target:
             refs["instanceGroupManager"] = {self._link(f"instanceGroupManagers/{_short(target)}")}
         if type_token == bodies.MIG:
             refs["versions"] = {self._link(v.get("instanceTemplate")) for v in body.get("versions", [])}
@@ -362,11 +391,72 @@ class CloudTwin:
             creationTimestamp="2026-01-01T00:00:00.000-00:00",
         )
         mig.setdefault("targetSize", 0)
+        self.capacity.take(zone, self._machine_of(mig), int(mig["targetSize"]))
         self.migs[key], self.instances[key], self.configs[key] = mig, [], []
-        prefix = mig.get("baseInstanceName", name)
-        for _ in range(int(mig["targetSize"])):
-            self._add_to_mig(project, zone, mig, f"{prefix}-{secrets.token_hex(2)}", {})
+        self.resize_requests[key] = []
+        self._add_auto_named(project, zone, mig, int(mig["targetSize"]))
         return mig
+
+    def _add_auto_named(self, project: str, zone: str, mig: dict[str, Any], count: int) -> None:
+        """`count` instances named as a MIG names them: ``<baseInstanceName>-<4 characters>``,
+        created together: ``on_host_up`` runs once all exist, so each host's attributes list
+        every peer (a bulk MIG "creates VMs all at once")."""
+        prefix = mig.get("baseInstanceName", mig["name"])
+        created = []
+        for _ in range(count):
+            name = f"{prefix}-{secrets.token_hex(2)}"
+            while (project, zone, name) in self.vms:
+                name = f"{prefix}-{secrets.token_hex(2)}"
+            self._add_to_mig(project, zone, mig, name, {}, announce=False)
+            created.append(self.vms[(project, zone, name)])
+        for vm in created:
+            self._hook(self.on_host_up, vm)
+
+    def _machine_of(self, mig: dict[str, Any]) -> str:
+        """The machine type of a MIG's hosts (its template's), the kind its capacity counts."""
+        template = self._template_of(mig)
+        return _short((template or {}).get("properties", {}).get("machineType", ""))
+
+    def insert_resize_request(
+        self, project: str, zone: str, mig_name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """instanceGroupManagerResizeRequests.insert: accepted at once, fulfilled whole when the
+        zone has all its hosts (see the module docstring). Returns the request as Google does."""
+        key = (project, zone, mig_name)
+        mig = self.migs.get(key)
+        if mig is None:
+            raise InvalidInput(f"resize request {body.get('name')}: no MIG {mig_name!r} in {project}/{zone}")
+        name, hosts = str(body["name"]), int(body["resizeBy"])
+        base = f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig_name}"
+        record = {
+            **copy.deepcopy(body),
+            "kind": "compute#instanceGroupManagerResizeRequest",
+            "id": str(next(self._ids)),
+            "creationTimestamp": _rfc3339(self.clock()),
+            "zone": f"{API_ROOT}projects/{project}/zones/{zone}",
+            "selfLink": f"{API_ROOT}{base}/resizeRequests/{name}",
+            "state": RESIZE_ACCEPTED,
+        }
+
+        def fulfil() -> None:
+            self._add_auto_named(project, zone, mig, hosts)
+            mig["targetSize"] = int(mig.get("targetSize", 0)) + hosts
+            record["state"] = RESIZE_SUCCEEDED
+
+        self.resize_requests[key].append(record)
+        wait = CapacityRequest(f"{mig_name}/{name}", zone, self._machine_of(mig), hosts, None, fulfil)
+        self._waits[id(record)] = wait
+        self.capacity.submit(wait, self.clock())
+        return record
+
+    def set_capacity(self, zone: str, kind: str, hosts: int) -> None:
+        """The zone now has `hosts` free hosts of `kind` (a machine type, or a TPU generation on
+        the TPU API): requests that now fit are fulfilled, in order."""
+        self.capacity.set(zone, kind, hosts, self.clock())
+
+    def resize_requests_of(self, project: str, zone: str, mig: str) -> list[dict[str, Any]]:
+        """instanceGroupManagerResizeRequests.list: the MIG's requests, oldest first."""
+        return copy.deepcopy(self.resize_requests.get((project, zone, mig), []))
 
     def create_instances(
         self, project: str, zone: str, mig: dict[str, Any], configs: list[dict[str, Any]]
@@ -374,13 +464,20 @@ class CloudTwin:
         """instanceGroupManagers.createInstances: one named instance per config; the target
         size rises by as many. Returns the managed-instance records."""
         key = (project, zone, mig["name"])
+        self.capacity.take(zone, self._machine_of(mig), len(configs))
         added = [self._add_to_mig(project, zone, mig, str(c["name"]), c) for c in configs]
         self.configs[key].extend({**copy.deepcopy(c), "status": "EFFECTIVE"} for c in configs)
         mig["targetSize"] = int(mig.get("targetSize", 0)) + len(configs)
         return added
 
     def _add_to_mig(
-        self, project: str, zone: str, mig: dict[str, Any], name: str, config: dict[str, Any]
+        self,
+        project: str,
+        zone: str,
+        mig: dict[str, Any],
+        name: str,
+        config: dict[str, Any],
+        announce: bool = True,
     ) -> dict[str, Any]:
         key = (project, zone, mig["name"])
         template = self._template_of(mig)
@@ -398,7 +495,7 @@ class CloudTwin:
             None,
         )
         worker = len(self.instances[key])
-        self._new_vm(project, zone, name, mig["name"], worker, properties, ip=ip)
+        self._new_vm(project, zone, name, mig["name"], worker, properties, ip=ip, announce=announce)
         record = {
             "instance": f"{API_ROOT}projects/{project}/zones/{zone}/instances/{name}",
             "name": name,
@@ -431,6 +528,7 @@ class CloudTwin:
         worker: int,
         properties: dict[str, Any],
         ip: str | None = None,
+        announce: bool = True,
     ) -> _Vm:
         nics = properties.get("networkInterfaces") or [{}]
         subnet = self._subnet(nics[0].get("subnetwork"))
@@ -438,7 +536,8 @@ class CloudTwin:
         address = subnet.take(wanted) if subnet else str(wanted or "")
         vm = _Vm(project, zone, name, group, worker, address, properties)
         self.vms[(project, zone, name)] = vm
-        self._hook(self.on_host_up, vm)
+        if announce:
+            self._hook(self.on_host_up, vm)
         return vm
 
     def _hook(self, hook: Hook | None, vm: _Vm) -> None:
@@ -448,10 +547,18 @@ class CloudTwin:
     def delete_mig(self, project: str, zone: str, name: str) -> None:
         """instanceGroupManagers.delete: the MIG and every instance it holds."""
         key = (project, zone, name)
-        for vm in [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]:
+        mig = self.migs.get(key)
+        held = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]
+        for vm in held:
             self._remove_vm(vm)
+        for record in self.resize_requests.pop(key, []):  # a MIG's requests go with it
+            wait = self._waits.pop(id(record), None)
+            if wait is not None:
+                self.capacity.cancel(wait)
         for table in (self.migs, self.instances, self.configs):
             table.pop(key, None)
+        if mig is not None:
+            self.capacity.give_back(zone, self._machine_of(mig), len(held), self.clock())
 
     def _remove_vm(self, vm: _Vm) -> None:
         self.vms.pop((vm.project, vm.zone, vm.name), None)
@@ -473,6 +580,7 @@ class CloudTwin:
         config = body.get("networkConfig") or (body.get("networkConfigs") or [{}])[0]
         subnet = self._subnet(config.get("subnetwork"))
         hosts = node_hosts(body)
+        self.capacity.take(zone, node_kind(body), hosts)
         if "networkEndpoints" not in node:
             node["networkEndpoints"] = [
                 {"ipAddress": subnet.take() if subnet else "", "port": 8470} for _ in range(hosts)
@@ -484,9 +592,11 @@ class CloudTwin:
 
     def delete_node(self, project: str, zone: str, name: str) -> None:
         hosts = self._node_hosts((project, zone, name))
-        self.nodes.pop((project, zone, name), None)
+        node = self.nodes.pop((project, zone, name), None)
         for host in hosts:
             self._call(self.on_host_down, replace(host, status=DELETED))
+        if node is not None:
+            self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock())
 
     @staticmethod
     def _call(hook: Hook | None, host: TwinHost) -> None:
@@ -694,6 +804,20 @@ def node_hosts(body: dict[str, Any]) -> int:
     return 1
 
 
+def node_kind(body: dict[str, Any]) -> str:
+    """What a TPU node's hosts count against in a zone's capacity: its generation (``v6e``)."""
+    config = body.get("acceleratorConfig")
+    if config:
+        return _API_GENERATIONS[config["type"]]
+    if body.get("acceleratorType"):
+        return catalog.lookup(str(body["acceleratorType"])).generation
+    return ""  # no type (the emulation's bare test nodes): a kind no zone limits
+
+
+def _rfc3339(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 def _tpu_api_type(config: dict[str, Any]) -> str:
     if not config:
         return ""
@@ -714,6 +838,7 @@ _COLLECTIONS = {
     bodies.PER_INSTANCE_CONFIG: "perInstanceConfigs",
     bodies.TPU_NODE: "nodes",
     bodies.IMAGE: "images",
+    bodies.RESIZE_REQUEST: "resizeRequests",
 }
 
 

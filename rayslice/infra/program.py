@@ -43,15 +43,13 @@ def undeclarable(cluster_spec: spec.ClusterSpec) -> str | None:
     """Why this program cannot declare a valid spec yet (None: it can).
 
     The spec takes every capacity Google offers (docs/capacity.md); the program does not yet
-    declare a compute flex-start slice (a FLEX_START bulk MIG grown by a resize request) or a
-    tpu-vm queued resource. Such a stack is refused before anything is declared, rather than
-    declared as a direct create that would not wait for capacity."""
-    if cluster_spec.capacity == "flex-start" or cluster_spec.queued:
-        asked = "queued=true" if cluster_spec.queued else "capacity=flex-start"
+    declare a tpu-vm queued resource. Such a stack is refused before anything is declared,
+    rather than declared as a direct create that would not wait for capacity."""
+    if cluster_spec.queued:
         return (
-            f"{asked} on platform={cluster_spec.platform} is valid but rayslice's Pulumi program "
-            "does not declare its request yet (docs/capacity.md, 'What rayslice declares'); use "
-            "capacity=on-demand, spot or reserved for now"
+            f"queued=true on platform={cluster_spec.platform} is valid but rayslice's Pulumi program "
+            "does not declare a queued resource yet (docs/capacity.md, 'What rayslice declares'); "
+            "use queued=false for now"
         )
     return None
 

@@ -25,7 +25,12 @@ from rayslice.cli import Group, load_spec, spec_options
 from rayslice.clusters import FoundCluster
 from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
 from rayslice.local.google.cloud_api.emulator import MAX_NOTICE_S
-from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config, request_preempt
+from rayslice.local.simulation.cloud_bridge import (
+    cloud_access,
+    cloud_config,
+    request_capacity,
+    request_preempt,
+)
 from rayslice.local.simulation.simulator import Simulation, require_root
 from rayslice.local.simulation.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
 from rayslice.local.simulation.status import format_report, status_report
@@ -106,6 +111,13 @@ def local_group() -> None:
     is_flag=True,
     help="Allow rayAuth=none: any local user could then submit jobs that run as root.",
 )
+@click.option(
+    "--zone-capacity",
+    type=click.IntRange(0),
+    metavar="HOSTS",
+    help="The zone's free hosts of the slices' type before the program runs (default: room for all). "
+    "A flex-start slice then waits for `rayslice local capacity`; a direct create beyond it fails.",
+)
 def up_command(
     stack_file: str | None,
     overrides: tuple[str, ...],
@@ -113,12 +125,21 @@ def up_command(
     wheelhouse: str | None,
     timeout: float,
     insecure: bool,
+    zone_capacity: int | None,
 ) -> int:
-    """Create the simulated hosts, boot them and wait until all joined Ray."""
+    """Create the simulated hosts, boot them and wait until all joined Ray.
+
+    The hosts are what the Pulumi program deployed to the emulated cloud; a flex-start slice
+    whose request waits for capacity (--zone-capacity) has none yet: they boot and join when
+    `rayslice local capacity` gives the zone room."""
     spec = load_spec(stack_file, overrides, require_zone=False)
     package_source = f"wheels:{Path(wheelhouse).resolve()}" if wheelhouse else None
     where = state_dir or default_state_dir()
-    sim = _as_root(lambda: Simulation.create(spec, where, package_source=package_source, insecure=insecure))
+    sim = _as_root(
+        lambda: Simulation.create(
+            spec, where, package_source=package_source, insecure=insecure, zone_capacity=zone_capacity
+        )
+    )
     for warning in sim.warnings:
         click.echo(f"rayslice: warning: {warning}", err=True)
     hosts = sim.plan.hosts
@@ -257,4 +278,30 @@ def preempt_command(state_dir: Path | None, notice_s: float, slice_name: str) ->
     require_root()
     hosts = request_preempt(state_dir or default_state_dir(), slice_name, notice_s)
     click.echo(f"preempted {slice_name}: notice, then after {notice_s:g} s powered off {', '.join(hosts)}")
+    return EXIT_OK
+
+
+@local_group.command("capacity")
+@state_dir_option
+@click.option("--zone", metavar="Z", help="The zone (default: the simulation's).")
+@click.option(
+    "--type",
+    "kind",
+    metavar="T",
+    help="The host type counted: a machine type on compute (default: the slices', e.g. "
+    "ct6e-standard-4t), a TPU generation on tpu-vm (default: the slices', e.g. v6e).",
+)
+@click.argument("hosts", type=click.IntRange(0), metavar="HOSTS")
+def capacity_command(state_dir: Path | None, zone: str | None, kind: str | None, hosts: int) -> int:
+    """Give the emulated zone HOSTS free hosts of a type, as Google's capacity comes and goes.
+
+    From then on a direct create that needs more fails with ZONE_RESOURCE_POOL_EXHAUSTED, and
+    waiting requests (a flex-start slice's resize request) that now fit are fulfilled whole, in
+    the order they came: their hosts boot and join. `rayslice status` shows each request's state.
+    """
+    require_root()
+    answer = request_capacity(state_dir or default_state_dir(), hosts, zone, kind)
+    waiting = ", ".join(answer["waiting"]) or "none"
+    free = f"zone {answer['zone']}: {answer['free']} free {answer['type']} host(s)"
+    click.echo(f"{free}; requests still waiting: {waiting}")
     return EXIT_OK

@@ -238,11 +238,24 @@ class CloudClient:
     def list_per_instance_configs(self, name: str) -> list[dict[str, Any]]:
         return self._paged(f"instanceGroupManagers/{_q(name)}/listPerInstanceConfigs", "items")
 
-    def _paged(self, path: str, field: str) -> list[dict[str, Any]]:
+    def list_resize_requests(self, name: str) -> list[dict[str, Any]]:
+        """instanceGroupManagerResizeRequests.list: the MIG's resize requests."""
+        return self._paged(f"instanceGroupManagers/{_q(name)}/resizeRequests", "items", method="GET")
+
+    def insert_resize_request(
+        self, name: str, body: Mapping[str, Any], allowed: Collection[str]
+    ) -> dict[str, Any]:
+        """instanceGroupManagerResizeRequests.insert: ask for hosts that wait for capacity."""
+        self._guard(name, allowed)
+        return self._request(
+            "POST", self._compute(f"instanceGroupManagers/{_q(name)}/resizeRequests"), body=dict(body)
+        )
+
+    def _paged(self, path: str, field: str, method: str = "POST") -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token = ""
         while True:
-            page = self._request("POST", self._compute(path), params={"pageToken": token} if token else None)
+            page = self._request(method, self._compute(path), params={"pageToken": token} if token else None)
             items.extend(page.get(field, []))
             token = page.get("nextPageToken", "")
             if not token:

@@ -28,6 +28,7 @@ from google.oauth2 import service_account
 from rayslice import clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
+from rayslice.cloud.twin import RESIZE_ACCEPTED, RESIZE_FAILED, RESIZE_SUCCEEDED
 from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
@@ -71,7 +72,27 @@ def _tpu_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
     return {"name": name, "state": str(node.get("state", "STATE_UNSPECIFIED")), "hosts": hosts}
 
 
-def _compute_slice(client: CloudClient, name: str) -> dict[str, Any]:
+def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any]:
+    """A flex-start slice's resize request as status shows it: its state (ACCEPTED: waiting for
+    capacity; SUCCEEDED: its hosts were created; FAILED with Google's reason; compute v1
+    InstanceGroupManagerResizeRequest.state), since when, the hosts asked and how many joined Ray.
+    The v1 request has no deadline: it waits until it is deleted ("About resize requests in a MIG")."""
+    errors = (request.get("status") or {}).get("error", {}).get("errors", [])
+    duration = (request.get("requestedRunDuration") or {}).get("seconds")
+    return {
+        "name": str(request.get("name", "")),
+        "state": str(request.get("state", "STATE_UNSPECIFIED")),
+        "since": str(request.get("creationTimestamp", "")),
+        "deadline": None,
+        "run_hours": int(duration) / 3600 if duration else None,
+        "hosts_asked": int(request.get("resizeBy") or 0),
+        "hosts_joined": joined,
+        "reason": "; ".join(f"{e.get('code', '')}: {e.get('message', '')}" for e in errors) or None,
+    }
+
+
+def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:
+    """A MIG slice; `waits`: its hosts come through resize requests (flex-start), shown too."""
     mig = client.get_mig(name)
     if mig is None:
         return {"name": name, "state": "MISSING", "hosts": []}
@@ -86,7 +107,14 @@ def _compute_slice(client: CloudClient, name: str) -> dict[str, Any]:
         hosts.append({"worker": worker, "name": host, "instance": status, "boot": boot})
     running = sum(1 for h in hosts if h["instance"] == "RUNNING")
     state = "READY" if target and running == target else f"DEGRADED ({running} of {target} hosts running)"
-    return {"name": name, "state": state, "hosts": hosts}
+    if not waits:
+        return {"name": name, "state": state, "hosts": hosts}
+    joined = sum(1 for h in hosts if h["boot"] == names.STATE_JOINED)
+    requests = client.list_resize_requests(name)
+    request = resize_request_status(requests[-1], joined) if requests else None
+    if request is not None and request["state"] != RESIZE_SUCCEEDED:
+        state = f"REQUEST {request['state']}"  # no hosts yet: the request is the slice's state
+    return {"name": name, "state": state, "hosts": hosts, "request": request}
 
 
 def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
@@ -100,7 +128,7 @@ def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
     slices = [
         _tpu_slice(client, spec, spec.slice_name(i))
         if platform.slice_resource == TPU_NODE
-        else _compute_slice(client, spec.slice_name(i))
+        else _compute_slice(client, spec.slice_name(i), spec.waits_for_capacity)
         for i in range(spec.slices)
     ]
     head: dict[str, Any] | None = None
@@ -135,6 +163,8 @@ def render_text(data: dict[str, Any]) -> str:
         lines.append(f"controller VM {data['controller']['name']}: {data['controller']['boot']}")
     for item in data["slices"]:
         lines.append(f"slice {item['name']}: {item['state']}")
+        if item.get("request"):
+            lines.append(f"  {_request_line(item['request'])}")
         for host in item["hosts"]:
             instance = f" [{host['instance']}]" if "instance" in host else ""
             lines.append(f"  worker {host['worker']} {host['name']}{instance}: {host['boot']}")
@@ -150,6 +180,18 @@ def render_text(data: dict[str, Any]) -> str:
     # Boot states and events come from guest attributes, which any process on a host can write:
     # shown escaped, a value cannot move the cursor, rewrite earlier lines or fake a new one.
     return "\n".join(printable.escaped(line) for line in lines)
+
+
+def _request_line(request: dict[str, Any]) -> str:
+    state = request["state"]
+    meaning = {
+        RESIZE_ACCEPTED: f"waiting for capacity since {request['since']} (no deadline: waits until deleted)",
+        RESIZE_SUCCEEDED: f"fulfilled (asked {request['since']})",
+        RESIZE_FAILED: f"failed: {request['reason'] or 'no reason given'}",
+    }.get(state, state)
+    run = f", run at most {request['run_hours']:g} h" if request["run_hours"] else ""
+    hosts = f"{request['hosts_joined']} of {request['hosts_asked']} hosts joined"
+    return f"resize request {request['name']}: {state}, {meaning}{run}; {hosts}"
 
 
 def client_for(spec: ClusterSpec, access: clusters.CloudAccess) -> CloudClient:

@@ -18,7 +18,13 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   its recorded spec in the program's shape (target size 0, no bulk target-size policy, default
   action on failure DO_NOTHING: the controller, not the MIG, repairs a slice, and whole), and
   creates the hosts with their recorded per-instance configs (names and preserved addresses) in
-  one ``createInstances`` call, which raises the target size to the slice's host count.
+  one ``createInstances`` call, which raises the target size to the slice's host count. A
+  flex-start slice's MIG (bulk mode, no per-instance configs) gets its hosts the way it first
+  did: the controller inserts it again with its target-size policy and makes a new resize request
+  like the one recorded (``resizeBy``, ``requestedRunDuration``), named
+  `names.resize_request_name`. The request waits for capacity as the first did; the controller
+  leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
+  its hosts exist.
 
 A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
 one the controller has just recreated, until it is whole again. After a failed recreation the
@@ -60,6 +66,9 @@ from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Record
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+# compute v1 InstanceGroupManagerTargetSizePolicy of a flex-start slice's MIG.
+BULK_MODE = "BULK"
+BULK_POLICY = {"mode": BULK_MODE}
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
 # that was once whole.
 COMPUTE_SERVING_STATUS = "RUNNING"
@@ -99,7 +108,9 @@ TPU_CREATE_FIELDS = (
 )
 # Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG. Not
 # targetSizePolicy: bulk mode takes only FLEX_START or RESERVATION_BOUND templates (rule
-# bulk-provisioning-model), and the program's MIG has none.
+# bulk-provisioning-model), and the program sets it only on a flex-start MIG, whose hosts come
+# through a resize request: such a MIG is inserted again in bulk mode (`BULK_POLICY`), an earlier
+# rayslice's bulk Spot MIG (no request) without it.
 MIG_INSERT_FIELDS = (
     "allInstancesConfig",
     "autoHealingPolicies",
@@ -116,6 +127,9 @@ MIG_INSERT_FIELDS = (
     "updatePolicy",
     "versions",
 )
+# Writable InstanceGroupManagerResizeRequest fields (compute.v1.json) carried to the new request
+# of a recreated flex-start slice.
+RESIZE_REQUEST_FIELDS = ("description", "requestedRunDuration", "resizeBy")
 DEFAULT_INTERVAL_S = 30.0
 DEFAULT_BASE_BACKOFF_S = 30.0
 DEFAULT_MAX_BACKOFF_S = 900.0
@@ -288,13 +302,18 @@ class Controller:
             return Observation(True, "MIG missing")
         instances = self.client.list_managed_instances(name)
         configs = self.client.list_per_instance_configs(name)
-        recorded = {
+        recorded: dict[str, Any] = {
             "mig": {key: mig[key] for key in MIG_INSERT_FIELDS if key in mig},
             "instances": [
                 {key: config[key] for key in ("name", "preservedState") if key in config}
                 for config in configs
             ],
         }
+        if mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE:  # flex-start: the request
+            requests = self.client.list_resize_requests(name)
+            if requests:
+                last = requests[-1]
+                recorded["request"] = {key: last[key] for key in RESIZE_REQUEST_FIELDS if key in last}
         target = int(mig.get("targetSize", 0))
         problems = []
         if len(instances) < target:
@@ -324,8 +343,11 @@ class Controller:
                 return f"failed: delete: {operation_error(done) or 'did not finish'}"
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
-        if instances:
-            body["targetSize"] = 0  # createInstances below names each host and raises the size
+        request = recorded.get("request")
+        if instances or request:
+            body["targetSize"] = 0  # createInstances or the request below adds the hosts
+        if request:
+            body["targetSizePolicy"] = BULK_POLICY
         policy = dict(body.get("instanceLifecyclePolicy") or {})
         body["instanceLifecyclePolicy"] = {**policy, "defaultActionOnFailure": MIG_ACTION_ON_FAILURE}
         done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
@@ -337,6 +359,12 @@ class Controller:
                 return "hosts requested, still in progress"
             if operation_error(done):
                 return f"failed: createInstances: {operation_error(done)}"
+        if request:
+            new = {**request, "name": names.resize_request_name(name)}
+            done = wait(self.client.insert_resize_request(name, new, allowed), self.operation_timeout_s)
+            if done.get("status") != "DONE" or operation_error(done):
+                return f"failed: resize request: {operation_error(done) or 'did not finish'}"
+            return f"recreated; resize request {new['name']} waits for {new.get('resizeBy')} hosts"
         return "recreated"
 
     # ---- the service --------------------------------------------------------------------------

@@ -313,6 +313,13 @@ class ClusterSpec:
         return self.tpu.hosts * self.slices
 
     @property
+    def waits_for_capacity(self) -> bool:
+        """Whether each slice is a request that waits for capacity (a flex-start resize request,
+        a queued resource) rather than a direct create; its hosts exist only once it is fulfilled,
+        named by the cloud, not by rayslice."""
+        return self.capacity == "flex-start" or self.queued
+
+    @property
     def runs_recovery(self) -> bool:
         """Whether the recovery controller's VM runs (GKE recreates its node pools itself)."""
         return self.recovery and self.head == "vm" and self.platform != "gke"

@@ -227,12 +227,20 @@ def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]
 def _check_head(draft: Draft, problems: list[str]) -> None:
     """Fill `head` (vm for multislice and spot) and refuse the heads that cannot work."""
     slices, capacity = draft.slices, draft.capacity
+    waits = capacity == "flex-start" or bool(draft.queued)
     if draft.head is None:
         if "head" not in draft.refused:
-            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" else "slice"
+            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" or waits else "slice"
         return
     if draft.head != "slice":
         return
+    if waits:
+        problems.append(
+            f"head=slice with {'queued=true' if draft.queued else 'capacity=flex-start'}: the slice's "
+            "hosts exist only once its request is fulfilled (hours later, perhaps), and the cloud "
+            "names them, so no host can be the head the others join meanwhile; use head=vm (the "
+            "default for requests that wait)"
+        )
     if slices is not None and slices > 1:
         problems.append(
             "head=slice with several slices puts the head on one slice's host; use head=vm for multislice"

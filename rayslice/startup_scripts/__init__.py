@@ -75,7 +75,11 @@ def host_attributes(
         attributes[ATTR_INDEX_CREDENTIALS_SECRET] = spec.package_index_credentials_secret
     platform = VM_PLATFORMS.get(spec.platform)
     if platform is not None and slice_index != HEAD_VM_SLICE_INDEX:
-        attributes.update(platform.identity_attributes(spec.slice_name(slice_index), spec.tpu.hosts))
+        attributes.update(
+            platform.identity_attributes(
+                spec.slice_name(slice_index), spec.tpu.hosts, cloud_names=spec.waits_for_capacity
+            )
+        )
     return attributes
 
 

@@ -41,12 +41,18 @@ def test_every_problem_is_reported_before_the_program_runs(capsys):
 
 
 def test_a_valid_capacity_the_program_cannot_declare_yet_exits_2_and_says_so(capsys):
-    for overrides in (
-        ["--set", "platform=compute", "--set", "capacity=flex-start"],
-        ["--set", "platform=tpu-vm", "--set", "capacity=spot", "--set", "queued=true"],
-    ):
-        code = cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-16.yaml"), *overrides])
-        captured = capsys.readouterr()
-        assert code == EXIT_INVALID
-        assert "does not declare its request yet" in captured.err
-        assert "gcp.compute.InstanceGroupManager" not in captured.out
+    overrides = ["--set", "platform=tpu-vm", "--set", "capacity=spot", "--set", "queued=true"]
+    code = cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-16.yaml"), *overrides])
+    captured = capsys.readouterr()
+    assert code == EXIT_INVALID
+    assert "does not declare a queued resource yet" in captured.err
+    assert "gcp.tpu.V2Vm" not in captured.out
+
+
+def test_flex_start_with_the_head_on_the_slice_exits_2_before_anything_is_declared(capsys):
+    stack = str(STACKS / "Pulumi.example-compute-flex-v6e-16.yaml")
+    code = cli.main(["preview", "--stack-file", stack, "--set", "head=slice"])
+    captured = capsys.readouterr()
+    assert code == EXIT_INVALID
+    assert "head=slice with capacity=flex-start" in captured.err and "use head=vm" in captured.err
+    assert "gcp.compute.ResizeRequest" not in captured.out

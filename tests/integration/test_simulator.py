@@ -18,13 +18,17 @@ import urllib.request
 import pytest
 
 from rayslice import cli, names, spec
+from rayslice.cli import load_spec
 from rayslice.errors import EXIT_INVALID, InvalidInput
+from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.host import firewall, netns
 from rayslice.local.host.private_files import write_private
 from rayslice.local.host.processes import is_alive, process_ref
+from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config, request_capacity
 from rayslice.local.simulation.simulator import TOKEN_PATH, Simulation
 from rayslice.local.simulation.state import STATE_FILE
-from tests.integration.clusters import on
+from rayslice.recovery.commands import client_for, gather
+from tests.integration.clusters import bring_up, on
 
 # Just enough of a boot script to observe a host from inside: it waits for metadata (which may
 # answer 503 at first), publishes what it sees as guest attributes (a boot counter among them),
@@ -346,3 +350,40 @@ def _wait(condition, timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.2)
+
+
+FLEX_EXAMPLE = "infra/Pulumi.example-compute-flex-v6e-16.yaml"
+
+
+def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simulation_dir):
+    """Issue 21's acceptance on the simulator: the flex-start example (v5p-16: two hosts, the
+    smallest multi-host shape) in a zone with no capacity. The program's part returns with the
+    resize request waiting and no slice host; status shows it waiting. `rayslice local capacity`
+    gives the zone room: the request is fulfilled whole, the MIG names the hosts
+    ``<slice>-<4 characters>``, the simulation makes and boots them, each finds its worker and
+    its peers from Google's attributes alone (rayslice wrote no host list), and both join Ray;
+    status shows the request fulfilled with both hosts joined."""
+    overrides = ["acceleratorType=v5p-16", "zone=us-east5-a", "recovery=false"]
+    cluster = load_spec(FLEX_EXAMPLE, overrides, require_zone=False)
+    sim = Simulation.create(cluster, simulation_dir, zone_capacity=0)
+    assert [h.slice_index for h in sim.plan.hosts] == [-1]  # the head VM only: the request waits
+    bring_up(sim)
+    spec_run = spec.load(cloud_config(sim.spec()), require_zone=False)  # with the emulation's project
+    client = client_for(spec_run, cloud_access(sim.state_dir))
+    [waiting] = gather(client, spec_run)["slices"]
+    assert waiting["state"] == "REQUEST ACCEPTED" and waiting["hosts"] == []
+
+    answer = request_capacity(sim.state_dir, 2, None, None)
+    assert answer["waiting"] == [] and answer["type"] == cluster.tpu.machine_type
+    sim = Simulation.open(simulation_dir)  # with the hosts the emulation added
+    slice_name = cluster.slice_name(0)
+    workers = [h for h in sim.plan.hosts if h.slice_index == 0]
+    assert sorted(h.worker for h in workers) == [0, 1]
+    for host in workers:
+        assert host.name.startswith(f"{slice_name}-") and len(host.name) == len(slice_name) + 5
+        attributes = load_tree(sim.paths(host.name).metadata_tree.read_text())["instance"]["attributes"]
+        assert names.ATTR_SLICE_HOSTS not in attributes and attributes["worker-id"] == str(host.worker)
+    sim.wait_for(lambda states: all(s == names.STATE_JOINED for s in states.values()), timeout=600)
+    [active] = gather(client, spec_run)["slices"]
+    assert active["request"]["state"] == "SUCCEEDED" and active["state"] == "READY"
+    assert (active["request"]["hosts_asked"], active["request"]["hosts_joined"]) == (2, 2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,11 @@ from rayslice.local.simulation import cloud_bridge
 from rayslice.local.simulation.state import (
     ROLE_CONTROLLER_VM,
     ROLE_HEAD_VM,
+    HostRecord,
     Plan,
     SimulationState,
+    check_state,
+    extend_plan,
     make_plan,
     read_deployed,
     write_deployed,
@@ -56,6 +59,13 @@ class Recording:
     def set_preempted(self, name: str, notice: bool) -> bool:
         self.actions.append(("notice" if notice else "clear", name))
         return True
+
+    def add_hosts(self, records: Sequence[HostRecord]) -> list[str]:
+        spec = spec_module.load(self.plan.config, require_zone=False)
+        self.plan = extend_plan(self.plan, spec, records)
+        self.actions += [("add", r.name) for r in records]
+        self.guest.update({r.name: {"state": "joined"} for r in records})
+        return [r.name for r in records]
 
 
 NETWORK = ipaddress.IPv4Network("10.77.0.0/24")  # the simulation's network, the twin's addresses
@@ -294,3 +304,87 @@ def test_a_refused_program_reaches_create_as_one_line_naming_the_rule(
     assert "\n" not in message and "nothing was created" in message
     assert all(f"{v.resource}: {v.message} [rule {v.rule}; source: {v.source}]" in message for v in refused)
     assert not (state_dir / cloud_bridge.ENDPOINT_FILE).exists()  # it never served
+
+
+def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_shows(
+    cloud: CloudApiEmulator,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Acceptance at the emulation's level: a flex-start slice in a zone with no capacity is
+    deployed (the program returns) and waits; status shows the request waiting; `rayslice local
+    capacity` gives the zone room, the request is fulfilled whole and the twin's hooks fire for
+    every new host; status shows it fulfilled. A direct create in the empty zone fails with
+    Google's error."""
+    from rayslice import cli
+
+    spec = spec_module.load({"platform": "compute", "capacity": "flex-start"}, require_zone=False)
+    kind = cloud_bridge.capacity_kind(spec)
+    assert kind == spec.tpu.machine_type == "ct6e-standard-4t"
+    cloud.twin.set_capacity(str(spec.zone), kind, 0)
+    sim = deployed(cloud, spec, "e1f2a3")  # returns: the request was accepted and waits
+    slice_name = spec.slice_name(0)
+    assert not [h for h in sim.plan.hosts if h.slice_index == 0]  # no host of the slice yet
+    cloud_bridge.attach(cloud, sim, spec)
+    cloud.admin_token = "t0ken"
+    cloud.admin_capacity = lambda hosts, zone, kind: cloud_bridge.set_capacity(cloud, spec, hosts, zone, kind)
+    write_private(
+        tmp_path / cloud_bridge.ENDPOINT_FILE, json.dumps({"url": cloud.url, "admin_token": "t0ken"})
+    )
+    adc = tmp_path / "adc.json"
+    adc.write_text(json.dumps(cloud.service_account_info()))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    for key, value in cloud.environment().items():
+        monkeypatch.setenv(key, value)
+    client = CloudClient(default_session(), Location(cloud_bridge.project_of(spec), str(spec.zone)))
+    booted: list[str] = []
+    up = cloud.twin.on_host_up
+    cloud.twin.on_host_up = lambda host: (booted.append(host.name), up and up(host))
+
+    [waiting] = gather(client, spec)["slices"]
+    assert waiting["state"] == "REQUEST ACCEPTED" and waiting["request"]["hosts_asked"] == 4
+
+    capacity = ["local", "capacity", "--state-dir", str(tmp_path)]
+    assert cli.main([*capacity, "3"]) == 0  # too few: nothing is created
+    assert capsys.readouterr().out.strip() == (
+        f"zone {spec.zone}: 3 free {kind} host(s); requests still waiting: {slice_name}/{slice_name}-request"
+    )
+    assert booted == []
+    assert cli.main([*capacity, "--zone", str(spec.zone), "--type", kind, "4"]) == 0
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("0 free ct6e-standard-4t host(s); requests still waiting: none")
+    )
+    [active] = gather(client, spec)["slices"]
+    assert active["request"]["state"] == "SUCCEEDED" and len(active["hosts"]) == 4
+    new = sorted(h["name"] for h in active["hosts"])
+    assert sorted(booted) == new and all(h.startswith(f"{slice_name}-") for h in new)
+    assert {h["instance"] for h in active["hosts"]} == {"RUNNING"}
+    assert active["request"]["hosts_joined"] == 4  # their guest attributes: joined
+    # Each new host was made in the simulation, then booted, once all four existed (each one's
+    # attributes list every peer).
+    assert sorted(name for action, name in sim.actions if action == "add") == new
+    assert [a for a, _ in sim.actions] == ["add", "boot"] * 4
+    added = [h for h in sim.plan.hosts if h.name in new]
+    assert sorted(h.worker for h in added) == [0, 1, 2, 3] and {h.slice_index for h in added} == {0}
+    for host in added:
+        attributes = cloud.twin.host(host.name).metadata
+        assert len(attributes["worker-network-endpoints"].split(",")) == 4
+    check_state(SimulationState(plan=sim.plan, state_dir=str(tmp_path)))  # `local down` accepts it
+
+    # A direct create in the now empty zone: the operation ends with Google's error.
+    operation = client.create_instances(slice_name, [{"name": "extra"}], {slice_name})
+    done = client.wait_zone_operation(operation, 10)
+    assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert "capacity=flex-start" in done["error"]["errors"][0]["message"]
+    assert cli.main([*capacity, "-1"]) == 2  # click refuses a negative count
+    with pytest.raises(SimulatorError, match="hosts must be a whole number of hosts, 0 or more"):
+        cloud_bridge.request_capacity(tmp_path, -1, None, None)  # and so does the emulation
+    write_private(
+        tmp_path / cloud_bridge.ENDPOINT_FILE, json.dumps({"url": cloud.url, "admin_token": "guess"})
+    )
+    with pytest.raises(SimulatorError, match="not the simulator"):
+        cloud_bridge.request_capacity(tmp_path, 9, None, None)

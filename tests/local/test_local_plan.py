@@ -24,7 +24,9 @@ from rayslice.local.simulation.state import (
     HostRecord,
     SimulationState,
     check_state,
+    extend_plan,
     make_plan,
+    spec_hosts,
     subnet_prefix,
 )
 from rayslice.names import ATTR_SLICE_HOSTS
@@ -71,7 +73,8 @@ def test_multislice_plan_puts_the_head_vm_first():
     assert plan.hosts[0].role == ROLE_HEAD_VM and plan.hosts[0].slice_index == -1
     assert plan.head is plan.hosts[0]
     assert [h.role for h in plan.hosts[1:]] == [ROLE_WORKER] * 8
-    assert plan.slice_ips(1) == [f"100.64.9.{i}" for i in range(7, 11)]
+    # .1 the bridge, .2 the controller's VM, .3 the head VM, .4 to .7 slice 0
+    assert plan.slice_ips(1) == [f"100.64.9.{i}" for i in range(8, 12)]
 
 
 def test_a_recovering_cluster_gets_the_controller_vm_as_a_machine_apart_from_the_ray_hosts():
@@ -79,7 +82,7 @@ def test_a_recovering_cluster_gets_the_controller_vm_as_a_machine_apart_from_the
     assert plan.controller is not None and plan.controller.role == ROLE_CONTROLLER_VM
     assert plan.controller.name == "rayslice-controller" and plan.controller not in plan.hosts
     assert (
-        plan.machines == (*plan.hosts, plan.controller)
+        plan.machines == (plan.controller, *plan.hosts)
         and plan.host("rayslice-controller") is plan.controller
     )
     assert len({h.ip for h in plan.machines}) == len(plan.machines) == 10
@@ -491,3 +494,26 @@ def test_a_plan_saved_before_the_twins_hosts_are_known_is_a_valid_state_without_
     check_state(SimulationState(plan=plan, state_dir="/x"))
     with pytest.raises(SimulatorError, match="no hosts yet"):
         assert plan.head
+
+
+def test_hosts_the_cloud_creates_later_are_appended_without_renaming_any_other():
+    flex = spec.load({"acceleratorType": "v6e-16", "capacity": "flex-start"}, require_zone=False)
+    lone = [r for r in spec_hosts(flex) if r.group is None]  # the slice's request still waits
+    plan = make_plan(flex, run_id="a1b2c3", network=NET, hosts=lone)
+    assert [h.role for h in plan.machines] == [ROLE_CONTROLLER_VM, ROLE_HEAD_VM]
+    free = [str(a) for a in plan.ip_network.hosts()][5:9]
+    records = [HostRecord(f"rayslice-slice-0-a{w}b", "rayslice-slice-0", w, ip) for w, ip in enumerate(free)]
+    grown = extend_plan(plan, flex, records)
+    assert grown.machines[:2] == plan.machines  # the same names, namespaces and veths
+    assert [(h.name, h.role, h.slice_index, h.worker) for h in grown.hosts[1:]] == [
+        (r.name, "worker", 0, r.worker) for r in records
+    ]
+    check_state(SimulationState(plan=grown, state_dir="/x"))
+    for bad in (
+        [dataclasses.replace(records[0], group="other-slice-0")],  # not a slice of this spec
+        [dataclasses.replace(records[0], name=plan.hosts[0].name)],  # a name taken
+        [dataclasses.replace(records[0], ip=plan.gateway)],  # the bridge's address
+        [dataclasses.replace(records[0], ip="192.0.2.9")],  # outside the network
+    ):
+        with pytest.raises(SimulatorError, match="cannot add hosts"):
+            extend_plan(plan, flex, bad)

@@ -232,3 +232,17 @@ def seed(
                 }
                 for w, host in enumerate(hosts)
             ]
+
+
+FLEX_REQUEST = {"resizeBy": 4, "requestedRunDuration": {"seconds": "86400"}, "description": "all 4 hosts"}
+
+
+def seed_flex(cloud: CloudApiEmulator, slices: int = 2) -> None:
+    """Flex-start slices as the program makes them: a bulk MIG of target size 0 and one resize
+    request for its four hosts, fulfilled (the zone has room) with hosts the MIG named."""
+    for index in range(slices):
+        slice_name = names.slice_name(CLUSTER, index)
+        body = {"name": slice_name, **mig_fields(slice_name), "targetSizePolicy": {"mode": "BULK"}}
+        cloud.state.insert_mig(PROJECT, ZONE, {**body, "targetSize": 0})
+        request = {"name": names.resize_request_name(slice_name), **FLEX_REQUEST}
+        cloud.state.insert_resize_request(PROJECT, ZONE, slice_name, request)

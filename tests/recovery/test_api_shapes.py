@@ -14,7 +14,7 @@ from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
 from tests.recovery import discovery
-from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed
+from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed, seed_flex
 
 
 def _reduce(path: str) -> str:
@@ -38,17 +38,25 @@ def _exercise(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, 
             names.slice_name(CLUSTER, 0),
             names.slice_name(CLUSTER, 1),
         ]
-    args = [
-        "--set",
-        f"project={PROJECT}",
-        "--set",
-        f"zone={ZONE}",
-        "--set",
-        "slices=2",
-        "--set",
-        "capacity=spot",
-    ]
-    assert cli.main(["status", *args, "--set", f"platform={platform}", "--json"]) == 0
+    args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
+    assert cli.main([*args, "--set", "capacity=spot", "--set", f"platform={platform}", "--json"]) == 0
+    if platform == "compute":
+        _exercise_flex(cloud, client, vm, args)
+
+
+def _exercise_flex(
+    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str]
+) -> None:
+    """The same cluster again as flex-start: the controller recreates a slice through a new
+    resize request, and status lists the requests."""
+    for index in range(2):
+        cloud.state.delete_mig(PROJECT, ZONE, names.slice_name(CLUSTER, index))
+    seed_flex(cloud)
+    controller, _ = make_controller(client, "compute", vm)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
+    controller.step()
+    assert cli.main([*status, "--set", "platform=compute", "--set", "capacity=flex-start", "--json"]) == 0
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])

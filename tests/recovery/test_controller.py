@@ -12,6 +12,7 @@ from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import (
     CLUSTER,
+    FLEX_REQUEST,
     NODE_FIELDS,
     PROJECT,
     ZONE,
@@ -21,6 +22,7 @@ from tests.recovery.conftest import (
     mig_fields,
     old_mig_fields,
     seed,
+    seed_flex,
 )
 
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -361,3 +363,43 @@ def test_a_node_deleted_after_it_was_seen_is_created_again(
     controller.step()
     assert [c.method_id for c in cloud.mutations()] == ["tpu.projects.locations.nodes.create"]
     assert cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["acceleratorType"] == "v6e-16"
+
+
+def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits_for_capacity(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    seed_flex(cloud)
+    controller, stream = make_controller(client, "compute", controller_metadata)
+    controller.step()  # both slices whole: their MIGs and requests recorded
+    assert cloud.mutations() == []
+    key = (PROJECT, ZONE, SLICE1)
+    # From now on the zone is empty (the seeded MIGs name no template the twin holds, so the kind
+    # their hosts count as is "").
+    cloud.state.set_capacity(ZONE, "", 0)
+
+    cloud.preempt(PROJECT, ZONE, SLICE1)  # hosts deleted (a flex-start host is deleted, not stopped)
+    controller.step()
+
+    assert [c.method_id for c in cloud.mutations()] == [
+        "compute.instanceGroupManagers.delete",
+        "compute.instanceGroupManagers.insert",
+        "compute.instanceGroupManagerResizeRequests.insert",
+    ]
+    insert, request = (c.request for c in cloud.mutations()[1:])
+    assert insert["targetSize"] == 0 and insert["targetSizePolicy"] == {"mode": "BULK"}
+    assert request == {"name": names.resize_request_name(SLICE1), **FLEX_REQUEST}
+    # The new request waits: the slice has no hosts, and a waiting slice is not a broken one.
+    [waiting] = cloud.state.resize_requests_of(*key)
+    assert waiting["state"] == "ACCEPTED" and cloud.state.instances[key] == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["outcome"] for e in events] == [
+        f"recreated; resize request {names.resize_request_name(SLICE1)} waits for 4 hosts"
+    ]
+    controller.step()
+    assert len(cloud.mutations()) == 3  # left alone while it waits
+
+    cloud.state.set_capacity(ZONE, "", 4)  # capacity comes: all four hosts at once, named by the MIG
+    assert cloud.state.resize_requests_of(*key)[0]["state"] == "SUCCEEDED"
+    assert len(cloud.state.instances[key]) == 4 and cloud.state.migs[key]["targetSize"] == 4
+    controller.step()
+    assert len(cloud.mutations()) == 3

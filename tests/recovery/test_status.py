@@ -17,7 +17,8 @@ from rayslice.errors import EXIT_NO_CLUSTER, NoCredentials
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
-from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed
+from rayslice.recovery.commands import render_text, resize_request_status
+from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed, seed_flex
 
 ARGS = ["--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "capacity=spot", "--set", "slices=2"]
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -221,3 +222,62 @@ def test_status_text_shows_escape_sequences_and_line_breaks_from_guest_attribute
     # cluster, head, controller, slice, worker, "recovery events:", one event
     assert len(text.splitlines()) == 7
     assert "joined\\x1b[2J\\r\\nslice other: joined\\u202e" in text
+
+
+def test_status_shows_a_flex_start_slice_waiting_then_its_hosts_joining(
+    cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cloud.state.set_capacity(ZONE, "", 0)  # an empty zone (the seeded MIGs' hosts count as "")
+    seed_flex(cloud)
+    where = ["--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
+    flex = ["status", *where, "--set", "platform=compute", "--set", "capacity=flex-start"]
+    assert cli.main([*flex, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["state"] for s in data["slices"]] == ["REQUEST ACCEPTED"] * 2
+    request = data["slices"][0]["request"]
+    assert request["name"] == names.resize_request_name(SLICE0) and request["state"] == "ACCEPTED"
+    assert (request["hosts_asked"], request["hosts_joined"], request["run_hours"]) == (4, 0, 24)
+    assert request["since"].endswith("Z") and request["deadline"] is None and request["reason"] is None
+    assert cli.main(flex) == 0
+    text = capsys.readouterr().out
+    assert f"slice {SLICE0}: REQUEST ACCEPTED" in text
+    assert "ACCEPTED, waiting for capacity since" in text and "0 of 4 hosts joined" in text
+
+    cloud.state.set_capacity(ZONE, "", 4)  # enough for the first request only, in order
+    hosts = [r["name"] for r in cloud.state.instances[(PROJECT, ZONE, SLICE0)]]
+    ns = names.GUEST_ATTRIBUTE_NAMESPACE
+    for host in hosts[:3]:
+        cloud.guest[host] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
+    assert cli.main([*flex, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["state"] for s in data["slices"]] == ["READY", "REQUEST ACCEPTED"]
+    first = data["slices"][0]
+    assert first["request"]["state"] == "SUCCEEDED" and first["request"]["hosts_joined"] == 3
+    assert sorted(h["name"] for h in first["hosts"]) == sorted(hosts)
+    assert cloud.mutations() == []  # status only reads
+
+
+def test_a_failed_request_shows_googles_reason() -> None:
+    failed = {
+        "name": "c-slice-0-request",
+        "state": "FAILED",
+        "creationTimestamp": "2026-12-04T08:00:00Z",
+        "resizeBy": 4,
+        "status": {"error": {"errors": [{"code": "QUOTA_EXCEEDED", "message": "no TPU quota"}]}},
+    }
+    request = resize_request_status(failed, 0)
+    assert request["reason"] == "QUOTA_EXCEEDED: no TPU quota" and request["run_hours"] is None
+    data = {
+        "cluster": "c",
+        "platform": "compute",
+        "project": "p",
+        "zone": "z",
+        "head": None,
+        "controller": None,
+        "slices": [{"name": "c-slice-0", "state": "REQUEST FAILED", "hosts": [], "request": request}],
+        "events": [],
+        "recovery": False,
+    }
+    assert "resize request c-slice-0-request: FAILED, failed: QUOTA_EXCEEDED: no TPU quota; 0 of 4" in (
+        render_text(data)
+    )

@@ -20,6 +20,18 @@ which creates nothing here. The metadata lists those names (the platform's ident
 `rayslice.platforms.COMPUTE`), so each host finds its worker number and its peers without the
 Cloud TPU API's attributes.
 
+A flex-start slice (``capacity: flex-start``) cannot be made this way: its hosts come only through
+a resize request, which waits until the zone has every host and then creates them all at once,
+named by the MIG (``resizeBy``: "The MIG automatically generates the names of the VMs"; Compute
+Engine, "About resize requests in a MIG"). Its MIG runs in bulk mode (target-size policy BULK;
+rule bulk-provisioning-model: the template's provisioning model is FLEX_START), holds no
+per-instance configs and no reserved addresses, and a `gcp.compute.ResizeRequest` named
+``<slice>-request`` asks for the slice's hosts with ``requestedRunDuration`` from ``maxRunHours``
+(10 minutes to 7 days: pulumi-gcp's ResizeRequestRequestedRunDuration). ``pulumi up`` returns
+once Google has accepted the request; the hosts boot with the same script when it is fulfilled
+and identify themselves by Google's TPU attributes (`platforms.VmPlatform.identity_attributes`).
+Its host IPs are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them.
+
 A change of the boot script or its attributes makes a new instance template; the MIG's update
 policy then recreates every host of the slice at once, keeping names and addresses (a slice is
 only usable whole, so a rolling update would only prolong the outage).
@@ -33,6 +45,7 @@ import pulumi_gcp as gcp
 from rayslice.catalog import region_of
 from rayslice.infra.compute.template import (
     BOOT_DISK_GB,
+    BULK_MODE,
     NIC,
     TIMEOUTS,
     WORKLOAD_POLICY_TYPE,
@@ -47,9 +60,11 @@ from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
-from rayslice.names import CLOUD_PLATFORM_SCOPE, slice_host_names
+from rayslice.names import CLOUD_PLATFORM_SCOPE, resize_request_name, slice_host_names
+from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
+SECONDS_PER_HOUR = 3600
 
 
 class ComputeSlice(pulumi.ComponentResource):
@@ -65,7 +80,8 @@ class ComputeSlice(pulumi.ComponentResource):
         zone, region = spec.zone, region_of(spec.zone)
         child = pulumi.ResourceOptions(parent=self)
         slice_name = spec.slice_name(index)
-        hosts = slice_host_names(slice_name, spec.tpu.hosts)
+        # A flex-start slice's hosts are named by the MIG when its request is fulfilled.
+        hosts = [] if spec.waits_for_capacity else slice_host_names(slice_name, spec.tpu.hosts)
         labels = resource_labels(spec, "tpu-slice", index)
 
         policy = gcp.compute.ResourcePolicy(
@@ -139,7 +155,10 @@ class ComputeSlice(pulumi.ComponentResource):
             versions=[
                 gcp.compute.InstanceGroupManagerVersionArgs(instance_template=template.self_link_unique)
             ],
-            target_size=0,  # the per-instance configs below each add one host
+            target_size=0,  # the per-instance configs or the resize request below add the hosts
+            target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=BULK_MODE)]
+            if spec.waits_for_capacity
+            else None,
             instance_lifecycle_policy=lifecycle_policy(spec.capacity),
             resource_policies=gcp.compute.InstanceGroupManagerResourcePoliciesArgs(
                 workload_policy=policy.self_link
@@ -151,14 +170,16 @@ class ComputeSlice(pulumi.ComponentResource):
                 max_surge_fixed=0,
                 max_unavailable_fixed=spec.tpu.hosts,  # the whole slice at once
             ),
-            wait_for_instances=False,  # the per-instance configs below name the hosts first
+            wait_for_instances=False,  # the hosts come from what follows, not from the MIG itself
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=list(args.depends_on),
                 custom_timeouts=TIMEOUTS,
-                ignore_changes=[TARGET_SIZE],  # raised by the per-instance configs
+                ignore_changes=[TARGET_SIZE],  # raised by the per-instance configs or the request
             ),
         )
+        if spec.waits_for_capacity:
+            _resize_request(f"{name}-request", spec, slice_name, zone, mig, args)
         for worker, (host, address) in enumerate(zip(hosts, addresses, strict=True)):
             gcp.compute.PerInstanceConfig(
                 f"{name}-w{worker}",
@@ -182,7 +203,33 @@ class ComputeSlice(pulumi.ComponentResource):
                     parent=mig, depends_on=list(args.depends_on), custom_timeouts=TIMEOUTS
                 ),
             )
-        self.slice_name = mig.name
+        self.slice_name = mig.name  # (no addresses for a flex-start slice: `hosts` is empty)
         self.host_ips = pulumi.Output.all(*[a.address for a in addresses])
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs({"slice_name": self.slice_name, "host_ips": self.host_ips})
+
+
+def _resize_request(
+    name: str,
+    spec: ClusterSpec,
+    slice_name: str,
+    zone: str,
+    mig: gcp.compute.InstanceGroupManager,
+    args: SliceArgs,
+) -> gcp.compute.ResizeRequest:
+    """The request that grows a flex-start slice's MIG by all its hosts at once, when the zone
+    has them, for ``maxRunHours`` (the spec fills the default: 7 days)."""
+    assert spec.max_run_hours is not None  # the spec sets it for flex-start
+    return gcp.compute.ResizeRequest(
+        name,
+        name=resize_request_name(slice_name),
+        project=spec.project,
+        zone=zone,
+        instance_group_manager=mig.name,
+        description=f"rayslice {spec.name}: all {spec.tpu.hosts} hosts of slice {slice_name}",
+        resize_by=spec.tpu.hosts,
+        requested_run_duration=gcp.compute.ResizeRequestRequestedRunDurationArgs(
+            seconds=str(spec.max_run_hours * SECONDS_PER_HOUR)
+        ),
+        opts=pulumi.ResourceOptions(parent=mig, depends_on=list(args.depends_on)),
+    )

@@ -26,6 +26,18 @@ SPOT_TERMINATION_ACTION = rules.STOP
 # bulk-reservation-bound-delete).
 RESERVED_TERMINATION_ACTION = rules.DELETE
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"  # SPECIFIC_RESERVATION by name
+# Flex-start: Compute Engine deletes the hosts at the end of their run duration ("About resize
+# requests in a MIG": "Compute Engine deletes the Flex-start VMs at the end of their run
+# duration"), so their termination action is DELETE; they consume no reservation and do not
+# restart by themselves (pulumi-gcp's ResizeRequest example, from the provider's docs: template
+# ``automatic_restart: False``, ``reservation_affinity: NO_RESERVATION``, MIG
+# ``default_action_on_failure: DO_NOTHING``).
+FLEX_START_TERMINATION_ACTION = rules.DELETE
+NO_RESERVATION = "NO_RESERVATION"
+# The MIG creates a flex-start slice's hosts all at once or none (compute v1 discovery,
+# InstanceGroupManagerTargetSizePolicy.mode BULK: "if the MIG is unable to create even one VM,
+# the MIG waits until all VMs can be created at the same time").
+BULK_MODE = rules.BULK
 BOOT_DISK_GB = 100
 NIC = "nic0"
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
@@ -49,6 +61,13 @@ def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
             instance_termination_action=SPOT_TERMINATION_ACTION,
             on_host_maintenance=ON_HOST_MAINTENANCE,
         )
+    if capacity == "flex-start":
+        return gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model=rules.FLEX_START,
+            automatic_restart=False,
+            instance_termination_action=FLEX_START_TERMINATION_ACTION,
+            on_host_maintenance=ON_HOST_MAINTENANCE,
+        )
     if capacity == "reserved":
         return gcp.compute.InstanceTemplateSchedulingArgs(
             provisioning_model=rules.RESERVATION_BOUND,
@@ -66,7 +85,9 @@ def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
 def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReservationAffinityArgs | None:
     """reserved: the named reservation (``SPECIFIC_RESERVATION``, rule
     reservation-bound-specific; the spec requires the name on compute); other capacities: the
-    default."""
+    default; flex-start: none (``NO_RESERVATION``)."""
+    if spec.capacity == "flex-start":
+        return gcp.compute.InstanceTemplateReservationAffinityArgs(type=NO_RESERVATION)
     if spec.capacity != "reserved":
         return None
     return gcp.compute.InstanceTemplateReservationAffinityArgs(
@@ -79,9 +100,11 @@ def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReser
 
 def lifecycle_policy(capacity: str) -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs | None:
     """Spot: ``DO_NOTHING`` on a failed host (rule spot-tpu-do-nothing): a MIG's default,
-    ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice. Other capacities keep
-    the default: Compute Engine repairs on-demand and reserved slices as a whole."""
-    if capacity != "spot":
+    ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice. Flex-start: the same
+    (its hosts come only through a resize request; the recovery controller makes a new one).
+    Other capacities keep the default: Compute Engine repairs on-demand and reserved slices as a
+    whole."""
+    if capacity not in ("spot", "flex-start"):
         return None
     return gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(
         default_action_on_failure=rules.DO_NOTHING

@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rayslice.cloud.twin import CloudRuleError, CloudTwin, TwinHost
 from rayslice.clusters import CloudAccess
@@ -37,6 +37,7 @@ from rayslice.infra.preview import deploy, pulumi_config
 from rayslice.local.google.cloud_api.emulator import (
     ADMIN_HEADER,
     ADMIN_PREFIX,
+    CAPACITY_PATH,
     NOTICE_PARAMETER,
     CloudApiEmulator,
 )
@@ -45,6 +46,7 @@ from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import (
+    CLOUD_API_CAPACITY_FILE,
     CLOUD_API_CREDENTIALS_FILE,
     CLOUD_API_ENDPOINT_FILE,
     ROLE_HEAD_VM,
@@ -53,12 +55,14 @@ from rayslice.local.simulation.state import (
     write_deployed,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
+from rayslice.platforms import MIG, VM_PLATFORMS
 from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
 
 class SimulatedCluster(Protocol):
-    plan: Plan
+    @property
+    def plan(self) -> Plan: ...
 
     def guest_attributes(self, name: str) -> dict[str, str]: ...
 
@@ -67,6 +71,8 @@ class SimulatedCluster(Protocol):
     def boot(self, name: str) -> None: ...
 
     def set_preempted(self, name: str, notice: bool) -> bool: ...
+
+    def add_hosts(self, records: Sequence[HostRecord]) -> list[str]: ...
 
 
 def project_of(spec: ClusterSpec) -> str:
@@ -106,30 +112,35 @@ def deployed_hosts(twin: CloudTwin) -> list[HostRecord]:
     one per instance and TPU worker it holds, with the name, group, worker number, IP,
     ``instance/attributes/`` and machine type it gives each, and a lone VM's role as the program
     labels it (`state.LONE_VM_ROLES`: the head VM)."""
-    return [
-        HostRecord(
-            h.name,
-            h.group,
-            h.worker,
-            h.ip,
-            dict(h.metadata),
-            role=h.labels.get(LABEL_ROLE) if h.group is None else None,
-            machine_type=h.machine_type,
-        )
-        for h in twin.hosts()
-    ]
+    return [host_record(h) for h in twin.hosts()]
+
+
+def host_record(host: TwinHost) -> HostRecord:
+    """How the simulation builds a host the twin holds."""
+    return HostRecord(
+        host.name,
+        host.group,
+        host.worker,
+        host.ip,
+        dict(host.metadata),
+        role=host.labels.get(LABEL_ROLE) if host.group is None else None,
+        machine_type=host.machine_type,
+    )
 
 
 def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec) -> None:
-    """Wire the emulation's hooks to the simulated hosts (the twin holds them already, `deploy_spec`)."""
-    by_slice = {slice_name(spec.name, i): slice_hosts(sim.plan, i) for i in range(spec.slices)}
+    """Wire the emulation's hooks to the simulated hosts (the twin holds them already, `deploy_spec`).
+
+    A slice host the twin creates later under a new name (a flex-start slice's hosts, when its
+    resize request is fulfilled) is made first (`SimulatedCluster.add_hosts`), then booted."""
+    slices = [slice_name(spec.name, i) for i in range(spec.slices)]
     known = {h.name for h in sim.plan.machines}
 
     def namespaced(name: str) -> dict[str, dict[str, str]] | None:
         return {GUEST_ATTRIBUTE_NAMESPACE: sim.guest_attributes(name)} if name in known else None
 
     def worker(node: str, worker_id: int) -> dict[str, dict[str, str]] | None:
-        hosts = by_slice.get(node, [])
+        hosts = slice_hosts(sim.plan, slices.index(node)) if node in slices else []
         return namespaced(hosts[worker_id]) if worker_id < len(hosts) else None
 
     def down(host: TwinHost) -> None:
@@ -137,6 +148,8 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
             sim.power_off(host.name)
 
     def up(host: TwinHost) -> None:
+        if host.name not in known and host.group in slices:
+            known.update(sim.add_hosts([host_record(host)]))
         if host.name in known:
             sim.boot(host.name)
 
@@ -166,6 +179,27 @@ def preempt(
     return [host.name for host in emulator.preempt(project_of(spec), str(spec.zone), name, mode="spot")]
 
 
+def capacity_kind(spec: ClusterSpec) -> str:
+    """What the zone's capacity counts for this spec's slices (`rayslice.cloud.capacity`): the
+    hosts' machine type on Compute Engine, the TPU generation on the TPU API (`twin.node_kind`)."""
+    if VM_PLATFORMS[spec.platform].slice_resource == MIG and spec.tpu.machine_type:
+        return spec.tpu.machine_type
+    return spec.tpu.generation
+
+
+def set_capacity(
+    emulator: CloudApiEmulator, spec: ClusterSpec, hosts: int, zone: str | None, kind: str | None
+) -> dict[str, Any]:
+    """What ``rayslice local capacity`` does: the zone (default: the spec's) now has `hosts`
+    free hosts of `kind` (default: `capacity_kind`); requests that now fit are fulfilled, and
+    the hosts they create boot (`attach`'s hook). Returns what was set and the requests still
+    waiting there."""
+    zone, kind = zone or str(spec.zone), kind or capacity_kind(spec)
+    emulator.twin.set_capacity(zone, kind, hosts)
+    waiting = [r.name for r in emulator.twin.capacity.waiting() if (r.zone, r.kind) == (zone, kind)]
+    return {"zone": zone, "type": kind, "free": emulator.twin.capacity.free[(zone, kind)], "waiting": waiting}
+
+
 # ---- the emulation as a process of a simulation (root) ---------------------------------------
 
 ENDPOINT_FILE = CLOUD_API_ENDPOINT_FILE  # in the state dir, 0600: the emulation's URL and admin token
@@ -181,7 +215,13 @@ class _Refreshing:
 
     def __init__(self, sim: Simulation):
         self.sim = sim
-        self.plan = sim.plan
+
+    @property
+    def plan(self) -> Plan:
+        return self.sim.plan
+
+    def add_hosts(self, records: Sequence[HostRecord]) -> list[str]:
+        return self.sim.add_hosts(records)
 
     def guest_attributes(self, name: str) -> dict[str, str]:
         return self.sim.guest_attributes(name)
@@ -219,6 +259,9 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     opened = Simulation.open(state_dir)
     spec = opened.spec()
     emulator = CloudApiEmulator((opened.plan.gateway, port), address_range=opened.plan.network)
+    limited = state_dir / CLOUD_API_CAPACITY_FILE
+    if limited.exists():  # `local up --zone-capacity`: the zone's free hosts before the program runs
+        emulator.twin.set_capacity(str(spec.zone), capacity_kind(spec), int(json.loads(limited.read_text())))
     try:
         write_deployed(state_dir, deploy_spec(emulator, spec))
     except RaysliceError as exc:  # the twin's refusal, or input the program itself refuses
@@ -235,6 +278,7 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
         emulator.bind(token, permissions.held(spec.platform))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name, notice_s: preempt(emulator, sim, spec, name, notice_s)
+    emulator.admin_capacity = lambda hosts, zone, kind: set_capacity(emulator, spec, hosts, zone, kind)
     publish(emulator, state_dir, spec)
     emulator.serve_forever()
 
@@ -285,9 +329,9 @@ def cloud_access(state_dir: Path) -> CloudAccess:
     return CloudAccess(state_dir / CREDENTIALS_FILE, endpoints)
 
 
-def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
-    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`, its
-    hosts powered off `notice_s` seconds after their preemption notice."""
+def _admin_call(state_dir: Path, path: str, params: dict[str, str], timeout: float) -> Any:
+    """POST one admin call to the running emulation of the simulation in `state_dir` (with the
+    admin token from its endpoint file); `SimulatorError` with the emulation's message if refused."""
     try:
         endpoint = json.loads((state_dir / ENDPOINT_FILE).read_text())
     except FileNotFoundError as exc:
@@ -296,18 +340,37 @@ def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
             "starts one with every simulation; is this a simulation at all?"
         ) from exc
     request = urllib.request.Request(
-        f"{endpoint['url']}{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}"
-        f"?{urllib.parse.urlencode({NOTICE_PARAMETER: notice_s})}",
+        f"{endpoint['url']}{path}?{urllib.parse.urlencode(params)}",
         data=b"",
         method="POST",
         headers={ADMIN_HEADER: endpoint["admin_token"]},
     )
     try:
-        with urllib.request.urlopen(request, timeout=notice_s + 60) as response:
-            return list(json.loads(response.read())["hosts"])
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         message = json.loads(exc.read() or b"{}").get("error", {}).get("message", str(exc))
-        raise SimulatorError(f"cannot preempt {name}: {message}") from exc
+        raise SimulatorError(message) from exc
+
+
+def request_preempt(state_dir: Path, name: str, notice_s: float) -> list[str]:
+    """Ask the running emulation of the simulation in `state_dir` to preempt slice `name`, its
+    hosts powered off `notice_s` seconds after their preemption notice."""
+    path = f"{ADMIN_PREFIX}{urllib.parse.quote(name, safe='')}"
+    try:
+        answer = _admin_call(state_dir, path, {NOTICE_PARAMETER: str(notice_s)}, notice_s + 60)
+    except SimulatorError as exc:
+        raise SimulatorError(f"cannot preempt {name}: {exc}") from exc
+    return list(answer["hosts"])
+
+
+def request_capacity(state_dir: Path, hosts: int, zone: str | None, kind: str | None) -> dict[str, Any]:
+    """Ask the running emulation to give a zone `hosts` free hosts of a type (`set_capacity`)."""
+    params = {"hosts": str(hosts), **({"zone": zone} if zone else {}), **({"type": kind} if kind else {})}
+    try:
+        return dict(_admin_call(state_dir, CAPACITY_PATH, params, BUILD_TIMEOUT_S))
+    except SimulatorError as exc:
+        raise SimulatorError(f"cannot set capacity: {exc}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,12 +23,13 @@ together, plus creating and removing the whole simulation, here.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import rayslice
@@ -50,13 +51,16 @@ from rayslice.local.simulation.progress import HostProgress
 from rayslice.local.simulation.recorded import wait_until
 from rayslice.local.simulation.services import SimulationServices
 from rayslice.local.simulation.state import (
+    CLOUD_API_CAPACITY_FILE,
     CLOUD_API_FILES,
     CLOUD_API_PROCESS,
     LONE_VM_ROLES,
     ROLE_CONTROLLER_VM,
+    HostPlan,
     HostRecord,
     SimulationState,
     address_room,
+    extend_plan,
     make_plan,
     new_run_id,
     subnet_prefix,
@@ -122,6 +126,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         metadata_unavailable_for: float = 0.0,
         metadata_silent_for: float = 0.0,
         host_image: Path | None = None,
+        zone_capacity: int | None = None,
     ) -> Simulation:
         """Create every host (network, metadata server, files) without booting any.
 
@@ -143,6 +148,10 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         `host_image`: the local copy of the spec's ``hostImage`` (`images`, made with
         `capture_image`), whose files every slice host's root starts with; required exactly
         when the spec names a hostImage.
+        `zone_capacity`: the zone's free hosts of the slices' type in the twin before the program
+        runs (default: room for everything): a direct create beyond it is refused, a flex-start
+        slice's request waits, and its hosts are made and booted when `rayslice local capacity`
+        gives the zone room (`add_hosts`).
         """
         if spec.platform not in VM_PLATFORMS:
             raise SimulatorError(
@@ -196,6 +205,8 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             )
         options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
         netns.create_bridge(plan.bridge, plan.gateway, network.prefixlen)  # the emulation listens on it
+        if zone_capacity is not None:
+            write_private(state_dir / CLOUD_API_CAPACITY_FILE, json.dumps(zone_capacity))
         try:
             records = sim._start_cloud_api()
         except InvalidInput:
@@ -246,41 +257,50 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         record's (the twin's), its startup script `scripts`' entry for its role, else `script`,
         rendered for the simulator (`host_metadata.instance_tree`)."""
         plan = self.plan
-        prefix = plan.ip_network.prefixlen
         Path(plan.root).mkdir(parents=True, exist_ok=True)
         Path(plan.shared_dir).mkdir(mode=0o755, exist_ok=True)
         firewall.install(self.state.firewall, plan.run_id, plan.network, plan.admitted)
         token = secrets.token_hex(32) if spec.ray_auth == "token" else None
         if token is not None:
             write_private(self.token_file, token)
-        peers = {h.name: h.ip for h in plan.machines}
         for host in plan.machines:
-            netns.create_host_network(host.netns, host.veth, host.veth_peer, plan.bridge, host.ip, prefix)
-            netns.write_etc(host.netns, host.name, peers)
-            paths = self.paths(host.name)
-            make_private_subdir(paths.root / "tmp")
-            host_script = scripts.get(host.role, script)
-            paths.script.write_text(host_script)
-            if token is not None and host.role != ROLE_CONTROLLER_VM:  # no Ray there, no Ray token
-                token_file = paths.root / TOKEN_PATH
-                make_private_subdir(token_file.parent)
-                write_private(token_file, token)
-            record = records[host.name]
-            tree = instance_tree(
-                spec,
-                hostname=host.name,
-                ip=host.ip,
-                network=plan.ip_network,
-                gateway=plan.gateway,
-                attributes=dict(record.metadata or {}),
-                startup_script=host_script,
-                access_token=secrets.token_urlsafe(32),  # the emulation admits only the controller's
-                machine_type=record.machine_type or spec.tpu.machine_type,  # a TPU node's workers name none
-            )
-            paths.metadata_tree.write_text(dump_tree(tree))
+            self._make_host(spec, host, scripts.get(host.role, script), records[host.name], token)
             self._start_metadata(host, unavailable_for, silent_for)
+        self._await_metadata(plan.machines)
+
+    def _make_host(
+        self, spec: ClusterSpec, host: HostPlan, script: str, record: HostRecord, token: str | None
+    ) -> None:
+        """One machine: its namespace on the bridge, files, Ray token and metadata tree, whose
+        ``instance/attributes/`` and machine type are `record`'s (the twin's)."""
+        plan = self.plan
+        netns.create_host_network(
+            host.netns, host.veth, host.veth_peer, plan.bridge, host.ip, plan.ip_network.prefixlen
+        )
+        netns.write_etc(host.netns, host.name, {h.name: h.ip for h in plan.machines})
+        paths = self.paths(host.name)
+        make_private_subdir(paths.root / "tmp")
+        paths.script.write_text(script)
+        if token is not None and host.role != ROLE_CONTROLLER_VM:  # no Ray there, no Ray token
+            token_file = paths.root / TOKEN_PATH
+            make_private_subdir(token_file.parent)
+            write_private(token_file, token)
+        tree = instance_tree(
+            spec,
+            hostname=host.name,
+            ip=host.ip,
+            network=plan.ip_network,
+            gateway=plan.gateway,
+            attributes=dict(record.metadata or {}),
+            startup_script=script,
+            access_token=secrets.token_urlsafe(32),  # the emulation admits only the controller's
+            machine_type=record.machine_type or spec.tpu.machine_type,  # a TPU node's workers name none
+        )
+        paths.metadata_tree.write_text(dump_tree(tree))
+
+    def _await_metadata(self, hosts: Sequence[HostPlan]) -> None:
         wait_until(
-            lambda: all(self.paths(h.name).guest_file.exists() for h in plan.machines),
+            lambda: all(self.paths(h.name).guest_file.exists() for h in hosts),
             30,
             "metadata servers did not start; see hosts/*/metadata.log in the state dir",
         )
@@ -289,6 +309,25 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         """Make a host image (`images`) in the new directory `image` from host `name`'s install;
         the install fingerprint it holds. The host must have finished installing."""
         return images.capture(self.paths(name).root, image)
+
+    def add_hosts(self, records: Sequence[HostRecord]) -> list[str]:
+        """Make the slice hosts the cloud created after `local up` (`state.extend_plan`: a
+        flex-start slice's resize request, fulfilled when `rayslice local capacity` gave the zone
+        room), as `create` made the others: the same startup script (the head VM's, which every
+        Ray host runs) and Ray token. They are recorded in the state file before anything is
+        made, so `local down` removes them; the caller boots them. Returns their names."""
+        spec = self.spec()
+        self.refresh()
+        self.state.plan = self.plan = extend_plan(self.plan, spec, records)
+        self.state.save()
+        added = [self.plan.host(r.name) for r in records]
+        script = self.paths(self.plan.head.name).script.read_text()
+        token = self.token_file.read_text() if self.token_file.exists() else None
+        for host, record in zip(added, records, strict=True):
+            self._make_host(spec, host, script, record, token)
+            self._start_metadata(host, 0.0, 0.0)
+        self._await_metadata(added)
+        return [h.name for h in added]
 
     def destroy(self) -> None:
         """Remove every process, namespace, veth, bridge, filter rule and file this simulation made.

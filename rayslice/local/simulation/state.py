@@ -26,7 +26,7 @@ import math
 import os
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rayslice.errors import InvalidInput, SimulatorError
@@ -84,7 +84,15 @@ CLOUD_API_LOG = "cloud-api.log"
 # What the Pulumi program deployed to the emulation's twin (the hosts `create` then builds), or
 # the rules the twin refused it with.
 CLOUD_API_HOSTS_FILE = "cloud-hosts.json"
-CLOUD_API_FILES = (CLOUD_API_ENDPOINT_FILE, CLOUD_API_CREDENTIALS_FILE, CLOUD_API_LOG, CLOUD_API_HOSTS_FILE)
+# The zone's free hosts when the emulation starts (`local up --zone-capacity`), if limited.
+CLOUD_API_CAPACITY_FILE = "cloud-capacity.json"
+CLOUD_API_FILES = (
+    CLOUD_API_ENDPOINT_FILE,
+    CLOUD_API_CREDENTIALS_FILE,
+    CLOUD_API_LOG,
+    CLOUD_API_HOSTS_FILE,
+    CLOUD_API_CAPACITY_FILE,
+)
 FIREWALL_BACKENDS = ("nft", "iptables", "none")
 
 
@@ -123,8 +131,10 @@ class Plan:
 
     @property
     def machines(self) -> tuple[HostPlan, ...]:
-        """Every simulated VM: the Ray hosts, then the controller's."""
-        return self.hosts + ((self.controller,) if self.controller is not None else ())
+        """Every simulated VM: the controller's first, then the Ray hosts, in the order of their
+        veth indices (`host_links`), so that a host the cloud creates later (`extend_plan`) is
+        appended without renaming any other."""
+        return ((self.controller,) if self.controller is not None else ()) + self.hosts
 
     @property
     def ip_network(self) -> ipaddress.IPv4Network:
@@ -290,6 +300,41 @@ def _plan_problems(plan: Plan) -> list[str]:
     return problems
 
 
+def extend_plan(plan: Plan, spec: ClusterSpec, records: Sequence[HostRecord]) -> Plan:
+    """`plan` with the slice hosts `records` appended: hosts the cloud created after `local up`
+    (a flex-start slice's resize request, fulfilled when capacity came). Each keeps its record's
+    name, worker and IP (from the simulation's network, `cloud_bridge`) and gets the next veth
+    index, so no host already there is renamed; `check_state` accepts the result as it accepts
+    a plan of `make_plan`."""
+    slices = {spec.slice_name(s): s for s in range(spec.slices)}
+    taken = {h.name for h in plan.machines} | {h.ip for h in plan.machines} | {plan.gateway}
+    problems = [
+        r.name
+        for r in records
+        if r.group not in slices
+        or not r.ip
+        or not HOST_NAME.fullmatch(r.name)
+        or r.name in taken
+        or r.ip in taken
+        or ipaddress.IPv4Address(r.ip) not in plan.ip_network
+    ]
+    if problems:
+        raise SimulatorError(f"cannot add hosts {problems} to the simulation: not new workers of its slices")
+    start = len(plan.machines)
+    added = tuple(
+        HostPlan(
+            r.name,
+            ROLE_WORKER,  # the head is elsewhere: a slice whose hosts come later runs head=vm
+            slices[str(r.group)],
+            r.worker,
+            str(r.ip),
+            *host_links(plan.run_id, start + i, r.name),
+        )
+        for i, r in enumerate(records)
+    )
+    return replace(plan, hosts=plan.hosts + added)
+
+
 def new_run_id() -> str:
     return secrets.token_hex(3)
 
@@ -364,8 +409,8 @@ def make_plan(
     network: ipaddress.IPv4Network,
     hosts: Sequence[HostRecord] | None = None,
 ) -> Plan:
-    """Place `hosts` (default: `spec_hosts`) on `network`: the head VM first (head=vm), then each
-    slice's workers in order, then the controller's VM (with recovery). A record's IP is kept;
+    """Place `hosts` (default: `spec_hosts`) on `network`: the controller's VM (with recovery),
+    the head VM (head=vm), then each slice's workers in order (`Plan.machines`). A record's IP is kept;
     one without gets the next free address (the first address of the network is the bridge's).
     A lone VM takes its role from the record (the program's role label); an empty `hosts` is the
     plan `create` saves before the twin's hosts are known."""
@@ -392,10 +437,10 @@ def make_plan(
             f"the program declared several controller VMs {controllers}; nothing was created"
         )
 
-    def order(r: HostRecord) -> tuple[int, int]:  # the head VM, each slice's workers, the controller's VM
+    def order(r: HostRecord) -> tuple[int, int]:  # the controller's VM, the head VM, each slice's workers
         if r.group:
             return slices[r.group], r.worker
-        return (len(slices) if r.role == ROLE_CONTROLLER_VM else -1), 0
+        return (-2 if r.role == ROLE_CONTROLLER_VM else -1), 0
 
     records.sort(key=order)
     addresses = [str(a) for a in network.hosts()]

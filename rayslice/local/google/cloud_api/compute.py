@@ -1,13 +1,19 @@
 """The emulated Compute Engine v1 API: ``instanceGroupManagers`` get / delete / insert /
-listManagedInstances / listPerInstanceConfigs / createInstances, ``zoneOperations.get`` and
-``instances.getGuestAttributes``."""
+listManagedInstances / listPerInstanceConfigs / createInstances,
+``instanceGroupManagerResizeRequests`` insert / list, ``zoneOperations.get`` and
+``instances.getGuestAttributes``.
+
+A create the zone has no capacity for (`rayslice.cloud.capacity`) is accepted and its operation
+ends with Google's ``ZONE_RESOURCE_POOL_EXHAUSTED`` error, creating nothing; a resize request's
+operation ends once the request is accepted, and the request waits for capacity."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from rayslice.cloud.bodies import MIG, Request
+from rayslice.cloud.bodies import MIG, RESIZE_REQUEST, Request
+from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
@@ -58,7 +64,10 @@ class ComputeApi(EmulatedProject):
             self.state.admit(MIG, name, request, project=p["project"], zone=p["zone"])
         except CloudRuleError as exc:
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
-        mig = self.state.insert_mig(p["project"], p["zone"], body)
+        try:
+            mig = self.state.insert_mig(p["project"], p["zone"], body)
+        except CapacityExhausted as exc:
+            return self._exhausted(p, "insert", name, exc)
         created = list(self.state.instances[key])
         _creating(created)
         failing = self._take_failure()
@@ -87,7 +96,10 @@ class ComputeApi(EmulatedProject):
         wanted = list((body or {}).get("instances", []))
         if not wanted or any("name" not in i for i in wanted):
             raise ApiError(400, "INVALID_ARGUMENT", "createInstances needs instances with names")
-        created = self.state.create_instances(p["project"], p["zone"], mig, wanted)
+        try:
+            created = self.state.create_instances(p["project"], p["zone"], mig, wanted)
+        except CapacityExhausted as exc:
+            return self._exhausted(p, "createInstances", p["name"], exc)
         _creating(created)
 
         def finish() -> str | None:
@@ -96,6 +108,50 @@ class ComputeApi(EmulatedProject):
             return None
 
         return self._compute_operation(p["project"], p["zone"], "createInstances", mig["selfLink"], finish)
+
+    def resize_insert(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        self._mig(p)
+        name = str((body or {}).get("name", ""))
+        if not name or int((body or {}).get("resizeBy") or 0) < 1:
+            raise ApiError(
+                400, "INVALID_ARGUMENT", "a resize request needs a name and resizeBy of at least 1"
+            )
+        if any(r["name"] == name for r in self.state.resize_requests_of(*resource_key(p))):
+            raise ApiError(409, "ALREADY_EXISTS", f"resize request {name} already exists")
+        request = Request(
+            "compute",
+            "compute.instanceGroupManagerResizeRequests.insert",
+            "InstanceGroupManagerResizeRequest",
+            name,
+            body,
+        )
+        try:
+            self.state.admit(
+                RESIZE_REQUEST, name, request, project=p["project"], zone=p["zone"], target=p["name"]
+            )
+        except CloudRuleError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
+        record = self.state.insert_resize_request(p["project"], p["zone"], p["name"], body)
+
+        def finish() -> str | None:
+            self._hook(self.on_slice_up, p["name"])
+            return None
+
+        return self._compute_operation(p["project"], p["zone"], "insert", record["selfLink"], finish)
+
+    def resize_list(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        self._mig(p)
+        return {
+            "kind": "compute#instanceGroupManagerResizeRequestList",
+            "items": self.state.resize_requests_of(*resource_key(p)),
+        }
+
+    def _exhausted(self, p: dict[str, str], verb: str, name: str, exc: CapacityExhausted) -> Any:
+        """The operation of a create the zone has no capacity for: it ends with Google's error."""
+        target = f"https://www.googleapis.com/compute/v1/projects/{p['project']}/zones/{p['zone']}/instanceGroupManagers/{name}"
+        return self._compute_operation(
+            p["project"], p["zone"], verb, target, lambda: str(exc), code=ZONE_RESOURCE_POOL_EXHAUSTED
+        )
 
     def compute_operation(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         key = f"{p['project']}/{p['zone']}/{p['name']}"

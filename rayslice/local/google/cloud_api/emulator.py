@@ -23,6 +23,9 @@ the recovery controller); any other caller gets 403 before its body is read, wha
 holds. Admin calls (preemption) come from the machine only. What it keeps is bounded: a body
 over `MAX_BODY` bytes is refused with 413 unread, and `calls` keeps the latest `MAX_CALLS` calls
 holding at most `MAX_STORED_BYTES` of bodies, so no caller can grow the emulation without bound.
+The admin calls are `rayslice local preempt` (``/rayslice-local/preempt/<slice>``) and
+`rayslice local capacity` (``/rayslice-local/capacity``: a zone's free hosts of a type in the twin,
+`rayslice.cloud.capacity`, which fulfils the requests that now fit).
 
 The parts: the route table and what a served call records (`routes`), the project both APIs
 act on and its long-running operations (`project`), the TPU API (`tpu`), the Compute Engine API
@@ -58,13 +61,16 @@ from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, Call, match_route
 from rayslice.local.google.cloud_api.tpu import TpuApi
 
-ADMIN_PREFIX = "/rayslice-local/preempt/"
+ADMIN_ROOT = "/rayslice-local/"  # the simulator's own calls (not Google APIs): machine and token only
+ADMIN_PREFIX = ADMIN_ROOT + "preempt/"
+CAPACITY_PATH = ADMIN_ROOT + "capacity"  # POST ?hosts=N[&zone=Z][&type=T]: `rayslice local capacity`
 NOTICE_PARAMETER = "notice_s"
 MAX_NOTICE_S = 3600.0  # a preemption request holds its HTTP call this long at most
 ADMIN_HEADER = "X-Rayslice-Simulator"
 MAX_BODY = 1 << 20  # bytes of one request body (a TPU node's create body with its startup script: ~60 KiB)
 MAX_CALLS = 1000  # calls kept in `calls`, the latest
 MAX_STORED_BYTES = 32 << 20  # request bytes kept in `calls` (the latest calls' bodies)
+_NOT_SIMULATOR = 403, {"error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}}
 
 
 class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, ThreadingHTTPServer):
@@ -89,6 +95,9 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         self.admin_token = ""
         # ``?notice_s=S``: the hosts get the preemption notice S seconds before they power off.
         self.admin_preempt: Callable[[str, float], Sequence[str]] | None = None
+        # ``POST /rayslice-local/capacity?hosts=N&zone=Z&type=T``: `rayslice local capacity`; zone
+        # and type may be left out (the simulation's own); returns what was set.
+        self.admin_capacity: Callable[[int, str | None, str | None], dict[str, Any]] | None = None
         self.calls: list[Call] = []
         self._stored: list[int] = []  # request bytes of each entry of `calls`
         self.clients = frozenset(clients)  # admitted callers besides the machine itself
@@ -146,7 +155,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
     def refusal(self, method: str, target: str, peer: str, length: int) -> tuple[int, Any] | None:
         """The answer to a request that must not be read at all (its caller or its size), else None."""
         path = urlsplit(target).path
-        if not self.admits(peer) or (path.startswith(ADMIN_PREFIX) and not self.from_machine(peer)):
+        if not self.admits(peer) or (path.startswith(ADMIN_ROOT) and not self.from_machine(peer)):
             answer = ApiError(403, "PERMISSION_DENIED", f"caller {peer} may not call this emulation")
             with self.lock:
                 self._record(Call(method, path, {}, None, None, 403, answer.body()), 0)
@@ -161,8 +170,13 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if url.path == "/token" and method == "POST":
             return self._token({k: v[-1] for k, v in parse_qs(raw.decode()).items()})
-        if url.path.startswith(ADMIN_PREFIX) and method == "POST":
-            return self._admin(url.path[len(ADMIN_PREFIX) :], headers, query)
+        if url.path.startswith(ADMIN_ROOT) and method == "POST":
+            if not self._is_admin(headers):
+                return _NOT_SIMULATOR
+            if url.path == CAPACITY_PATH:
+                return self._admin_capacity(query)
+            if url.path.startswith(ADMIN_PREFIX):
+                return self._admin(url.path[len(ADMIN_PREFIX) :], query)
         route, params = match_route(method, url.path)
         body: Any = None
         with self.lock:
@@ -194,17 +208,29 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         while len(self.calls) > MAX_CALLS or (len(self.calls) > 1 and sum(self._stored) > MAX_STORED_BYTES):
             del self.calls[0], self._stored[0]
 
-    def _admin(self, name: str, headers: dict[str, str], query: dict[str, str]) -> tuple[int, Any]:
-        """The simulator's own preemption request (not a Google API): needs `admin_token`."""
+    def _is_admin(self, headers: dict[str, str]) -> bool:
+        """Whether an admin call carries `admin_token` (set once the simulation serves)."""
         given = headers.get(ADMIN_HEADER.lower(), "")
-        if (
-            self.admin_preempt is None
-            or not self.admin_token
-            or not secrets.compare_digest(given, self.admin_token)
-        ):
-            return 403, {
-                "error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}
-            }
+        return bool(self.admin_token) and secrets.compare_digest(given, self.admin_token)
+
+    def _admin_capacity(self, query: dict[str, str]) -> tuple[int, Any]:
+        """The simulator's capacity call: the zone's free hosts of a type, in the twin."""
+        if self.admin_capacity is None:
+            return _NOT_SIMULATOR
+        try:
+            hosts = int(query.get("hosts", ""))
+        except ValueError:
+            hosts = -1
+        if hosts < 0:
+            message = "hosts must be a whole number of hosts, 0 or more"
+            return 400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+        with self.lock:
+            return 200, self.admin_capacity(hosts, query.get("zone") or None, query.get("type") or None)
+
+    def _admin(self, name: str, query: dict[str, str]) -> tuple[int, Any]:
+        """The simulator's own preemption request (not a Google API)."""
+        if self.admin_preempt is None:
+            return _NOT_SIMULATOR
         try:
             notice_s = float(query.get(NOTICE_PARAMETER, "0"))
         except ValueError:

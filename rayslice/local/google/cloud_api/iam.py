@@ -34,6 +34,10 @@ METHOD_PERMISSIONS = {
     "compute.instanceGroupManagers.listManagedInstances": "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.listPerInstanceConfigs": "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.createInstances": "compute.instanceGroupManagers.update",
+    # instanceGroupManagerResizeRequests insert and list: "Authorization requires the following
+    # IAM permission on the specified resource instanceGroupManager" (REST reference of each).
+    "compute.instanceGroupManagerResizeRequests.insert": "compute.instanceGroupManagers.update",
+    "compute.instanceGroupManagerResizeRequests.list": "compute.instanceGroupManagers.get",
     "compute.zoneOperations.get": "compute.zoneOperations.get",
     "compute.instances.getGuestAttributes": "compute.instances.getGuestAttributes",
 }

@@ -28,6 +28,7 @@ class _Operation:
     body: dict[str, Any]
     polls_left: int
     finish: Callable[[], str | None]  # runs when the operation completes; returns an error or None
+    code: str = "RESOURCE_OPERATION_FAILED"  # a Compute operation's error code, should it fail
 
 
 class EmulatedProject:
@@ -77,7 +78,13 @@ class EmulatedProject:
         return self._maybe_finish(name)
 
     def _compute_operation(
-        self, project: str, zone: str, kind: str, target: str, finish: Callable[[], str | None]
+        self,
+        project: str,
+        zone: str,
+        kind: str,
+        target: str,
+        finish: Callable[[], str | None],
+        code: str = "RESOURCE_OPERATION_FAILED",
     ) -> dict[str, Any]:
         number = next(self._ids)
         name = f"operation-{number}"
@@ -92,7 +99,9 @@ class EmulatedProject:
             "zone": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
             "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/operations/{name}",
         }
-        self._operations[f"{project}/{zone}/{name}"] = _Operation("compute", body, self.op_polls, finish)
+        self._operations[f"{project}/{zone}/{name}"] = _Operation(
+            "compute", body, self.op_polls, finish, code
+        )
         return self._maybe_finish(f"{project}/{zone}/{name}")
 
     def _maybe_finish(self, key: str) -> dict[str, Any]:
@@ -108,9 +117,7 @@ class EmulatedProject:
             else:
                 operation.body.update(status="DONE", progress=100)
                 if error:
-                    operation.body["error"] = {
-                        "errors": [{"code": "RESOURCE_OPERATION_FAILED", "message": error}]
-                    }
+                    operation.body["error"] = {"errors": [{"code": operation.code, "message": error}]}
         operation.polls_left -= 1
         return copy.deepcopy(operation.body)
 

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from rayslice.cloud.bodies import TPU_NODE, Request
+from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
@@ -61,7 +62,11 @@ class TpuApi(EmulatedProject):
             self.state.admit(TPU_NODE, path, request, project=p["project"], zone=p["zone"])
         except CloudRuleError as exc:
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
-        node = self.state.create_node(p["project"], p["zone"], name, body or {})
+        try:
+            node = self.state.create_node(p["project"], p["zone"], name, body or {})
+        except CapacityExhausted as exc:
+            message = str(exc)
+            return self._tpu_operation(p["project"], p["zone"], "create", path, lambda: message)
         node["state"] = "CREATING"
         failing = self._take_failure()
 

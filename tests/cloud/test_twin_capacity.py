@@ -1,0 +1,103 @@
+"""The twin's capacity applied to what the program declares: a direct create in an empty zone
+fails with Google's error, a flex-start slice's resize request waits and is fulfilled whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayslice.cloud.capacity import CANCELLED, ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
+from rayslice.cloud.twin import RESIZE_ACCEPTED, RESIZE_SUCCEEDED, CloudTwin, TwinHost
+from rayslice.infra import preview
+from rayslice.infra.network import SUBNET_CIDR
+from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
+
+STACKS = Path(__file__).resolve().parents[2] / "infra"
+FLEX = "Pulumi.example-compute-flex-v6e-16.yaml"
+ZONE, HOST_TYPE = "us-east5-b", "ct6e-standard-4t"  # the example's zone and v6e-16's machine type
+PROJECT, SLICE = "my-gcp-project", "jax-flex-v6e-16-slice-0"
+
+
+def _twin(free: int | None) -> tuple[CloudTwin, list[TwinHost]]:
+    twin = CloudTwin(default_range=SUBNET_CIDR)
+    booted: list[TwinHost] = []
+    twin.on_host_up = booted.append
+    if free is not None:
+        twin.set_capacity(ZONE, HOST_TYPE, free)
+    return twin, booted
+
+
+def _slice_hosts(twin: CloudTwin) -> list[TwinHost]:
+    return [h for h in twin.hosts() if h.group == SLICE]
+
+
+def test_a_direct_create_in_an_empty_zone_fails_with_googles_error_naming_the_ways_to_wait():
+    twin, _ = _twin(free=0)
+    with pytest.raises(CapacityExhausted) as err:
+        preview.deploy(preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), []), twin)
+    assert str(err.value).startswith(ZONE_RESOURCE_POOL_EXHAUSTED) and "capacity=flex-start" in str(err.value)
+    assert not [h for h in twin.hosts() if h.group is not None]
+
+
+def test_a_direct_create_takes_what_there_is_host_by_host():
+    """Each per-instance config is its own createInstances call: in a zone with 3 of the 4 hosts
+    three are created and the fourth fails (the partial slice that bulk mode avoids)."""
+    twin, _ = _twin(free=3)
+    with pytest.raises(CapacityExhausted):
+        preview.deploy(preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), []), twin)
+    assert len([h for h in twin.hosts() if h.group is not None]) == 3
+    assert twin.capacity.free[(ZONE, HOST_TYPE)] == 0
+
+
+def test_a_flex_start_slice_waits_in_an_empty_zone_and_is_created_whole_when_capacity_comes():
+    twin, booted = _twin(free=0)
+    preview.deploy(preview.stack_config(str(STACKS / FLEX), []), twin)  # returns: the request waits
+    key = (PROJECT, ZONE, SLICE)
+    [request] = twin.resize_requests_of(*key)
+    assert (request["name"], request["resizeBy"], request["state"]) == (
+        f"{SLICE}-request",
+        4,
+        RESIZE_ACCEPTED,
+    )
+    assert request["requestedRunDuration"] == {"seconds": "86400"}  # maxRunHours: 24
+    assert twin.migs[key]["targetSize"] == 0 and _slice_hosts(twin) == []
+
+    twin.set_capacity(ZONE, HOST_TYPE, 3)  # not enough for all four: nothing is created
+    assert _slice_hosts(twin) == [] and twin.resize_requests_of(*key)[0]["state"] == RESIZE_ACCEPTED
+
+    twin.set_capacity(ZONE, HOST_TYPE, 5)
+    hosts = _slice_hosts(twin)
+    assert twin.resize_requests_of(*key)[0]["state"] == RESIZE_SUCCEEDED
+    assert twin.migs[key]["targetSize"] == 4 and twin.capacity.free[(ZONE, HOST_TYPE)] == 1
+    # Named by the MIG: <baseInstanceName>-<4 characters>, not rayslice's -w<i>.
+    assert all(h.name.startswith(f"{SLICE}-") and len(h.name) == len(SLICE) + 5 for h in hosts)
+    assert len({h.name for h in hosts}) == 4 and {h.name for h in booted} >= {h.name for h in hosts}
+    # Each host knows its worker and its peers from Google's attributes alone: rayslice wrote no
+    # list of names it could not know, only the slice's name.
+    assert sorted(int(h.metadata["worker-id"]) for h in hosts) == [0, 1, 2, 3]
+    endpoints = {h.metadata["worker-network-endpoints"] for h in hosts}
+    assert len(endpoints) == 1 and endpoints.pop().count("unknown:unknown:") == 4
+    assert all(ATTR_SLICE_HOSTS not in h.metadata and h.metadata[ATTR_SLICE_NAME] == SLICE for h in hosts)
+    assert twin.violations() == []
+
+
+def test_in_a_zone_with_room_the_request_is_fulfilled_at_once():
+    twin, _ = _twin(free=None)
+    preview.deploy(preview.stack_config(str(STACKS / FLEX), []), twin)
+    assert len(_slice_hosts(twin)) == 4 and twin.violations() == []
+
+
+def test_deleting_the_mig_withdraws_its_waiting_request_and_gives_its_hosts_back():
+    twin, _ = _twin(free=0)
+    preview.deploy(preview.stack_config(str(STACKS / FLEX), []), twin)
+    [wait] = twin.capacity.waiting()
+    twin.delete_mig(PROJECT, ZONE, SLICE)
+    assert wait.state == CANCELLED and twin.capacity.waiting() == []
+    twin.set_capacity(ZONE, HOST_TYPE, 4)
+    assert _slice_hosts(twin) == []  # nothing is created for a withdrawn request
+
+    preview.deploy(preview.stack_config(str(STACKS / FLEX), []), twin)  # fulfilled at once
+    assert len(_slice_hosts(twin)) == 4 and twin.capacity.free[(ZONE, HOST_TYPE)] == 0
+    twin.delete_mig(PROJECT, ZONE, SLICE)
+    assert twin.capacity.free[(ZONE, HOST_TYPE)] == 4
