@@ -13,8 +13,9 @@ on the simulation's bridge and serves
 
 It is the far end of a slow link: every answer waits ``--latency-ms`` first (this machine's
 kernel has no netem to delay packets; `internet` shapes the bandwidth with HTB), and it counts
-the bytes of every answer by client address into ``--counts`` (JSON, replaced whole after each
-answer), which is how the benchmark tells what each host fetched from the internet.
+the bytes of every answer by client address into ``--counts`` (JSON, replaced whole as each
+answer starts, so a reader that has the answer sees it counted), which is how the benchmark
+tells what each host fetched from the internet.
 """
 
 from __future__ import annotations
@@ -132,8 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if body:
-            self.wfile.write(data)
             self.server.count(self.client_address[0], len(data))
+            self.wfile.write(data)
 
     def _file(self, path: Path, body: bool) -> None:
         size = path.stat().st_size
@@ -142,9 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(size))
         self.end_headers()
         if body:
+            self.server.count(self.client_address[0], size)
             with path.open("rb") as f:
                 shutil.copyfileobj(f, self.wfile, 1 << 16)
-            self.server.count(self.client_address[0], size)
 
     def _status(self, code: int, body: bool) -> None:
         self.send_response(code)
