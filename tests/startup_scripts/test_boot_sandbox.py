@@ -75,6 +75,15 @@ SCENARIOS = {
         "reboot with unchanged requirements (installing source)",
         "`requirements unchanged`: no install, **joined**",
     ),
+    "cache_silent": Fault(
+        "the head's package cache never answers its health check",
+        "publishes `waiting: package cache`; after `CACHE_WAIT_S` installs from the index itself, "
+        "then **joined**",
+    ),
+    "cache_fails": Fault(
+        "an install through the package cache fails",
+        "installs from the index at once, in the same attempt (no `retrying:`), then **joined**",
+    ),
     "hostile": Fault(
         "hostile string in every rendered variable",
         "script fails (permanent), the string is never executed",
