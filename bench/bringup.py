@@ -36,6 +36,7 @@ import argparse
 import datetime
 import json
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -384,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         "--accelerator-types", default="v6e-8,v6e-16,v6e-32", help="comma-separated (1, 4 and 8 hosts)"
     )
     args = parser.parse_args(argv)
+    # Stopped with SIGTERM (`kill`, or a shell that started it in the background, where SIGINT is
+    # ignored), it still removes the slice it was timing: the `finally` blocks run on SystemExit.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.internet:

@@ -54,6 +54,10 @@ CACHE_INDEX_NAME = "rayslice-cache"
 # the cache downloads a file for it (the largest wheels are hundreds of MB over the head's link).
 CACHE_WAIT_S = 120
 CACHE_DOWNLOAD_TIMEOUT_S = 900
+# uv's and pip's read timeout against the index itself (uv's default is 30 s).
+INDEX_TIMEOUT_S = 60
+# gunicorn's configuration file on the head: it fixes a race in proxpi (see the file).
+PACKAGE_CACHE_CONF = Path(__file__).with_name("package_cache_conf.py")
 
 # Seconds, each overridable on the host by the RAYSLICE_*_S variable of the same name (tests).
 METADATA_DEADLINE_S = 300  # boot gives up (exit 1, logged) when the metadata server never answers
@@ -112,8 +116,11 @@ def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, obj
 def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, object]:
     """The package cache's variables: on only when hosts install from an index (not from a
     wheelhouse or a prepared venv) and the spec keeps `packageCache` on."""
+    cache = spec.package_cache and source.mode == "pypi"
     return {
-        "package_cache": "1" if spec.package_cache and source.mode == "pypi" else "0",
+        "package_cache": "1" if cache else "0",
+        "package_cache_conf": base64.b64encode(PACKAGE_CACHE_CONF.read_bytes()).decode() if cache else "",
+        "index_timeout_s": INDEX_TIMEOUT_S,
         "package_cache_port": names.PACKAGE_CACHE_PORT,
         "cache_index_name": CACHE_INDEX_NAME,
         "cache_requirements": list(CACHE_REQUIREMENTS),
