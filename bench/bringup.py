@@ -17,7 +17,17 @@ Every clock stops when the head's state API shows every host as an alive Ray nod
 chips. The reboot and the floor are repeated (``--repeats``) and their medians reported. Each
 figure is printed as a multiple of the floor and as a share of the guide.
 
-Run as root: ``.venv/bin/python bench/bringup.py`` (it takes several minutes).
+Internet mode (``--internet``) measures what a real host sees instead: the hosts install from a
+package index across a slow link (`rayslice.local.simulation.internet`: each host's link to the
+index capped at ``--rate-mbit``, every answer delayed ``--latency-ms``; hosts reach each other at
+full speed), with the head's package cache (``--cache``) or without it. For each of
+``--accelerator-types`` (default 1, 4 and 8 hosts) it brings up ``--repeats`` fresh slices, each
+timed for a cold first boot, one reboot and one floor run, and reports their medians, the
+ratios to the floor, and the bytes each host and the whole cluster fetched from the index in
+the cold first boot (the reboot and the floor fetch nothing).
+
+Run as root: ``.venv/bin/python bench/bringup.py`` (it takes several minutes), or
+``.venv/bin/python bench/bringup.py --internet --cache`` (tens of minutes).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import argparse
 import datetime
 import json
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -37,7 +48,8 @@ from pathlib import Path
 from wheelhouse import ensure_wheelhouse  # bench/wheelhouse.py: a script's own folder is on sys.path
 
 from rayslice import spec as spec_module
-from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.internet import Link, SimulatedInternet, index_url
+from rayslice.local.simulation.simulator import INDEX_SOURCE, Simulation
 from rayslice.local.simulation.state import HostPlan
 from rayslice.names import DASHBOARD_PORT, GCS_PORT
 from rayslice.startup_scripts.variables import requirement_lines
@@ -194,11 +206,11 @@ def _timed(power_cycle: Callable[[], None], sim: Simulation, hosts: int) -> floa
     return time.monotonic() - start
 
 
-def run_rayslice(
-    spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, repeats: int
-) -> tuple[float, list[float], list[float]]:
-    """First boot, then `repeats` reboots, then `repeats` floor runs, on one simulated slice."""
-    sim = Simulation.create(spec, workdir / "rayslice", package_source=f"wheels:{wheelhouse}", insecure=True)
+def reboots_and_floors(
+    sim: Simulation, spec: spec_module.ClusterSpec, repeats: int
+) -> tuple[list[float], list[float]]:
+    """On a slice whose first boot is done: `repeats` reboots of every host, then `repeats` floor
+    runs (each host's boot replaced by `floor_script`, around the Ray the boot script installed)."""
     hosts = sim.plan.hosts
     count = spec.tpu.hosts
 
@@ -206,21 +218,128 @@ def run_rayslice(
         for host in hosts:
             sim.reboot(host.name)
 
+    reboots = [_timed(reboot_all, sim, count) for _ in range(repeats)]
+    head_ip = sim.plan.head.ip
+    for host in hosts:
+        paths = sim.paths(host.name)
+        ray = installed_ray(paths.root)
+        inner = f"{sim.plan.root}/{ray.relative_to(paths.root)}"  # the same file, seen from inside
+        paths.script.write_text(
+            floor_script(host, head_ip, inner, f"{sim.plan.root}/tmp/ray", spec.tpu.chips_per_host)
+        )
+    floors = [_timed(reboot_all, sim, count) for _ in range(repeats)]
+    return reboots, floors
+
+
+def run_rayslice(
+    spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, repeats: int
+) -> tuple[float, list[float], list[float]]:
+    """First boot, then `repeats` reboots, then `repeats` floor runs, on one simulated slice."""
+    sim = Simulation.create(spec, workdir / "rayslice", package_source=f"wheels:{wheelhouse}", insecure=True)
     try:
-        first = _timed(sim.boot_all, sim, count)
-        reboots = [_timed(reboot_all, sim, count) for _ in range(repeats)]
-        head_ip = sim.plan.head.ip
-        for host in hosts:
-            paths = sim.paths(host.name)
-            ray = installed_ray(paths.root)
-            inner = f"{sim.plan.root}/{ray.relative_to(paths.root)}"  # the same file, seen from inside
-            paths.script.write_text(
-                floor_script(host, head_ip, inner, f"{sim.plan.root}/tmp/ray", spec.tpu.chips_per_host)
-            )
-        floors = [_timed(reboot_all, sim, count) for _ in range(repeats)]
+        first = _timed(sim.boot_all, sim, spec.tpu.hosts)
+        reboots, floors = reboots_and_floors(sim, spec, repeats)
         return first, reboots, floors
     finally:
         sim.destroy()
+
+
+@dataclass(frozen=True)
+class InternetRun:
+    """One fresh slice in internet mode: seconds of each path, and the bytes each machine
+    fetched from the index during the cold first boot (by host name)."""
+
+    first_boot: float
+    reboot: float
+    floor: float
+    fetched: dict[str, int]
+
+
+def internet_spec(accelerator_type: str, cache: bool) -> spec_module.ClusterSpec:
+    """A slice whose hosts install from the simulated internet's index, with or without the cache."""
+    config = {
+        "acceleratorType": accelerator_type,
+        "rayAuth": "none",
+        "packageIndex": index_url(),
+        "allowInsecurePackageIndex": "true",
+        "packageCache": str(cache).lower(),
+    }
+    return spec_module.load(config, require_zone=False)
+
+
+def run_internet(spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, link: Link) -> InternetRun:
+    """Cold first boot (bytes counted), one reboot and one floor run of a fresh slice."""
+    internet_dir = workdir / "internet"
+    internet_dir.mkdir(parents=True)
+    sim = Simulation.create(spec, workdir / "sim", package_source=INDEX_SOURCE, insecure=True)
+    try:
+        with SimulatedInternet(sim, wheelhouse, link, internet_dir) as internet:
+            first = _timed(sim.boot_all, sim, spec.tpu.hosts)
+            fetched = internet.fetched()
+            (reboot,), (floor,) = reboots_and_floors(sim, spec, 1)
+            return InternetRun(first, reboot, floor, fetched)
+    finally:
+        sim.destroy()
+
+
+def internet_report(
+    runs: dict[str, list[InternetRun]], link: Link, cache: bool, hosts: dict[str, int], date: str
+) -> str:
+    """The internet mode's table: medians over each type's runs; bytes of the cold first boot.
+
+    ``x first of fewest`` is the first boot against the one of the fewest hosts measured (the
+    growth with slice size); ``x fewest's bytes`` is the cluster's bytes against that slice's.
+    """
+    mb = 1e6
+    first_type = min(runs, key=lambda t: hosts[t])
+    base_first = statistics.median(r.first_boot for r in runs[first_type])
+    base_bytes = statistics.median(sum(r.fetched.values()) for r in runs[first_type])
+    repeats = min(len(r) for r in runs.values())
+    lines = [
+        f"{date}: simulated slices in internet mode, {'with' if cache else 'without'} the package cache; "
+        f"each host's link to the index {link.rate_mbit:g} Mbit/s, {link.latency_ms:g} ms per answer; "
+        f"medians of {repeats} fresh slices",
+        "",
+        "| type | hosts | first boot s | x floor | x first of fewest | reboot s | x floor | floor s "
+        "| MB fetched per host (min-max) | MB per cluster | x fewest's bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for accelerator_type, found in sorted(runs.items(), key=lambda item: hosts[item[0]]):
+        first = statistics.median(r.first_boot for r in found)
+        reboot = statistics.median(r.reboot for r in found)
+        floor = statistics.median(r.floor for r in found)
+        per_host = [b for r in found for b in r.fetched.values()]
+        cluster = statistics.median(sum(r.fetched.values()) for r in found)
+        lines.append(
+            f"| {accelerator_type} | {hosts[accelerator_type]} | {first:.1f} | {first / floor:.2f} "
+            f"| {first / base_first:.2f} | {reboot:.1f} | {reboot / floor:.2f} | {floor:.1f} "
+            f"| {min(per_host) / mb:.0f}-{max(per_host) / mb:.0f} | {cluster / mb:.0f} "
+            f"| {cluster / base_bytes:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main_internet(args: argparse.Namespace) -> int:
+    link = Link(args.rate_mbit, args.latency_ms)
+    specs = {t: internet_spec(t, args.cache) for t in args.accelerator_types.split(",")}
+    wheelhouse = args.wheelhouse
+    for spec in specs.values():
+        wheelhouse = ensure_wheelhouse(args.wheelhouse, spec)
+    runs: dict[str, list[InternetRun]] = {}
+    with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:
+        for accelerator_type, spec in specs.items():
+            for i in range(args.repeats):
+                run = run_internet(spec, wheelhouse, Path(tmp) / f"{accelerator_type}-{i}", link)
+                runs.setdefault(accelerator_type, []).append(run)
+                print(
+                    f"{accelerator_type} #{i + 1}: first boot {run.first_boot:.1f} s, "
+                    f"reboot {run.reboot:.1f} s, floor {run.floor:.1f} s; fetched {json.dumps(run.fetched)}",
+                    flush=True,
+                )
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    hosts = {t: spec.tpu.hosts for t, spec in specs.items()}
+    print("\n" + internet_report(runs, link, args.cache, hosts, date))
+    return 0
 
 
 def run_guide(spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path) -> float:
@@ -247,10 +366,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--accelerator-type", default="v6e-16")
     parser.add_argument("--wheelhouse", type=Path, default=REPO / ".wheelhouse")
-    parser.add_argument("--repeats", type=int, default=3, help="reboots and floor runs to take the median of")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="reboots and floor runs (internet mode: slices) to take the median of",
+    )
+    internet = parser.add_argument_group("internet mode")
+    internet.add_argument(
+        "--internet", action="store_true", help="hosts install from an index across a slow link"
+    )
+    internet.add_argument("--cache", action="store_true", help="with the head's package cache (packageCache)")
+    internet.add_argument("--rate-mbit", type=float, default=200.0, help="each host's link to the index")
+    internet.add_argument(
+        "--latency-ms", type=float, default=20.0, help="the index's delay before each answer"
+    )
+    internet.add_argument(
+        "--accelerator-types", default="v6e-8,v6e-16,v6e-32", help="comma-separated (1, 4 and 8 hosts)"
+    )
     args = parser.parse_args(argv)
+    # Stopped with SIGTERM (`kill`, or a shell that started it in the background, where SIGINT is
+    # ignored), it still removes the slice it was timing: the `finally` blocks run on SystemExit.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.internet:
+        return main_internet(args)
     spec = spec_module.load({"acceleratorType": args.accelerator_type, "rayAuth": "none"}, require_zone=False)
     wheelhouse = ensure_wheelhouse(args.wheelhouse, spec)
     with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:

@@ -16,6 +16,10 @@ JAX_COORDINATOR_PORT = 8476
 # Multislice (megascale) DCN traffic, the port MEGASCALE_PORT names.
 MEGASCALE_PORT = 8081
 
+# The head's package cache (proxpi, `startup.sh.j2` run-cache): every host of the cluster installs
+# through it. 3141 is devpi-server's default port, the one PyPI mirrors usually take.
+PACKAGE_CACHE_PORT = 3141
+
 # How long a Spot VM runs after its preemption notice (metadata `instance/preempted` turns TRUE,
 # ACPI G2 soft off) before Compute Engine stops it: "up to 30 seconds" (Google's "Spot VMs" ->
 # "Preemption process"). A host's preemption watcher gives Ray this deadline when it drains the

@@ -67,6 +67,7 @@ class Draft:
     package_index: Str | None
     allow_insecure_package_index: Bool | None
     package_index_credentials_secret: Str | None
+    package_cache: Bool | None
     ray_version: Str | None
     host_image: Str | None
     labels: StrMap | None

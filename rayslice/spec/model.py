@@ -269,6 +269,12 @@ class ClusterSpec:
         description="Secret Manager secret (name) holding the packageIndex credentials as "
         "user:password; hosts read it into uv's index credential variables.",
     )
+    package_cache: Bool = Field(
+        True,
+        description="Run a caching proxy of the package index (proxpi) on the head, so a cluster "
+        "downloads each package once instead of once per host; hosts fall back to the index when it "
+        "does not answer. VM platforms only; not used with a wheelhouse or a prepared venv.",
+    )
     ray_version: Str = Field(DEFAULT_RAY_VERSION, description="Ray version installed on every host (X.Y.Z).")
     host_image: Str | None = Field(
         None,

@@ -45,6 +45,22 @@ SECRET_MANAGER_API = "https://secretmanager.googleapis.com/v1"
 # "Package indexes" → "Providing credentials directly"); the index is passed as NAME=URL.
 INDEX_NAME = "rayslice"
 
+# The head's package cache (`startup.sh.j2`, run-cache): proxpi, a maintained caching proxy of a
+# PEP 503 index (github.com/EpicWink/proxpi; its PROXPI_* settings are in its README), served by
+# gunicorn. Installed on the head from the index itself, into a venv of its own.
+CACHE_REQUIREMENTS = ("proxpi==1.3.1", "gunicorn==27.0.1")
+# uv's name for the cache as an index: not INDEX_NAME, so the index's credentials are never sent to it.
+CACHE_INDEX_NAME = "rayslice-cache"
+# How long a host waits for the cache to answer before it installs from the index itself (at a
+# cold boot the head installs the cache first, a few MB), and how long one request may wait while
+# the cache downloads a file for it (the largest wheels are hundreds of MB over the head's link).
+CACHE_WAIT_S = 120
+CACHE_DOWNLOAD_TIMEOUT_S = 900
+# uv's and pip's read timeout against the index itself (uv's default is 30 s).
+INDEX_TIMEOUT_S = 60
+# gunicorn's configuration file on the head: it fixes a race in proxpi (see the file).
+PACKAGE_CACHE_CONF = Path(__file__).with_name("package_cache_conf.py")
+
 # Seconds, each overridable on the host by the RAYSLICE_*_S variable of the same name (tests).
 METADATA_DEADLINE_S = 300  # boot gives up (exit 1, logged) when the metadata server never answers
 TOKEN_DEADLINE_S = 600  # one round of Secret Manager retries; the supervisor then starts over
@@ -105,6 +121,22 @@ def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, obj
     }
 
 
+def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, object]:
+    """The package cache's variables: on only when hosts install from an index (not from a
+    wheelhouse or a prepared venv) and the spec keeps `packageCache` on."""
+    cache = spec.package_cache and source.mode == "pypi"
+    return {
+        "package_cache": "1" if cache else "0",
+        "package_cache_conf": base64.b64encode(PACKAGE_CACHE_CONF.read_bytes()).decode() if cache else "",
+        "index_timeout_s": INDEX_TIMEOUT_S,
+        "package_cache_port": names.PACKAGE_CACHE_PORT,
+        "cache_index_name": CACHE_INDEX_NAME,
+        "cache_requirements": list(CACHE_REQUIREMENTS),
+        "cache_wait_s": CACHE_WAIT_S,
+        "cache_download_timeout_s": CACHE_DOWNLOAD_TIMEOUT_S,
+    }
+
+
 def host_types(spec: ClusterSpec) -> list[str]:
     """Every name a host of the spec's slice may report as its ``accelerator-type``: the spec's
     own and the host's spelling of it (`catalog.reported_name`: a TPU7x host reports ``v7x-16``
@@ -117,6 +149,7 @@ def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, obj
     source = PackageSource.parse(options.package_source)
     return {
         **package_variables(spec, source),
+        **cache_variables(spec, source),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
         "platform": spec.platform,

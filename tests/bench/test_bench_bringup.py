@@ -148,3 +148,28 @@ def test_installed_ray_refuses_none_or_several(tmp_path, venvs):
         ray.write_text("")
     with pytest.raises(RuntimeError, match="expected one venv"):
         bringup.installed_ray(tmp_path)
+
+
+def test_internet_report_gives_medians_ratios_and_bytes_against_the_fewest_hosts():
+    def run(first: float, floor: float, fetched: dict[str, int]) -> object:
+        return bringup.InternetRun(first_boot=first, reboot=floor * 1.5, floor=floor, fetched=fetched)
+
+    runs = {
+        "v6e-16": [run(80.0, 20.0, {"w0": 600_000_000, "w1": 0, "w2": 0, "w3": 0})] * 3,
+        "v6e-8": [run(30.0, 5.0, {"w0": 500_000_000}), run(50.0, 5.0, {"w0": 500_000_000})],
+    }
+    link = bringup.Link(rate_mbit=200, latency_ms=20)
+    text = bringup.internet_report(runs, link, True, {"v6e-8": 1, "v6e-16": 4}, "DATE")
+    lines = text.splitlines()
+    assert lines[0].startswith("DATE: simulated slices in internet mode, with the package cache")
+    assert "200 Mbit/s, 20 ms per answer; medians of 2 fresh slices" in lines[0]
+    one, four = lines[-2], lines[-1]  # fewest hosts first
+    assert one == "| v6e-8 | 1 | 40.0 | 8.00 | 1.00 | 7.5 | 1.50 | 5.0 | 500-500 | 500 | 1.00 |"
+    assert four == "| v6e-16 | 4 | 80.0 | 4.00 | 2.00 | 30.0 | 1.50 | 20.0 | 0-600 | 600 | 1.20 |"
+
+
+def test_internet_spec_installs_from_the_simulated_index_with_or_without_the_cache():
+    with_cache = bringup.internet_spec("v6e-16", True)
+    assert with_cache.package_index == "http://pypi.internet.test:8080/simple/"
+    assert with_cache.package_cache and with_cache.ray_auth == "none"
+    assert not bringup.internet_spec("v6e-16", False).package_cache

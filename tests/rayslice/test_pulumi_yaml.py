@@ -56,6 +56,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "preset",
             "requirements",
             "allowInsecurePackageIndex",
+            "packageCache",
             "rayVersion",
             "rayAuth",
             "recovery",

@@ -264,9 +264,9 @@ esac
     def render(self, spec: spec_module.ClusterSpec, gcs_port: object, **overrides: object) -> Path:
         variables = script_variables(spec, RenderOptions(supervisor="process", root=str(self.root)))
         script = self.tmp / "boot.sh"
-        script.write_text(
-            render_template("startup.sh.j2", **{**variables, "gcs_port": gcs_port, **overrides})
-        )
+        # The package cache is off unless a test turns it on: the sandbox has no proxpi to run.
+        defaults = {"gcs_port": gcs_port, "package_cache": "0"}
+        script.write_text(render_template("startup.sh.j2", **{**variables, **defaults, **overrides}))
         return script
 
     def environment(self, **extra: str) -> dict[str, str]:

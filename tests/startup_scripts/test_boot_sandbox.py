@@ -14,6 +14,8 @@ import shutil
 import signal
 import socket
 import stat
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,15 @@ SCENARIOS = {
     "reboot": Fault(
         "reboot with unchanged requirements (installing source)",
         "`requirements unchanged`: no install, **joined**",
+    ),
+    "cache_silent": Fault(
+        "the head's package cache never answers its health check",
+        "publishes `waiting: package cache`; after `CACHE_WAIT_S` installs from the index itself, "
+        "then **joined**",
+    ),
+    "cache_fails": Fault(
+        "an install through the package cache fails",
+        "installs from the index at once, in the same attempt (no `retrying:`), then **joined**",
     ),
     "hostile": Fault(
         "hostile string in every rendered variable",
@@ -385,6 +396,90 @@ def test_index_credentials_reach_uv_by_environment_only(host, tmp_path):
     assert f"UV_INDEX_RAYSLICE_PASSWORD={INDEX_PASSWORD}" in uv
     assert "UV_INDEX" not in box.ray_log.read_text()  # not exported to Ray and its jobs
     _no_secret_anywhere(box, INDEX_PASSWORD)
+
+
+class _Cache(ThreadingHTTPServer):
+    """The head's package cache as a host probes it: proxpi's /health answering 200."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        class Health(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200 if self.path == "/health" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Health)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def _cache_worker(
+    host: list[sandbox.Sandbox], tmp_path: Path, cache_port: int, wait_s: str = "60", **kw: object
+) -> tuple[sandbox.Sandbox, _Head]:
+    """Worker 1 of a slice with a private index and the package cache on, booted; its head's GCS
+    port listens. Returns the sandbox and the head (the caller closes it)."""
+    spec = _spec(rayAuth="none", packageIndex="https://pypi.internal.example/simple")
+    cloud = _cloud(spec, worker=1, extra={names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
+    box = _box(host, tmp_path, cloud, **kw)
+    gcs = sandbox.free_port()
+    head = _Head(gcs)
+    script = box.render(spec, gcs, package_cache="1", package_cache_port=cache_port)
+    assert box.boot(script, RAYSLICE_CACHE_WAIT_S=wait_s).returncode == 0
+    return box, head
+
+
+def test_a_worker_installs_through_the_heads_cache_without_the_index_credentials(host, tmp_path):
+    cache = _Cache()
+    box, head = _cache_worker(host, tmp_path, cache.server_address[1])
+    try:
+        box.wait(lambda: _joined(box))
+    finally:
+        head.close()
+        cache.close()
+    uv = box.uv_log.read_text()
+    assert f"--default-index rayslice-cache=http://127.0.0.1:{cache.server_address[1]}/index/" in uv
+    assert "rayslice=https://pypi.internal.example/simple" not in uv
+    # uv takes a named index's credentials from UV_INDEX_<NAME>_*: none name the cache's index,
+    # so the index's credentials are never sent to the cache.
+    assert "UV_INDEX_RAYSLICE_CACHE_" not in uv
+    _no_secret_anywhere(box, INDEX_PASSWORD)
+
+
+def test_a_worker_installs_from_the_index_when_the_cache_never_answers(host, tmp_path):
+    box, head = _cache_worker(host, tmp_path, sandbox.free_port(), wait_s="2")
+    try:
+        box.wait(lambda: _joined(box))
+    finally:
+        head.close()
+    assert "waiting: package cache" in box.cloud.states
+    assert "did not answer within 2s: installing from the index" in box.log
+    uv = box.uv_log.read_text()
+    assert "--default-index rayslice=https://pypi.internal.example/simple" in uv
+    assert "rayslice-cache=" not in uv
+    assert "UV_INDEX_RAYSLICE_USERNAME=builder" in uv
+
+
+def test_an_install_that_fails_through_the_cache_is_done_from_the_index_at_once(host, tmp_path):
+    cache = _Cache()
+    box, head = _cache_worker(host, tmp_path, cache.server_address[1], uv_failures=1)
+    try:
+        box.wait(lambda: _joined(box))
+    finally:
+        head.close()
+        cache.close()
+    installs = [line for line in box.uv_log.read_text().splitlines() if line.startswith("pip install")]
+    assert len(installs) == 2
+    assert "rayslice-cache=" in installs[0] and "rayslice=https://pypi.internal.example/simple" in installs[1]
+    assert "installing through the package cache failed: installing from the index" in box.log
+    assert not any(state.startswith("retrying") for state in box.cloud.states)
 
 
 def test_compute_engine_host_gets_its_identity_from_instance_names(host, tmp_path):

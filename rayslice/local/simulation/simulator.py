@@ -105,6 +105,11 @@ def _auth_spec(spec: ClusterSpec, insecure: bool) -> ClusterSpec:
     return spec
 
 
+# `Simulation.create`'s package_source that makes hosts install from the spec's packageIndex, as
+# real hosts do: the simulated internet's (`internet`), which the simulation itself does not run.
+INDEX_SOURCE = "index"
+
+
 def default_package_source() -> str:
     """The environment rayslice runs from: it already has Ray, and the hosts have no internet."""
     return f"venv:{sys.prefix}"
@@ -139,6 +144,8 @@ class Simulation(HostPower, HostProgress, SimulationServices):
 
         `script` replaces the rendered startup script (tests of the plumbing itself); by default
         every host gets ``render(spec, RenderOptions(supervisor="process", ...))``.
+        `package_source`: ``wheels:DIR``, ``venv:DIR`` (default: `default_package_source`) or
+        `INDEX_SOURCE`, the spec's packageIndex (which the caller serves: `internet`).
         `insecure` runs the cluster without Ray token auth (rayAuth=none); without it a spec
         with rayAuth=none is refused, since every local user who reached the hosts could run
         code on them as root.
@@ -189,9 +196,13 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         network = netns.free_subnet(subnet_prefix(address_room(spec)), netns.used_networks(), random.Random())
         plan = make_plan(spec, run_id=new_run_id(), network=network, hosts=())
         source = package_source or default_package_source()
+        from_index = source == INDEX_SOURCE
+        if from_index and not spec.package_index:
+            raise SimulatorError(f"package source {INDEX_SOURCE!r} needs a spec with a packageIndex")
+        own = (sys.prefix, str(Path(rayslice.__file__).resolve().parents[1]))
         shared = tuple(
             os.path.normpath(os.path.abspath(p))
-            for p in (sys.prefix, str(Path(rayslice.__file__).resolve().parents[1]), source.partition(":")[2])
+            for p in (*own, *(() if from_index else (source.partition(":")[2],)))
         )
         state = SimulationState(
             plan=plan, state_dir=str(state_dir), shared_paths=shared, firewall=backend, insecure=insecure
@@ -203,7 +214,9 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 "no nft or iptables on this machine: the bridge subnet is not filtered, so other local "
                 "users can reach the hosts' ports (Ray token auth still applies); install nftables"
             )
-        options = RenderOptions(supervisor="process", package_source=source, root=plan.root)
+        options = RenderOptions(
+            supervisor="process", package_source=None if from_index else source, root=plan.root
+        )
         netns.create_bridge(plan.bridge, plan.gateway, network.prefixlen)  # the emulation listens on it
         if zone_capacity is not None:
             write_private(state_dir / CLOUD_API_CAPACITY_FILE, json.dumps(zone_capacity))
