@@ -228,6 +228,10 @@ RUN_ELSEWHERE = {
         "test_recovery.py::test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint",
         lambda tpu: tpu.hosts > 1,
     ),
+    "jax_trainer": (
+        "test_recovery.py::test_ray_train_goes_on_on_the_surviving_slice_and_grows_back",
+        lambda tpu: tpu.hosts > 1,
+    ),
     "xla_single": ("test_xla_single_prints_a_tensor_on_an_xla_device", lambda tpu: tpu.chips_per_host >= 1),
     "xla_train": ("test_xla_train_loss_falls", lambda tpu: tpu.chips_per_host >= 1),
 }
