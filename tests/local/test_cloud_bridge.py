@@ -87,6 +87,17 @@ def cloud() -> Iterator[CloudApiEmulator]:
     server.server_close()
 
 
+def use_the_emulation(cloud: CloudApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Send this process's Google clients to the emulation: Application Default Credentials
+    from a key file whose token endpoint is the emulation's, and its endpoint overrides."""
+    adc = tmp_path / "adc.json"
+    adc.write_text(json.dumps(cloud.service_account_info()))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    for key, value in cloud.environment().items():
+        monkeypatch.setenv(key, value)
+
+
 @pytest.mark.parametrize("platform", ["compute", "tpu-vm"])
 def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
     cloud: CloudApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, platform: str
@@ -97,12 +108,7 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
     )
     sim = deployed(cloud, spec, "b1c2d3")
     cloud_bridge.attach(cloud, sim, spec)
-    adc = tmp_path / "adc.json"
-    adc.write_text(json.dumps(cloud.service_account_info()))
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
-    monkeypatch.setenv("NO_GCE_CHECK", "true")
-    for key, value in cloud.environment().items():
-        monkeypatch.setenv(key, value)
+    use_the_emulation(cloud, tmp_path, monkeypatch)
     location = Location(cloud_bridge.project_of(spec), str(spec.zone))
     client = CloudClient(default_session(), location, sleep=lambda _: None, poll_interval_s=0)
     target = Target(spec.name, platform, spec.slices, location)
@@ -332,12 +338,7 @@ def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_s
     write_private(
         tmp_path / cloud_bridge.ENDPOINT_FILE, json.dumps({"url": cloud.url, "admin_token": "t0ken"})
     )
-    adc = tmp_path / "adc.json"
-    adc.write_text(json.dumps(cloud.service_account_info()))
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
-    monkeypatch.setenv("NO_GCE_CHECK", "true")
-    for key, value in cloud.environment().items():
-        monkeypatch.setenv(key, value)
+    use_the_emulation(cloud, tmp_path, monkeypatch)
     client = CloudClient(default_session(), Location(cloud_bridge.project_of(spec), str(spec.zone)))
     booted: list[str] = []
     up = cloud.twin.on_host_up
