@@ -453,6 +453,31 @@ def _spot_tpu_mig_does_nothing(stack: Stack) -> Iterator[Finding]:
             )
 
 
+# A resize request's run duration: "Must be from 600 to 604800 inclusive ... minimum and maximum
+# allowed range for requestedRunDuration is 10 minutes (600 seconds) and 7 days (604800 seconds)"
+# (pulumi-gcp ResizeRequestRequestedRunDuration.seconds, from magic-modules ResizeRequest.yaml).
+_RUN_DURATION_SOURCE = (
+    "pulumi-gcp compute.ResizeRequest requestedRunDuration.seconds (magic-modules "
+    "mmv1/products/compute/ResizeRequest.yaml); Compute Engine, 'About resize requests in a MIG', "
+    "https://cloud.google.com/compute/docs/instance-groups/about-resize-requests-mig"
+)
+RUN_DURATION_S = (600, 604_800)
+
+
+def _resize_request_run_duration(stack: Stack) -> Iterator[Finding]:
+    low, high = RUN_DURATION_S
+    for request in stack.of_type(RESIZE_REQUEST):
+        duration = request.body.get("requestedRunDuration")
+        if duration is None:
+            continue
+        seconds = int(duration.get("seconds", 0))
+        if not low <= seconds <= high:
+            yield (
+                request,
+                f"requested run duration {seconds} s is outside {low} to {high} s (10 minutes to 7 days)",
+            )
+
+
 RULES: tuple[Rule, ...] = (
     Rule("bulk-provisioning-model", _BULK_PAGE, _bulk_needs_flex_or_reservation, True),
     Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
@@ -466,6 +491,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tpu-boot-disk", _DISK_SOURCE, _boot_disk_per_generation, False),
     Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False),
     Rule("spot-tpu-do-nothing", _SPOT_SOURCE, _spot_tpu_mig_does_nothing, True),
+    Rule("resize-request-run-duration", _RUN_DURATION_SOURCE, _resize_request_run_duration, False),
 )
 
 

@@ -157,3 +157,21 @@ def test_tpu_machine_comes_from_the_catalog():
     assert rules.tpu_machine("zones/z/machineTypes/ct6e-standard-8t") == ("v6e", 8)
     assert rules.tpu_machine("ct5p-hightpu-4t") == ("v5p", 4)
     assert rules.tpu_machine("n2-standard-16") is None and rules.tpu_machine(None) is None
+
+
+@pytest.mark.parametrize(
+    "seconds, broken", [("599", True), ("600", False), ("604800", False), ("604801", True)]
+)
+def test_a_resize_requests_run_duration_is_ten_minutes_to_seven_days(seconds, broken):
+    request = make(
+        bodies.RESIZE_REQUEST,
+        "s-0-request",
+        {
+            "name": "s-0-request",
+            "zone": "z",
+            "instanceGroupManager": "s-0-mig",
+            "resizeBy": 4,
+            "requestedRunDuration": {"seconds": seconds},
+        },
+    )
+    assert rule_ids(rules.Stack([request])) == (["resize-request-run-duration"] if broken else [])
