@@ -8,7 +8,8 @@
   server, then runs the real curl (stdin included, so ``--config -`` is real).
 - ``uv`` (pre-placed where the script bootstraps it) and ``ray`` are stubs that record their
   arguments and environment; the stub ``ray start`` prints Ray's "Ray runtime started" line and
-  blocks like ``--block`` does.
+  blocks like ``--block`` does. With ``ray_start_failures=N`` its first N starts fail as Ray's
+  does when the raylet does not register in time, leaving a daemon behind (``leftovers``).
 
 Everything else (bash, python3, coreutils, the supervisor loop, the files and their modes) is
 real. No root is needed; each sandbox kills its supervisor's process group when done.
@@ -181,6 +182,7 @@ class Sandbox:
         uv_failures: int = 0,
         unresolvable: bool = False,
         real_uv: bool = False,
+        ray_start_failures: int = 0,
     ):
         self.tmp = tmp
         self.cloud = cloud
@@ -193,6 +195,8 @@ class Sandbox:
         self.uv_log = self.logs / "uv"
         self.ray_log = self.logs / "ray"
         self.uv_count = self.logs / "uv-pip-count"
+        self.ray_start_count = self.logs / "ray-start-count"
+        self.leftovers = self.logs / "ray-leftovers"  # PIDs of the daemons failed starts left
         self._write(
             self.bin / "curl",
             f"""#!/bin/bash
@@ -211,6 +215,17 @@ exec {REAL_CURL} "${{args[@]}}"
             f"""#!/bin/bash
 {{ printf 'argv:'; printf ' %s' "$@"; printf '\\n'; env | grep -E '^(TPU_|RAY_AUTH|UV_INDEX)' | sort; }} \\
   >>{self.ray_log}
+if [[ $1 == start ]]; then
+  n=$(cat {self.ray_start_count} 2>/dev/null || echo 0)
+  echo $((n + 1)) >{self.ray_start_count}
+  if ((n < {ray_start_failures})); then
+    sleep 601 </dev/null >/dev/null 2>&1 &  # the raylet a timed-out start leaves running
+    echo $! >>{self.leftovers}
+    echo "The current node timed out during startup. This could happen because some of the Ray" >&2
+    echo "processes failed to startup, or the GCS has become overloaded." >&2
+    exit 1
+  fi
+fi
 echo "Ray runtime started."
 exec sleep 600
 """,

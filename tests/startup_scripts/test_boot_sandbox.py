@@ -65,6 +65,11 @@ SCENARIOS = {
         "worker boots while the head is not up; the head appears later",
         "publishes `waiting: head` (no deadline), then **joined**",
     ),
+    "ray_start_fails": Fault(
+        "`ray start` gives up twice (raylet not registered in time), leaving its daemons running",
+        "the supervisor stops what each failed start left (TERM, then KILL after the restart delay) "
+        "before the next; **joined** on the third start, no leftover alive",
+    ),
     "head_lost": Fault(
         "head lost after the worker joined, then back",
         "Ray exits, supervisor restarts it: `waiting: head`, then **joined** again",
@@ -251,6 +256,27 @@ def test_requirements_that_cannot_resolve_are_a_permanent_failure(host, tmp_path
     assert cloud.state.startswith("failed: requirements cannot be resolved:")
     box.wait(lambda: not box.supervisor_alive(), timeout=20)  # supervision ended, nothing left
     assert box.ray_starts() == []
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan whose reaper has not yet collected it is already dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_ray_start_that_gives_up_is_cleaned_up_before_the_next(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud, ray_start_failures=2)
+    script = box.render(spec, sandbox.free_port(), package_mode="wheels", package_dir="/srv/wheels")
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box) and len(box.ray_starts()) == 3, timeout=60)
+    leftovers = [int(pid) for pid in box.leftovers.read_text().split()]
+    assert len(leftovers) == 2
+    box.wait(lambda: not any(_running(pid) for pid in leftovers), timeout=10)
+    assert box.supervisor_alive()  # the loop stopped the others, never itself
 
 
 def test_worker_waits_for_a_late_head_then_rejoins_after_losing_it(host, tmp_path):
