@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
+from rayslice.errors import SimulatorError
 from rayslice.local.host import netns
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.names import STATE_JOINED
+from rayslice.names import STATE_JOINED, STATE_KEY
 
 RECOVERY_INTERVAL_S = 2
 SHORT_WAITS = {
@@ -84,18 +85,38 @@ def wait_nodes(
         if sorted(n["ip"] for n in nodes) == sorted(ips) and not set(avoid) & {n["id"] for n in nodes}:
             return nodes
         time.sleep(1)
-    raise AssertionError(f"expected nodes {sorted(ips)}, saw {[(n['ip'], n['id'][:8]) for n in nodes]}")
+    raise AssertionError(
+        f"expected nodes {sorted(ips)}, saw {[(n['ip'], n['id'][:8]) for n in nodes]}\n{report(sim)}"
+    )
 
 
 def bring_up(sim: Simulation, timeout: float = 600) -> None:
     """Boot every host, wait until all joined and the head lists each one as an alive Ray node."""
     boot(sim)
-    sim.wait_for(lambda states: all(s == STATE_JOINED for s in states.values()), timeout=timeout)
+    try:
+        sim.wait_for(lambda states: all(s == STATE_JOINED for s in states.values()), timeout=timeout)
+    except SimulatorError as error:
+        raise AssertionError(f"{error}\n{report(sim)}") from None
     deadline = time.monotonic() + 120
     while len(_alive(sim)) != len(sim.plan.hosts):
         if time.monotonic() > deadline:
-            raise AssertionError(f"alive Ray nodes: {_alive(sim)}; hosts: {[h.ip for h in sim.plan.hosts]}")
+            raise AssertionError(
+                f"alive Ray nodes: {_alive(sim)}; hosts: {[h.ip for h in sim.plan.hosts]}\n{report(sim)}"
+            )
         time.sleep(1)
+
+
+def report(sim: Simulation, lines: int = 12) -> str:
+    """Each host's published state and the end of its boot log: what a failed wait prints, so
+    that a failure in CI (whose simulation is gone afterwards) says why a host did not join."""
+    parts = []
+    for host in sim.plan.machines:
+        log = sim.paths(host.name).root / "var/log/rayslice/boot.log"
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(no boot log)"]
+        state = sim.guest_attributes(host.name).get(STATE_KEY, "")
+        parts.append(f"--- {host.name} ({host.ip}) state {state!r}, script exit {sim.script_exit(host.name)}")
+        parts.extend(f"    {line}" for line in tail)
+    return "\n".join(parts)
 
 
 def raylet_environment(sim: Simulation, host: str) -> dict[str, str]:

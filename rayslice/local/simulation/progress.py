@@ -71,8 +71,12 @@ class HostProgress(RecordedSimulation):
     def dashboard_url(self) -> str:
         return f"http://{self.plan.head.ip}:{DASHBOARD_PORT}"
 
-    def ray_nodes(self, timeout: float = 5) -> list[dict[str, Any]]:
-        """Alive Ray nodes from the head's state API (through the bridge): ip, head, resources, labels."""
+    def ray_nodes(self, timeout: float = 30) -> list[dict[str, Any]]:
+        """Alive Ray nodes from the head's state API (through the bridge): ip, head, resources, labels.
+
+        The timeout is long on purpose: the dashboard goes on serving a request whose client gave
+        up, so a poller with a short timeout piles requests onto a head that is slow already.
+        """
         request = urllib.request.Request(f"{self.dashboard_url()}/api/v0/nodes?detail=1&limit=10000")
         if self.token_file.exists():
             request.add_header("Authorization", f"Bearer {self.token_file.read_text().strip()}")
