@@ -186,8 +186,8 @@ class ClusterSpec:
     capacity: Capacity = Field(
         "on-demand",
         description="How the TPUs are obtained: on-demand, spot, reserved (a reservation) or "
-        "flex-start (waits for capacity, runs at most maxRunHours; compute, and tpu-vm with "
-        "queued=true). On-demand, spot and reserved fail fast where the zone has no capacity "
+        "flex-start (waits for capacity, runs at most maxRunHours; compute, gke, and tpu-vm "
+        "with queued=true). On-demand, spot and reserved fail fast where the zone has no capacity "
         "unless queued=true (tpu-vm). See docs/capacity.md.",
     )
     reservation: Str | None = Field(

@@ -402,7 +402,13 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             + (
                 "capacity=flex-start, whose resize request waits for capacity"
                 if platform == "compute"
-                else "capacity=on-demand, spot or reserved"
+                # GKE's queued provisioning hands nodes out only through ProvisioningRequest
+                # objects (pulumi-gcp NodePool queued_provisioning.enabled: "Makes nodes
+                # obtainable through the ProvisioningRequest API exclusively"), which Kueue or a
+                # job must create; rayslice installs neither, so its RayCluster would never start.
+                else "capacity=flex-start, a node pool that waits for capacity (GKE's queued "
+                "provisioning needs Kueue and ProvisioningRequest objects, which rayslice does not "
+                "install: docs/capacity.md)"
             )
         )
     if capacity == "flex-start" and platform == "tpu-vm" and not queued:
