@@ -32,6 +32,14 @@ Sources, per type (the encoders of terraform-provider-google, in magic-modules):
   same names (``requestedRunDuration`` a Duration of ``seconds``, an int64 string, and ``nanos``).
 - V2Vm: ``mmv1/products/tpuv2/Vm.yaml``: the node's name is the ``nodeId`` URL parameter, the
   zone is in the URL, the rest is the Node body under the same names.
+- NodePool (GKE): ``mmv1/third_party/terraform/services/container/resource_container_node_pool.go.tmpl``
+  (``expandNodePool``: a CreateNodePoolRequest whose ``nodePool`` has ``initialNodeCount`` from
+  ``initial_node_count`` or ``node_count``, ``locations`` from ``node_locations``, an
+  ``autoscaling`` block sent with ``enabled: true`` and all four counts, ``placementPolicy``,
+  ``queuedProvisioning`` and ``management`` under their REST names; the cluster and location are
+  in the URL) and ``node_config.go.tmpl`` (``expandNodeConfig``: ``machine_type``, ``spot``,
+  ``flex_start``, ``max_run_duration``, ``reservation_affinity``, ``taints`` ... keep their
+  container v1 names in ``config``).
 
 Properties a type's converter does not name (outputs such as ``selfLink``, provider-only
 settings such as ``waitForInstances``) are not sent; `CONSUMED` lists what each converter reads,
@@ -58,6 +66,7 @@ ROUTER = "gcp:compute/router:Router"
 ROUTER_NAT = "gcp:compute/routerNat:RouterNat"
 RESIZE_REQUEST = "gcp:compute/resizeRequest:ResizeRequest"
 TPU_NODE = "gcp:tpu/v2Vm:V2Vm"
+NODE_POOL = "gcp:container/nodePool:NodePool"
 IMAGE = "gcp:compute/image:Image"
 
 # The Cloud TPU API's AcceleratorConfig.type per catalog generation (tpu v2 discovery document,
@@ -90,14 +99,16 @@ PROVIDER_ONLY = frozenset(
         # SUSPENDED or TERMINATED"), a separate instances.stop call, not a field of the body.
         "desiredStatus",
         "router",  # RouterNat: the router the NAT is patched into (URL)
+        "cluster",  # NodePool: .../clusters/{cluster}/nodePools (URL)
+        "location",  # NodePool: projects/{project}/locations/{location}/... (URL)
     }
 )
 
 
 @dataclass(frozen=True)
 class Request:
-    """One REST call: the API (``compute``/``tpu``), its discovery method id, the request
-    schema, the name of the resource it creates and the JSON body."""
+    """One REST call: the API (``compute``/``tpu``/``container``), its discovery method id, the
+    request schema, the name of the resource it creates and the JSON body."""
 
     api: str
     method: str
@@ -508,6 +519,70 @@ def _tpu_node(props: Mapping[str, Any]) -> Request:
     return Request("tpu", "tpu.projects.locations.nodes.create", "Node", props.get("name"), body)
 
 
+# NodeConfig fields the provider copies under the same name (expandNodeConfig).
+_NODE_CONFIG_FIELDS = (
+    "machineType",
+    "serviceAccount",
+    "oauthScopes",
+    "spot",
+    "flexStart",
+    "maxRunDuration",
+    "resourceLabels",
+    "labels",
+    "diskSizeGb",
+    "diskType",
+    "imageType",
+)
+
+
+def _node_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    body = _pick(config, *_NODE_CONFIG_FIELDS)
+    if config.get("diskSizeGb") is not None:
+        body["diskSizeGb"] = _int64(config["diskSizeGb"])
+    if config.get("workloadMetadataConfig"):
+        body["workloadMetadataConfig"] = _pick(config["workloadMetadataConfig"], "mode")
+    if config.get("reservationAffinity"):
+        body["reservationAffinity"] = _pick(
+            config["reservationAffinity"], "consumeReservationType", "key", "values"
+        )
+    if config.get("taints"):
+        body["taints"] = [_pick(t, "key", "value", "effect") for t in config["taints"]]
+    return body
+
+
+def _node_pool(props: Mapping[str, Any]) -> Request:
+    pool: dict[str, Any] = _pick(props, "name")
+    # initial_node_count or node_count, 0 when neither is set ("nodeCount := 0").
+    pool["initialNodeCount"] = int(_number(props.get("initialNodeCount") or props.get("nodeCount") or 0))
+    if props.get("nodeConfig"):
+        pool["config"] = _node_config(props["nodeConfig"])
+    if props.get("nodeLocations"):
+        pool["locations"] = list(props["nodeLocations"])
+    scaling = props.get("autoscaling")
+    if scaling:
+        pool["autoscaling"] = {
+            "enabled": True,
+            **{
+                key: int(_number(scaling.get(key) or 0))
+                for key in ("minNodeCount", "maxNodeCount", "totalMinNodeCount", "totalMaxNodeCount")
+            },
+            **_pick(scaling, "locationPolicy"),
+        }
+    if props.get("placementPolicy"):
+        pool["placementPolicy"] = _pick(props["placementPolicy"], "type", "tpuTopology", "policyName")
+    if props.get("queuedProvisioning"):
+        pool["queuedProvisioning"] = _pick(props["queuedProvisioning"], "enabled")
+    if props.get("management"):
+        pool["management"] = _pick(props["management"], "autoRepair", "autoUpgrade")
+    return Request(
+        "container",
+        "container.projects.locations.clusters.nodePools.create",
+        "CreateNodePoolRequest",
+        props.get("name"),
+        {"nodePool": pool},
+    )
+
+
 _INSTANCE_KEYS = {
     "machineType",
     "labels",
@@ -623,5 +698,21 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
             }
         ),
         _tpu_node,
+    ),
+    NODE_POOL: (
+        frozenset(
+            {
+                "name",
+                "nodeCount",
+                "initialNodeCount",
+                "nodeConfig",
+                "nodeLocations",
+                "autoscaling",
+                "placementPolicy",
+                "queuedProvisioning",
+                "management",
+            }
+        ),
+        _node_pool,
     ),
 }

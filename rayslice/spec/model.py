@@ -326,6 +326,12 @@ class ClusterSpec:
         return self.capacity == "flex-start" or self.queued
 
     @property
+    def gke_cluster_name(self) -> str:
+        """The GKE cluster that holds the node pools: ``gkeCluster``, or the one rayslice
+        creates, which is named after the cluster."""
+        return self.gke_cluster or self.name
+
+    @property
     def runs_recovery(self) -> bool:
         """Whether the recovery controller's VM runs (GKE recreates its node pools itself)."""
         return self.recovery and self.head == "vm" and self.platform != "gke"

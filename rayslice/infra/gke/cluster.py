@@ -307,7 +307,7 @@ class GkeCluster(pulumi.ComponentResource):
         )
         return gcp.container.Cluster(
             f"{name}-cluster",
-            name=spec.name,
+            name=spec.gke_cluster_name,
             project=spec.project,
             location=spec.zone,
             network=args.network.network,
