@@ -696,6 +696,10 @@ PLATFORM_CAPACITIES: dict[str, tuple[str, ...]] = {
     "tpu-vm": CAPACITIES,
     "gke": CAPACITIES,
 }
+# GKE's flex-start for TPUs: "TPU v3 and v4 are not supported" (GKE, "About flex-start
+# provisioning mode", https://cloud.google.com/kubernetes-engine/docs/concepts/dws); of the two
+# only v4 has GKE node pools here.
+GKE_FLEX_START_EXCLUDED = frozenset({"v3", "v4"})
 # Flex-start capacity runs at most 7 days ("Flex-start VMs: ... for up to 7 days", Google's
 # "Plan your Cloud TPU resources").
 MAX_RUN_HOURS = 7 * 24

@@ -509,8 +509,13 @@ def _flex_pool_autoscaled(stack: Stack) -> Iterator[Finding]:
         if not (pool.get("config") or {}).get("flexStart"):
             continue
         scaling = pool.get("autoscaling") or {}
-        if not scaling.get("enabled") or not (scaling.get("totalMaxNodeCount") or scaling.get("maxNodeCount")):
-            yield resource, "flex-start pool without autoscaling to a maximum: no node would ever be provisioned"
+        if not scaling.get("enabled") or not (
+            scaling.get("totalMaxNodeCount") or scaling.get("maxNodeCount")
+        ):
+            yield (
+                resource,
+                "flex-start pool without autoscaling to a maximum: no node would ever be provisioned",
+            )
         if int(pool.get("initialNodeCount") or 0):
             yield (
                 resource,
@@ -541,7 +546,10 @@ def _pool_run_duration(stack: Stack) -> Iterator[Finding]:
         if found is None:
             yield resource, f"maxRunDuration {duration!r} is not a number of seconds ending in 's'"
         elif config.get("flexStart") and not 0 < int(found[1]) <= MAX_RUN_DURATION_S:
-            yield resource, f"flex-start maxRunDuration {duration} is outside 1 s to {MAX_RUN_DURATION_S} s (7 days)"
+            yield (
+                resource,
+                f"flex-start maxRunDuration {duration} is outside 1 s to {MAX_RUN_DURATION_S} s (7 days)",
+            )
 
 
 RULES: tuple[Rule, ...] = (

@@ -599,7 +599,9 @@ class CloudTwin:
 
     # ---- GKE node pools ------------------------------------------------------------------------
 
-    def create_node_pool(self, project: str, location: str, cluster: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create_node_pool(
+        self, project: str, location: str, cluster: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
         """nodePools.create: the pool, its instance template and its MIG, then its nodes (see the
         module docstring). A fixed pool the zone has no room for is kept in ERROR and
         `CapacityExhausted` is raised, as the create's operation fails."""
@@ -637,7 +639,9 @@ class CloudTwin:
         if config.get("flexStart"):
             scaling = pool.get("autoscaling") or {}
             hosts = int(scaling.get("totalMaxNodeCount") or scaling.get("maxNodeCount") or 0)
-            wait = CapacityRequest(f"{cluster}/{name}", zone, self._machine_of(mig), hosts, None, lambda: grow(hosts))
+            wait = CapacityRequest(
+                f"{cluster}/{name}", zone, self._machine_of(mig), hosts, None, lambda: grow(hosts)
+            )
             self._pool_waits[key] = wait
             self.capacity.submit(wait, self.clock())
             return pool
@@ -654,7 +658,9 @@ class CloudTwin:
             pool.update(
                 status=POOL_ERROR,
                 statusMessage=message,
-                conditions=[{"code": GCE_STOCKOUT, "canonicalCode": "RESOURCE_EXHAUSTED", "message": message}],
+                conditions=[
+                    {"code": GCE_STOCKOUT, "canonicalCode": "RESOURCE_EXHAUSTED", "message": message}
+                ],
             )
             raise
         grow(count)

@@ -114,7 +114,9 @@ class FakeGcp(pulumi.runtime.Mocks):
                     # A GKE node pool's location is its zone; its cluster is in its URL.
                     zone=inputs.get("zone") or inputs.get("location"),
                     region=inputs.get("region"),
-                    target=inputs.get("instanceGroupManager") or inputs.get("router") or inputs.get("cluster"),
+                    target=inputs.get("instanceGroupManager")
+                    or inputs.get("router")
+                    or inputs.get("cluster"),
                     urn=getattr(self._registering, "urn", None),
                 )
         except CloudRuleError:

@@ -273,7 +273,9 @@ def render_text(data: dict[str, Any]) -> str:
             lines.append(f"  worker {host['worker']} {host['name']}{instance}: {host['boot']}")
     if data.get("ray_pods"):
         pods = data["ray_pods"]
-        lines.append(f"Ray pods: not shown ({pods['why']}); after `pulumi stack output get_credentials_command`:")
+        lines.append(
+            f"Ray pods: not shown ({pods['why']}); after `pulumi stack output get_credentials_command`:"
+        )
         lines.append(f"  {pods['command']}")
     elif not data["recovery"]:
         lines.append("recovery: off (no controller runs for this cluster)")

@@ -78,6 +78,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_dashboard(draft, problems)
     _check_gke(draft, problems)
     _check_capacity(draft, problems)
+    _check_gke_flex_start(draft, tpu, problems)
     _check_host_image(draft, problems)
     if problems:
         raise SpecError(problems)
@@ -444,6 +445,17 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             )
         elif deadline < 1:
             problems.append(f"queueDeadlineHours={deadline} must be at least 1")
+
+
+def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    """The generations GKE's flex-start leaves out (`catalog.GKE_FLEX_START_EXCLUDED`)."""
+    if draft.platform == "gke" and draft.capacity == "flex-start" and tpu is not None:
+        if tpu.generation in catalog.GKE_FLEX_START_EXCLUDED:
+            problems.append(
+                f"capacity=flex-start on gke does not offer {tpu.generation} (GKE's flex-start leaves "
+                f"out {', '.join(sorted(catalog.GKE_FLEX_START_EXCLUDED))}); use capacity=on-demand, "
+                "spot or reserved, or another generation"
+            )
 
 
 def _check_gke(draft: Draft, problems: list[str]) -> None:

@@ -63,7 +63,9 @@ def test_a_fixed_pool_in_an_empty_zone_ends_in_error_with_gce_stockout_and_no_no
     [condition] = pool["conditions"]
     assert pool["status"] == POOL_ERROR and condition["code"] == GCE_STOCKOUT
     assert condition["canonicalCode"] == "RESOURCE_EXHAUSTED"
-    assert f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough resources" in pool["statusMessage"]
+    assert (
+        f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough resources" in pool["statusMessage"]
+    )
     assert _nodes(twin, pool) == []
 
 

@@ -265,4 +265,3 @@ def gke_pool(name: str, *, flex: bool, hosts: int = 4) -> dict[str, object]:
             "locationPolicy": "ANY",
         }
     return {**pool, "config": config}
-

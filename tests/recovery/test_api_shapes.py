@@ -3,6 +3,7 @@ Google's discovery documents, after scenarios that exercise every emulated metho
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -73,13 +74,15 @@ def _exercise_gke(cloud: CloudApiEmulator, client: CloudClient) -> None:
     """Status on GKE: a flex-start pool with its nodes, one that waits, one that failed; the list."""
     cloud.state.set_capacity(ZONE, GKE_MACHINE, 4)
     for index, flex in ((0, True), (1, True), (2, False)):
-        try:
-            cloud.state.create_node_pool(PROJECT, ZONE, CLUSTER, gke_pool(names.slice_name(CLUSTER, index), flex=flex))
-        except CapacityExhausted:
-            pass  # the fixed pool finds no room: kept in ERROR
+        with contextlib.suppress(CapacityExhausted):  # the fixed pool finds no room: kept in ERROR
+            cloud.state.create_node_pool(
+                PROJECT, ZONE, CLUSTER, gke_pool(names.slice_name(CLUSTER, index), flex=flex)
+            )
     args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "platform=gke"]
     assert cli.main([*args, "--set", "slices=3", "--json"]) == 0
-    client._request("GET", client._container(CLUSTER, "nodePools"))  # nodePools.list, which status need not call
+    client._request(
+        "GET", client._container(CLUSTER, "nodePools")
+    )  # nodePools.list, which status need not call
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute", "gke"])

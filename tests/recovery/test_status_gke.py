@@ -31,7 +31,12 @@ def test_a_flex_start_pool_waits_in_an_empty_zone_then_runs_with_every_node(
     cloud.state.set_capacity(ZONE, GKE_MACHINE, 0)
     cloud.state.create_node_pool(PROJECT, ZONE, CLUSTER, gke_pool(SLICE0, flex=True))
     [item] = _status(FLEX, capsys)["slices"]
-    assert (item["state"], item["phase"], item["nodes_running"], item["hosts_asked"]) == ("RUNNING", "waiting", 0, 4)
+    assert (item["state"], item["phase"], item["nodes_running"], item["hosts_asked"]) == (
+        "RUNNING",
+        "waiting",
+        0,
+        4,
+    )
     assert item["run_hours"] == 24 and item["flex_start"] and item["reason"] is None
     assert item["since"].endswith("Z")
     assert cli.main(FLEX) == 0
@@ -86,7 +91,10 @@ def test_a_missing_pool_and_a_pool_being_deleted(
     assert (first["phase"], second["phase"], second["state"]) == ("deleting", "missing", "MISSING")
     assert cli.main(args) == 0
     text = capsys.readouterr().out
-    assert "node pool STOPPING, being deleted" in text and f"{names.slice_name(CLUSTER, 1)}: node pool MISSING" in text
+    assert (
+        "node pool STOPPING, being deleted" in text
+        and f"{names.slice_name(CLUSTER, 1)}: node pool MISSING" in text
+    )
 
 
 def test_deleting_a_pool_gives_its_nodes_back_and_withdraws_its_wait(cloud: CloudApiEmulator) -> None:

@@ -53,7 +53,9 @@ RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 # management.auto_repair) with the container v1 field it becomes (NodeConfig.flexStart,
 # NodeConfig.maxRunDuration, NodePoolAutoscaling, NodeManagement.autoRepair). No queued
 # provisioning: it needs ProvisioningRequest objects (docs/capacity.md says why rayslice has none).
-FLEX_LOCATION_POLICY = "ANY"  # NodePoolAutoscaling.locationPolicy: "picks zones that have the highest capacity"
+FLEX_LOCATION_POLICY = (
+    "ANY"  # NodePoolAutoscaling.locationPolicy: "picks zones that have the highest capacity"
+)
 NO_RESERVATION = "NO_RESERVATION"  # ReservationAffinity.consumeReservationType (--reservation-affinity=none)
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"  # compute v1 ResourcePolicyWorkloadPolicy.type
 OAUTH_SCOPES = [CLOUD_PLATFORM_SCOPE]

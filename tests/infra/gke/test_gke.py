@@ -393,7 +393,11 @@ def test_flex_start_pools_start_empty_and_autoscale_to_the_slices_hosts():
     assert sorted(pools) == ["demo-slice-0", "demo-slice-1"]
     for pool in pools.values():
         assert "nodeCount" not in pool and pool["initialNodeCount"] == 0
-        assert pool["autoscaling"] == {"totalMinNodeCount": 0, "totalMaxNodeCount": 4, "locationPolicy": "ANY"}
+        assert pool["autoscaling"] == {
+            "totalMinNodeCount": 0,
+            "totalMaxNodeCount": 4,
+            "locationPolicy": "ANY",
+        }
         assert pool["management"] == {"autoRepair": False} and "queuedProvisioning" not in pool
         config = pool["nodeConfig"]
         assert config["flexStart"] is True and config["maxRunDuration"] == "86400s"
@@ -406,4 +410,10 @@ def test_queued_provisioning_on_gke_is_refused_naming_kueue():
     with pytest.raises(specs.SpecError) as err:
         gke_spec("v6e-16", capacity="flex-start", queued=True)
     assert "Kueue and ProvisioningRequest" in str(err.value) and "docs/capacity.md" in str(err.value)
+
+
+def test_flex_start_on_gke_leaves_out_v4():
+    with pytest.raises(specs.SpecError) as err:
+        specs.load({"platform": "gke", "acceleratorType": "v4-16", "capacity": "flex-start"})
+    assert "does not offer v4" in str(err.value)
 

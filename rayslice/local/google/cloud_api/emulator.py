@@ -76,7 +76,9 @@ MAX_STORED_BYTES = 32 << 20  # request bytes kept in `calls` (the latest calls' 
 _NOT_SIMULATOR = 403, {"error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}}
 
 
-class CloudApiEmulator(TpuApi, ComputeApi, ContainerApi, ServiceAccountTokens, EmulatedIam, ThreadingHTTPServer):
+class CloudApiEmulator(
+    TpuApi, ComputeApi, ContainerApi, ServiceAccountTokens, EmulatedIam, ThreadingHTTPServer
+):
     """The emulated APIs on `address`; `url` is its base. Thread-safe; stop with `shutdown()`."""
 
     daemon_threads = True
