@@ -355,7 +355,7 @@ ERRORS = [
     ),
     (
         "gke-flex-start-leaves-out-v4",
-        {"platform": "gke", "acceleratorType": "v4-16", "capacity": "flex-start"},
+        {"platform": "gke", "acceleratorType": "v4-16", "zone": "us-central2-b", "capacity": "flex-start"},
         ["capacity=flex-start on gke does not offer v4"],
     ),
     (
