@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from typing import Any
 
 import click
@@ -101,6 +102,12 @@ def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any
     }
 
 
+def _managed(instance: dict[str, Any]) -> tuple[str, str]:
+    """A MIG's managed instance: its name, and its status (or, while it is made, its action)."""
+    host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
+    return host, str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+
+
 def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:
     """A MIG slice; `waits`: its hosts come through resize requests (flex-start), shown too."""
     mig = client.get_mig(name)
@@ -111,8 +118,7 @@ def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[
     for worker, instance in enumerate(
         sorted(client.list_managed_instances(name), key=lambda i: str(i.get("name") or i.get("instance", "")))
     ):
-        host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
-        status = str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+        host, status = _managed(instance)
         boot = _state(client.instance_guest_attributes(host, STATE_QUERY)) if status == "RUNNING" else UNKNOWN
         hosts.append({"worker": worker, "name": host, "instance": status, "boot": boot})
     running = sum(1 for h in hosts if h["instance"] == "RUNNING")
@@ -171,8 +177,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
             continue
         since = since or mig.get("creationTimestamp")
         for instance in client.list_managed_instances(group):
-            host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
-            status = str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+            host, status = _managed(instance)
             nodes.append({"worker": len(nodes), "name": host, "instance": status})
     running = sum(1 for n in nodes if n["instance"] == "RUNNING")
     conditions = pool.get("conditions") or []
@@ -197,7 +202,9 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
 def ray_pods_command(spec: ClusterSpec) -> str:
     """How to list the Ray pods, which status cannot see (they need the cluster's credentials)."""
     namespace = names.gke_namespace(spec.name)
-    return f"kubectl get pods --namespace {namespace} --selector ray.io/cluster={spec.name}"
+    return shlex.join(
+        ["kubectl", "get", "pods", "--namespace", namespace, "--selector", f"ray.io/cluster={spec.name}"]
+    )
 
 
 def _gather_gke(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
