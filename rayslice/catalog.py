@@ -689,12 +689,17 @@ CAPACITIES = ("on-demand", "spot", "reserved", "flex-start")
 # What rayslice offers per platform (Google's "Cloud TPU consumption options" and each platform's
 # pages): Compute Engine takes flex-start as a FLEX_START MIG grown by a resize request; the TPU VM
 # API only through a queued resource (tpu v2alpha1 QueuedResource.provisioningModel FLEX_START);
-# GKE's flex-start node pools are not wired in rayslice yet.
+# GKE as a flex-start node pool that the cluster autoscaler grows (GKE, "About flex-start
+# provisioning mode": "with Standard clusters, you configure flex-start on specific node pools").
 PLATFORM_CAPACITIES: dict[str, tuple[str, ...]] = {
     "compute": CAPACITIES,
     "tpu-vm": CAPACITIES,
-    "gke": ("on-demand", "spot", "reserved"),
+    "gke": CAPACITIES,
 }
+# GKE's flex-start for TPUs: "TPU v3 and v4 are not supported" (GKE, "About flex-start
+# provisioning mode", https://cloud.google.com/kubernetes-engine/docs/concepts/dws); of the two
+# only v4 has GKE node pools here.
+GKE_FLEX_START_EXCLUDED = frozenset({"v3", "v4"})
 # Flex-start capacity runs at most 7 days ("Flex-start VMs: ... for up to 7 days", Google's
 # "Plan your Cloud TPU resources").
 MAX_RUN_HOURS = 7 * 24

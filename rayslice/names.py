@@ -95,6 +95,12 @@ def controller_name(cluster: str) -> str:
     return f"{cluster}-controller"
 
 
+def gke_namespace(cluster: str) -> str:
+    """The Kubernetes namespace of a GKE cluster's Ray objects: infra creates it, `rayslice
+    status` names it in the kubectl command that lists the Ray pods."""
+    return f"rayslice-{cluster}"
+
+
 def host_name(slice_name: str, worker: int) -> str:
     """Instance name of host `worker` of a slice, wherever rayslice names hosts.
 

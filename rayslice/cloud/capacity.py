@@ -43,7 +43,7 @@ class CapacityExhausted(RaysliceError):
         super().__init__(
             f"{ZONE_RESOURCE_POOL_EXHAUSTED}: zone {zone} has {free} free {kind} host(s), "
             f"{wanted} asked. A direct create does not wait for capacity: use capacity=flex-start "
-            "(compute) or queued=true (tpu-vm) for a request that waits until the zone has it"
+            "(compute, gke) or queued=true (tpu-vm) for a request that waits until the zone has it"
         )
 
 

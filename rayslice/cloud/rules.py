@@ -1,4 +1,5 @@
-"""Google's documented rules for Compute Engine and TPU resources, over REST request bodies.
+"""Google's documented rules for Compute Engine, TPU and GKE node pool resources, over REST
+request bodies.
 
 One definition of each rule, two runners: `rayslice preview` (offline, over what the program
 registered under Pulumi's mocks) and the Pulumi policy pack in ``policy/`` (over a real
@@ -478,6 +479,79 @@ def _resize_request_run_duration(stack: Stack) -> Iterator[Finding]:
             )
 
 
+# (k) GKE flex-start node pools. GKE, "About flex-start provisioning mode"
+# (https://cloud.google.com/kubernetes-engine/docs/concepts/dws): flex-start runs "for up to
+# seven days", and with Standard clusters "you configure flex-start on specific node pools" whose
+# VMs GKE provisions "when capacity becomes available", i.e. the cluster autoscaler grows the pool
+# (xpk, src/xpk/core/capacity.py and nodepool.py, creates one with --enable-autoscaling
+# --max-nodes=<hosts> and --num-nodes=0). Whether GKE refuses a flex-start pool with nodes from
+# the start is not written anywhere: the rule takes the stricter reading (autoscaled, starting
+# empty). The container v1 discovery document: NodePoolAutoscaling "The total_*_node_count
+# fields are mutually exclusive with the *_node_count fields"; NodeConfig.maxRunDuration is a
+# google-duration ("The runtime of each node in the node pool in seconds, terminated by 's'",
+# pulumi-gcp NodePool node_config.max_run_duration).
+_FLEX_POOL_SOURCE = (
+    "GKE, 'About flex-start provisioning mode', https://cloud.google.com/kubernetes-engine/docs/"
+    "concepts/dws; xpk src/xpk/core/capacity.py (CapacityType.FLEX_START); container v1 discovery "
+    "document, NodePoolAutoscaling and NodeConfig.maxRunDuration"
+)
+MAX_RUN_DURATION_S = 7 * 24 * 3600
+_DURATION = re.compile(r"(\d+)(\.\d+)?s")
+
+
+def _pools(stack: Stack) -> Iterator[tuple[Resource, dict[str, Any]]]:
+    for resource in stack.of_type(bodies.NODE_POOL):
+        yield resource, resource.body.get("nodePool", {})
+
+
+def _flex_pool_autoscaled(stack: Stack) -> Iterator[Finding]:
+    for resource, pool in _pools(stack):
+        if not (pool.get("config") or {}).get("flexStart"):
+            continue
+        scaling = pool.get("autoscaling") or {}
+        if not scaling.get("enabled") or not (
+            scaling.get("totalMaxNodeCount") or scaling.get("maxNodeCount")
+        ):
+            yield (
+                resource,
+                "flex-start pool without autoscaling to a maximum: no node would ever be provisioned",
+            )
+        if int(pool.get("initialNodeCount") or 0):
+            yield (
+                resource,
+                f"flex-start pool with {pool['initialNodeCount']} initial node(s); it starts empty and "
+                "the autoscaler grows it when capacity comes",
+            )
+
+
+def _autoscaling_limits(stack: Stack) -> Iterator[Finding]:
+    for resource, pool in _pools(stack):
+        scaling = pool.get("autoscaling") or {}
+        total = [scaling.get(k) or 0 for k in ("totalMinNodeCount", "totalMaxNodeCount")]
+        zonal = [scaling.get(k) or 0 for k in ("minNodeCount", "maxNodeCount")]
+        if any(total) and any(zonal):
+            yield resource, "autoscaling sets both total and per-zone node counts, which exclude each other"
+        for low, high in (total, zonal):
+            if high and low > high:
+                yield resource, f"autoscaling minimum {low} is above its maximum {high}"
+
+
+def _pool_run_duration(stack: Stack) -> Iterator[Finding]:
+    for resource, pool in _pools(stack):
+        config = pool.get("config") or {}
+        duration = config.get("maxRunDuration")
+        if duration is None:
+            continue
+        found = _DURATION.fullmatch(str(duration))
+        if found is None:
+            yield resource, f"maxRunDuration {duration!r} is not a number of seconds ending in 's'"
+        elif config.get("flexStart") and not 0 < int(found[1]) <= MAX_RUN_DURATION_S:
+            yield (
+                resource,
+                f"flex-start maxRunDuration {duration} is outside 1 s to {MAX_RUN_DURATION_S} s (7 days)",
+            )
+
+
 RULES: tuple[Rule, ...] = (
     Rule("bulk-provisioning-model", _BULK_PAGE, _bulk_needs_flex_or_reservation, True),
     Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
@@ -492,6 +566,9 @@ RULES: tuple[Rule, ...] = (
     Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False),
     Rule("spot-tpu-do-nothing", _SPOT_SOURCE, _spot_tpu_mig_does_nothing, True),
     Rule("resize-request-run-duration", _RUN_DURATION_SOURCE, _resize_request_run_duration, False),
+    Rule("flex-start-pool-autoscaled", _FLEX_POOL_SOURCE, _flex_pool_autoscaled, False),
+    Rule("node-pool-autoscaling-limits", _FLEX_POOL_SOURCE, _autoscaling_limits, False),
+    Rule("node-pool-run-duration", _FLEX_POOL_SOURCE, _pool_run_duration, False),
 )
 
 

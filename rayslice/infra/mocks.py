@@ -111,9 +111,12 @@ class FakeGcp(pulumi.runtime.Mocks):
                     args.name,
                     request,
                     project=project,
-                    zone=inputs.get("zone"),
+                    # A GKE node pool's location is its zone; its cluster is in its URL.
+                    zone=inputs.get("zone") or inputs.get("location"),
                     region=inputs.get("region"),
-                    target=inputs.get("instanceGroupManager") or inputs.get("router"),
+                    target=inputs.get("instanceGroupManager")
+                    or inputs.get("router")
+                    or inputs.get("cluster"),
                     urn=getattr(self._registering, "urn", None),
                 )
         except CloudRuleError:

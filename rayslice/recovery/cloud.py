@@ -1,4 +1,5 @@
-"""A small REST client for the few Cloud TPU v2 and Compute Engine v1 calls recovery makes.
+"""A small REST client for the few Cloud TPU v2, Compute Engine v1 and GKE (container v1) calls
+recovery and `rayslice status` make.
 
 Why not google-api-python-client: the controller and `rayslice status` make about ten calls,
 and a plain `AuthorizedSession` keeps every request visible (and testable against the discovery
@@ -6,7 +7,8 @@ documents in tests/recovery/test_api_shapes.py) without building a discovery cli
 
 Endpoints. The base URLs are Google's (the discovery documents' ``rootUrl`` + ``servicePath``)
 unless overridden with the variables gcloud itself reads for its ``api_endpoint_overrides``
-properties, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU`` and ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``.
+properties, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU``, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE`` and
+``CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER``.
 The simulator's emulation (`rayslice.local.google.cloud_api.emulator`) is reached only through these: there is
 no second code path. An override that is not https is accepted only for a loopback, private or
 RFC 6598 shared IP address, so a bearer token never crosses the internet in clear.
@@ -38,11 +40,14 @@ from rayslice.errors import CloudError, InvalidInput, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 
 # Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
-# compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/".
+# compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/", container.v1
+# rootUrl "https://container.googleapis.com/" (paths start with "v1/").
 TPU_DEFAULT = "https://tpu.googleapis.com/"
 COMPUTE_DEFAULT = "https://compute.googleapis.com/compute/v1/"
+CONTAINER_DEFAULT = "https://container.googleapis.com/"
 TPU_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
 COMPUTE_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
+CONTAINER_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER"
 REQUEST_TIMEOUT_S = 30.0
 # RFC 6598 shared address space: not routed on the internet (the simulator's bridges use it).
 SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
@@ -106,6 +111,7 @@ class CloudClient:
         *,
         tpu_base: str | None = None,
         compute_base: str | None = None,
+        container_base: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
         poll_interval_s: float = 5.0,
     ):
@@ -113,6 +119,7 @@ class CloudClient:
         self.location = location
         self.tpu_base = tpu_base or endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT)
         self.compute_base = compute_base or endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT)
+        self.container_base = container_base or endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT)
         self.sleep = sleep
         self.poll_interval_s = poll_interval_s
 
@@ -156,6 +163,13 @@ class CloudClient:
     def _compute(self, path: str) -> str:
         loc = self.location
         return f"{self.compute_base}projects/{_q(loc.project)}/zones/{_q(loc.zone)}/{path}"
+
+    def _container(self, cluster: str, path: str) -> str:
+        loc = self.location
+        return (
+            f"{self.container_base}v1/projects/{_q(loc.project)}/locations/{_q(loc.zone)}"
+            f"/clusters/{_q(cluster)}/{path}"
+        )
 
     @staticmethod
     def _guard(name: str, allowed: Collection[str]) -> None:
@@ -221,6 +235,17 @@ class CloudClient:
             self.sleep(self.poll_interval_s)
             current = self._request("GET", f"{self.tpu_base}v2/{current['name']}")
         return current
+
+    # ---- GKE (container.v1.json: projects.locations.clusters.nodePools) ----------------------
+
+    def get_node_pool(self, cluster: str, name: str) -> dict[str, Any] | None:
+        """The node pool of the zonal cluster `cluster`, or None when it does not exist."""
+        try:
+            return self._request("GET", self._container(cluster, f"nodePools/{_q(name)}"))
+        except CloudError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # ---- Compute Engine v1 (compute.v1.json: instanceGroupManagers, zoneOperations, instances) -
 

@@ -1,5 +1,7 @@
 """`rayslice status`: each slice's state, each host's boot state and the recovery events, read
-from the cloud with Application Default Credentials.
+from the cloud with Application Default Credentials. On GKE: each slice's node pool (its status,
+a phase, its nodes against the slice's hosts, since when, the run limit); the Ray pods are not
+read (that needs the cluster's credentials), and status names the kubectl command instead.
 
 Given no stack file and no ``--set`` key, it reads the simulated cluster of the default state
 dir when one is up (`rayslice.clusters`, as `rayslice run` finds it): the spec it was made from,
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from typing import Any
 
 import click
@@ -28,13 +31,21 @@ from google.oauth2 import service_account
 from rayslice import clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
-from rayslice.cloud.twin import RESIZE_ACCEPTED, RESIZE_FAILED, RESIZE_SUCCEEDED
+from rayslice.cloud.twin import (
+    POOL_ERROR,
+    POOL_STOPPING,
+    RESIZE_ACCEPTED,
+    RESIZE_FAILED,
+    RESIZE_SUCCEEDED,
+)
 from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
 from rayslice.recovery.cloud import (
     COMPUTE_DEFAULT,
     COMPUTE_ENDPOINT_ENV,
+    CONTAINER_DEFAULT,
+    CONTAINER_ENDPOINT_ENV,
     TPU_DEFAULT,
     TPU_ENDPOINT_ENV,
     CloudClient,
@@ -91,6 +102,12 @@ def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any
     }
 
 
+def _managed(instance: dict[str, Any]) -> tuple[str, str]:
+    """A MIG's managed instance: its name, and its status (or, while it is made, its action)."""
+    host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
+    return host, str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+
+
 def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:
     """A MIG slice; `waits`: its hosts come through resize requests (flex-start), shown too."""
     mig = client.get_mig(name)
@@ -101,8 +118,7 @@ def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[
     for worker, instance in enumerate(
         sorted(client.list_managed_instances(name), key=lambda i: str(i.get("name") or i.get("instance", "")))
     ):
-        host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
-        status = str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+        host, status = _managed(instance)
         boot = _state(client.instance_guest_attributes(host, STATE_QUERY)) if status == "RUNNING" else UNKNOWN
         hosts.append({"worker": worker, "name": host, "instance": status, "boot": boot})
     running = sum(1 for h in hosts if h["instance"] == "RUNNING")
@@ -117,14 +133,105 @@ def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[
     return {"name": name, "state": state, "hosts": hosts, "request": request}
 
 
+# A GKE slice's phase, read from its node pool (container v1 NodePool.status) and the nodes of its
+# MIGs. No source says whether a flex-start pool that waits for capacity reads PROVISIONING or
+# RUNNING with no node (GKE creates the pool empty; its autoscaler adds the nodes later), so both
+# read as waiting.
+WAITING, PROVISIONING, RUNNING, FAILED, DELETING, MISSING = (
+    "waiting",
+    "provisioning",
+    "running",
+    "failed",
+    "deleting",
+    "missing",
+)
+
+
+def node_pool_phase(pool: dict[str, Any], running: int, hosts: int) -> str:
+    """waiting (flex-start, no node yet), provisioning (some nodes, or a pool being created),
+    running (every host), failed (ERROR) or deleting (STOPPING)."""
+    status = pool.get("status")
+    if status == POOL_STOPPING:
+        return DELETING
+    if status == POOL_ERROR:
+        return FAILED
+    if running >= hosts:
+        return RUNNING
+    if running == 0 and (pool.get("config") or {}).get("flexStart"):
+        return WAITING
+    return PROVISIONING
+
+
+def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, Any]:
+    """A GKE slice: its node pool's status and phase, and the nodes of the pool's MIGs (the pool's
+    ``instanceGroupUrls``, read through Compute Engine: no cluster credentials needed)."""
+    pool = client.get_node_pool(spec.gke_cluster_name, name)
+    if pool is None:
+        return {"name": name, "state": "MISSING", "phase": MISSING, "hosts": []}
+    nodes: list[dict[str, Any]] = []
+    since = None
+    for url in pool.get("instanceGroupUrls", []):
+        group = str(url).rsplit("/", 1)[-1]
+        mig = client.get_mig(group)
+        if mig is None:
+            continue
+        since = since or mig.get("creationTimestamp")
+        for instance in client.list_managed_instances(group):
+            host, status = _managed(instance)
+            nodes.append({"worker": len(nodes), "name": host, "instance": status})
+    running = sum(1 for n in nodes if n["instance"] == "RUNNING")
+    conditions = pool.get("conditions") or []
+    reason = "; ".join(f"{c.get('code', '')}: {c.get('message', '')}" for c in conditions) or pool.get(
+        "statusMessage"
+    )
+    duration = str((pool.get("config") or {}).get("maxRunDuration") or "")
+    return {
+        "name": name,
+        "state": str(pool.get("status", "STATUS_UNSPECIFIED")),
+        "phase": node_pool_phase(pool, running, spec.tpu.hosts),
+        "nodes_running": running,
+        "hosts_asked": spec.tpu.hosts,
+        "since": since,
+        "run_hours": float(duration.rstrip("s")) / 3600 if duration else None,
+        "flex_start": bool((pool.get("config") or {}).get("flexStart")),
+        "reason": reason or None,
+        "hosts": nodes,
+    }
+
+
+def ray_pods_command(spec: ClusterSpec) -> str:
+    """How to list the Ray pods, which status cannot see (they need the cluster's credentials)."""
+    namespace = names.gke_namespace(spec.name)
+    return shlex.join(
+        ["kubectl", "get", "pods", "--namespace", namespace, "--selector", f"ray.io/cluster={spec.name}"]
+    )
+
+
+def _gather_gke(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "cluster": spec.name,
+        "platform": spec.platform,
+        "project": spec.project,
+        "zone": spec.zone,
+        "gke_cluster": spec.gke_cluster_name,
+        "head": None,
+        "controller": None,
+        "slices": [_gke_slice(client, spec, spec.slice_name(i)) for i in range(spec.slices)],
+        "events": [],
+        "recovery": False,
+        "ray_pods": {
+            "visible": False,
+            "why": "Ray pods are Kubernetes objects: reading them needs the cluster's credentials",
+            "command": ray_pods_command(spec),
+        },
+    }
+
+
 def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
     """Everything `status` shows, as JSON-ready data (the --json output)."""
     platform = VM_PLATFORMS.get(spec.platform)
-    if platform is None:
-        raise InvalidInput(
-            f"rayslice status reads Cloud TPU and Compute Engine slices; platform {spec.platform} "
-            "is not supported yet (on GKE: kubectl get pods, or the Ray dashboard)"
-        )
+    if platform is None:  # GKE: node pools, read through the container API
+        return _gather_gke(client, spec)
     slices = [
         _tpu_slice(client, spec, spec.slice_name(i))
         if platform.slice_resource == TPU_NODE
@@ -162,13 +269,22 @@ def render_text(data: dict[str, Any]) -> str:
     if data["controller"] is not None:
         lines.append(f"controller VM {data['controller']['name']}: {data['controller']['boot']}")
     for item in data["slices"]:
+        if "phase" in item:  # a GKE node pool
+            lines += _pool_lines(item)
+            continue
         lines.append(f"slice {item['name']}: {item['state']}")
         if item.get("request"):
             lines.append(f"  {_request_line(item['request'])}")
         for host in item["hosts"]:
             instance = f" [{host['instance']}]" if "instance" in host else ""
             lines.append(f"  worker {host['worker']} {host['name']}{instance}: {host['boot']}")
-    if not data["recovery"]:
+    if data.get("ray_pods"):
+        pods = data["ray_pods"]
+        lines.append(
+            f"Ray pods: not shown ({pods['why']}); after `pulumi stack output get_credentials_command`:"
+        )
+        lines.append(f"  {pods['command']}")
+    elif not data["recovery"]:
         lines.append("recovery: off (no controller runs for this cluster)")
     elif not data["events"]:
         lines.append("recovery events: none")
@@ -180,6 +296,28 @@ def render_text(data: dict[str, Any]) -> str:
     # Boot states and events come from guest attributes, which any process on a host can write:
     # shown escaped, a value cannot move the cursor, rewrite earlier lines or fake a new one.
     return "\n".join(printable.escaped(line) for line in lines)
+
+
+def _pool_lines(item: dict[str, Any]) -> list[str]:
+    """A GKE slice: its pool's status and phase, nodes against hosts, since when, run limit."""
+    phase = item["phase"]
+    if phase == MISSING:
+        return [f"slice {item['name']}: node pool MISSING"]
+    meaning = {
+        WAITING: "waiting for capacity (flex-start: GKE adds every node at once when the zone has them)",
+        PROVISIONING: "provisioning nodes",
+        RUNNING: "running",
+        FAILED: f"failed: {item['reason'] or 'no reason given'}",
+        DELETING: "being deleted",
+    }[phase]
+    since = f" since {item['since']}" if item["since"] else ""
+    run = f", nodes run at most {item['run_hours']:g} h" if item["run_hours"] else ""
+    lines = [
+        f"slice {item['name']}: node pool {item['state']}, {meaning}{since}; "
+        f"{item['nodes_running']} of {item['hosts_asked']} nodes running{run}"
+    ]
+    lines += [f"  node {n['worker']} {n['name']} [{n['instance']}]" for n in item["hosts"]]
+    return lines
 
 
 def _request_line(request: dict[str, Any]) -> str:
@@ -212,6 +350,7 @@ def client_for(spec: ClusterSpec, access: clusters.CloudAccess) -> CloudClient:
         Location(spec.project, spec.zone),
         tpu_base=endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, access.endpoints),
         compute_base=endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, access.endpoints),
+        container_base=endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT, access.endpoints),
     )
 
 

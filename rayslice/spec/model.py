@@ -186,8 +186,8 @@ class ClusterSpec:
     capacity: Capacity = Field(
         "on-demand",
         description="How the TPUs are obtained: on-demand, spot, reserved (a reservation) or "
-        "flex-start (waits for capacity, runs at most maxRunHours; compute, and tpu-vm with "
-        "queued=true). On-demand, spot and reserved fail fast where the zone has no capacity "
+        "flex-start (waits for capacity, runs at most maxRunHours; compute, gke, and tpu-vm "
+        "with queued=true). On-demand, spot and reserved fail fast where the zone has no capacity "
         "unless queued=true (tpu-vm). See docs/capacity.md.",
     )
     reservation: Str | None = Field(
@@ -324,6 +324,12 @@ class ClusterSpec:
         a queued resource) rather than a direct create; its hosts exist only once it is fulfilled,
         named by the cloud, not by rayslice."""
         return self.capacity == "flex-start" or self.queued
+
+    @property
+    def gke_cluster_name(self) -> str:
+        """The GKE cluster that holds the node pools: ``gkeCluster``, or the one rayslice
+        creates, which is named after the cluster."""
+        return self.gke_cluster or self.name
 
     @property
     def runs_recovery(self) -> bool:

@@ -78,6 +78,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_dashboard(draft, problems)
     _check_gke(draft, problems)
     _check_capacity(draft, problems)
+    _check_gke_flex_start(draft, tpu, problems)
     _check_host_image(draft, problems)
     if problems:
         raise SpecError(problems)
@@ -402,7 +403,13 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             + (
                 "capacity=flex-start, whose resize request waits for capacity"
                 if platform == "compute"
-                else "capacity=on-demand, spot or reserved"
+                # GKE's queued provisioning hands nodes out only through ProvisioningRequest
+                # objects (pulumi-gcp NodePool queued_provisioning.enabled: "Makes nodes
+                # obtainable through the ProvisioningRequest API exclusively"), which Kueue or a
+                # job must create; rayslice installs neither, so its RayCluster would never start.
+                else "capacity=flex-start, a node pool that waits for capacity (GKE's queued "
+                "provisioning needs Kueue and ProvisioningRequest objects, which rayslice does not "
+                "install: docs/capacity.md)"
             )
         )
     if capacity == "flex-start" and platform == "tpu-vm" and not queued:
@@ -438,6 +445,17 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             )
         elif deadline < 1:
             problems.append(f"queueDeadlineHours={deadline} must be at least 1")
+
+
+def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    """The generations GKE's flex-start leaves out (`catalog.GKE_FLEX_START_EXCLUDED`)."""
+    if draft.platform == "gke" and draft.capacity == "flex-start" and tpu is not None:
+        if tpu.generation in catalog.GKE_FLEX_START_EXCLUDED:
+            problems.append(
+                f"capacity=flex-start on gke does not offer {tpu.generation} (GKE's flex-start leaves "
+                f"out {', '.join(sorted(catalog.GKE_FLEX_START_EXCLUDED))}); use capacity=on-demand, "
+                "spot or reserved, or another generation"
+            )
 
 
 def _check_gke(draft: Draft, problems: list[str]) -> None:

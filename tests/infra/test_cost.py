@@ -67,3 +67,21 @@ def test_json_output_carries_no_cost_lines(capsys):
         == 0
     )
     assert "cost per hour" not in capsys.readouterr().out
+
+
+def test_preview_of_the_gke_flex_start_example_shows_the_flex_pool_and_no_published_price(
+    capsys, fixtures_dir
+):
+    """The pool that waits is in the tree (flexStart, autoscaled from 0), flex-start has no price in
+    the source, and the head's CPU pool is priced from the table."""
+    stack = STACKS / "Pulumi.example-gke-flex-v6e-16.yaml"
+    assert cli.main(["preview", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    assert '"flexStart": true' in out and '"totalMaxNodeCount": 4' in out and "initialNodeCount: 0" in out
+    assert re.search(
+        r"slice gke-flex-v6e-16-slice-0: v6e-16 \(16 chips\), flex-start, us-east5 +no published price", out
+    )
+    head_price = float(_row(fixtures_dir, "n2-standard-16", "us-east5-b")["Price"])
+    assert re.search(
+        rf"VM gke-flex-v6e-16-head: n2-standard-16, on-demand, us-east5 +\${head_price:,.2f}/h\n", out
+    )

@@ -354,9 +354,9 @@ ERRORS = [
         ["capacity='cheap' is not valid", "on-demand, spot, reserved, flex-start"],
     ),
     (
-        "gke-has-no-flex-start-yet",
-        {"platform": "gke", "capacity": "flex-start"},
-        ["capacity=flex-start is not offered on platform=gke; it offers: on-demand, spot, reserved"],
+        "gke-flex-start-leaves-out-v4",
+        {"platform": "gke", "acceleratorType": "v4-16", "zone": "us-central2-b", "capacity": "flex-start"},
+        ["capacity=flex-start on gke does not offer v4"],
     ),
     (
         "compute-reserved-needs-reservation",

@@ -246,3 +246,22 @@ def seed_flex(cloud: CloudApiEmulator, slices: int = 2) -> None:
         cloud.state.insert_mig(PROJECT, ZONE, {**body, "targetSize": 0})
         request = {"name": names.resize_request_name(slice_name), **FLEX_REQUEST}
         cloud.state.insert_resize_request(PROJECT, ZONE, slice_name, request)
+
+
+GKE_MACHINE = "ct6e-standard-4t"  # the default v6e-16's GKE node machine type
+
+
+def gke_pool(name: str, *, flex: bool, hosts: int = 4) -> dict[str, object]:
+    """A TPU node pool as the program's NodePool becomes one (`rayslice.cloud.bodies`): a
+    flex-start pool starts empty and autoscales to `hosts`, a fixed one asks for `hosts` nodes."""
+    config: dict[str, object] = {"machineType": GKE_MACHINE, "flexStart": flex}
+    pool: dict[str, object] = {"name": name, "locations": [ZONE], "initialNodeCount": 0 if flex else hosts}
+    if flex:
+        config["maxRunDuration"] = "86400s"
+        pool["autoscaling"] = {
+            "enabled": True,
+            "totalMinNodeCount": 0,
+            "totalMaxNodeCount": hosts,
+            "locationPolicy": "ANY",
+        }
+    return {**pool, "config": config}

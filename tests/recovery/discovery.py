@@ -15,7 +15,7 @@ from typing import Any
 import googleapiclient
 
 DOCUMENTS = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
-FILES = {"tpu": "tpu.v2.json", "compute": "compute.v1.json"}
+FILES = {"tpu": "tpu.v2.json", "compute": "compute.v1.json", "container": "container.v1.json"}
 
 
 @cache

@@ -40,6 +40,23 @@ DATAPATH_PROVIDER = "ADVANCED_DATAPATH"
 PLACEMENT_TYPE = "COMPACT"
 RESERVATION_AFFINITY = "SPECIFIC_RESERVATION"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+# A flex-start TPU pool, as xpk creates one (AI-Hypercomputer/xpk src/xpk/core/capacity.py,
+# CapacityType.FLEX_START: "--flex-start --enable-autoscaling --location-policy=ANY
+# --reservation-affinity=none --no-enable-autorepair --max-nodes=<hosts per slice>", and
+# nodepool.py "--num-nodes=0"): it starts with no node and the cluster autoscaler grows it when
+# the RayCluster's pending TPU pods ask, once flex-start has the capacity (GKE, "About flex-start
+# provisioning mode", https://cloud.google.com/kubernetes-engine/docs/concepts/dws: "GKE
+# automatically provisions VMs ... when capacity becomes available"). Each field below is a
+# pulumi-gcp NodePool input (node_config.flex_start "Enables Flex Start provisioning model for
+# the node pool"; node_config.max_run_duration "The runtime of each node in the node pool in
+# seconds, terminated by 's'"; autoscaling.total_min/max_node_count, location_policy "ANY";
+# management.auto_repair) with the container v1 field it becomes (NodeConfig.flexStart,
+# NodeConfig.maxRunDuration, NodePoolAutoscaling, NodeManagement.autoRepair). No queued
+# provisioning: it needs ProvisioningRequest objects (docs/capacity.md says why rayslice has none).
+FLEX_LOCATION_POLICY = (
+    "ANY"  # NodePoolAutoscaling.locationPolicy: "picks zones that have the highest capacity"
+)
+NO_RESERVATION = "NO_RESERVATION"  # ReservationAffinity.consumeReservationType (--reservation-affinity=none)
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"  # compute v1 ResourcePolicyWorkloadPolicy.type
 OAUTH_SCOPES = [CLOUD_PLATFORM_SCOPE]
 
@@ -292,7 +309,7 @@ class GkeCluster(pulumi.ComponentResource):
         )
         return gcp.container.Cluster(
             f"{name}-cluster",
-            name=spec.name,
+            name=spec.gke_cluster_name,
             project=spec.project,
             location=spec.zone,
             network=args.network.network,
@@ -361,13 +378,30 @@ class GkeCluster(pulumi.ComponentResource):
             placement = gcp.container.NodePoolPlacementPolicyArgs(
                 type=PLACEMENT_TYPE, policy_name=policy.name
             )
-        reservation = (
-            gcp.container.NodePoolNodeConfigReservationAffinityArgs(
+        reservation = None
+        if plan.reservation:
+            reservation = gcp.container.NodePoolNodeConfigReservationAffinityArgs(
                 consume_reservation_type=RESERVATION_AFFINITY, key=RESERVATION_KEY, values=[plan.reservation]
             )
-            if plan.reservation
-            else None
-        )
+        elif plan.flex_start:
+            reservation = gcp.container.NodePoolNodeConfigReservationAffinityArgs(
+                consume_reservation_type=NO_RESERVATION
+            )
+        size: dict[str, Any] = {"node_count": plan.node_count}
+        flex: dict[str, Any] = {}
+        if plan.flex_start:
+            assert plan.max_run_hours is not None, "the spec fills maxRunHours for flex-start"
+            size = {
+                "initial_node_count": 0,
+                "autoscaling": gcp.container.NodePoolAutoscalingArgs(
+                    total_min_node_count=0,
+                    total_max_node_count=plan.node_count,
+                    location_policy=FLEX_LOCATION_POLICY,
+                ),
+                # xpk's --no-enable-autorepair for flex-start pools (sources above).
+                "management": gcp.container.NodePoolManagementArgs(auto_repair=False),
+            }
+            flex = {"flex_start": True, "max_run_duration": f"{plan.max_run_hours * 3600}s"}
         return gcp.container.NodePool(
             f"{name}-slice-{plan.slice_index}",
             name=plan.name,
@@ -375,7 +409,6 @@ class GkeCluster(pulumi.ComponentResource):
             cluster=self.cluster_name,
             location=plan.zone,
             node_locations=[plan.zone],
-            node_count=plan.node_count,
             placement_policy=placement,
             node_config=self._node_config(
                 spec,
@@ -384,8 +417,10 @@ class GkeCluster(pulumi.ComponentResource):
                 spot=plan.spot,
                 reservation_affinity=reservation,
                 taints=[gcp.container.NodePoolNodeConfigTaintArgs(**nodes.TPU_TAINT)],
+                **flex,
             ),
             opts=opts,
+            **size,
         )
 
 

@@ -26,7 +26,7 @@ import shlex
 import yaml
 
 from rayslice.infra.gke.nodes import NODE_POOL_LABEL, head_node_selector, tpu_node_selector, tpu_toleration
-from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, MEGASCALE_PORT
+from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, MEGASCALE_PORT, gke_namespace
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import pod
 
@@ -66,7 +66,7 @@ HEAD_RESOURCES = {"cpu": "3", "memory": "12Gi"}
 def namespace_name(spec: ClusterSpec) -> str:
     """The cluster's own namespace; spec names are DNS labels of at most 40 characters, so
     this stays within the 63 a namespace name may have."""
-    return f"rayslice-{spec.name}"
+    return gke_namespace(spec.name)
 
 
 def service_account_name(spec: ClusterSpec) -> str:

@@ -56,6 +56,11 @@ class TpuPoolPlan:
     zone: str
     spot: bool
     reservation: str | None
+    # capacity=flex-start: the pool starts empty and the cluster autoscaler grows it to
+    # `node_count` once the zone has every node (`cluster.GkeCluster._tpu_pool`); its nodes
+    # run at most `max_run_hours`.
+    flex_start: bool
+    max_run_hours: int | None
 
 
 def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
@@ -73,6 +78,8 @@ def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
             zone=spec.zone,
             spot=spec.capacity == "spot",
             reservation=spec.reservation if spec.capacity == "reserved" else None,
+            flex_start=spec.capacity == "flex-start",
+            max_run_hours=spec.max_run_hours if spec.capacity == "flex-start" else None,
         )
         for i in range(spec.slices)
     ]

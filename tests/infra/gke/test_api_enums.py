@@ -49,13 +49,16 @@ CHECKS = {
             ("nodeConfig", "reservationAffinity", "consumeReservationType"),
             ("container.v1", "ReservationAffinity", "consumeReservationType"),
         ),
+        (("autoscaling", "locationPolicy"), ("container.v1", "NodePoolAutoscaling", "locationPolicy")),
     ],
     POLICY: [(("workloadPolicy", "type"), ("compute.v1", "ResourcePolicyWorkloadPolicy", "type"))],
 }
 # Specs that between them make the program send every value above: COMPACT placement and a
-# reservation, a tpu7x workload policy, a single-host pool with no placement.
+# reservation, a tpu7x workload policy, a single-host pool with no placement, a flex-start pool
+# (NO_RESERVATION, autoscaling's location policy).
 SPECS = [
     {"accelerator": "v6e-16", "capacity": "reserved", "reservation": "my-res"},
+    {"accelerator": "v6e-16", "capacity": "flex-start"},
     {"accelerator": "tpu7x-16"},
     {"accelerator": "v6e-4", "capacity": "spot"},
 ]

@@ -380,3 +380,40 @@ def test_existing_cluster_problems(pools, datapath, policy, errors, warnings):
         assert "--enable-network-policy" in warning
     for error in found_errors:
         assert "--workload-pool=PROJECT_ID.svc.id.goog" in error
+
+
+def test_flex_start_pools_start_empty_and_autoscale_to_the_slices_hosts():
+    """capacity=flex-start: each TPU pool as xpk makes one (empty, autoscaled 0..hosts, location
+    policy ANY, no reservation, no auto-repair), flex-start with the run limit; no queued
+    provisioning; the head pool stays a fixed one-node pool."""
+    recorder = deploy(gke_spec("v6e-16", capacity="flex-start", maxRunHours=24, slices=2))
+    pools = {p.inputs["name"]: p.inputs for p in recorder.resources[NODE_POOL]}
+    head = pools.pop("demo-head")
+    assert head["nodeCount"] == 1 and "flexStart" not in head["nodeConfig"] and "autoscaling" not in head
+    assert sorted(pools) == ["demo-slice-0", "demo-slice-1"]
+    for pool in pools.values():
+        assert "nodeCount" not in pool and pool["initialNodeCount"] == 0
+        assert pool["autoscaling"] == {
+            "totalMinNodeCount": 0,
+            "totalMaxNodeCount": 4,
+            "locationPolicy": "ANY",
+        }
+        assert pool["management"] == {"autoRepair": False} and "queuedProvisioning" not in pool
+        config = pool["nodeConfig"]
+        assert config["flexStart"] is True and config["maxRunDuration"] == "86400s"
+        assert config["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+        assert config["spot"] is False
+        assert pool["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}
+
+
+def test_queued_provisioning_on_gke_is_refused_naming_kueue():
+    with pytest.raises(specs.SpecError) as err:
+        gke_spec("v6e-16", capacity="flex-start", queued=True)
+    assert "Kueue and ProvisioningRequest" in str(err.value) and "docs/capacity.md" in str(err.value)
+
+
+def test_flex_start_on_gke_leaves_out_v4():
+    with pytest.raises(specs.SpecError) as err:
+        specs.load({"platform": "gke", "acceleratorType": "v4-16", "capacity": "flex-start"})
+    assert "does not offer v4" in str(err.value)
+

@@ -11,6 +11,8 @@ else. It emulates:
 - Compute Engine v1: ``instanceGroupManagers`` get / delete / insert / listManagedInstances /
   listPerInstanceConfigs / createInstances, ``zoneOperations.get`` and
   ``instances.getGuestAttributes``;
+- GKE (container v1): ``projects.locations.clusters.nodePools`` get / list (reached through
+  ``CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER`` = ``<url>/``);
 - an OAuth token endpoint (``POST /token``, the JWT-bearer grant of service-account keys), so a
   client holds a real ``service_account`` ADC file whose ``token_uri`` points here (an
   ``authorized_user`` file cannot: google-auth always sends its refresh to Google's own token
@@ -55,6 +57,7 @@ from urllib.parse import parse_qs, urlsplit
 from rayslice.cloud.rules import DELETE, STOP
 from rayslice.cloud.twin import TwinHost
 from rayslice.local.google.cloud_api.compute import ComputeApi
+from rayslice.local.google.cloud_api.container import ContainerApi
 from rayslice.local.google.cloud_api.iam import EmulatedIam
 from rayslice.local.google.cloud_api.oauth import ServiceAccountTokens
 from rayslice.local.google.cloud_api.project import EmulatedProject
@@ -73,7 +76,9 @@ MAX_STORED_BYTES = 32 << 20  # request bytes kept in `calls` (the latest calls' 
 _NOT_SIMULATOR = 403, {"error": {"code": 403, "message": "not the simulator", "status": "PERMISSION_DENIED"}}
 
 
-class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, ThreadingHTTPServer):
+class CloudApiEmulator(
+    TpuApi, ComputeApi, ContainerApi, ServiceAccountTokens, EmulatedIam, ThreadingHTTPServer
+):
     """The emulated APIs on `address`; `url` is its base. Thread-safe; stop with `shutdown()`."""
 
     daemon_threads = True
@@ -122,6 +127,7 @@ class CloudApiEmulator(TpuApi, ComputeApi, ServiceAccountTokens, EmulatedIam, Th
         return {
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{self.url}/",
             "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{self.url}/compute/v1/",
+            "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER": f"{self.url}/",
         }
 
     def preempt(self, project: str, zone: str, name: str, *, mode: str = "gone") -> list[TwinHost]:

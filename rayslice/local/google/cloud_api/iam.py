@@ -40,6 +40,11 @@ METHOD_PERMISSIONS = {
     "compute.instanceGroupManagerResizeRequests.list": "compute.instanceGroupManagers.get",
     "compute.zoneOperations.get": "compute.zoneOperations.get",
     "compute.instances.getGuestAttributes": "compute.instances.getGuestAttributes",
+    # GKE's node pools are read with the cluster's permission ("Authorization requires the
+    # following IAM permission on the specified resource name: container.clusters.get", REST
+    # reference of projects.locations.clusters.nodePools get and list).
+    "container.projects.locations.clusters.nodePools.get": "container.clusters.get",
+    "container.projects.locations.clusters.nodePools.list": "container.clusters.get",
 }
 USE_TEMPLATE = "compute.instanceTemplates.useReadOnly"
 USE_RESOURCE_POLICY = "compute.resourcePolicies.use"

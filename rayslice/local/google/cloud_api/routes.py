@@ -20,7 +20,7 @@ _NAME = r"[^/:?]+"
 class Route:
     """One emulated API method: HTTP method, path pattern, discovery id, request/response schema."""
 
-    api: str  # "tpu" or "compute"
+    api: str  # "tpu", "compute" or "container"
     method: str
     pattern: re.Pattern[str]
     method_id: str
@@ -38,6 +38,7 @@ def _route(
 
 _TPU = "/v2/projects/{project}/locations/{zone}"
 _GCE = "/compute/v1/projects/{project}/zones/{zone}"
+_GKE = "/v1/projects/{project}/locations/{location}/clusters/{cluster}"
 ROUTES = (
     _route("tpu", "GET", _TPU + "/nodes/{name}", "tpu.projects.locations.nodes.get", "tpu_get", None, "Node"),
     _route(
@@ -174,6 +175,24 @@ ROUTES = (
         "instance_guest",
         None,
         "GuestAttributes",
+    ),
+    _route(
+        "container",
+        "GET",
+        _GKE + "/nodePools/{name}",
+        "container.projects.locations.clusters.nodePools.get",
+        "pool_get",
+        None,
+        "NodePool",
+    ),
+    _route(
+        "container",
+        "GET",
+        _GKE + "/nodePools",
+        "container.projects.locations.clusters.nodePools.list",
+        "pool_list",
+        None,
+        "ListNodePoolsResponse",
     ),
 )
 
