@@ -449,13 +449,14 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
 
 def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
     """The generations GKE's flex-start leaves out (`catalog.GKE_FLEX_START_EXCLUDED`)."""
-    if draft.platform == "gke" and draft.capacity == "flex-start" and tpu is not None:
-        if tpu.generation in catalog.GKE_FLEX_START_EXCLUDED:
-            problems.append(
-                f"capacity=flex-start on gke does not offer {tpu.generation} (GKE's flex-start leaves "
-                f"out {', '.join(sorted(catalog.GKE_FLEX_START_EXCLUDED))}); use capacity=on-demand, "
-                "spot or reserved, or another generation"
-            )
+    if draft.platform != "gke" or draft.capacity != "flex-start" or tpu is None:
+        return
+    if tpu.generation in catalog.GKE_FLEX_START_EXCLUDED:
+        problems.append(
+            f"capacity=flex-start on gke does not offer {tpu.generation} (GKE's flex-start leaves "
+            f"out {', '.join(sorted(catalog.GKE_FLEX_START_EXCLUDED))}); use capacity=on-demand, "
+            "spot or reserved, or another generation"
+        )
 
 
 def _check_gke(draft: Draft, problems: list[str]) -> None:

@@ -416,4 +416,3 @@ def test_flex_start_on_gke_leaves_out_v4():
     with pytest.raises(specs.SpecError) as err:
         specs.load({"platform": "gke", "acceleratorType": "v4-16", "capacity": "flex-start"})
     assert "does not offer v4" in str(err.value)
-
