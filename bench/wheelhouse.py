@@ -75,8 +75,8 @@ def ensure_wheelhouse(directory: Path, spec: ClusterSpec) -> Path:
                 continue
             result = _download(directory, arguments)
             if result.returncode != 0:
-                errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+                errors = " ".join(line for line in result.stderr.splitlines() if "ERROR" in line)
                 raise SimulatorError(
-                    f"could not build the wheelhouse in {directory}: {' '.join(errors) or result.stderr[-500:]}"
+                    f"could not build the wheelhouse in {directory}: {errors or result.stderr[-500:]}"
                 )
     return directory

@@ -24,7 +24,8 @@ from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_req
 
 def main(presets: list[str]) -> None:
     for preset in presets or sorted(PRESETS):
-        header = locks.header(preset, lock_requirements(preset, DEFAULT_RAY_VERSION), PYTHON_VERSION, None, ())
+        requirements = lock_requirements(preset, DEFAULT_RAY_VERSION)
+        header = locks.header(preset, requirements, PYTHON_VERSION, None, ())
         lock = locks.compile_lock(locks.uv_binary(), header)
         path = locks.LOCK_DIR / f"{preset}.lock"
         path.write_text(lock.text)

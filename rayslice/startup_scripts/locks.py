@@ -198,22 +198,31 @@ def uv_binary() -> str:
 PYPI_SIMPLE = "https://pypi.org/simple"
 
 
+_ANCHOR = re.compile(r'<a [^>]*href="[^"#]*#sha256=(?P<digest>[0-9a-f]{64})"[^>]*>(?P<name>[^<]+)</a>')
+
+
 def index_files(names: Iterable[str], index: str | None) -> dict[str, dict[str, str]]:
-    """sha256 -> file name of every file the index lists for each project, from its PEP 691 JSON
-    page (``Accept: application/vnd.pypi.simple.v1+json``; PyPI and most proxies serve it)."""
+    """sha256 -> file name of every file the index lists for each project: from its PEP 691 JSON
+    page where it serves one (PyPI does), else from its PEP 503 HTML page (anchors whose href
+    ends in ``#sha256=``)."""
+    import html
+
     import requests
 
     base = (index or PYPI_SIMPLE).rstrip("/")
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     listing: dict[str, dict[str, str]] = {}
     with requests.Session() as session:
         for name in names:
             project = canonicalize_name(name)
-            answer = session.get(
-                f"{base}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}, timeout=60
-            )
+            answer = session.get(f"{base}/{project}/", headers={"Accept": accept}, timeout=60)
             answer.raise_for_status()
-            files = answer.json()["files"]
-            listing[project] = {f["hashes"]["sha256"]: f["filename"] for f in files if "sha256" in f["hashes"]}
+            if "json" in answer.headers.get("Content-Type", ""):
+                files = [f for f in answer.json()["files"] if "sha256" in f["hashes"]]
+                listing[project] = {f["hashes"]["sha256"]: f["filename"] for f in files}
+            else:
+                found = _ANCHOR.finditer(answer.text)
+                listing[project] = {m["digest"]: html.unescape(m["name"]).strip() for m in found}
     return listing
 
 
@@ -245,5 +254,8 @@ def compile_lock(
         raise InvalidInput(f"the requirements cannot be locked: {reason[-800:]}")
     body = result.stdout
     pins = [m["name"] for m in map(_PIN.match, body.splitlines()) if m]
-    files = index_files(pins, lock_header["index"] or None)
+    try:
+        files = index_files(pins, lock_header["index"] or None)
+    except (OSError, ValueError) as error:  # requests' errors are OSErrors, a bad page a ValueError
+        raise InvalidInput(f"the package index did not list the locked files: {error}") from None
     return Lock(dict(lock_header), slim(body, files, lock_header["python"]))
