@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from rayslice import catalog, names
+from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
@@ -103,8 +104,20 @@ def requirement_lines(spec: ClusterSpec) -> list[str]:
 
 
 def preset_lock(spec: ClusterSpec) -> locks.Lock | None:
-    """The shipped lock of the spec's preset and Ray (None for a Ray release it was not made for)."""
-    return locks.preset_lock(spec.preset, lock_requirements(spec.preset, spec.ray_version))
+    """The shipped lock of the spec's preset and Ray (None for a Ray release it was not made for).
+    A lock made for another Python or platform than the hosts' is refused (exit 2) before
+    anything is rendered, so before anything is created: its files would not install there."""
+    lock = locks.preset_lock(spec.preset, lock_requirements(spec.preset, spec.ray_version))
+    if lock is not None and (lock.header["python"], lock.header["platform"]) != (
+        PYTHON_VERSION,
+        locks.PLATFORM,
+    ):
+        raise InvalidInput(
+            f"the {spec.preset} preset's lock is for Python {lock.header['python']} on "
+            f"{lock.header['platform']}, but the hosts run Python {PYTHON_VERSION} on {locks.PLATFORM}; "
+            "regenerate it with scripts/lock_presets.py"
+        )
+    return lock
 
 
 def host_requirements(spec: ClusterSpec) -> list[str]:

@@ -93,6 +93,19 @@ def test_xla_preset_is_locked_from_pypi_without_the_guides_find_links():
     assert "libtpu==0.0.21" in lock.pins()
 
 
+@pytest.mark.parametrize("key, value", [("python", "3.12"), ("platform", "aarch64-manylinux_2_35")])
+def test_a_lock_for_another_python_or_platform_is_refused_before_rendering(tmp_path, monkeypatch, key, value):
+    spec = _spec({"acceleratorType": "v6e-16"})
+    shipped = variables.preset_lock(spec)
+    assert shipped is not None
+    other = locks.Lock({**shipped.header, key: value}, shipped.body)
+    (tmp_path / "jax.lock").write_text(other.text)
+    monkeypatch.setattr(locks, "LOCK_DIR", tmp_path)
+    with pytest.raises(InvalidInput, match=f"lock is for .*{value}.*regenerate it") as refused:
+        ss.render(spec)
+    assert refused.value.exit_code == 2
+
+
 def test_another_ray_release_has_no_lock_and_resolves_on_the_host():
     spec = _spec({"acceleratorType": "v5p-16", "preset": "xla", "rayVersion": "2.59.0"})
     values = _assignments(ss.render(spec))
