@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import re
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,9 +208,7 @@ def index_files(names: Iterable[str], index: str | None) -> dict[str, dict[str, 
     """sha256 -> file name of every file the index lists for each project: from its PEP 691 JSON
     page where it serves one (PyPI does), else from its PEP 503 HTML page (anchors whose href
     ends in ``#sha256=``)."""
-    import html
-
-    import requests
+    import requests  # here: rendering a script, which imports this module, needs no HTTP client
 
     base = (index or PYPI_SIMPLE).rstrip("/")
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
@@ -232,9 +233,6 @@ def compile_lock(
     """Resolve the header's requirement lines for its Python and platform with uv (hashes of every
     file), then `slim` the hashes to what a host installs. Raises InvalidInput with uv's reason
     when they do not resolve or the index does not answer."""
-    import subprocess
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         requirements = Path(tmp, "requirements.in")
         requirements.write_text("".join(f"{line}\n" for line in _split(lock_header["requirements"])))
