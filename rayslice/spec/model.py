@@ -248,9 +248,14 @@ class ClusterSpec:
     preset: Preset = Field(
         "jax",
         description="Requirement set from the guide: jax (host-centric) or xla (PyTorch/XLA, "
-        "device-centric).",
+        "device-centric), installed with Ray from the preset's lock (exact versions and hashes) "
+        "for the default rayVersion.",
     )
-    requirements: Strings = Field((), description="Extra PEP 508 requirement lines installed on every host.")
+    requirements: Strings = Field(
+        (),
+        description="Extra PEP 508 requirement lines installed on every host, resolved there under "
+        "the preset lock's versions.",
+    )
     package_index: Str | None = Field(
         None,
         description="Python package index URL used instead of PyPI (hosts without internet); "

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 from rayslice import catalog, names
+from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
 
 # The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9; libtpu wheels for
@@ -91,16 +93,46 @@ def preemption_watcher(spec: ClusterSpec) -> str:
 RAY_EXTRAS = "default,train"
 
 
+def lock_requirements(preset: str, ray_version: str) -> list[str]:
+    """The lines a preset's lock is resolved from: the preset's and Ray's."""
+    return [*PRESETS[preset], f"ray[{RAY_EXTRAS}]=={ray_version}"]
+
+
 def requirement_lines(spec: ClusterSpec) -> list[str]:
     """The pip requirement lines every host installs, in install order."""
-    return [*PRESETS[spec.preset], f"ray[{RAY_EXTRAS}]=={spec.ray_version}", *spec.requirements]
+    return [*lock_requirements(spec.preset, spec.ray_version), *spec.requirements]
+
+
+def preset_lock(spec: ClusterSpec) -> locks.Lock | None:
+    """The shipped lock of the spec's preset and Ray (None for a Ray release it was not made for).
+    A lock made for another Python or platform than the hosts' is refused (exit 2) before
+    anything is rendered, so before anything is created: its files would not install there."""
+    lock = locks.preset_lock(spec.preset, lock_requirements(spec.preset, spec.ray_version))
+    if lock is not None and (lock.header["python"], lock.header["platform"]) != (
+        PYTHON_VERSION,
+        locks.PLATFORM,
+    ):
+        raise InvalidInput(
+            f"the {spec.preset} preset's lock is for Python {lock.header['python']} on "
+            f"{lock.header['platform']}, but the hosts run Python {PYTHON_VERSION} on {locks.PLATFORM}; "
+            "regenerate it with scripts/lock_presets.py"
+        )
+    return lock
+
+
+def host_requirements(spec: ClusterSpec) -> list[str]:
+    """What a host resolves itself: the user's lines beside a lock, every line without one."""
+    return list(spec.requirements) if preset_lock(spec) else requirement_lines(spec)
 
 
 def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
-    """Changes whenever a host would install something different (the reboot fast-path key)."""
+    """Changes whenever a host would install something different (the reboot fast-path key). With
+    a lock, its digest stands for the preset: a new lock changes it, an unchanged one does not."""
+    lock = preset_lock(spec)
     payload = {
-        "requirements": requirement_lines(spec),
-        "find_links": PRESET_FIND_LINKS[spec.preset],
+        "lock": lock.digest if lock else None,
+        "requirements": host_requirements(spec),
+        "find_links": lock.find_links if lock else PRESET_FIND_LINKS[spec.preset],
         "index": spec.package_index,
         "source": [source.mode, source.location],
         "python": PYTHON_VERSION,
@@ -110,14 +142,20 @@ def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
 
 
 def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, object]:
-    """The variables of the install block both templates include (``install.sh.j2``)."""
+    """The variables of the install block both templates include (``_install.sh.j2``): the lock
+    (base64, one line, so the quoting filter takes it; empty without one) and what is resolved
+    beside it."""
+    lock = preset_lock(spec)
     return {
         "package_mode": source.mode,
         "package_dir": source.location,
         "package_index": spec.package_index or "",
         "index_name": INDEX_NAME,
-        "find_links": list(PRESET_FIND_LINKS[spec.preset]),
-        "requirements": requirement_lines(spec),
+        "find_links": lock.find_links if lock else list(PRESET_FIND_LINKS[spec.preset]),
+        "requirements": host_requirements(spec),
+        "lock": base64.b64encode(lock.text.encode()).decode() if lock else "",
+        "lock_digest": lock.digest if lock else "",
+        "lock_python": lock.header["python"] if lock else "",
     }
 
 

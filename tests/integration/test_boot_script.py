@@ -13,6 +13,7 @@ import time
 from rayslice import spec as spec_module
 from rayslice.local.simulation.simulator import Simulation, default_package_source
 from rayslice.startup_scripts import RenderOptions, render
+from rayslice.startup_scripts.variables import preset_lock
 from tests.integration.clusters import boot, wait_nodes
 
 
@@ -31,7 +32,10 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
     boot(sim)
     sim.wait_for(lambda s: s[host.name] == "joined", timeout=600)
     log = _log(sim, host.name)
-    assert "installing jax[tpu]" in log and "installing uv" in log
+    lock = preset_lock(sim.spec())
+    assert lock is not None  # the jax preset's lock, installed hash-checked from the wheelhouse
+    installing = f"installing the lock {lock.digest} into"
+    assert installing in log and "installing uv" in log
     venv_ray = sim.paths(host.name).root / "opt/rayslice/venv/bin/ray"
     assert venv_ray.exists()
     [node] = wait_nodes(sim, [host.ip], timeout=60)
@@ -43,7 +47,7 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
     while "requirements unchanged" not in _log(sim, host.name) and time.monotonic() < deadline:
         time.sleep(1)
     log = _log(sim, host.name)
-    assert log.count("installing jax[tpu]") == 1  # installed at the first boot only
+    assert log.count(installing) == 1  # installed at the first boot only
     assert "requirements unchanged" in log
     assert log.count("rayslice-ray (process) started") == 2
     [again] = wait_nodes(sim, [host.ip], timeout=120, avoid=[node["id"]])

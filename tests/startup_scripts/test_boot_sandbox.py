@@ -9,6 +9,7 @@ test asserts.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -22,11 +23,18 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
-from rayslice.startup_scripts import RenderOptions, host_attributes, image_builder_attributes, templating
+from rayslice.startup_scripts import (
+    RenderOptions,
+    host_attributes,
+    image_builder_attributes,
+    locks,
+    templating,
+)
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.variables import UV_VERSION, install_fingerprint, script_variables
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.faults import Fault, FaultTable
+from tests.startup_scripts.tiny_wheels import make_wheel, sha256
 
 TOKEN = "ray-token-0c5e9d1b-do-not-leak"
 INDEX_PASSWORD = "index-pw-93af-do-not-leak"
@@ -628,8 +636,9 @@ def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, w
         cloud = _cloud(spec, extra={names.ATTR_INDEX_CREDENTIALS_SECRET: "index-creds"})
         box = _box(host, tmp_path, cloud, real_uv=True)
         # The spec refuses http://; the test index is plain http on loopback, so it goes in as a
-        # rendered value, and the requirements are one small wheel instead of the jax preset.
-        script = box.render(spec, sandbox.free_port(), package_index=index.url, requirements=["six"])
+        # rendered value, and the lock pins one small wheel instead of the jax preset.
+        six = f"six=={six_wheel.name.split('-')[1]} --hash=sha256:{sha256(six_wheel)}\n"
+        script = box.render(spec, sandbox.free_port(), package_index=index.url, requirements=[], **_lock(six))
         assert box.boot(script, RAYSLICE_RETRY_MAX_DELAY_S="2").returncode == 0
         box.wait(lambda: "starting" in cloud.states or cloud.state.startswith("failed"), timeout=120)
         assert "starting" in cloud.states, box.log[-3000:]
@@ -645,6 +654,99 @@ def test_install_from_a_private_index_bootstraps_the_pinned_uv(host, tmp_path, w
         assert not list(Path("/tmp").glob("tmp*netrc*"))
     finally:
         index.shutdown()
+
+
+# ---- locked installs: real uv, offline, from a wheelhouse of tiny wheels -----------------------
+
+
+def _lock(body: str, python: str = "3.11") -> dict[str, str]:
+    """The rendered values of a lock with this body (what `variables.package_variables` gives)."""
+    lock = locks.Lock(locks.header("test", ["alpha"], python, None, ()), body)
+    return {
+        "lock": base64.b64encode(lock.text.encode()).decode(),
+        "lock_digest": lock.digest,
+        "lock_python": python,
+    }
+
+
+def _pin(wheel: Path) -> str:
+    name, version = wheel.name.split("-")[:2]
+    return f"{name}=={version} \\\n    --hash=sha256:{sha256(wheel)}\n"
+
+
+def _locked_box(host, tmp_path, body: str, python: str = "3.11", requirements: tuple[str, ...] = ()):
+    """A host whose wheelhouse holds alpha 1.0 and 2.0 (both need beta), beta 1.0 and gamma 1.0
+    (needs alpha), booted with real uv (already in place, as after its bootstrap) and this lock."""
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud, real_uv=True)
+    uv = box.root / "opt/rayslice/uv/bin/uv"
+    uv.parent.mkdir(parents=True)
+    uv.symlink_to(locks.uv_binary())
+    values = {"package_mode": "wheels", "package_dir": str(tmp_path / "wheels"), "find_links": []}
+    script = box.render(
+        spec, sandbox.free_port(), requirements=list(requirements), **values, **_lock(body, python)
+    )
+    assert box.boot(script, RAYSLICE_RETRY_MAX_DELAY_S="1").returncode == 0
+    return box, cloud
+
+
+def _wheels(tmp_path: Path) -> dict[str, Path]:
+    wheels = tmp_path / "wheels"
+    return {
+        "alpha1": make_wheel(wheels, "alpha", "1.0", ("beta",)),
+        "alpha2": make_wheel(wheels, "alpha", "2.0", ("beta",)),
+        "beta": make_wheel(wheels, "beta", "1.0"),
+        "gamma": make_wheel(wheels, "gamma", "1.0", ("alpha",)),
+    }
+
+
+def _installed(box: sandbox.Sandbox, module: str) -> str | None:
+    python = box.root / "opt/rayslice/venv/bin/python"
+    found = sandbox.subprocess.run(
+        [str(python), "-c", f"import {module}; print({module}.VERSION)"], capture_output=True, text=True
+    )
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def test_a_locked_host_installs_the_lock_as_it_is_without_resolving(host, tmp_path):
+    """alpha needs beta, which the lock leaves out: --no-deps installs alpha alone, as locked."""
+    wheels = _wheels(tmp_path)
+    box, cloud = _locked_box(host, tmp_path, _pin(wheels["alpha1"]))
+    box.wait(lambda: "starting" in cloud.states or cloud.state.startswith("failed"), timeout=120)
+    assert "starting" in cloud.states, box.log[-3000:]
+    assert (_installed(box, "alpha"), _installed(box, "beta")) == ("1.0", None)
+    assert "installing the lock" in box.log
+    assert (box.root / "opt/rayslice/venv/.rayslice-install").exists()
+
+
+def test_a_lock_whose_hash_does_not_match_installs_nothing_and_is_retried(host, tmp_path):
+    wheels = _wheels(tmp_path)
+    tampered = f"alpha==1.0 \\\n    --hash=sha256:{sha256(wheels['alpha2'])}\n"
+    box, cloud = _locked_box(host, tmp_path, tampered)
+    box.wait(lambda: any(s.startswith("retrying: install") for s in cloud.states), timeout=120)
+    assert _installed(box, "alpha") is None
+    assert "starting" not in cloud.states
+    assert not (box.root / "opt/rayslice/venv/.rayslice-install").exists()
+
+
+def test_requirements_beside_the_lock_keep_its_versions(host, tmp_path):
+    """gamma needs any alpha; the wheelhouse's newest is 2.0, the lock holds 1.0, and 1.0 stays."""
+    wheels = _wheels(tmp_path)
+    box, cloud = _locked_box(
+        host, tmp_path, _pin(wheels["alpha1"]) + _pin(wheels["beta"]), requirements=("gamma",)
+    )
+    box.wait(lambda: "starting" in cloud.states or cloud.state.startswith("failed"), timeout=120)
+    assert "starting" in cloud.states, box.log[-3000:]
+    assert (_installed(box, "alpha"), _installed(box, "gamma")) == ("1.0", "1.0")
+
+
+def test_a_lock_for_another_python_is_a_permanent_failure(host, tmp_path):
+    wheels = _wheels(tmp_path)
+    box, cloud = _locked_box(host, tmp_path, _pin(wheels["alpha1"]), python="3.10")
+    box.wait(lambda: cloud.state.startswith("failed"), timeout=120)
+    assert "is for Python 3.10 but this host's venv has Python 3.11" in cloud.state
+    assert _installed(box, "alpha") is None
 
 
 # ---- images: the builder's install, and a host booting from what it left ----------------------

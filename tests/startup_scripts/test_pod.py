@@ -12,7 +12,7 @@ import pytest
 from rayslice import spec as specs
 from rayslice.errors import InvalidInput
 from rayslice.startup_scripts import pod
-from rayslice.startup_scripts.variables import PRESETS
+from rayslice.startup_scripts.variables import preset_lock
 
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 
@@ -62,7 +62,9 @@ def test_hostnames_are_per_slice_lists_ordered_by_worker_id():
 def test_requirements_are_the_boot_scripts():
     cluster_spec = gke_spec(requirements='["optax>=0.2"]', packageIndex="https://pypi.internal/simple")
     variables = pod.pod_variables(cluster_spec)
-    assert variables["requirements"] == [*PRESETS["jax"], "ray[default,train]==2.60.0", "optax>=0.2"]
+    # The preset and Ray come from its lock; only the user's line is resolved in the container.
+    assert variables["requirements"] == ["optax>=0.2"]
+    assert variables["lock"] and variables["lock_digest"] == preset_lock(cluster_spec).digest
     assert variables["package_index"] == "https://pypi.internal/simple"
     assert variables["package_mode"] == "pypi"
 

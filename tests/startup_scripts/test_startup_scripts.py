@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from rayslice import spec
 from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
-from rayslice.startup_scripts import variables
+from rayslice.startup_scripts import locks, variables
 from rayslice.startup_scripts.options import PackageSource
 
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
@@ -73,16 +74,42 @@ def _assignments(script: str) -> dict[str, str]:
 def test_rendered_values():
     values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
     assert values["TPU_RESOURCES"] == '{"TPU": 4}'
-    assert values["REQUIREMENTS"] == (
-        "jax[tpu]>=0.10.2,<0.11 optax>=0.2.8,<0.3 orbax-checkpoint>=0.12.8,<0.13 ray[default,train]==2.60.0"
-    )
+    lock = variables.preset_lock(_spec(VARIANTS["v6e-16 jax head=slice"]))
+    assert lock is not None
+    # The preset and Ray come from the lock as it is; nothing is left to resolve on the host.
+    assert base64.b64decode(values["LOCK"]).decode() == lock.text
+    assert values["LOCK_DIGEST"] == lock.digest and values["LOCK_PYTHON"] == "3.11"
+    assert values["REQUIREMENTS"] == ""
     assert values["RAY_AUTH_MODE_VALUE"] == "token"
     assert values["SUPERVISOR"] == "systemd" and values["PACKAGE_MODE"] == "pypi" and values["ROOT"] == ""
 
 
-def test_xla_preset_uses_the_guides_find_links():
-    values = _assignments(ss.render(_spec(VARIANTS["v5p-16 xla"])))
-    assert values["REQUIREMENTS"].startswith("torch~=2.9.0 torch_xla[tpu]~=2.9.0")
+def test_xla_preset_is_locked_from_pypi_without_the_guides_find_links():
+    spec = _spec(VARIANTS["v5p-16 xla"])
+    values = _assignments(ss.render(spec))
+    lock = variables.preset_lock(spec)
+    assert lock is not None and lock.requirements[:2] == ["torch~=2.9.0", "torch_xla[tpu]~=2.9.0"]
+    assert values["FIND_LINKS"] == "" and lock.find_links == []
+    assert "libtpu==0.0.21" in lock.pins()
+
+
+@pytest.mark.parametrize("key, value", [("python", "3.12"), ("platform", "aarch64-manylinux_2_35")])
+def test_a_lock_for_another_python_or_platform_is_refused_before_rendering(tmp_path, monkeypatch, key, value):
+    spec = _spec({"acceleratorType": "v6e-16"})
+    shipped = variables.preset_lock(spec)
+    assert shipped is not None
+    other = locks.Lock({**shipped.header, key: value}, shipped.body)
+    (tmp_path / "jax.lock").write_text(other.text)
+    monkeypatch.setattr(locks, "LOCK_DIR", tmp_path)
+    with pytest.raises(InvalidInput, match=f"lock is for .*{value}.*regenerate it") as refused:
+        ss.render(spec)
+    assert refused.value.exit_code == 2
+
+
+def test_another_ray_release_has_no_lock_and_resolves_on_the_host():
+    spec = _spec({"acceleratorType": "v5p-16", "preset": "xla", "rayVersion": "2.59.0"})
+    values = _assignments(ss.render(spec))
+    assert values["LOCK"] == "" and values["REQUIREMENTS"].startswith("torch~=2.9.0 torch_xla[tpu]~=2.9.0")
     assert "libtpu-releases" in values["FIND_LINKS"]
 
 
@@ -114,6 +141,19 @@ def test_install_fingerprint_follows_requirements():
     fp = variables.install_fingerprint
     assert fp(a, PackageSource("pypi")) != fp(b, PackageSource("pypi"))
     assert fp(a, PackageSource("pypi")) == fp(c, PackageSource("pypi"))  # same packages, other shape
+
+
+def test_install_fingerprint_follows_the_lock_not_the_preset_lines(monkeypatch):
+    """A new lock for the same requirement lines replaces the hosts; the lines alone do not."""
+    spec = _spec({"acceleratorType": "v6e-16"})
+    before = variables.install_fingerprint(spec, PackageSource("pypi"))
+    lock = variables.preset_lock(spec)
+    assert lock is not None
+    relocked = locks.Lock(lock.header, lock.body.replace("absl-py==2.5.1", "absl-py==2.5.2"))
+    monkeypatch.setattr(variables, "preset_lock", lambda _: relocked)
+    assert variables.install_fingerprint(spec, PackageSource("pypi")) != before
+    monkeypatch.setattr(variables, "preset_lock", lambda _: lock)
+    assert variables.install_fingerprint(spec, PackageSource("pypi")) == before
 
 
 def test_host_attributes():

@@ -1,0 +1,36 @@
+"""Write the presets' locks (rayslice/startup_scripts/locks/<preset>.lock) from the package index.
+
+Each preset's requirement lines plus Ray (`variables.lock_requirements`) are resolved with uv for
+the hosts' Python and platform (`locks.PLATFORM`), with the sha256 of each file a host may
+install. Run it after changing a preset, `DEFAULT_RAY_VERSION` or to take newer releases, and
+commit the locks: a changed lock replaces the hosts of every stack that deploys it.
+
+    .venv/bin/python scripts/lock_presets.py [PRESET ...]
+
+The locks are resolved from PyPI alone. The `xla` preset's find-links pages (Google's libtpu
+pages on storage.googleapis.com) are left out: they could not be reached where the locks were
+generated, and the libtpu release torch_xla 2.9 pins (`libtpu==0.0.21`) is on PyPI. A locked
+host installs only the files the lock names, so it needs no find-links either.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rayslice.spec import DEFAULT_RAY_VERSION
+from rayslice.startup_scripts import locks
+from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements
+
+
+def main(presets: list[str]) -> None:
+    for preset in presets or sorted(PRESETS):
+        requirements = lock_requirements(preset, DEFAULT_RAY_VERSION)
+        header = locks.header(preset, requirements, PYTHON_VERSION, None, ())
+        lock = locks.compile_lock(locks.uv_binary(), header)
+        path = locks.LOCK_DIR / f"{preset}.lock"
+        path.write_text(lock.text)
+        print(f"{path}: {len(lock.pins())} packages, {len(lock.text)} bytes, digest {lock.digest}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
