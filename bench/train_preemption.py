@@ -51,7 +51,7 @@ from rayslice.workloads import jax_trainer
 SPEC = {"platform": "tpu-vm", "acceleratorType": "v5litepod-8", "slices": 2, "capacity": "spot"}
 CHECKPOINT_EVERY = 10
 RESIZE_CHECK_S = 5
-RUN_TIMEOUT_S = 900
+RUN_TIMEOUT_S = 600
 # jax_trainer's line at the start of each attempt, and the step line both training jobs print.
 ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$")
 STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$")
@@ -180,6 +180,9 @@ def elastic_preemption(sim: Simulation, storage: Path, name: str, notice_s: floa
         command.join()
         if outcome != [0]:
             raise RuntimeError(f"rayslice local preempt {victim} failed")
+    except BaseException:
+        print(out.text()[-6000:], file=sys.stderr)  # what the job said, to tell why
+        raise
     finally:
         if job.poll() is None:
             stop_job(sim, "jax_trainer")
