@@ -132,8 +132,11 @@ def _preempt(sim: Simulation, victim: str, notice_s: float) -> tuple[float, thre
     return start, command, outcome
 
 
-def elastic_preemption(sim: Simulation, storage: Path, name: str, notice_s: float) -> tuple[Elastic, float]:
-    """The elastic scenario once; also the step rate (steps/s) on both slices before it."""
+def elastic_preemption(
+    sim: Simulation, storage: Path, name: str, notice_s: float, log: Path | None = None
+) -> tuple[Elastic, float]:
+    """The elastic scenario once; also the step rate (steps/s) on both slices before it. The
+    job's output is appended to `log`, if given."""
     spec = sim.spec()
     hosts, victim = spec.tpu.hosts, spec.slice_name(1)
     argv = [RAYSLICE, "run", "jax_trainer", "--address", sim.dashboard_url()]
@@ -192,17 +195,25 @@ def elastic_preemption(sim: Simulation, storage: Path, name: str, notice_s: floa
                 job.kill()
                 job.wait()
         out.thread.join(timeout=10)
+        if log is not None:
+            with log.open("a") as file:
+                file.write(f"---- jax_trainer {name}\n{out.text()}\n")
     attempt = ATTEMPT.search(out.lines[shrink_at][1])
     assert attempt is not None
     lost = steps_lost([line for _, line in out.lines[:shrink_at]], int(attempt.group(3)))
     return Elastic(lost, one_slice - start, grown[1] - start), rate
 
 
-def restart_preemption(sim: Simulation, checkpoints: Path, notice_s: float, rate: float) -> Restart:
+def restart_preemption(
+    sim: Simulation, checkpoints: Path, notice_s: float, rate: float, log: Path | None = None
+) -> Restart:
     """The whole-job restart once. The job is long enough to be still training when Ray on the
     slice stops (within the notice), at three times the elastic run's step rate."""
     steps = PREEMPT_AFTER_STEP + math.ceil(3 * rate * (notice_s + 30))
     trace = preempt_during_training(sim, checkpoints, steps=steps, notice_s=notice_s)
+    if log is not None:
+        with log.open("a") as file:
+            file.write(f"---- jax_train --max-restarts\n{trace.output}{trace.stderr}\n")
     if trace.returncode != 0 or not trace.resumed_at:
         raise RuntimeError(
             f"the job did not recover (exit {trace.returncode}):\n{trace.output}{trace.stderr}"
@@ -261,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds from the preemption notice to the power-off (GCE's: 30)",
     )
     parser.add_argument("--repeats", type=positive, default=1, help="preemptions of each kind")
+    parser.add_argument("--log", type=Path, help="append each job's output to this file")
     return parser
 
 
@@ -275,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
             # In the simulation's shared folder: every host writes and reads it (`Plan.shared_dir`).
             storage = Path(tempfile.mkdtemp(prefix="train-", dir=sim.plan.shared_dir))
             for repeat in range(args.repeats):
-                run, rate = elastic_preemption(sim, storage, f"elastic-{repeat}", args.notice_s)
+                run, rate = elastic_preemption(sim, storage, f"elastic-{repeat}", args.notice_s, args.log)
                 elastic.append(run)
                 checkpoints = storage / f"restart-{repeat}"
                 checkpoints.mkdir()
-                restart.append(restart_preemption(sim, checkpoints, args.notice_s, rate))
+                restart.append(restart_preemption(sim, checkpoints, args.notice_s, rate, args.log))
                 print(f"repeat {repeat + 1}: {run}, {restart[-1]}", flush=True)
         finally:
             sim.destroy()
