@@ -692,7 +692,7 @@ def test_a_preempted_host_starts_no_ray_until_the_marker_is_gone_and_boot_clears
     box.wait(lambda: _joined(box))
     marker.write_text("notice\n")
     _kill_ray(box)  # what `ray stop` does
-    box.wait(lambda: "Ray stays stopped on this host" in box.log, timeout=30)
+    box.wait(lambda: "Ray stays stopped: this host got its preemption notice" in box.log, timeout=30)
     time.sleep(2)
     assert len(box.ray_starts()) == 1
     marker.unlink()  # the notice withdrawn
