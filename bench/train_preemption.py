@@ -20,8 +20,9 @@ trained on one slice and on two slices again (elastic), until the restarted job 
 bring-up (create, boot, every host joined) is the baseline. Steps lost: the steps trained before
 the resize (or restart) that the attempt after it trains again.
 
-Run as root: ``.venv/bin/python bench/train_preemption.py [--notice-s 30] [--repeats 1]`` (about
-ten minutes a repeat).
+Run as root (about five minutes a repeat)::
+
+    .venv/bin/python bench/train_preemption.py [--notice-s 30] [--repeats 1] [--log FILE]
 """
 
 from __future__ import annotations
