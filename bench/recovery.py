@@ -36,8 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ray.job_submission import JobStatus
+
 from rayslice import cli
 from rayslice import spec as spec_module
+from rayslice.jobs import connection
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.names import slice_name
 
@@ -74,6 +77,16 @@ def wait(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
             raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
         time.sleep(0.5)
     return time.monotonic()
+
+
+def stop_job(sim: Simulation, entrypoint: str) -> None:
+    """Stop the cluster's running job whose entrypoint names `entrypoint`, through the Jobs API
+    (ending `rayslice run` alone would leave the job running on the cluster)."""
+    token = sim.token_file if sim.token_file.exists() else None
+    client = connection.connect(connection.choose_target(sim.dashboard_url(), token))
+    for job in client.list_jobs():
+        if job.status == JobStatus.RUNNING and entrypoint in job.entrypoint and job.submission_id:
+            client.stop_job(job.submission_id)
 
 
 def bring_up(spec: spec_module.ClusterSpec, state_dir: Path) -> tuple[Simulation, float]:

@@ -17,6 +17,21 @@ autoscaler v2 uses for preemption, and Ray's own SIGTERM handler in ray/_private
 that dies with the node is reported as preempted ("the actor's node was preempted"), which
 `rayslice.jobs.restarts` counts as a node loss.
 
+Then, ``STOP_BEFORE_DEADLINE_S`` before the VM stops, it stops Ray on this host (``ray stop``),
+having first written a marker file that keeps the boot script's ``run_ray`` from starting Ray
+again (the boot clears it). Draining alone is not enough with GCE's full 30 s: Ray Train's
+controller waits out a drain in its PreemptingState until the drain's deadline
+(ray/train/v2/_internal/execution/controller/controller.py, ``_is_preemption_deadline_exceeded``),
+then restarts and sizes the new worker group from the nodes the GCS lists alive (the
+AutoscalingCoordinator's ``_update_cluster_node_resources`` and ``ray.util.tpu.get_num_tpu_slices``
+both keep every ``Alive`` node). A draining node is alive, and a VM powered off at the deadline
+stays alive for the GCS's health checks (3 s x 5) more: Ray Train would reserve the preempted slice
+again and wait for it. ``ray stop`` sends the raylet SIGTERM first, and the raylet unregisters
+from the GCS at once; the workers it ran die with it, and Ray Train restarts on what is left.
+A raylet stopped before its drain's deadline reports ``EXPECTED_TERMINATION``, not
+``AUTOSCALER_DRAIN_PREEMPTED`` (Ray 2.60 src/ray/raylet/main.cc, the SIGTERM handler), so its
+actors' deaths are not marked preempted (see docs/recovery.md for what that costs).
+
 It survives the metadata server's hiccups (any error: retried with backoff, the ETag kept), and on
 a host that never gets the notice it only waits. A preemption reaches only Spot hosts, and the
 boot script starts the watcher only on those (`startup_scripts.variables`).
@@ -26,7 +41,7 @@ rendered text and runs it with the venv's Python (stdlib and Ray only; the GCS i
 `RayGcs`, so the logic is tested without a cluster). Usage::
 
     python preemption_watcher.py --metadata-url URL --gcs-address HOST:PORT --node-ip IP \\
-        --deadline-s 30 [--log-file FILE]
+        --deadline-s 30 --stop-marker FILE --ray-cli PATH [--log-file FILE]
 """
 
 from __future__ import annotations
@@ -34,12 +49,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import http.client
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 # Compiled (Cython, protobuf) modules whose names mypy cannot see.
 from ray._raylet import GcsClient  # type: ignore[attr-defined]
@@ -55,6 +73,13 @@ RETRY_MAX_DELAY_S = 30
 # An ETag no answer carries: the first request returns the current value at once (Google's
 # server returns immediately when last_etag differs from the value's ETag).
 NO_ETAG = "0"
+# `ray stop --grace-period`: SIGTERM, then SIGKILL for what is still running this long after.
+STOP_GRACE_S = 5
+# Ray is stopped this long before the VM stops: the grace period plus as much again, so Ray is gone
+# (and unregistered) before the deadline even when ray stop needs its whole grace period. What is
+# left of the notice (20 s of GCE's 30) is for the workers' just-in-time checkpoint: Ray Train's
+# own PreemptionWatcher sees the drain within its 5 s poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S).
+STOP_BEFORE_DEADLINE_S = 2 * STOP_GRACE_S
 
 Log = Callable[[str], None]
 
@@ -102,22 +127,38 @@ def wait_for(
             return
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """What happens when, from the notice (epoch seconds): the drain's deadline is when the VM
+    stops; Ray is stopped `STOP_BEFORE_DEADLINE_S` before it (never before the notice)."""
+
+    notice: float
+    deadline: float
+
+    @classmethod
+    def from_notice(cls, notice: float, deadline_s: float) -> Timeline:
+        return cls(notice, notice + deadline_s)
+
+    @property
+    def stop_ray(self) -> float:
+        return max(self.notice, self.deadline - STOP_BEFORE_DEADLINE_S)
+
+
 def drain(
     drain_node: Callable[[str, int], tuple[bool, str]],
     own_nodes: Callable[[], list[str]],
-    deadline_s: float,
+    timeline: Timeline,
     log: Log,
     *,
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[str]:
-    """Drain every Ray node of this host (`own_nodes`) with the notice's deadline; retried until
-    each is accepted or the deadline has passed. Returns the nodes drained."""
-    deadline = now() + deadline_s
-    deadline_ms = int(deadline * 1000)
+    """Drain every Ray node of this host (`own_nodes`) with the VM's deadline; retried until each
+    is accepted or it is time to stop Ray. Returns the nodes drained."""
+    deadline_ms = int(timeline.deadline * 1000)
     drained: list[str] = []
     delay = 0.5
-    while now() < deadline:
+    while now() < timeline.stop_ray:
         try:
             pending = [n for n in own_nodes() if n not in drained]
             for node in pending:
@@ -125,17 +166,46 @@ def drain(
                 if not accepted:
                     raise RuntimeError(f"drain of {node} refused: {why}")
                 drained.append(node)
-                log(f"drained Ray node {node} ({DRAIN_REASON}, deadline in {deadline - now():.0f} s)")
+                left = timeline.deadline - now()
+                log(f"drained Ray node {node} ({DRAIN_REASON}, deadline in {left:.0f} s)")
             if drained and not pending:
                 return drained
             if not drained:
                 log("no Ray node of this host is alive yet")
         except Exception as exc:  # the GCS unreachable, a node the GCS no longer knows: try again
             log(f"draining failed ({exc}); retrying")
-        sleep(delay)
+        sleep(min(delay, max(0.0, timeline.stop_ray - now())))
         delay = min(delay * 2, 5.0)
-    log(f"notice deadline passed; drained {len(drained)} node(s)")
+    log(f"time to stop Ray; drained {len(drained)} node(s)")
     return drained
+
+
+def on_notice(
+    drain_node: Callable[[str, int], tuple[bool, str]],
+    own_nodes: Callable[[], list[str]],
+    timeline: Timeline,
+    marker: Path,
+    stop_ray: Callable[[], int],
+    log: Log,
+    *,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """The notice's timeline: the marker first (from now on the boot script starts no Ray here),
+    the drain, then Ray stopped at `timeline.stop_ray`."""
+    marker.write_text(f"notice at {timeline.notice:.3f}; the VM stops by {timeline.deadline:.3f}\n")
+    drain(drain_node, own_nodes, timeline, log, now=now, sleep=sleep)
+    wait = timeline.stop_ray - now()
+    if wait > 0:
+        sleep(wait)
+    log(f"stopping Ray on this host, {timeline.deadline - now():.0f} s before the VM stops")
+    code = stop_ray()
+    log(f"ray stop exited {code}")
+
+
+def ray_stopper(ray_cli: str) -> Callable[[], int]:
+    """`ray stop` on this host (it finds Ray's processes by name, the raylet first)."""
+    return lambda: subprocess.run([ray_cli, "stop", f"--grace-period={STOP_GRACE_S}"], check=False).returncode
 
 
 class RayGcs:
@@ -177,18 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gcs-address", required=True, help="the head's GCS, HOST:PORT")
     parser.add_argument("--node-ip", required=True, help="this host's IP, as its Ray nodes report it")
     parser.add_argument("--deadline-s", type=float, required=True, help="seconds from notice to stop")
+    parser.add_argument("--stop-marker", type=Path, required=True, help="written on the notice: start no Ray")
+    parser.add_argument("--ray-cli", required=True, help="the `ray` command of Ray's venv")
     parser.add_argument("--log-file", help="also append log lines here")
     args = parser.parse_args(argv)
     log = logger(args.log_file)
     log(f"watching {PREEMPTED_KEY}")
     wait_for(TRUE, args.metadata_url, log)
+    timeline = Timeline.from_notice(time.time(), args.deadline_s)
     log(f"preemption notice: {PREEMPTED_KEY} is {TRUE}; draining this host's Ray nodes")
     message = f"GCE preemption notice on {args.node_ip}: the VM stops within {args.deadline_s:.0f} s"
     gcs = RayGcs(args.gcs_address, args.node_ip, message)
-    drain(gcs.drain_node, gcs.own_nodes, args.deadline_s, log)
-    # Nothing more to do until the VM stops; a VM that survives (the notice withdrawn) watches again.
+    on_notice(gcs.drain_node, gcs.own_nodes, timeline, args.stop_marker, ray_stopper(args.ray_cli), log)
+    # Nothing more to do until the VM stops; a VM that survives (the notice withdrawn) starts Ray
+    # again and watches again.
     wait_for(FALSE, args.metadata_url, log)
-    log(f"{PREEMPTED_KEY} is {FALSE} again")
+    args.stop_marker.unlink(missing_ok=True)
+    log(f"{PREEMPTED_KEY} is {FALSE} again; Ray may start again")
     return 0
 
 

@@ -12,8 +12,10 @@ jax_train's model and step (`jax_train.build_model`), wrapped the way Ray Train 
   elsewhere), and rank 0 registers it with `ray.train.report`. A new attempt restores the latest one
   (`ray.train.get_checkpoint`) and prints `resumed from step K`; `--name` of an earlier run resumes
   that run.
-- **Failures.** `--max-failures` restarts after a worker error (`FailureConfig`); preemptions are
-  counted apart and retried without limit (Ray's default for `max_preemption_failures`).
+- **Failures.** `--max-failures` restarts after a worker error (`FailureConfig`); preemptions Ray
+  sees as such are counted apart and retried without limit (Ray's default for
+  `max_preemption_failures`). The hosts' watcher stops Ray before the VM stops, which Ray records
+  as an expected termination: such a preemption counts as a worker error (docs/recovery.md).
 - **Elastic slices.** With `--min-slices A --max-slices B`, training runs on as many whole slices
   as are alive, between A and B: when a slice is lost it goes on with the rest from the last
   checkpoint, and every `--resize-check-s` seconds Ray looks for more and grows back.

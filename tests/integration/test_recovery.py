@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray.job_submission import JobStatus
 
 from rayslice import cli, names, spec
-from rayslice.jobs import connection
 from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
@@ -267,15 +265,6 @@ def _saved_steps(run: Path) -> list[int]:
     return [jax_trainer.checkpoint_step(p.name) for p in run.glob("step_*") if p.name[5:].isdigit()]
 
 
-def _stop_job(sim: Simulation, entrypoint: str) -> None:
-    """Stop the cluster's running job whose entrypoint names `entrypoint`, through the Jobs API."""
-    token = sim.token_file if sim.token_file.exists() else None
-    client = connection.connect(connection.choose_target(sim.dashboard_url(), token))
-    for job in client.list_jobs():
-        if job.status == JobStatus.RUNNING and entrypoint in job.entrypoint:
-            client.stop_job(job.submission_id)
-
-
 @on("2 x v6e-16 spot")
 def test_ray_train_goes_on_on_the_surviving_slice_and_grows_back(cluster: Simulation) -> None:
     """Issue 22's scenario: `rayslice run jax_trainer`, elastic between one and two slices, a
@@ -343,7 +332,7 @@ def test_ray_train_goes_on_on_the_surviving_slice_and_grows_back(cluster: Simula
         assert job.poll() is None  # one job throughout: it never failed
     finally:
         if job.poll() is None:
-            _stop_job(sim, "jax_trainer")
+            load("recovery").stop_job(sim, "jax_trainer")
             job.wait(timeout=120)
         reader.join(timeout=10)
         shutil.rmtree(storage, ignore_errors=True)

@@ -16,6 +16,7 @@ import signal
 import socket
 import stat
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -803,3 +804,30 @@ def test_a_host_booted_from_an_image_for_other_requirements_installs_as_usual(ho
     assert "installing over it" in box.log
     assert box.uv_count.read_text().strip() == "1"
     assert (box.root / "opt/rayslice/venv/.rayslice-install").read_text() == new
+
+
+def test_a_preempted_host_starts_no_ray_until_the_marker_is_gone_and_boot_clears_it(host, tmp_path):
+    """What the preemption watcher relies on: once it has written the marker and stopped Ray, the
+    supervisor's next run_ray waits instead of starting Ray again (the GCS would list the node
+    alive again just before Ray Train restarts); a withdrawn notice (the watcher removes the
+    marker) lets Ray start, and a boot clears a marker left from before the VM stopped."""
+    spec = _spec(rayAuth="none")
+    cloud = _cloud(spec)
+    box = _box(host, tmp_path, cloud)
+    script = box.render(spec, sandbox.free_port())
+    marker = box.root / "var/lib/rayslice/preempted"
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    marker.write_text("notice\n")
+    _kill_ray(box)  # what `ray stop` does
+    box.wait(lambda: "Ray stays stopped: this host got its preemption notice" in box.log, timeout=30)
+    time.sleep(2)
+    assert len(box.ray_starts()) == 1
+    marker.unlink()  # the notice withdrawn
+    box.wait(lambda: len(box.ray_starts()) == 2, timeout=30)
+
+    box.stop()  # the VM stopped with the marker in place
+    marker.write_text("notice\n")
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: len(box.ray_starts()) == 3, timeout=30)
+    assert not marker.exists()

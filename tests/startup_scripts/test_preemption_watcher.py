@@ -1,7 +1,8 @@
 """The Spot hosts' preemption watcher (`rayslice.startup_scripts.preemption_watcher`): it waits on
 the simulator's real metadata server as on Google's, survives that server's failures, drains this
-host's Ray nodes once on the notice (retrying a GCS that does not answer), and is only shipped in
-a Spot slice's boot script. Its run against real Ray nodes is in tests/integration/test_recovery.py.
+host's Ray nodes once on the notice (retrying a GCS that does not answer), stops Ray on the
+timeline GCE's notice leaves, and is only shipped in a Spot slice's boot script. Its run against
+real Ray nodes is in tests/integration/test_recovery.py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import base64
 import threading
 import urllib.error
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -131,7 +133,8 @@ def test_drain_retries_an_unreachable_gcs_and_a_refusal_and_drains_each_node_onc
         return verdicts[node].pop(0)
 
     lines: list[str] = []
-    drained = watcher.drain(drain_node, own_nodes, 30, lines.append, now=clock.time, sleep=clock.sleep)
+    timeline = watcher.Timeline.from_notice(clock.now, 30)
+    drained = watcher.drain(drain_node, own_nodes, timeline, lines.append, now=clock.time, sleep=clock.sleep)
     assert drained == ["a", "b"]
     assert [n for n, _ in calls] == ["a", "b", "b"]
     assert {ms for _, ms in calls} == {int((1000.0 + 30) * 1000)}  # the notice's deadline, absolute
@@ -139,16 +142,75 @@ def test_drain_retries_an_unreachable_gcs_and_a_refusal_and_drains_each_node_onc
     assert any("refused: busy" in line for line in lines)
 
 
-def test_drain_gives_up_when_the_notice_deadline_has_passed() -> None:
+def test_drain_gives_up_when_it_is_time_to_stop_ray() -> None:
     clock = Clock()
 
     def own_nodes() -> list[str]:
         raise RuntimeError("GCS unreachable")
 
     lines: list[str] = []
-    drained = watcher.drain(pytest.fail, own_nodes, 10, lines.append, now=clock.time, sleep=clock.sleep)
-    assert drained == [] and clock.now >= 1010
-    assert lines[-1] == "notice deadline passed; drained 0 node(s)"
+    timeline = watcher.Timeline.from_notice(clock.now, 30)
+    drained = watcher.drain(pytest.fail, own_nodes, timeline, lines.append, now=clock.time, sleep=clock.sleep)
+    assert drained == [] and clock.now == timeline.stop_ray == 1020
+    assert lines[-1] == "time to stop Ray; drained 0 node(s)"
+
+
+def test_gces_notice_drains_at_once_and_stops_ray_ten_seconds_before_the_vm_stops(tmp_path: Path) -> None:
+    """GCE's 30 s: the marker is written before anything else (the boot script starts no Ray from
+    then on), the node drained at the notice with the VM's deadline, `ray stop` at notice + 20 s
+    with its 5 s grace, so Ray is gone from the GCS before the drain's deadline, when Ray Train
+    restarts."""
+    clock = Clock()
+    marker = tmp_path / "preempted"
+    events: list[tuple[float, str]] = []
+
+    def drain_node(node: str, deadline_ms: int) -> tuple[bool, str]:
+        assert marker.exists()
+        events.append((clock.now, f"drain {node} {deadline_ms}"))
+        return True, ""
+
+    def stop_ray() -> int:
+        events.append((clock.now, "stop"))
+        return 0
+
+    timeline = watcher.Timeline.from_notice(clock.now, names.PREEMPTION_NOTICE_S)
+    lines: list[str] = []
+    watcher.on_notice(
+        drain_node, lambda: ["a"], timeline, marker, stop_ray, lines.append, now=clock.time, sleep=clock.sleep
+    )
+    assert events == [(1000.0, "drain a 1030000"), (1020.0, "stop")]
+    assert marker.exists()
+    assert watcher.STOP_GRACE_S == 5 and watcher.STOP_BEFORE_DEADLINE_S == 10
+    assert lines[-2:] == ["stopping Ray on this host, 10 s before the VM stops", "ray stop exited 0"]
+
+
+def test_a_short_notice_stops_ray_at_once_after_the_drain(tmp_path: Path) -> None:
+    """A notice shorter than the stop's lead: no waiting, Ray stops right after the drain."""
+    clock = Clock()
+    timeline = watcher.Timeline.from_notice(clock.now, 5)
+    assert timeline.stop_ray == timeline.notice
+    stopped: list[float] = []
+    watcher.on_notice(
+        lambda node, ms: (True, ""),
+        lambda: ["a"],
+        timeline,
+        tmp_path / "preempted",
+        lambda: stopped.append(clock.now) or 0,
+        lambda line: None,
+        now=clock.time,
+        sleep=clock.sleep,
+    )
+    assert stopped == [1000.0]
+
+
+def test_ray_is_stopped_with_the_venvs_ray_and_the_grace_period(tmp_path: Path) -> None:
+    """The stopper runs the given `ray` as `ray stop --grace-period=5` and returns its status."""
+    fake = tmp_path / "ray"
+    record = tmp_path / "argv"
+    fake.write_text(f'#!/bin/sh\necho "$@" >{record}\nexit 3\n')
+    fake.chmod(0o755)
+    assert watcher.ray_stopper(str(fake))() == 3
+    assert record.read_text().split() == ["stop", "--grace-period=5"]
 
 
 def test_only_a_spot_slices_script_carries_the_watcher() -> None:
@@ -171,8 +233,11 @@ def test_the_watcher_needs_only_the_standard_library_and_ray() -> None:
         "__future__",
         "argparse",
         "collections",
+        "dataclasses",
         "datetime",
         "http",
+        "pathlib",
+        "subprocess",
         "sys",
         "time",
         "urllib",
