@@ -149,9 +149,9 @@ class CloudClient:
             raise CloudError(call, response.status_code, f"not a JSON object: {response.text[:200]}")
         return answer
 
-    def _tpu(self, path: str) -> str:
+    def _tpu(self, path: str, version: str = "v2") -> str:
         loc = self.location
-        return f"{self.tpu_base}v2/projects/{_q(loc.project)}/locations/{_q(loc.zone)}/{path}"
+        return f"{self.tpu_base}{version}/projects/{_q(loc.project)}/locations/{_q(loc.zone)}/{path}"
 
     def _compute(self, path: str) -> str:
         loc = self.location
@@ -210,6 +210,33 @@ class CloudClient:
         for attributes in answer.get("guestAttributes", []):
             entries.extend(attributes.get("queryValue", {}).get("items", []))
         return entries
+
+    # ---- Cloud TPU v2 queued resources (tpu.v2.json: projects.locations.queuedResources) -------
+
+    def get_queued_resource(self, name: str) -> dict[str, Any] | None:
+        """The queued resource, or None when it does not exist."""
+        try:
+            return self._request("GET", self._tpu(f"queuedResources/{_q(name)}"))
+        except CloudError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_queued_resource(
+        self, name: str, body: Mapping[str, Any], allowed: Collection[str], *, version: str = "v2"
+    ) -> dict[str, Any]:
+        """queuedResources.create: a request that waits for capacity. `version`: v2, or v2alpha1
+        for the fields only it has (flex-start: `rayslice.infra.tpu_vm.queued`)."""
+        self._guard(name, allowed)
+        return self._request(
+            "POST", self._tpu("queuedResources", version), params={"queuedResourceId": name}, body=dict(body)
+        )
+
+    def delete_queued_resource(self, name: str, allowed: Collection[str], *, force: bool) -> dict[str, Any]:
+        """queuedResources.delete; `force` deletes its node first."""
+        self._guard(name, allowed)
+        params = {"force": "true"} if force else None
+        return self._request("DELETE", self._tpu(f"queuedResources/{_q(name)}"), params=params)
 
     def wait_tpu_operation(self, operation: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """Polls a TPU long-running operation until done or `timeout_s`; returns its last state."""

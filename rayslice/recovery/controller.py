@@ -22,7 +22,7 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   flex-start slice's MIG (bulk mode, no per-instance configs) gets its hosts the way it first
   did: the controller inserts it again with its target-size policy and makes a new resize request
   like the one recorded (``resizeBy``, ``requestedRunDuration``), named
-  `names.resize_request_name`. The request waits for capacity as the first did; the controller
+  `names.request_name`. The request waits for capacity as the first did; the controller
   leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
   its hosts exist.
 
@@ -360,7 +360,7 @@ class Controller:
             if operation_error(done):
                 return f"failed: createInstances: {operation_error(done)}"
         if request:
-            new = {**request, "name": names.resize_request_name(name)}
+            new = {**request, "name": names.request_name(name)}
             done = wait(self.client.insert_resize_request(name, new, allowed), self.operation_timeout_s)
             if done.get("status") != "DONE" or operation_error(done):
                 return f"failed: resize request: {operation_error(done) or 'did not finish'}"

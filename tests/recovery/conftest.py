@@ -244,5 +244,5 @@ def seed_flex(cloud: CloudApiEmulator, slices: int = 2) -> None:
         slice_name = names.slice_name(CLUSTER, index)
         body = {"name": slice_name, **mig_fields(slice_name), "targetSizePolicy": {"mode": "BULK"}}
         cloud.state.insert_mig(PROJECT, ZONE, {**body, "targetSize": 0})
-        request = {"name": names.resize_request_name(slice_name), **FLEX_REQUEST}
+        request = {"name": names.request_name(slice_name), **FLEX_REQUEST}
         cloud.state.insert_resize_request(PROJECT, ZONE, slice_name, request)

@@ -387,13 +387,13 @@ def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits
     ]
     insert, request = (c.request for c in cloud.mutations()[1:])
     assert insert["targetSize"] == 0 and insert["targetSizePolicy"] == {"mode": "BULK"}
-    assert request == {"name": names.resize_request_name(SLICE1), **FLEX_REQUEST}
+    assert request == {"name": names.request_name(SLICE1), **FLEX_REQUEST}
     # The new request waits: the slice has no hosts, and a waiting slice is not a broken one.
     [waiting] = cloud.state.resize_requests_of(*key)
     assert waiting["state"] == "ACCEPTED" and cloud.state.instances[key] == []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["outcome"] for e in events] == [
-        f"recreated; resize request {names.resize_request_name(SLICE1)} waits for 4 hosts"
+        f"recreated; resize request {names.request_name(SLICE1)} waits for 4 hosts"
     ]
     controller.step()
     assert len(cloud.mutations()) == 3  # left alone while it waits

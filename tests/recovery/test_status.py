@@ -235,7 +235,7 @@ def test_status_shows_a_flex_start_slice_waiting_then_its_hosts_joining(
     data = json.loads(capsys.readouterr().out)
     assert [s["state"] for s in data["slices"]] == ["REQUEST ACCEPTED"] * 2
     request = data["slices"][0]["request"]
-    assert request["name"] == names.resize_request_name(SLICE0) and request["state"] == "ACCEPTED"
+    assert request["name"] == names.request_name(SLICE0) and request["state"] == "ACCEPTED"
     assert (request["hosts_asked"], request["hosts_joined"], request["run_hours"]) == (4, 0, 24)
     assert request["since"].endswith("Z") and request["deadline"] is None and request["reason"] is None
     assert cli.main(flex) == 0
