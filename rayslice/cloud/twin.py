@@ -608,7 +608,7 @@ class CloudTwin:
         node = self.nodes.pop((project, zone, name), None)
         for host in hosts:
             self._call(self.on_host_down, replace(host, status=DELETED))
-        if node is not None:
+        if node is not None and node.get("state") != TPU_PREEMPTED:  # a preempted node's stay with Google
             self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock())
 
     def create_queued_resource(
@@ -652,14 +652,6 @@ class CloudTwin:
                 "state": FAILED,
                 "failedData": {"error": {"code": DEADLINE_EXCEEDED, "message": message}},
             }
-
-    def queued_resources_of(self, project: str, zone: str) -> list[dict[str, Any]]:
-        """queuedResources.list at the twin's clock (a deadline that passed has failed its request)."""
-        self.capacity.advance(self.clock())
-        found = [r for (p, z, _), r in sorted(self.queued.items()) if (p, z) == (project, zone)]
-        for record in found:
-            self._sync(record)
-        return copy.deepcopy(found)
 
     def queued_resource(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
         """queuedResources.get at the twin's clock; None when there is no such request."""

@@ -14,7 +14,7 @@ from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
 from tests.recovery import discovery
-from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed, seed_flex
+from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed, seed_flex, seed_queued
 
 
 def _reduce(path: str) -> str:
@@ -42,6 +42,8 @@ def _exercise(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, 
     assert cli.main([*args, "--set", "capacity=spot", "--set", f"platform={platform}", "--json"]) == 0
     if platform == "compute":
         _exercise_flex(cloud, client, vm, args)
+    else:
+        _exercise_queued(cloud, client, vm, args)
 
 
 def _exercise_flex(
@@ -57,6 +59,21 @@ def _exercise_flex(
     cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
     controller.step()
     assert cli.main([*status, "--set", "platform=compute", "--set", "capacity=flex-start", "--json"]) == 0
+
+
+def _exercise_queued(
+    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str]
+) -> None:
+    """The same cluster again as queued slices: the controller recreates a slice through a new
+    queued resource, and status reads the requests."""
+    for index in range(2):
+        cloud.state.delete_node(PROJECT, ZONE, names.slice_name(CLUSTER, index))
+    seed_queued(cloud)
+    controller, _ = make_controller(client, "tpu-vm", vm)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
+    controller.step()
+    assert cli.main([*status, "--set", "platform=tpu-vm", "--set", "queued=true", "--json"]) == 0
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
