@@ -112,10 +112,19 @@ TPU_CREATE_FIELDS = (
     "shieldedInstanceConfig",
     "tags",
 )
-# Writable QueuedResource fields (tpu.v2.json: not readOnly) carried to the new request of a
-# recreated queued slice; its node keeps TPU_CREATE_FIELDS only. A flex-start request (v2alpha1
-# fields) read through v2 would lose them: the controller recreates v2 requests only.
-QUEUED_CREATE_FIELDS = ("guaranteed", "queueingPolicy", "reservationName", "spot", "tpu")
+# Writable QueuedResource fields (tpu.v2alpha1.json, the version the client reads and recreates
+# queued resources with: `cloud.QUEUED_VERSION`) carried to the new request of a recreated queued
+# slice, flex-start's included; its node keeps TPU_CREATE_FIELDS only.
+QUEUED_CREATE_FIELDS = (
+    "bestEffort",
+    "guaranteed",
+    "provisioningModel",
+    "queueingPolicy",
+    "reservationName",
+    "runDuration",
+    "spot",
+    "tpu",
+)
 # QueuedResourceState.state values whose node is gone or going (tpu.v2.json).
 QUEUED_BROKEN_STATES = frozenset({"SUSPENDED", "SUSPENDING"})
 QUEUED_ACTIVE = "ACTIVE"
@@ -431,7 +440,7 @@ def _queued_spec(queued: Mapping[str, Any]) -> dict[str, Any]:
     spec["tpu"] = {
         "nodeSpec": [
             {
-                **{key: s[key] for key in ("parent", "nodeId", "multisliceParams") if key in s},
+                **{key: s[key] for key in ("parent", "nodeId", "multiNodeParams") if key in s},
                 "node": {
                     key: value for key, value in (s.get("node") or {}).items() if key in TPU_CREATE_FIELDS
                 },

@@ -249,18 +249,18 @@ def seed_flex(cloud: CloudApiEmulator, slices: int = 2) -> None:
 
 
 def queued_body(slice_name: str, **fields: object) -> dict[str, object]:
-    """A Spot queued resource as the program sends it (`rayslice.infra.tpu_vm.queued`): the node
-    under the slice's name, the Spot tier, `fields` beside them (a queueing policy)."""
+    """A queued resource as the program sends it (`rayslice.infra.tpu_vm.queued`): the node under
+    the slice's name and `fields` beside it (default: the Spot tier)."""
     node = {k: v for k, v in NODE_FIELDS.items() if k not in ("networkEndpoints", "schedulingConfig")}
     spec = {"parent": f"projects/{PROJECT}/locations/{ZONE}", "nodeId": slice_name, "node": node}
-    return {"spot": {}, "tpu": {"nodeSpec": [spec]}, **fields}
+    return {"tpu": {"nodeSpec": [spec]}, **(fields or {"spot": {}})}
 
 
-def seed_queued(cloud: CloudApiEmulator, slices: int = 2) -> None:
+def seed_queued(cloud: CloudApiEmulator, slices: int = 2, **fields: object) -> None:
     """Queued slices as the program makes them: one queued resource per slice, fulfilled (the
     zone has room), so each slice's node exists."""
     for index in range(slices):
         slice_name = names.slice_name(CLUSTER, index)
         cloud.state.create_queued_resource(
-            PROJECT, ZONE, names.request_name(slice_name), queued_body(slice_name)
+            PROJECT, ZONE, names.request_name(slice_name), queued_body(slice_name, **fields)
         )

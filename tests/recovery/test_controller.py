@@ -406,10 +406,17 @@ def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits
     assert len(cloud.mutations()) == 3
 
 
+FLEX_QUEUED = {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "86400s"}}
+
+
+@pytest.mark.parametrize("fields", [{"spot": {}}, FLEX_QUEUED], ids=["spot", "flex-start"])
 def test_a_queued_slice_is_recreated_through_a_new_queued_resource_that_waits_for_capacity(
-    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    fields: dict[str, object],
 ) -> None:
-    seed_queued(cloud)
+    seed_queued(cloud, **fields)
     controller, stream = make_controller(client, "tpu-vm", controller_metadata)
     controller.step()  # both requests ACTIVE, their nodes READY: recorded
     assert cloud.mutations() == []
@@ -426,7 +433,7 @@ def test_a_queued_slice_is_recreated_through_a_new_queued_resource_that_waits_fo
         ("tpu.projects.locations.queuedResources.create", {"queuedResourceId": request}),
     ]
     body = cloud.mutations()[1].request
-    assert body == {k: v for k, v in sent.items() if k in ("spot", "tpu")}  # the recorded request
+    assert body == {k: v for k, v in sent.items() if k in ("tpu", *fields)}  # the recorded request
     # The new request waits for capacity; the slice has no node, and waiting breaks nothing.
     waiting = cloud.state.queued_resource(PROJECT, ZONE, request)
     assert waiting is not None and waiting["state"]["state"] == "WAITING_FOR_RESOURCES"

@@ -20,7 +20,7 @@ _NAME = r"[^/:?]+"
 class Route:
     """One emulated API method: HTTP method, path pattern, discovery id, request/response schema."""
 
-    api: str  # "tpu" or "compute"
+    api: str  # "tpu", "tpu-v2alpha1" or "compute" (a key of tests/recovery/discovery.py's FILES)
     method: str
     pattern: re.Pattern[str]
     method_id: str
@@ -37,6 +37,8 @@ def _route(
 
 
 _TPU = "/v2/projects/{project}/locations/{zone}"
+# Queued resources are read and recreated through v2alpha1 (`rayslice.recovery.cloud.QUEUED_VERSION`).
+_TPU_ALPHA = "/v2alpha1/projects/{project}/locations/{zone}"
 _GCE = "/compute/v1/projects/{project}/zones/{zone}"
 ROUTES = (
     _route("tpu", "GET", _TPU + "/nodes/{name}", "tpu.projects.locations.nodes.get", "tpu_get", None, "Node"),
@@ -77,27 +79,27 @@ ROUTES = (
         "GetGuestAttributesResponse",
     ),
     _route(
-        "tpu",
+        "tpu-v2alpha1",
         "GET",
-        _TPU + "/queuedResources/{name}",
+        _TPU_ALPHA + "/queuedResources/{name}",
         "tpu.projects.locations.queuedResources.get",
         "queued_get",
         None,
         "QueuedResource",
     ),
     _route(
-        "tpu",
+        "tpu-v2alpha1",
         "POST",
-        _TPU + "/queuedResources",
+        _TPU_ALPHA + "/queuedResources",
         "tpu.projects.locations.queuedResources.create",
         "queued_create",
         "QueuedResource",
         "Operation",
     ),
     _route(
-        "tpu",
+        "tpu-v2alpha1",
         "DELETE",
-        _TPU + "/queuedResources/{name}",
+        _TPU_ALPHA + "/queuedResources/{name}",
         "tpu.projects.locations.queuedResources.delete",
         "queued_delete",
         None,

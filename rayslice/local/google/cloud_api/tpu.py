@@ -1,5 +1,6 @@
 """The emulated Cloud TPU v2 API: ``projects.locations.nodes`` get / list / delete / create /
-getGuestAttributes, ``projects.locations.queuedResources`` get / create / delete and
+getGuestAttributes, ``projects.locations.queuedResources`` get / create / delete (v2alpha1, the
+version `rayslice.recovery.cloud.QUEUED_VERSION` reads them with) and
 ``projects.locations.operations.get``.
 
 A queued resource is the twin's (`rayslice.cloud.twin.CloudTwin.create_queued_resource`): its
@@ -100,7 +101,7 @@ class TpuApi(EmulatedProject):
             raise ApiError(409, "ALREADY_EXISTS", f"queued resource {name} already exists")
         path = f"projects/{p['project']}/locations/{p['zone']}/queuedResources/{name}"
         method = "tpu.projects.locations.queuedResources.create"
-        request = Request("tpu", method, "QueuedResource", name, body or {})
+        request = Request("tpu-v2alpha1", method, "QueuedResource", name, body or {})
         try:
             self.state.admit(QUEUED_RESOURCE, path, request, project=p["project"], zone=p["zone"])
         except CloudRuleError as exc:
