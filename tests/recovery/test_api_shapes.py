@@ -40,40 +40,28 @@ def _exercise(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, 
         ]
     args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
     assert cli.main([*args, "--set", "capacity=spot", "--set", f"platform={platform}", "--json"]) == 0
-    if platform == "compute":
-        _exercise_flex(cloud, client, vm, args)
-    else:
-        _exercise_queued(cloud, client, vm, args)
+    _exercise_waiting(cloud, client, vm, args, platform)
 
 
-def _exercise_flex(
-    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str]
+def _exercise_waiting(
+    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str], platform: str
 ) -> None:
-    """The same cluster again as flex-start: the controller recreates a slice through a new
-    resize request, and status lists the requests."""
+    """The same cluster again with slices that wait for capacity (flex-start MIGs and their resize
+    requests on compute, queued resources on tpu-vm): the controller recreates a slice through a
+    new request, and status reads the requests."""
     for index in range(2):
-        cloud.state.delete_mig(PROJECT, ZONE, names.slice_name(CLUSTER, index))
-    seed_flex(cloud)
-    controller, _ = make_controller(client, "compute", vm)
+        slice_name = names.slice_name(CLUSTER, index)
+        if platform == "compute":
+            cloud.state.delete_mig(PROJECT, ZONE, slice_name)
+        else:
+            cloud.state.delete_node(PROJECT, ZONE, slice_name)
+    (seed_flex if platform == "compute" else seed_queued)(cloud)
+    controller, _ = make_controller(client, platform, vm)
     controller.step()
     cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
     controller.step()
-    assert cli.main([*status, "--set", "platform=compute", "--set", "capacity=flex-start", "--json"]) == 0
-
-
-def _exercise_queued(
-    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str]
-) -> None:
-    """The same cluster again as queued slices: the controller recreates a slice through a new
-    queued resource, and status reads the requests."""
-    for index in range(2):
-        cloud.state.delete_node(PROJECT, ZONE, names.slice_name(CLUSTER, index))
-    seed_queued(cloud)
-    controller, _ = make_controller(client, "tpu-vm", vm)
-    controller.step()
-    cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
-    controller.step()
-    assert cli.main([*status, "--set", "platform=tpu-vm", "--set", "queued=true", "--json"]) == 0
+    waits = "capacity=flex-start" if platform == "compute" else "queued=true"
+    assert cli.main([*status, "--set", f"platform={platform}", "--set", waits, "--json"]) == 0
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
