@@ -114,7 +114,9 @@ def _summarised(value: Any) -> Any:
 def lifecycle_notes(registration: Registration) -> list[str]:
     """What a change does to a resource, and how long Pulumi waits for it, in words."""
     notes = []
-    if registration.replace_on_changes:
+    if registration.replace_on_changes == ("*",):  # Pulumi's "every input"
+        notes.append("replaced, not updated, when any input changes")
+    elif registration.replace_on_changes:
         keys = ", ".join(registration.replace_on_changes)
         notes.append(f"replaced, not updated, when any of these inputs change: {keys}")
     if registration.ignore_changes:

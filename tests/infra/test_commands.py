@@ -48,7 +48,7 @@ def test_preview_of_the_queued_example_shows_the_request_and_its_price(capsys):
     out = capsys.readouterr().out
     assert "dynamic.tpu.QueuedResource  jax-queued-v6e-16-tpu-vm-slice-0-request" in out
     assert 'queueingPolicy: {"validUntilDuration": "86400s"}' in out and "spot: {}" in out
-    assert "gcp.tpu.V2Vm" not in out
+    assert "gcp.tpu.V2Vm" not in out and "replaced, not updated, when any input changes" in out
     [line] = [line for line in out.splitlines() if "slice jax-queued-v6e-16-slice-0" in line]
     per_chip = catalog.chip_hour_price("v6e", "us-east5", "spot")
     assert per_chip is not None and "spot (queued)" in line

@@ -92,6 +92,7 @@ def node_properties(spec: ClusterSpec, args: SliceArgs, index: int) -> dict[str,
 
 
 def description(spec: ClusterSpec, index: int) -> str:
+    """The slice's node description, the same whether created directly or through a request."""
     return f"rayslice {spec.name}: slice {index} of {spec.slices} ({spec.accelerator_type})"
 
 
@@ -110,7 +111,14 @@ class TpuVmSlice(pulumi.ComponentResource):
                 spec,
                 spec.slice_name(index),
                 node_properties(spec, args, index),
-                pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
+                # A queued resource has no update method: any change makes a new request, after
+                # the old one (and its node) is gone, as the provider's diff says too.
+                pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=list(args.depends_on),
+                    replace_on_changes=["*"],
+                    delete_before_replace=True,
+                ),
             )
             self.slice_name = request.id.apply(lambda _: spec.slice_name(index))
             self.host_ips = pulumi.Output.from_input([])
