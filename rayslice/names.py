@@ -112,9 +112,10 @@ def host_name(slice_name: str, worker: int) -> str:
     return f"{slice_name}-w{worker}"
 
 
-def resize_request_name(slice_name: str) -> str:
-    """The resize request that asks for a flex-start slice's hosts (``<slice>-request``): infra
-    declares it, the recovery controller makes it again in a recreated MIG, status reads it."""
+def request_name(slice_name: str) -> str:
+    """The request that waits for a slice's capacity (``<slice>-request``): a flex-start MIG's
+    resize request on compute, a queued resource on tpu-vm. Infra declares it, the recovery
+    controller makes it again when it recreates the slice, status reads it."""
     return f"{slice_name}-request"
 
 

@@ -41,6 +41,14 @@ Sources, per type (the encoders of terraform-provider-google, in magic-modules):
   in the URL) and ``node_config.go.tmpl`` (``expandNodeConfig``: ``machine_type``, ``spot``,
   ``flex_start``, ``max_run_duration``, ``reservation_affinity``, ``taints`` ... keep their
   container v1 names in ``config``).
+- QueuedResource (rayslice's own dynamic provider, `rayslice.infra.tpu_vm.queued`; no pulumi-gcp
+  type carries the full node, docs/decisions.md): ``queuedResources.create`` with the
+  ``queuedResourceId`` URL parameter (tpu v2 discovery document, and v2alpha1 for flex-start,
+  whose ``provisioningModel`` and ``runDuration`` only that version has). Its inputs are the
+  QueuedResource body's own fields, except the node: given in V2Vm's properties (``node``), it
+  becomes ``tpu.nodeSpec[0].node`` through the V2Vm converter above, so a queued node is exactly
+  the node a direct create would send, with ``nodeId`` and ``parent`` (``projects/{project}/
+  locations/{zone}``, NodeSpec.parent "Required. The parent resource name.") beside it.
 
 Properties a type's converter does not name (outputs such as ``selfLink``, provider-only
 settings such as ``waitForInstances``) are not sent; `CONSUMED` lists what each converter reads,
@@ -68,6 +76,12 @@ ROUTER_NAT = "gcp:compute/routerNat:RouterNat"
 RESIZE_REQUEST = "gcp:compute/resizeRequest:ResizeRequest"
 TPU_NODE = "gcp:tpu/v2Vm:V2Vm"
 NODE_POOL = "gcp:container/nodePool:NodePool"
+# A `pulumi.dynamic.Resource` subclass registers as ``pulumi-python:dynamic/<module>:<name>``.
+QUEUED_RESOURCE = "pulumi-python:dynamic/tpu:QueuedResource"
+# The API (a discovery document) of each Cloud TPU API version a queued resource is sent to, and
+# its URL path. GA v2 has no flex-start (QueuedResource.provisioningModel FLEX_START and
+# runDuration.maxRunDuration are in the v2alpha1 document only).
+TPU_API_VERSIONS = {"tpu": "v2", "tpu-v2alpha1": "v2alpha1"}
 IMAGE = "gcp:compute/image:Image"
 
 # The Cloud TPU API's AcceleratorConfig.type per catalog generation (tpu v2 discovery document,
@@ -102,6 +116,7 @@ PROVIDER_ONLY = frozenset(
         "router",  # RouterNat: the router the NAT is patched into (URL)
         "cluster",  # NodePool: .../clusters/{cluster}/nodePools (URL)
         "location",  # NodePool: projects/{project}/locations/{location}/... (URL)
+        "__provider",  # a dynamic resource's serialized provider (Pulumi's own input)
     }
 )
 
@@ -585,6 +600,28 @@ def _node_pool(props: Mapping[str, Any]) -> Request:
     )
 
 
+def _queued_resource(props: Mapping[str, Any]) -> Request:
+    body = _pick(
+        props, "spot", "guaranteed", "reservationName", "queueingPolicy", "provisioningModel", "runDuration"
+    )
+    node_spec = {
+        "parent": f"projects/{props.get('project')}/locations/{props.get('zone')}",
+        **_pick(props, "nodeId"),
+        "node": _tpu_node(props.get("node") or {}).body,
+    }
+    body["tpu"] = {"nodeSpec": [node_spec]}
+    api = next(a for a, v in TPU_API_VERSIONS.items() if v == props.get("apiVersion", "v2"))
+    return Request(
+        api, "tpu.projects.locations.queuedResources.create", "QueuedResource", props.get("name"), body
+    )
+
+
+def queued_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The node a QueuedResource body asks for (its one node spec's ``node``)."""
+    specs = (body.get("tpu") or {}).get("nodeSpec") or [{}]
+    return dict(specs[0].get("node") or {})
+
+
 _INSTANCE_KEYS = {
     "machineType",
     "labels",
@@ -716,5 +753,22 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
             }
         ),
         _node_pool,
+    ),
+    QUEUED_RESOURCE: (
+        frozenset(
+            {
+                "name",
+                "apiVersion",
+                "nodeId",
+                "node",
+                "spot",
+                "guaranteed",
+                "reservationName",
+                "queueingPolicy",
+                "provisioningModel",
+                "runDuration",
+            }
+        ),
+        _queued_resource,
     ),
 }

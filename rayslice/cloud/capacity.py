@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from rayslice.errors import CloudError, RaysliceError
 
 ZONE_RESOURCE_POOL_EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED"
-# Queued resource states (tpu v2 discovery document, QueuedResourceState.state).
-WAITING, ACTIVE, FAILED = "WAITING_FOR_RESOURCES", "ACTIVE", "FAILED"
+# Queued resource states (tpu v2 discovery document, QueuedResourceState.state). SUSPENDED: "The
+# resources specified in the QueuedResource request have been deleted" (or, SUSPENDING, are being
+# deleted, "initiated by the user, or the Cloud TPU service").
+WAITING, ACTIVE, FAILED, SUSPENDED = "WAITING_FOR_RESOURCES", "ACTIVE", "FAILED", "SUSPENDED"
 CANCELLED = "CANCELLED"  # withdrawn before it was fulfilled (its MIG or queued resource deleted)
 
 

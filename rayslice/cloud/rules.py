@@ -31,11 +31,13 @@ from rayslice.cloud import bodies
 from rayslice.cloud.bodies import (
     MIG,
     PER_INSTANCE_CONFIG,
+    QUEUED_RESOURCE,
     RESIZE_REQUEST,
     RESOURCE_POLICY,
     TEMPLATE,
     TPU_NODE,
     Request,
+    queued_node,
 )
 
 # Provisioning models, instance termination actions and MIG settings (compute v1 enums).
@@ -309,11 +311,21 @@ _TPU_EXCLUSIVE_SOURCE = (
 )
 
 
+def _node_body(request: Request) -> dict[str, Any] | None:
+    """The Node a request creates: a node's own body, a queued resource's node; else None."""
+    if request.schema == "Node":
+        return request.body
+    if request.schema == "QueuedResource":
+        return queued_node(request.body)
+    return None
+
+
 def _tpu_node_exclusive_fields(stack: Stack) -> Iterator[Finding]:
-    for node in stack.of_type(TPU_NODE):
+    for resource in [*stack.of_type(TPU_NODE), *stack.of_type(QUEUED_RESOURCE)]:
+        node = _node_body(resource.request) or {}
         for first, second in (("networkConfig", "networkConfigs"), ("acceleratorType", "acceleratorConfig")):
-            if node.body.get(first) and node.body.get(second):
-                yield node, f"sets both {first} and {second}; they are mutually exclusive"
+            if node.get(first) and node.get(second):
+                yield resource, f"sets both {first} and {second}; they are mutually exclusive"
 
 
 # (f) compute v1 discovery document, Metadata.items: keys match [a-zA-Z0-9-_]{1,128}; a value's
@@ -325,8 +337,9 @@ _METADATA_SOURCE = "compute v1 discovery document, Metadata.items (key pattern, 
 
 def _metadata(request: Request) -> dict[str, str]:
     body = request.body
-    if request.schema == "Node":
-        return dict(body.get("metadata") or {})
+    node = _node_body(request)
+    if node is not None:
+        return dict(node.get("metadata") or {})
     holder = body.get("properties", body)
     return {i["key"]: i["value"] for i in holder.get("metadata", {}).get("items", [])}
 
@@ -371,7 +384,7 @@ def _label_char(ch: str) -> bool:
 
 
 def _labels_of(request: Request) -> dict[str, str]:
-    body = request.body
+    body = _node_body(request) or request.body
     return dict(body.get("properties", body).get("labels") or {})
 
 
@@ -552,6 +565,52 @@ def _pool_run_duration(stack: Stack) -> Iterator[Finding]:
             )
 
 
+# A queued resource (tpu v2 and v2alpha1 discovery documents, QueuedResource; REST reference
+# "projects.locations.queuedResources", https://cloud.google.com/tpu/docs/reference/rest/v2/
+# projects.locations.queuedResources):
+# - "Union field tier. Tier specifies the required tier. tier can be only one of the
+#   following": spot, guaranteed (and bestEffort in v2alpha1);
+# - the fields of the version it is sent to: provisioningModel, runDuration and bestEffort are
+#   in v2alpha1's QueuedResource only, so a v2 request cannot carry them (flex-start is v2alpha1);
+# - reservationName "Format: projects/{project}/locations/{zone}/reservations/{reservation}";
+# - NodeSpec.parent and NodeSpec.node "Required"; nodeId "Should follow the
+#   `^[A-Za-z0-9_.~+%-]+$` regex format";
+# - QueueingPolicy.validUntilDuration is a google-duration ("<seconds>s").
+_QUEUED_SOURCE = (
+    "tpu v2/v2alpha1 discovery documents, QueuedResource, NodeSpec, QueueingPolicy; Cloud TPU REST "
+    "reference, projects.locations.queuedResources (union field tier)"
+)
+QUEUED_TIERS = ("spot", "guaranteed", "bestEffort")
+ALPHA_ONLY_QUEUED_FIELDS = ("provisioningModel", "runDuration", "bestEffort")
+_RESERVATION_NAME = re.compile(r"projects/[^/]+/locations/[^/]+/reservations/[^/]+")
+_NODE_ID = re.compile(r"[A-Za-z0-9_.~+%-]+")
+
+
+def _queued_resource_shape(stack: Stack) -> Iterator[Finding]:
+    for queued in stack.of_type(QUEUED_RESOURCE):
+        body = queued.body
+        tiers = [t for t in QUEUED_TIERS if t in body]
+        if len(tiers) > 1:
+            yield queued, f"sets tiers {', '.join(tiers)}; a queued resource takes one tier at most"
+        if bodies.TPU_API_VERSIONS[queued.request.api] == "v2":
+            for key in ALPHA_ONLY_QUEUED_FIELDS:
+                if key in body:
+                    yield queued, f"{key} is not a field of the v2 QueuedResource (only v2alpha1 has it)"
+        reservation = body.get("reservationName")
+        if reservation is not None and not _RESERVATION_NAME.fullmatch(str(reservation)):
+            yield queued, f"reservationName {reservation!r} is not projects/P/locations/Z/reservations/R"
+        for spec in (body.get("tpu") or {}).get("nodeSpec") or []:
+            if not spec.get("parent") or not spec.get("node"):
+                yield queued, "a node spec needs its parent and its node"
+            node_id = spec.get("nodeId")
+            if node_id is not None and not _NODE_ID.fullmatch(str(node_id)):
+                yield queued, f"nodeId {node_id!r} does not match ^[A-Za-z0-9_.~+%-]+$"
+        for key in ("validUntilDuration", "validAfterDuration"):
+            duration = (body.get("queueingPolicy") or {}).get(key)
+            if duration is not None and not _DURATION.fullmatch(str(duration)):
+                yield queued, f"queueingPolicy.{key} {duration!r} is not a duration of seconds ('3600s')"
+
+
 RULES: tuple[Rule, ...] = (
     Rule("bulk-provisioning-model", _BULK_PAGE, _bulk_needs_flex_or_reservation, True),
     Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
@@ -569,6 +628,7 @@ RULES: tuple[Rule, ...] = (
     Rule("flex-start-pool-autoscaled", _FLEX_POOL_SOURCE, _flex_pool_autoscaled, False),
     Rule("node-pool-autoscaling-limits", _FLEX_POOL_SOURCE, _autoscaling_limits, False),
     Rule("node-pool-run-duration", _FLEX_POOL_SOURCE, _pool_run_duration, False),
+    Rule("queued-resource-shape", _QUEUED_SOURCE, _queued_resource_shape, False),
 )
 
 

@@ -99,7 +99,7 @@ from typing import Any
 from rayslice import catalog
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES, Request
-from rayslice.cloud.capacity import Capacity, CapacityExhausted
+from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING, Capacity, CapacityExhausted
 from rayslice.cloud.capacity import Request as CapacityRequest
 from rayslice.errors import InvalidInput
 from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
@@ -120,6 +120,7 @@ RESIZE_ACCEPTED, RESIZE_SUCCEEDED, RESIZE_FAILED = "ACCEPTED", "SUCCEEDED", "FAI
 POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RUNNING", "ERROR", "STOPPING"
 GCE_STOCKOUT = "GCE_STOCKOUT"  # "indicates that Google Compute Engine resources are temporarily unavailable"
 CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
+DEADLINE_EXCEEDED = 4  # google.rpc.Code of a queued resource whose deadline passed (the twin's choice)
 
 
 class CloudRuleError(InvalidInput):
@@ -222,7 +223,11 @@ class CloudTwin:
         self.clock: Callable[[], float] = time.time
         # A MIG's resize requests as Google returns them, and what each waits on.
         self.resize_requests: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-        self._waits: dict[int, CapacityRequest] = {}  # id(resize request record) -> its wait
+        self._waits: dict[
+            int, CapacityRequest
+        ] = {}  # id(resize request / queued resource record) -> its wait
+        # TPU queued resources as Google returns them, by (project, zone, queued resource id).
+        self.queued: dict[tuple[str, str, str], dict[str, Any]] = {}
         # GKE node pools by (project, location, cluster, pool), as nodePools.get returns them;
         # the instance templates the twin makes for their MIGs (by link), and each flex-start
         # pool's wait for capacity.
@@ -280,6 +285,10 @@ class CloudTwin:
             outputs["networkInterfaces"] = [{"networkIp": vm.ip}]
         elif type_token == bodies.NODE_POOL:
             self.create_node_pool(project, str(zone), _short(target), request.body["nodePool"])
+        elif type_token == bodies.QUEUED_RESOURCE:
+            outputs["state"] = self.create_queued_resource(project, str(zone), resource_name, request.body)[
+                "state"
+            ]["state"]
         elif type_token == bodies.TPU_NODE:
             node = self.create_node(project, str(zone), resource_name, request.body)
             outputs["networkEndpoints"] = [
@@ -687,8 +696,11 @@ class CloudTwin:
 
     # ---- Cloud TPU API -------------------------------------------------------------------------
 
-    def create_node(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        """nodes.create: a node with one network endpoint per host of its shape."""
+    def create_node(
+        self, project: str, zone: str, name: str, body: dict[str, Any], *, taken: bool = False
+    ) -> dict[str, Any]:
+        """nodes.create: a node with one network endpoint per host of its shape. `taken`: its
+        hosts were already taken from the zone (by the queued resource that creates it)."""
         node = copy.deepcopy(body)
         node.update(
             name=f"projects/{project}/locations/{zone}/nodes/{name}",
@@ -700,7 +712,8 @@ class CloudTwin:
         config = body.get("networkConfig") or (body.get("networkConfigs") or [{}])[0]
         subnet = self._subnet(config.get("subnetwork"))
         hosts = node_hosts(body)
-        self.capacity.take(zone, node_kind(body), hosts)
+        if not taken:
+            self.capacity.take(zone, node_kind(body), hosts)
         if "networkEndpoints" not in node:
             node["networkEndpoints"] = [
                 {"ipAddress": subnet.take() if subnet else "", "port": 8470} for _ in range(hosts)
@@ -715,8 +728,84 @@ class CloudTwin:
         node = self.nodes.pop((project, zone, name), None)
         for host in hosts:
             self._call(self.on_host_down, replace(host, status=DELETED))
-        if node is not None:
+        if node is not None and node.get("state") != TPU_PREEMPTED:  # a preempted node's stay with Google
             self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock())
+
+    def create_queued_resource(
+        self, project: str, zone: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """queuedResources.create: accepted at once, fulfilled whole when the zone has room for
+        its node, FAILED past its deadline (see the module docstring). Returns the request as
+        Google does."""
+        now = self.clock()
+        path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
+        record = {
+            **copy.deepcopy(body),
+            "name": path,
+            "createTime": _rfc3339(now),
+            "state": {"state": WAITING},
+        }
+        node = bodies.queued_node(body)
+        node_id = str(((body.get("tpu") or {}).get("nodeSpec") or [{}])[0].get("nodeId") or name)
+        duration = (body.get("queueingPolicy") or {}).get("validUntilDuration")
+        deadline = now + float(str(duration).removesuffix("s")) if duration else None
+
+        def fulfil() -> None:
+            self.create_node(project, zone, node_id, {**node, "queuedResource": path}, taken=True)
+            record["state"] = {"state": ACTIVE}
+
+        wait = CapacityRequest(
+            f"queuedResources/{name}", zone, node_kind(node), node_hosts(node), deadline, fulfil
+        )
+        self.queued[(project, zone, name)] = record
+        self._waits[id(record)] = wait
+        self.capacity.submit(wait, now)
+        self._sync(record)
+        return record
+
+    def _sync(self, record: dict[str, Any]) -> None:
+        """A waiting queued resource whose request failed (its deadline passed) turns FAILED."""
+        wait = self._waits.get(id(record))
+        if wait is not None and wait.state == FAILED and record["state"]["state"] == WAITING:
+            message = f"the queued resource could not be provisioned in time: {wait.reason}"
+            record["state"] = {
+                "state": FAILED,
+                "failedData": {"error": {"code": DEADLINE_EXCEEDED, "message": message}},
+            }
+
+    def queued_resource(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
+        """queuedResources.get at the twin's clock; None when there is no such request."""
+        if (project, zone, name) not in self.queued:
+            return None
+        self.capacity.advance(self.clock())
+        record = self.queued[(project, zone, name)]
+        self._sync(record)
+        return copy.deepcopy(record)
+
+    def delete_queued_resource(self, project: str, zone: str, name: str, *, force: bool = False) -> None:
+        """queuedResources.delete: a waiting request is withdrawn; one whose node exists needs
+        `force`, which deletes the node first (InvalidInput otherwise, nothing deleted)."""
+        key = (project, zone, name)
+        record = self.queued.get(key)
+        if record is None:
+            raise KeyError(f"no queued resource {name} in {project}/{zone}")
+        node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
+        if node_key is not None and not force:
+            raise InvalidInput(
+                f"queued resource {name} still has node {node_key[2]}: delete it first, or delete with force"
+            )
+        if node_key is not None:
+            self.delete_node(*node_key)
+        wait = self._waits.pop(id(record), None)
+        if wait is not None:
+            self.capacity.cancel(wait)
+        del self.queued[key]
+
+    def _suspend_queued(self, node: dict[str, Any]) -> None:
+        """A queued node's hosts were lost to the service: its request is SUSPENDED (see above)."""
+        for record in self.queued.values():
+            if record["name"] == node.get("queuedResource"):
+                record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
 
     @staticmethod
     def _call(hook: Hook | None, host: TwinHost) -> None:
@@ -736,6 +825,7 @@ class CloudTwin:
         if key in self.nodes:
             hosts = self._node_hosts(key)
             self.nodes[key]["state"] = TPU_PREEMPTED
+            self._suspend_queued(self.nodes[key])
             for host in hosts:
                 self._call(self.on_host_down, replace(host, status=TPU_PREEMPTED))
             return hosts
@@ -959,6 +1049,7 @@ _COLLECTIONS = {
     bodies.TPU_NODE: "nodes",
     bodies.IMAGE: "images",
     bodies.RESIZE_REQUEST: "resizeRequests",
+    bodies.QUEUED_RESOURCE: "queuedResources",
 }
 
 

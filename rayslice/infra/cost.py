@@ -41,7 +41,7 @@ def stack_costs(spec: ClusterSpec, registrations: Iterable[Registration]) -> lis
     costs = [
         Cost(
             f"slice {spec.slice_name(i)}: {spec.accelerator_type} ({spec.tpu.chips} chips), "
-            f"{spec.capacity}, {region}",
+            f"{spec.capacity}{' (queued)' if spec.queued else ''}, {region}",
             catalog.slice_hour_price(spec.tpu, region, spec.capacity),
         )
         for i in range(spec.slices)

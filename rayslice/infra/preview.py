@@ -41,6 +41,7 @@ _LONG = 160
 SECRET_SHOWN = "[secret]"
 KUBERNETES = "kubernetes:"  # type tokens of the Kubernetes provider's resources
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+DYNAMIC = "pulumi-python"  # the package of a dynamic provider's resources (``pulumi.dynamic``)
 
 
 def stack_config(stack_file: str | None, overrides: list[str]) -> dict[str, str]:
@@ -71,8 +72,11 @@ def _config_string(value: Any) -> str:
 
 
 def display_type(token: str) -> str:
-    """``gcp:tpu/v2Vm:V2Vm`` -> ``gcp.tpu.V2Vm`` (the class a Python program would use)."""
+    """``gcp:tpu/v2Vm:V2Vm`` -> ``gcp.tpu.V2Vm`` (the class a Python program would use); a dynamic
+    resource's ``pulumi-python:dynamic/tpu:QueuedResource`` -> ``dynamic.tpu.QueuedResource``."""
     package, module, kind = token.split(":")
+    if package == DYNAMIC:
+        return ".".join(part for part in (*module.split("/"), kind) if part)
     lower = kind[:1].lower() + kind[1:]
     module = module.removesuffix(f"/{lower}")
     return ".".join(part for part in (package, module, kind) if part and part != "index")
@@ -110,7 +114,9 @@ def _summarised(value: Any) -> Any:
 def lifecycle_notes(registration: Registration) -> list[str]:
     """What a change does to a resource, and how long Pulumi waits for it, in words."""
     notes = []
-    if registration.replace_on_changes:
+    if registration.replace_on_changes == ("*",):  # Pulumi's "every input"
+        notes.append("replaced, not updated, when any input changes")
+    elif registration.replace_on_changes:
         keys = ", ".join(registration.replace_on_changes)
         notes.append(f"replaced, not updated, when any of these inputs change: {keys}")
     if registration.ignore_changes:

@@ -15,7 +15,6 @@ import pulumi
 import pulumi.runtime
 
 from rayslice import spec
-from rayslice.errors import InvalidInput
 from rayslice.infra.cluster import TpuRayCluster, TpuRayClusterArgs
 
 
@@ -39,27 +38,9 @@ def read_spec() -> spec.ClusterSpec:
     return spec.load(spec.from_namespaced(_config_value, _config_keys()))
 
 
-def undeclarable(cluster_spec: spec.ClusterSpec) -> str | None:
-    """Why this program cannot declare a valid spec yet (None: it can).
-
-    The spec takes every capacity Google offers (docs/capacity.md); the program does not yet
-    declare a tpu-vm queued resource. Such a stack is refused before anything is declared,
-    rather than declared as a direct create that would not wait for capacity."""
-    if cluster_spec.queued:
-        return (
-            f"queued=true on platform={cluster_spec.platform} is valid but rayslice's Pulumi program "
-            "does not declare a queued resource yet (docs/capacity.md, 'What rayslice declares'); "
-            "use queued=false for now"
-        )
-    return None
-
-
 def main() -> TpuRayCluster:
     """Declare the cluster and export what a user needs next."""
     cluster_spec = read_spec()
-    problem = undeclarable(cluster_spec)
-    if problem:
-        raise InvalidInput(problem)
     cluster = TpuRayCluster(cluster_spec.name, TpuRayClusterArgs(spec=cluster_spec))
     for key, value in cluster.exports.items():
         pulumi.export(key, value)

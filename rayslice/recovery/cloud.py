@@ -49,6 +49,10 @@ TPU_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
 COMPUTE_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
 CONTAINER_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER"
 REQUEST_TIMEOUT_S = 30.0
+# The Cloud TPU API version that reads, deletes and recreates queued resources: v2alpha1's
+# QueuedResource is v2's plus the flex-start fields (provisioningModel, runDuration), so a
+# request made through either reads back whole, and one recreated from it keeps its capacity.
+QUEUED_VERSION = "v2alpha1"
 # RFC 6598 shared address space: not routed on the internet (the simulator's bridges use it).
 SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
 
@@ -156,9 +160,9 @@ class CloudClient:
             raise CloudError(call, response.status_code, f"not a JSON object: {response.text[:200]}")
         return answer
 
-    def _tpu(self, path: str) -> str:
+    def _tpu(self, path: str, version: str = "v2") -> str:
         loc = self.location
-        return f"{self.tpu_base}v2/projects/{_q(loc.project)}/locations/{_q(loc.zone)}/{path}"
+        return f"{self.tpu_base}{version}/projects/{_q(loc.project)}/locations/{_q(loc.zone)}/{path}"
 
     def _compute(self, path: str) -> str:
         loc = self.location
@@ -224,6 +228,36 @@ class CloudClient:
         for attributes in answer.get("guestAttributes", []):
             entries.extend(attributes.get("queryValue", {}).get("items", []))
         return entries
+
+    # ---- Cloud TPU queued resources (tpu.v2alpha1.json: projects.locations.queuedResources) ---
+
+    def get_queued_resource(self, name: str) -> dict[str, Any] | None:
+        """The queued resource (read through `QUEUED_VERSION`), or None when it does not exist."""
+        try:
+            return self._request("GET", self._tpu(f"queuedResources/{_q(name)}", QUEUED_VERSION))
+        except CloudError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_queued_resource(
+        self, name: str, body: Mapping[str, Any], allowed: Collection[str], *, version: str = QUEUED_VERSION
+    ) -> dict[str, Any]:
+        """queuedResources.create: a request that waits for capacity. `version`: the program sends
+        v2 unless the request needs v2alpha1's fields (`rayslice.infra.tpu_vm.queued`); the
+        controller recreates through `QUEUED_VERSION`, the version it read the request with."""
+        self._guard(name, allowed)
+        return self._request(
+            "POST", self._tpu("queuedResources", version), params={"queuedResourceId": name}, body=dict(body)
+        )
+
+    def delete_queued_resource(self, name: str, allowed: Collection[str], *, force: bool) -> dict[str, Any]:
+        """queuedResources.delete; `force` deletes its node first."""
+        self._guard(name, allowed)
+        params = {"force": "true"} if force else None
+        return self._request(
+            "DELETE", self._tpu(f"queuedResources/{_q(name)}", QUEUED_VERSION), params=params
+        )
 
     def wait_tpu_operation(self, operation: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """Polls a TPU long-running operation until done or `timeout_s`; returns its last state."""

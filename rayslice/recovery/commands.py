@@ -20,6 +20,7 @@ override.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import shlex
 from typing import Any
@@ -31,6 +32,9 @@ from google.oauth2 import service_account
 from rayslice import clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
+from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
+from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
+from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
 from rayslice.cloud.twin import (
     POOL_ERROR,
     POOL_STOPPING,
@@ -69,18 +73,64 @@ def _state(entries: list[dict[str, str]]) -> str:
 
 
 def _tpu_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, Any]:
+    """A TPU node slice; with ``queued``, the queued resource that asks for it too."""
     node = client.get_node(name)
-    if node is None:
-        return {"name": name, "state": "MISSING", "hosts": []}
-    hosts = [
-        {
-            "worker": worker,
-            "name": f"{name}/worker-{worker}",
-            "boot": _state(client.node_guest_attributes(name, STATE_QUERY, worker)),
-        }
-        for worker in range(spec.tpu.hosts)
-    ]
-    return {"name": name, "state": str(node.get("state", "STATE_UNSPECIFIED")), "hosts": hosts}
+    hosts = (
+        [
+            {
+                "worker": worker,
+                "name": f"{name}/worker-{worker}",
+                "boot": _state(client.node_guest_attributes(name, STATE_QUERY, worker)),
+            }
+            for worker in range(spec.tpu.hosts)
+        ]
+        if node is not None
+        else []
+    )
+    state = "MISSING" if node is None else str(node.get("state", "STATE_UNSPECIFIED"))
+    if not spec.queued:
+        return {"name": name, "state": state, "hosts": hosts}
+    joined = sum(1 for h in hosts if h["boot"] == names.STATE_JOINED)
+    queued = client.get_queued_resource(names.request_name(name))
+    request = queued_resource_status(queued, spec.tpu.hosts, joined) if queued is not None else None
+    if request is not None and request["state"] != QUEUED_ACTIVE:
+        state = f"REQUEST {request['state']}"  # no node yet (or no more): the request is the state
+    return {"name": name, "state": state, "hosts": hosts, "request": request}
+
+
+def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> dict[str, Any]:
+    """A queued slice's request as status shows it (the same keys as `resize_request_status`): its
+    state (tpu v2 QueuedResourceState: WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED with
+    ``failedData.error``, SUSPENDED ...), since when (createTime), the deadline its
+    ``queueingPolicy.validUntilDuration`` sets, the flex-start run duration, the hosts of its node
+    and how many joined Ray."""
+    state = queued.get("state") or {}
+    error = (state.get("failedData") or {}).get("error") or {}
+    since = str(queued.get("createTime", ""))
+    valid = (queued.get("queueingPolicy") or {}).get("validUntilDuration")
+    run = (queued.get("runDuration") or {}).get("maxRunDuration")
+    return {
+        "kind": "queued resource",
+        "name": str(queued.get("name", "")).rsplit("/", 1)[-1],
+        "state": str(state.get("state", "STATE_UNSPECIFIED")),
+        "since": since,
+        "deadline": _after(since, _seconds(valid)) if valid and since else None,
+        "run_hours": _seconds(run) / 3600 if run else None,
+        "hosts_asked": hosts,
+        "hosts_joined": joined,
+        "reason": f"{error.get('code', '')}: {error.get('message', '')}" if error else None,
+    }
+
+
+def _seconds(duration: str) -> float:
+    """A google-duration (``"3600s"``) in seconds."""
+    return float(str(duration).removesuffix("s"))
+
+
+def _after(timestamp: str, seconds: float) -> str:
+    """An RFC 3339 time `seconds` after `timestamp`, in the same UTC form."""
+    start = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return (start + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any]:
@@ -91,6 +141,7 @@ def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any
     errors = (request.get("status") or {}).get("error", {}).get("errors", [])
     duration = (request.get("requestedRunDuration") or {}).get("seconds")
     return {
+        "kind": "resize request",
         "name": str(request.get("name", "")),
         "state": str(request.get("state", "STATE_UNSPECIFIED")),
         "since": str(request.get("creationTimestamp", "")),
@@ -322,14 +373,22 @@ def _pool_lines(item: dict[str, Any]) -> list[str]:
 
 def _request_line(request: dict[str, Any]) -> str:
     state = request["state"]
+    waits = (
+        f"fails at {request['deadline']} if still waiting"
+        if request["deadline"]
+        else "no deadline: waits until deleted"
+    )
     meaning = {
-        RESIZE_ACCEPTED: f"waiting for capacity since {request['since']} (no deadline: waits until deleted)",
+        RESIZE_ACCEPTED: f"waiting for capacity since {request['since']} ({waits})",
+        QUEUED_WAITING: f"waiting for capacity since {request['since']} ({waits})",
         RESIZE_SUCCEEDED: f"fulfilled (asked {request['since']})",
+        QUEUED_ACTIVE: f"fulfilled (asked {request['since']})",
         RESIZE_FAILED: f"failed: {request['reason'] or 'no reason given'}",
+        QUEUED_SUSPENDED: "suspended: its node was deleted (a preemption, or by hand)",
     }.get(state, state)
     run = f", run at most {request['run_hours']:g} h" if request["run_hours"] else ""
     hosts = f"{request['hosts_joined']} of {request['hosts_asked']} hosts joined"
-    return f"resize request {request['name']}: {state}, {meaning}{run}; {hosts}"
+    return f"{request['kind']} {request['name']}: {state}, {meaning}{run}; {hosts}"
 
 
 def client_for(spec: ClusterSpec, access: clusters.CloudAccess) -> CloudClient:

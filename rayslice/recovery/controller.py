@@ -7,7 +7,13 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
 
 - a TPU node (``tpu-vm``): the Cloud TPU node. PREEMPTED, TERMINATED or missing is broken; the node is deleted
   and created again with the same id from its own recorded spec (the writable fields of the last
-  answer seen while it existed, one of each pair of fields the API refuses together).
+  answer seen while it existed, one of each pair of fields the API refuses together). A queued
+  slice (its queued resource, `names.request_name`, exists) is read through its request: while
+  it waits, provisions or has FAILED (its deadline passed: the user's limit, not retried) the
+  slice is left alone; SUSPENDED or SUSPENDING (its node deleted, by a preemption or by hand), or
+  ACTIVE with its node broken or missing, breaks it. It is recreated the way it was made: the
+  request is deleted with ``force`` (its node first) and made again under the same name from its
+  recorded writable fields, so it waits for capacity as the first did.
 - a MIG (``compute``): the slice's MIG and its managed instances. Once the slice has been seen
   whole (every instance RUNNING, as many as the target size), any host that is not RUNNING
   breaks it: stopped or stopping (a Spot preemption with termination action STOP leaves such
@@ -22,7 +28,7 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   flex-start slice's MIG (bulk mode, no per-instance configs) gets its hosts the way it first
   did: the controller inserts it again with its target-size policy and makes a new resize request
   like the one recorded (``resizeBy``, ``requestedRunDuration``), named
-  `names.resize_request_name`. The request waits for capacity as the first did; the controller
+  `names.request_name`. The request waits for capacity as the first did; the controller
   leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
   its hosts exist.
 
@@ -106,6 +112,22 @@ TPU_CREATE_FIELDS = (
     "shieldedInstanceConfig",
     "tags",
 )
+# Writable QueuedResource fields (tpu.v2alpha1.json, the version the client reads and recreates
+# queued resources with: `cloud.QUEUED_VERSION`) carried to the new request of a recreated queued
+# slice, flex-start's included; its node keeps TPU_CREATE_FIELDS only.
+QUEUED_CREATE_FIELDS = (
+    "bestEffort",
+    "guaranteed",
+    "provisioningModel",
+    "queueingPolicy",
+    "reservationName",
+    "runDuration",
+    "spot",
+    "tpu",
+)
+# QueuedResourceState.state values whose node is gone or going (tpu.v2.json).
+QUEUED_BROKEN_STATES = frozenset({"SUSPENDED", "SUSPENDING"})
+QUEUED_ACTIVE = "ACTIVE"
 # Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG. Not
 # targetSizePolicy: bulk mode takes only FLEX_START or RESERVATION_BOUND templates (rule
 # bulk-provisioning-model), and the program sets it only on a flex-start MIG, whose hosts come
@@ -270,6 +292,9 @@ class Controller:
         return self._recreate_mig(name, recorded)
 
     def _observe_node(self, name: str) -> Observation:
+        queued = self.client.get_queued_resource(names.request_name(name))
+        if queued is not None:
+            return self._observe_queued(name, queued)
         node = self.client.get_node(name)
         if node is None:
             return Observation(True, "node missing")
@@ -280,7 +305,40 @@ class Controller:
                 recorded.pop(dropped, None)
         return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY")
 
+    def _observe_queued(self, name: str, queued: Mapping[str, Any]) -> Observation:
+        """A queued slice, through its request (see the module docstring)."""
+        recorded: dict[str, Any] = {"queued": _queued_spec(queued)}
+        state = str((queued.get("state") or {}).get("state", "STATE_UNSPECIFIED"))
+        seen = f"queued resource {state}"
+        if state in QUEUED_BROKEN_STATES:
+            return Observation(True, seen, recorded)
+        if state != QUEUED_ACTIVE:
+            return Observation(False, seen, recorded)  # waiting, provisioning, or failed: left alone
+        node = self.client.get_node(name)
+        if node is None:
+            return Observation(True, f"{seen}, node missing", recorded)
+        node_state = str(node.get("state", "STATE_UNSPECIFIED"))
+        broken = node_state in TPU_BROKEN_STATES
+        return Observation(broken, f"{seen}, node state {node_state}", recorded, node_state == "READY")
+
+    def _recreate_queued(self, name: str, recorded: Mapping[str, Any]) -> str:
+        request = names.request_name(name)
+        allowed = {names.request_name(s) for s in self.target.slice_names}
+        wait = self.client.wait_tpu_operation
+        if self.client.get_queued_resource(request) is not None:
+            done = wait(
+                self.client.delete_queued_resource(request, allowed, force=True), self.operation_timeout_s
+            )
+            if not done.get("done") or operation_error(done):
+                return f"failed: delete request: {operation_error(done) or 'did not finish'}"
+        done = wait(self.client.create_queued_resource(request, recorded, allowed), self.operation_timeout_s)
+        if not done.get("done") or operation_error(done):
+            return f"failed: queued resource: {operation_error(done) or 'did not finish'}"
+        return f"recreated; queued resource {request} waits for capacity"
+
     def _recreate_node(self, name: str, recorded: Mapping[str, Any]) -> str:
+        if "queued" in recorded:
+            return self._recreate_queued(name, recorded["queued"])
         allowed = self.target.slice_names
         if self.client.get_node(name) is not None:
             done = self.client.wait_tpu_operation(
@@ -360,7 +418,7 @@ class Controller:
             if operation_error(done):
                 return f"failed: createInstances: {operation_error(done)}"
         if request:
-            new = {**request, "name": names.resize_request_name(name)}
+            new = {**request, "name": names.request_name(name)}
             done = wait(self.client.insert_resize_request(name, new, allowed), self.operation_timeout_s)
             if done.get("status") != "DONE" or operation_error(done):
                 return f"failed: resize request: {operation_error(done) or 'did not finish'}"
@@ -373,6 +431,24 @@ class Controller:
         while not stop.is_set():
             self.step()
             stop.wait(interval_s)
+
+
+def _queued_spec(queued: Mapping[str, Any]) -> dict[str, Any]:
+    """A queued resource's writable fields, its node's too (QUEUED_CREATE_FIELDS, TPU_CREATE_FIELDS)."""
+    spec = {key: queued[key] for key in QUEUED_CREATE_FIELDS if key in queued}
+    node_specs = (spec.get("tpu") or {}).get("nodeSpec") or []
+    spec["tpu"] = {
+        "nodeSpec": [
+            {
+                **{key: s[key] for key in ("parent", "nodeId", "multiNodeParams") if key in s},
+                "node": {
+                    key: value for key, value in (s.get("node") or {}).items() if key in TPU_CREATE_FIELDS
+                },
+            }
+            for s in node_specs
+        ]
+    }
+    return spec
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -29,8 +29,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# Cloud TPU v2: nodes.get / delete / create and operations.get (the controller polls its operations).
-TPU_PERMISSIONS = ("tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get", "tpu.operations.get")
+# Cloud TPU v2: nodes.get / delete / create and operations.get (the controller polls its
+# operations), and queuedResources.get / delete / create (a queued slice is read and recreated
+# through its request; the permission names follow the nodes methods' pattern, ``tpu.<collection>.
+# <verb>``, as the REST reference's "IAM Permissions" of each method lists them).
+TPU_PERMISSIONS = (
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.nodes.get",
+    "tpu.operations.get",
+    "tpu.queuedResources.create",
+    "tpu.queuedResources.delete",
+    "tpu.queuedResources.get",
+)
 # Compute Engine v1: instanceGroupManagers.get (also listManagedInstances / listPerInstanceConfigs),
 # .delete, .insert (create), .createInstances (update).
 COMPUTE_MIG_PERMISSIONS = (
@@ -79,9 +90,9 @@ ROLE_PARTS: dict[str, tuple[RolePart, ...]] = {
 
 UNNARROWED = {
     "tpu-vm": "Cloud TPU does not recognize resource attributes in IAM Conditions, so the TPU "
-    "permissions hold for every node in the project: the controller's account may create, read and "
-    "delete any TPU node there. Only the controller's own code, which runs alone on its VM, keeps "
-    "to this cluster's slices (an exact-name check).",
+    "permissions hold for every node and queued resource in the project: the controller's account "
+    "may create, read and delete any TPU node or queued resource there. Only the controller's own "
+    "code, which runs alone on its VM, keeps to this cluster's slices (an exact-name check).",
     "compute": "IAM Conditions cannot name instance group managers, resource policies or zone "
     "operations, so the MIG permissions (compute.instanceGroupManagers.get, .delete, .create, "
     ".update), compute.resourcePolicies.use and compute.zoneOperations.get hold for the whole "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rayslice import cli
+from rayslice import catalog, cli
 from rayslice.errors import EXIT_INVALID
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"  # the project\'s example stacks
@@ -40,13 +40,19 @@ def test_every_problem_is_reported_before_the_program_runs(capsys):
     assert captured.out == ""
 
 
-def test_a_valid_capacity_the_program_cannot_declare_yet_exits_2_and_says_so(capsys):
-    overrides = ["--set", "platform=tpu-vm", "--set", "capacity=spot", "--set", "queued=true"]
-    code = cli.main(["preview", "--stack-file", str(STACKS / "Pulumi.example-v6e-16.yaml"), *overrides])
-    captured = capsys.readouterr()
-    assert code == EXIT_INVALID
-    assert "does not declare a queued resource yet" in captured.err
-    assert "gcp.tpu.V2Vm" not in captured.out
+def test_preview_of_the_queued_example_shows_the_request_and_its_price(capsys):
+    """Issue 21's acceptance for tpu-vm: the queued example's request (a Spot queued resource with
+    its deadline) and the slice's price per hour: 16 v6e chips at us-east5's Spot rate."""
+    stack = str(STACKS / "Pulumi.example-tpu-vm-queued-v6e-16.yaml")
+    assert cli.main(["preview", "--stack-file", stack]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic.tpu.QueuedResource  jax-queued-v6e-16-tpu-vm-slice-0-request" in out
+    assert 'queueingPolicy: {"validUntilDuration": "86400s"}' in out and "spot: {}" in out
+    assert "gcp.tpu.V2Vm" not in out and "replaced, not updated, when any input changes" in out
+    [line] = [line for line in out.splitlines() if "slice jax-queued-v6e-16-slice-0" in line]
+    per_chip = catalog.chip_hour_price("v6e", "us-east5", "spot")
+    assert per_chip is not None and "spot (queued)" in line
+    assert f"${16 * per_chip:,.2f}/h" in line
 
 
 def test_flex_start_with_the_head_on_the_slice_exits_2_before_anything_is_declared(capsys):

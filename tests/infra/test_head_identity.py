@@ -53,7 +53,18 @@ ROLE_ID = re.compile(r"[a-zA-Z0-9_.]{3,64}")
 # the slice's workload policy (resourcePolicies.use) and instance template (useReadOnly, the
 # one narrowed by name). Per custom role ("part"):
 CONTROLLER_NEEDS = {
-    "tpu-vm": {"slices": {"tpu.nodes.get", "tpu.nodes.delete", "tpu.nodes.create", "tpu.operations.get"}},
+    "tpu-vm": {
+        "slices": {
+            "tpu.nodes.get",
+            "tpu.nodes.delete",
+            "tpu.nodes.create",
+            "tpu.operations.get",
+            # a queued slice is read and recreated through its queued resource
+            "tpu.queuedResources.get",
+            "tpu.queuedResources.delete",
+            "tpu.queuedResources.create",
+        }
+    },
     "compute": {
         "slices": {
             "compute.instanceGroupManagers.get",

@@ -14,6 +14,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -353,6 +356,21 @@ def _wait(condition, timeout: float = 30) -> None:
 
 
 FLEX_EXAMPLE = "infra/Pulumi.example-compute-flex-v6e-16.yaml"
+QUEUED_EXAMPLE = "infra/Pulumi.example-tpu-vm-queued-v6e-16.yaml"
+
+
+def _up_in_an_empty_zone(
+    example: str, overrides: list[str], simulation_dir: Path
+) -> tuple[spec.ClusterSpec, Simulation, Callable[[], list[dict[str, Any]]]]:
+    """`example` with `overrides` up on the simulator in a zone without capacity for its slice:
+    the head VM only (the slice's request waits), booted; and the slices as status reads them."""
+    cluster = load_spec(example, overrides, require_zone=False)
+    sim = Simulation.create(cluster, simulation_dir, zone_capacity=0)
+    assert [h.slice_index for h in sim.plan.hosts] == [-1]  # the head VM only: the request waits
+    bring_up(sim)
+    spec_run = spec.load(cloud_config(sim.spec()), require_zone=False)  # with the emulation's project
+    client = client_for(spec_run, cloud_access(sim.state_dir))
+    return cluster, sim, lambda: list(gather(client, spec_run)["slices"])
 
 
 def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simulation_dir):
@@ -364,13 +382,8 @@ def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simu
     its peers from Google's attributes alone (rayslice wrote no host list), and both join Ray;
     status shows the request fulfilled with both hosts joined."""
     overrides = ["acceleratorType=v5p-16", "zone=us-east5-a", "recovery=false"]
-    cluster = load_spec(FLEX_EXAMPLE, overrides, require_zone=False)
-    sim = Simulation.create(cluster, simulation_dir, zone_capacity=0)
-    assert [h.slice_index for h in sim.plan.hosts] == [-1]  # the head VM only: the request waits
-    bring_up(sim)
-    spec_run = spec.load(cloud_config(sim.spec()), require_zone=False)  # with the emulation's project
-    client = client_for(spec_run, cloud_access(sim.state_dir))
-    [waiting] = gather(client, spec_run)["slices"]
+    cluster, sim, slices = _up_in_an_empty_zone(FLEX_EXAMPLE, overrides, simulation_dir)
+    [waiting] = slices()
     assert waiting["state"] == "REQUEST ACCEPTED" and waiting["hosts"] == []
 
     answer = request_capacity(sim.state_dir, 2, None, None)
@@ -384,6 +397,30 @@ def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simu
         attributes = load_tree(sim.paths(host.name).metadata_tree.read_text())["instance"]["attributes"]
         assert names.ATTR_SLICE_HOSTS not in attributes and attributes["worker-id"] == str(host.worker)
     sim.wait_for(lambda states: all(s == names.STATE_JOINED for s in states.values()), timeout=600)
-    [active] = gather(client, spec_run)["slices"]
+    [active] = slices()
     assert active["request"]["state"] == "SUCCEEDED" and active["state"] == "READY"
     assert (active["request"]["hosts_asked"], active["request"]["hosts_joined"]) == (2, 2)
+
+
+def test_a_queued_tpu_vm_slice_waits_for_capacity_then_its_hosts_boot_and_join(simulation_dir):
+    """Issue 21's acceptance for tpu-vm on the simulator: the queued example (as v6e-1, one host:
+    the smallest shape that proves it) in a zone with no v6e capacity. The program's part returns
+    with the queued resource waiting and no slice host; status shows it waiting with its
+    deadline. `rayslice local capacity` gives the zone room: the request is fulfilled, its node is
+    created under the slice's name, the simulation makes and boots its host with the same startup
+    script, and it joins Ray; status shows the request ACTIVE and the host joined."""
+    overrides = ["acceleratorType=v6e-1", "recovery=false"]
+    cluster, sim, slices = _up_in_an_empty_zone(QUEUED_EXAMPLE, overrides, simulation_dir)
+    [waiting] = slices()
+    assert waiting["state"] == "REQUEST WAITING_FOR_RESOURCES" and waiting["hosts"] == []
+    assert waiting["request"]["deadline"] and waiting["request"]["hosts_asked"] == 1
+
+    answer = request_capacity(sim.state_dir, 1, None, None)
+    assert answer["waiting"] == [] and answer["type"] == "v6e"
+    sim = Simulation.open(simulation_dir)  # with the host the emulation added
+    [worker] = [h for h in sim.plan.hosts if h.slice_index == 0]
+    assert worker.name == names.host_name(cluster.slice_name(0), 0) and worker.worker == 0
+    sim.wait_for(lambda states: all(s == names.STATE_JOINED for s in states.values()), timeout=600)
+    [active] = slices()
+    assert active["state"] == "READY" and active["request"]["state"] == "ACTIVE"
+    assert (active["request"]["hosts_asked"], active["request"]["hosts_joined"]) == (1, 1)

@@ -244,7 +244,7 @@ def seed_flex(cloud: CloudApiEmulator, slices: int = 2) -> None:
         slice_name = names.slice_name(CLUSTER, index)
         body = {"name": slice_name, **mig_fields(slice_name), "targetSizePolicy": {"mode": "BULK"}}
         cloud.state.insert_mig(PROJECT, ZONE, {**body, "targetSize": 0})
-        request = {"name": names.resize_request_name(slice_name), **FLEX_REQUEST}
+        request = {"name": names.request_name(slice_name), **FLEX_REQUEST}
         cloud.state.insert_resize_request(PROJECT, ZONE, slice_name, request)
 
 
@@ -265,3 +265,21 @@ def gke_pool(name: str, *, flex: bool, hosts: int = 4) -> dict[str, object]:
             "locationPolicy": "ANY",
         }
     return {**pool, "config": config}
+
+
+def queued_body(slice_name: str, **fields: object) -> dict[str, object]:
+    """A queued resource as the program sends it (`rayslice.infra.tpu_vm.queued`): the node under
+    the slice's name and `fields` beside it (default: the Spot tier)."""
+    node = {k: v for k, v in NODE_FIELDS.items() if k not in ("networkEndpoints", "schedulingConfig")}
+    spec = {"parent": f"projects/{PROJECT}/locations/{ZONE}", "nodeId": slice_name, "node": node}
+    return {"tpu": {"nodeSpec": [spec]}, **(fields or {"spot": {}})}
+
+
+def seed_queued(cloud: CloudApiEmulator, slices: int = 2, **fields: object) -> None:
+    """Queued slices as the program makes them: one queued resource per slice, fulfilled (the
+    zone has room), so each slice's node exists."""
+    for index in range(slices):
+        slice_name = names.slice_name(CLUSTER, index)
+        cloud.state.create_queued_resource(
+            PROJECT, ZONE, names.request_name(slice_name), queued_body(slice_name, **fields)
+        )

@@ -15,7 +15,13 @@ from typing import Any
 import googleapiclient
 
 DOCUMENTS = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
-FILES = {"tpu": "tpu.v2.json", "compute": "compute.v1.json", "container": "container.v1.json"}
+# The API names of `rayslice.cloud.bodies.Request.api` (tpu-v2alpha1: a flex-start queued resource).
+FILES = {
+    "tpu": "tpu.v2.json",
+    "tpu-v2alpha1": "tpu.v2alpha1.json",
+    "compute": "compute.v1.json",
+    "container": "container.v1.json",
+}
 
 
 @cache

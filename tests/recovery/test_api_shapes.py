@@ -25,6 +25,7 @@ from tests.recovery.conftest import (
     make_controller,
     seed,
     seed_flex,
+    seed_queued,
 )
 
 
@@ -51,23 +52,28 @@ def _exercise(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, 
         ]
     args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
     assert cli.main([*args, "--set", "capacity=spot", "--set", f"platform={platform}", "--json"]) == 0
-    if platform == "compute":
-        _exercise_flex(cloud, client, vm, args)
+    _exercise_waiting(cloud, client, vm, args, platform)
 
 
-def _exercise_flex(
-    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str]
+def _exercise_waiting(
+    cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str], platform: str
 ) -> None:
-    """The same cluster again as flex-start: the controller recreates a slice through a new
-    resize request, and status lists the requests."""
+    """The same cluster again with slices that wait for capacity (flex-start MIGs and their resize
+    requests on compute, queued resources on tpu-vm): the controller recreates a slice through a
+    new request, and status reads the requests."""
     for index in range(2):
-        cloud.state.delete_mig(PROJECT, ZONE, names.slice_name(CLUSTER, index))
-    seed_flex(cloud)
-    controller, _ = make_controller(client, "compute", vm)
+        slice_name = names.slice_name(CLUSTER, index)
+        if platform == "compute":
+            cloud.state.delete_mig(PROJECT, ZONE, slice_name)
+        else:
+            cloud.state.delete_node(PROJECT, ZONE, slice_name)
+    (seed_flex if platform == "compute" else seed_queued)(cloud)
+    controller, _ = make_controller(client, platform, vm)
     controller.step()
     cloud.preempt(PROJECT, ZONE, names.slice_name(CLUSTER, 1))
     controller.step()
-    assert cli.main([*status, "--set", "platform=compute", "--set", "capacity=flex-start", "--json"]) == 0
+    waits = "capacity=flex-start" if platform == "compute" else "queued=true"
+    assert cli.main([*status, "--set", f"platform={platform}", "--set", waits, "--json"]) == 0
 
 
 def _exercise_gke(cloud: CloudApiEmulator, client: CloudClient) -> None:
@@ -115,8 +121,8 @@ def test_every_request_and_response_matches_the_discovery_schemas(
         )
     assert found == []
     used = {c.method_id for c in served}
-    apis = {"tpu-vm": "tpu", "compute": "compute", "gke": "container"}
-    expected = {r.method_id for r in ROUTES if r.api == apis[platform]}
+    apis = {"tpu-vm": ("tpu", "tpu-v2alpha1"), "compute": ("compute",), "gke": ("container",)}
+    expected = {r.method_id for r in ROUTES if r.api in apis[platform]}
     # Every emulated method of the platform was exercised.
     assert expected <= used, expected - used
 
@@ -141,7 +147,7 @@ def test_each_emulated_route_is_the_discovery_documents_path_and_method(route: A
     spec = discovery.method(route.api, route.method_id)
     doc = discovery.document(route.api)
     path = spec.get("flatPath", spec["path"])
-    prefix = "/" if route.api == "tpu" else "/" + doc["servicePath"]
+    prefix = "/" if route.api.startswith("tpu") else "/" + doc["servicePath"]
     template = (prefix + path).replace("+", "")
     ours = _reduce(
         route.pattern.pattern.lstrip("^").rstrip("$").replace("(?P<", "{").replace(">[^/:?]+)", "}")

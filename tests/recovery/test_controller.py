@@ -23,6 +23,7 @@ from tests.recovery.conftest import (
     old_mig_fields,
     seed,
     seed_flex,
+    seed_queued,
 )
 
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -295,7 +296,7 @@ def test_a_name_that_is_not_this_clusters_slice_is_refused_and_never_touched(
         controller.step()
     assert cloud.mutations() == []
     touched = {c.path.rsplit("/", 1)[-1] for c in cloud.calls}
-    assert touched == {SLICE0, SLICE1}
+    assert touched == {SLICE0, SLICE1, names.request_name(SLICE0), names.request_name(SLICE1)}
     assert stream.getvalue() == ""
 
 
@@ -387,13 +388,13 @@ def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits
     ]
     insert, request = (c.request for c in cloud.mutations()[1:])
     assert insert["targetSize"] == 0 and insert["targetSizePolicy"] == {"mode": "BULK"}
-    assert request == {"name": names.resize_request_name(SLICE1), **FLEX_REQUEST}
+    assert request == {"name": names.request_name(SLICE1), **FLEX_REQUEST}
     # The new request waits: the slice has no hosts, and a waiting slice is not a broken one.
     [waiting] = cloud.state.resize_requests_of(*key)
     assert waiting["state"] == "ACCEPTED" and cloud.state.instances[key] == []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["outcome"] for e in events] == [
-        f"recreated; resize request {names.resize_request_name(SLICE1)} waits for 4 hosts"
+        f"recreated; resize request {names.request_name(SLICE1)} waits for 4 hosts"
     ]
     controller.step()
     assert len(cloud.mutations()) == 3  # left alone while it waits
@@ -403,3 +404,48 @@ def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits
     assert len(cloud.state.instances[key]) == 4 and cloud.state.migs[key]["targetSize"] == 4
     controller.step()
     assert len(cloud.mutations()) == 3
+
+
+FLEX_QUEUED = {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "86400s"}}
+
+
+@pytest.mark.parametrize("fields", [{"spot": {}}, FLEX_QUEUED], ids=["spot", "flex-start"])
+def test_a_queued_slice_is_recreated_through_a_new_queued_resource_that_waits_for_capacity(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    fields: dict[str, object],
+) -> None:
+    seed_queued(cloud, **fields)
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata)
+    controller.step()  # both requests ACTIVE, their nodes READY: recorded
+    assert cloud.mutations() == []
+    request = names.request_name(SLICE1)
+    sent = cloud.state.queued_resource(PROJECT, ZONE, request)
+    assert sent is not None
+    cloud.state.set_capacity(ZONE, "v6e", 0)  # from now on the zone has no v6e host
+
+    cloud.preempt(PROJECT, ZONE, SLICE1)  # the node PREEMPTED, its request SUSPENDED
+    controller.step()
+
+    assert [(c.method_id, c.query) for c in cloud.mutations()] == [
+        ("tpu.projects.locations.queuedResources.delete", {"force": "true"}),
+        ("tpu.projects.locations.queuedResources.create", {"queuedResourceId": request}),
+    ]
+    body = cloud.mutations()[1].request
+    assert body == {k: v for k, v in sent.items() if k in ("tpu", *fields)}  # the recorded request
+    # The new request waits for capacity; the slice has no node, and waiting breaks nothing.
+    waiting = cloud.state.queued_resource(PROJECT, ZONE, request)
+    assert waiting is not None and waiting["state"]["state"] == "WAITING_FOR_RESOURCES"
+    assert (PROJECT, ZONE, SLICE1) not in cloud.state.nodes
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(e["seen"], e["outcome"]) for e in events] == [
+        ("queued resource SUSPENDED", f"recreated; queued resource {request} waits for capacity")
+    ]
+    controller.step()
+    assert len(cloud.mutations()) == 2  # left alone while it waits
+
+    cloud.state.set_capacity(ZONE, "v6e", 4)  # the whole slice at once: the node is created
+    assert cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] == "READY"
+    controller.step()
+    assert len(cloud.mutations()) == 2

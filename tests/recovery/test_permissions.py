@@ -17,7 +17,7 @@ from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import permissions
 from rayslice.recovery.cloud import CloudClient
-from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed
+from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed, seed_queued
 
 STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 
@@ -123,6 +123,15 @@ def _every_way_it_acts(
     else:
         del cloud.state.migs[key]
     controller.step()
+    if platform == "tpu-vm":  # the same slices as queued ones: one recreated through a new request
+        for index in range(2):
+            cloud.state.delete_node(PROJECT, ZONE, names.slice_name(CLUSTER, index))
+        seed_queued(cloud)
+        queued, queued_stream = make_controller(client, platform, vm)
+        queued.step()
+        cloud.preempt(PROJECT, ZONE, SLICE1)
+        queued.step()
+        assert "recreated; queued resource" in queued_stream.getvalue()
     return stream.getvalue()
 
 

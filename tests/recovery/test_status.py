@@ -18,7 +18,16 @@ from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
 from rayslice.recovery.commands import render_text, resize_request_status
-from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed, seed_flex
+from tests.recovery.conftest import (
+    CLUSTER,
+    LOCATION,
+    PROJECT,
+    ZONE,
+    make_controller,
+    queued_body,
+    seed,
+    seed_flex,
+)
 
 ARGS = ["--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "capacity=spot", "--set", "slices=2"]
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -235,7 +244,7 @@ def test_status_shows_a_flex_start_slice_waiting_then_its_hosts_joining(
     data = json.loads(capsys.readouterr().out)
     assert [s["state"] for s in data["slices"]] == ["REQUEST ACCEPTED"] * 2
     request = data["slices"][0]["request"]
-    assert request["name"] == names.resize_request_name(SLICE0) and request["state"] == "ACCEPTED"
+    assert request["name"] == names.request_name(SLICE0) and request["state"] == "ACCEPTED"
     assert (request["hosts_asked"], request["hosts_joined"], request["run_hours"]) == (4, 0, 24)
     assert request["since"].endswith("Z") and request["deadline"] is None and request["reason"] is None
     assert cli.main(flex) == 0
@@ -281,3 +290,53 @@ def test_a_failed_request_shows_googles_reason() -> None:
     assert "resize request c-slice-0-request: FAILED, failed: QUOTA_EXCEEDED: no TPU quota; 0 of 4" in (
         render_text(data)
     )
+
+
+def test_status_shows_a_queued_slice_waiting_with_its_deadline_then_failed_with_the_reason(
+    cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = [2_000_000_000.0]  # 2033-05-18T03:33:20Z
+    cloud.state.clock = lambda: now[0]
+    cloud.state.set_capacity(ZONE, "v6e", 0)
+    for index in range(2):
+        slice_name = names.slice_name(CLUSTER, index)
+        body = queued_body(slice_name, queueingPolicy={"validUntilDuration": "7200s"})
+        cloud.state.create_queued_resource(PROJECT, ZONE, names.request_name(slice_name), body)
+    where = ["--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
+    queued = ["status", *where, "--set", "platform=tpu-vm", "--set", "queued=true", "--set", "capacity=spot"]
+    assert cli.main([*queued, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["state"] for s in data["slices"]] == ["REQUEST WAITING_FOR_RESOURCES"] * 2
+    request = data["slices"][0]["request"]
+    assert request == {
+        "kind": "queued resource",
+        "name": names.request_name(SLICE0),
+        "state": "WAITING_FOR_RESOURCES",
+        "since": "2033-05-18T03:33:20Z",
+        "deadline": "2033-05-18T05:33:20Z",
+        "run_hours": None,
+        "hosts_asked": 4,
+        "hosts_joined": 0,
+        "reason": None,
+    }
+    assert cli.main(queued) == 0
+    text = capsys.readouterr().out
+    assert (
+        f"queued resource {names.request_name(SLICE0)}: WAITING_FOR_RESOURCES, waiting for capacity since "
+        "2033-05-18T03:33:20Z (fails at 2033-05-18T05:33:20Z if still waiting); 0 of 4 hosts joined"
+    ) in text
+
+    cloud.state.set_capacity(ZONE, "v6e", 4)  # the first request's node, whole
+    ns = names.GUEST_ATTRIBUTE_NAMESPACE
+    for worker in range(4):
+        cloud.tpu_guest[(SLICE0, worker)] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
+    now[0] += 7200  # the second one's deadline passes
+    assert cli.main([*queued, "--json"]) == 0
+    first, second = json.loads(capsys.readouterr().out)["slices"]
+    assert first["state"] == "READY" and first["request"]["state"] == "ACTIVE"
+    assert first["request"]["hosts_joined"] == 4 and len(first["hosts"]) == 4
+    assert second["state"] == "REQUEST FAILED" and second["hosts"] == []
+    assert second["request"]["reason"].startswith("4: the queued resource could not be provisioned in time")
+    assert cli.main(queued) == 0
+    assert f"queued resource {names.request_name(SLICE1)}: FAILED, failed: 4: " in capsys.readouterr().out
+    assert cloud.mutations() == []  # status only reads

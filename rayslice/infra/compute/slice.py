@@ -60,7 +60,7 @@ from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
-from rayslice.names import CLOUD_PLATFORM_SCOPE, resize_request_name, slice_host_names
+from rayslice.names import CLOUD_PLATFORM_SCOPE, request_name, slice_host_names
 from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
@@ -222,7 +222,7 @@ def _resize_request(
     assert spec.max_run_hours is not None  # the spec sets it for flex-start
     return gcp.compute.ResizeRequest(
         name,
-        name=resize_request_name(slice_name),
+        name=request_name(slice_name),
         project=spec.project,
         zone=zone,
         instance_group_manager=mig.name,

@@ -14,9 +14,16 @@ A change of anything in the hosts' metadata (the boot script, so requirements, r
 preset; or the ``rayslice-*`` attributes) replaces the slice: a V2Vm's metadata is otherwise
 updated in place and running hosts keep the old configuration until they happen to reboot.
 Its name is fixed, so the old slice is deleted before the new one is created.
+
+With ``queued: true`` the slice is not a V2Vm but a queued resource (`rayslice.infra.tpu_vm.queued`)
+whose node is the same node, given in V2Vm's properties (`node_properties`): it waits for
+capacity, and its hosts' IPs are not known to Pulumi (`host_ips` is empty; `rayslice status`
+reads the node once the request is ACTIVE).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -27,6 +34,7 @@ from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
+from rayslice.infra.tpu_vm.queued import queued_slice
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.spec import ClusterSpec
 
@@ -59,6 +67,35 @@ def shielded_instance_config(spec: ClusterSpec) -> gcp.tpu.V2VmShieldedInstanceC
     return None
 
 
+def node_properties(spec: ClusterSpec, args: SliceArgs, index: int) -> dict[str, Any]:
+    """A queued slice's node as V2Vm's properties (camelCase, as the engine hands them to
+    `rayslice.cloud.bodies`): the fields `TpuVmSlice` gives its V2Vm, from the same helpers.
+    Spot and flex-start are the request's tier or provisioning model, not the node's."""
+    accelerator = accelerator_config(spec)
+    shielded = shielded_instance_config(spec)
+    return {
+        "acceleratorConfig": {"type": accelerator.type, "topology": accelerator.topology},
+        "runtimeVersion": spec.runtime_version,
+        **({"schedulingConfig": {"reserved": True}} if spec.capacity == "reserved" else {}),
+        **({"shieldedInstanceConfig": {"enableSecureBoot": True}} if shielded else {}),
+        "networkConfig": {
+            "network": args.network,
+            "subnetwork": args.subnetwork,
+            "enableExternalIps": spec.external_ips,
+        },
+        "serviceAccount": {"email": args.service_account_email, "scopes": [CLOUD_PLATFORM_SCOPE]},
+        "metadata": args.metadata(),
+        "labels": resource_labels(spec, "tpu-slice", index),
+        "tags": slice_tags(spec, index),
+        "description": description(spec, index),
+    }
+
+
+def description(spec: ClusterSpec, index: int) -> str:
+    """The slice's node description, the same whether created directly or through a request."""
+    return f"rayslice {spec.name}: slice {index} of {spec.slices} ({spec.accelerator_type})"
+
+
 class TpuVmSlice(pulumi.ComponentResource):
     """A slice and the internal IPs of its hosts (worker 0 first)."""
 
@@ -68,6 +105,25 @@ class TpuVmSlice(pulumi.ComponentResource):
     def __init__(self, name: str, args: SliceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:TpuVmSlice", name, None, opts)
         spec, index = args.spec, args.index
+        if spec.queued:
+            request = queued_slice(
+                f"{name}-request",
+                spec,
+                spec.slice_name(index),
+                node_properties(spec, args, index),
+                # A queued resource has no update method: any change makes a new request, after
+                # the old one (and its node) is gone, as the provider's diff says too.
+                pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=list(args.depends_on),
+                    replace_on_changes=["*"],
+                    delete_before_replace=True,
+                ),
+            )
+            self.slice_name = request.id.apply(lambda _: spec.slice_name(index))
+            self.host_ips = pulumi.Output.from_input([])
+            self.register_outputs({"slice_name": self.slice_name, "host_ips": self.host_ips})
+            return
         metadata = args.metadata()
         vm = gcp.tpu.V2Vm(
             f"{name}-vm",
@@ -89,7 +145,7 @@ class TpuVmSlice(pulumi.ComponentResource):
             metadata=metadata,
             labels=resource_labels(spec, "tpu-slice", index),
             tags=slice_tags(spec, index),
-            description=f"rayslice {spec.name}: slice {index} of {spec.slices} ({spec.accelerator_type})",
+            description=description(spec, index),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=list(args.depends_on),

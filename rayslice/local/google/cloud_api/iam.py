@@ -28,6 +28,9 @@ METHOD_PERMISSIONS = {
     "tpu.projects.locations.nodes.create": "tpu.nodes.create",
     "tpu.projects.locations.nodes.getGuestAttributes": "tpu.nodes.get",
     "tpu.projects.locations.operations.get": "tpu.operations.get",
+    "tpu.projects.locations.queuedResources.get": "tpu.queuedResources.get",
+    "tpu.projects.locations.queuedResources.create": "tpu.queuedResources.create",
+    "tpu.projects.locations.queuedResources.delete": "tpu.queuedResources.delete",
     "compute.instanceGroupManagers.get": "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.delete": "compute.instanceGroupManagers.delete",
     "compute.instanceGroupManagers.insert": "compute.instanceGroupManagers.create",
@@ -64,6 +67,11 @@ def referenced_permissions(method_id: str, body: Any) -> tuple[str, ...]:
         return tuple(needed)
     if method_id == "tpu.projects.locations.nodes.create" and (body.get("serviceAccount") or {}).get("email"):
         return (ACT_AS,)
+    if method_id == "tpu.projects.locations.queuedResources.create" and any(
+        ((spec.get("node") or {}).get("serviceAccount") or {}).get("email")
+        for spec in (body.get("tpu") or {}).get("nodeSpec") or []
+    ):
+        return (ACT_AS,)  # its node runs as that account, as a node created directly
     return ()
 
 

@@ -20,7 +20,7 @@ _NAME = r"[^/:?]+"
 class Route:
     """One emulated API method: HTTP method, path pattern, discovery id, request/response schema."""
 
-    api: str  # "tpu", "compute" or "container"
+    api: str  # "tpu", "tpu-v2alpha1", "compute" or "container" (a key of tests/recovery/discovery.py's FILES)
     method: str
     pattern: re.Pattern[str]
     method_id: str
@@ -37,6 +37,8 @@ def _route(
 
 
 _TPU = "/v2/projects/{project}/locations/{zone}"
+# Queued resources are read and recreated through v2alpha1 (`rayslice.recovery.cloud.QUEUED_VERSION`).
+_TPU_ALPHA = "/v2alpha1/projects/{project}/locations/{zone}"
 _GCE = "/compute/v1/projects/{project}/zones/{zone}"
 _GKE = "/v1/projects/{project}/locations/{location}/clusters/{cluster}"
 ROUTES = (
@@ -76,6 +78,33 @@ ROUTES = (
         "tpu_guest_attributes",
         "GetGuestAttributesRequest",
         "GetGuestAttributesResponse",
+    ),
+    _route(
+        "tpu-v2alpha1",
+        "GET",
+        _TPU_ALPHA + "/queuedResources/{name}",
+        "tpu.projects.locations.queuedResources.get",
+        "queued_get",
+        None,
+        "QueuedResource",
+    ),
+    _route(
+        "tpu-v2alpha1",
+        "POST",
+        _TPU_ALPHA + "/queuedResources",
+        "tpu.projects.locations.queuedResources.create",
+        "queued_create",
+        "QueuedResource",
+        "Operation",
+    ),
+    _route(
+        "tpu-v2alpha1",
+        "DELETE",
+        _TPU_ALPHA + "/queuedResources/{name}",
+        "tpu.projects.locations.queuedResources.delete",
+        "queued_delete",
+        None,
+        "Operation",
     ),
     _route(
         "tpu",

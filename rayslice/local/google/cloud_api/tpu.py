@@ -1,5 +1,12 @@
 """The emulated Cloud TPU v2 API: ``projects.locations.nodes`` get / list / delete / create /
-getGuestAttributes and ``projects.locations.operations.get``.
+getGuestAttributes, ``projects.locations.queuedResources`` get / create / delete (v2alpha1, the
+version `rayslice.recovery.cloud.QUEUED_VERSION` reads them with) and
+``projects.locations.operations.get``.
+
+A queued resource is the twin's (`rayslice.cloud.twin.CloudTwin.create_queued_resource`): its
+create's operation is done once the request is accepted, whether or not the zone has room for it;
+it waits for capacity (`rayslice local capacity`), and fails at its deadline. A delete without
+``force`` is refused (400 FAILED_PRECONDITION) while its node exists.
 
 A create is refused, as Google refuses it (HTTP 400 INVALID_ARGUMENT), when its Node breaks one
 of Google's rules (`rayslice.cloud.rules`, checked by the project's twin, `rayslice.cloud.twin`,
@@ -14,7 +21,7 @@ import copy
 import re
 from typing import Any
 
-from rayslice.cloud.bodies import TPU_NODE, Request
+from rayslice.cloud.bodies import QUEUED_RESOURCE, TPU_NODE, Request
 from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
@@ -79,6 +86,44 @@ class TpuApi(EmulatedProject):
             return None
 
         return self._tpu_operation(p["project"], p["zone"], "create", node["name"], finish)
+
+    def queued_get(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        record = self.state.queued_resource(*resource_key(p))
+        if record is None:
+            raise ApiError(404, "NOT_FOUND", f"queued resource {p['name']} was not found")
+        return record
+
+    def queued_create(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        name = q.get("queuedResourceId", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+            raise ApiError(400, "INVALID_ARGUMENT", f"invalid queuedResourceId {name!r}")
+        if (p["project"], p["zone"], name) in self.state.queued:
+            raise ApiError(409, "ALREADY_EXISTS", f"queued resource {name} already exists")
+        path = f"projects/{p['project']}/locations/{p['zone']}/queuedResources/{name}"
+        method = "tpu.projects.locations.queuedResources.create"
+        request = Request("tpu-v2alpha1", method, "QueuedResource", name, body or {})
+        try:
+            self.state.admit(QUEUED_RESOURCE, path, request, project=p["project"], zone=p["zone"])
+        except CloudRuleError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
+        self.state.create_queued_resource(p["project"], p["zone"], name, body or {})
+        return self._tpu_operation(p["project"], p["zone"], "create", path, lambda: None)
+
+    def queued_delete(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        record = self.state.queued_resource(*resource_key(p))
+        if record is None:
+            raise ApiError(404, "NOT_FOUND", f"queued resource {p['name']} was not found")
+        force = q.get("force") == "true"
+        if not force and any(n.get("queuedResource") == record["name"] for n in self.state.nodes.values()):
+            raise ApiError(
+                400, "FAILED_PRECONDITION", f"queued resource {p['name']} still has its node; use force"
+            )
+
+        def finish() -> str | None:
+            self.state.delete_queued_resource(*resource_key(p), force=force)
+            return None
+
+        return self._tpu_operation(p["project"], p["zone"], "delete", record["name"], finish)
 
     def tpu_guest_attributes(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         node = self._node(p)
