@@ -11,8 +11,6 @@ input that Google would refuse, caught before anything is created.
 
 from __future__ import annotations
 
-import functools
-
 import click
 
 from rayslice.cli import Group, load_spec, spec_options
@@ -29,7 +27,6 @@ from rayslice.infra.image import (
 )
 from rayslice.infra.image import main as image_main
 from rayslice.infra.preview import FORMATS, preview, stack_config
-from rayslice.infra.program import main
 from rayslice.startup_scripts.stack_locks import StackLocks
 
 
@@ -53,8 +50,8 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     and its source, and the command exits 2.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
-    locks = StackLocks.for_stack_file(stack_file)
-    found = preview(stack_config(stack_file, list(overrides)), functools.partial(main, locks.lock))
+    locks = StackLocks.for_stack_file(stack_file).lock
+    found = preview(stack_config(stack_file, list(overrides)), locks=locks)
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))

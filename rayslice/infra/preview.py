@@ -35,7 +35,7 @@ from rayslice.cloud.twin import CloudRuleError, CloudTwin
 from rayslice.errors import InvalidInput
 from rayslice.infra.gke.kuberay import APPLY_ORDER, manifests_yaml
 from rayslice.infra.mocks import Registration, run_offline
-from rayslice.infra.program import main
+from rayslice.infra.program import LockSource, main
 
 # Strings longer than this are shown as their size and hash (the startup script, mostly).
 _LONG = 160
@@ -237,11 +237,14 @@ FORMATS: dict[str, Callable[[Preview], str]] = {
 }
 
 
-def preview(config: dict[str, str], program: Callable[[], Any] | None = None) -> Preview:
-    """Run `program` (the cluster's by default; `rayslice.infra.image.main` for the host image)
-    offline with `config`, its Compute Engine and TPU resources applied to a fresh cloud twin
-    (`rayslice.infra.mocks`): what it registered, and what the twin refused."""
-    run = run_offline(program or main, config)
+def preview(
+    config: dict[str, str], program: Callable[[], Any] | None = None, locks: LockSource | None = None
+) -> Preview:
+    """Run `program` (the cluster's by default, with the stack's lock from `locks`;
+    `rayslice.infra.image.main` for the host image) offline with `config`, its Compute Engine and
+    TPU resources applied to a fresh cloud twin (`rayslice.infra.mocks`): what it registered, and
+    what the twin refused."""
+    run = run_offline(program or functools.partial(main, locks), config)
     return Preview(run.registrations, run.twin.violations())
 
 

@@ -141,7 +141,8 @@ def test_the_program_puts_the_stack_lock_into_the_hosts_metadata(index, tmp_path
 def test_preview_refuses_requirements_that_do_not_resolve_before_anything_is_shown(index, tmp_path, capsys):
     stack = tmp_path / "Pulumi.dev.yaml"
     stack.write_text(
-        "config:\n  rayslice:acceleratorType: v6e-4\n  rayslice:zone: us-east5-b\n  rayslice:project: my-project\n"
+        "config:\n  rayslice:acceleratorType: v6e-4\n  rayslice:zone: us-east5-b\n"
+        "  rayslice:project: my-project\n"
         f"  rayslice:packageIndex: {index}\n  rayslice:allowInsecurePackageIndex: true\n"
         "  rayslice:requirements:\n    - alpha>5\n"
     )
