@@ -11,6 +11,8 @@ input that Google would refuse, caught before anything is created.
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from rayslice.cli import Group, load_spec, spec_options
@@ -55,7 +57,7 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
-    warning = stale_image_warning(cluster)
+    warning = stale_image_warning(cluster, locks(cluster))  # the lock the preview just stored
     if warning:
         click.echo(f"rayslice: warning: {warning}", err=True)
     if found.violations:
@@ -76,7 +78,7 @@ def image_name_command(stack_file: str | None, overrides: tuple[str, ...]) -> in
     problem = unbuildable(cluster, PHASES[0])
     if problem:
         raise InvalidInput(problem)
-    click.echo(image_name(cluster))
+    click.echo(image_name(cluster, StackLocks.for_stack_file(stack_file).lock(cluster)))
     return EXIT_OK
 
 
@@ -101,10 +103,11 @@ def image_preview_command(stack_file: str | None, overrides: tuple[str, ...], ph
     problem = unbuildable(cluster, PHASES[0])
     if problem:
         raise InvalidInput(problem)
+    locks = StackLocks.for_stack_file(stack_file).lock
     found = []
     for shown in PHASES if phase == "all" else (phase,):
         config = {**stack_config(stack_file, list(overrides)), f"{PHASE_NAMESPACE}:{PHASE_KEY}": shown}
-        result = preview(config, image_main)
+        result = preview(config, functools.partial(image_main, locks))
         if output == "tree":
             click.echo(
                 f"# phase {shown}: `pulumi config set {PHASE_NAMESPACE}:{PHASE_KEY} {shown} && pulumi up`"

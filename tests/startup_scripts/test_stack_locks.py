@@ -4,6 +4,7 @@ local index of tiny wheels (no network), stored, reused, resolved again, or refu
 from __future__ import annotations
 
 import base64
+import functools
 import socket
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, InvalidInput
+from rayslice.infra import image
 from rayslice.infra.preview import preview, stack_config
 from rayslice.infra.program import main as program_main
 from rayslice.startup_scripts import locks, render
@@ -150,3 +152,20 @@ def test_preview_refuses_requirements_that_do_not_resolve_before_anything_is_sho
     out, err = capsys.readouterr()
     assert "cannot be locked" in err and "gcp." not in out
     assert not (tmp_path / LOCK_DIR_NAME / "dev.lock").exists()
+
+
+def test_the_image_program_bakes_the_stack_lock_and_is_named_after_it(index, tmp_path):
+    """The image holds what the hosts install: the builder's script carries the stack lock, and the
+    image's name follows its digest (the hosts' install fingerprint), not the preset lock alone."""
+    store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
+    settings = ['requirements=["gamma"]', f"packageIndex={index}", "allowInsecurePackageIndex=true"]
+    settings += ["acceleratorType=v6e-16", "zone=us-east5-b", "project=img-project"]
+    config = {**stack_config(None, settings), f"{image.PHASE_NAMESPACE}:{image.PHASE_KEY}": "image"}
+    found = preview(config, functools.partial(image.main, store.lock))
+    cluster = spec.load_cli(None, settings)
+    lock = store.lock(cluster)
+    assert lock is not None
+    (disk_image,) = [r for r in found.registrations if r.type == "gcp:compute/image:Image"]
+    assert disk_image.inputs["name"] == image.image_name(cluster, lock) != image.image_name(cluster)
+    encoded = base64.b64encode(lock.text.encode()).decode()
+    assert any(encoded in text for r in found.registrations for text in _strings(r.inputs))
