@@ -15,7 +15,7 @@ from rayslice.errors import EXIT_INVALID, InvalidInput
 from rayslice.infra import image
 from rayslice.infra.preview import preview, stack_config
 from rayslice.infra.program import main as program_main
-from rayslice.startup_scripts import locks, render
+from rayslice.startup_scripts import locks, pod, render
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.stack_locks import LOCK_DIR_NAME, StackLocks
 from rayslice.startup_scripts.variables import install_fingerprint, preset_lock
@@ -45,6 +45,8 @@ def test_requirements_resolve_into_a_stored_lock_beside_the_preset_lock(index, t
     script = render(cluster, lock=lock)
     assert base64.b64encode(lock.text.encode()).decode() in script
     assert "REQUIREMENTS=()" in script
+    pod_script = pod.render_pod_start(cluster, None, lock)  # GKE's pod start script carries it too
+    assert base64.b64encode(lock.text.encode()).decode() in pod_script and "REQUIREMENTS=()" in pod_script
     source = PackageSource.parse(None)
     assert install_fingerprint(cluster, source, lock) != install_fingerprint(cluster, source)
 
