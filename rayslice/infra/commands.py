@@ -50,6 +50,10 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     of each slice, each VM and the whole stack at list prices. Resources that break one of Google's
     documented rules (the policy pack in policy/ checks the same ones) are listed with the rule
     and its source, and the command exits 2.
+
+    A stack with requirements has them locked first, into rayslice-locks/<stack>.lock beside
+    Pulumi.yaml (commit it): resolved against the package index when the file is missing or
+    stale, reused as it is otherwise.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
     locks = StackLocks.for_stack_file(stack_file).lock
