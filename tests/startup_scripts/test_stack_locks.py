@@ -86,7 +86,8 @@ def test_requirements_that_do_not_resolve_are_refused(index, tmp_path):
     assert refused.value.exit_code == EXIT_INVALID and not store.path.exists()
 
 
-def test_an_index_that_does_not_answer_is_refused(tmp_path):
+def test_an_index_that_does_not_answer_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # uv's own setting: refused at once, not after retries
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
