@@ -36,6 +36,7 @@ from rayslice.infra.hosts import VmSliceCluster, VmSliceClusterArgs
 from rayslice.infra.network import ClusterNetwork, ClusterNetworkArgs, ExistingNetwork, existing_network
 from rayslice.infra.tpu_vm import TpuVmCluster
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.locks import Lock
 
 # The component of each VM-based platform (gke's takes other arguments, see `_platform`).
 VM_PLATFORMS: dict[str, type[VmSliceCluster]] = {"compute": ComputeCluster, "tpu-vm": TpuVmCluster}
@@ -46,6 +47,8 @@ class TpuRayClusterArgs:
     spec: ClusterSpec  # validated: build it with `rayslice.spec.load`
     # A VPC the calling program declares or looks up; the spec then names none.
     network: ExistingNetwork | None = None
+    # The stack's lock (`rayslice.startup_scripts.stack_locks`); None: hosts install the preset's.
+    lock: Lock | None = None
 
     def __post_init__(self) -> None:
         if self.network is not None and (self.spec.network or self.spec.gke_cluster):
@@ -77,17 +80,21 @@ class TpuRayCluster(pulumi.ComponentResource):
             if spec.gke_cluster
             else ClusterNetwork(f"{name}-network", ClusterNetworkArgs(spec=spec, existing=existing), child)
         )
-        self.platform = self._platform(name, spec, child)
+        self.platform = self._platform(name, spec, args.lock, child)
         self.exports = dict(self.platform.exports)
         self.jobs_api_address = pulumi.Output.from_input(self.exports["jobs_api_address"])
         self.register_outputs(self.exports)
 
-    def _platform(self, name: str, spec: ClusterSpec, child: pulumi.ResourceOptions) -> Any:
+    def _platform(
+        self, name: str, spec: ClusterSpec, lock: Lock | None, child: pulumi.ResourceOptions
+    ) -> Any:
         if spec.platform == "gke":
-            return GkeTpuCluster(f"{name}-gke", GkeTpuClusterArgs(spec=spec, network=self.network), child)
+            return GkeTpuCluster(
+                f"{name}-gke", GkeTpuClusterArgs(spec=spec, network=self.network, lock=lock), child
+            )
         if self.network is None:  # the spec allows gkeCluster with platform=gke only
             raise AssertionError("a VM platform always has a network")
         component = VM_PLATFORMS[spec.platform]
         return component(
-            f"{name}-{spec.platform}", VmSliceClusterArgs(spec=spec, network=self.network), child
+            f"{name}-{spec.platform}", VmSliceClusterArgs(spec=spec, network=self.network, lock=lock), child
         )

@@ -11,6 +11,8 @@ input that Google would refuse, caught before anything is created.
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from rayslice.cli import Group, load_spec, spec_options
@@ -27,6 +29,7 @@ from rayslice.infra.image import (
 )
 from rayslice.infra.image import main as image_main
 from rayslice.infra.preview import FORMATS, preview, stack_config
+from rayslice.startup_scripts.stack_locks import StackLocks
 
 
 @click.command("preview")
@@ -47,13 +50,18 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     of each slice, each VM and the whole stack at list prices. Resources that break one of Google's
     documented rules (the policy pack in policy/ checks the same ones) are listed with the rule
     and its source, and the command exits 2.
+
+    A stack with requirements has them locked first, into rayslice-locks/<stack>.lock beside
+    Pulumi.yaml (commit it): resolved against the package index when the file is missing or
+    stale, reused as it is otherwise.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
-    found = preview(stack_config(stack_file, list(overrides)))
+    locks = StackLocks.for_stack_file(stack_file).lock
+    found = preview(stack_config(stack_file, list(overrides)), locks=locks)
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
-    warning = stale_image_warning(cluster)
+    warning = stale_image_warning(cluster, locks(cluster))  # the lock the preview just stored
     if warning:
         click.echo(f"rayslice: warning: {warning}", err=True)
     if found.violations:
@@ -74,7 +82,7 @@ def image_name_command(stack_file: str | None, overrides: tuple[str, ...]) -> in
     problem = unbuildable(cluster, PHASES[0])
     if problem:
         raise InvalidInput(problem)
-    click.echo(image_name(cluster))
+    click.echo(image_name(cluster, StackLocks.for_stack_file(stack_file).lock(cluster)))
     return EXIT_OK
 
 
@@ -99,10 +107,11 @@ def image_preview_command(stack_file: str | None, overrides: tuple[str, ...], ph
     problem = unbuildable(cluster, PHASES[0])
     if problem:
         raise InvalidInput(problem)
+    locks = StackLocks.for_stack_file(stack_file).lock
     found = []
     for shown in PHASES if phase == "all" else (phase,):
         config = {**stack_config(stack_file, list(overrides)), f"{PHASE_NAMESPACE}:{PHASE_KEY}": shown}
-        result = preview(config, image_main)
+        result = preview(config, functools.partial(image_main, locks))
         if output == "tree":
             click.echo(
                 f"# phase {shown}: `pulumi config set {PHASE_NAMESPACE}:{PHASE_KEY} {shown} && pulumi up`"

@@ -30,6 +30,7 @@ from rayslice.infra.metadata import host_metadata
 from rayslice.infra.network import ClusterNetwork
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import render
+from rayslice.startup_scripts.locks import Lock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,8 @@ class Slice(Protocol):
 class VmSliceClusterArgs:
     spec: ClusterSpec
     network: ClusterNetwork
+    # The stack's lock (`rayslice.startup_scripts.stack_locks`); None: hosts install the preset's.
+    lock: Lock | None = None
 
 
 class VmSliceCluster(pulumi.ComponentResource):
@@ -99,7 +102,7 @@ class VmSliceCluster(pulumi.ComponentResource):
             f"{name}-firewall", ClusterFirewallArgs(spec=spec, network=network.network), child
         )
         identity = ClusterIdentity(f"{name}-identity", ClusterIdentityArgs(spec=spec), child)
-        script = render(spec)
+        script = render(spec, lock=args.lock)
         # Hosts boot straight into the script: the rules that let them reach each other and
         # the grants that let them read the token (plus IAM's propagation wait) come first.
         # `ready` is created after every grant; the firewall component stands for its rules.

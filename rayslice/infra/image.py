@@ -43,10 +43,11 @@ from rayslice.errors import InvalidInput
 from rayslice.infra.compute.template import BOOT_DISK_GB, base_image
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import GUEST_ATTRIBUTES_KEY, OS_LOGIN_KEY, STARTUP_SCRIPT_KEY
-from rayslice.infra.program import read_spec
+from rayslice.infra.program import LockSource, project_locks, read_spec
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec, host_image_link
 from rayslice.startup_scripts import image_builder_attributes, render
+from rayslice.startup_scripts.locks import Lock
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.variables import install_fingerprint
 
@@ -65,21 +66,21 @@ STOPPED = "TERMINATED"  # pulumi-gcp Instance.desired_status: RUNNING, SUSPENDED
 _IMAGE_NAME = re.compile(r"rayslice-host-[0-9a-f]{16}", re.ASCII)
 
 
-def image_name(spec: ClusterSpec) -> str:
+def image_name(spec: ClusterSpec, lock: Lock | None = None) -> str:
     """``rayslice-host-<install fingerprint>``: equal for two specs exactly when their hosts
-    would install the same thing (requirements, index, find-links, Python, uv), so the name says
-    which stacks the image fits."""
-    return f"rayslice-host-{install_fingerprint(spec, PackageSource.parse(None))}"
+    would install the same thing (the lock, with the stack's `lock` if it has one, index,
+    find-links, Python, uv), so the name says which stacks the image fits."""
+    return f"rayslice-host-{install_fingerprint(spec, PackageSource.parse(None), lock)}"
 
 
-def stale_image_warning(spec: ClusterSpec) -> str | None:
+def stale_image_warning(spec: ClusterSpec, lock: Lock | None = None) -> str | None:
     """A warning when `spec` boots a host image `rayslice image` named for another install:
     the hosts then install at their first boot, as without an image (None otherwise, and for
     images named some other way, whose content rayslice cannot tell from the name)."""
     if spec.host_image is None:
         return None
     _, name = host_image_link(spec.host_image)
-    wanted = image_name(spec)
+    wanted = image_name(spec, lock)
     if not _IMAGE_NAME.fullmatch(name) or name == wanted:
         return None
     return (
@@ -89,16 +90,16 @@ def stale_image_warning(spec: ClusterSpec) -> str | None:
     )
 
 
-def builder_name(spec: ClusterSpec) -> str:
-    return f"{image_name(spec)}-builder"
+def builder_name(spec: ClusterSpec, lock: Lock | None = None) -> str:
+    return f"{image_name(spec, lock)}-builder"
 
 
-def builder_disk(spec: ClusterSpec) -> str:
+def builder_disk(spec: ClusterSpec, lock: Lock | None = None) -> str:
     """The builder's boot disk as images.insert takes it (compute v1 discovery document,
     Image.sourceDisk: "zones/zone/disks/disk" is valid). The disk is named after its instance
     (AttachedDiskInitializeParams.diskName: "If not specified, the default is to use the name of
     the instance"); a literal, so the image's input stays the same once the builder is gone."""
-    return f"zones/{spec.zone}/disks/{builder_name(spec)}"
+    return f"zones/{spec.zone}/disks/{builder_name(spec, lock)}"
 
 
 def unbuildable(spec: ClusterSpec, phase: str) -> str | None:
@@ -126,17 +127,24 @@ class HostImage(pulumi.ComponentResource):
 
     image_self_link: pulumi.Output[str] | None
 
-    def __init__(self, name: str, spec: ClusterSpec, phase: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        spec: ClusterSpec,
+        phase: str,
+        lock: Lock | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("rayslice:infra:HostImage", name, None, opts)
         builder = None
         if phase in ("build", "image"):
             builder = gcp.compute.Instance(
                 f"{name}-builder",
-                name=builder_name(spec),
+                name=builder_name(spec, lock),
                 project=spec.project,
                 zone=spec.zone,
                 machine_type=spec.head_machine_type,
-                description=f"rayslice: builds image {image_name(spec)}, then powers off",
+                description=f"rayslice: builds image {image_name(spec, lock)}, then powers off",
                 boot_disk=gcp.compute.InstanceBootDiskArgs(
                     initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
                         image=base_image(spec), size=BOOT_DISK_GB, type=BUILDER_DISK_TYPE
@@ -152,7 +160,7 @@ class HostImage(pulumi.ComponentResource):
                     )
                 ],
                 metadata={
-                    STARTUP_SCRIPT_KEY: render(spec),
+                    STARTUP_SCRIPT_KEY: render(spec, lock=lock),
                     OS_LOGIN_KEY: "TRUE",
                     GUEST_ATTRIBUTES_KEY: "TRUE",
                     **image_builder_attributes(spec),
@@ -166,11 +174,11 @@ class HostImage(pulumi.ComponentResource):
         if phase in ("image", "done"):
             image = gcp.compute.Image(
                 f"{name}-image",
-                name=image_name(spec),
+                name=image_name(spec, lock),
                 project=spec.project,
                 description=f"rayslice host image: the venv of {spec.preset} + ray {spec.ray_version} "
                 f"on {spec.tpu.image_family}",
-                source_disk=builder_disk(spec),
+                source_disk=builder_disk(spec, lock),
                 labels=resource_labels(spec, IMAGE_ROLE),
                 # Created only once the builder is stopped (Pulumi waits for its update).
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[builder] if builder else []),
@@ -179,14 +187,16 @@ class HostImage(pulumi.ComponentResource):
         self.register_outputs({"image": self.image_self_link})
 
 
-def main() -> HostImage:
-    """The image program: the stack's spec, its phase, then `HostImage`."""
+def main(locks: LockSource | None = None) -> HostImage:
+    """The image program: the stack's spec, its phase, its lock (as the cluster program finds
+    it, so the image holds what the hosts install), then `HostImage`."""
     spec = read_spec()
     phase = pulumi.Config(PHASE_NAMESPACE).get(PHASE_KEY) or PHASES[0]
     problem = unbuildable(spec, phase)
     if problem:
         raise InvalidInput(problem)
-    host_image = HostImage(spec.name, spec, phase)
-    pulumi.export("hostImage", image_name(spec))
-    pulumi.export("builder", builder_name(spec) if phase != "done" else None)
+    lock = (locks or project_locks().lock)(spec)
+    host_image = HostImage(spec.name, spec, phase, lock)
+    pulumi.export("hostImage", image_name(spec, lock))
+    pulumi.export("builder", builder_name(spec, lock) if phase != "done" else None)
     return host_image

@@ -3,7 +3,9 @@
 Runs the real Pulumi program (`rayslice.infra.program.main`) under Pulumi's mocks with the
 stack file's config and ``--set`` overrides, and renders every resource it registers with its
 inputs. No Pulumi CLI, credentials or network are needed, so infrastructure repos can run it in
-CI. Resources that a config change replaces (``replaceOnChanges``) and custom create/delete
+CI; the one exception is a stack with `requirements` whose lock (``rayslice-locks/<stack>.lock``,
+`rayslice.startup_scripts.stack_locks`) is missing or stale: it is resolved against the index
+first. Resources that a config change replaces (``replaceOnChanges``) and custom create/delete
 timeouts are shown with them, so a user sees before ``pulumi up`` that changing requirements,
 rayVersion, preset or the boot script recreates the slices.
 
@@ -21,6 +23,7 @@ boots from.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -34,7 +37,7 @@ from rayslice.cloud.twin import CloudRuleError, CloudTwin
 from rayslice.errors import InvalidInput
 from rayslice.infra.gke.kuberay import APPLY_ORDER, manifests_yaml
 from rayslice.infra.mocks import Registration, run_offline
-from rayslice.infra.program import main
+from rayslice.infra.program import LockSource, main
 
 # Strings longer than this are shown as their size and hash (the startup script, mostly).
 _LONG = 160
@@ -242,12 +245,22 @@ FORMATS: dict[str, Callable[[Preview], str]] = {
 }
 
 
-def preview(config: dict[str, str], program: Callable[[], Any] | None = None) -> Preview:
-    """Run `program` (the cluster's by default; `rayslice.infra.image.main` for the host image)
-    offline with `config`, its Compute Engine and TPU resources applied to a fresh cloud twin
-    (`rayslice.infra.mocks`): what it registered, and what the twin refused."""
-    run = run_offline(program or main, config)
+def preview(
+    config: dict[str, str], program: Callable[[], Any] | None = None, locks: LockSource | None = None
+) -> Preview:
+    """Run `program` (the cluster's by default, with the stack's lock from `locks`;
+    `rayslice.infra.image.main` for the host image) offline with `config`, its Compute Engine and
+    TPU resources applied to a fresh cloud twin (`rayslice.infra.mocks`): what it registered, and
+    what the twin refused."""
+    run = run_offline(program or functools.partial(main, locks), config)
     return Preview(run.registrations, run.twin.violations())
+
+
+def _no_stack_lock(_: spec.ClusterSpec) -> None:
+    """The simulator's hosts install from a local wheelhouse and resolve the stack's own
+    `requirements` from it (`Simulation` renders their script without a stack lock), so the
+    program it deploys makes no stack lock either."""
+    return None
 
 
 def deploy(config: dict[str, str], twin: CloudTwin) -> list[Registration]:
@@ -256,7 +269,7 @@ def deploy(config: dict[str, str], twin: CloudTwin) -> list[Registration]:
 
     Raises `CloudRuleError` naming every request the twin refused and every rule the finished
     deployment breaks (a MIG with more or fewer hosts than its topology), with their sources."""
-    run = run_offline(main, config, twin)
+    run = run_offline(functools.partial(main, _no_stack_lock), config, twin)
     found = twin.violations()
     if found:
         raise CloudRuleError(found)

@@ -9,6 +9,8 @@ resource is declared: a bad config fails with the spec's messages and registers 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -16,6 +18,11 @@ import pulumi.runtime
 
 from rayslice import spec
 from rayslice.infra.cluster import TpuRayCluster, TpuRayClusterArgs
+from rayslice.startup_scripts.locks import Lock
+from rayslice.startup_scripts.stack_locks import LOCK_DIR_NAME, StackLocks
+
+# What the program asks for the stack's lock (`StackLocks.lock`, or the simulator's stand-in).
+LockSource = Callable[[spec.ClusterSpec], Lock | None]
 
 
 def _config_value(key: str) -> Any:
@@ -38,10 +45,20 @@ def read_spec() -> spec.ClusterSpec:
     return spec.load(spec.from_namespaced(_config_value, _config_keys()))
 
 
-def main() -> TpuRayCluster:
-    """Declare the cluster and export what a user needs next."""
+def project_locks() -> StackLocks:
+    """The stack's lock under `pulumi up`: ``rayslice-locks/<stack>.lock`` beside Pulumi.yaml (the
+    engine's root directory; the working directory where the SDK has none, as under mocks)."""
+    root = pulumi.get_root_directory() or "."
+    return StackLocks(Path(root) / LOCK_DIR_NAME, pulumi.get_stack())
+
+
+def main(locks: LockSource | None = None) -> TpuRayCluster:
+    """Declare the cluster and export what a user needs next. The stack's `requirements` are
+    locked first (`locks`, the Pulumi project's `rayslice-locks/` by default), so a lock that
+    cannot be made stops the program before any resource is declared."""
     cluster_spec = read_spec()
-    cluster = TpuRayCluster(cluster_spec.name, TpuRayClusterArgs(spec=cluster_spec))
+    lock = (locks or project_locks().lock)(cluster_spec)
+    cluster = TpuRayCluster(cluster_spec.name, TpuRayClusterArgs(spec=cluster_spec, lock=lock))
     for key, value in cluster.exports.items():
         pulumi.export(key, value)
     return cluster

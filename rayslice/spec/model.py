@@ -253,8 +253,10 @@ class ClusterSpec:
     )
     requirements: Strings = Field(
         (),
-        description="Extra PEP 508 requirement lines installed on every host, resolved there under "
-        "the preset lock's versions.",
+        description="Extra PEP 508 requirement lines installed on every host: resolved once on the "
+        "deployer's machine (pulumi up, rayslice preview), under the preset lock's versions, into "
+        "rayslice-locks/<stack>.lock beside the Pulumi project (commit it), which hosts install as it is "
+        "(with another rayVersion, which has no preset lock, hosts resolve them).",
     )
     package_index: Str | None = Field(
         None,

@@ -30,6 +30,7 @@ from rayslice.names import (
 )
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.locks import Lock
 from rayslice.startup_scripts.options import RenderOptions
 from rayslice.startup_scripts.templating import render_template
 from rayslice.startup_scripts.variables import script_variables
@@ -93,10 +94,10 @@ def image_builder_attributes(spec: ClusterSpec) -> dict[str, str]:
     return attributes
 
 
-def render(spec: ClusterSpec, options: RenderOptions | None = None) -> str:
+def render(spec: ClusterSpec, options: RenderOptions | None = None, lock: Lock | None = None) -> str:
     """The boot script for every host of a slice of `spec` (and for its head VM); without
-    `options`, for a real host."""
-    script = render_template("startup.sh.j2", **script_variables(spec, options or RenderOptions()))
+    `options`, for a real host. `lock` is the stack's lock (`stack_locks`), if it has one."""
+    script = render_template("startup.sh.j2", **script_variables(spec, options or RenderOptions(), lock))
     if len(script.encode()) > METADATA_VALUE_LIMIT:
         size = len(script.encode())
         raise InvalidInput(

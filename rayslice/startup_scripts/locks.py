@@ -22,6 +22,7 @@ import html
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ _ARCH = "x86_64"
 # The header's keys, in order. `index` is empty for PyPI; `find-links` and `requirements` are
 # joined with " | ", which no requirement line or URL holds.
 HEADER_KEYS = ("preset", "requirements", "python", "platform", "index", "find-links")
+# Written only when set: `base`, the digest of the preset lock a stack lock was resolved on.
+OPTIONAL_KEYS = ("base",)
 _SEPARATOR = " | "
 _HEADER = re.compile(r"# rayslice-lock (?P<key>[a-z-]+): ?(?P<value>.*)")
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^ ;\\]+)")
@@ -59,7 +62,8 @@ class Lock:
 
     @property
     def text(self) -> str:
-        lines = [f"# rayslice-lock {key}: {self.header.get(key, '')}".rstrip() for key in HEADER_KEYS]
+        keys = [*HEADER_KEYS, *(key for key in OPTIONAL_KEYS if key in self.header)]
+        lines = [f"# rayslice-lock {key}: {self.header.get(key, '')}".rstrip() for key in keys]
         return "\n".join(lines) + "\n" + self.body
 
     @property
@@ -155,13 +159,8 @@ def slim(body: str, files: Mapping[str, Mapping[str, str]], python: str) -> str:
     sha256 of each file the index lists for a project to the file's name. A package with no
     compatible wheel keeps its sdists' hashes (a host builds it); a hash whose file is not listed
     is kept, so nothing a host needs is ever dropped."""
-    blocks: list[list[str]] = []
-    for line in body.splitlines():
-        if _PIN.match(line) or not blocks:
-            blocks.append([])
-        blocks[-1].append(line)
     out: list[str] = []
-    for block in blocks:
+    for block in _blocks(body):
         pin = _PIN.match(block[0])
         listing = files.get(canonicalize_name(pin["name"]), {}) if pin else {}
         digests = [m["digest"] for m in map(_HASH.search, block) if m]
@@ -171,6 +170,28 @@ def slim(body: str, files: Mapping[str, Mapping[str, str]], python: str) -> str:
         keep = (wheels or sdists) | unknown
         out += [line for line in block if (m := _HASH.search(line)) is None or m["digest"] in keep]
     return _fix_continuations("\n".join(out))
+
+
+def _blocks(body: str) -> list[list[str]]:
+    """A lock body's lines, grouped per package: its pin, its hashes, uv's ``# via`` comments."""
+    blocks: list[list[str]] = []
+    for line in body.splitlines():
+        if _PIN.match(line) or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    return blocks
+
+
+def without(body: str, names: Iterable[str]) -> str:
+    """A lock body without the blocks of the packages `names`."""
+    dropped = {canonicalize_name(name) for name in names}
+    kept = [
+        line
+        for block in _blocks(body)
+        if not ((pin := _PIN.match(block[0])) and canonicalize_name(pin["name"]) in dropped)
+        for line in block
+    ]
+    return "".join(f"{line}\n" for line in kept)
 
 
 def _fix_continuations(body: str) -> str:
@@ -239,6 +260,9 @@ def compile_lock(
         requirements = Path(tmp, "requirements.in")
         requirements.write_text("".join(f"{line}\n" for line in _split(lock_header["requirements"])))
         command = [uv, "pip", "compile", "--quiet", "--no-header", "--generate-hashes", "--no-config"]
+        # This interpreter: uv needs one to run, and must not search PATH for it (`rayslice` may
+        # run without its venv, or anything, on PATH); --python-version sets the target.
+        command += ["--python", sys.executable]
         command += ["--python-version", lock_header["python"], "--python-platform", lock_header["platform"]]
         if lock_header["index"]:
             command += ["--default-index", lock_header["index"]]

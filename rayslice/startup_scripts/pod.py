@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from rayslice import names
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.locks import Lock
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.templating import render_template
 from rayslice.startup_scripts.variables import PYTHON_VERSION, package_variables
@@ -50,7 +51,9 @@ def slice_hostnames(spec: ClusterSpec, slice_index: int) -> list[str]:
     return [host_service_name(spec, slice_index, host) for host in range(spec.tpu.hosts)]
 
 
-def pod_variables(spec: ClusterSpec, package_source: str | None = None) -> dict[str, object]:
+def pod_variables(
+    spec: ClusterSpec, package_source: str | None = None, lock: Lock | None = None
+) -> dict[str, object]:
     """Every value the pod start script uses.
 
     `package_source` has the boot script's meaning (`RenderOptions.package_source`): None installs
@@ -58,7 +61,7 @@ def pod_variables(spec: ClusterSpec, package_source: str | None = None) -> dict[
     runs Ray from an existing venv without installing (tests, or an image built with everything).
     """
     return {
-        **package_variables(spec, PackageSource.parse(package_source)),
+        **package_variables(spec, PackageSource.parse(package_source), lock),
         "hosts": spec.tpu.hosts,
         "num_slices": spec.slices,
         "slice_names": [spec.slice_name(i) for i in range(spec.slices)],
@@ -74,9 +77,10 @@ def pod_variables(spec: ClusterSpec, package_source: str | None = None) -> dict[
     }
 
 
-def render_pod_start(spec: ClusterSpec, package_source: str | None = None) -> str:
-    """The start script every Ray container of a GKE cluster runs (head and TPU workers)."""
-    return render_template(TEMPLATE, **pod_variables(spec, package_source))
+def render_pod_start(spec: ClusterSpec, package_source: str | None = None, lock: Lock | None = None) -> str:
+    """The start script every Ray container of a GKE cluster runs (head and TPU workers);
+    `lock` is the stack's lock (`stack_locks`), if it has one."""
+    return render_template(TEMPLATE, **pod_variables(spec, package_source, lock))
 
 
 def ray_image(spec: ClusterSpec) -> str:

@@ -120,18 +120,29 @@ def preset_lock(spec: ClusterSpec) -> locks.Lock | None:
     return lock
 
 
-def host_requirements(spec: ClusterSpec) -> list[str]:
-    """What a host resolves itself: the user's lines beside a lock, every line without one."""
+def host_lock(spec: ClusterSpec, stack_lock: locks.Lock | None = None) -> locks.Lock | None:
+    """The lock a host installs: the stack's (`stack_locks`: the preset lock and the spec's
+    `requirements`, resolved on the deployer's machine) if there is one, else the preset's."""
+    return stack_lock or preset_lock(spec)
+
+
+def host_requirements(spec: ClusterSpec, stack_lock: locks.Lock | None = None) -> list[str]:
+    """What a host resolves itself: nothing beside a stack lock, the user's lines beside a preset
+    lock (where no stack lock was made: the simulator's wheelhouse hosts), every line without one."""
+    if stack_lock is not None:
+        return []
     return list(spec.requirements) if preset_lock(spec) else requirement_lines(spec)
 
 
-def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
+def install_fingerprint(
+    spec: ClusterSpec, source: PackageSource, stack_lock: locks.Lock | None = None
+) -> str:
     """Changes whenever a host would install something different (the reboot fast-path key). With
-    a lock, its digest stands for the preset: a new lock changes it, an unchanged one does not."""
-    lock = preset_lock(spec)
+    a lock, its digest stands for what it pins: a new lock changes it, an unchanged one does not."""
+    lock = host_lock(spec, stack_lock)
     payload = {
         "lock": lock.digest if lock else None,
-        "requirements": host_requirements(spec),
+        "requirements": host_requirements(spec, stack_lock),
         "find_links": lock.find_links if lock else PRESET_FIND_LINKS[spec.preset],
         "index": spec.package_index,
         "source": [source.mode, source.location],
@@ -141,18 +152,20 @@ def install_fingerprint(spec: ClusterSpec, source: PackageSource) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def package_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, object]:
+def package_variables(
+    spec: ClusterSpec, source: PackageSource, stack_lock: locks.Lock | None = None
+) -> dict[str, object]:
     """The variables of the install block both templates include (``_install.sh.j2``): the lock
     (base64, one line, so the quoting filter takes it; empty without one) and what is resolved
     beside it."""
-    lock = preset_lock(spec)
+    lock = host_lock(spec, stack_lock)
     return {
         "package_mode": source.mode,
         "package_dir": source.location,
         "package_index": spec.package_index or "",
         "index_name": INDEX_NAME,
         "find_links": lock.find_links if lock else list(PRESET_FIND_LINKS[spec.preset]),
-        "requirements": host_requirements(spec),
+        "requirements": host_requirements(spec, stack_lock),
         "lock": base64.b64encode(lock.text.encode()).decode() if lock else "",
         "lock_digest": lock.digest if lock else "",
         "lock_python": lock.header["python"] if lock else "",
@@ -183,10 +196,12 @@ def host_types(spec: ClusterSpec) -> list[str]:
     return list(dict.fromkeys((*spellings, catalog.reported_name(spec.accelerator_type))))
 
 
-def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, object]:
+def script_variables(
+    spec: ClusterSpec, options: RenderOptions, stack_lock: locks.Lock | None = None
+) -> dict[str, object]:
     source = PackageSource.parse(options.package_source)
     return {
-        **package_variables(spec, source),
+        **package_variables(spec, source, stack_lock),
         **cache_variables(spec, source),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
@@ -198,7 +213,7 @@ def script_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, obj
         "tpu_resources": json.dumps({"TPU": spec.tpu.chips_per_host}),
         "root": options.root,
         "supervisor": options.supervisor,
-        "install_fingerprint": install_fingerprint(spec, source),
+        "install_fingerprint": install_fingerprint(spec, source, stack_lock),
         "python_version": PYTHON_VERSION,
         "uv_requirement": f"uv=={UV_VERSION}",
         "uv_hashes": [f"--hash=sha256:{digest}" for digest in UV_WHEEL_SHA256],

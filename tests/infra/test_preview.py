@@ -214,9 +214,10 @@ def test_display_type(token, shown):
     assert preview.display_type(token) == shown
 
 
-def _bulk_spot_program() -> None:
+def _bulk_spot_program(_locks: object = None) -> None:
     """A hand-written bad stack, as a user's own Pulumi program would declare it: a v6e-16 MIG in
-    bulk mode whose template is Spot (issue 19, defect 2)."""
+    bulk mode whose template is Spot (issue 19, defect 2). It stands in for `program.main`, so it
+    takes (and ignores) the stack's lock source as main does."""
     policy = gcp.compute.ResourcePolicy(
         "s-0-policy",
         name="s-0-policy",

@@ -29,10 +29,16 @@ from rayslice.startup_scripts import (
     host_attributes,
     image_builder_attributes,
     locks,
+    stack_locks,
     templating,
 )
 from rayslice.startup_scripts.options import PackageSource
-from rayslice.startup_scripts.variables import UV_VERSION, install_fingerprint, script_variables
+from rayslice.startup_scripts.variables import (
+    UV_VERSION,
+    install_fingerprint,
+    package_variables,
+    script_variables,
+)
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.faults import Fault, FaultTable
 from tests.startup_scripts.tiny_wheels import make_wheel, sha256
@@ -678,16 +684,19 @@ def _pin(wheel: Path) -> str:
 def _locked_box(host, tmp_path, body: str, python: str = "3.11", requirements: tuple[str, ...] = ()):
     """A host whose wheelhouse holds alpha 1.0 and 2.0 (both need beta), beta 1.0 and gamma 1.0
     (needs alpha), booted with real uv (already in place, as after its bootstrap) and this lock."""
+    values = {"package_mode": "wheels", "package_dir": str(tmp_path / "wheels"), "find_links": []}
+    return _uv_box(host, tmp_path, requirements=list(requirements), **values, **_lock(body, python))
+
+
+def _uv_box(host, tmp_path, **values: object):
+    """A host with real uv in place (as after its bootstrap), booted with these rendered values."""
     spec = _spec(rayAuth="none")
     cloud = _cloud(spec)
     box = _box(host, tmp_path, cloud, real_uv=True)
     uv = box.root / "opt/rayslice/uv/bin/uv"
     uv.parent.mkdir(parents=True)
     uv.symlink_to(locks.uv_binary())
-    values = {"package_mode": "wheels", "package_dir": str(tmp_path / "wheels"), "find_links": []}
-    script = box.render(
-        spec, sandbox.free_port(), requirements=list(requirements), **values, **_lock(body, python)
-    )
+    script = box.render(spec, sandbox.free_port(), **values)
     assert box.boot(script, RAYSLICE_RETRY_MAX_DELAY_S="1").returncode == 0
     return box, cloud
 
@@ -740,6 +749,25 @@ def test_requirements_beside_the_lock_keep_its_versions(host, tmp_path):
     box.wait(lambda: "starting" in cloud.states or cloud.state.startswith("failed"), timeout=120)
     assert "starting" in cloud.states, box.log[-3000:]
     assert (_installed(box, "alpha"), _installed(box, "gamma")) == ("1.0", "1.0")
+
+
+def test_a_stack_lock_is_installed_alone_resolving_nothing(host, tmp_path, index):
+    """A stack lock made as the Pulumi program makes one (real uv against an index of tiny wheels,
+    under a base lock that pins alpha 1.0 and beta): gamma needs any alpha and the index's newest
+    is 2.0. The host installs the lock alone (nothing left to resolve), and alpha stays 1.0."""
+    wheels = tmp_path / "wheels"  # the `index` fixture's wheels, also the host's wheelhouse
+    base_body = _pin(wheels / "alpha-1.0-py3-none-any.whl") + _pin(wheels / "beta-1.0-py3-none-any.whl")
+    base = locks.Lock(locks.header("test", ["alpha<2"], "3.11", None, ()), base_body)
+    wanted = {**locks.header("test", ["gamma"], "3.11", index, ()), "base": base.digest}
+    lock = stack_locks.resolve_beside(base, wanted)
+    assert lock.pins() == ["alpha==1.0", "beta==1.0", "gamma==1.0"]
+    values = package_variables(_spec(), PackageSource.parse(f"wheels:{wheels}"), lock)
+    assert values["requirements"] == [] and values["lock_digest"] == lock.digest
+    box, cloud = _uv_box(host, tmp_path, **values)
+    box.wait(lambda: "starting" in cloud.states or cloud.state.startswith("failed"), timeout=120)
+    assert "starting" in cloud.states, box.log[-3000:]
+    assert [_installed(box, m) for m in ("alpha", "beta", "gamma")] == ["1.0", "1.0", "1.0"]
+    assert f"installing the lock {lock.digest} into" in box.log  # no ", then <requirements>,"
 
 
 def test_a_lock_for_another_python_is_a_permanent_failure(host, tmp_path):

@@ -4,18 +4,15 @@ real uv against a local index of tiny wheels (no network)."""
 from __future__ import annotations
 
 import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rayslice.errors import InvalidInput
-from rayslice.local.simulation.package_index import IndexServer
 from rayslice.spec import DEFAULT_RAY_VERSION
 from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements
-from tests.startup_scripts.tiny_wheels import make_wheel, sha256
+from tests.startup_scripts.tiny_wheels import sha256
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -58,21 +55,6 @@ def test_slim_keeps_the_files_a_host_installs():
 def test_a_file_that_is_not_a_lock_is_refused():
     with pytest.raises(InvalidInput, match="header lacks"):
         locks.parse("six==1.17.0 --hash=sha256:" + "a" * 64 + "\n")
-
-
-@pytest.fixture
-def index(tmp_path) -> Iterator[str]:
-    """A PEP 503 index on loopback serving tiny wheels: alpha 1.0 and 2.0 (needing beta), beta 1.0."""
-    wheels = tmp_path / "wheels"
-    make_wheel(wheels, "alpha", "1.0", ("beta",))
-    make_wheel(wheels, "alpha", "2.0", ("beta",))
-    make_wheel(wheels, "beta", "1.0")
-    server = IndexServer(("127.0.0.1", 0), wheels, 0.0, tmp_path / "counts.json")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    server.shutdown()
-    server.server_close()
 
 
 def _header(index: str, *requirements: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from rayslice.infra.gke.kuberay import (
 from rayslice.infra.network import ClusterNetwork
 from rayslice.names import slice_name
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.locks import Lock
 
 
 def _k8s_object(name: str, obj: dict, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
@@ -55,6 +56,8 @@ class KubeRayArgs:
     spec: ClusterSpec
     provider: k8s.Provider  # reaches the GKE cluster
     operator_node_pool: pulumi.Resource  # a pool the operator pod can run on (the head pool)
+    # The stack's lock (`rayslice.startup_scripts.stack_locks`); None: hosts install the preset's.
+    lock: Lock | None = None
 
 
 class KubeRay(pulumi.ComponentResource):
@@ -64,7 +67,7 @@ class KubeRay(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: KubeRayArgs, opts: pulumi.ResourceOptions | None = None):
         spec = args.spec
-        objects = manifests(spec)
+        objects = manifests(spec, lock=args.lock)
         super().__init__("rayslice:infra:KubeRay", name, None, opts)
         on_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         operator: list[pulumi.Resource] = [args.operator_node_pool]
@@ -116,6 +119,8 @@ class KubeRay(pulumi.ComponentResource):
 class GkeTpuClusterArgs:
     spec: ClusterSpec
     network: ClusterNetwork | None  # where rayslice creates the cluster; None with gkeCluster
+    # The stack's lock (`rayslice.startup_scripts.stack_locks`); None: hosts install the preset's.
+    lock: Lock | None = None
 
 
 class GkeTpuCluster(pulumi.ComponentResource):
@@ -140,7 +145,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.gke.kubeconfig, opts=child)
         self.kuberay = KubeRay(
             f"{name}-kuberay",
-            KubeRayArgs(spec=spec, provider=provider, operator_node_pool=self.gke.head_pool),
+            KubeRayArgs(spec=spec, provider=provider, operator_node_pool=self.gke.head_pool, lock=args.lock),
             child,
         )
         self.cluster_name = self.gke.cluster_name

@@ -29,6 +29,7 @@ from rayslice.infra.gke.nodes import NODE_POOL_LABEL, head_node_selector, tpu_no
 from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, MEGASCALE_PORT, gke_namespace
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import pod
+from rayslice.startup_scripts.locks import Lock
 
 # The operator release; tests/fixtures/kuberay-v<version>/ holds the CRD it installs.
 KUBERAY_VERSION = "1.7.0"
@@ -128,7 +129,9 @@ def service_account_manifest(spec: ClusterSpec) -> dict:
     }
 
 
-def pod_start_configmap(spec: ClusterSpec, package_source: str | None = None) -> dict:
+def pod_start_configmap(
+    spec: ClusterSpec, package_source: str | None = None, lock: Lock | None = None
+) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -137,7 +140,7 @@ def pod_start_configmap(spec: ClusterSpec, package_source: str | None = None) ->
             "namespace": namespace_name(spec),
             "labels": dict(MANAGED_BY),
         },
-        "data": {POD_START_FILE: pod.render_pod_start(spec, package_source)},
+        "data": {POD_START_FILE: pod.render_pod_start(spec, package_source, lock)},
     }
 
 
@@ -405,12 +408,13 @@ def network_policies(spec: ClusterSpec) -> list[dict]:
 APPLY_ORDER = ("Namespace", "ServiceAccount", "ConfigMap", "Service", "NetworkPolicy", "RayCluster")
 
 
-def manifests(spec: ClusterSpec, package_source: str | None = None) -> list[dict]:
-    """Every object of the Ray cluster, in `APPLY_ORDER` (the operator excluded)."""
+def manifests(spec: ClusterSpec, package_source: str | None = None, lock: Lock | None = None) -> list[dict]:
+    """Every object of the Ray cluster, in `APPLY_ORDER` (the operator excluded); `lock` is the
+    stack's lock, if it has one."""
     return [
         namespace_manifest(spec),
         service_account_manifest(spec),
-        pod_start_configmap(spec, package_source),
+        pod_start_configmap(spec, package_source, lock),
         *host_services(spec),
         *network_policies(spec),
         raycluster_manifest(spec),
