@@ -13,13 +13,14 @@ from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
 
-# The guide's two requirement sets. torch_xla 2.9 is built for torch 2.9; libtpu wheels for
+# The guide's two requirement sets, torch pinned exactly: torch_xla 2.9.0 is built against torch
+# 2.9.0 (its wheel does not declare it, so `torch~=2.9.0` locked torch 2.9.1); libtpu wheels for
 # torch_xla come from Google's find-links pages, as in the guide. The jax preset also carries
 # what the bundled JAX training jobs import (jax_train, jax_trainer): optax for the optimizer,
 # orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with.
 PRESETS: dict[str, tuple[str, ...]] = {
     "jax": ("jax[tpu]>=0.10.2,<0.11", "optax>=0.2.8,<0.3", "orbax-checkpoint>=0.12.8,<0.13"),
-    "xla": ("torch~=2.9.0", "torch_xla[tpu]~=2.9.0"),
+    "xla": ("torch==2.9.0", "torch_xla[tpu]==2.9.0"),
 }
 PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
     "jax": (),

@@ -88,7 +88,7 @@ def test_xla_preset_is_locked_from_pypi_without_the_guides_find_links():
     spec = _spec(VARIANTS["v5p-16 xla"])
     values = _assignments(ss.render(spec))
     lock = variables.preset_lock(spec)
-    assert lock is not None and lock.requirements[:2] == ["torch~=2.9.0", "torch_xla[tpu]~=2.9.0"]
+    assert lock is not None and lock.requirements[:2] == ["torch==2.9.0", "torch_xla[tpu]==2.9.0"]
     assert values["FIND_LINKS"] == "" and lock.find_links == []
     assert "libtpu==0.0.21" in lock.pins()
 
@@ -109,7 +109,7 @@ def test_a_lock_for_another_python_or_platform_is_refused_before_rendering(tmp_p
 def test_another_ray_release_has_no_lock_and_resolves_on_the_host():
     spec = _spec({"acceleratorType": "v5p-16", "preset": "xla", "rayVersion": "2.59.0"})
     values = _assignments(ss.render(spec))
-    assert values["LOCK"] == "" and values["REQUIREMENTS"].startswith("torch~=2.9.0 torch_xla[tpu]~=2.9.0")
+    assert values["LOCK"] == "" and values["REQUIREMENTS"].startswith("torch==2.9.0 torch_xla[tpu]==2.9.0")
     assert "libtpu-releases" in values["FIND_LINKS"]
 
 
