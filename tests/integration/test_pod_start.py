@@ -286,7 +286,8 @@ def test_pod_installs_its_requirements_from_a_wheelhouse_before_starting_ray(tmp
     (image / "bin" / "ray").symlink_to(fake_ray / "bin" / "ray")
     cluster_spec = gke_spec("v6e-4", slices=1)
     hosts, ips = hosts_file(tmp_path, cluster_spec)
-    variables = {**pod.pod_variables(cluster_spec, f"wheels:{wheels}"), "requirements": ["six"]}
+    # No preset lock: the requirement lines alone, resolved by the image's pip from the wheels.
+    variables = {**pod.pod_variables(cluster_spec, f"wheels:{wheels}"), "requirements": ["six"], "lock": ""}
     script = tmp_path / "pod-start.sh"
     script.write_text(render_template(pod.TEMPLATE, **variables))
     [group] = kuberay.raycluster_manifest(cluster_spec)["spec"]["workerGroupSpecs"]
