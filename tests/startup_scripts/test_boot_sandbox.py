@@ -248,12 +248,20 @@ def test_token_from_secret_manager_after_transient_and_permission_errors(host, t
     _no_secret_anywhere(box, TOKEN)
 
 
-def test_install_fails_once_then_succeeds(host, tmp_path):
+def _booted_from_wheels(
+    host: list[sandbox.Sandbox], tmp_path: Path, **faults: object
+) -> tuple[sandbox.Sandbox, sandbox.StubCloud]:
+    """A head host (rayAuth=none) booted with the sandbox's `faults`, installing from a wheelhouse."""
     spec = _spec(rayAuth="none")
     cloud = _cloud(spec)
-    box = _box(host, tmp_path, cloud, uv_failures=1)
+    box = _box(host, tmp_path, cloud, **faults)
     script = box.render(spec, sandbox.free_port(), package_mode="wheels", package_dir="/srv/wheels")
     assert box.boot(script).returncode == 0
+    return box, cloud
+
+
+def test_install_fails_once_then_succeeds(host, tmp_path):
+    box, cloud = _booted_from_wheels(host, tmp_path, uv_failures=1)
     box.wait(lambda: _joined(box))
     assert "retrying: install (attempt 2)" in cloud.states
     assert box.uv_count.read_text().strip() == "2"
@@ -282,11 +290,7 @@ def _running(pid: int) -> bool:
 
 
 def test_a_ray_start_that_gives_up_is_cleaned_up_before_the_next(host, tmp_path):
-    spec = _spec(rayAuth="none")
-    cloud = _cloud(spec)
-    box = _box(host, tmp_path, cloud, ray_start_failures=2)
-    script = box.render(spec, sandbox.free_port(), package_mode="wheels", package_dir="/srv/wheels")
-    assert box.boot(script).returncode == 0
+    box, _ = _booted_from_wheels(host, tmp_path, ray_start_failures=2)
     box.wait(lambda: _joined(box) and len(box.ray_starts()) == 3, timeout=60)
     leftovers = [int(pid) for pid in box.leftovers.read_text().split()]
     assert len(leftovers) == 2
