@@ -116,6 +116,10 @@ def report(sim: Simulation, lines: int = 12) -> str:
         state = sim.guest_attributes(host.name).get(STATE_KEY, "")
         parts.append(f"--- {host.name} ({host.ip}) state {state!r}, script exit {sim.script_exit(host.name)}")
         parts.extend(f"    {line}" for line in tail)
+        console = sim.paths(host.name).console
+        if console.exists():  # the boot wrapper's and the startup script's own output
+            parts.append("  console:")
+            parts.extend(f"    {line}" for line in console.read_text(errors="replace").splitlines()[-lines:])
     return "\n".join(parts)
 
 

@@ -7,8 +7,10 @@ mount namespaces inside its network namespace; powering off kills that PID names
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -88,8 +90,12 @@ class HostPower(RecordedSimulation):
         host = self.plan.host(name)
         ref = self.state.processes.pop(f"boot:{host.name}", None)
         if ref is not None:
+            init = children(ref.pid) if is_alive(ref) else []
+            namespace = _pid_namespace(init[0]) if init else None
             self._stop(host, ref, grace_s=0)
             self.state.save()
+            if namespace is not None:
+                _wait_gone(namespace)
 
     def reboot(self, name: str) -> None:
         """Power off, then boot again: the same startup script runs a second time."""
@@ -136,3 +142,24 @@ class HostPower(RecordedSimulation):
     def _controller_environment(self) -> dict[str, str]:
         endpoint = json.loads((self.state_dir / CLOUD_API_ENDPOINT_FILE).read_text())
         return {**endpoint["env"], "RAYSLICE_RECOVERY_INTERVAL_S": str(LOCAL_RECOVERY_INTERVAL_S)}
+
+
+def _pid_namespace(pid: int) -> str | None:
+    """The PID namespace `pid` lives in (``pid:[inode]``), None once it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _wait_gone(namespace: str, timeout_s: float = 30.0) -> None:
+    """Wait until no process is left in a powered-off host's PID namespace. Its init's death makes
+    the kernel kill the rest, but they exit a while later (a Ray node has dozens of processes): a
+    VM is off before it can boot again, so the next boot must not start beside the last one's."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = (entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit())
+        if not any(_pid_namespace(int(pid)) == namespace for pid in pids):
+            return
+        time.sleep(0.1)
+    raise SimulatorError(f"processes of a powered-off host ({namespace}) still run after {timeout_s:.0f} s")
