@@ -374,6 +374,12 @@ def operation_error(operation: Mapping[str, Any]) -> str | None:
     return f"{error.get('code', '')}: {error.get('message', '')}"  # google.rpc.Status
 
 
+def managed_instance_name(instance: Mapping[str, Any]) -> str:
+    """A MIG's managed instance's name: ``name`` where the answer has it, else the last part of its
+    ``instance`` URL (compute v1 ManagedInstance); "" when it has neither."""
+    return str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
+
+
 def _q(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 

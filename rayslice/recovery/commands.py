@@ -56,6 +56,7 @@ from rayslice.recovery.cloud import (
     Location,
     default_session,
     endpoint,
+    managed_instance_name,
 )
 from rayslice.recovery.events import events_from_guest_attributes
 from rayslice.spec import ClusterSpec
@@ -155,8 +156,9 @@ def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any
 
 def _managed(instance: dict[str, Any]) -> tuple[str, str]:
     """A MIG's managed instance: its name, and its status (or, while it is made, its action)."""
-    host = str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
-    return host, str(instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN")
+    return managed_instance_name(instance), str(
+        instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN"
+    )
 
 
 def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:

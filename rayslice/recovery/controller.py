@@ -66,6 +66,7 @@ from rayslice.recovery.cloud import (
     Location,
     RefusedResource,
     default_session,
+    managed_instance_name,
     operation_error,
 )
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
@@ -378,7 +379,7 @@ class Controller:
             problems.append(f"{len(instances)} of {target} instances")
         serving = 0
         for instance in instances:
-            host = str(instance.get("name") or instance.get("instance", "?").rsplit("/", 1)[-1])
+            host = managed_instance_name(instance) or "?"
             status = instance.get("instanceStatus")
             action = instance.get("currentAction")
             if action in COMPUTE_REPLACING_ACTIONS:
