@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from rayslice.errors import SimulatorError
 from rayslice.local.host import netns
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.names import STATE_JOINED, STATE_KEY
+from rayslice.names import STATE_JOINED
 
 RECOVERY_INTERVAL_S = 2
 SHORT_WAITS = {
@@ -86,41 +85,21 @@ def wait_nodes(
             return nodes
         time.sleep(1)
     raise AssertionError(
-        f"expected nodes {sorted(ips)}, saw {[(n['ip'], n['id'][:8]) for n in nodes]}\n{report(sim)}"
+        f"expected nodes {sorted(ips)}, saw {[(n['ip'], n['id'][:8]) for n in nodes]}\n{sim.report()}"
     )
 
 
 def bring_up(sim: Simulation, timeout: float = 600) -> None:
     """Boot every host, wait until all joined and the head lists each one as an alive Ray node."""
     boot(sim)
-    try:
-        sim.wait_for(lambda states: all(s == STATE_JOINED for s in states.values()), timeout=timeout)
-    except SimulatorError as error:
-        raise AssertionError(f"{error}\n{report(sim)}") from None
+    sim.wait_for(lambda states: all(s == STATE_JOINED for s in states.values()), timeout=timeout)
     deadline = time.monotonic() + 120
     while len(_alive(sim)) != len(sim.plan.hosts):
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"alive Ray nodes: {_alive(sim)}; hosts: {[h.ip for h in sim.plan.hosts]}\n{report(sim)}"
+                f"alive Ray nodes: {_alive(sim)}; hosts: {[h.ip for h in sim.plan.hosts]}\n{sim.report()}"
             )
         time.sleep(1)
-
-
-def report(sim: Simulation, lines: int = 12) -> str:
-    """Each host's published state and the end of its boot log: what a failed wait prints, so
-    that a failure in CI (whose simulation is gone afterwards) says why a host did not join."""
-    parts = []
-    for host in sim.plan.machines:
-        log = sim.paths(host.name).root / "var/log/rayslice/boot.log"
-        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(no boot log)"]
-        state = sim.guest_attributes(host.name).get(STATE_KEY, "")
-        parts.append(f"--- {host.name} ({host.ip}) state {state!r}, script exit {sim.script_exit(host.name)}")
-        parts.extend(f"    {line}" for line in tail)
-        console = sim.paths(host.name).console
-        if console.exists():  # the boot wrapper's and the startup script's own output
-            parts.append("  console:")
-            parts.extend(f"    {line}" for line in console.read_text(errors="replace").splitlines()[-lines:])
-    return "\n".join(parts)
 
 
 def raylet_environment(sim: Simulation, host: str) -> dict[str, str]:

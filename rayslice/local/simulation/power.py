@@ -17,7 +17,7 @@ from pathlib import Path
 from rayslice.errors import SimulatorError
 from rayslice.local.host.boot import host_environment
 from rayslice.local.host.processes import children, is_alive
-from rayslice.local.simulation.recorded import RecordedSimulation
+from rayslice.local.simulation.recorded import RecordedSimulation, boot_process
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
 
 # How often the simulated recovery controller looks (the cloud default is 30 s), through
@@ -47,7 +47,7 @@ class HostPower(RecordedSimulation):
         paths.exit_file.unlink(missing_ok=True)
         self.set_preempted(name, notice=False)  # a VM boots without a preemption notice
         self._start(
-            f"boot:{name}",
+            boot_process(name),
             paths.console,
             [
                 "ip",
@@ -88,7 +88,7 @@ class HostPower(RecordedSimulation):
     def power_off(self, name: str) -> None:
         """Kill every process of the host at once (its PID namespace ends), like pulling the plug."""
         host = self.plan.host(name)
-        ref = self.state.processes.pop(f"boot:{host.name}", None)
+        ref = self.state.processes.pop(boot_process(host.name), None)
         if ref is not None:
             init = children(ref.pid) if is_alive(ref) else []
             namespace = _pid_namespace(init[0]) if init else None
@@ -103,14 +103,14 @@ class HostPower(RecordedSimulation):
         self.boot(name)
 
     def running(self, name: str) -> bool:
-        ref = self.state.processes.get(f"boot:{self.plan.host(name).name}")
+        ref = self.state.processes.get(boot_process(self.plan.host(name).name))
         return ref is not None and is_alive(ref)
 
     def exec_in(
         self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         """Run `argv` inside a running host (all its namespaces), as the host's own processes run."""
-        ref = self.state.processes.get(f"boot:{self.plan.host(name).name}")
+        ref = self.state.processes.get(boot_process(self.plan.host(name).name))
         init = children(ref.pid) if ref is not None and is_alive(ref) else []
         if not init:
             raise SimulatorError(f"host {name} is not running")

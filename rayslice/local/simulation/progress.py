@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rayslice.errors import SimulatorError
-from rayslice.local.simulation.recorded import RecordedSimulation
+from rayslice.local.host.processes import is_alive
+from rayslice.local.simulation.recorded import RecordedSimulation, boot_process
 from rayslice.names import DASHBOARD_PORT, GUEST_ATTRIBUTE_NAMESPACE, STATE_FAILED_PREFIX, STATE_KEY
 
 
@@ -37,7 +38,9 @@ class HostProgress(RecordedSimulation):
         """Each host's published state (``installing``, ``waiting: head``, ``joined``, ``failed: …``).
 
         A script that exited non-zero without publishing a failure reads as ``failed: startup-script
-        exited N``, so nobody waits for a host that has given up.
+        exited N``, and a host whose PID 1 died before its script ended as ``failed: host stopped``
+        (`report` shows the console, where its traceback went), so nobody waits for a host that
+        has given up.
         """
         states = {}
         for host in self.plan.hosts:
@@ -45,8 +48,35 @@ class HostProgress(RecordedSimulation):
             code = self.script_exit(host.name)
             if code not in (None, 0) and not state.startswith(STATE_FAILED_PREFIX):
                 state = f"{STATE_FAILED_PREFIX}startup-script exited {code}"
+            elif code is None and self._stopped(host.name):
+                state = f"{STATE_FAILED_PREFIX}host stopped before its startup-script ended (see its console)"
             states[host.name] = state
         return states
+
+    def _stopped(self, name: str) -> bool:
+        """Whether the host was powered on and its PID 1 is gone without a power-off."""
+        ref = self.state.processes.get(boot_process(name))
+        return ref is not None and not is_alive(ref)
+
+    def report(self, lines: int = 12) -> str:
+        """Each machine's state, script exit, and the ends of its boot log and console: what a
+        failed wait prints, since a simulation (and a CI run's) is gone once it is removed."""
+        parts = []
+        for host in self.plan.machines:
+            paths = self.paths(host.name)
+            state = self.guest_attributes(host.name).get(STATE_KEY, "")
+            parts.append(
+                f"--- {host.name} ({host.ip}) state {state!r}, script exit {self.script_exit(host.name)}"
+                + (", PID 1 gone" if self._stopped(host.name) else "")
+            )
+            for title, log in (
+                ("boot log", paths.root / "var/log/rayslice/boot.log"),
+                ("console", paths.console),
+            ):
+                tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+                parts.append(f"  {title}:" if tail else f"  {title}: (none)")
+                parts.extend(f"    {line}" for line in tail)
+        return "\n".join(parts)
 
     def wait_for(
         self,
@@ -65,7 +95,9 @@ class HostProgress(RecordedSimulation):
             if condition(current):
                 return current
             if time.monotonic() > deadline:
-                raise SimulatorError(f"timed out after {timeout:.0f}s; host states: {current}")
+                raise SimulatorError(
+                    f"timed out after {timeout:.0f}s; host states: {current}\n{self.report()}"
+                )
             time.sleep(0.5)
 
     def dashboard_url(self) -> str:

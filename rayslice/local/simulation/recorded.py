@@ -29,6 +29,11 @@ def metadata_process(name: str) -> str:
     return f"metadata:{name}"
 
 
+def boot_process(name: str) -> str:
+    """The key under which host `name`'s PID 1 (its power) is recorded."""
+    return f"boot:{name}"
+
+
 class RecordedSimulation:
     """A simulated cluster as the state file in `state_dir` records it; every part of
     `Simulation` builds on this."""
