@@ -26,7 +26,7 @@ def _progress(tmp_path, processes=None):
     return progress, host.name
 
 
-def test_a_host_whose_pid_1_died_before_its_script_ended_reads_as_failed_and_its_console_is_reported(tmp_path):
+def test_a_dead_pid_1_without_an_exit_status_reads_as_failed_and_its_console_is_reported(tmp_path):
     """A boot that breaks before the script runs writes no exit status and publishes nothing; without
     this, a wait for the host ran out its timeout on a state of '' and said nothing of why."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
