@@ -48,6 +48,9 @@ class Draft:
     platform: Platform | None
     accelerator_type: Str | None
     slices: Int | None
+    min_slices: Int | None
+    idle_timeout_seconds: Int | None
+    max_usd_per_hour: Int | None
     zone: Str | None
     runtime_version: Str | None
     capacity: Capacity | None

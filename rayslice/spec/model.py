@@ -172,7 +172,26 @@ class ClusterSpec:
         description="TPU slice type, e.g. v6e-16, v5p-2x2x2 or tpu-v6e-slice-16 (see `rayslice catalog`).",
     )
     slices: Int = Field(
-        1, description="Number of identical slices; more than one is multislice (v4 and newer)."
+        1,
+        description="Number of identical slices; more than one is multislice (v4 and newer). With "
+        "minSlices, the most slices the cluster may have.",
+    )
+    min_slices: Int | None = Field(
+        None,
+        description="Makes the cluster elastic (platform compute, head=vm): the recovery controller "
+        "keeps between minSlices and `slices` slices, adding whole slices when Ray has work no slice "
+        "can take and removing a slice idle for idleTimeoutSeconds. 0 or more, below `slices`. "
+        "See docs/elastic.md.",
+    )
+    idle_timeout_seconds: Int = Field(
+        600,
+        description="minSlices only: seconds a slice above minSlices may sit with nothing scheduled "
+        "on any of its hosts before the controller removes it (at least 1).",
+    )
+    max_usd_per_hour: Int | None = Field(
+        None,
+        description="minSlices only: ceiling on the TPU slices' list price per hour in USD "
+        "(`rayslice catalog` prices): the controller adds no slice that would cross it.",
     )
     zone: Str = _derived(
         "GCP zone that offers the generation; falls back to gcp:zone (required for a cloud "
@@ -316,6 +335,11 @@ class ClusterSpec:
         description="GKE only: CIDR ranges allowed to reach the cluster's control-plane endpoint; "
         "empty: private endpoint only.",
     )
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the controller adds and removes slices (between minSlices and slices)."""
+        return self.min_slices is not None
 
     @property
     def multislice(self) -> bool:

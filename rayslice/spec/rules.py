@@ -21,7 +21,7 @@ from rayslice import addresses, catalog
 from rayslice.errors import SpecError
 from rayslice.names import slice_name
 from rayslice.spec.draft import Draft, read
-from rayslice.spec.model import DEFAULT_RAY_VERSION, ClusterSpec, Platform
+from rayslice.spec.model import DEFAULT_RAY_VERSION, KEYS, ClusterSpec, Platform
 
 # Every pattern validates a whole value (`fullmatch`: `$` would let a trailing newline through)
 # and reads ASCII only (`re.ASCII`; classes are spelled out, `\d` would take "٣" as a digit).
@@ -78,6 +78,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_dashboard(draft, problems)
     _check_gke(draft, problems)
     _check_capacity(draft, problems)
+    _check_elastic(draft, tpu, problems)
     _check_gke_flex_start(draft, tpu, problems)
     _check_host_image(draft, problems)
     if problems:
@@ -231,7 +232,8 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
     waits = capacity == "flex-start" or bool(draft.queued)
     if draft.head is None:
         if "head" not in draft.refused:
-            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" or waits else "slice"
+            elastic = draft.min_slices is not None
+            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" or waits or elastic else "slice"
         return
     if draft.head != "slice":
         return
@@ -253,6 +255,66 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
             "cluster, so recovery has nothing to resume: use head=vm (the default for spot), or set "
             "recovery=false to keep head=slice without automatic recovery"
         )
+
+
+def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    """An elastic cluster's range, where its controller runs, and its price ceiling."""
+    low, high = draft.min_slices, draft.slices
+    if low is None:
+        for field, key in (
+            ("idle_timeout_seconds", "idleTimeoutSeconds"),
+            ("max_usd_per_hour", "maxUsdPerHour"),
+        ):
+            if field not in draft.refused and getattr(draft, field) != _default(field):
+                problems.append(f"{key} applies to elastic clusters only; set minSlices too, or remove {key}")
+        return
+    if high is not None and not 0 <= low < high:
+        problems.append(
+            f"minSlices={low} with slices={high}: minSlices is the fewest slices kept and slices the most, "
+            f"so use 0 to {high - 1} (or leave minSlices out for a fixed cluster of {high})"
+        )
+    if draft.platform not in (None, "compute"):
+        problems.append(
+            f"minSlices (elastic slices) needs platform=compute, not {draft.platform}: the controller "
+            "adds a slice's hosts to the MIG Pulumi declared for it"
+            + (
+                "; GKE node pools scale with the cluster autoscaler instead"
+                if draft.platform == "gke"
+                else ""
+            )
+        )
+    if draft.head == "slice":
+        problems.append("minSlices with head=slice: the head must outlive every slice; use head=vm")
+    if draft.recovery is False:
+        problems.append(
+            "minSlices with recovery=false: the recovery controller is what adds and removes slices"
+        )
+    if draft.capacity == "flex-start":
+        problems.append(
+            "minSlices with capacity=flex-start is not supported yet: a flex-start slice comes from a resize "
+            "request the controller would have to make and cancel; use on-demand, spot or reserved"
+        )
+    if draft.idle_timeout_seconds is not None and draft.idle_timeout_seconds < 1:
+        problems.append(f"idleTimeoutSeconds={draft.idle_timeout_seconds}: use 1 or more")
+    ceiling = draft.max_usd_per_hour
+    if ceiling is None or tpu is None or draft.capacity is None:
+        return
+    region = catalog.region_of(draft.zone or tpu.zones[0])
+    price = catalog.slice_hour_price(tpu, region, draft.capacity)
+    if price is None:
+        problems.append(
+            f"maxUsdPerHour: no list price of {tpu.accelerator_type} on {draft.capacity} in {region} "
+            f"is published ({catalog.price_source()}); remove maxUsdPerHour"
+        )
+    elif low * price > ceiling:
+        problems.append(
+            f"maxUsdPerHour={ceiling} is below the {low} slice(s) minSlices keeps "
+            f"({catalog.format_price(low * price)}); raise it or lower minSlices"
+        )
+
+
+def _default(field: str) -> object:
+    return next(key.default for key in KEYS if key.field == field)
 
 
 def _check_requirements(draft: Draft, problems: list[str]) -> None:

@@ -47,6 +47,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "name",
             "acceleratorType",
             "slices",
+            "idleTimeoutSeconds",
             "capacity",
             "queued",
             "headMachineType",

@@ -79,6 +79,7 @@ def test_tpu_vm_fills_the_runtime_version():
         ({"capacity": "spot", "recovery": "false"}, "vm"),
         ({"capacity": "spot", "recovery": "false", "head": "slice"}, "slice"),
         ({"capacity": "reserved", "reservation": "team-v6e"}, "slice"),
+        ({"minSlices": "0"}, "vm"),  # elastic: the head outlives every slice
     ],
 )
 def test_head_default(overrides, head):
@@ -165,6 +166,18 @@ def test_the_draft_has_every_spec_field_as_optional():
 def test_valid_configs(overrides, secure):
     """Configs next to the refused ones below that must stay valid (`secure` says why)."""
     assert load(**overrides).name == "rayslice", secure
+
+
+def test_an_elastic_cluster_keeps_slices_as_its_most_and_a_ceiling_it_can_pay():
+    s = load(acceleratorType="v6e-4", slices="3", minSlices="0", idleTimeoutSeconds="90", maxUsdPerHour="25")
+    assert (s.elastic, s.min_slices, s.slices, s.idle_timeout_seconds, s.max_usd_per_hour) == (
+        True,
+        0,
+        3,
+        90,
+        25,
+    )
+    assert not load().elastic and load().idle_timeout_seconds == 600
 
 
 def test_head_machine_type_is_checked_only_where_a_head_machine_runs():
@@ -443,6 +456,41 @@ ERRORS = [
         "dashboard-all-nines-but-one",
         {"dashboardSourceRanges": [f"{n >> 1}.{(n & 1) * 128}.0.0/9" for n in range(1, 512)]},
         ["more than a /8", "allowWideDashboardRanges"],
+    ),
+    (
+        "elastic-min-not-below-max",
+        {"slices": "2", "minSlices": "2"},
+        ["minSlices=2 with slices=2", "use 0 to 1"],
+    ),
+    ("elastic-negative-min", {"slices": "2", "minSlices": "-1"}, ["minSlices=-1"]),
+    (
+        "elastic-on-gke",
+        {"slices": "2", "minSlices": "0", "platform": "gke"},
+        ["needs platform=compute", "autoscaler"],
+    ),
+    (
+        "elastic-on-tpu-vm",
+        {"slices": "2", "minSlices": "0", "platform": "tpu-vm"},
+        ["needs platform=compute"],
+    ),
+    ("elastic-head-on-a-slice", {"slices": "1", "minSlices": "0", "head": "slice"}, ["use head=vm"]),
+    (
+        "elastic-without-controller",
+        {"slices": "2", "minSlices": "0", "recovery": "false"},
+        ["recovery=false"],
+    ),
+    (
+        "elastic-flex-start",
+        {"slices": "2", "minSlices": "0", "capacity": "flex-start"},
+        ["not supported yet"],
+    ),
+    ("elastic-idle-zero", {"slices": "2", "minSlices": "0", "idleTimeoutSeconds": "0"}, ["use 1 or more"]),
+    ("idle-without-elastic", {"idleTimeoutSeconds": "60"}, ["elastic clusters only", "set minSlices"]),
+    ("ceiling-without-elastic", {"maxUsdPerHour": "60"}, ["maxUsdPerHour applies to elastic"]),
+    (
+        "ceiling-below-the-minimum",
+        {"acceleratorType": "v6e-4", "slices": "3", "minSlices": "2", "maxUsdPerHour": "20"},
+        ["maxUsdPerHour=20 is below the 2 slice(s)", "$21.60/h"],
     ),
     (
         "dashboard-wide-ipv6",
