@@ -41,6 +41,9 @@ STATE_WATCHING = "watching"  # the controller VM's state once the recovery contr
 STATE_WAITING_PREFIX = "waiting: "
 STATE_RETRYING_PREFIX = "retrying: "
 STATE_FAILED_PREFIX = "failed: "
+# The head of an elastic cluster publishes Ray's pending demand and each slice's use under this
+# key (JSON, `rayslice.recovery.demand`); the controller reads it through the Compute API.
+DEMAND_KEY = "demand"
 
 # Instance metadata attributes that infra writes and the boot script reads.
 ATTR_HEAD_MODE = "rayslice-head-mode"
