@@ -244,7 +244,11 @@ def _bulk_reservation_bound_deletes(stack: Stack) -> Iterator[Finding]:
 # target number of running instances"). A resize request raises it by its resizeBy once it is
 # fulfilled (compute v1 discovery, InstanceGroupManagerResizeRequest.resizeBy: "The group's target
 # size will be increased by this number"). So the MIG ends with targetSize + per-instance configs
-# + the resize requests' resizeBy.
+# + the resize requests' resizeBy. An empty MIG is not a broken slice: the resize-request flow
+# creates the MIG before any of its hosts exists (Compute Engine, "Create resize requests in a MIG",
+# https://docs.cloud.google.com/compute/docs/instance-groups/create-resize-requests-mig), and an
+# elastic cluster's slices above minSlices are declared so, their hosts added whole by the
+# controller (docs/elastic.md); only a count between none and the topology's is refused.
 _TPU_MIG_PAGE = (
     "Compute Engine, 'Create a MIG with multi-host TPU slice', "
     "https://docs.cloud.google.com/compute/docs/tpus/create-tpu-mig-multi-host-slice; magic-modules "
@@ -291,7 +295,7 @@ def _instances_match_topology(stack: Stack) -> Iterator[Finding]:
         resized = sum(int(r.body.get("resizeBy", 0)) for r in requests)
         ends = target + len(configs) + resized
         for _, _, topology, per_host, hosts in _slice_shape(stack, mig):
-            if per_host and ends != hosts:
+            if per_host and ends not in (0, hosts):
                 yield (
                     mig,
                     f"ends with {ends} instances (target size {target} plus {len(configs)} "

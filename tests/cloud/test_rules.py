@@ -70,6 +70,9 @@ def test_instances_are_target_size_plus_per_instance_configs(target, configs):
     assert f"ends with {target + configs} instances" in violation.message and "4 hosts" in violation.message
     assert "PerInstanceConfig.yaml" in violation.source
     assert rule_ids(slice_stack(target=4, configs=0)) == []
+    assert (
+        rule_ids(slice_stack(target=0, configs=0)) == []
+    )  # empty: an elastic slice, hosts added whole later
 
 
 def test_tpu_node_mutually_exclusive_pairs():

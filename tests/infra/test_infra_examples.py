@@ -118,6 +118,25 @@ EXAMPLES = {
         hosts=4,
         head_vm=True,
     ),
+    "Pulumi.example-compute-elastic-v6e-16.yaml": dict(
+        # Both slices' MIGs, templates, policies and addresses, and no per-instance config: the
+        # controller adds and removes the hosts (docs/elastic.md).
+        counts={
+            **COMMON,
+            **_controller_identity(2),
+            **_compute(4, 2),
+            PER_INSTANCE: 0,
+            FIREWALL: 3,
+            INSTANCE: 2,
+        },
+        machine_type="ct6e-standard-4t",
+        topology="4x4",
+        provisioning="STANDARD",
+        hosts=4,
+        head_vm=True,
+        slices=2,
+        configured_slices=0,
+    ),
     "Pulumi.example-compute-tpu7x-16.yaml": dict(
         counts={**COMMON, **_compute(2), FIREWALL: 2},
         machine_type="tpu7x-standard-4t",
@@ -158,7 +177,7 @@ def _hosts(run):
 def test_resource_types_and_counts(example):
     expected, _, run = example
     custom = Counter(r.type for r in run.registrations if r.custom)
-    assert dict(custom) == expected["counts"]
+    assert dict(custom) == {t: n for t, n in expected["counts"].items() if n}
 
 
 def test_every_child_is_parented_and_prefixed(example):
@@ -188,22 +207,23 @@ def test_slices_accelerator_runtime_and_scheduling(name):
 @pytest.mark.parametrize("name", COMPUTE_EXAMPLES)
 def test_compute_slice_shape(name):
     expected, _, run = _example(name)
-    (policy,) = run.of_type(POLICY)
-    assert policy.inputs["workloadPolicy"] == {
-        "type": "HIGH_THROUGHPUT",
-        "acceleratorTopology": expected["topology"],
-    }
-    (template,) = run.of_type(TEMPLATE)
-    assert template.inputs["machineType"] == expected["machine_type"]
-    assert template.inputs["scheduling"]["provisioningModel"] == expected["provisioning"]
-    assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
-    (mig,) = run.of_type(MIG)
-    # Target size 0 plus one per-instance config (createInstances) per host: the topology's hosts.
-    assert mig.inputs["targetSize"] == 0 and "targetSizePolicies" not in mig.inputs
-    assert len(run.of_type(PER_INSTANCE)) == expected["hosts"]
-    assert mig.inputs["resourcePolicies"]["workloadPolicy"].endswith(
-        f"/resourcePolicies/{policy.inputs['name']}"
-    )
+    policies, templates, migs = run.of_type(POLICY), run.of_type(TEMPLATE), run.of_type(MIG)
+    assert len(policies) == len(templates) == len(migs) == expected.get("slices", 1)
+    for policy, template, mig in zip(policies, templates, migs, strict=True):
+        assert policy.inputs["workloadPolicy"] == {
+            "type": "HIGH_THROUGHPUT",
+            "acceleratorTopology": expected["topology"],
+        }
+        assert template.inputs["machineType"] == expected["machine_type"]
+        assert template.inputs["scheduling"]["provisioningModel"] == expected["provisioning"]
+        assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
+        # Target size 0 plus one per-instance config (createInstances) per host: the topology's hosts.
+        assert mig.inputs["targetSize"] == 0 and "targetSizePolicies" not in mig.inputs
+        assert mig.inputs["resourcePolicies"]["workloadPolicy"].endswith(
+            f"/resourcePolicies/{policy.inputs['name']}"
+        )
+    # An elastic cluster's slices above minSlices have no per-instance config: the controller's.
+    assert len(run.of_type(PER_INSTANCE)) == expected["hosts"] * expected.get("configured_slices", 1)
     assert not run.of_type(V2VM)
 
 

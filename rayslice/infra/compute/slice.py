@@ -180,7 +180,10 @@ class ComputeSlice(pulumi.ComponentResource):
         )
         if spec.waits_for_capacity:
             _resize_request(f"{name}-request", spec, slice_name, zone, mig, args)
-        for worker, (host, address) in enumerate(zip(hosts, addresses, strict=True)):
+        # An elastic cluster's slices above minSlices start empty: the recovery controller adds
+        # their hosts with the same names and addresses when Ray needs them, and removes them.
+        owned = [] if controller_owns(spec, index) else hosts
+        for worker, (host, address) in enumerate(zip(owned, addresses[: len(owned)], strict=True)):
             gcp.compute.PerInstanceConfig(
                 f"{name}-w{worker}",
                 name=host,
@@ -207,6 +210,14 @@ class ComputeSlice(pulumi.ComponentResource):
         self.host_ips = pulumi.Output.all(*[a.address for a in addresses])
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs({"slice_name": self.slice_name, "host_ips": self.host_ips})
+
+
+def controller_owns(spec: ClusterSpec, index: int) -> bool:
+    """Whether slice `index`'s hosts belong to the controller (an elastic cluster's slices above
+    minSlices), not to the program: Pulumi then declares the slice's MIG, template, workload policy
+    and addresses, and no per-instance config, so a ``pulumi up`` after the controller added or
+    removed hosts has nothing to change (the MIG's target size is ignored already)."""
+    return spec.elastic and index >= (spec.min_slices or 0)
 
 
 def _resize_request(
