@@ -367,7 +367,7 @@ class CloudClient:
         self._guard_hosts(mig, instance_names, allowed)
         zone = self.location.zone
         body = {
-            "instances": [f"zones/{zone}/instances/{name}" for name in instance_names],
+            "instances": [f"zones/{_q(zone)}/instances/{name}" for name in instance_names],
             "skipInstancesOnValidationError": skip_missing,
         }
         return self._request(
