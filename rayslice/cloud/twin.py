@@ -20,6 +20,30 @@ Behaviour, by source:
   PerInstanceConfig through it, magic-modules mmv1/products/compute/PerInstanceConfig.yaml).
   No source says Google refuses a MIG larger than its workload policy's topology, so the twin
   creates what was asked and `audit` reports it (rule instances-match-topology).
+- ``deleteInstances`` deletes the named members at once and lowers the target size by as many
+  (discovery, instanceGroupManagers.deleteInstances: "Flags the specified instances in the
+  managed instance group for immediate deletion ... This method reduces the targetSize of the
+  managed instance group by the number of instances that you delete"); the MIG stays. Its
+  validation follows InstanceGroupManagersDeleteInstancesRequest (same document): an instance
+  that is not a member fails the request "If this field [skipInstancesOnValidationError] is set
+  to false", else it is skipped; "a malformed instance URL or a reference to an instance that
+  exists in a zone or region other than the group's" always fails it; ``instances`` are "a full
+  URL or a partial URL, such as zones/[ZONE]/instances/[INSTANCE_NAME]", a bare name only for a
+  queued instance (which the twin never has), "One cannot specify both URLs and names". A failed
+  request deletes nothing. What becomes of a deleted instance's per-instance config is not in
+  the discovery document, and the stored copies of Google's "Preserved state" page
+  (compute/docs/instance-groups/preserved-state, section "Deleting an instance") end before
+  that section; the one other source, pulumi-gcp's PerInstanceConfig with
+  ``remove_instance_on_destroy`` (magic-modules custom_delete/per_instance_config.go.tmpl),
+  deletes its config by sending ``deleteInstances`` alone, which only holds if the config goes
+  with the instance. The twin removes it with the instance; a caller that must not depend on
+  this lists the configs afterwards and deletes any left (`delete_per_instance_configs`).
+- ``deletePerInstanceConfigs`` (discovery: "Deletes selected per-instance configurations")
+  removes the named configs; one whose instance still exists stays listed as
+  ``UNAPPLIED_DELETION`` ("The per-instance configuration has been deleted, but the deletion is
+  not yet applied", PerInstanceConfig.status) until the instance goes. What Google answers for
+  a name with no config is not documented: the twin fails the request and deletes nothing, so
+  a caller that only deletes the configs it listed works whichever way Google answers.
 - A lost instance (preempted, failed) is recreated under its name when the MIG's
   ``instanceLifecyclePolicy.defaultActionOnFailure`` is REPAIR (the default) and left as it is
   with DO_NOTHING (discovery, InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure:
@@ -90,6 +114,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import itertools
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -121,6 +146,12 @@ POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RU
 GCE_STOCKOUT = "GCE_STOCKOUT"  # "indicates that Google Compute Engine resources are temporarily unavailable"
 CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
 DEADLINE_EXCEEDED = 4  # google.rpc.Code of a queued resource whose deadline passed (the twin's choice)
+# An instance as deleteInstances names it: a full URL or a partial one, "such as
+# zones/[ZONE]/instances/[INSTANCE_NAME]" (compute v1 discovery, InstanceGroupManagersDeleteInstancesRequest).
+_INSTANCE_URL = re.compile(
+    r"^(?:https?://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$"
+)
+UNAPPLIED_DELETION = "UNAPPLIED_DELETION"  # PerInstanceConfig.status (compute v1 discovery)
 
 
 class CloudRuleError(InvalidInput):
@@ -132,6 +163,10 @@ class CloudRuleError(InvalidInput):
             f"{len(self.violations)} violation(s) of Google's documented rules; Google would refuse "
             "this deployment:\n" + "\n".join(f"  - {v}" for v in self.violations)
         )
+
+
+class InstanceValidationError(InvalidInput):
+    """A deleteInstances or deletePerInstanceConfigs request Google fails; nothing was deleted."""
 
 
 @dataclass(frozen=True)
@@ -504,9 +539,68 @@ class CloudTwin:
         key = (project, zone, mig["name"])
         self.capacity.take(zone, self._machine_of(mig), len(configs))
         added = [self._add_to_mig(project, zone, mig, str(c["name"]), c) for c in configs]
+        named = {str(c["name"]) for c in configs}  # a config of that name (deleted, unapplied) is replaced
+        self.configs[key] = [c for c in self.configs[key] if c["name"] not in named]
         self.configs[key].extend({**copy.deepcopy(c), "status": "EFFECTIVE"} for c in configs)
         mig["targetSize"] = int(mig.get("targetSize", 0)) + len(configs)
         return added
+
+    def delete_instances(
+        self, project: str, zone: str, mig_name: str, instances: list[str], *, skip_invalid: bool
+    ) -> list[str]:
+        """instanceGroupManagers.deleteInstances: the named members are deleted with their
+        per-instance configs and the target size drops by as many (module docstring, with the
+        rules and their sources). Returns the names deleted; `InstanceValidationError` when the
+        request fails (nothing deleted)."""
+        key = (project, zone, mig_name)
+        mig = self.migs[key]
+        members = {r["name"] for r in self.instances[key]}
+        urls = [i for i in instances if "/" in i]
+        if urls and len(urls) < len(instances):
+            raise InstanceValidationError("one cannot specify both instance URLs and names in one request")
+        deleted: list[str] = []
+        for item in instances:
+            name: str | None = None  # a bare name names a queued instance, which the twin never has
+            if "/" in item:
+                found = _INSTANCE_URL.match(item)
+                if found is None or found["zone"] != zone or found["project"] not in (None, project):
+                    raise InstanceValidationError(
+                        f"{item!r} is a malformed instance URL or names an instance outside {project}/{zone}"
+                    )
+                name = found["name"]
+            if name is not None and name in members:
+                if name not in deleted:
+                    deleted.append(name)
+            elif not skip_invalid:
+                raise InstanceValidationError(
+                    f"{item!r} is not a member of instance group manager {mig_name}"
+                )
+        gone = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.name in deleted]
+        for vm in gone:
+            self._remove_vm(vm)
+        self.instances[key] = [r for r in self.instances[key] if r["name"] not in deleted]
+        self.configs[key] = [c for c in self.configs[key] if c["name"] not in deleted]
+        mig["targetSize"] = max(0, int(mig.get("targetSize", 0)) - len(deleted))
+        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock())
+        return deleted
+
+    def delete_per_instance_configs(self, project: str, zone: str, mig_name: str, names: list[str]) -> None:
+        """instanceGroupManagers.deletePerInstanceConfigs: each named config goes, or turns
+        UNAPPLIED_DELETION while its instance exists; `InstanceValidationError` (nothing deleted)
+        when one has no config (the twin's choice, module docstring)."""
+        key = (project, zone, mig_name)
+        have = {c["name"] for c in self.configs[key]}
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise InstanceValidationError(f"no per-instance config for {', '.join(missing)} in {mig_name}")
+        members = {r["name"] for r in self.instances[key]}
+        kept = []
+        for config in self.configs[key]:
+            if config["name"] not in names:
+                kept.append(config)
+            elif config["name"] in members:
+                kept.append({**config, "status": UNAPPLIED_DELETION})
+        self.configs[key] = kept
 
     def _add_to_mig(
         self,
@@ -532,7 +626,10 @@ class CloudTwin:
             ),
             None,
         )
-        worker = len(self.instances[key])
+        # The lowest worker number no instance of the MIG holds: its creation order, unless
+        # deleteInstances left a gap.
+        taken = {v.worker for v in self.vms.values() if (v.project, v.zone, v.group) == key}
+        worker = next(w for w in itertools.count() if w not in taken)
         self._new_vm(project, zone, name, mig["name"], worker, properties, ip=ip, announce=announce)
         record = {
             "instance": f"{API_ROOT}projects/{project}/zones/{zone}/instances/{name}",

@@ -27,7 +27,7 @@ import ipaddress
 import os
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ import requests
 from google.auth.transport.requests import AuthorizedSession
 
 from rayslice.errors import CloudError, InvalidInput, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE
+from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name
 
 # Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
 # compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/", container.v1
@@ -181,6 +181,20 @@ class CloudClient:
             raise RefusedResource(
                 f"refusing to touch {name!r}: it is not one of this cluster's slices "
                 f"({', '.join(sorted(allowed)) or 'none'})"
+            )
+
+    @classmethod
+    def _guard_hosts(cls, mig: str, hosts: Sequence[str], allowed: Collection[str]) -> None:
+        """`_guard` for `mig`, and every one of `hosts` must be a name infra gives that MIG's
+        hosts (`rayslice.names.host_name`): a call never names another group's instance."""
+        cls._guard(mig, allowed)
+        if not hosts:
+            raise InvalidInput(f"no instances of {mig!r} named")
+        foreign = [h for h in hosts if not _is_host_of(mig, h)]
+        if foreign:
+            raise RefusedResource(
+                f"refusing to touch {', '.join(map(repr, foreign))}: not hosts of {mig!r} "
+                f"({host_name(mig, 0)!r}, {host_name(mig, 1)!r}, ...)"
             )
 
     # ---- Cloud TPU v2 (tpu.v2.json: projects.locations.nodes / operations) --------------------
@@ -338,6 +352,42 @@ class CloudClient:
             body={"instances": [dict(i) for i in instances]},
         )
 
+    def delete_instances(
+        self, mig: str, instance_names: Sequence[str], allowed: Collection[str], *, skip_missing: bool = True
+    ) -> dict[str, Any]:
+        """instanceGroupManagers.deleteInstances: delete these hosts of `mig` and lower its target
+        size by as many; the MIG stays. Instances are named by partial URL, "zones/[ZONE]/instances/
+        [INSTANCE_NAME]" (compute v1 discovery, InstanceGroupManagersDeleteInstancesRequest).
+        `skip_missing` sends skipInstancesOnValidationError: a host already gone is skipped rather
+        than failing the operation, so a scale-down retried after a partial one completes.
+
+        Whether Google deletes the hosts' per-instance configs with them is not settled by the
+        sources (`rayslice.cloud.twin`'s docstring): after the operation, list the MIG's configs and
+        pass any of these names still there to `delete_per_instance_configs`."""
+        self._guard_hosts(mig, instance_names, allowed)
+        zone = self.location.zone
+        body = {
+            "instances": [f"zones/{_q(zone)}/instances/{name}" for name in instance_names],
+            "skipInstancesOnValidationError": skip_missing,
+        }
+        return self._request(
+            "POST", self._compute(f"instanceGroupManagers/{_q(mig)}/deleteInstances"), body=body
+        )
+
+    def delete_per_instance_configs(
+        self, mig: str, instance_names: Sequence[str], allowed: Collection[str]
+    ) -> dict[str, Any]:
+        """instanceGroupManagers.deletePerInstanceConfigs of these hosts of `mig` (body ``names``,
+        InstanceGroupManagersDeletePerInstanceConfigsReq). Name only configs that
+        `list_per_instance_configs` returned: what Google answers for a name without one is not
+        documented (the twin fails the operation)."""
+        self._guard_hosts(mig, instance_names, allowed)
+        return self._request(
+            "POST",
+            self._compute(f"instanceGroupManagers/{_q(mig)}/deletePerInstanceConfigs"),
+            body={"names": list(instance_names)},
+        )
+
     def instance_guest_attributes(self, instance: str, query_path: str) -> list[dict[str, str]]:
         """An instance's guest attribute entries under `query_path`; [] when there are none."""
         try:
@@ -378,6 +428,13 @@ def managed_instance_name(instance: Mapping[str, Any]) -> str:
     """A MIG's managed instance's name: ``name`` where the answer has it, else the last part of its
     ``instance`` URL (compute v1 ManagedInstance); "" when it has neither."""
     return str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
+
+
+def _is_host_of(mig: str, name: str) -> bool:
+    """Whether `name` is ``host_name(mig, w)`` for some worker w (compared through `host_name`
+    itself, so the rule lives in `rayslice.names` alone)."""
+    worker = name.rpartition("-w")[2]
+    return worker.isdecimal() and host_name(mig, int(worker)) == name
 
 
 def _q(segment: str) -> str:

@@ -43,7 +43,8 @@ TPU_PERMISSIONS = (
     "tpu.queuedResources.get",
 )
 # Compute Engine v1: instanceGroupManagers.get (also listManagedInstances / listPerInstanceConfigs),
-# .delete, .insert (create), .createInstances (update).
+# .delete, .insert (create), .createInstances, .deleteInstances and .deletePerInstanceConfigs
+# (all three update: each method's REST reference, "IAM Permissions").
 COMPUTE_MIG_PERMISSIONS = (
     "compute.instanceGroupManagers.create",
     "compute.instanceGroupManagers.delete",
@@ -96,7 +97,8 @@ UNNARROWED = {
     "compute": "IAM Conditions cannot name instance group managers, resource policies or zone "
     "operations, so the MIG permissions (compute.instanceGroupManagers.get, .delete, .create, "
     ".update), compute.resourcePolicies.use and compute.zoneOperations.get hold for the whole "
-    "project: the controller's account may read, delete, create and resize any MIG there (GKE's "
+    "project: the controller's account may read, delete, create and resize any MIG there and "
+    "delete any MIG's instances (GKE's "
     "node-pool MIGs too). Only the controller's own code, which runs alone on its VM, keeps to "
     "this cluster's MIGs (an exact-name check). "
     "Only compute.instanceTemplates.useReadOnly is narrowed, to templates whose names start with "

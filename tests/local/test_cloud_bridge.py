@@ -141,6 +141,43 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
         assert [h["name"] for h in data["slices"][1]["hosts"]] == victims
 
 
+def test_scale_down_powers_the_slices_hosts_off_and_scale_up_boots_the_same_ones(
+    cloud: CloudApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An elastic slice removed (deleteInstances, the MIG stays), added again under the same
+    names (createInstances of its recorded configs), and removed again: exactly its hosts power
+    off and boot, each time."""
+    spec = spec_module.load(
+        {"slices": 2, "platform": "compute", "acceleratorType": "v6e-16"}, require_zone=False
+    )
+    sim = deployed(cloud, spec, "d1e2f3")
+    cloud_bridge.attach(cloud, sim, spec)
+    use_the_emulation(cloud, tmp_path, monkeypatch)
+    client = CloudClient(
+        default_session(),
+        Location(cloud_bridge.project_of(spec), str(spec.zone)),
+        sleep=lambda _: None,
+        poll_interval_s=0,
+    )
+    name, allowed = names.slice_name(spec.name, 0), [names.slice_name(spec.name, i) for i in range(2)]
+    hosts = cloud_bridge.slice_hosts(sim.plan, 0)
+    assert hosts == names.slice_host_names(name, 4)
+    recorded = [
+        {k: c[k] for k in ("name", "preservedState") if k in c}
+        for c in client.list_per_instance_configs(name)
+    ]
+    before = [(h.name, h.worker, h.ip) for h in cloud.state.hosts() if h.group == name]
+    for _ in range(2):
+        sim.actions.clear()
+        client.wait_zone_operation(client.delete_instances(name, hosts, allowed), 30)
+        assert sim.actions == [("off", h) for h in hosts]
+        sim.actions.clear()
+        client.wait_zone_operation(client.create_instances(name, recorded, allowed), 30)
+        assert sim.actions == [("boot", h) for h in hosts]
+    # Back under the same names, worker numbers and reserved addresses as the simulated hosts.
+    assert [(h.name, h.worker, h.ip) for h in cloud.state.hosts() if h.group == name] == before
+
+
 def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
     cloud: CloudApiEmulator, tmp_path: Path
 ) -> None:

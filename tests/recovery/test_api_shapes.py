@@ -52,7 +52,21 @@ def _exercise(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, 
         ]
     args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
     assert cli.main([*args, "--set", "capacity=spot", "--set", f"platform={platform}", "--json"]) == 0
+    if platform == "compute":
+        _exercise_scale_down(client)
     _exercise_waiting(cloud, client, vm, args, platform)
+
+
+def _exercise_scale_down(client: CloudClient) -> None:
+    """A slice's per-instance configs deleted while its hosts run (listed as unapplied), then
+    its hosts deleted, the MIG left at target size 0."""
+    slice_name = names.slice_name(CLUSTER, 1)
+    hosts = names.slice_host_names(slice_name, 4)
+    allowed = [names.slice_name(CLUSTER, i) for i in range(2)]
+    client.wait_zone_operation(client.delete_per_instance_configs(slice_name, hosts, allowed), 30)
+    assert {c["status"] for c in client.list_per_instance_configs(slice_name)} == {"UNAPPLIED_DELETION"}
+    client.wait_zone_operation(client.delete_instances(slice_name, hosts, allowed), 30)
+    assert (client.get_mig(slice_name) or {}).get("targetSize") == 0
 
 
 def _exercise_waiting(

@@ -30,7 +30,14 @@ def test_every_mutating_emulated_method_has_its_permission_and_nothing_broader()
         assert all(p.startswith(f"{service}.") for p in granted)
     assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= set(permissions.permissions("tpu-vm"))
     # Each MIG method the controller calls maps to one permission of the role.
-    verbs = {"get": "get", "delete": "delete", "insert": "create", "createInstances": "update"}
+    verbs = {
+        "get": "get",
+        "delete": "delete",
+        "insert": "create",
+        "createInstances": "update",
+        "deleteInstances": "update",
+        "deletePerInstanceConfigs": "update",
+    }
     called = {r.method_id.rsplit(".", 1)[-1] for r in ROUTES if ".instanceGroupManagers." in r.method_id}
     assert set(verbs) <= called
     for method in called & set(verbs):
@@ -175,6 +182,31 @@ def test_a_call_the_role_does_not_allow_is_refused_403_and_nothing_is_recreated(
     refused = [c for c in cloud.calls if c.status == 403]
     assert refused and refused[0].response["error"]["status"] == "PERMISSION_DENIED"
     assert withheld in refused[0].response["error"]["message"]
+
+
+def test_removing_a_slices_hosts_needs_update_which_the_role_holds(cloud: CloudApiEmulator) -> None:
+    """Scale-down (deleteInstances, then deletePerInstanceConfigs of any config left) with the
+    controller's role; without compute.instanceGroupManagers.update both are refused, 403."""
+    seed(cloud, "compute")
+    hosts = names.slice_host_names(SLICE0, 4)
+    allowed = (SLICE0, SLICE1)
+    withheld = "compute.instanceGroupManagers.update"
+    lacking = _controller_client(cloud, tuple(p for p in permissions.held("compute") if p != withheld))
+    with pytest.raises(NoCredentials):
+        lacking.delete_instances(SLICE0, hosts, allowed)
+    with pytest.raises(NoCredentials):
+        lacking.delete_per_instance_configs(SLICE1, [names.host_name(SLICE1, 0)], allowed)
+    assert [c.response["error"]["status"] for c in cloud.calls] == ["PERMISSION_DENIED"] * 2
+    assert all(withheld in c.response["error"]["message"] for c in cloud.calls)
+    assert len(cloud.state.instances[(PROJECT, ZONE, SLICE0)]) == 4
+
+    client = _controller_client(cloud, permissions.held("compute"))
+    client.wait_zone_operation(client.delete_instances(SLICE0, hosts, allowed), 30)
+    client.wait_zone_operation(
+        client.delete_per_instance_configs(SLICE1, [names.host_name(SLICE1, 0)], allowed), 30
+    )
+    assert cloud.state.instances[(PROJECT, ZONE, SLICE0)] == []
+    assert {c.status for c in cloud.calls[2:]} == {200}
 
 
 def test_an_unbound_token_is_the_owner_and_may_call_everything(

@@ -1,11 +1,14 @@
 """The emulated Compute Engine v1 API: ``instanceGroupManagers`` get / delete / insert /
-listManagedInstances / listPerInstanceConfigs / createInstances,
-``instanceGroupManagerResizeRequests`` insert / list, ``zoneOperations.get`` and
-``instances.getGuestAttributes``.
+listManagedInstances / listPerInstanceConfigs / createInstances / deleteInstances /
+deletePerInstanceConfigs, ``instanceGroupManagerResizeRequests`` insert / list,
+``zoneOperations.get`` and ``instances.getGuestAttributes``.
 
 A create the zone has no capacity for (`rayslice.cloud.capacity`) is accepted and its operation
 ends with Google's ``ZONE_RESOURCE_POOL_EXHAUSTED`` error, creating nothing; a resize request's
-operation ends once the request is accepted, and the request waits for capacity."""
+operation ends once the request is accepted, and the request waits for capacity. A
+deleteInstances or deletePerInstanceConfigs request the twin fails (`InstanceValidationError`:
+Google's discovery document says "the operation fails") is accepted and its operation ends with
+that error, deleting nothing."""
 
 from __future__ import annotations
 
@@ -14,9 +17,13 @@ from typing import Any
 
 from rayslice.cloud.bodies import MIG, RESIZE_REQUEST, Request
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
-from rayslice.cloud.twin import CloudRuleError
+from rayslice.cloud.twin import CloudRuleError, InstanceValidationError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
+
+# "You can specify a maximum of 1000 instances with this method per request" (compute v1
+# discovery document, instanceGroupManagers.deleteInstances).
+MAX_DELETE_INSTANCES = 1000
 
 
 class ComputeApi(EmulatedProject):
@@ -108,6 +115,48 @@ class ComputeApi(EmulatedProject):
             return None
 
         return self._compute_operation(p["project"], p["zone"], "createInstances", mig["selfLink"], finish)
+
+    def mig_delete_instances(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """deleteInstances: the twin deletes the instances at once, so the hosts power off (its
+        ``on_host_down``); the operation is a zone operation, as createInstances'. Deleting the
+        MIG's last instances is the slice going down (`on_slice_down`, when the operation ends)."""
+        mig = self._mig(p)
+        wanted = [str(i) for i in (body or {}).get("instances") or []]
+        if len(wanted) > MAX_DELETE_INSTANCES:
+            raise ApiError(
+                400, "INVALID_ARGUMENT", f"deleteInstances takes at most {MAX_DELETE_INSTANCES} instances"
+            )
+        skip = bool((body or {}).get("skipInstancesOnValidationError", False))
+        try:
+            deleted = self.state.delete_instances(
+                p["project"], p["zone"], p["name"], wanted, skip_invalid=skip
+            )
+        except InstanceValidationError as exc:
+            return self._failed(p, "deleteInstances", mig["selfLink"], exc)
+        emptied = bool(deleted) and not self.state.instances[resource_key(p)]
+
+        def finish() -> str | None:
+            if emptied:
+                self._hook(self.on_slice_down, p["name"])
+            return None
+
+        return self._compute_operation(p["project"], p["zone"], "deleteInstances", mig["selfLink"], finish)
+
+    def mig_delete_configs(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        mig = self._mig(p)
+        wanted = [str(n) for n in (body or {}).get("names") or []]
+        try:
+            self.state.delete_per_instance_configs(p["project"], p["zone"], p["name"], wanted)
+        except InstanceValidationError as exc:
+            return self._failed(p, "deletePerInstanceConfigs", mig["selfLink"], exc)
+        return self._compute_operation(
+            p["project"], p["zone"], "deletePerInstanceConfigs", mig["selfLink"], lambda: None
+        )
+
+    def _failed(self, p: dict[str, str], kind: str, target: str, exc: InstanceValidationError) -> Any:
+        """The operation of a request Google accepts and then fails: it ends with the error."""
+        message = str(exc)
+        return self._compute_operation(p["project"], p["zone"], kind, target, lambda: message)
 
     def resize_insert(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         self._mig(p)

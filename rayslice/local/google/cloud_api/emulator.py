@@ -9,7 +9,8 @@ else. It emulates:
   and ``projects.locations.operations.get`` (long-running operations, ``done`` after
   `op_polls` reads);
 - Compute Engine v1: ``instanceGroupManagers`` get / delete / insert / listManagedInstances /
-  listPerInstanceConfigs / createInstances, ``zoneOperations.get`` and
+  listPerInstanceConfigs / createInstances / deleteInstances / deletePerInstanceConfigs,
+  ``instanceGroupManagerResizeRequests`` insert / list, ``zoneOperations.get`` and
   ``instances.getGuestAttributes``;
 - GKE (container v1): ``projects.locations.clusters.nodePools`` get / list (reached through
   ``CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER`` = ``<url>/``);

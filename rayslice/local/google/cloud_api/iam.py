@@ -37,6 +37,11 @@ METHOD_PERMISSIONS = {
     "compute.instanceGroupManagers.listManagedInstances": "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.listPerInstanceConfigs": "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.createInstances": "compute.instanceGroupManagers.update",
+    # deleteInstances and deletePerInstanceConfigs: "Authorization requires the following IAM
+    # permission on the specified resource instanceGroupManager: compute.instanceGroupManagers.update"
+    # (REST reference of each, compute/docs/reference/rest/v1/instanceGroupManagers/...).
+    "compute.instanceGroupManagers.deleteInstances": "compute.instanceGroupManagers.update",
+    "compute.instanceGroupManagers.deletePerInstanceConfigs": "compute.instanceGroupManagers.update",
     # instanceGroupManagerResizeRequests insert and list: "Authorization requires the following
     # IAM permission on the specified resource instanceGroupManager" (REST reference of each).
     "compute.instanceGroupManagerResizeRequests.insert": "compute.instanceGroupManagers.update",
