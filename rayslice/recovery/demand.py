@@ -144,7 +144,8 @@ def parse(text: str) -> Demand:
     top = _object(value, "value")
     if top.get("v") != SCHEMA_VERSION:
         raise ValueError(
-            f"demand: schema version {top.get('v')!r:.20}, but this controller reads version {SCHEMA_VERSION}; "
+            f"demand: schema version {top.get('v')!r:.20}, but this controller reads version "
+            f"{SCHEMA_VERSION}; "
             "deploy the head and the controller from the same rayslice"
         )
     slices = _object(top.get("slices"), "slices")

@@ -229,7 +229,8 @@ def run(
             publish_once(read, write, slice_label, now)
         except Exception as exc:  # the GCS down or restarting, a refused PUT: both pass
             if not failing:
-                log(f"cannot publish the demand ({type(exc).__name__}: {exc}); retrying every {interval_s:g} s")
+                why = f"{type(exc).__name__}: {exc}"
+                log(f"cannot publish the demand ({why}); retrying every {interval_s:g} s")
             failing = True
         else:
             if failing:
@@ -263,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval_s <= 0:
         parser.error("--interval-s must be positive")
     log = logger(args.log_file)
-    log(f"publishing Ray's demand from {args.gcs_address} to {args.attribute_url} every {args.interval_s:g} s")
+    log(
+        f"publishing Ray's demand from {args.gcs_address} to {args.attribute_url} every {args.interval_s:g} s"
+    )
     run(
         lambda: read_state(args.gcs_address),
         lambda body: put(args.attribute_url, body),
