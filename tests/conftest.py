@@ -45,7 +45,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # with its GCS, a fixed limit). The other workers take the quick modules.
 RAY_WORKERS = 2
 # Slow tests outside tests/integration/ that start a local Ray.
-_STARTS_LOCAL_RAY = ("tests/workloads/test_cluster.py::",)
+_STARTS_LOCAL_RAY = (
+    "tests/workloads/test_cluster.py::",
+    "tests/startup_scripts/test_demand_publisher_ray.py::",
+)
 _RAY_UNIT = "ray: "
 # Integration modules whose own tests start no Ray (simulated hosts with a tiny boot script, JAX
 # processes, a pod's start script with a fake `ray`): any worker may take them, the quick
@@ -77,6 +80,7 @@ RAY_UNIT_SECONDS = {
     "tests/integration/test_wheel_install.py": 23,
     "tests/integration/test_tpu_runtime.py": 19,
     "tests/workloads/test_cluster.py": 13,
+    "tests/startup_scripts/test_demand_publisher_ray.py": 11,  # measured alone, 2026-12-04
     "tests/integration/test_pod_joins_ray.py": 9,
 }
 

@@ -75,17 +75,30 @@ EXIT_PERMANENT = 78
 PYTHON_VERSION = "3.11"
 
 
-# The hosts' preemption watcher: this file's text goes into the boot script (base64, one line, so
-# the quoting filter takes it), which writes it on the host and runs it with the venv's Python.
+# Scripts the boot script carries: each file's text goes into it (base64, one line, so the quoting
+# filter takes it), and the host writes it out and runs it with the venv's Python.
+# The hosts' preemption watcher.
 PREEMPTION_WATCHER = Path(__file__).with_name("preemption_watcher.py")
+# An elastic cluster's head publishes Ray's demand for the controller every this many seconds
+# (RAYSLICE_DEMAND_INTERVAL_S overrides it on the host).
+DEMAND_PUBLISHER = Path(__file__).with_name("demand_publisher.py")
+DEMAND_INTERVAL_S = 5
+
+
+def _carried(script: Path) -> str:
+    return base64.b64encode(script.read_bytes()).decode()
 
 
 def preemption_watcher(spec: ClusterSpec) -> str:
     """The watcher as the boot script carries it: only Spot slices get a notice, so only their
     script has one to start (empty otherwise)."""
-    if spec.capacity != "spot":
-        return ""
-    return base64.b64encode(PREEMPTION_WATCHER.read_bytes()).decode()
+    return _carried(PREEMPTION_WATCHER) if spec.capacity == "spot" else ""
+
+
+def demand_publisher(spec: ClusterSpec) -> str:
+    """The demand publisher as the boot script carries it: only an elastic cluster's controller
+    reads the demand, so only its head has one to start (empty otherwise)."""
+    return _carried(DEMAND_PUBLISHER) if spec.elastic else ""
 
 
 # Ray's extras every host installs: `default` for the dashboard, the Jobs API and the autoscaler
@@ -179,7 +192,7 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
     cache = spec.package_cache and source.mode == "pypi"
     return {
         "package_cache": "1" if cache else "0",
-        "package_cache_conf": base64.b64encode(PACKAGE_CACHE_CONF.read_bytes()).decode() if cache else "",
+        "package_cache_conf": _carried(PACKAGE_CACHE_CONF) if cache else "",
         "index_timeout_s": INDEX_TIMEOUT_S,
         "package_cache_port": names.PACKAGE_CACHE_PORT,
         "cache_index_name": CACHE_INDEX_NAME,
@@ -247,4 +260,8 @@ def script_variables(
         "attr_slice_hosts": names.ATTR_SLICE_HOSTS,
         "preemption_watcher": preemption_watcher(spec),
         "preemption_notice_s": names.PREEMPTION_NOTICE_S,
+        "demand_publisher": demand_publisher(spec),
+        "demand_key": names.DEMAND_KEY,
+        "demand_interval_s": DEMAND_INTERVAL_S,
+        "slice_name_label": names.SLICE_NAME_LABEL,
     }

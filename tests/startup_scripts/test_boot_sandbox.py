@@ -376,7 +376,12 @@ def test_hostile_value_in_every_rendered_variable_stays_inert(host, tmp_path, pa
     assert not marker.exists()
 
 
-OVERRIDABLE = ("RAYSLICE_METADATA_DEADLINE_S", "RAYSLICE_TOKEN_DEADLINE_S", "RAYSLICE_RETRY_MAX_DELAY_S")
+OVERRIDABLE = (
+    "RAYSLICE_METADATA_DEADLINE_S",
+    "RAYSLICE_TOKEN_DEADLINE_S",
+    "RAYSLICE_RETRY_MAX_DELAY_S",
+    "RAYSLICE_DEMAND_INTERVAL_S",
+)
 
 
 def test_no_number_reaches_arithmetic_unchecked(host, tmp_path):

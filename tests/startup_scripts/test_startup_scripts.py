@@ -24,6 +24,12 @@ VARIANTS = {
     "v6e-4 single host": {"acceleratorType": "v6e-4"},
     "v5p-16 xla": {"acceleratorType": "v5p-16", "preset": "xla"},
     "2 x v6e-16 head=vm": {"acceleratorType": "v6e-16", "slices": 2},
+    "elastic 0 to 2 x v6e-16": {
+        "acceleratorType": "v6e-16",
+        "platform": "compute",
+        "slices": 2,
+        "minSlices": 0,
+    },
     "no auth, index, extras": {
         "acceleratorType": "v6e-8",
         "rayAuth": "none",
