@@ -29,6 +29,9 @@ PREEMPTION_NOTICE_S = 30
 # OAuth scope of every identity rayslice creates; IAM roles, not scopes, limit what it can do.
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
+# A Compute Engine host's network interface, as per-instance configs name it (preservedState.internalIPs).
+NIC = "nic0"
+
 # Guest attributes a host publishes (instance/guest-attributes/<namespace>/<key>).
 GUEST_ATTRIBUTE_NAMESPACE = "rayslice"
 STATE_KEY = "state"
@@ -68,6 +71,7 @@ ATTR_SLICE_HOSTS = "rayslice-slice-hosts"
 ATTR_RECOVERY_BUNDLE = "rayslice-recovery-bundle"
 ATTR_CLUSTER = "rayslice-cluster"
 ATTR_PLATFORM = "rayslice-platform"
+ATTR_ELASTIC = "rayslice-elastic"  # an elastic cluster's scaling policy (JSON), on the controller VM
 HEAD_VM_ROLE = "head-vm"
 HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry
 # The VM that runs only the recovery controller: no Ray, no user code (`controller_name`).
@@ -113,6 +117,13 @@ def host_name(slice_name: str, worker: int) -> str:
     the simulator names the hosts of both platforms by this rule.
     """
     return f"{slice_name}-w{worker}"
+
+
+def address_name(host: str) -> str:
+    """The reserved internal address of a Compute Engine host (``<host>-ip``): infra reserves it
+    for every host of every slice, and the host keeps it through recreations (its per-instance
+    config's preserved state, made by Pulumi or, for an elastic slice, by the controller)."""
+    return f"{host}-ip"
 
 
 def request_name(slice_name: str) -> str:

@@ -31,7 +31,9 @@ MODULES = (
     "rayslice/recovery/__init__.py",
     "rayslice/recovery/cloud.py",
     "rayslice/recovery/controller.py",
+    "rayslice/recovery/demand.py",
     "rayslice/recovery/events.py",
+    "rayslice/recovery/scaling.py",
 )
 # The module whose `main` the zipapp runs; MODULES is its closure.
 ENTRY = "rayslice.recovery.controller"

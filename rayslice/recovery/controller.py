@@ -69,7 +69,9 @@ from rayslice.recovery.cloud import (
     managed_instance_name,
     operation_error,
 )
+from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
+from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
@@ -212,6 +214,12 @@ class Controller:
     operation_timeout_s: float = OPERATION_TIMEOUT_S
     clock: Callable[[], float] = time.monotonic
     slices: dict[str, SliceState] = field(default_factory=dict)
+    scaling: ScalingPolicy | None = None  # an elastic cluster's (`rayslice.recovery.scaling`)
+    wall_clock: Callable[[], float] = time.time  # what the head's demand readings are stamped with
+    # Slices whose hosts the controller is removing: recovery leaves them alone until they are gone.
+    removing: set[str] = field(default_factory=set)
+    missing_before: bool = False  # the last reading found slices missing (`scaling.decide`)
+    last_wait: str = ""  # what unmet demand waited on, recorded once per change
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after `failures` failed recreations in a row (exponential, capped)."""
@@ -222,9 +230,15 @@ class Controller:
     # ---- one pass -----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Looks at every slice once and acts on the broken ones whose backoff has passed."""
+        """Looks at every slice once and acts on the broken ones whose backoff has passed; on an
+        elastic cluster, then adds or removes slices as Ray's demand says."""
         for name in self.target.slice_names:
-            self.act_on(name)
+            if name in self.removing:
+                self._removal_done(name)
+            else:
+                self.act_on(name)
+        if self.scaling is not None:
+            self.scale(self.scaling)
 
     def act_on(self, name: str) -> None:
         if name not in self.target.slice_names:
@@ -278,6 +292,96 @@ class Controller:
     def _failed(self, state: SliceState, attempt: int) -> None:
         state.failures = attempt
         state.next_try = self.clock() + self.backoff(attempt)
+
+    # ---- elastic slices (rayslice.recovery.scaling) -------------------------------------------
+
+    def scale(self, policy: ScalingPolicy) -> None:
+        try:
+            with_hosts = {name for name in self.target.slice_names if self._has_hosts(name)}
+            demand = self.read_demand(policy)
+        except (CloudError, OSError) as exc:
+            print(f"rayslice-recovery: could not read the cluster's slices or demand: {exc}", file=sys.stderr)
+            return
+        decision = decide(
+            policy, self.target.slice_names, with_hosts, demand, self.wall_clock(), self.missing_before
+        )
+        self.missing_before = decision.missing > 0
+        seen = f"demand {decision.wanted} slice(s); with hosts: {', '.join(sorted(with_hosts)) or 'none'}"
+        if decision.waiting != self.last_wait:
+            self.last_wait = decision.waiting
+            if decision.waiting:
+                self.recorder.record(Event.now(self.target.cluster, seen, "wait", decision.waiting))
+        for name in decision.add:
+            self.recorder.record(Event.now(name, seen, "add slice", self._add(policy, name)))
+        for name in decision.remove:
+            self.recorder.record(Event.now(name, seen, "remove slice", self._remove(name)))
+
+    def read_demand(self, policy: ScalingPolicy) -> Demand | None:
+        """The head's last reading of Ray's demand; None when there is none or it is unreadable."""
+        path = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/{names.DEMAND_KEY}"
+        entries = self.client.instance_guest_attributes(policy.head_instance, path)
+        value = next((e.get("value", "") for e in entries if e.get("key") == names.DEMAND_KEY), "")
+        if not value:
+            return None
+        try:
+            return parse(value)
+        except ValueError as exc:
+            print(f"rayslice-recovery: the head's demand is unreadable: {exc}", file=sys.stderr)
+            return None
+
+    def _has_hosts(self, name: str) -> bool:
+        mig = self.client.get_mig(name)
+        return mig is not None and int(mig.get("targetSize", 0)) > 0
+
+    def _add(self, policy: ScalingPolicy, name: str) -> str:
+        hosts = names.slice_host_names(name, policy.hosts_per_slice)
+        instances = instances_of(policy, self.target.location.project, hosts)
+        try:
+            done = self.client.wait_zone_operation(
+                self.client.create_instances(name, instances, self.target.slice_names),
+                self.operation_timeout_s,
+            )
+        except (CloudError, OSError) as exc:
+            return f"failed: {exc}"
+        if operation_error(done):
+            return f"failed: createInstances: {operation_error(done)}"
+        # A new slice: recovery watches it once it has been whole.
+        self.slices[name] = SliceState()
+        return f"{len(hosts)} host(s) requested"
+
+    def _remove(self, name: str) -> str:
+        assert self.scaling is not None
+        hosts = names.slice_host_names(name, self.scaling.hosts_per_slice)
+        allowed = self.target.slice_names
+        wait = self.client.wait_zone_operation
+        try:
+            done = wait(self.client.delete_instances(name, hosts, allowed), self.operation_timeout_s)
+            if operation_error(done):
+                return f"failed: deleteInstances: {operation_error(done)}"
+            # Whether deleteInstances also deletes the hosts' per-instance configs is not said
+            # for every case (rayslice/recovery/cloud.py); what is left is deleted, so the next
+            # createInstances of the same names starts clean.
+            left = [c["name"] for c in self.client.list_per_instance_configs(name) if c.get("name") in hosts]
+            if left:
+                done = wait(
+                    self.client.delete_per_instance_configs(name, left, allowed), self.operation_timeout_s
+                )
+                if operation_error(done):
+                    return f"failed: deletePerInstanceConfigs: {operation_error(done)}"
+        except (CloudError, OSError) as exc:
+            return f"failed: {exc}"
+        self.removing.add(name)
+        return f"{len(hosts)} host(s) deleted (idle for {self.scaling.idle_timeout_s:.0f}s or more)"
+
+    def _removal_done(self, name: str) -> None:
+        """Ends a removal once the slice's MIG holds no instance: recovery watches it again."""
+        try:
+            if self.client.list_managed_instances(name):
+                return
+        except (CloudError, OSError):
+            return
+        self.removing.discard(name)
+        self.slices[name] = SliceState()
 
     # ---- per platform -------------------------------------------------------------------------
 
@@ -468,6 +572,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-guest-attributes", action="store_true", help="do not publish events as guest attributes"
     )
+    parser.add_argument(
+        "--elastic",
+        help="an elastic cluster's scaling policy (JSON, rayslice.recovery.scaling.ScalingPolicy)",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     return parser.parse_args(argv)
 
@@ -478,6 +586,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--slices must be at least 1", file=sys.stderr)
         return 2
     try:
+        scaling = ScalingPolicy.from_json(args.elastic) if args.elastic else None
+    except ValueError as exc:
+        print(f"--elastic: {exc}", file=sys.stderr)
+        return 2
+    try:
         target = Target(args.cluster, args.platform, args.slices, Location(args.project, args.zone))
         client = CloudClient(default_session(), target.location)
         sinks: list[Sink] = [StreamSink()]
@@ -486,7 +599,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_guest_attributes:
             sinks.append(GuestAttributeSink())
         controller = Controller(
-            client, target, Recorder(sinks), base_backoff_s=args.base_backoff, max_backoff_s=args.max_backoff
+            client,
+            target,
+            Recorder(sinks),
+            base_backoff_s=args.base_backoff,
+            max_backoff_s=args.max_backoff,
+            scaling=scaling,
         )
         if args.once:
             controller.step()

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 
-from rayslice import names
+from rayslice import catalog, names
 from rayslice.recovery import bundle
+from rayslice.recovery.scaling import ScalingPolicy
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
 from rayslice.startup_scripts.templating import render_template
@@ -41,7 +42,29 @@ def controller_attributes(spec: ClusterSpec) -> dict[str, str]:
         names.ATTR_CLUSTER: spec.name,
         names.ATTR_PLATFORM: spec.platform,
         names.ATTR_NUM_SLICES: str(spec.slices),
+        **({names.ATTR_ELASTIC: scaling_policy(spec).to_json()} if spec.elastic else {}),
     }
+
+
+def scaling_policy(spec: ClusterSpec) -> ScalingPolicy:
+    """What an elastic cluster's controller needs of the spec (its bundle has no spec model):
+    the range, the idle time, the slice's shape as Ray and the MIG see it, and the price cap."""
+    assert spec.min_slices is not None and spec.zone is not None
+    region = catalog.region_of(spec.zone)
+    price = catalog.slice_hour_price(spec.tpu, region, spec.capacity)
+    ceiling = spec.max_usd_per_hour
+    cap = int(ceiling // price) if ceiling is not None and price is not None else None
+    return ScalingPolicy(
+        min_slices=spec.min_slices,
+        idle_timeout_s=float(spec.idle_timeout_seconds),
+        accelerator_type=catalog.reported_name(spec.accelerator_type),
+        chips_per_slice=spec.tpu.chips,
+        hosts_per_slice=spec.tpu.hosts,
+        head_instance=names.head_name(spec.name),
+        region=region,
+        price_cap_slices=cap,
+        ceiling=f"maxUsdPerHour={ceiling} ({catalog.format_price(price)} a slice)" if cap is not None else "",
+    )
 
 
 def install_fingerprint(source: PackageSource, index: str | None) -> str:
@@ -77,6 +100,7 @@ def controller_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str,
         "attr_cluster": names.ATTR_CLUSTER,
         "attr_platform": names.ATTR_PLATFORM,
         "attr_num_slices": names.ATTR_NUM_SLICES,
+        "attr_elastic": names.ATTR_ELASTIC,
     }
 
 

@@ -30,7 +30,7 @@ def test_project_runs_the_infra_program():
     # The stacks live beside the program, so the root holds no Pulumi.<stack>.yaml.
     assert project["stackConfigDir"] == "infra/"
     assert sorted(REPO.glob("Pulumi.*.yaml")) == []
-    assert len(sorted((REPO / "infra").glob("Pulumi.example-*.yaml"))) == 11
+    assert len(sorted((REPO / "infra").glob("Pulumi.example-*.yaml"))) == 12
 
 
 def test_generated_files_are_current():

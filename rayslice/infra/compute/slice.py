@@ -46,7 +46,6 @@ from rayslice.catalog import region_of
 from rayslice.infra.compute.template import (
     BOOT_DISK_GB,
     BULK_MODE,
-    NIC,
     TIMEOUTS,
     WORKLOAD_POLICY_TYPE,
     boot_disk_type,
@@ -60,7 +59,7 @@ from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
-from rayslice.names import CLOUD_PLATFORM_SCOPE, request_name, slice_host_names
+from rayslice.names import CLOUD_PLATFORM_SCOPE, NIC, address_name, request_name, slice_host_names
 from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
@@ -98,7 +97,7 @@ class ComputeSlice(pulumi.ComponentResource):
         addresses = [
             gcp.compute.Address(
                 f"{name}-ip-{worker}",
-                name=f"{host}-ip",
+                name=address_name(host),
                 project=spec.project,
                 region=region,
                 address_type="INTERNAL",

@@ -39,7 +39,6 @@ NO_RESERVATION = "NO_RESERVATION"
 # the MIG waits until all VMs can be created at the same time").
 BULK_MODE = rules.BULK
 BOOT_DISK_GB = 100
-NIC = "nic0"
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
 
 

@@ -1,0 +1,163 @@
+"""Elastic slices: how many whole slices Ray's demand needs, and which slices to add or remove.
+
+An elastic cluster (spec ``minSlices``) has `Target.slices` slices declared; the first
+`ScalingPolicy.min_slices` always have hosts (Pulumi's per-instance configs), the rest are the
+controller's: their MIGs exist empty and the controller adds or removes their hosts, whole
+slices only (`rayslice.infra.compute.slice.controller_owns`).
+
+What Ray needs comes from the head: it publishes Ray's own autoscaling demand and each slice's
+use as a guest attribute (`rayslice.recovery.demand`), which the controller reads through the
+Compute API, since it has no network path to Ray. `decide` is pure: one reading, the slices that
+have hosts, and the time, in; the slices to add and to remove and what demand waits on, out.
+
+- **Up.** The demand in whole slices (`demand.slices_wanted`) minus the slices that could take it
+  now (a slice with hosts and nothing scheduled, or hosts still booting) is what is missing.
+  Missing slices are added in index order, up to `Target.slices` and the price ceiling
+  (`ScalingPolicy.price_cap_slices`); what is left says which limit it waits on. Demand must be
+  missing in two readings in a row: ``slice_placement_group`` reserves a slice's head bundle, then
+  asks for the slice's hosts in a second placement group that is pending for a moment while the
+  slice is already busy, and one reading of it would add a slice nobody needs.
+- **Down.** A controller-owned slice whose every host joined Ray, with nothing scheduled on any of
+  them (no task, actor or placement group bundle: Ray's own idle time, `idle_time_ms`) for
+  `ScalingPolicy.idle_timeout_s`, is removed, unless the demand still needs it. A slice with a
+  running job is never idle, so it is never removed. No reading, or a stale one (the head down),
+  removes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from rayslice.names import NIC, address_name
+from rayslice.recovery.demand import Demand, slices_wanted
+
+# A reading older than this is stale: the head stopped publishing (down, restarting), so nothing
+# is removed and nothing added on it.
+STALE_AFTER_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingPolicy:
+    """What the spec says about an elastic cluster, as the controller VM's metadata carries it
+    (`rayslice.startup_scripts.controller`: JSON, since the controller's bundle has no spec)."""
+
+    min_slices: int
+    idle_timeout_s: float
+    accelerator_type: str  # as Ray names it in a slice's head resource, TPU-<type>-head
+    chips_per_slice: int
+    hosts_per_slice: int
+    head_instance: str  # the head VM, whose guest attributes carry the demand
+    region: str  # where the slices' reserved addresses are
+    price_cap_slices: int | None = None  # the most slices under maxUsdPerHour; None: no ceiling
+    ceiling: str = ""  # how status names the ceiling, e.g. "maxUsdPerHour=100 ($43.20/h a slice)"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ScalingPolicy:
+        """The policy in `text`; ValueError names what is wrong (the controller then exits 2)."""
+        try:
+            data = json.loads(text)
+            return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"not an elastic scaling policy: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    add: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    waiting: str = ""  # what unmet demand waits on ("" when none waits)
+    wanted: int = 0  # slices the demand needs now
+    missing: int = 0  # of those, slices no slice with hosts can take
+
+
+def decide(
+    policy: ScalingPolicy,
+    slices: Sequence[str],
+    with_hosts: Collection[str],
+    demand: Demand | None,
+    now: float,
+    missing_before: bool,
+) -> Decision:
+    """One scaling decision.
+
+    `slices` are all the cluster's slices, in index order; `with_hosts` those whose MIG has or is
+    creating hosts; `demand` the head's last reading (None: none yet); `missing_before` whether
+    the previous reading also found slices missing.
+    """
+    if demand is None or now - demand.at > STALE_AFTER_S:
+        return Decision(waiting="no recent demand from the head" if demand is None else "")
+    owned = list(slices[policy.min_slices :])
+    present = [s for s in slices if s in with_hosts]
+    wanted = slices_wanted(demand, policy.accelerator_type, policy.chips_per_slice)
+    # A slice takes new work when it has hosts and nothing on them, or its hosts have not all
+    # joined yet (booting: the demand is why it was added).
+    free = [s for s in present if _free(demand, s, policy.hosts_per_slice)]
+    missing = wanted - len(free)
+    if missing > 0:
+        if not missing_before:  # added if it is still missing at the next reading
+            return Decision(wanted=wanted, missing=missing)
+        limit = len(slices) if policy.price_cap_slices is None else min(len(slices), policy.price_cap_slices)
+        room = max(0, limit - len(present))
+        add = tuple([s for s in owned if s not in with_hosts][: min(missing, room)])
+        waiting = ""
+        if missing > len(add):
+            waiting = f"{missing - len(add)} more slice(s) wanted; " + (
+                f"slices={len(slices)} reached"
+                if limit == len(slices)
+                else f"the price ceiling {policy.ceiling} allows {limit}"
+            )
+        return Decision(add=add, wanted=wanted, missing=missing, waiting=waiting)
+    idle = [
+        s
+        for s in owned
+        if s in with_hosts and _idle_for(demand, s, policy.hosts_per_slice) >= policy.idle_timeout_s
+    ]
+    spare = len(free) - wanted  # free slices the demand does not need
+    idle.sort(key=lambda s: -_idle_for(demand, s, policy.hosts_per_slice))
+    return Decision(remove=tuple(idle[: max(0, spare)]), wanted=wanted)
+
+
+def _free(demand: Demand, name: str, hosts: int) -> bool:
+    use = demand.slices.get(name)
+    return use is None or use.nodes < hosts or not use.busy
+
+
+def _idle_for(demand: Demand, name: str, hosts: int) -> float:
+    """Seconds every host of slice `name` has had nothing scheduled; 0 if any is busy, or the
+    slice has not all joined (a booting slice is not idle, it has not started)."""
+    use = demand.slices.get(name)
+    if use is None or use.nodes < hosts or use.busy:
+        return 0.0
+    return use.idle_s
+
+
+def instances_of(policy: ScalingPolicy, project: str, hosts: Sequence[str]) -> list[Mapping[str, Any]]:
+    """The createInstances entries that add a slice's hosts with the names and reserved internal
+    addresses infra gave them: the per-instance config Pulumi would have declared
+    (rayslice/infra/compute/slice.py; compute v1 PerInstanceConfig.preservedState.internalIPs)."""
+    return [
+        {
+            "name": host,
+            "preservedState": {
+                "internalIPs": {
+                    NIC: {
+                        "autoDelete": "NEVER",
+                        "ipAddress": {"address": address_link(project, policy.region, host)},
+                    }
+                }
+            },
+        }
+        for host in hosts
+    ]
+
+
+def address_link(project: str, region: str, host: str) -> str:
+    """Host `host`'s reserved internal address (`names.address_name`), as a partial URL, which
+    Compute Engine takes wherever a resource is referenced."""
+    return f"projects/{project}/regions/{region}/addresses/{address_name(host)}"

@@ -1,0 +1,135 @@
+"""Elastic scaling decisions (`rayslice.recovery.scaling.decide`): whole slices from Ray's demand,
+within `slices` and the price ceiling, removal only of idle slices the demand does not need."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rayslice.recovery.demand import parse
+from rayslice.recovery.scaling import STALE_AFTER_S, Decision, ScalingPolicy, decide, instances_of
+
+SLICES = ("c-slice-0", "c-slice-1", "c-slice-2")
+NOW = 1_000_000.0
+POLICY = ScalingPolicy(
+    min_slices=1,
+    idle_timeout_s=60.0,
+    accelerator_type="v6e-16",
+    chips_per_slice=16,
+    hosts_per_slice=4,
+    head_instance="c-head",
+    region="us-east5",
+)
+HEAD = {"shape": {"TPU-v6e-16-head": 1}, "count": 1}
+
+
+def _demand(pgs=(), tasks=(), slices=None, at=NOW):
+    return parse(
+        json.dumps(
+            {
+                "v": 1,
+                "at": at,
+                "pgs": list(pgs),
+                "tasks": list(tasks),
+                "slices": slices or {},
+                "truncated": False,
+            }
+        )
+    )
+
+
+def _use(busy: bool, idle_s: float = 0.0, nodes: int = 4) -> dict:
+    return {"nodes": nodes, "busy": busy, "idle_s": idle_s}
+
+
+def _pg(*bundles):
+    return {"bundles": list(bundles), "strategy": "STRICT_SPREAD"}
+
+
+def test_a_slice_placement_group_with_every_slice_busy_adds_the_next_slice_on_the_second_reading():
+    demand = _demand(pgs=[_pg(HEAD)], slices={"c-slice-0": _use(True)})
+    first = decide(POLICY, SLICES, {"c-slice-0"}, demand, NOW, missing_before=False)
+    assert (first.add, first.missing, first.wanted) == ((), 1, 1)  # once: maybe a pending second phase
+    second = decide(POLICY, SLICES, {"c-slice-0"}, demand, NOW, missing_before=True)
+    assert second.add == ("c-slice-1",) and not second.remove and not second.waiting
+
+
+def test_an_idle_slice_or_one_still_booting_takes_the_demand_instead():
+    idle = _demand(pgs=[_pg(HEAD)], slices={"c-slice-0": _use(False, 5)})
+    assert decide(POLICY, SLICES, {"c-slice-0"}, idle, NOW, True).add == ()
+    booting = _demand(pgs=[_pg(HEAD)], slices={"c-slice-0": _use(True)})  # slice 1 not joined yet
+    assert decide(POLICY, SLICES, {"c-slice-0", "c-slice-1"}, booting, NOW, True).add == ()
+
+
+def test_tasks_and_groups_without_a_head_count_in_whole_slices():
+    demand = _demand(
+        pgs=[_pg({"shape": {"TPU": 4}, "count": 4})],  # one slice's hosts in one gang
+        tasks=[{"shape": {"TPU": 4, "CPU": 1}, "count": 5}],  # 20 chips: two slices, never a host
+        slices={"c-slice-0": _use(True)},
+    )
+    decision = decide(POLICY, SLICES, {"c-slice-0"}, demand, NOW, True)
+    assert decision.wanted == 3 and decision.add == ("c-slice-1", "c-slice-2")
+    assert decision.waiting == "1 more slice(s) wanted; slices=3 reached"
+
+
+def test_the_price_ceiling_caps_what_is_added_and_says_so():
+    capped = dataclasses.replace(POLICY, price_cap_slices=2, ceiling="maxUsdPerHour=90 ($43.20/h a slice)")
+    demand = _demand(pgs=[_pg(HEAD), _pg(HEAD)], slices={"c-slice-0": _use(True)})
+    decision = decide(capped, SLICES, {"c-slice-0"}, demand, NOW, True)
+    assert decision.add == ("c-slice-1",)
+    assert (
+        decision.waiting
+        == "1 more slice(s) wanted; the price ceiling maxUsdPerHour=90 ($43.20/h a slice) allows 2"
+    )
+
+
+def test_only_the_controllers_slices_idle_past_the_timeout_and_not_needed_are_removed():
+    slices = {"c-slice-0": _use(False, 900), "c-slice-1": _use(False, 61), "c-slice-2": _use(False, 59)}
+    with_hosts = set(SLICES)
+    decision = decide(POLICY, SLICES, with_hosts, _demand(slices=slices), NOW, False)
+    assert decision.remove == ("c-slice-1",)  # slice 0 is minSlices'; slice 2 not idle long enough
+    # Three slices wanted and three free (none busy): every idle slice is needed.
+    wanted = _demand(pgs=[_pg(HEAD)] * 3, slices=slices)
+    assert decide(POLICY, SLICES, with_hosts, wanted, NOW, False).remove == ()
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        _use(True),  # a running job: busy whatever the time
+        _use(False, 900, nodes=3),  # a host not joined (booting or gone): not idle
+    ],
+)
+def test_a_busy_or_partly_joined_slice_is_never_removed(use):
+    demand = _demand(slices={"c-slice-0": _use(True), "c-slice-1": use})
+    assert decide(POLICY, SLICES, set(SLICES[:2]), demand, NOW, False).remove == ()
+
+
+def test_no_reading_or_a_stale_one_changes_nothing():
+    none = decide(POLICY, SLICES, {"c-slice-1"}, None, NOW, True)
+    assert (none.add, none.remove, none.waiting) == ((), (), "no recent demand from the head")
+    stale = _demand(pgs=[_pg(HEAD)], slices={"c-slice-1": _use(False, 900)}, at=NOW - STALE_AFTER_S - 1)
+    assert decide(POLICY, SLICES, {"c-slice-1"}, stale, NOW, True) == Decision()
+
+
+def test_added_hosts_carry_the_names_and_reserved_addresses_infra_gave_them():
+    [first, _] = instances_of(POLICY, "proj", ["c-slice-1-w0", "c-slice-1-w1"])
+    assert first == {
+        "name": "c-slice-1-w0",
+        "preservedState": {
+            "internalIPs": {
+                "nic0": {
+                    "autoDelete": "NEVER",
+                    "ipAddress": {"address": "projects/proj/regions/us-east5/addresses/c-slice-1-w0-ip"},
+                }
+            }
+        },
+    }
+
+
+def test_the_policy_survives_its_trip_through_metadata():
+    assert ScalingPolicy.from_json(POLICY.to_json()) == POLICY
+    with pytest.raises(ValueError, match="not an elastic scaling policy"):
+        ScalingPolicy.from_json('{"min_slices": 1}')
