@@ -45,6 +45,7 @@ import pulumiverse_time as time
 
 from rayslice.infra.compute.template import template_name_prefix
 from rayslice.infra.labels import resource_labels
+from rayslice.names import head_name
 from rayslice.recovery import permissions
 from rayslice.spec import ClusterSpec
 
@@ -202,7 +203,7 @@ class ClusterIdentity(pulumi.ComponentResource):
         suffix = random.RandomId(f"{name}-recovery-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
         prefixes = [template_name_prefix(spec.slice_name(i)) for i in range(spec.slices)]
         grants: list[pulumi.Resource] = []
-        for part in permissions.role_parts(spec.platform):
+        for part in permissions.role_parts(spec.platform, spec.elastic):
             role = gcp.projects.IAMCustomRole(
                 f"{name}-recovery-{part.key}",
                 role_id=suffix.hex.apply(partial(role_id, spec.name, part.key)),
@@ -220,6 +221,15 @@ class ClusterIdentity(pulumi.ComponentResource):
                     description="Only this cluster's slice templates (rayslice.recovery.permissions)",
                     expression=controller.project.apply(
                         partial(permissions.template_condition, prefixes=prefixes)
+                    ),
+                )
+            if part.head_only:
+                condition = gcp.projects.IAMMemberConditionArgs(
+                    title=f"rayslice {spec.name} head VM",
+                    description="Only this cluster's head VM, where Ray's demand is published "
+                    "(rayslice.recovery.permissions)",
+                    expression=controller.project.apply(
+                        partial(permissions.instance_condition, zone=spec.zone, name=head_name(spec.name))
                     ),
                 )
             grants += [

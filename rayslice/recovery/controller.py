@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from rayslice import names
-from rayslice.errors import RaysliceError
+from rayslice.errors import NoCredentials, RaysliceError
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
 from rayslice.recovery.cloud import (
     CloudClient,
@@ -299,7 +299,7 @@ class Controller:
         try:
             with_hosts = {name for name in self.target.slice_names if self._has_hosts(name)}
             demand = self.read_demand(policy)
-        except (CloudError, OSError) as exc:
+        except (CloudError, NoCredentials, OSError) as exc:  # recovery goes on; the next pass tries again
             print(f"rayslice-recovery: could not read the cluster's slices or demand: {exc}", file=sys.stderr)
             return
         decision = decide(

@@ -63,8 +63,16 @@ ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 # The one permission of ACT_AS_ROLE the controller uses (on the hosts' account only).
 ACT_AS_PERMISSION = "iam.serviceAccounts.actAs"
 
+# An elastic cluster's controller reads Ray's demand from the head VM's guest attributes
+# (instances.getGuestAttributes; its REST reference, "IAM Permissions"). Instances are among the
+# resources IAM Conditions name (conditions-resource-attributes, above), so the grant is narrowed
+# to the head VM (`instance_condition`).
+DEMAND_PERMISSIONS = ("compute.instances.getGuestAttributes",)
+
 # The name IAM Conditions give an instance template (conditions-resource-attributes, above).
 TEMPLATE_RESOURCE_NAME = "projects/{project}/global/instanceTemplates/"
+# ... and an instance.
+INSTANCE_RESOURCE_NAME = "projects/{project}/zones/{zone}/instances/{name}"
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class RolePart:
     key: str
     permissions: tuple[str, ...]
     templates_only: bool = False
+    head_only: bool = False  # with `instance_condition`: the head VM alone
 
 
 ROLE_PARTS: dict[str, tuple[RolePart, ...]] = {
@@ -108,21 +117,32 @@ UNNARROWED = {
 }
 
 
-def role_parts(platform: str) -> tuple[RolePart, ...]:
-    """The controller's custom roles on `platform`; none where no controller runs (gke)."""
-    return ROLE_PARTS.get(platform, ())
+# What an elastic cluster's controller holds besides (docs/elastic.md); compute only.
+ELASTIC_PART = RolePart("demand", DEMAND_PERMISSIONS, head_only=True)
 
 
-def permissions(platform: str) -> tuple[str, ...]:
+def role_parts(platform: str, elastic: bool = False) -> tuple[RolePart, ...]:
+    """The controller's custom roles on `platform`; none where no controller runs (gke). An
+    elastic cluster's controller also reads the head's demand."""
+    parts = ROLE_PARTS.get(platform, ())
+    return (*parts, ELASTIC_PART) if elastic and parts else parts
+
+
+def permissions(platform: str, elastic: bool = False) -> tuple[str, ...]:
     """Every permission the controller's custom roles hold on `platform`, each once."""
-    return tuple(p for part in role_parts(platform) for p in part.permissions)
+    return tuple(p for part in role_parts(platform, elastic) for p in part.permissions)
 
 
-def held(platform: str) -> tuple[str, ...]:
+def held(platform: str, elastic: bool = False) -> tuple[str, ...]:
     """Everything the controller's account may do on `platform`: its custom roles' permissions
     and acting as the hosts' account (what the simulator's emulated IAM binds to it)."""
-    custom = permissions(platform)
+    custom = permissions(platform, elastic)
     return (*custom, ACT_AS_PERMISSION) if custom else ()
+
+
+def instance_condition(project: str, zone: str, name: str) -> str:
+    """CEL expression true for the one instance `name` (the head VM)."""
+    return f'resource.name == "{INSTANCE_RESOURCE_NAME.format(project=project, zone=zone, name=name)}"'
 
 
 def template_condition(project: str, prefixes: Sequence[str]) -> str:

@@ -341,3 +341,18 @@ def test_preview_json_of_a_spot_multislice_stack_gives_slice_power_to_the_contro
     assert not {p for p in permissions_of(head) if SLICE_POWER.match(p)}
     assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= permissions_of(controller)
     assert project_roles[controller] <= set(custom)  # nothing but the controller's custom roles
+
+
+def test_an_elastic_controller_may_read_the_guest_attributes_of_the_head_vm_alone():
+    """Ray's demand reaches the controller through the head VM's guest attributes: one more role,
+    narrowed to that instance (IAM Conditions name instances); a fixed cluster has no such role."""
+    run = _run("compute", slices="2", minSlices="0")
+    roles = {f"projects/{PROJECT}/roles/{r.inputs['roleId']}": r for r in run.of_type(CUSTOM_ROLE)}
+    [demand] = [r for r in roles.values() if "_demand_" in r.inputs["roleId"]]
+    assert demand.inputs["permissions"] == ["compute.instances.getGuestAttributes"]
+    [binding] = [m for m in run.of_type(PROJECT_MEMBER) if m.inputs["role"].endswith(demand.inputs["roleId"])]
+    head = f"projects/{PROJECT}/zones/{_instance(run, 'head-vm').inputs['zone']}/instances/train-head"
+    assert binding.inputs["condition"]["expression"] == f'resource.name == "{head}"'
+    assert binding.inputs["member"] == _member(CONTROLLER_EMAIL)
+    fixed = _run("compute", slices="2")
+    assert not [r for r in fixed.of_type(CUSTOM_ROLE) if "_demand_" in r.inputs["roleId"]]

@@ -120,10 +120,11 @@ EXAMPLES = {
     ),
     "Pulumi.example-compute-elastic-v6e-16.yaml": dict(
         # Both slices' MIGs, templates, policies and addresses, and no per-instance config: the
-        # controller adds and removes the hosts (docs/elastic.md).
+        # controller adds and removes the hosts (docs/elastic.md). A third controller role reads
+        # the head VM's guest attributes (Ray's demand).
         counts={
             **COMMON,
-            **_controller_identity(2),
+            **_controller_identity(3),
             **_compute(4, 2),
             PER_INSTANCE: 0,
             FIREWALL: 3,
@@ -207,7 +208,10 @@ def test_slices_accelerator_runtime_and_scheduling(name):
 @pytest.mark.parametrize("name", COMPUTE_EXAMPLES)
 def test_compute_slice_shape(name):
     expected, _, run = _example(name)
-    policies, templates, migs = run.of_type(POLICY), run.of_type(TEMPLATE), run.of_type(MIG)
+    # One of each per slice, matched by the slice's name (registration order is not theirs).
+    policies = sorted(run.of_type(POLICY), key=lambda r: r.inputs["name"])
+    templates = sorted(run.of_type(TEMPLATE), key=lambda r: r.inputs["namePrefix"])
+    migs = sorted(run.of_type(MIG), key=lambda r: r.inputs["name"])
     assert len(policies) == len(templates) == len(migs) == expected.get("slices", 1)
     for policy, template, mig in zip(policies, templates, migs, strict=True):
         assert policy.inputs["workloadPolicy"] == {

@@ -40,6 +40,9 @@ SHORT_WAITS = {
     # How often the recovery controller looks (the simulator's own default is 5 s, the cloud's
     # 30 s); only the controller VM's script reads it.
     "RAYSLICE_RECOVERY_INTERVAL_S": str(RECOVERY_INTERVAL_S),
+    # How often an elastic cluster's head publishes Ray's demand (the default is 5 s); only the
+    # head's demand publisher reads it.
+    "RAYSLICE_DEMAND_INTERVAL_S": "2",
 }
 
 SHARED: dict[str, dict[str, object]] = {

@@ -275,7 +275,7 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     if controller is not None:
         token = access_token_of(load_tree(opened.paths(controller.name).metadata_tree.read_text()))
         emulator.tokens.add(token)
-        emulator.bind(token, permissions.held(spec.platform))
+        emulator.bind(token, permissions.held(spec.platform, spec.elastic))
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name, notice_s: preempt(emulator, sim, spec, name, notice_s)
     emulator.admin_capacity = lambda hosts, zone, kind: set_capacity(emulator, spec, hosts, zone, kind)

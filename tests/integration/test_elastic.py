@@ -1,0 +1,118 @@
+"""Issue 24's acceptance on the simulator: an elastic cluster of 0 to 2 v6e-4 slices (one host of
+4 chips each, the smallest shape), a CPU head VM and the controller VM, deployed through the
+cloud twin like any other.
+
+Jobs submitted with `rayslice run`, as a user would, ask for slices with Ray's own
+`ray.util.tpu.slice_placement_group`. The head publishes Ray's pending demand; the controller
+reads it through the emulated Compute API and adds whole slices, whose hosts boot and join; the
+job runs; the slice is removed once it has been idle for idleTimeoutSeconds, never while the job
+holds it; a later job that needs two slices gets two, under the same names. `rayslice status`
+lists every add and removal (docs/elastic.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rayslice import spec
+from rayslice.cli import load_spec
+from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config
+from rayslice.local.simulation.simulator import Simulation
+from rayslice.recovery.commands import client_for, gather, render_text
+from tests.integration.clusters import bring_up
+from tests.integration.test_workloads_on_ray import rayslice_run
+
+EXAMPLE = "infra/Pulumi.example-compute-elastic-v6e-16.yaml"
+IDLE_S = 15
+# A job that reserves `slices` whole v6e-4 slices, runs a task on the TPU host of each, holds
+# them `hold` seconds (past the idle time), then checks they are all still there.
+JOB = """
+import json, socket, sys, time
+
+import ray
+from ray.util.tpu import slice_placement_group
+
+slices, hold = int(sys.argv[1]), float(sys.argv[2])
+ray.init()
+group = slice_placement_group(
+    topology="2x2", accelerator_version="v6e", num_slices=slices, head_reservation_timeout_s=500
+)
+ray.get(group.placement_group.ready(), timeout=300)
+
+
+@ray.remote(num_cpus=0, resources={"TPU": 4})
+def host():
+    return socket.gethostname()
+
+
+def on_each():
+    pg = group.placement_group
+    return ray.get(
+        [host.options(placement_group=pg, placement_group_bundle_index=i).remote() for i in range(slices)],
+        timeout=60,
+    )
+
+
+print("RAN " + json.dumps(on_each()), flush=True)
+time.sleep(hold)
+print("STILL " + json.dumps(on_each()), flush=True)
+group.shutdown()
+"""
+
+
+def _events(client: Any, cluster: spec.ClusterSpec) -> list[tuple[str, str]]:
+    return [(e["slice"], e["action"]) for e in gather(client, cluster)["events"]]
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(1)
+
+
+def _run(sim: Simulation, job: Path, slices: int, hold: float) -> list[str]:
+    result = rayslice_run(sim, str(job), str(slices), str(hold), timeout=900)
+    assert result.returncode == 0, sim.report()
+    [ran] = re.findall(r"^RAN (.+)$", result.stdout, re.M)
+    [still] = re.findall(r"^STILL (.+)$", result.stdout, re.M)
+    assert json.loads(still) == json.loads(ran)  # held past the idle time: never removed meanwhile
+    return list(json.loads(ran))
+
+
+def test_an_elastic_cluster_adds_whole_slices_for_ray_jobs_and_removes_idle_ones(
+    simulation_dir: Path, tmp_path: Path
+) -> None:
+    overrides = ["acceleratorType=v6e-4", f"idleTimeoutSeconds={IDLE_S}"]
+    cluster = load_spec(EXAMPLE, overrides, require_zone=False)
+    sim = Simulation.create(cluster, simulation_dir)
+    assert [h.slice_index for h in sim.plan.hosts] == [-1]  # the head VM alone: no TPU host yet
+    bring_up(sim)
+    spec_run = spec.load(cloud_config(sim.spec()), require_zone=False)  # with the emulation's project
+    client = client_for(spec_run, cloud_access(sim.state_dir))
+    first, second = cluster.slice_name(0), cluster.slice_name(1)
+    job = tmp_path / "elastic_job.py"
+    job.write_text(JOB)
+
+    # One slice asked for: exactly one slice appears, its host joins, the job runs on it and
+    # keeps it past the idle time.
+    [ran_on] = _run(sim, job, slices=1, hold=IDLE_S + 10)
+    assert ran_on == f"{first}-w0"
+    assert _events(client, spec_run).count((first, "add slice")) == 1
+    assert (second, "add slice") not in _events(client, spec_run)
+
+    # Idle once the job is over: removed, and status says both.
+    _wait_for(lambda: (first, "remove slice") in _events(client, spec_run), 180, "the idle slice's removal")
+    _wait_for(lambda: not Simulation.open(simulation_dir).running(f"{first}-w0"), 60, "its host to power off")
+    text = render_text(gather(client, spec_run))
+    assert "add slice" in text and "remove slice" in text
+
+    # Two slices asked for: two appear, the first again under its own name.
+    assert sorted(_run(sim, job, slices=2, hold=1)) == [f"{first}-w0", f"{second}-w0"]
+    events = _events(client, spec_run)
+    assert events.count((first, "add slice")) == 2 and events.count((second, "add slice")) == 1
