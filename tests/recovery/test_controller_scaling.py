@@ -4,27 +4,20 @@ removed with deleteInstances, every step an event (docs/elastic.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from rayslice import names
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
-from rayslice.recovery.scaling import ScalingPolicy
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, mig_fields
+from tests.recovery.test_scaling import POLICY as SCALING
 
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
 HEAD = names.head_name(CLUSTER)
 NOW = 2_000_000.0
-POLICY = ScalingPolicy(
-    min_slices=0,
-    idle_timeout_s=60.0,
-    accelerator_type="v6e-16",
-    chips_per_slice=16,
-    hosts_per_slice=4,
-    head_instance=HEAD,
-    region="us-east5",
-)
+POLICY = dataclasses.replace(SCALING, min_slices=0, head_instance=HEAD)  # both slices the controller's
 PENDING_SLICE = [{"bundles": [{"shape": {"TPU-v6e-16-head": 1}, "count": 1}], "strategy": "STRICT_SPREAD"}]
 
 

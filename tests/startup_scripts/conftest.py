@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.local.simulation.package_index import IndexServer
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.tiny_wheels import make_wheel
@@ -35,5 +36,15 @@ def index(tmp_path) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def metadata() -> Iterator[MetadataServer]:
+    """A metadata server on loopback with an empty instance: the guest attributes a head writes."""
+    server = MetadataServer(("127.0.0.1", 0), {"instance": {}})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
     server.shutdown()
     server.server_close()

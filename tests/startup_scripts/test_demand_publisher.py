@@ -13,9 +13,7 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,15 +185,6 @@ def test_failures_are_logged_once_per_outage_and_retried_at_every_interval() -> 
     assert "GCS down" in lines[0] and "503" in lines[2]
     assert sleeps == [5] * 4
     assert [json.loads(body)["at"] for body in written] == [7.0, 7.0]
-
-
-@pytest.fixture
-def metadata() -> Iterator[MetadataServer]:
-    server = MetadataServer(("127.0.0.1", 0), {"instance": {}})
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_the_value_is_put_where_getguestattributes_finds_it(metadata: MetadataServer) -> None:

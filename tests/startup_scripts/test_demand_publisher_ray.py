@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -79,15 +79,6 @@ print("released", flush=True)
 sys.stdin.readline()
 ray.shutdown()
 """
-
-
-@pytest.fixture
-def metadata() -> Iterator[MetadataServer]:
-    server = MetadataServer(("127.0.0.1", 0), {"instance": {}})
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def _environment(tmp_path: Path, token: str) -> dict[str, str]:
