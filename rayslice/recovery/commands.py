@@ -161,6 +161,11 @@ def _managed(instance: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+# A MIG slice with target size 0: on an elastic cluster, the controller adds its hosts when Ray's
+# demand needs them (docs/elastic.md).
+EMPTY = "EMPTY"
+
+
 def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:
     """A MIG slice; `waits`: its hosts come through resize requests (flex-start), shown too."""
     mig = client.get_mig(name)
@@ -175,7 +180,10 @@ def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[
         boot = _state(client.instance_guest_attributes(host, STATE_QUERY)) if status == "RUNNING" else UNKNOWN
         hosts.append({"worker": worker, "name": host, "instance": status, "boot": boot})
     running = sum(1 for h in hosts if h["instance"] == "RUNNING")
-    state = "READY" if target and running == target else f"DEGRADED ({running} of {target} hosts running)"
+    if target == 0:  # an elastic cluster's slice without hosts, or one the controller is removing
+        state = EMPTY if not hosts else f"{EMPTY} ({len(hosts)} host(s) being deleted)"
+    else:
+        state = "READY" if running == target else f"DEGRADED ({running} of {target} hosts running)"
     if not waits:
         return {"name": name, "state": state, "hosts": hosts}
     joined = sum(1 for h in hosts if h["boot"] == names.STATE_JOINED)

@@ -24,6 +24,7 @@ from tests.recovery.conftest import (
     PROJECT,
     ZONE,
     make_controller,
+    mig_fields,
     queued_body,
     seed,
     seed_flex,
@@ -340,3 +341,18 @@ def test_status_shows_a_queued_slice_waiting_with_its_deadline_then_failed_with_
     assert cli.main(queued) == 0
     assert f"queued resource {names.request_name(SLICE1)}: FAILED, failed: 4: " in capsys.readouterr().out
     assert cloud.mutations() == []  # status only reads
+
+
+def test_status_shows_an_elastic_clusters_slice_without_hosts_as_empty_not_degraded(
+    cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(cloud, "compute", slices=1)
+    cloud.add_mig(PROJECT, ZONE, SLICE1, [], **mig_fields(SLICE1))  # declared empty: the controller's
+    elastic = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "platform=compute"]
+    elastic += ["--set", "slices=2", "--set", "minSlices=1"]
+    assert cli.main([*elastic, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(s["name"], s["state"]) for s in data["slices"]] == [(SLICE0, "READY"), (SLICE1, "EMPTY")]
+    assert data["slices"][1]["hosts"] == []
+    assert cli.main(elastic) == 0
+    assert f"slice {SLICE1}: EMPTY" in capsys.readouterr().out
