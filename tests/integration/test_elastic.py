@@ -6,8 +6,8 @@ Jobs submitted with `rayslice run`, as a user would, ask for slices with Ray's o
 `ray.util.tpu.slice_placement_group`. The head publishes Ray's pending demand; the controller
 reads it through the emulated Compute API and adds whole slices, whose hosts boot and join; the
 job runs; the slice is removed once it has been idle for idleTimeoutSeconds, never while the job
-holds it; a later job that needs two slices gets two, under the same names. `rayslice status`
-lists every add and removal (docs/elastic.md).
+holds it; a later job that needs two slices gets two, under the same names, and one that needs
+three waits on `slices`. `rayslice status` lists every add, removal and wait (docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -36,12 +36,17 @@ import json, socket, sys, time
 import ray
 from ray.util.tpu import slice_placement_group
 
-slices, hold = int(sys.argv[1]), float(sys.argv[2])
+slices, hold, wait_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 ray.init()
-group = slice_placement_group(
-    topology="2x2", accelerator_version="v6e", num_slices=slices, head_reservation_timeout_s=500
-)
-ray.get(group.placement_group.ready(), timeout=300)
+# A v6e-4 slice is one host: Ray reserves no slice head for it (ray/util/tpu.py skips the head
+# when the topology fits one host), so the slices are the group's bundles, one per slice.
+group = slice_placement_group(topology="2x2", accelerator_version="v6e", num_slices=slices)
+try:
+    ray.get(group.placement_group.ready(), timeout=wait_s)
+except ray.exceptions.GetTimeoutError:
+    print("REFUSED", flush=True)
+    group.shutdown()
+    sys.exit(0)
 
 
 @ray.remote(num_cpus=0, resources={"TPU": 4})
@@ -76,9 +81,12 @@ def _wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(1)
 
 
-def _run(sim: Simulation, job: Path, slices: int, hold: float) -> list[str]:
-    result = rayslice_run(sim, str(job), str(slices), str(hold), timeout=900)
+def _run(sim: Simulation, job: Path, slices: int, hold: float, wait_s: float = 500) -> list[str]:
+    """The hosts the job ran on; [] when its slices were not all there within `wait_s`."""
+    result = rayslice_run(sim, str(job), str(slices), str(hold), str(wait_s), timeout=900)
     assert result.returncode == 0, sim.report()
+    if re.search(r"^REFUSED$", result.stdout, re.M):
+        return []
     [ran] = re.findall(r"^RAN (.+)$", result.stdout, re.M)
     [still] = re.findall(r"^STILL (.+)$", result.stdout, re.M)
     assert json.loads(still) == json.loads(ran)  # held past the idle time: never removed meanwhile
@@ -116,3 +124,11 @@ def test_an_elastic_cluster_adds_whole_slices_for_ray_jobs_and_removes_idle_ones
     assert sorted(_run(sim, job, slices=2, hold=1)) == [f"{first}-w0", f"{second}-w0"]
     events = _events(client, spec_run)
     assert events.count((first, "add slice")) == 2 and events.count((second, "add slice")) == 1
+
+    # Three asked for with both slices there: the third waits on slices=2, status says so, and
+    # no slice is added.
+    assert _run(sim, job, slices=3, hold=0, wait_s=30) == []
+    assert "wait -> 1 more slice(s) wanted; slices=2 reached" in render_text(gather(client, spec_run))
+    assert [e for e in _events(client, spec_run) if e[1] == "add slice"] == [
+        e for e in events if e[1] == "add slice"
+    ]
