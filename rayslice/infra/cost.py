@@ -33,6 +33,9 @@ class Cost:
 
     item: str
     per_hour: float | None
+    # An elastic cluster's slice above minSlices: billed only while the controller keeps its
+    # hosts (docs/elastic.md).
+    elastic: bool = False
 
 
 def stack_costs(spec: ClusterSpec, registrations: Iterable[Registration]) -> list[Cost]:
@@ -41,10 +44,12 @@ def stack_costs(spec: ClusterSpec, registrations: Iterable[Registration]) -> lis
     costs = [
         Cost(
             f"slice {spec.slice_name(i)}: {spec.accelerator_type} ({spec.tpu.chips} chips), "
-            f"{spec.capacity}{' (queued)' if spec.queued else ''}, {region}",
+            f"{spec.capacity}{' (queued)' if spec.queued else ''}{', elastic' if elastic else ''}, {region}",
             catalog.slice_hour_price(spec.tpu, region, spec.capacity),
+            elastic,
         )
         for i in range(spec.slices)
+        for elastic in [spec.elastic and i >= (spec.min_slices or 0)]
     ]
     for r in registrations:
         if r.type == bodies.INSTANCE:
@@ -79,15 +84,24 @@ def _vm_cost(registration: Registration, zone: str, count: int) -> Cost:
 
 
 def render_costs(costs: list[Cost]) -> str:
-    """The cost lines and the whole stack's, with the prices' date and source."""
+    """The cost lines and the whole stack's, with the prices' date and source. With elastic
+    slices the stack costs between two totals: without them, and with every one."""
+    totals = [("whole stack", costs)]
+    if any(c.elastic for c in costs):
+        totals = [
+            ("whole stack, no elastic slice", [c for c in costs if not c.elastic]),
+            ("whole stack, every slice", costs),
+        ]
     width = max(len(c.item) for c in costs)
     lines = ["cost per hour at list prices:"]
     lines += [f"  {c.item:<{width}}  {catalog.format_price(c.per_hour)}" for c in costs]
+    lines += [f"  {label:<{width}}  {_total(items)}" for label, items in totals]
+    lines.append(f"  ({catalog.price_source()})")
+    return "\n".join(lines)
+
+
+def _total(costs: list[Cost]) -> str:
     known = sum(c.per_hour for c in costs if c.per_hour is not None)
     missing = sum(c.per_hour is None for c in costs)
     total = f"${known:,.2f}/h"
-    if missing:
-        total = f"at least {total} ({missing} item(s) without a published price)"
-    lines.append(f"  {'whole stack':<{width}}  {total}")
-    lines.append(f"  ({catalog.price_source()})")
-    return "\n".join(lines)
+    return f"at least {total} ({missing} item(s) without a published price)" if missing else total

@@ -7,7 +7,7 @@ import csv
 import re
 from pathlib import Path
 
-from rayslice import cli, spec
+from rayslice import catalog, cli, spec
 from rayslice.infra.cost import Cost, render_costs, stack_costs
 from rayslice.infra.preview import preview, stack_config
 
@@ -85,3 +85,16 @@ def test_preview_of_the_gke_flex_start_example_shows_the_flex_pool_and_no_publis
     assert re.search(
         rf"VM gke-flex-v6e-16-head: n2-standard-16, on-demand, us-east5 +\${head_price:,.2f}/h\n", out
     )
+
+
+def test_an_elastic_cluster_costs_between_no_elastic_slice_and_every_slice(capsys):
+    stack = STACKS / "Pulumi.example-compute-elastic-v6e-16.yaml"  # 0 to 2 on-demand v6e-16 slices
+    assert cli.main(["preview", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    cluster = spec.load_cli(str(stack), [])
+    slice_price = catalog.slice_hour_price(cluster.tpu, "us-east5", "on-demand")
+    head = float(re.search(r"VM jax-elastic-v6e-16-head: .* \$([0-9.]+)/h\n", out)[1])
+    assert out.count(", elastic, us-east5") == 2
+    assert re.search(rf"whole stack, no elastic slice +at least \${head:,.2f}/h ", out)
+    assert re.search(rf"whole stack, every slice +at least \${head + 2 * slice_price:,.2f}/h ", out)
+    assert "\n  whole stack  " not in out
