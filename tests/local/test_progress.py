@@ -29,9 +29,9 @@ def _progress(tmp_path, processes=None):
 def test_a_dead_pid_1_without_an_exit_status_reads_as_failed_and_its_console_is_reported(tmp_path):
     """A boot that breaks before the script runs writes no exit status and publishes nothing; without
     this, a wait for the host ran out its timeout on a state of '' and said nothing of why."""
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    ref = process_ref(dead.pid)
-    dead.wait()
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    ref = process_ref(dead.pid)  # taken while it runs: a PID 1 recorded at boot
+    dead.communicate()
     assert ref is not None
     progress, host = _progress(tmp_path, {boot_process("ignored"): ref})
     assert progress.states() == {host: ""}  # another host's record says nothing of this one
