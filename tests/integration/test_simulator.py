@@ -48,7 +48,8 @@ until md instance/id >/dev/null 2>&1; do sleep 0.2; done
 put boots $(( $(md instance/guest-attributes/rayslice/boots 2>/dev/null || echo 0) + 1 ))
 put hostname "$(hostname)"
 put home "$HOME"
-put pid "$$"
+put ppid "$PPID"
+put pidns "$(readlink /proc/self/ns/pid)"
 put ip "$(md instance/network-interfaces/0/ip)"
 put worker "$(md instance/attributes/agent-worker-number)"
 put peer "$(getent hosts rayslice-slice-0-w0 | cut -d' ' -f1)"
@@ -99,11 +100,15 @@ def test_hosts_are_isolated_machines_with_their_own_metadata(simulation_dir, mon
     # The script publishes `joined` a moment before it exits; its exit status comes after.
     _wait(lambda: all(sim.script_exit(h.name) is not None for h in sim.plan.hosts))
 
+    namespaces = {sim.guest_attributes(h.name)["pidns"] for h in sim.plan.hosts}
+    assert len(namespaces) == len(sim.plan.hosts)  # one per host
     for host in sim.plan.hosts:
         facts = sim.guest_attributes(host.name)
         assert facts["hostname"] == host.name
         assert facts["home"] == f"{sim.plan.root}/root"
-        assert int(facts["pid"]) < 50, "the script runs in the host's own PID namespace"
+        # The script runs in the host's own PID namespace, as a child of the host's PID 1 (its
+        # PID itself says little: the host's setup runs a mount(8) per mount point first).
+        assert facts["ppid"] == "1" and facts["pidns"] != os.readlink("/proc/self/ns/pid")
         assert facts["ip"] == host.ip and facts["worker"] == str(host.worker)
         assert facts["peer"] == sim.plan.head.ip
         assert facts["outside"] == "unreachable"
