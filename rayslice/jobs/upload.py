@@ -66,11 +66,25 @@ def workloads() -> dict[str, Workload]:
     for module in sorted(pkgutil.iter_modules(WORKLOADS_PATH), key=lambda m: m.name):
         if module.name.startswith("_"):
             continue
-        tree = ast.parse(Path(WORKLOADS_PATH[0], f"{module.name}.py").read_text())
+        tree = _parse(Path(WORKLOADS_PATH[0], f"{module.name}.py").read_text())
         doc = ast.get_docstring(tree) or ""
         summary = doc.splitlines()[0] if doc else ""
         found[module.name] = Workload(summary, _constant(tree, MULTIHOST_COUNTERPART))
     return found
+
+
+def _parse(source: str, attempts: int = 3) -> ast.Module:
+    """`ast.parse`, again when CPython 3.11 says "AST constructor recursion depth mismatch": its
+    AST builder keeps one recursion counter for the whole interpreter, so a parse that overlaps
+    one in another thread (a Pulumi program importing modules, say) can fail spuriously
+    (python/cpython#106905, fixed in 3.12). A source that cannot be parsed fails every time."""
+    for _ in range(attempts - 1):
+        try:
+            return ast.parse(source)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc):
+                raise
+    return ast.parse(source)
 
 
 def _constant(tree: ast.Module, name: str) -> str | None:

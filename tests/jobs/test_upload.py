@@ -333,3 +333,25 @@ def test_single_host_jobs_are_read_from_their_modules_and_name_a_multi_host_job(
         workload="jax_single_host",
         multihost_counterpart="jax_multihost",
     )
+
+
+def test_a_spurious_ast_recursion_mismatch_is_parsed_again_and_any_other_error_is_not(monkeypatch):
+    """CPython 3.11's AST builder can fail a parse that overlaps one in another thread
+    (python/cpython#106905); reading the workloads tries again, and only for that error."""
+    real, calls = upload.ast.parse, []
+
+    def flaky(source, *args, **kwargs):
+        calls.append(source)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=144, after=195)")
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(upload.ast, "parse", flaky)
+    assert upload._parse("X = 1").body[0].targets[0].id == "X" and len(calls) == 2
+
+    def broken(source, *args, **kwargs):
+        raise SystemError("something else")
+
+    monkeypatch.setattr(upload.ast, "parse", broken)
+    with pytest.raises(SystemError, match="something else"):
+        upload._parse("X = 1")
