@@ -96,8 +96,8 @@ def on_demand(state_dir: Path, idle_s: int, job: Path) -> tuple[float, float]:
         host = f"{spec.slice_name(0)}-w0"
         wait(lambda: not Simulation.open(state_dir).running(host), idle_s + 300, "the idle slice's removal")
         return ran - asked, time.time() - ended
-    finally:
-        sim.destroy()
+    finally:  # reopened: the state file also records the slice's host, which the emulation added
+        Simulation.open(state_dir).destroy()
 
 
 def main() -> None:
