@@ -314,7 +314,7 @@ class Controller:
         for name in decision.add:
             self.recorder.record(Event.now(name, seen, "add slice", self._add(policy, name)))
         for name in decision.remove:
-            self.recorder.record(Event.now(name, seen, "remove slice", self._remove(name)))
+            self.recorder.record(Event.now(name, seen, "remove slice", self._remove(policy, name)))
 
     def read_demand(self, policy: ScalingPolicy) -> Demand | None:
         """The head's last reading of Ray's demand; None when there is none or it is unreadable."""
@@ -349,9 +349,8 @@ class Controller:
         self.slices[name] = SliceState()
         return f"{len(hosts)} host(s) requested"
 
-    def _remove(self, name: str) -> str:
-        assert self.scaling is not None
-        hosts = names.slice_host_names(name, self.scaling.hosts_per_slice)
+    def _remove(self, policy: ScalingPolicy, name: str) -> str:
+        hosts = names.slice_host_names(name, policy.hosts_per_slice)
         allowed = self.target.slice_names
         wait = self.client.wait_zone_operation
         try:
@@ -371,7 +370,7 @@ class Controller:
         except (CloudError, OSError) as exc:
             return f"failed: {exc}"
         self.removing.add(name)
-        return f"{len(hosts)} host(s) deleted (idle for {self.scaling.idle_timeout_s:.0f}s or more)"
+        return f"{len(hosts)} host(s) deleted (idle for {policy.idle_timeout_s:.0f}s or more)"
 
     def _removal_done(self, name: str) -> None:
         """Ends a removal once the slice's MIG holds no instance: recovery watches it again."""
