@@ -4,6 +4,7 @@ Google's discovery documents, after scenarios that exercise every emulated metho
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from typing import Any
 
@@ -15,6 +16,7 @@ from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
+from rayslice.recovery.scaling import instances_of
 from tests.recovery import discovery
 from tests.recovery.conftest import (
     CLUSTER,
@@ -27,6 +29,7 @@ from tests.recovery.conftest import (
     seed_flex,
     seed_queued,
 )
+from tests.recovery.test_scaling import POLICY as SCALING
 
 
 def _reduce(path: str) -> str:
@@ -67,6 +70,12 @@ def _exercise_scale_down(client: CloudClient) -> None:
     assert {c["status"] for c in client.list_per_instance_configs(slice_name)} == {"UNAPPLIED_DELETION"}
     client.wait_zone_operation(client.delete_instances(slice_name, hosts, allowed), 30)
     assert (client.get_mig(slice_name) or {}).get("targetSize") == 0
+    # An elastic slice added back as the controller adds one: named hosts, reserved addresses.
+    policy = dataclasses.replace(SCALING, hosts_per_slice=4)
+    client.wait_zone_operation(
+        client.create_instances(slice_name, instances_of(policy, PROJECT, hosts), allowed), 30
+    )
+    assert (client.get_mig(slice_name) or {}).get("targetSize") == 4
 
 
 def _exercise_waiting(
