@@ -33,7 +33,9 @@ PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
 # uv, pinned by version and by the sha256 of each wheel a host may install (pip
 # --require-hashes refuses anything else). Hashes of the files PyPI serves for uv 0.13.9,
 # computed here with `pip download uv==0.13.9 --no-deps --only-binary :all: --platform …` and
-# `sha256sum`. TPU hosts and the head VM are x86_64; the aarch64 wheel covers Arm head VMs.
+# `sha256sum`. TPU hosts and the head VM are x86_64 (an Arm headMachineType is refused,
+# `catalog.ARM_MACHINE_FAMILIES`); the aarch64 wheel's hash predates that refusal, and dropping it
+# would change every rendered boot script, so every deployed host.
 UV_VERSION = "0.13.9"
 UV_WHEEL_SHA256 = (
     "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",  # manylinux_2_17_x86_64
