@@ -93,8 +93,9 @@ def test_a_ray_release_without_a_preset_lock_is_resolved_whole(release_index, tm
     assert ("gamma==1.0" in lock.pins()) == bool(requirements)
     assert locks.parse(store.path.read_text()) == lock
     assert "resolving the whole requirement set into" in capsys.readouterr().err
-    script = render(cluster, lock=lock)
-    assert base64.b64encode(lock.text.encode()).decode() in script and "REQUIREMENTS=()" in script
+    encoded = base64.b64encode(lock.text.encode()).decode()
+    for script in (render(cluster, lock=lock), pod.render_pod_start(cluster, None, lock)):
+        assert encoded in script and "REQUIREMENTS=()" in script
     source = PackageSource.parse(None)
     assert install_fingerprint(cluster, source, lock) != install_fingerprint(cluster, source)
 
@@ -197,9 +198,10 @@ def _strings(value: object) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-def test_the_program_puts_the_stack_lock_into_the_hosts_metadata(index, tmp_path):
+@pytest.mark.parametrize("setting", ['requirements=["gamma"]', f"rayVersion={OTHER_RAY}"])
+def test_the_program_puts_the_stack_lock_into_the_hosts_metadata(release_index, tmp_path, setting):
     store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
-    config = stack_config(None, ['requirements=["gamma"]', f"packageIndex={index}"])
+    config = stack_config(None, [setting, f"packageIndex={release_index}"])
     config |= stack_config(None, ["allowInsecurePackageIndex=true", "zone=us-east5-b", "project=my-project"])
     found = preview(config, lambda: program_main(store.lock))
     lock = locks.parse(store.path.read_text())
