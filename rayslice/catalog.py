@@ -335,12 +335,27 @@ def zone_machine_families(zone: str) -> frozenset[str] | None:
     return MACHINE_FAMILIES_BY_ZONE.get(zone)
 
 
+# Compute Engine's Arm (aarch64) machine series: Google Axion (C4A, N4A) and Ampere Altra (Tau
+# T2A), from the "Arm processors" section of Compute Engine's "CPU platforms" page
+# (cloud.google.com/compute/docs/cpu-platforms) and Google Cloud's Axion N4A/C4A announcement
+# (2025-11). Every host rayslice boots is x86_64 (a TPU host, docs/decisions.md "Hosts are
+# x86_64"; the head and controller VMs boot the x86_64 image ubuntu-2204-lts), and so are the
+# locks the hosts install: an Arm head is refused in every zone, the unsettled ones included.
+ARM_MACHINE_FAMILIES = frozenset({"c4a", "n4a", "t2a"})
+
+
 def head_machine_problem(machine_type: str, zone: str) -> str | None:
     """Why a CPU machine type cannot run in a zone (None: it can, or the zone is not settled)."""
+    family = machine_family(machine_type)
+    if family in ARM_MACHINE_FAMILIES:
+        return (
+            f"machine family {family!r} ({machine_type}) is Arm (aarch64), but the head VM boots an "
+            f"x86_64 image and installs the hosts' x86_64 lock; use an x86_64 family (e.g. "
+            f"{DEFAULT_HEAD_MACHINE_TYPE})"
+        )
     families = zone_machine_families(zone)
     if families is None:
         return None
-    family = machine_family(machine_type)
     if family in families:
         return None
     offered = ", ".join(sorted(families))

@@ -109,7 +109,9 @@ def configuration_md() -> str:
         "",
         "`headMachineType` must belong to a machine family the zone offers. rayslice checks it "
         "against this table when a head VM or GKE head pool is created. Source: "
-        f"{catalog.MACHINE_FAMILIES_SOURCE}.",
+        f"{catalog.MACHINE_FAMILIES_SOURCE}. Arm families "
+        f"({', '.join(sorted(catalog.ARM_MACHINE_FAMILIES))}) are refused in every zone: hosts and "
+        "their locks are x86_64 (docs/decisions.md).",
         "",
         "| zone | machine families |",
         "|---|---|",

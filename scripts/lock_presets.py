@@ -1,6 +1,6 @@
 """Write the presets' locks (rayslice/startup_scripts/locks/<preset>.lock) from the package index.
 
-Each preset's requirement lines plus Ray (`variables.lock_requirements`) are resolved with uv for
+Each preset's requirement lines plus Ray (`variables.whole_lock_header`) are resolved with uv for
 the hosts' Python and platform (`locks.PLATFORM`), with the sha256 of each file a host may
 install. Run it after changing a preset, `DEFAULT_RAY_VERSION` or to take newer releases, and
 commit the locks: a changed lock replaces the hosts of every stack that deploys it.
@@ -19,14 +19,12 @@ import sys
 
 from rayslice.spec import DEFAULT_RAY_VERSION
 from rayslice.startup_scripts import locks
-from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements
+from rayslice.startup_scripts.variables import PRESETS, whole_lock_header
 
 
 def main(presets: list[str]) -> None:
     for preset in presets or sorted(PRESETS):
-        requirements = lock_requirements(preset, DEFAULT_RAY_VERSION)
-        header = locks.header(preset, requirements, PYTHON_VERSION, None, ())
-        lock = locks.compile_lock(locks.uv_binary(), header)
+        lock = locks.compile_lock(locks.uv_binary(), whole_lock_header(preset, DEFAULT_RAY_VERSION))
         path = locks.LOCK_DIR / f"{preset}.lock"
         path.write_text(lock.text)
         print(f"{path}: {len(lock.pins())} packages, {len(lock.text)} bytes, digest {lock.digest}")

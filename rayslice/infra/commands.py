@@ -51,9 +51,9 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     documented rules (the policy pack in policy/ checks the same ones) are listed with the rule
     and its source, and the command exits 2.
 
-    A stack with requirements has them locked first, into rayslice-locks/<stack>.lock beside
-    Pulumi.yaml (commit it): resolved against the package index when the file is missing or
-    stale, reused as it is otherwise.
+    A stack with requirements, or with a rayVersion that has no preset lock, has them locked
+    first, into rayslice-locks/<stack>.lock beside Pulumi.yaml (commit it): resolved against the
+    package index when the file is missing or stale, reused as it is otherwise.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
     locks = StackLocks.for_stack_file(stack_file).lock

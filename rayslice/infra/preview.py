@@ -259,7 +259,11 @@ def preview(
 def _no_stack_lock(_: spec.ClusterSpec) -> None:
     """The simulator's hosts install from a local wheelhouse and resolve the stack's own
     `requirements` from it (`Simulation` renders their script without a stack lock), so the
-    program it deploys makes no stack lock either."""
+    program it deploys makes no stack lock either. That holds for a `rayVersion` without a
+    preset lock too: its hosts resolve every line from the wheelhouse, which is the one index
+    they have; a lock resolved from the spec's index would name files the wheelhouse need not
+    hold, and one resolved from the wheelhouse on this same machine would pin what the hosts
+    resolve from it anyway."""
     return None
 
 

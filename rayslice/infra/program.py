@@ -53,9 +53,10 @@ def project_locks() -> StackLocks:
 
 
 def main(locks: LockSource | None = None) -> TpuRayCluster:
-    """Declare the cluster and export what a user needs next. The stack's `requirements` are
-    locked first (`locks`, the Pulumi project's `rayslice-locks/` by default), so a lock that
-    cannot be made stops the program before any resource is declared."""
+    """Declare the cluster and export what a user needs next. The stack's `requirements` (or,
+    for a Ray release without a preset lock, its whole requirement set) are locked first
+    (`locks`, the Pulumi project's `rayslice-locks/` by default), so a lock that cannot be made
+    stops the program before any resource is declared."""
     cluster_spec = read_spec()
     lock = (locks or project_locks().lock)(cluster_spec)
     cluster = TpuRayCluster(cluster_spec.name, TpuRayClusterArgs(spec=cluster_spec, lock=lock))

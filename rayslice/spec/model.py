@@ -268,14 +268,16 @@ class ClusterSpec:
         "jax",
         description="Requirement set from the guide: jax (host-centric) or xla (PyTorch/XLA, "
         "device-centric), installed with Ray from the preset's lock (exact versions and hashes) "
-        "for the default rayVersion.",
+        "for the default rayVersion, or from the stack lock resolved on the deployer's machine "
+        "for another rayVersion.",
     )
     requirements: Strings = Field(
         (),
         description="Extra PEP 508 requirement lines installed on every host: resolved once on the "
         "deployer's machine (pulumi up, rayslice preview), under the preset lock's versions, into "
         "rayslice-locks/<stack>.lock beside the Pulumi project (commit it), which hosts install as it is "
-        "(with another rayVersion, which has no preset lock, hosts resolve them).",
+        "(with another rayVersion, which has no preset lock, resolved there together with the preset "
+        "and that Ray release).",
     )
     package_index: Str | None = Field(
         None,

@@ -38,7 +38,7 @@ LOCK_DIR = Path(__file__).with_name("locks")
 # (`catalog`: the TPU VM runtime tpu-ubuntu2204-base, Compute Engine's ubuntu-accel-2204-… and,
 # for TPU7x, ubuntu-accel-2404-…) are Ubuntu 22.04 (glibc 2.35) or 24.04 (glibc 2.39), so a
 # manylinux_2_35 wheel or an older one runs on all of them; libtpu itself is a manylinux_2_31
-# wheel. TPU hosts and the head VM are x86_64.
+# wheel. TPU hosts and the head VM are x86_64 (docs/decisions.md, "Hosts are x86_64").
 PLATFORM = "x86_64-manylinux_2_35"
 _GLIBC = (2, 35)
 _ARCH = "x86_64"

@@ -8,10 +8,15 @@ one), into one lock that holds the preset lock's lines and the added packages' p
 lines. Hosts install that lock alone (``--require-hashes --no-deps``), as they install a preset
 lock, and the install fingerprint follows its digest.
 
+A spec whose `rayVersion` has no shipped preset lock (they are made for `DEFAULT_RAY_VERSION`)
+gets its whole set resolved here instead: the preset's lines with its Ray release, and its
+`requirements`, in one uv resolution (no constraints: nothing is locked yet), so its hosts too
+install a lock and resolve nothing.
+
 The lock is kept beside the Pulumi project as ``rayslice-locks/<stack>.lock`` (users commit it,
 as they commit a uv.lock) and reused while its header matches what it would be resolved from
-now (the preset lock's digest, the requirement lines, index, find-links, Python, platform);
-otherwise it is resolved again, with a one-line note on stderr.
+now (the preset lock's digest where there is one, the requirement lines, index, find-links,
+Python, platform); otherwise it is resolved again, with a one-line note on stderr.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from rayslice.errors import InvalidInput
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks, render
-from rayslice.startup_scripts.variables import PYTHON_VERSION, preset_lock
+from rayslice.startup_scripts.variables import PYTHON_VERSION, preset_lock, whole_lock_header
 
 LOCK_DIR_NAME = "rayslice-locks"
 
@@ -56,29 +61,23 @@ class StackLocks:
 
     def lock(self, spec: ClusterSpec) -> locks.Lock | None:
         """The stack lock the hosts of `spec` install: None when the spec has no `requirements`
-        (the preset lock is the whole set) or its Ray release has no preset lock (its hosts
-        resolve every line themselves, docs/boot-script.md). Raises InvalidInput (exit 2) when
-        the lines do not resolve, the index does not answer, uv is missing, or the lock would
-        not fit into the boot script's metadata value."""
+        and its Ray release has a preset lock (that lock is the whole set). Raises InvalidInput
+        (exit 2) when the lines do not resolve, the index does not answer, uv is missing, or the
+        lock would not fit into the boot script's metadata value."""
         base = preset_lock(spec)
-        if not spec.requirements or base is None:
+        if base is not None and not spec.requirements:
             return None
-        wanted = {
-            **locks.header(
-                spec.preset, spec.requirements, PYTHON_VERSION, spec.package_index, base.find_links
-            ),
-            "base": base.digest,
-        }
+        wanted = _wanted(spec, base)
         found = self._stored()
         if found is not None and dict(found.header) == wanted:
             _check_fits(spec, found, self.path)
             return found
         print(
-            f"rayslice: resolving requirements into {self.path} "
-            f"({'its header differs from this stack' if found else 'no lock yet'})",
+            f"rayslice: resolving {'requirements' if base else 'the whole requirement set'} into "
+            f"{self.path} ({'its header differs from this stack' if found else 'no lock yet'})",
             file=sys.stderr,
         )
-        lock = resolve_beside(base, wanted)
+        lock = resolve_beside(base, wanted) if base is not None else resolve_whole(wanted, spec.ray_version)
         _check_fits(spec, lock, self.path)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path.write_text(lock.text)
@@ -93,25 +92,53 @@ class StackLocks:
             return None  # not a lock (any more): resolved again and overwritten
 
 
+def _wanted(spec: ClusterSpec, base: locks.Lock | None) -> dict[str, str]:
+    """The header the stack lock of `spec` has: beside the preset lock `base` (its digest as
+    `base`), or, for a Ray release without one, the whole set's."""
+    if base is None:
+        return whole_lock_header(spec.preset, spec.ray_version, spec.requirements, spec.package_index)
+    return {
+        **locks.header(spec.preset, spec.requirements, PYTHON_VERSION, spec.package_index, base.find_links),
+        "base": base.digest,
+    }
+
+
 def resolve_beside(base: locks.Lock, wanted: dict[str, str]) -> locks.Lock:
     """The lock of `wanted`'s header: `base`'s lines, then those of the packages its requirement
     lines add, resolved under `base`'s versions."""
-    return _merged(base, _resolve(wanted, base), wanted)
+    advice = (
+        f"fix the requirements (they are resolved with the {wanted['preset']} preset's locked "
+        "versions as constraints)"
+    )
+    return _merged(base, _resolve(wanted, advice, base), wanted)
 
 
-def _resolve(wanted: dict[str, str], base: locks.Lock) -> locks.Lock:
-    """The requirement lines resolved under the preset lock's versions (uv's ``--constraint``)."""
+def resolve_whole(wanted: dict[str, str], ray_version: str) -> locks.Lock:
+    """The lock of `wanted`'s header, every line resolved at once: the set of a Ray release that
+    no preset lock was made for."""
+    advice = (
+        f"fix the requirements or rayVersion (no {wanted['preset']} preset lock was made for Ray "
+        f"{ray_version}, so the preset's lines, Ray {ray_version} and the requirements are resolved together)"
+    )
+    return _resolve(wanted, advice)
+
+
+def _resolve(wanted: dict[str, str], advice: str, base: locks.Lock | None = None) -> locks.Lock:
+    """The requirement lines resolved, under the preset lock's versions where there is one
+    (uv's ``--constraint``); a refusal ends with `advice` (what to fix, and how they were
+    resolved)."""
     uv = locks.uv_binary()
     with tempfile.TemporaryDirectory() as tmp:
-        constraints = Path(tmp, "constraints.txt")
-        constraints.write_text("".join(f"{pin}\n" for pin in base.pins()))
+        constraints = None
+        if base is not None:
+            constraints = Path(tmp, "constraints.txt")
+            constraints.write_text("".join(f"{pin}\n" for pin in base.pins()))
         try:
             return locks.compile_lock(uv, wanted, constraints)
         except InvalidInput as error:
             index = wanted["index"] or locks.PYPI_SIMPLE
             raise InvalidInput(
-                f"{error}; fix the requirements (they are resolved with the {wanted['preset']} preset's "
-                f"locked versions as constraints) or make the index {index} reachable from this machine"
+                f"{error}; {advice} or make the index {index} reachable from this machine"
             ) from None
 
 

@@ -33,7 +33,9 @@ PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
 # uv, pinned by version and by the sha256 of each wheel a host may install (pip
 # --require-hashes refuses anything else). Hashes of the files PyPI serves for uv 0.13.9,
 # computed here with `pip download uv==0.13.9 --no-deps --only-binary :all: --platform …` and
-# `sha256sum`. TPU hosts and the head VM are x86_64; the aarch64 wheel covers Arm head VMs.
+# `sha256sum`. TPU hosts and the head VM are x86_64 (an Arm headMachineType is refused,
+# `catalog.ARM_MACHINE_FAMILIES`); the aarch64 wheel's hash predates that refusal, and dropping it
+# would change every rendered boot script, so every deployed host.
 UV_VERSION = "0.13.9"
 UV_WHEEL_SHA256 = (
     "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",  # manylinux_2_17_x86_64
@@ -117,27 +119,49 @@ def requirement_lines(spec: ClusterSpec) -> list[str]:
     return [*lock_requirements(spec.preset, spec.ray_version), *spec.requirements]
 
 
-def preset_lock(spec: ClusterSpec) -> locks.Lock | None:
-    """The shipped lock of the spec's preset and Ray (None for a Ray release it was not made for).
-    A lock made for another Python or platform than the hosts' is refused (exit 2) before
-    anything is rendered, so before anything is created: its files would not install there."""
-    lock = locks.preset_lock(spec.preset, lock_requirements(spec.preset, spec.ray_version))
-    if lock is not None and (lock.header["python"], lock.header["platform"]) != (
-        PYTHON_VERSION,
-        locks.PLATFORM,
-    ):
+def whole_lock_header(
+    preset: str, ray_version: str, requirements: tuple[str, ...] = (), index: str | None = None
+) -> dict[str, str]:
+    """The header of a lock of a preset's lines with Ray `ray_version` (and `requirements`),
+    resolved together: a shipped preset lock (`scripts/lock_presets.py`, PyPI) or the stack lock
+    of a Ray release no preset lock was made for (`stack_locks`, the spec's index). Both are
+    resolved without the `xla` preset's find-links pages (docs/boot-script.md, "The xla preset"),
+    so a lock for another Ray release comes from the same sources as the shipped one."""
+    lines = [*lock_requirements(preset, ray_version), *requirements]
+    return locks.header(preset, lines, PYTHON_VERSION, index, ())
+
+
+def _for_the_hosts(lock: locks.Lock, what: str, remedy: str) -> locks.Lock:
+    """`lock`, if it was resolved for the hosts' Python and platform; else refused (exit 2)
+    before anything is rendered, so before anything is created: its files would not install."""
+    if (lock.header["python"], lock.header["platform"]) != (PYTHON_VERSION, locks.PLATFORM):
         raise InvalidInput(
-            f"the {spec.preset} preset's lock is for Python {lock.header['python']} on "
-            f"{lock.header['platform']}, but the hosts run Python {PYTHON_VERSION} on {locks.PLATFORM}; "
-            "regenerate it with scripts/lock_presets.py"
+            f"{what} is for Python {lock.header['python']} on {lock.header['platform']}, but the hosts "
+            f"run Python {PYTHON_VERSION} on {locks.PLATFORM}; {remedy}"
         )
     return lock
 
 
+def preset_lock(spec: ClusterSpec) -> locks.Lock | None:
+    """The shipped lock of the spec's preset and Ray (None for a Ray release it was not made for),
+    refused if it does not fit the hosts."""
+    lock = locks.preset_lock(spec.preset, lock_requirements(spec.preset, spec.ray_version))
+    if lock is None:
+        return None
+    return _for_the_hosts(
+        lock, f"the {spec.preset} preset's lock", "regenerate it with scripts/lock_presets.py"
+    )
+
+
 def host_lock(spec: ClusterSpec, stack_lock: locks.Lock | None = None) -> locks.Lock | None:
-    """The lock a host installs: the stack's (`stack_locks`: the preset lock and the spec's
-    `requirements`, resolved on the deployer's machine) if there is one, else the preset's."""
-    return stack_lock or preset_lock(spec)
+    """The lock a host installs: the stack's (`stack_locks`: resolved on the deployer's machine)
+    if there is one, else the preset's. A stack lock made for another Python or platform (one
+    a program built or passed itself) is refused as a preset lock is."""
+    if stack_lock is None:
+        return preset_lock(spec)
+    return _for_the_hosts(
+        stack_lock, "the stack lock", "make it with rayslice.startup_scripts.stack_locks.StackLocks.lock"
+    )
 
 
 def host_requirements(spec: ClusterSpec, stack_lock: locks.Lock | None = None) -> list[str]:

@@ -594,6 +594,17 @@ def test_unsettled_zone_accepts_any_family():
     assert catalog.head_machine_problem("n1-standard-16", "us-central2-b") is None
 
 
+@pytest.mark.parametrize("machine_type", ["c4a-standard-8", "t2a-standard-8", "n4a-standard-8"])
+@pytest.mark.parametrize("zone", ["us-central1-a", "us-central2-b"])
+def test_an_arm_head_is_refused_in_every_zone(machine_type, zone):
+    """The hosts' locks are x86_64 (`locks.PLATFORM`): a stack cannot ask for an aarch64 head,
+    not even in a zone whose machine families no source settled."""
+    raw = {"acceleratorType": "v4-8" if zone == "us-central2-b" else "v5litepod-8", "zone": zone}
+    with pytest.raises(spec.SpecError, match=r"is Arm \(aarch64\).*x86_64 lock") as refused:
+        spec.load({**raw, "platform": "tpu-vm", "head": "vm", "headMachineType": machine_type})
+    assert refused.value.exit_code == 2
+
+
 # ---- where raw values come from -----------------------------------------------------------------
 
 

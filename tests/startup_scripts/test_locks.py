@@ -11,7 +11,7 @@ import pytest
 from rayslice.errors import InvalidInput
 from rayslice.spec import DEFAULT_RAY_VERSION
 from rayslice.startup_scripts import locks
-from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements
+from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements, whole_lock_header
 from tests.startup_scripts.tiny_wheels import sha256
 
 
@@ -20,6 +20,8 @@ def test_each_preset_ships_a_lock_for_its_lines_and_the_hosts(preset):
     lock = locks.preset_lock(preset, lock_requirements(preset, DEFAULT_RAY_VERSION))
     assert lock is not None, f"regenerate it: python scripts/lock_presets.py {preset}"
     assert (lock.header["python"], lock.header["platform"]) == (PYTHON_VERSION, locks.PLATFORM)
+    # Resolved as a stack lock of another Ray release is (`stack_locks.resolve_whole`): same sources.
+    assert dict(lock.header) == whole_lock_header(preset, DEFAULT_RAY_VERSION)
     assert locks.parse(lock.text) == lock
     assert f"ray=={DEFAULT_RAY_VERSION}" in lock.pins()
     # Every package is pinned by at least one hash (what --require-hashes needs).

@@ -18,13 +18,14 @@ from rayslice.infra.program import main as program_main
 from rayslice.startup_scripts import locks, pod, render
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.stack_locks import LOCK_DIR_NAME, StackLocks
-from rayslice.startup_scripts.variables import install_fingerprint, preset_lock
+from rayslice.startup_scripts.variables import install_fingerprint, preset_lock, requirement_lines
+from tests.startup_scripts.conftest import STAND_IN_RAY_RELEASES
 
 
-def _spec(index: str, *requirements: str) -> spec.ClusterSpec:
+def _spec(index: str, *requirements: str, ray: str | None = None) -> spec.ClusterSpec:
     raw = {"acceleratorType": "v6e-4", "requirements": list(requirements)}
     raw |= {"packageIndex": index, "allowInsecurePackageIndex": True}
-    return spec.load(raw, require_zone=False)
+    return spec.load(raw | ({"rayVersion": ray} if ray else {}), require_zone=False)
 
 
 def test_requirements_resolve_into_a_stored_lock_beside_the_preset_lock(index, tmp_path, capsys, monkeypatch):
@@ -73,6 +74,67 @@ def test_a_changed_requirement_resolves_the_lock_again(index, tmp_path, capsys):
     assert locks.parse(store.path.read_text()) == lock
 
 
+# ---- a Ray release without a shipped preset lock: the whole set is resolved here -------------
+
+OTHER_RAY, NEWER_RAY = STAND_IN_RAY_RELEASES
+
+
+@pytest.mark.parametrize("requirements", [(), ("gamma",)])
+def test_a_ray_release_without_a_preset_lock_is_resolved_whole(release_index, tmp_path, capsys, requirements):
+    """Hosts install a lock there too, resolving nothing: the preset's lines with that Ray release
+    and the requirements, in one lock, even without any `requirements`."""
+    cluster = _spec(release_index, *requirements, ray=OTHER_RAY)
+    assert preset_lock(cluster) is None
+    store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
+    lock = store.lock(cluster)
+    assert lock is not None and "base" not in lock.header
+    assert lock.requirements == requirement_lines(cluster)
+    assert f"ray=={OTHER_RAY}" in lock.pins() and {"jax==0.10.3", "optax==0.2.9"} <= set(lock.pins())
+    assert ("gamma==1.0" in lock.pins()) == bool(requirements)
+    assert locks.parse(store.path.read_text()) == lock
+    assert "resolving the whole requirement set into" in capsys.readouterr().err
+    encoded = base64.b64encode(lock.text.encode()).decode()
+    for script in (render(cluster, lock=lock), pod.render_pod_start(cluster, None, lock)):
+        assert encoded in script and "REQUIREMENTS=()" in script
+    source = PackageSource.parse(None)
+    assert install_fingerprint(cluster, source, lock) != install_fingerprint(cluster, source)
+
+
+def test_a_whole_lock_is_reused_and_resolved_again_for_another_ray_release(release_index, tmp_path, capsys):
+    """The same rules as beside a preset lock; a changed lock (another Ray release) is what
+    changes the hosts' install fingerprint, so what replaces them."""
+    store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
+    first = store.lock(_spec(release_index, ray=OTHER_RAY))
+    capsys.readouterr()
+    assert store.lock(_spec(release_index, ray=OTHER_RAY)) == first
+    assert capsys.readouterr().err == ""
+    newer = _spec(release_index, ray=NEWER_RAY)
+    second = store.lock(newer)
+    assert second is not None and first is not None and f"ray=={NEWER_RAY}" in second.pins()
+    assert "its header differs" in capsys.readouterr().err
+    source = PackageSource.parse(None)
+    assert install_fingerprint(newer, source, second) != install_fingerprint(newer, source, first)
+
+
+def test_a_ray_release_the_index_does_not_serve_is_refused(release_index, tmp_path):
+    store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
+    refusal = r"cannot be locked.*ray.*fix the requirements or rayVersion"
+    with pytest.raises(InvalidInput, match=refusal) as refused:
+        store.lock(_spec(release_index, ray="2.49.0"))
+    assert refused.value.exit_code == EXIT_INVALID and not store.path.exists()
+
+
+def test_a_stack_lock_for_another_platform_is_refused():
+    """A program that passes a lock of its own (`TpuRayClusterArgs.lock`) made for other hosts."""
+    cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    base = preset_lock(cluster)
+    assert base is not None
+    arm = locks.Lock({**base.header, "platform": "aarch64-manylinux_2_35"}, base.body)
+    with pytest.raises(InvalidInput, match=r"stack lock is for Python 3.11 on aarch64.*x86_64") as refused:
+        render(cluster, lock=arm)
+    assert refused.value.exit_code == EXIT_INVALID
+
+
 def test_no_requirements_no_stack_lock(tmp_path):
     cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
     assert StackLocks(tmp_path, "dev").lock(cluster) is None
@@ -86,21 +148,24 @@ def test_requirements_that_do_not_resolve_are_refused(index, tmp_path):
     assert refused.value.exit_code == EXIT_INVALID and not store.path.exists()
 
 
-def test_an_index_that_does_not_answer_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("ray", [None, OTHER_RAY])
+def test_an_index_that_does_not_answer_is_refused(tmp_path, monkeypatch, ray):
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # uv's own setting: refused at once, not after retries
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
-    with pytest.raises(InvalidInput, match=r"make the index http://127.0.0.1:\d+/simple reachable"):
-        store.lock(_spec(f"http://127.0.0.1:{port}/simple", "alpha"))
-    assert not store.path.exists()
+    unreachable = r"make the index http://127.0.0.1:\d+/simple reachable"
+    with pytest.raises(InvalidInput, match=unreachable) as refused:
+        store.lock(_spec(f"http://127.0.0.1:{port}/simple", "alpha", ray=ray))
+    assert refused.value.exit_code == EXIT_INVALID and not store.path.exists()
 
 
-def test_a_lock_too_large_for_metadata_is_refused(index, tmp_path):
+@pytest.mark.parametrize("ray", [None, OTHER_RAY])
+def test_a_lock_too_large_for_metadata_is_refused(release_index, tmp_path, ray):
     """A stored lock whose header matches, with thousands of pinned packages: the boot script
     that would carry it exceeds a metadata value, so it is refused before anything is created."""
-    cluster = _spec(index, "gamma")
+    cluster = _spec(release_index, "gamma", ray=ray)
     store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
     lock = store.lock(cluster)
     assert lock is not None
@@ -110,11 +175,12 @@ def test_a_lock_too_large_for_metadata_is_refused(index, tmp_path):
         store.lock(cluster)
 
 
-def test_without_uv_the_lock_is_refused(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("ray", [None, OTHER_RAY])
+def test_without_uv_the_lock_is_refused(release_index, tmp_path, monkeypatch, ray):
     monkeypatch.setitem(sys.modules, "uv", None)  # the uv package is not installed
     monkeypatch.setenv("PATH", "")
     with pytest.raises(InvalidInput, match="uv is not installed: pip install uv"):
-        StackLocks(tmp_path / LOCK_DIR_NAME, "dev").lock(_spec(index, "gamma"))
+        StackLocks(tmp_path / LOCK_DIR_NAME, "dev").lock(_spec(release_index, "gamma", ray=ray))
 
 
 def test_for_stack_file_finds_the_project_beside_pulumi_yaml(tmp_path):
@@ -132,9 +198,10 @@ def _strings(value: object) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-def test_the_program_puts_the_stack_lock_into_the_hosts_metadata(index, tmp_path):
+@pytest.mark.parametrize("setting", ['requirements=["gamma"]', f"rayVersion={OTHER_RAY}"])
+def test_the_program_puts_the_stack_lock_into_the_hosts_metadata(release_index, tmp_path, setting):
     store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
-    config = stack_config(None, ['requirements=["gamma"]', f"packageIndex={index}"])
+    config = stack_config(None, [setting, f"packageIndex={release_index}"])
     config |= stack_config(None, ["allowInsecurePackageIndex=true", "zone=us-east5-b", "project=my-project"])
     found = preview(config, lambda: program_main(store.lock))
     lock = locks.parse(store.path.read_text())
