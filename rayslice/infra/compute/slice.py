@@ -63,7 +63,6 @@ from rayslice.names import CLOUD_PLATFORM_SCOPE, NIC, address_name, request_name
 from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
-SECONDS_PER_HOUR = 3600
 
 
 class ComputeSlice(pulumi.ComponentResource):
@@ -177,7 +176,9 @@ class ComputeSlice(pulumi.ComponentResource):
                 ignore_changes=[TARGET_SIZE],  # raised by the per-instance configs or the request
             ),
         )
-        if spec.waits_for_capacity:
+        # An elastic flex-start slice's request is the controller's: it asks for the slice when Ray
+        # needs it, cancels it when the need goes before the hosts come, and deletes it with them.
+        if spec.waits_for_capacity and not controller_owns(spec, index):
             _resize_request(f"{name}-request", spec, slice_name, zone, mig, args)
         # An elastic cluster's slices above minSlices start empty: the recovery controller adds
         # their hosts with the same names and addresses when Ray needs them, and removes them.
@@ -229,7 +230,7 @@ def _resize_request(
 ) -> gcp.compute.ResizeRequest:
     """The request that grows a flex-start slice's MIG by all its hosts at once, when the zone
     has them, for ``maxRunHours`` (the spec fills the default: 7 days)."""
-    assert spec.max_run_hours is not None  # the spec sets it for flex-start
+    assert spec.max_run_seconds is not None  # the spec sets maxRunHours for flex-start
     return gcp.compute.ResizeRequest(
         name,
         name=request_name(slice_name),
@@ -239,7 +240,7 @@ def _resize_request(
         description=f"rayslice {spec.name}: all {spec.tpu.hosts} hosts of slice {slice_name}",
         resize_by=spec.tpu.hosts,
         requested_run_duration=gcp.compute.ResizeRequestRequestedRunDurationArgs(
-            seconds=str(spec.max_run_hours * SECONDS_PER_HOUR)
+            seconds=str(spec.max_run_seconds)
         ),
         opts=pulumi.ResourceOptions(parent=mig, depends_on=list(args.depends_on)),
     )
