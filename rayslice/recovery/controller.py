@@ -32,6 +32,11 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
   its hosts exist.
 
+On an elastic cluster (`rayslice.recovery.scaling`) it then adds and removes whole slices: with
+``createInstances`` and ``deleteInstances`` of the names infra gave the hosts, or, on flex-start,
+with a resize request `names.request_name` that it cancels if the demand goes before capacity
+comes, and deletes with the hosts the MIG named (docs/elastic.md).
+
 A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
 one the controller has just recreated, until it is whole again. After a failed recreation the
 next try waits `base_backoff_s * 2**(failures-1)`, capped at `max_backoff_s`; a healthy

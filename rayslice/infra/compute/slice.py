@@ -30,7 +30,10 @@ per-instance configs and no reserved addresses, and a `gcp.compute.ResizeRequest
 (10 minutes to 7 days: pulumi-gcp's ResizeRequestRequestedRunDuration). ``pulumi up`` returns
 once Google has accepted the request; the hosts boot with the same script when it is fulfilled
 and identify themselves by Google's TPU attributes (`platforms.VmPlatform.identity_attributes`).
-Its host IPs are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them.
+Its host IPs are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them. On an
+elastic cluster a flex-start slice above minSlices has no request here: the recovery controller
+makes it when Ray needs the slice, cancels it if the need goes first, and deletes it with the
+hosts (`controller_owns`; docs/elastic.md).
 
 A change of the boot script or its attributes makes a new instance template; the MIG's update
 policy then recreates every host of the slice at once, keeping names and addresses (a slice is
@@ -215,8 +218,9 @@ class ComputeSlice(pulumi.ComponentResource):
 def controller_owns(spec: ClusterSpec, index: int) -> bool:
     """Whether slice `index`'s hosts belong to the controller (an elastic cluster's slices above
     minSlices), not to the program: Pulumi then declares the slice's MIG, template, workload policy
-    and addresses, and no per-instance config, so a ``pulumi up`` after the controller added or
-    removed hosts has nothing to change (the MIG's target size is ignored already)."""
+    and addresses, and no per-instance config or resize request, so a ``pulumi up`` after the
+    controller added or removed hosts has nothing to change (the MIG's target size is ignored
+    already)."""
     return spec.elastic and index >= (spec.min_slices or 0)
 
 
