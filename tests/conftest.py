@@ -76,6 +76,7 @@ RAY_UNIT_SECONDS = {
     "cluster 2 x v6e-16 spot": 480,  # 281 before Ray Train's two tests (about 200 s) joined it
     "tests/integration/test_faults.py": 145,
     "tests/integration/test_elastic.py": 120,
+    "tests/integration/test_elastic_flex.py": 61,  # measured alone, 2026-12-04
     "tests/integration/test_workloads_on_ray.py": 92,
     "tests/integration/test_simulator.py": 106,  # 91 before the queued tpu-vm slice (15 s) joined it
     "tests/integration/test_readme.py": 73,

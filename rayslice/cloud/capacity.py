@@ -116,7 +116,7 @@ class Capacity:
             request.on_fulfilled()
 
     def cancel(self, request: Request) -> None:
-        """A waiting request withdrawn (its MIG deleted): it never takes capacity."""
+        """A waiting request withdrawn (cancelled, or its MIG deleted): it never takes capacity."""
         if request.state == WAITING:
             request.state = CANCELLED
 

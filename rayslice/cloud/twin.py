@@ -85,7 +85,17 @@ Behaviour, by source:
   ... The MIG automatically generates the names of the VMs"), raises its target size by as many
   (resizeBy: "The group's target size will be increased by this number") and the request turns
   SUCCEEDED. The v1 resize request has no deadline field (Dynamic Workload Scheduler "persists
-  the request" until capacity comes), so it waits until it or its MIG is deleted. Deleting a
+  the request" until capacity comes), so it waits until it is cancelled or its MIG is deleted.
+  ``cancel`` takes only an ACCEPTED request ("Cancel is only possible for requests that are
+  accepted in the queue", discovery, instanceGroupManagerResizeRequests.cancel; gcloud's
+  ``resize-requests cancel``: "You can only cancel a resize request when it is in the ACCEPTED
+  state"): it turns CANCELLED and no longer waits. ``delete`` takes only an inactive one
+  ("Deletes the specified, inactive resize request. Requests that are still active cannot be
+  deleted. Deleting request does not delete instances that were provisioned previously",
+  discovery; gcloud's ``resize-requests delete``: "You can only delete a request when it is in a
+  state SUCCEEDED, FAILED, or CANCELLED"). How Google answers either call for a request in
+  another state is not documented: the twin refuses it (`ResizeRequestStateError`), changing
+  nothing. Deleting a
   slice (MIG or TPU node) gives its hosts back to the zone; a preempted host's capacity stays
   with Google.
 
@@ -141,6 +151,10 @@ MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
 TPU_READY, TPU_PREEMPTED = "READY", "PREEMPTED"
 # InstanceGroupManagerResizeRequest.state (compute v1 discovery document).
 RESIZE_ACCEPTED, RESIZE_SUCCEEDED, RESIZE_FAILED = "ACCEPTED", "SUCCEEDED", "FAILED"
+RESIZE_CANCELLED = "CANCELLED"
+# The states in which a resize request may be cancelled, and deleted (module docstring, sources).
+RESIZE_CANCELLABLE = frozenset({RESIZE_ACCEPTED})
+RESIZE_DELETABLE = frozenset({RESIZE_SUCCEEDED, RESIZE_FAILED, RESIZE_CANCELLED})
 # NodePool.status and StatusCondition.code / canonicalCode (container v1 discovery document).
 POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RUNNING", "ERROR", "STOPPING"
 GCE_STOCKOUT = "GCE_STOCKOUT"  # "indicates that Google Compute Engine resources are temporarily unavailable"
@@ -167,6 +181,10 @@ class CloudRuleError(InvalidInput):
 
 class InstanceValidationError(InvalidInput):
     """A deleteInstances or deletePerInstanceConfigs request Google fails; nothing was deleted."""
+
+
+class ResizeRequestStateError(InvalidInput):
+    """A resize request cancelled or deleted in a state that does not allow it; nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -530,6 +548,40 @@ class CloudTwin:
     def resize_requests_of(self, project: str, zone: str, mig: str) -> list[dict[str, Any]]:
         """instanceGroupManagerResizeRequests.list: the MIG's requests, oldest first."""
         return copy.deepcopy(self.resize_requests.get((project, zone, mig), []))
+
+    def cancel_resize_request(self, project: str, zone: str, mig: str, name: str) -> dict[str, Any]:
+        """instanceGroupManagerResizeRequests.cancel: an ACCEPTED request turns CANCELLED and
+        stops waiting for capacity (module docstring); the request as Google returns it."""
+        record = self._resize_request(project, zone, mig, name, RESIZE_CANCELLABLE, "cancelled")
+        wait = self._waits.pop(id(record), None)
+        if wait is not None:
+            self.capacity.cancel(wait)
+        record["state"] = RESIZE_CANCELLED
+        return copy.deepcopy(record)
+
+    def delete_resize_request(self, project: str, zone: str, mig: str, name: str) -> None:
+        """instanceGroupManagerResizeRequests.delete: an inactive request goes; the hosts it
+        made stay in the MIG (module docstring)."""
+        record = self._resize_request(project, zone, mig, name, RESIZE_DELETABLE, "deleted")
+        self._waits.pop(id(record), None)
+        self.resize_requests[(project, zone, mig)].remove(record)
+
+    def _resize_request(
+        self, project: str, zone: str, mig: str, name: str, allowed: frozenset[str], verb: str
+    ) -> dict[str, Any]:
+        """MIG `mig`'s request `name`, if its state is one of `allowed` (`ResizeRequestStateError`
+        otherwise; `InvalidInput` when there is no such request)."""
+        record = next(
+            (r for r in self.resize_requests.get((project, zone, mig), []) if r["name"] == name), None
+        )
+        if record is None:
+            raise InvalidInput(f"no resize request {name!r} of MIG {mig!r} in {project}/{zone}")
+        if record["state"] not in allowed:
+            raise ResizeRequestStateError(
+                f"resize request {name} is {record['state']}: only a request that is "
+                f"{' or '.join(sorted(allowed))} can be {verb}"
+            )
+        return record
 
     def create_instances(
         self, project: str, zone: str, mig: dict[str, Any], configs: list[dict[str, Any]]

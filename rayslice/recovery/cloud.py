@@ -37,7 +37,7 @@ import requests
 from google.auth.transport.requests import AuthorizedSession
 
 from rayslice.errors import CloudError, InvalidInput, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name
+from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name, request_name
 
 # Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
 # compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/", container.v1
@@ -324,6 +324,31 @@ class CloudClient:
             "POST", self._compute(f"instanceGroupManagers/{_q(name)}/resizeRequests"), body=dict(body)
         )
 
+    def cancel_resize_request(self, mig: str, name: str, allowed: Collection[str]) -> dict[str, Any]:
+        """instanceGroupManagerResizeRequests.cancel: an ACCEPTED request stops waiting ("Cancel is
+        only possible for requests that are accepted in the queue", compute v1 discovery)."""
+        self._guard_request(mig, name, allowed)
+        return self._request(
+            "POST", self._compute(f"instanceGroupManagers/{_q(mig)}/resizeRequests/{_q(name)}/cancel")
+        )
+
+    def delete_resize_request(self, mig: str, name: str, allowed: Collection[str]) -> dict[str, Any]:
+        """instanceGroupManagerResizeRequests.delete: "Deletes the specified, inactive resize
+        request" (SUCCEEDED, FAILED or CANCELLED: gcloud's ``resize-requests delete``); the hosts
+        it made stay ("Deleting request does not delete instances", compute v1 discovery)."""
+        self._guard_request(mig, name, allowed)
+        return self._request(
+            "DELETE", self._compute(f"instanceGroupManagers/{_q(mig)}/resizeRequests/{_q(name)}")
+        )
+
+    @classmethod
+    def _guard_request(cls, mig: str, name: str, allowed: Collection[str]) -> None:
+        """`_guard` for `mig`, and `name` must be the one request infra and the controller give
+        that MIG (`rayslice.names.request_name`)."""
+        cls._guard(mig, allowed)
+        if name != request_name(mig):
+            raise RefusedResource(f"refusing to touch resize request {name!r}: not {request_name(mig)!r}")
+
     def _paged(self, path: str, field: str, method: str = "POST") -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         token = ""
@@ -365,6 +390,29 @@ class CloudClient:
         sources (`rayslice.cloud.twin`'s docstring): after the operation, list the MIG's configs and
         pass any of these names still there to `delete_per_instance_configs`."""
         self._guard_hosts(mig, instance_names, allowed)
+        return self._delete_instances(mig, instance_names, skip_missing)
+
+    def delete_listed_instances(
+        self, mig: str, instance_names: Sequence[str], allowed: Collection[str]
+    ) -> dict[str, Any]:
+        """`delete_instances` of hosts the MIG named itself (a flex-start slice's, made by its
+        resize request: "The MIG automatically generates the names of the VMs", Compute Engine,
+        "About resize requests in a MIG"), so no name rule of rayslice's applies: each name must be
+        one the MIG lists as its managed instance now (listManagedInstances), and nothing else."""
+        self._guard(mig, allowed)
+        if not instance_names:
+            raise InvalidInput(f"no instances of {mig!r} named")
+        listed = {managed_instance_name(i) for i in self.list_managed_instances(mig)} - {""}
+        foreign = [h for h in instance_names if h not in listed]
+        if foreign:
+            raise RefusedResource(
+                f"refusing to touch {', '.join(map(repr, foreign))}: not managed instances of {mig!r}"
+            )
+        return self._delete_instances(mig, instance_names, True)
+
+    def _delete_instances(
+        self, mig: str, instance_names: Sequence[str], skip_missing: bool
+    ) -> dict[str, Any]:
         zone = self.location.zone
         body = {
             "instances": [f"zones/{_q(zone)}/instances/{name}" for name in instance_names],

@@ -32,6 +32,11 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
   its hosts exist.
 
+On an elastic cluster (`rayslice.recovery.scaling`) it then adds and removes whole slices: with
+``createInstances`` and ``deleteInstances`` of the names infra gave the hosts, or, on flex-start,
+with a resize request `names.request_name` that it cancels if the demand goes before capacity
+comes, and deletes with the hosts the MIG named (docs/elastic.md).
+
 A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
 one the controller has just recreated, until it is whole again. After a failed recreation the
 next try waits `base_backoff_s * 2**(failures-1)`, capped at `max_backoff_s`; a healthy
@@ -71,7 +76,7 @@ from rayslice.recovery.cloud import (
 )
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
-from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of
+from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of, resize_request_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
@@ -155,6 +160,17 @@ MIG_INSERT_FIELDS = (
 # Writable InstanceGroupManagerResizeRequest fields (compute.v1.json) carried to the new request
 # of a recreated flex-start slice.
 RESIZE_REQUEST_FIELDS = ("description", "requestedRunDuration", "resizeBy")
+# InstanceGroupManagerResizeRequest.state (compute.v1.json): a request that still waits for
+# capacity ("CREATING: Resize request is being created and may still fail creation"; "ACCEPTED:
+# The request was created successfully and was accepted for provisioning when the capacity becomes
+# available"); the one state cancel takes ("Cancel is only possible for requests that are accepted
+# in the queue", instanceGroupManagerResizeRequests.cancel); and the inactive ones delete takes
+# ("Deletes the specified, inactive resize request. Requests that are still active cannot be
+# deleted", instanceGroupManagerResizeRequests.delete; gcloud's ``resize-requests delete``: "You can
+# only delete a request when it is in a state SUCCEEDED, FAILED, or CANCELLED").
+RESIZE_WAITING = frozenset({"CREATING", "ACCEPTED"})
+RESIZE_CANCELLABLE = frozenset({"ACCEPTED"})
+RESIZE_INACTIVE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 DEFAULT_INTERVAL_S = 30.0
 DEFAULT_BASE_BACKOFF_S = 30.0
 DEFAULT_MAX_BACKOFF_S = 900.0
@@ -298,15 +314,26 @@ class Controller:
     def scale(self, policy: ScalingPolicy) -> None:
         try:
             with_hosts = {name for name in self.target.slice_names if self._has_hosts(name)}
+            waiting = set()
+            if policy.run_duration_s is not None:  # flex-start: a slice may be a request that waits
+                waiting = {n for n in self.target.slice_names if n not in with_hosts and self._waits(n)}
             demand = self.read_demand(policy)
         except (CloudError, NoCredentials, OSError) as exc:  # recovery goes on; the next pass tries again
             print(f"rayslice-recovery: could not read the cluster's slices or demand: {exc}", file=sys.stderr)
             return
         decision = decide(
-            policy, self.target.slice_names, with_hosts, demand, self.wall_clock(), self.missing_before
+            policy,
+            self.target.slice_names,
+            with_hosts,
+            demand,
+            self.wall_clock(),
+            self.missing_before,
+            waiting,
         )
         self.missing_before = decision.missing > 0
         seen = f"demand {decision.wanted} slice(s); with hosts: {', '.join(sorted(with_hosts)) or 'none'}"
+        if waiting:
+            seen += f"; waiting for capacity: {', '.join(sorted(waiting))}"
         if decision.waiting != self.last_wait:
             self.last_wait = decision.waiting
             if decision.waiting:
@@ -315,6 +342,8 @@ class Controller:
             self.recorder.record(Event.now(name, seen, "add slice", self._add(policy, name)))
         for name in decision.remove:
             self.recorder.record(Event.now(name, seen, "remove slice", self._remove(policy, name)))
+        for name in decision.cancel:
+            self.recorder.record(Event.now(name, seen, "cancel slice", self._cancel(name)))
 
     def read_demand(self, policy: ScalingPolicy) -> Demand | None:
         """The head's last reading of Ray's demand; None when there is none or it is unreadable."""
@@ -333,7 +362,16 @@ class Controller:
         mig = self.client.get_mig(name)
         return mig is not None and int(mig.get("targetSize", 0)) > 0
 
+    def _waits(self, name: str) -> bool:
+        """Whether slice `name`'s resize request waits for capacity (the slice is being added)."""
+        return any(
+            r.get("name") == names.request_name(name) and r.get("state") in RESIZE_WAITING
+            for r in self.client.list_resize_requests(name)
+        )
+
     def _add(self, policy: ScalingPolicy, name: str) -> str:
+        if policy.run_duration_s is not None:
+            return self._request_slice(policy, name)
         hosts = names.slice_host_names(name, policy.hosts_per_slice)
         instances = instances_of(policy, self.target.location.project, hosts)
         try:
@@ -349,7 +387,61 @@ class Controller:
         self.slices[name] = SliceState()
         return f"{len(hosts)} host(s) requested"
 
+    def _request_slice(self, policy: ScalingPolicy, name: str) -> str:
+        """A flex-start slice added: one resize request for all its hosts, which waits for
+        capacity; an inactive request of the same name left from before is deleted first (the
+        name must be free, and a waiting one would have made the slice count as added)."""
+        body = resize_request_of(policy, name)
+        try:
+            left = self._retire_request(name)
+            if left:
+                return f"failed: {left}"
+            done = self.client.wait_zone_operation(
+                self.client.insert_resize_request(name, body, self.target.slice_names),
+                self.operation_timeout_s,
+            )
+        except (CloudError, OSError) as exc:
+            return f"failed: {exc}"
+        if operation_error(done):
+            return f"failed: resize request: {operation_error(done)}"
+        self.slices[name] = SliceState()  # recovery watches it once it has been whole
+        return f"resize request {body['name']} for {body['resizeBy']} host(s) waits for capacity"
+
+    def _cancel(self, name: str) -> str:
+        """A flex-start slice's waiting request no longer needed: cancelled, then deleted, so no
+        hosts come later for nothing."""
+        try:
+            left = self._retire_request(name)
+        except (CloudError, OSError) as exc:
+            return f"failed: {exc}"
+        if left:
+            return f"failed: {left}"
+        return f"resize request {names.request_name(name)} cancelled: no demand for it before capacity came"
+
+    def _retire_request(self, name: str) -> str:
+        """Slice `name`'s resize request (`names.request_name`) gone: cancelled if it still waits
+        (ACCEPTED), then deleted once inactive (`RESIZE_CANCELLABLE`, `RESIZE_INACTIVE`, sources
+        there). Deleting it leaves the hosts it made. What is left undone, or ""."""
+        request = names.request_name(name)
+        found = [r for r in self.client.list_resize_requests(name) if r.get("name") == request]
+        if not found:
+            return ""
+        state = str(found[0].get("state", ""))
+        allowed, wait = self.target.slice_names, self.client.wait_zone_operation
+        if state in RESIZE_CANCELLABLE:
+            done = wait(self.client.cancel_resize_request(name, request, allowed), self.operation_timeout_s)
+            if operation_error(done) or done.get("status") != "DONE":
+                return f"cancel {request}: {operation_error(done) or 'did not finish'}"
+        elif state not in RESIZE_INACTIVE:
+            return f"resize request {request} is {state or 'in no state'}; tried again next pass"
+        done = wait(self.client.delete_resize_request(name, request, allowed), self.operation_timeout_s)
+        if operation_error(done) or done.get("status") != "DONE":
+            return f"delete {request}: {operation_error(done) or 'did not finish'}"
+        return ""
+
     def _remove(self, policy: ScalingPolicy, name: str) -> str:
+        if policy.run_duration_s is not None:
+            return self._remove_requested(policy, name)
         hosts = names.slice_host_names(name, policy.hosts_per_slice)
         allowed = self.target.slice_names
         wait = self.client.wait_zone_operation
@@ -371,6 +463,27 @@ class Controller:
             return f"failed: {exc}"
         self.removing.add(name)
         return f"{len(hosts)} host(s) deleted (idle for {policy.idle_timeout_s:.0f}s or more)"
+
+    def _remove_requested(self, policy: ScalingPolicy, name: str) -> str:
+        """A flex-start slice removed: the hosts its MIG named and lists (deleteInstances, which
+        the client refuses for any instance the MIG does not list), then its request."""
+        try:
+            hosts = [managed_instance_name(i) for i in self.client.list_managed_instances(name)]
+            if hosts:
+                done = self.client.wait_zone_operation(
+                    self.client.delete_listed_instances(name, hosts, self.target.slice_names),
+                    self.operation_timeout_s,
+                )
+                if operation_error(done):
+                    return f"failed: deleteInstances: {operation_error(done)}"
+            left = self._retire_request(name)
+        except (CloudError, OSError) as exc:
+            return f"failed: {exc}"
+        self.removing.add(name)
+        idle = f"idle for {policy.idle_timeout_s:.0f}s or more"
+        if left:
+            return f"{len(hosts)} host(s) deleted ({idle}); request not yet deleted: {left}"
+        return f"{len(hosts)} host(s) deleted ({idle}) and resize request {names.request_name(name)} deleted"
 
     def _removal_done(self, name: str) -> None:
         """Ends a removal once the slice's MIG holds no instance: recovery watches it again."""

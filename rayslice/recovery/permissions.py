@@ -42,9 +42,12 @@ TPU_PERMISSIONS = (
     "tpu.queuedResources.delete",
     "tpu.queuedResources.get",
 )
-# Compute Engine v1: instanceGroupManagers.get (also listManagedInstances / listPerInstanceConfigs),
-# .delete, .insert (create), .createInstances, .deleteInstances and .deletePerInstanceConfigs
-# (all three update: each method's REST reference, "IAM Permissions").
+# Compute Engine v1: instanceGroupManagers.get (also listManagedInstances / listPerInstanceConfigs,
+# and instanceGroupManagerResizeRequests.list), .delete, .insert (create), .createInstances,
+# .deleteInstances and .deletePerInstanceConfigs (all three update: each method's REST reference,
+# "IAM Permissions"), and instanceGroupManagerResizeRequests.insert, .cancel and .delete (update,
+# on the MIG; `rayslice.local.google.cloud_api.iam` says how far that is sourced): an elastic
+# flex-start slice's request is made, cancelled and deleted with no permission beyond these.
 COMPUTE_MIG_PERMISSIONS = (
     "compute.instanceGroupManagers.create",
     "compute.instanceGroupManagers.delete",

@@ -22,6 +22,11 @@ have hosts, and the time, in; the slices to add and to remove and what demand wa
   `ScalingPolicy.idle_timeout_s`, is removed, unless the demand still needs it. A slice with a
   running job is never idle, so it is never removed. No reading, or a stale one (the head down),
   removes nothing.
+- **Flex-start** (`ScalingPolicy.run_duration_s` set). A slice is added as a resize request that
+  waits for capacity (`resize_request_of`). While it waits, the slice counts as added (it takes
+  the demand that asked for it: no second request, and it counts against the limits); if the
+  demand no longer needs it before its hosts come, it is cancelled, last slice first, before any
+  idle slice with hosts is removed.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from rayslice.names import NIC, address_name
+from rayslice.names import NIC, address_name, request_name
 from rayslice.recovery.demand import Demand, slices_wanted
 
 # A reading older than this is stale: the head stopped publishing (down, restarting), so nothing
@@ -53,6 +58,9 @@ class ScalingPolicy:
     region: str  # where the slices' reserved addresses are
     price_cap_slices: int | None = None  # the most slices under maxUsdPerHour; None: no ceiling
     ceiling: str = ""  # how status names the ceiling, e.g. "maxUsdPerHour=100 ($43.20/h a slice)"
+    # capacity=flex-start: a slice is added as a resize request for this run duration (maxRunHours
+    # in seconds); None: its hosts are created at once (createInstances).
+    run_duration_s: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -71,6 +79,7 @@ class ScalingPolicy:
 class Decision:
     add: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
+    cancel: tuple[str, ...] = ()  # slices whose waiting resize request is no longer needed
     waiting: str = ""  # what unmet demand waits on ("" when none waits)
     wanted: int = 0  # slices the demand needs now
     missing: int = 0  # of those, slices no slice with hosts can take
@@ -83,17 +92,20 @@ def decide(
     demand: Demand | None,
     now: float,
     missing_before: bool,
+    waiting: Collection[str] = (),
 ) -> Decision:
     """One scaling decision.
 
     `slices` are all the cluster's slices, in index order; `with_hosts` those whose MIG has or is
     creating hosts; `demand` the head's last reading (None: none yet); `missing_before` whether
-    the previous reading also found slices missing.
+    the previous reading also found slices missing; `waiting` the slices without hosts whose
+    resize request waits for capacity (flex-start).
     """
     if demand is None or now - demand.at > STALE_AFTER_S:
         return Decision(waiting="no recent demand from the head" if demand is None else "")
     owned = list(slices[policy.min_slices :])
-    present = [s for s in slices if s in with_hosts]
+    added = set(with_hosts) | set(waiting)  # a waiting request is a slice being added
+    present = [s for s in slices if s in added]
     wanted = slices_wanted(demand, policy.accelerator_type, policy.chips_per_slice)
     # A slice takes new work when it has hosts and nothing on them, or its hosts have not all
     # joined yet (booting: the demand is why it was added).
@@ -104,7 +116,7 @@ def decide(
             return Decision(wanted=wanted, missing=missing)
         limit = len(slices) if policy.price_cap_slices is None else min(len(slices), policy.price_cap_slices)
         room = max(0, limit - len(present))
-        add = tuple([s for s in owned if s not in with_hosts][: min(missing, room)])
+        add = tuple([s for s in owned if s not in added][: min(missing, room)])
         waiting = ""
         if missing > len(add):
             waiting = f"{missing - len(add)} more slice(s) wanted; " + (
@@ -119,8 +131,11 @@ def decide(
         if s in with_hosts and _idle_for(demand, s, policy.hosts_per_slice) >= policy.idle_timeout_s
     ]
     spare = len(free) - wanted  # free slices the demand does not need
+    # A request no longer needed goes first, while its hosts (which would cost) have not come.
+    cancel = [s for s in reversed(owned) if s in waiting][: max(0, spare)]
+    spare -= len(cancel)
     idle.sort(key=lambda s: -_idle_for(demand, s, policy.hosts_per_slice))
-    return Decision(remove=tuple(idle[: max(0, spare)]), wanted=wanted)
+    return Decision(remove=tuple(idle[: max(0, spare)]), cancel=tuple(cancel), wanted=wanted)
 
 
 def _free(demand: Demand, name: str, hosts: int) -> bool:
@@ -161,3 +176,18 @@ def address_link(project: str, region: str, host: str) -> str:
     """Host `host`'s reserved internal address (`names.address_name`), as a partial URL, which
     Compute Engine takes wherever a resource is referenced."""
     return f"projects/{project}/regions/{region}/addresses/{address_name(host)}"
+
+
+def resize_request_of(policy: ScalingPolicy, slice_name: str) -> dict[str, Any]:
+    """The resize request that adds a flex-start slice: the one the program declares for a slice
+    below minSlices (rayslice/infra/compute/slice.py; compute v1 InstanceGroupManagerResizeRequest:
+    ``resizeBy`` "The number of instances to be created by this resize request", and
+    ``requestedRunDuration``), named as the recovery controller names a recreated one
+    (`names.request_name`)."""
+    assert policy.run_duration_s is not None, "a flex-start policy"
+    return {
+        "name": request_name(slice_name),
+        "description": f"rayslice: all {policy.hosts_per_slice} hosts of slice {slice_name}",
+        "resizeBy": policy.hosts_per_slice,
+        "requestedRunDuration": {"seconds": str(policy.run_duration_s)},
+    }

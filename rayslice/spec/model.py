@@ -30,6 +30,7 @@ from rayslice import catalog, printable
 from rayslice.names import slice_name
 
 DEFAULT_RAY_VERSION = "2.60.0"
+SECONDS_PER_HOUR = 3600
 
 
 # ---- how raw values are coerced (Pulumi config and --set hand over strings) -------------------
@@ -357,6 +358,12 @@ class ClusterSpec:
         a queued resource) rather than a direct create; its hosts exist only once it is fulfilled,
         named by the cloud, not by rayslice."""
         return self.capacity == "flex-start" or self.queued
+
+    @property
+    def max_run_seconds(self) -> int | None:
+        """``maxRunHours`` in seconds, as a flex-start slice's resize request asks for it
+        (``requestedRunDuration.seconds``); None unless capacity is flex-start."""
+        return self.max_run_hours * SECONDS_PER_HOUR if self.max_run_hours is not None else None
 
     @property
     def gke_cluster_name(self) -> str:

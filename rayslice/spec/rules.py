@@ -280,6 +280,10 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
             + (
                 "; GKE node pools scale with the cluster autoscaler instead"
                 if draft.platform == "gke"
+                else "; on tpu-vm each slice is a TPU node (or a queued resource) that Pulumi "
+                "declares, and the controller would have to create and delete ones Pulumi does not "
+                "know about (on compute, capacity=flex-start gives slices that wait for capacity)"
+                if draft.platform == "tpu-vm"
                 else ""
             )
         )
@@ -288,11 +292,6 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
     if draft.recovery is False:
         problems.append(
             "minSlices with recovery=false: the recovery controller is what adds and removes slices"
-        )
-    if draft.capacity == "flex-start":
-        problems.append(
-            "minSlices with capacity=flex-start is not supported yet: a flex-start slice comes from a resize "
-            "request the controller would have to make and cancel; use on-demand, spot or reserved"
         )
     if draft.idle_timeout_seconds is not None and draft.idle_timeout_seconds < 1:
         problems.append(f"idleTimeoutSeconds={draft.idle_timeout_seconds}: use 1 or more")

@@ -180,6 +180,12 @@ def test_an_elastic_cluster_keeps_slices_as_its_most_and_a_ceiling_it_can_pay():
     assert not load().elastic and load().idle_timeout_seconds == 600
 
 
+def test_an_elastic_cluster_on_flex_start_asks_for_its_slices_for_max_run_hours():
+    s = load(slices="2", minSlices="0", capacity="flex-start", maxRunHours="24")
+    assert (s.elastic, s.waits_for_capacity, s.max_run_seconds) == (True, True, 86400)
+    assert load().max_run_seconds is None
+
+
 def test_head_machine_type_is_checked_only_where_a_head_machine_runs():
     # head=slice on one slice: no head VM, so the (unused) type is not refused.
     assert load(headMachineType="n1-standard-16").head == "slice"
@@ -471,7 +477,12 @@ ERRORS = [
     (
         "elastic-on-tpu-vm",
         {"slices": "2", "minSlices": "0", "platform": "tpu-vm"},
-        ["needs platform=compute"],
+        ["needs platform=compute", "Pulumi does not know about"],
+    ),
+    (
+        "elastic-queued-on-tpu-vm",
+        {"slices": "2", "minSlices": "0", "platform": "tpu-vm", "queued": "true"},
+        ["needs platform=compute", "queued resource", "capacity=flex-start gives slices that wait"],
     ),
     ("elastic-head-on-a-slice", {"slices": "1", "minSlices": "0", "head": "slice"}, ["use head=vm"]),
     (
@@ -480,9 +491,9 @@ ERRORS = [
         ["recovery=false"],
     ),
     (
-        "elastic-flex-start",
-        {"slices": "2", "minSlices": "0", "capacity": "flex-start"},
-        ["not supported yet"],
+        "elastic-flex-start-ceiling-without-a-price",
+        {"slices": "2", "minSlices": "0", "capacity": "flex-start", "maxUsdPerHour": "100"},
+        ["no list price of v6e-16 on flex-start", "remove maxUsdPerHour"],
     ),
     ("elastic-idle-zero", {"slices": "2", "minSlices": "0", "idleTimeoutSeconds": "0"}, ["use 1 or more"]),
     ("idle-without-elastic", {"idleTimeoutSeconds": "60"}, ["elastic clusters only", "set minSlices"]),

@@ -15,11 +15,12 @@ from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
-from rayslice.recovery.cloud import CloudClient
+from rayslice.recovery.cloud import CloudClient, managed_instance_name
 from rayslice.recovery.scaling import instances_of
 from tests.recovery import discovery
 from tests.recovery.conftest import (
     CLUSTER,
+    FLEX_REQUEST,
     GKE_MACHINE,
     PROJECT,
     ZONE,
@@ -97,6 +98,26 @@ def _exercise_waiting(
     controller.step()
     waits = "capacity=flex-start" if platform == "compute" else "queued=true"
     assert cli.main([*status, "--set", f"platform={platform}", "--set", waits, "--json"]) == 0
+    if platform == "compute":
+        _exercise_flex_scaling(cloud, client)
+
+
+def _exercise_flex_scaling(cloud: CloudApiEmulator, client: CloudClient) -> None:
+    """What an elastic flex-start cluster's controller sends (docs/elastic.md): a slice's
+    MIG-named hosts deleted and its fulfilled request deleted; a new request cancelled while it
+    waits for capacity, then deleted."""
+    slice_name = names.slice_name(CLUSTER, 0)
+    allowed = [names.slice_name(CLUSTER, i) for i in range(2)]
+    request = names.request_name(slice_name)
+    hosts = [managed_instance_name(i) for i in client.list_managed_instances(slice_name)]
+    client.wait_zone_operation(client.delete_listed_instances(slice_name, hosts, allowed), 30)
+    client.wait_zone_operation(client.delete_resize_request(slice_name, request, allowed), 30)
+    cloud.state.set_capacity(ZONE, "", 0)  # the next request waits
+    body = {"name": request, **FLEX_REQUEST}
+    client.wait_zone_operation(client.insert_resize_request(slice_name, body, allowed), 30)
+    client.wait_zone_operation(client.cancel_resize_request(slice_name, request, allowed), 30)
+    client.wait_zone_operation(client.delete_resize_request(slice_name, request, allowed), 30)
+    assert client.list_resize_requests(slice_name) == []
 
 
 def _exercise_gke(cloud: CloudApiEmulator, client: CloudClient) -> None:

@@ -17,7 +17,16 @@ from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import permissions
 from rayslice.recovery.cloud import CloudClient
-from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, make_controller, seed, seed_queued
+from tests.recovery.conftest import (
+    CLUSTER,
+    LOCATION,
+    PROJECT,
+    ZONE,
+    make_controller,
+    seed,
+    seed_flex,
+    seed_queued,
+)
 
 STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 
@@ -206,6 +215,33 @@ def test_removing_a_slices_hosts_needs_update_which_the_role_holds(cloud: CloudA
         client.delete_per_instance_configs(SLICE1, [names.host_name(SLICE1, 0)], allowed), 30
     )
     assert cloud.state.instances[(PROJECT, ZONE, SLICE0)] == []
+    assert {c.status for c in cloud.calls[2:]} == {200}
+
+
+def test_cancelling_and_deleting_a_slices_resize_request_needs_update_which_the_role_holds(
+    cloud: CloudApiEmulator,
+) -> None:
+    """An elastic flex-start slice's request cancelled while it waits, then deleted (docs/elastic.md),
+    with the controller's role; without compute.instanceGroupManagers.update both are refused, 403."""
+    seed_flex(cloud)
+    cloud.state.set_capacity(ZONE, "", 0)
+    request = names.request_name(SLICE0)
+    cloud.state.delete_resize_request(PROJECT, ZONE, SLICE0, request)  # SUCCEEDED: a new one waits
+    cloud.state.insert_resize_request(PROJECT, ZONE, SLICE0, {"name": request, "resizeBy": 4})
+    allowed = (SLICE0, SLICE1)
+    withheld = "compute.instanceGroupManagers.update"
+    lacking = _controller_client(cloud, tuple(p for p in permissions.held("compute") if p != withheld))
+    with pytest.raises(NoCredentials):
+        lacking.cancel_resize_request(SLICE0, request, allowed)
+    with pytest.raises(NoCredentials):
+        lacking.delete_resize_request(SLICE1, names.request_name(SLICE1), allowed)
+    assert [c.response["error"]["status"] for c in cloud.calls] == ["PERMISSION_DENIED"] * 2
+    assert all(withheld in c.response["error"]["message"] for c in cloud.calls)
+
+    client = _controller_client(cloud, permissions.held("compute"))
+    client.wait_zone_operation(client.cancel_resize_request(SLICE0, request, allowed), 30)
+    client.wait_zone_operation(client.delete_resize_request(SLICE0, request, allowed), 30)
+    assert client.list_resize_requests(SLICE0) == []
     assert {c.status for c in cloud.calls[2:]} == {200}
 
 

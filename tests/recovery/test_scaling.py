@@ -133,3 +133,45 @@ def test_the_policy_survives_its_trip_through_metadata():
     assert ScalingPolicy.from_json(POLICY.to_json()) == POLICY
     with pytest.raises(ValueError, match="not an elastic scaling policy"):
         ScalingPolicy.from_json('{"min_slices": 1}')
+
+
+# ---- flex-start: a slice added as a resize request that waits for capacity -----------------------
+
+FLEX = dataclasses.replace(POLICY, run_duration_s=86400)
+
+
+def test_a_waiting_request_counts_as_the_slice_added_so_no_second_one_is_asked_for():
+    demand = _demand(pgs=[_pg(HEAD)], slices={"c-slice-0": _use(True)})
+    waiting = decide(FLEX, SLICES, {"c-slice-0"}, demand, NOW, missing_before=True, waiting={"c-slice-1"})
+    assert waiting == Decision(wanted=1)  # slice 1 takes the demand once its hosts come
+    more = _demand(pgs=[_pg(HEAD), _pg(HEAD)], slices={"c-slice-0": _use(True)})
+    both = decide(FLEX, SLICES, {"c-slice-0"}, more, NOW, missing_before=True, waiting={"c-slice-1"})
+    assert both.add == ("c-slice-2",) and not both.cancel  # the next slice, not slice 1 again
+    full = decide(
+        FLEX,
+        SLICES,
+        {"c-slice-0"},
+        _demand(pgs=[_pg(HEAD)] * 3, slices={"c-slice-0": _use(True)}),
+        NOW,
+        True,
+        waiting={"c-slice-1", "c-slice-2"},
+    )
+    assert full.waiting == "1 more slice(s) wanted; slices=3 reached"  # a waiting slice counts
+
+
+def test_a_request_whose_demand_went_is_cancelled_before_an_idle_slice_is_removed():
+    idle = {"c-slice-0": _use(False, 600), "c-slice-1": _use(False, 600)}
+    gone = decide(
+        FLEX, SLICES, {"c-slice-0", "c-slice-1"}, _demand(slices=idle), NOW, False, waiting={"c-slice-2"}
+    )
+    assert gone.cancel == ("c-slice-2",) and gone.remove == ("c-slice-1",)
+    one = _demand(pgs=[_pg(HEAD)], slices={"c-slice-0": _use(True), "c-slice-1": _use(False, 600)})
+    kept = decide(FLEX, SLICES, {"c-slice-0", "c-slice-1"}, one, NOW, False, waiting={"c-slice-2"})
+    assert kept.cancel == ("c-slice-2",) and not kept.remove  # the idle slice with hosts takes the job
+    below_min = decide(FLEX, SLICES, set(), _demand(), NOW, False, waiting={"c-slice-0"})
+    assert not below_min.cancel  # slice 0 is the program's (minSlices=1): its request is Pulumi's
+
+
+def test_no_reading_cancels_nothing():
+    for demand in (None, _demand(at=NOW - STALE_AFTER_S - 1)):
+        assert not decide(FLEX, SLICES, set(), demand, NOW, False, waiting={"c-slice-2"}).cancel

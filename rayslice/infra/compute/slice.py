@@ -30,7 +30,10 @@ per-instance configs and no reserved addresses, and a `gcp.compute.ResizeRequest
 (10 minutes to 7 days: pulumi-gcp's ResizeRequestRequestedRunDuration). ``pulumi up`` returns
 once Google has accepted the request; the hosts boot with the same script when it is fulfilled
 and identify themselves by Google's TPU attributes (`platforms.VmPlatform.identity_attributes`).
-Its host IPs are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them.
+Its host IPs are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them. On an
+elastic cluster a flex-start slice above minSlices has no request here: the recovery controller
+makes it when Ray needs the slice, cancels it if the need goes first, and deletes it with the
+hosts (`controller_owns`; docs/elastic.md).
 
 A change of the boot script or its attributes makes a new instance template; the MIG's update
 policy then recreates every host of the slice at once, keeping names and addresses (a slice is
@@ -63,7 +66,6 @@ from rayslice.names import CLOUD_PLATFORM_SCOPE, NIC, address_name, request_name
 from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
-SECONDS_PER_HOUR = 3600
 
 
 class ComputeSlice(pulumi.ComponentResource):
@@ -177,7 +179,9 @@ class ComputeSlice(pulumi.ComponentResource):
                 ignore_changes=[TARGET_SIZE],  # raised by the per-instance configs or the request
             ),
         )
-        if spec.waits_for_capacity:
+        # An elastic flex-start slice's request is the controller's: it asks for the slice when Ray
+        # needs it, cancels it when the need goes before the hosts come, and deletes it with them.
+        if spec.waits_for_capacity and not controller_owns(spec, index):
             _resize_request(f"{name}-request", spec, slice_name, zone, mig, args)
         # An elastic cluster's slices above minSlices start empty: the recovery controller adds
         # their hosts with the same names and addresses when Ray needs them, and removes them.
@@ -214,8 +218,9 @@ class ComputeSlice(pulumi.ComponentResource):
 def controller_owns(spec: ClusterSpec, index: int) -> bool:
     """Whether slice `index`'s hosts belong to the controller (an elastic cluster's slices above
     minSlices), not to the program: Pulumi then declares the slice's MIG, template, workload policy
-    and addresses, and no per-instance config, so a ``pulumi up`` after the controller added or
-    removed hosts has nothing to change (the MIG's target size is ignored already)."""
+    and addresses, and no per-instance config or resize request, so a ``pulumi up`` after the
+    controller added or removed hosts has nothing to change (the MIG's target size is ignored
+    already)."""
     return spec.elastic and index >= (spec.min_slices or 0)
 
 
@@ -229,7 +234,7 @@ def _resize_request(
 ) -> gcp.compute.ResizeRequest:
     """The request that grows a flex-start slice's MIG by all its hosts at once, when the zone
     has them, for ``maxRunHours`` (the spec fills the default: 7 days)."""
-    assert spec.max_run_hours is not None  # the spec sets it for flex-start
+    assert spec.max_run_seconds is not None  # the spec sets maxRunHours for flex-start
     return gcp.compute.ResizeRequest(
         name,
         name=request_name(slice_name),
@@ -239,7 +244,7 @@ def _resize_request(
         description=f"rayslice {spec.name}: all {spec.tpu.hosts} hosts of slice {slice_name}",
         resize_by=spec.tpu.hosts,
         requested_run_duration=gcp.compute.ResizeRequestRequestedRunDurationArgs(
-            seconds=str(spec.max_run_hours * SECONDS_PER_HOUR)
+            seconds=str(spec.max_run_seconds)
         ),
         opts=pulumi.ResourceOptions(parent=mig, depends_on=list(args.depends_on)),
     )

@@ -1,6 +1,6 @@
 """The emulated Compute Engine v1 API: ``instanceGroupManagers`` get / delete / insert /
 listManagedInstances / listPerInstanceConfigs / createInstances / deleteInstances /
-deletePerInstanceConfigs, ``instanceGroupManagerResizeRequests`` insert / list,
+deletePerInstanceConfigs, ``instanceGroupManagerResizeRequests`` insert / list / cancel / delete,
 ``zoneOperations.get`` and ``instances.getGuestAttributes``.
 
 A create the zone has no capacity for (`rayslice.cloud.capacity`) is accepted and its operation
@@ -8,7 +8,10 @@ ends with Google's ``ZONE_RESOURCE_POOL_EXHAUSTED`` error, creating nothing; a r
 operation ends once the request is accepted, and the request waits for capacity. A
 deleteInstances or deletePerInstanceConfigs request the twin fails (`InstanceValidationError`:
 Google's discovery document says "the operation fails") is accepted and its operation ends with
-that error, deleting nothing."""
+that error, deleting nothing. A resize request cancelled or deleted in a state that does not
+allow it (`ResizeRequestStateError`) is refused at the call with 400 and changes nothing: how
+Google answers is not documented, and the controller only cancels ACCEPTED requests and deletes
+inactive ones."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from typing import Any
 
 from rayslice.cloud.bodies import MIG, RESIZE_REQUEST, Request
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
-from rayslice.cloud.twin import CloudRuleError, InstanceValidationError
+from rayslice.cloud.twin import CloudRuleError, InstanceValidationError, ResizeRequestStateError
+from rayslice.errors import InvalidInput
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
@@ -194,6 +198,28 @@ class ComputeApi(EmulatedProject):
             "kind": "compute#instanceGroupManagerResizeRequestList",
             "items": self.state.resize_requests_of(*resource_key(p)),
         }
+
+    def resize_cancel(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """instanceGroupManagerResizeRequests.cancel: the request stops waiting at once."""
+        self._mig(p)
+        record = self._resize_change(self.state.cancel_resize_request, p)
+        return self._compute_operation(p["project"], p["zone"], "cancel", record["selfLink"], lambda: None)
+
+    def resize_delete(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """instanceGroupManagerResizeRequests.delete: an inactive request goes at once."""
+        mig = self._mig(p)
+        target = f"{mig['selfLink']}/resizeRequests/{p['request']}"
+        self._resize_change(self.state.delete_resize_request, p)
+        return self._compute_operation(p["project"], p["zone"], "delete", target, lambda: None)
+
+    def _resize_change(self, change: Any, p: dict[str, str]) -> Any:
+        """One change of MIG p["name"]'s request p["request"], its refusals as Google's errors."""
+        try:
+            return change(p["project"], p["zone"], p["name"], p["request"])
+        except ResizeRequestStateError as exc:
+            raise ApiError(400, "FAILED_PRECONDITION", str(exc)) from exc
+        except InvalidInput as exc:
+            raise ApiError(404, "NOT_FOUND", str(exc)) from exc
 
     def _exhausted(self, p: dict[str, str], verb: str, name: str, exc: CapacityExhausted) -> Any:
         """The operation of a create the zone has no capacity for: it ends with Google's error."""
