@@ -157,10 +157,11 @@ def validate_command(stack_file: str | None, overrides: tuple[str, ...]) -> int:
     """Check a configuration without creating anything (exit 2 with every problem if invalid)."""
     cluster = load_spec(stack_file, overrides)
     t = cluster.tpu
+    head = "KubeRay head pod on the CPU pool" if cluster.platform == "gke" else f"head={cluster.head}"
     click.echo(
         f"valid: {cluster.slices} x {t.accelerator_type} on {cluster.platform} in {cluster.zone} "
         f"({t.hosts} host(s) x {t.chips_per_host} chips per slice, topology {t.topology}, "
-        f"head={cluster.head}, preset={cluster.preset})"
+        f"{head}, preset={cluster.preset})"
     )
     return EXIT_OK
 

@@ -230,6 +230,17 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
     """Fill `head` (vm for multislice and spot) and refuse the heads that cannot work."""
     slices, capacity = draft.slices, draft.capacity
     waits = capacity == "flex-start" or bool(draft.queued)
+    if draft.platform == "gke":
+        # KubeRay runs the Ray head as a pod on the CPU node pool (headMachineType,
+        # rayslice/infra/gke/kuberay.py), whatever `head` says: vm is what it is, off the slice.
+        if draft.head == "slice":
+            problems.append(
+                "head=slice on gke: KubeRay runs the Ray head as a pod on the CPU node pool "
+                "(headMachineType), never on a TPU host; remove head"
+            )
+        elif draft.head is None and "head" not in draft.refused:
+            draft.head = "vm"
+        return
     if draft.head is None:
         if "head" not in draft.refused:
             elastic = draft.min_slices is not None

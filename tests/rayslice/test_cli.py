@@ -10,6 +10,7 @@ import click
 import pytest
 
 from rayslice import cli, errors
+from tests.conftest import REPO
 
 JSON_KEYS = [
     "accelerator_type",
@@ -113,6 +114,18 @@ def test_validate_ok(tmp_path, capsys):
     assert cli.main(["validate", "--stack-file", str(stack), "--set", "slices=2"]) == 0
     out = capsys.readouterr().out
     assert "2 x v5p-16" in out and "head=vm" in out
+
+
+def test_validate_says_where_the_head_runs_on_gke(capsys):
+    """On gke the Ray head is KubeRay's head pod whatever `head` would be on VMs, and head=slice
+    is refused (exit 2) rather than ignored."""
+    stack = str(REPO / "infra/Pulumi.example-gke-v6e-16.yaml")
+    assert cli.main(["validate", "--stack-file", stack]) == 0
+    out = capsys.readouterr().out
+    assert "KubeRay head pod on the CPU pool" in out and "head=" not in out
+    result = run("validate", "--stack-file", stack, "--set", "head=slice")
+    assert result.returncode == 2 and "head=slice on gke" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_render_prints_the_script(capsys):
