@@ -331,7 +331,10 @@ class Controller:
             waiting,
         )
         self.missing_before = decision.missing > 0
-        seen = f"demand {decision.wanted} slice(s); with hosts: {', '.join(sorted(with_hosts)) or 'none'}"
+        seen = f"demand {decision.wanted} slice(s)"
+        if decision.asked:
+            seen += f", {decision.asked} asked for in all"
+        seen += f"; with hosts: {', '.join(sorted(with_hosts)) or 'none'}"
         if waiting:
             seen += f"; waiting for capacity: {', '.join(sorted(waiting))}"
         if decision.waiting != self.last_wait:

@@ -65,6 +65,9 @@ class Demand:
     tasks: tuple[Request, ...]
     slices: dict[str, SliceUse]
     truncated: bool
+    # What `ray.autoscaler.sdk.request_resources` asks the cluster to hold in all (Ray Train's
+    # elastic scaling asks this way): see `slices_asked`.
+    asked: tuple[Request, ...] = ()
 
 
 def _fail(where: str, expected: str, value: object) -> ValueError:
@@ -155,6 +158,7 @@ def parse(text: str) -> Demand:
         tasks=tuple(_request(t, f"tasks[{i}]") for i, t in enumerate(_list(top.get("tasks"), "tasks"))),
         slices={str(name): _slice_use(use, f"slices[{name!r}]") for name, use in slices.items()},
         truncated=_flag(top.get("truncated"), "truncated"),
+        asked=tuple(_request(a, f"asked[{i}]") for i, a in enumerate(_list(top.get("asked", []), "asked"))),
     )
 
 
@@ -209,3 +213,15 @@ def slices_wanted(demand: Demand, accelerator_type: str, chips_per_slice: int) -
         chips = sum(b.shape.get(TPU, 0) * b.count for b in free)
         wanted += max(heads, math.ceil(chips / chips_per_slice))
     return wanted + _slices_for(demand.tasks, head, chips_per_slice)
+
+
+def slices_asked(demand: Demand, accelerator_type: str, chips_per_slice: int) -> int:
+    """How many whole slices of `accelerator_type` the cluster should have in all for what
+    ``request_resources`` asked (`Demand.asked`), by the rule of pending tasks (`slices_wanted`).
+    Unlike pending demand, this counts the slices there already, busy or not: asked for 100 CPUs
+    with 45 tasks running, Ray's autoscaler adds nodes "so up to 100 tasks can run concurrently"
+    and "not ... so that 145 tasks can run" (Ray 2.60, ray/autoscaler/sdk/sdk.py,
+    request_resources). Ray Train's elastic scaling waits until its workers fit."""
+    if chips_per_slice < 1:
+        raise ValueError(f"chips_per_slice={chips_per_slice}: a slice has at least one chip")
+    return _slices_for(demand.asked, head_resource(accelerator_type), chips_per_slice)

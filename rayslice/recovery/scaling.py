@@ -17,6 +17,9 @@ have hosts, and the time, in; the slices to add and to remove and what demand wa
   missing in two readings in a row: ``slice_placement_group`` reserves a slice's head bundle, then
   asks for the slice's hosts in a second placement group that is pending for a moment while the
   slice is already busy, and one reading of it would add a slice nobody needs.
+- **Asked.** What ``ray.autoscaler.sdk.request_resources`` asks the cluster to hold in all
+  (`demand.slices_asked`; Ray Train's elastic JaxTrainer asks for its workers so) is a floor:
+  fewer slices than that are missing, busy or not, and no slice is removed below it.
 - **Down.** A controller-owned slice whose every host joined Ray, with nothing scheduled on any of
   them (no task, actor or placement group bundle: Ray's own idle time, `idle_time_ms`) for
   `ScalingPolicy.idle_timeout_s`, is removed, unless the demand still needs it. A slice with a
@@ -37,7 +40,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from rayslice.names import NIC, address_name, request_name
-from rayslice.recovery.demand import Demand, slices_wanted
+from rayslice.recovery.demand import Demand, slices_asked, slices_wanted
 
 # A reading older than this is stale: the head stopped publishing (down, restarting), so nothing
 # is removed and nothing added on it.
@@ -82,6 +85,7 @@ class Decision:
     cancel: tuple[str, ...] = ()  # slices whose waiting resize request is no longer needed
     waiting: str = ""  # what unmet demand waits on ("" when none waits)
     wanted: int = 0  # slices the demand needs now
+    asked: int = 0  # slices request_resources asks the cluster to hold in all
     missing: int = 0  # of those, slices no slice with hosts can take
 
 
@@ -107,13 +111,16 @@ def decide(
     added = set(with_hosts) | set(waiting)  # a waiting request is a slice being added
     present = [s for s in slices if s in added]
     wanted = slices_wanted(demand, policy.accelerator_type, policy.chips_per_slice)
+    # What request_resources asks the cluster to hold in all (Ray Train's elastic scaling): that
+    # many slices are kept, busy or not, and added if fewer are there.
+    asked = slices_asked(demand, policy.accelerator_type, policy.chips_per_slice)
     # A slice takes new work when it has hosts and nothing on them, or its hosts have not all
     # joined yet (booting: the demand is why it was added).
     free = [s for s in present if _free(demand, s, policy.hosts_per_slice)]
-    missing = wanted - len(free)
+    missing = max(wanted - len(free), asked - len(present))
     if missing > 0:
         if not missing_before:  # added if it is still missing at the next reading
-            return Decision(wanted=wanted, missing=missing)
+            return Decision(wanted=wanted, asked=asked, missing=missing)
         limit = len(slices) if policy.price_cap_slices is None else min(len(slices), policy.price_cap_slices)
         room = max(0, limit - len(present))
         add = tuple([s for s in owned if s not in added][: min(missing, room)])
@@ -124,18 +131,18 @@ def decide(
                 if limit == len(slices)
                 else f"the price ceiling {policy.ceiling} allows {limit}"
             )
-        return Decision(add=add, wanted=wanted, missing=missing, waiting=waiting)
+        return Decision(add=add, wanted=wanted, asked=asked, missing=missing, waiting=waiting)
     idle = [
         s
         for s in owned
         if s in with_hosts and _idle_for(demand, s, policy.hosts_per_slice) >= policy.idle_timeout_s
     ]
-    spare = len(free) - wanted  # free slices the demand does not need
+    spare = min(len(free) - wanted, len(present) - asked)  # free slices nothing needs or asks for
     # A request no longer needed goes first, while its hosts (which would cost) have not come.
     cancel = [s for s in reversed(owned) if s in waiting][: max(0, spare)]
     spare -= len(cancel)
     idle.sort(key=lambda s: -_idle_for(demand, s, policy.hosts_per_slice))
-    return Decision(remove=tuple(idle[: max(0, spare)]), cancel=tuple(cancel), wanted=wanted)
+    return Decision(remove=tuple(idle[: max(0, spare)]), cancel=tuple(cancel), wanted=wanted, asked=asked)
 
 
 def _free(demand: Demand, name: str, hosts: int) -> bool:

@@ -12,12 +12,19 @@ two in step. The value (schema version ``v`` 1)::
     {"v": 1, "at": <unix s>,
      "pgs": [{"bundles": [{"shape": {res: amount}, "count": n, "slice": name?}], "strategy": "PACK"}],
      "tasks": [{"shape": {res: amount}, "count": n, "slice": name?}],
+     "asked": [{"shape": {res: amount}, "count": n, "slice": name?}],
      "slices": {"<ray.io/tpu-slice-name>": {"nodes": n, "busy": bool, "idle_s": float}},
      "truncated": bool}
 
 - ``pgs``: one entry per pending placement group, its bundles grouped by shape. ``strategy`` is
   the group's (``PACK``, ``SPREAD``, ...), from the GCS's ``<pg_id>:<strategy>|<state>`` detail.
 - ``tasks``: pending task and actor requests, by shape, with their count.
+- ``asked``: the bundles of ``ray.autoscaler.sdk.request_resources`` (the GCS's cluster resource
+  constraints), by shape: what the cluster should hold in all, busy or not. Ray Train's elastic
+  scaling asks for its workers this way and places nothing until they fit
+  (ray/train/v2/_internal/execution/scaling_policy/elastic.py, Ray 2.60), so without this key an
+  elastic JaxTrainer on a cluster without its slices would wait for ever. Absent in values from
+  before it (the reader then takes none).
 - ``slice``: present when the request's label selector pins it to one slice
   (``ray.io/tpu-slice-name in (name)``, as `ray.util.tpu.slice_placement_group` pins its
   workers' bundles once it has reserved that slice's head). Such a request waits for that
@@ -171,12 +178,19 @@ def snapshot(state: Any, now: float, slice_label: str) -> dict[str, Any]:
         for pending in state.pending_resource_requests
     )
     truncated = truncated or cut
+    asked, cut = _capped(
+        _entry(_shape(asked.request), int(asked.count), _pinned_slice(asked.request, slice_label))
+        for constraint in state.cluster_resource_constraints
+        for asked in constraint.resource_requests
+    )
+    truncated = truncated or cut
     slice_items, cut = _capped(sorted(_slices(state.node_states, slice_label).items()))
     return {
         "v": SCHEMA_VERSION,
         "at": round(now, 3),
         "pgs": pgs,
         "tasks": tasks,
+        "asked": asked,
         "slices": dict(slice_items),
         "truncated": truncated or cut,
     }

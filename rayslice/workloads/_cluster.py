@@ -152,6 +152,22 @@ def tpu_slices(hosts: Sequence[TpuHost] | None = None) -> list[TpuSlice]:
     return slices
 
 
+def catalog_slice(accelerator_type: str, platform: str = "compute") -> TpuSlice:
+    """The shape of a slice of `accelerator_type` that the cluster does not have yet, from the
+    catalog: for a job that asks Ray for slices an elastic cluster adds (docs/elastic.md;
+    elastic clusters run on compute only, hence the default platform). It has no name and no
+    hosts."""
+    shape = catalog.lookup(accelerator_type, platform)
+    return TpuSlice(
+        name="",
+        pod_type=catalog.reported_name(shape.accelerator_type),
+        topology=shape.topology,
+        chips_per_host=shape.chips_per_host,
+        expected_hosts=shape.hosts,
+        hosts=(),
+    )
+
+
 def choose_slices(
     count: int | None = 1,
     *,

@@ -18,7 +18,10 @@ jax_train's model and step (`jax_train.build_model`), wrapped the way Ray Train 
   as an expected termination: such a preemption counts as a worker error (docs/recovery.md).
 - **Elastic slices.** With `--min-slices A --max-slices B`, training runs on as many whole slices
   as are alive, between A and B: when a slice is lost it goes on with the rest from the last
-  checkpoint, and every `--resize-check-s` seconds Ray looks for more and grows back.
+  checkpoint, and every `--resize-check-s` seconds Ray looks for more and grows back. Ray Train
+  asks for the slices it lacks with `ray.autoscaler.sdk.request_resources`, which an elastic
+  cluster's controller reads (docs/elastic.md); there, `--accelerator-type T --max-slices B`
+  starts a run before any slice of type T exists, its shape taken from the catalog.
 
 Rank 0 prints `workers W, devices D, from step K` when an attempt starts, then a line per step.
 
@@ -39,6 +42,7 @@ from urllib.parse import urlparse
 from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
+from rayslice import catalog
 from rayslice.errors import InvalidInput
 from rayslice.workloads import _cluster, jax_train
 
@@ -182,11 +186,29 @@ def scaling_config(
     )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    # The shape: the chosen (or largest) complete slice's; every slice of that type counts.
-    (first,) = _cluster.choose_slices(1, slice_name=args.slice_name, accelerator_type=args.accelerator_type)
+def _shape(args: argparse.Namespace) -> tuple[_cluster.TpuSlice, int]:
+    """The slices' shape and the most slices to train on. The shape is the chosen (or largest)
+    complete slice's, and every slice of that type counts; with `--accelerator-type` and
+    `--max-slices` and no complete slice of that type yet, the catalog's: Ray Train then asks
+    for the slices (request_resources), which an elastic cluster adds (docs/elastic.md)."""
+    wanted = args.accelerator_type
+    if wanted is not None and args.max_slices is not None and args.slice_name is None:
+        name = catalog.canonical_name(wanted)
+        if not any(s.complete and catalog.canonical_name(s.pod_type) == name for s in _cluster.tpu_slices()):
+            first = _cluster.catalog_slice(wanted)
+            print(
+                f"no complete {first.pod_type} slice yet: asking Ray for {args.max_slices} "
+                "(an elastic cluster adds them)",
+                flush=True,
+            )
+            return first, args.max_slices
+    (first,) = _cluster.choose_slices(1, slice_name=args.slice_name, accelerator_type=wanted)
     present = [s for s in _cluster.tpu_slices() if s.pod_type == first.pod_type]
-    max_slices = args.max_slices or len(present)
+    return first, args.max_slices or len(present)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    first, max_slices = _shape(args)
     if not args.min_slices <= max_slices:
         raise InvalidInput(f"--min-slices {args.min_slices} is more than --max-slices {max_slices}")
     name = args.name or f"jax_trainer-{time.strftime('%Y%m%d-%H%M%S')}"

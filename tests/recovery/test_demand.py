@@ -69,6 +69,8 @@ def test_a_published_value_parses_into_frozen_records() -> None:
             r"pgs[0].bundles[0].shape['TPU']",
         ),
         (json.dumps(_value(tasks=[{"shape": {"TPU": 4}, "count": 1.5}])), "tasks[0].count: expected a whole"),
+        (json.dumps(_value(asked={})), "demand asked: expected a list"),
+        (json.dumps(_value(asked=[{"shape": {"TPU": 4}}])), "asked[0].count: expected a whole"),
         (json.dumps(_value(tasks=[{"shape": {}, "count": True}])), "tasks[0].count: expected a whole"),
         (
             json.dumps(_value(tasks=[{"shape": {}, "count": 1, "slice": 3}])),

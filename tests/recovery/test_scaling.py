@@ -25,7 +25,7 @@ POLICY = ScalingPolicy(
 HEAD = {"shape": {"TPU-v6e-16-head": 1}, "count": 1}
 
 
-def _demand(pgs=(), tasks=(), slices=None, at=NOW):
+def _demand(pgs=(), tasks=(), slices=None, at=NOW, asked=()):
     return parse(
         json.dumps(
             {
@@ -35,6 +35,7 @@ def _demand(pgs=(), tasks=(), slices=None, at=NOW):
                 "tasks": list(tasks),
                 "slices": slices or {},
                 "truncated": False,
+                "asked": list(asked),
             }
         )
     )
@@ -175,3 +176,30 @@ def test_a_request_whose_demand_went_is_cancelled_before_an_idle_slice_is_remove
 def test_no_reading_cancels_nothing():
     for demand in (None, _demand(at=NOW - STALE_AFTER_S - 1)):
         assert not decide(FLEX, SLICES, set(), demand, NOW, False, waiting={"c-slice-2"}).cancel
+
+
+# An elastic JaxTrainer of 4 to 8 workers on v6e-16 (4 hosts of 4 chips): Ray Train asks for the
+# most workers with request_resources and starts none until its minimum fits.
+TRAINER_ASKS = [{"shape": {"TPU": 4}, "count": 8}]
+
+
+def test_what_request_resources_asks_for_is_added_though_nothing_is_pending():
+    demand = _demand(asked=TRAINER_ASKS, slices={"c-slice-0": _use(True)})
+    first = decide(POLICY, SLICES, {"c-slice-0"}, demand, NOW, missing_before=False)
+    assert (first.add, first.missing, first.wanted, first.asked) == ((), 1, 0, 2)
+    second = decide(POLICY, SLICES, {"c-slice-0"}, demand, NOW, missing_before=True)
+    assert second.add == ("c-slice-1",)
+    # Both there: nothing more to add, though one of them is idle.
+    both = _demand(asked=TRAINER_ASKS, slices={"c-slice-0": _use(True), "c-slice-1": _use(False, 5)})
+    assert decide(POLICY, SLICES, {"c-slice-0", "c-slice-1"}, both, NOW, missing_before=True) == Decision(
+        asked=2
+    )
+
+
+def test_a_slice_request_resources_still_asks_for_is_kept_past_the_idle_time():
+    idle = {"c-slice-0": _use(False, 600), "c-slice-1": _use(False, 600)}
+    kept = decide(POLICY, SLICES, set(idle), _demand(asked=TRAINER_ASKS, slices=idle), NOW, False)
+    assert not kept.remove and not kept.add
+    # The trainer ended and withdrew its request: the controller's idle slice goes.
+    gone = decide(POLICY, SLICES, set(idle), _demand(slices=idle), NOW, False)
+    assert gone.remove == ("c-slice-1",)

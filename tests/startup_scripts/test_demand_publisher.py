@@ -127,6 +127,22 @@ def test_the_snapshot_is_what_the_controller_reads_and_turns_into_whole_slices()
     assert (parsed.at, parsed.truncated) == (1700000000.25, False)
     # The head reservation: 1; the pinned group: 0; 20 chips: 2; 12 chips of tasks: 1.
     assert demand.slices_wanted(parsed, "v6e-16", 16) == 4
+    assert value["asked"] == [] and demand.slices_asked(parsed, "v6e-16", 16) == 0
+
+
+def test_what_request_resources_asks_is_published_and_read_as_slices_to_hold_in_all() -> None:
+    """Ray Train's elastic JaxTrainer asks for its workers with request_resources (the GCS's
+    cluster resource constraints), not with a placement group, until they fit."""
+    asked = [autoscaler_pb2.ResourceRequestByCount(request=_request({"TPU": 4.0}), count=8)]
+    state = _state(
+        cluster_resource_constraints=[autoscaler_pb2.ClusterResourceConstraint(resource_requests=asked)],
+        node_states=[_tpu_host("s-0", "RUNNING", used={"TPU": 4.0})],
+    )
+    value = publisher.snapshot(state, 5.0, LABEL)
+    assert value["asked"] == [{"shape": {"TPU": 4.0}, "count": 8}] and value["pgs"] == value["tasks"] == []
+    parsed = demand.parse(publisher.encode(value).decode())
+    assert demand.slices_wanted(parsed, "v6e-16", 16) == 0  # nothing is pending
+    assert demand.slices_asked(parsed, "v6e-16", 16) == 2  # 32 chips: two whole slices in all
 
 
 def test_marker_resources_in_use_do_not_make_a_slice_busy_and_its_head_resource_does() -> None:

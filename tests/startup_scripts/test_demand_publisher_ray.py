@@ -39,10 +39,13 @@ CHIPS_PER_SLICE = 16
 # the rest waits. Pending: one slice head reservation (as `reserve_tpu_slice` makes it): 1 slice;
 # a group of 5 x 4 chips: 2 slices; 4 tasks of 4 chips: 1 slice; a group pinned to SLICE (as
 # slice_placement_group pins its workers): none; a task waiting for a bundle of the pending
-# group: none (it is part of the group's demand). Then, on "release", all of it is let go.
+# group: none (it is part of the group's demand). Asked with request_resources (as Ray Train's
+# elastic scaling asks for its workers): 8 x 4 chips, 2 slices in all. Then, on "release", all of
+# it is let go, and an empty request_resources withdraws the ask.
 DRIVER = f"""
 import json, sys
 import ray
+from ray.autoscaler.sdk import request_resources
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -68,6 +71,7 @@ groups = [
 ]
 refs = [work.remote() for _ in range(4)]
 refs.append(work.options(scheduling_strategy=PlacementGroupSchedulingStrategy(groups[1], 0)).remote())
+request_resources(bundles=[{{"TPU": 4}}] * 8)
 print(json.dumps({{"gcs": ray.get_runtime_context().gcs_address}}), flush=True)
 sys.stdin.readline()
 for ref in refs:
@@ -75,6 +79,7 @@ for ref in refs:
 for group in groups:
     remove_placement_group(group)
 ray.kill(holder)
+request_resources(bundles=[])
 print("released", flush=True)
 sys.stdin.readline()
 ray.shutdown()
@@ -183,6 +188,8 @@ def test_what_the_head_publishes_of_real_ray_makes_the_right_whole_slices(
             log,
         )
         assert busy.slices == {SLICE: demand.SliceUse(nodes=1, busy=True, idle_s=0.0)}
+        # Asked for in all, busy slice included: 32 chips, 2 slices (not counted as pending).
+        assert demand.slices_asked(busy, "v6e-16", CHIPS_PER_SLICE) == 2
         assert not busy.truncated and time.time() - busy.at < 30
         pinned = [g for g in busy.pgs if any(b.slice == SLICE for b in g.bundles)]
         assert [g.strategy for g in pinned] == ["SPREAD"]
@@ -193,9 +200,12 @@ def test_what_the_head_publishes_of_real_ray_makes_the_right_whole_slices(
         idle = _wait(
             metadata,
             lambda d: (
-                d.slices.get(SLICE) is not None and not d.slices[SLICE].busy and d.slices[SLICE].idle_s > 0
+                d.slices.get(SLICE) is not None
+                and not d.slices[SLICE].busy
+                and d.slices[SLICE].idle_s > 0
+                and demand.slices_asked(d, "v6e-16", CHIPS_PER_SLICE) == 0
             ),
-            "the slice idle once everything is released",
+            "the slice idle and nothing asked for once everything is released",
             log,
         )
         assert demand.slices_wanted(idle, "v6e-16", CHIPS_PER_SLICE) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayslice.errors import EXIT_INVALID
+from rayslice.errors import EXIT_INVALID, NoCluster
 from rayslice.workloads import _cluster, jax_trainer
 from tests.workloads.test_workloads import slices_of, v6e_16
 
@@ -47,3 +47,28 @@ def test_the_storage_path_is_required():
     with pytest.raises(SystemExit) as exited:
         jax_trainer.build_parser().parse_args([])
     assert exited.value.code == 2
+
+
+def _args(*argv: str):
+    return jax_trainer.build_parser().parse_args(["--storage-path", "/x", *argv])
+
+
+def test_without_a_slice_of_the_type_the_shape_comes_from_the_catalog(monkeypatch, capsys):
+    """On an elastic cluster with no v6e-16 slice yet, the run asks Ray for them: the scaling
+    config is the one a present slice of that type gives."""
+    [present] = slices_of(v6e_16("a"))
+    monkeypatch.setattr(_cluster, "tpu_hosts", lambda nodes=None: [])
+    first, most = jax_trainer._shape(_args("--accelerator-type", "v6e-16", "--max-slices", "2"))
+    assert most == 2 and first.hosts == ()
+    assert "no complete v6e-16 slice yet: asking Ray for 2" in capsys.readouterr().out
+    assert jax_trainer.scaling_config(first, 1, 2, 5.0) == jax_trainer.scaling_config(present, 1, 2, 5.0)
+
+
+def test_a_slice_of_the_type_present_is_the_shape_and_no_type_needs_one(monkeypatch):
+    hosts = _cluster.tpu_hosts(v6e_16("a"))
+    monkeypatch.setattr(_cluster, "tpu_hosts", lambda nodes=None: hosts)
+    first, most = jax_trainer._shape(_args("--accelerator-type", "v6e-16", "--max-slices", "2"))
+    assert (first.name, most) == ("a", 2)
+    monkeypatch.setattr(_cluster, "tpu_hosts", lambda nodes=None: [])
+    with pytest.raises(NoCluster):  # without --accelerator-type nothing says what to ask for
+        jax_trainer._shape(_args("--max-slices", "2"))
