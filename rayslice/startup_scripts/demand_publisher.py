@@ -20,11 +20,11 @@ two in step. The value (schema version ``v`` 1)::
   the group's (``PACK``, ``SPREAD``, ...), from the GCS's ``<pg_id>:<strategy>|<state>`` detail.
 - ``tasks``: pending task and actor requests, by shape, with their count.
 - ``asked``: the bundles of ``ray.autoscaler.sdk.request_resources`` (the GCS's cluster resource
-  constraints), by shape: what the cluster should hold in all, busy or not. Ray Train's elastic
-  scaling asks for its workers this way and places nothing until they fit
-  (ray/train/v2/_internal/execution/scaling_policy/elastic.py, Ray 2.60), so without this key an
-  elastic JaxTrainer on a cluster without its slices would wait for ever. Absent in values from
-  before it (the reader then takes none).
+  constraints under autoscaler v2, the internal KV under v1: `requested_v1`), by shape: what
+  the cluster should hold in all, busy or not. Ray Train's elastic scaling asks for its workers
+  this way and places nothing until they fit (ray/train/v2/_internal/execution/scaling_policy/
+  elastic.py, Ray 2.60), so without this key an elastic JaxTrainer on a cluster without its
+  slices would wait for ever. Absent in values from before it (the reader then takes none).
 - ``slice``: present when the request's label selector pins it to one slice
   (``ray.io/tpu-slice-name in (name)``, as `ray.util.tpu.slice_placement_group` pins its
   workers' bundles once it has reserved that slice's head). Such a request waits for that
@@ -68,8 +68,11 @@ from typing import Any
 from ray._raylet import GcsClient  # type: ignore[attr-defined]
 from ray.autoscaler.v2.schema import PlacementGroupResourceDemand
 from ray.core.generated.autoscaler_pb2 import (  # type: ignore[attr-defined]
+    ClusterResourceConstraint,
     GetClusterResourceStateReply,
     NodeStatus,
+    ResourceRequest,
+    ResourceRequestByCount,
 )
 from ray.core.generated.common_pb2 import LabelSelectorOperator  # type: ignore[attr-defined]
 
@@ -83,6 +86,9 @@ PUT_TIMEOUT_S = 5.0
 MARKER_PREFIXES = ("node:", "accelerator_type:")
 IDLE, DEAD = NodeStatus.Value("IDLE"), NodeStatus.Value("DEAD")
 LABEL_IN = LabelSelectorOperator.Value("LABEL_OPERATOR_IN")  # "label in (values)"
+# Where request_resources leaves its bundles for autoscaler v1 (Ray 2.60
+# ray_constants.AUTOSCALER_RESOURCE_REQUEST_CHANNEL, in the KV's default namespace).
+RESOURCE_REQUEST_KEY = b"autoscaler_resource_request"
 
 Log = Callable[[str], None]
 
@@ -202,10 +208,42 @@ def encode(value: dict[str, Any]) -> bytes:
 
 def read_state(gcs_address: str) -> Any:
     """The GCS's ``ClusterResourceState``: what ``ray.autoscaler.v2.sdk.get_cluster_resource_state``
-    returns (Ray 2.60, sdk.py), with a timeout, which that wrapper does not pass to the client."""
+    returns (Ray 2.60, sdk.py), with a timeout, which that wrapper does not pass to the client;
+    and, as one more of its cluster resource constraints, what ``request_resources`` wrote where
+    autoscaler v1 reads it (`requested_v1`)."""
+    client = GcsClient(address=gcs_address)
     reply = GetClusterResourceStateReply()
-    reply.ParseFromString(GcsClient(address=gcs_address).get_cluster_resource_state(timeout_s=READ_TIMEOUT_S))
-    return reply.cluster_resource_state
+    reply.ParseFromString(client.get_cluster_resource_state(timeout_s=READ_TIMEOUT_S))
+    state = reply.cluster_resource_state
+    asked = requested_v1(client.internal_kv_get(RESOURCE_REQUEST_KEY, None, timeout=READ_TIMEOUT_S))
+    if asked is not None:
+        state.cluster_resource_constraints.append(asked)
+    return state
+
+
+def requested_v1(value: bytes | None) -> Any:
+    """``request_resources`` writes to the GCS's cluster resource constraints only when the
+    cluster runs autoscaler v2 (its GCS key says so); otherwise it writes a JSON list of bundles
+    ({resource: amount}, label selectors dropped) to the internal KV key autoscaler v1's monitor
+    reads (Ray 2.60, autoscaler/_private/commands.py request_resources, monitor.py
+    update_resource_requests). A head started with ``ray start`` runs v1, so both are read. That
+    list as a constraint, or None when there is none or it is not such a list."""
+    try:
+        bundles = json.loads(value) if value else []
+    except ValueError:
+        return None
+    if not isinstance(bundles, list) or not bundles:
+        return None
+    counts: dict[str, int] = {}  # equal bundles as one request with their count
+    for bundle in bundles:
+        if isinstance(bundle, dict) and all(isinstance(v, (int, float)) for v in bundle.values()):
+            key = json.dumps({str(k): float(v) for k, v in bundle.items()}, sort_keys=True)
+            counts[key] = counts.get(key, 0) + 1
+    requests = [
+        ResourceRequestByCount(request=ResourceRequest(resources_bundle=json.loads(key)), count=count)
+        for key, count in counts.items()
+    ]
+    return ClusterResourceConstraint(resource_requests=requests) if requests else None
 
 
 def put(url: str, body: bytes) -> None:

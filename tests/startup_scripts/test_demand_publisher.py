@@ -321,3 +321,15 @@ def test_the_head_vm_of_an_elastic_cluster_starts_the_publisher_under_its_own_su
         if pidfile.exists():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_what_request_resources_left_for_autoscaler_v1_is_read_as_a_constraint() -> None:
+    """A head started with `ray start` runs autoscaler v1: request_resources then writes a JSON
+    list of bundles to the internal KV, which the publisher reads beside the GCS's constraints."""
+    asked = publisher.requested_v1(json.dumps([{"TPU": 4}] * 8 + [{"CPU": 2}]).encode())
+    state = _state(cluster_resource_constraints=[asked])
+    value = publisher.snapshot(state, 5.0, LABEL)
+    assert value["asked"] == [{"shape": {"TPU": 4.0}, "count": 8}, {"shape": {"CPU": 2.0}, "count": 1}]
+    assert demand.slices_asked(demand.parse(publisher.encode(value).decode()), "v6e-16", 16) == 2
+    for nothing in (None, b"", b"[]", b"not json", b'{"TPU": 4}', b'[{"TPU": "four"}]'):
+        assert publisher.requested_v1(nothing) is None
