@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 # How much of a failed job's log is searched for a node's death.
 LOG_TAIL_CHARS = 50_000
+# While the log streams, how often the job's status is read, and how long the stream may run on
+# once the job is over (`_stream`).
+STATUS_POLL_S = 2.0
+STREAM_GRACE_S = 10.0
 
 
 def submit(
@@ -116,8 +120,39 @@ def follow(client: JobSubmissionClient, job_id: str) -> str:
 
 
 async def _stream(client: JobSubmissionClient, job_id: str) -> None:
-    async for lines in client.tail_job_logs(job_id):
-        print(lines, end="", flush=True)
+    """Print the job's log as the dashboard streams it, until the stream ends or, once the job is
+    over, `STREAM_GRACE_S` later: the dashboard's stream (a websocket) was seen to stall for
+    good after a job's first lines while the job ran on and ended (Ray 2.60, simulator), which
+    left `rayslice run` waiting for ever. Then what the stream did not bring is printed from the
+    job's stored log."""
+    printed: list[str] = []
+
+    async def stream() -> None:
+        async for lines in client.tail_job_logs(job_id):
+            print(lines, end="", flush=True)
+            printed.append(lines)
+
+    streaming = asyncio.ensure_future(stream())
+    while not streaming.done():
+        await asyncio.wait({streaming}, timeout=STATUS_POLL_S)
+        if streaming.done() or not (await asyncio.to_thread(client.get_job_status, job_id)).is_terminal():
+            continue
+        await asyncio.wait({streaming}, timeout=STREAM_GRACE_S)
+        if not streaming.done():
+            streaming.cancel()
+            _print_rest(await asyncio.to_thread(client.get_job_logs, job_id), "".join(printed))
+        break
+    if streaming.done() and not streaming.cancelled():
+        streaming.result()  # the stream's own error, as before
+
+
+def _print_rest(logs: str, printed: str) -> None:
+    """The part of the job's stored log after what the stream printed (the whole log, marked,
+    when the two do not line up)."""
+    if logs.startswith(printed):
+        print(logs[len(printed) :], end="", flush=True)
+    else:
+        print(f"rayslice: the log stream stalled; the job's log:\n{logs}", end="", flush=True)
 
 
 def _job_logs(client: JobSubmissionClient, job_id: str) -> str:

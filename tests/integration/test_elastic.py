@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -85,9 +86,24 @@ def _wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(1)
 
 
-def _run(sim: Simulation, job: Path, slices: int, hold: float, wait_s: float = 500) -> list[str]:
+def _submit(sim: Simulation, *argv: str, timeout: float) -> subprocess.CompletedProcess:
+    """`rayslice_run`, and on a timeout everything that says why: the job's output so far, the
+    controller's events and each machine's state and logs."""
+    try:
+        return rayslice_run(sim, *argv, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        spec_run = spec.load(cloud_config(sim.spec()), require_zone=False)
+        status = render_text(gather(client_for(spec_run, cloud_access(sim.state_dir)), spec_run))
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else str(exc.stdout)
+        raise AssertionError(
+            f"rayslice run {argv[0]} ran past {timeout:.0f}s; its output:\n{out[-4000:]}\n"
+            f"status:\n{status}\n{sim.report()}"
+        ) from None
+
+
+def _run(sim: Simulation, job: Path, slices: int, hold: float, wait_s: float = 300) -> list[str]:
     """The hosts the job ran on; [] when its slices were not all there within `wait_s`."""
-    result = rayslice_run(sim, str(job), str(slices), str(hold), str(wait_s), timeout=900)
+    result = _submit(sim, str(job), str(slices), str(hold), str(wait_s), timeout=wait_s + hold + 120)
     assert result.returncode == 0, sim.report()
     if re.search(r"^REFUSED$", result.stdout, re.M):
         return []
@@ -130,12 +146,12 @@ def test_an_elastic_cluster_adds_whole_slices_for_ray_jobs_and_removes_idle_ones
     # that the third waits on `slices`; the run starts on both (8 devices) and ends.
     storage = Path(tempfile.mkdtemp(prefix="trainer-", dir=sim.plan.shared_dir))
     try:
-        trained = rayslice_run(
+        trained = _submit(
             sim,
             "jax_trainer",
             *("--accelerator-type", "v6e-4", "--min-slices", "2", "--max-slices", "3"),
             *("--steps", "3", "--checkpoint-every", "3", "--storage-path", str(storage)),
-            timeout=900,
+            timeout=420,
         )
     finally:
         shutil.rmtree(storage, ignore_errors=True)
@@ -146,3 +162,12 @@ def test_an_elastic_cluster_adds_whole_slices_for_ray_jobs_and_removes_idle_ones
     events = _events(client, spec_run)
     assert events.count((first, "add slice")) == 2 and events.count((second, "add slice")) == 1
     assert "wait -> 1 more slice(s) wanted; slices=2 reached" in render_text(gather(client, spec_run))
+    # The run over, Ray Train withdrew its request_resources: both slices go once idle.
+    _wait_for(
+        lambda: (
+            _events(client, spec_run).count((first, "remove slice")) == 2
+            and (second, "remove slice") in _events(client, spec_run)
+        ),
+        180,
+        "both slices' removal once the trainer's request is withdrawn",
+    )

@@ -6,6 +6,7 @@ The token tests answer Ray's client from a small HTTP server that records the he
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -492,6 +493,35 @@ def test_each_chunk_of_the_log_is_printed_before_the_next_one_is_read(monkeypatc
     assert submit.submit("jax_train", [], address="http://h:8265") == "SUCCEEDED"
     assert jobs.printed_before == ["", *chunks[:-1]]  # nothing waits for the end of the stream
     assert capsys.readouterr().out == chunks[-1]
+
+
+class StallingJobs(FakeJobs):
+    """A Jobs API whose log stream brings the first lines, then stalls for good while the job
+    runs on and ends (seen with Ray 2.60's dashboard on the simulator)."""
+
+    async def tail_job_logs(self, job_id: str):
+        yield self.current[2].split("RAN")[0]
+        await asyncio.Event().wait()
+
+
+def test_a_log_stream_that_stalls_ends_once_the_job_is_over_and_the_rest_is_printed(monkeypatch, capsys):
+    monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
+    monkeypatch.setattr(submit, "STREAM_GRACE_S", 0.05)
+    log = "Connected to Ray cluster\nRAN [h0]\nSTILL [h0]\n"
+    jobs = StallingJobs([("SUCCEEDED", "", log)])
+    jobs.current = jobs.outcomes[0]
+    assert submit.follow(jobs, "job-1") == "SUCCEEDED"  # type: ignore[arg-type]
+    assert capsys.readouterr().out == log  # each line once, in order
+
+
+def test_a_failed_job_whose_stream_stalled_still_fails_with_rays_message(monkeypatch, capsys):
+    monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
+    monkeypatch.setattr(submit, "STREAM_GRACE_S", 0.05)
+    jobs = StallingJobs([("FAILED", "exit code 1", "started\nRAN\nTraceback\n")])
+    jobs.current = jobs.outcomes[0]
+    with pytest.raises(JobFailed, match="job job-1 FAILED: exit code 1"):
+        submit.follow(jobs, "job-1")  # type: ignore[arg-type]
+    assert capsys.readouterr().out == "started\nRAN\nTraceback\n"
 
 
 # ---- a token never crosses the internet in clear; nothing is uploaded from a refused folder ----
