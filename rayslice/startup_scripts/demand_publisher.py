@@ -61,6 +61,7 @@ import json
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -234,14 +235,14 @@ def requested_v1(value: bytes | None) -> Any:
         return None
     if not isinstance(bundles, list) or not bundles:
         return None
-    counts: dict[str, int] = {}  # equal bundles as one request with their count
-    for bundle in bundles:
-        if isinstance(bundle, dict) and all(isinstance(v, (int, float)) for v in bundle.values()):
-            key = json.dumps({str(k): float(v) for k, v in bundle.items()}, sort_keys=True)
-            counts[key] = counts.get(key, 0) + 1
+    shapes = Counter(  # equal bundles as one request with their count
+        tuple(sorted((str(k), float(v)) for k, v in bundle.items()))
+        for bundle in bundles
+        if isinstance(bundle, dict) and all(isinstance(v, (int, float)) for v in bundle.values())
+    )
     requests = [
-        ResourceRequestByCount(request=ResourceRequest(resources_bundle=json.loads(key)), count=count)
-        for key, count in counts.items()
+        ResourceRequestByCount(request=ResourceRequest(resources_bundle=dict(shape)), count=count)
+        for shape, count in shapes.items()
     ]
     return ClusterResourceConstraint(resource_requests=requests) if requests else None
 
