@@ -90,6 +90,7 @@ def test_plain_status_finds_the_simulation_and_shows_the_preemption_and_the_recr
     found = spec_module.load(cloud_bridge.cloud_config(spec))
     access = cloud_bridge.cloud_access(served.state_dir)
     client = client_for(found, access)
+    client.poll_interval_s = 0.05  # the emulation's operations finish at the first poll; no 5 s waits
     target = Target(spec.name, spec.platform, spec.slices, Location(str(found.project), str(found.zone)))
     controller = Controller(client, target, Recorder([ControllerSink(sim, controller_vm)]))
     controller.step()  # sees both slices whole

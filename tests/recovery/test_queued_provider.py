@@ -7,12 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rayslice.cloud import bodies
 from rayslice.infra import preview
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
+from rayslice.infra.tpu_vm import queued
 from rayslice.infra.tpu_vm.queued import QueuedResourceProvider
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
+from rayslice.recovery.cloud import CloudClient
 from tests.recovery.conftest import PROJECT, ZONE
 
 QUEUED = str(Path(__file__).resolve().parents[2] / "infra" / "Pulumi.example-tpu-vm-queued-v6e-16.yaml")
@@ -25,7 +29,17 @@ def _props(overrides: list[str]) -> dict[str, Any]:
     return {k: v for k, v in queued.inputs.items() if k != "__provider"}
 
 
-def test_create_sends_the_declared_request_and_returns_while_it_waits(cloud: CloudApiEmulator, adc: Path):
+def test_create_sends_the_declared_request_and_returns_while_it_waits(
+    cloud: CloudApiEmulator, adc: Path, monkeypatch: pytest.MonkeyPatch
+):
+    made = queued._client
+
+    def quick(props: dict[str, Any]) -> CloudClient:  # polls the emulation's operations without 5 s waits
+        client = made(props)
+        client.poll_interval_s = 0.05
+        return client
+
+    monkeypatch.setattr(queued, "_client", quick)
     cloud.state.set_capacity(ZONE, "v6e", 0)
     props = _props(["capacity=flex-start", "maxRunHours=12"])  # v2alpha1, which the emulation serves
     provider = QueuedResourceProvider()

@@ -351,8 +351,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
         if self.plan.controller is not None:  # first the recovery controller, which acts on hosts
             self.power_off(self.plan.controller.name)
         self._stop_cloud_api()
-        for host in self.plan.hosts:
-            self.power_off(host.name)
+        self.power_off_all([host.name for host in self.plan.hosts])
         for key, ref in list(self.state.processes.items()):
             if key != CLOUD_API_PROCESS:
                 self._stop(self.plan.host(key.partition(":")[2]), ref, grace_s=5)
