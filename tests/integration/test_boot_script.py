@@ -25,8 +25,15 @@ def _log(sim: Simulation, host: str) -> str:
     return (sim.paths(host).root / "var/log/rayslice/boot.log").read_text()
 
 
-def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhouse):
-    sim = Simulation.create(_spec(), simulation_dir, package_source=f"wheels:{wheelhouse}", insecure=True)
+def test_install_from_a_wheelhouse_reuse_on_reboot_and_an_image_of_it_skips_the_install(
+    simulation_dir, wheelhouse, tmp_path
+):
+    """One cold install proves three points: the first boot installs the preset's lock from the
+    wheelhouse; a reboot reuses it; and the simulator's host image (`images`) made of that host
+    (the builder) starts a new simulation's host, whose spec names the image, with the venv in
+    place, so its first boot skips the install."""
+    source = f"wheels:{wheelhouse}"
+    sim = Simulation.create(_spec(), simulation_dir, package_source=source, insecure=True)
     [host] = sim.plan.hosts
     chips = sim.spec().tpu.chips_per_host
     boot(sim)
@@ -53,6 +60,21 @@ def test_install_from_a_wheelhouse_then_reuse_on_reboot(simulation_dir, wheelhou
     [again] = wait_nodes(sim, [host.ip], timeout=120, avoid=[node["id"]])
     assert again["resources"]["TPU"] == chips
 
+    fingerprint = sim.capture_image(host.name, tmp_path / "image")
+    sim.destroy()
+    spec = _spec(hostImage=f"rayslice-host-{fingerprint}")
+    sim = Simulation.create(
+        spec, simulation_dir, package_source=source, insecure=True, host_image=tmp_path / "image"
+    )
+    [host] = sim.plan.hosts
+    boot(sim)
+    sim.wait_for(lambda s: s[host.name] == "joined", timeout=120)
+    log = _log(sim, host.name)
+    assert f"requirements unchanged ({fingerprint}): skipping install" in log
+    assert "installing" not in log  # neither uv nor the requirements: the first boot took the fast path
+    [node] = wait_nodes(sim, [host.ip], timeout=60)
+    assert node["resources"]["TPU"] == spec.tpu.chips_per_host
+
 
 def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
     spec = _spec(platform="compute")
@@ -70,28 +92,3 @@ def test_a_script_rendered_for_another_type_refuses_to_run(simulation_dir):
         f"failed: this script was rendered for {other.accelerator_type} but the host is "
         f"{spec.accelerator_type}; render it for this slice"
     )
-
-
-def test_a_host_booted_from_an_image_skips_the_install_and_joins(simulation_dir, wheelhouse, tmp_path):
-    """The simulator's host image (`images`): a host that installed is the builder; a new
-    simulation whose spec names the image starts its hosts with the builder's venv in place."""
-    source = f"wheels:{wheelhouse}"
-    builder = Simulation.create(_spec(), simulation_dir, package_source=source, insecure=True)
-    [host] = builder.plan.hosts
-    boot(builder)
-    builder.wait_for(lambda s: s[host.name] == "joined", timeout=600)
-    fingerprint = builder.capture_image(host.name, tmp_path / "image")
-    builder.destroy()
-
-    spec = _spec(hostImage=f"rayslice-host-{fingerprint}")
-    sim = Simulation.create(
-        spec, simulation_dir, package_source=source, insecure=True, host_image=tmp_path / "image"
-    )
-    [host] = sim.plan.hosts
-    boot(sim)
-    sim.wait_for(lambda s: s[host.name] == "joined", timeout=120)
-    log = _log(sim, host.name)
-    assert f"requirements unchanged ({fingerprint}): skipping install" in log
-    assert "installing" not in log  # neither uv nor the requirements: the first boot took the fast path
-    [node] = wait_nodes(sim, [host.ip], timeout=60)
-    assert node["resources"]["TPU"] == spec.tpu.chips_per_host
