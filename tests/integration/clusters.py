@@ -15,6 +15,8 @@ test_faults.py that the overrides reach Ray).
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -26,6 +28,7 @@ from rayslice.local.host import netns
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.names import STATE_JOINED
 
+RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 RECOVERY_INTERVAL_S = 2
 SHORT_WAITS = {
     # The GCS marks a node that stopped answering dead after period x threshold (default 3 s x 5).
@@ -123,3 +126,16 @@ def _alive(sim: Simulation) -> list[str]:
         return [n["ip"] for n in sim.ray_nodes()]
     except OSError:
         return []
+
+
+def run_command(sim: Simulation, target: str, *job_args: str) -> tuple[list[str], dict[str, str]]:
+    """`rayslice run TARGET --address URL [--token-file F] [-- JOB_ARGS]`, as a user types it, and
+    the plain environment it runs in (PYTHONPATH only when the tests run another checkout than the
+    venv's editable install, a worktree, so that `rayslice run` ships that checkout's workloads)."""
+    argv = [RAYSLICE, "run", target, "--address", sim.dashboard_url()]
+    if sim.token_file.exists():
+        argv += ["--token-file", str(sim.token_file)]
+    argv += ["--", *job_args] if job_args else []
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")}
+    env |= {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+    return argv, env

@@ -11,9 +11,9 @@ with `rayslice run` as a user would.
   does; nothing in it knows about the simulator. The same script reserves both slices with
   `ray.util.tpu.slice_placement_group` and reports the node of each bundle.
 
-The bundled `jax_trainer` job is tested through a preemption on the same cluster, in
-test_recovery.py (after the recovery acceptance test, which counts the cluster's boots): one run
-that trains on both slices, shrinks to one from its checkpoint, and grows back.
+The bundled `jax_trainer` job is tested through a preemption in test_recovery.py, on TPU VMs with
+two multi-host v5p-16 Spot slices: one run that trains on both slices, shrinks to one from its
+checkpoint, and grows back.
 """
 
 from __future__ import annotations

@@ -32,13 +32,11 @@ from rayslice import cli, names, spec
 from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.names import slice_name
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
 from rayslice.workloads import jax_trainer
 from tests.bench import BENCH, load
-from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, tpu_nodes, wait_nodes
+from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, run_command, tpu_nodes, wait_nodes
 
-RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
 NOTICE_S = 5  # the preemption notice's window in these tests (Google's is 30 s)
 
 
@@ -127,15 +125,60 @@ def _recorded_once(sim: Simulation, victim: str) -> None:
     assert len(stored) == 1
 
 
-def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
+# The tpu-vm test's cluster: two Spot slices of the smallest multi-host shape on TPU VMs, so that
+# Ray Train's elastic run through the preemption spans the hosts of a slice as well as slices.
+TPU_VM_SPOT = {"platform": "tpu-vm", "acceleratorType": "v5p-16", "slices": 2, "capacity": "spot"}
+# jax_trainer's line as each attempt of its worker group starts (Ray Train's rank 0).
+ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$", re.M)
+TRAIN_STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$", re.M)
+
+
+def _saved_steps(run: Path) -> list[int]:
+    """The steps of jax_trainer's committed checkpoints in `run` (orbax renames a finished save to
+    its final name; Ray Train keeps the latest two)."""
+    return [jax_trainer.checkpoint_step(p.name) for p in run.glob("step_*") if p.name[5:].isdigit()]
+
+
+def _attempts(text: str) -> list[tuple[int, int, int]]:
+    return [(int(w), int(d), int(k)) for w, d, k in ATTEMPT.findall(text)]
+
+
+class _Run:
+    """`rayslice run JOB --address ... -- ARGS` as a user types it, its output collected as it comes."""
+
+    def __init__(self, sim: Simulation, job: str, args: list[str]):
+        argv, env = run_command(sim, job, *args)
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def since(self, cut: int = 0) -> str:
+        return "".join(self.lines[cut:])
+
+
+def test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train_shrinks_and_grows_back(
     simulation_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On TPU VMs (the acceptance test below covers Compute Engine), with the smallest slices:
-    two single-host v5e slices."""
-    cluster = spec.load(
-        {"platform": "tpu-vm", "acceleratorType": "v5litepod-8", "slices": 2, "capacity": "spot"},
-        require_zone=False,
-    )
+    """On TPU VMs (the acceptance test below covers Compute Engine): two multi-host Spot slices.
+
+    Issue 22's scenario rides on the same preemption: `rayslice run jax_trainer`, elastic between
+    one and two slices, a checkpoint every 3 steps; once it trains on both slices and step 10 is
+    saved, slice 1 is preempted with a notice. Within the same job, without failing it, training
+    goes on on slice 0 from its last checkpoint; once the controller (on its own VM) has recreated
+    slice 1 and its hosts joined, it grows back to both. The loss goes on from where it was at
+    each resize. The job (asked for far more steps) is stopped there."""
+    cluster = spec.load(TPU_VM_SPOT, require_zone=False)
+    tpu = cluster.tpu
+    one, both = (tpu.hosts, tpu.chips), (2 * tpu.hosts, 2 * tpu.chips)  # Ray Train's workers, JAX's devices
+    assert tpu.hosts > 1 and cluster.slices == 2
     sim = Simulation.create(cluster, simulation_dir)
     bring_up(sim)
 
@@ -144,41 +187,92 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_the_controller_on_its_own_vm(
     _controller_started(sim, cluster.slices)
 
     victims = cloud_bridge.slice_hosts(sim.plan, 1)
-    # `rayslice local preempt --notice-s 5`, while this test watches the head's GCS: the notice
-    # reached Ray before the power-off. The victim's watcher drained its node with the preemption
-    # reason, so the GCS stopped offering it while the host still ran.
-    measure = [sys.executable, str(BENCH / "preemption_notice.py"), "--state-dir", str(simulation_dir)]
-    measure += ["--slice", cluster.slice_name(1), "--notice-s", str(NOTICE_S)]
-    seen = subprocess.run(measure, capture_output=True, text=True, timeout=300)
-    assert seen.returncode == 0, seen.stdout + seen.stderr
-    loss = json.loads(seen.stdout.splitlines()[-1])
-    assert 0 < loss["unschedulable_s"] < loss["off_s"]
-    assert not any(sim.running(h) for h in victims)
-    assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
-    [victim_log] = [_boot_log(sim, h) for h in victims]
-    assert "rayslice-preemption: preemption notice: instance/preempted is TRUE" in victim_log
-    assert re.search(
-        r"rayslice-preemption: drained Ray node [0-9a-f]{56} \(DRAIN_NODE_REASON_PREEMPTION", victim_log
-    )
-    # The other slice's host watches and heard nothing; the head VM has no watcher at all.
-    [other_log] = [_boot_log(sim, h) for h in cloud_bridge.slice_hosts(sim.plan, 0)]
-    assert "rayslice-preemption: watching instance/preempted" in other_log
-    assert "preemption notice" not in other_log
-    assert "rayslice-preemption" not in _boot_log(sim, sim.plan.head.name)
+    victim_ips = {sim.plan.host(h).ip for h in victims}
+    every_ip = {n["ip"] for n in tpu_nodes(sim)}
+    storage = Path(tempfile.mkdtemp(prefix="elastic-", dir=sim.plan.shared_dir))
+    args = ["--steps", "100000", "--checkpoint-every", "3", "--min-slices", "1", "--max-slices", "2"]
+    args += ["--resize-check-s", "5", "--storage-path", str(storage), "--name", "elastic"]
+    run = _Run(sim, "jax_trainer", args)
+    try:
+        _wait(
+            lambda: bool(_attempts(run.since())) and max(_saved_steps(storage / "elastic"), default=0) >= 10,
+            300,
+        )
+        saved_before = max(_saved_steps(storage / "elastic"))
+        before = {n["id"] for n in tpu_nodes(sim) if n["ip"] in victim_ips}
+        cut = len(run.lines)
+        # `rayslice local preempt --notice-s 5`, while this test watches the head's GCS: the notice
+        # reached Ray before the power-off. The victim's watchers drained their nodes with the
+        # preemption reason, so the GCS stopped offering them while the hosts still ran.
+        measure = [sys.executable, str(BENCH / "preemption_notice.py"), "--state-dir", str(simulation_dir)]
+        measure += ["--slice", cluster.slice_name(1), "--notice-s", str(NOTICE_S)]
+        seen = subprocess.run(measure, capture_output=True, text=True, timeout=300)
+        assert seen.returncode == 0, seen.stdout + seen.stderr
+        loss = json.loads(seen.stdout.splitlines()[-1])
+        assert 0 < loss["unschedulable_s"] < loss["off_s"]
+        assert not any(sim.running(h) for h in victims)
+        assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
+        # Shrunk to slice 0 ...
+        _wait(lambda: one in [a[:2] for a in _attempts(run.since(cut))], 300)
+        # ... the controller noticed on its own and recreated slice 1, its hosts booted a second
+        # time and joined Ray, and training grew back.
+        wait_nodes(sim, every_ip, timeout=300, avoid=before)
 
-    # The controller notices on its own, within its interval, and recreates the slice; its hosts
-    # boot a second time and rejoin Ray, the other slice's hosts are untouched.
-    _wait(lambda: all(_boots(sim, h) == 2 for h in victims), 120)
-    _wait(lambda: len(_events(sim)) == 1, 60)
-    wait_nodes(sim, [h.ip for h in sim.plan.hosts if h.role != state.ROLE_HEAD_VM], 240)
+        def grown() -> list[tuple[str, str]]:
+            after = run.since(cut)
+            shrunk = after.index(f", devices {one[1]},")
+            regrown = after.find(f", devices {both[1]},", shrunk)
+            return TRAIN_STEP.findall(after[regrown:]) if regrown > 0 else []
+
+        _wait(lambda: len(grown()) >= 3, 300)
+        assert run.process.poll() is None  # one job throughout: it never failed
+    finally:
+        if run.process.poll() is None:
+            load("recovery").stop_job(sim, "jax_trainer")
+            run.process.wait(timeout=120)
+        run.reader.join(timeout=10)
+        shutil.rmtree(storage, ignore_errors=True)
+    out = run.since()
+    print(out[-8000:])  # shown when the test fails
+    before_cut, after = "".join(run.lines[:cut]), run.since(cut)
+    assert _attempts(before_cut)[0] == (*both, 0)  # both slices from the start
+    shrink = next(a for a in _attempts(after) if a[:2] == one)
+    grow = next(a for a in _attempts(after)[_attempts(after).index(shrink) :] if a[:2] == both)
+    # Each resize resumed from a checkpoint: no older than the one saved before the preemption,
+    # never past the last step trained.
+    trained = [int(s) for s, _ in TRAIN_STEP.findall(out)]
+    assert saved_before <= shrink[2] <= grow[2] <= max(trained) + 1
+    assert f"resumed from step {shrink[2]}" in after and f"resumed from step {grow[2]}" in after
+    # The loss goes on: the first step after each resize is about where the run was, far below
+    # the fresh model's first loss.
+    losses = {int(s): float(x) for s, x in TRAIN_STEP.findall(before_cut)}
+    first_after = [float(x) for s, x in TRAIN_STEP.findall(after) if int(s) == shrink[2]]
+    assert first_after and first_after[0] < losses[0] / 2
+    regrown = [float(x) for s, x in TRAIN_STEP.findall(after) if int(s) == grow[2]]
+    assert regrown and regrown[-1] < losses[0] / 2
+
+    # The preemption, as the hosts saw it: the victims' watchers heard the notice and drained
+    # their Ray nodes; the other slice's hosts watch and heard nothing; the head VM has no watcher.
+    for log in (_boot_log(sim, h) for h in victims):
+        assert "rayslice-preemption: preemption notice: instance/preempted is TRUE" in log
+        assert re.search(
+            r"rayslice-preemption: drained Ray node [0-9a-f]{56} \(DRAIN_NODE_REASON_PREEMPTION", log
+        )
+    for log in (_boot_log(sim, h) for h in cloud_bridge.slice_hosts(sim.plan, 0)):
+        assert "rayslice-preemption: watching instance/preempted" in log
+        assert "preemption notice" not in log
+    assert "rayslice-preemption" not in _boot_log(sim, sim.plan.head.name)
+    # The controller recreated exactly slice 1, once: its hosts booted a second time, the others once.
+    assert all(_boots(sim, h) == 2 for h in victims)
     _recorded_once(sim, cluster.slice_name(1))
     assert all(
         _boots(sim, h) == 1
         for h in [sim.plan.head.name, _controller(sim), *cloud_bridge.slice_hosts(sim.plan, 0)]
     )
-    # The recreated host booted with instance/preempted FALSE again: its watcher watches anew.
-    _wait(lambda: _boot_log(sim, victims[0]).count("rayslice-preemption: watching instance/preempted") == 2)
-    assert _boot_log(sim, victims[0]).count("preemption notice:") == 1
+    # The recreated hosts booted with instance/preempted FALSE again: their watchers watch anew.
+    watching = "rayslice-preemption: watching instance/preempted"
+    _wait(lambda: all(_boot_log(sim, h).count(watching) == 2 for h in victims))
+    assert all(_boot_log(sim, h).count("preemption notice:") == 1 for h in victims)
 
     data = _status(sim, monkeypatch, capsys)
     assert [s["state"] for s in data["slices"]] == ["READY"] * cluster.slices
@@ -252,106 +346,3 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     # stopped instance as TERMINATED) and left them for the controller (DO_NOTHING).
     assert data["events"][0]["seen"] == "MIG " + ", ".join(f"{h} TERMINATED" for h in victims)
     assert data["events"][0]["seen"] == _events(sim)[0]["seen"]
-
-
-# jax_trainer's line as each attempt of its worker group starts (Ray Train's rank 0).
-ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$", re.M)
-TRAIN_STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$", re.M)
-
-
-def _saved_steps(run: Path) -> list[int]:
-    """The steps of jax_trainer's committed checkpoints in `run` (orbax renames a finished save to
-    its final name; Ray Train keeps the latest two)."""
-    return [jax_trainer.checkpoint_step(p.name) for p in run.glob("step_*") if p.name[5:].isdigit()]
-
-
-@on("2 x v6e-16 spot")
-def test_ray_train_goes_on_on_the_surviving_slice_and_grows_back(cluster: Simulation) -> None:
-    """Issue 22's scenario: `rayslice run jax_trainer`, elastic between one and two slices, a
-    checkpoint every 3 steps; once it trains on both slices and step 6 is saved, `rayslice local
-    preempt` of slice 1 with a notice. Within the same job, without failing it, training goes on on
-    slice 0 from its last checkpoint; once the controller has recreated slice 1 and its hosts
-    joined, it grows back to both. The loss goes on from where it was at each resize. The job
-    (asked for far more steps) is stopped there; the cluster is whole again.
-
-    After the acceptance test, which counts this shared cluster's boots and events."""
-    sim = cluster
-    victim = slice_name(sim.spec().name, 1)
-    victim_ips = {sim.plan.host(h).ip for h in cloud_bridge.slice_hosts(sim.plan, 1)}
-    every_ip = {n["ip"] for n in tpu_nodes(sim)}
-    storage = Path(tempfile.mkdtemp(prefix="elastic-", dir=sim.plan.shared_dir))
-    argv = [RAYSLICE, "run", "jax_trainer", "--address", sim.dashboard_url()]
-    if sim.token_file.exists():
-        argv += ["--token-file", str(sim.token_file)]
-    argv += ["--", "--steps", "100000", "--checkpoint-every", "3", "--min-slices", "1", "--max-slices", "2"]
-    argv += ["--resize-check-s", "5", "--storage-path", str(storage), "--name", "elastic"]
-    env = {"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")}
-    env |= {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
-    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-
-    def read() -> None:
-        assert job.stdout is not None
-        for line in job.stdout:
-            lines.append(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-
-    def attempts(text: str) -> list[tuple[int, int, int]]:
-        return [(int(w), int(d), int(k)) for w, d, k in ATTEMPT.findall(text)]
-
-    try:
-        _wait(
-            lambda: (
-                bool(attempts("".join(lines))) and max(_saved_steps(storage / "elastic"), default=0) >= 10
-            ),
-            300,
-        )
-        saved_before = max(_saved_steps(storage / "elastic"))
-        before = {n["id"] for n in tpu_nodes(sim) if n["ip"] in victim_ips}
-        cut = len(lines)
-        assert (
-            cli.main(
-                ["local", "preempt", "--state-dir", str(sim.state_dir), "--notice-s", str(NOTICE_S), victim]
-            )
-            == 0
-        )
-        # Shrunk to slice 0 ...
-        _wait(lambda: (4, 16) in [a[:2] for a in attempts("".join(lines[cut:]))], 300)
-        # ... the controller recreated slice 1, its hosts joined Ray, and training grew back.
-        wait_nodes(sim, every_ip, timeout=300, avoid=before)
-
-        def grown() -> list[str]:
-            after = "".join(lines[cut:])
-            shrunk = after.index(", devices 16,")
-            regrown = after.find(", devices 32,", shrunk)
-            return TRAIN_STEP.findall(after[regrown:]) if regrown > 0 else []
-
-        _wait(lambda: len(grown()) >= 3, 300)
-        assert job.poll() is None  # one job throughout: it never failed
-    finally:
-        if job.poll() is None:
-            load("recovery").stop_job(sim, "jax_trainer")
-            job.wait(timeout=120)
-        reader.join(timeout=10)
-        shutil.rmtree(storage, ignore_errors=True)
-    out = "".join(lines)
-    print(out[-8000:])  # shown when the test fails
-    before_cut, after = "".join(lines[:cut]), "".join(lines[cut:])
-    assert attempts(before_cut)[0] == (8, 32, 0)  # both slices from the start
-    shrink = next(a for a in attempts(after) if a[0] == 4)
-    grow = next(a for a in attempts(after)[attempts(after).index(shrink) :] if a[0] == 8)
-    assert shrink[:2] == (4, 16) and grow[:2] == (8, 32)
-    # Each resize resumed from a checkpoint: no older than the one saved before the preemption,
-    # never past the last step trained.
-    trained = [int(s) for s, _ in TRAIN_STEP.findall(out)]
-    assert saved_before <= shrink[2] <= grow[2] <= max(trained) + 1
-    assert f"resumed from step {shrink[2]}" in after and f"resumed from step {grow[2]}" in after
-    # The loss goes on: the first step after each resize is about where the run was, far below
-    # the fresh model's first loss.
-    loss = {int(s): float(x) for s, x in TRAIN_STEP.findall(before_cut)}
-    first_after = [float(x) for s, x in TRAIN_STEP.findall(after) if int(s) == shrink[2]]
-    assert first_after and first_after[0] < loss[0] / 2
-    regrown = [float(x) for s, x in TRAIN_STEP.findall(after) if int(s) == grow[2]]
-    assert regrown and regrown[-1] < loss[0] / 2

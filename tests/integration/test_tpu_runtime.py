@@ -22,24 +22,12 @@ import pytest
 from rayslice.local.host import tpu_runtime
 from rayslice.local.simulation.simulator import Simulation
 from tests.integration.clusters import on
-
-RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
+from tests.integration.test_workloads_on_ray import rayslice_run
 
 
 def run_script(sim: Simulation, script: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """`rayslice run SCRIPT --address URL [--token-file F]`, as a user types it."""
-    argv = [RAYSLICE, "run", str(script), "--address", sim.dashboard_url()]
-    if sim.token_file.exists():
-        argv += ["--token-file", str(sim.token_file)]
-    result = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")},
-    )
-    print(result.stdout[-5000:], result.stderr[-3000:])  # shown when a test fails
-    return result
+    return rayslice_run(sim, str(script), timeout=timeout)
 
 
 def guide_script(fixtures_dir: Path, name: str, tmp_path: Path) -> Path:

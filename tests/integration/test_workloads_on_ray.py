@@ -10,11 +10,9 @@ expected figures come from the catalog.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,38 +23,17 @@ from rayslice.jobs.upload import workloads
 from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.simulation.simulator import Simulation
 from tests.integration import test_recovery
-from tests.integration.clusters import SHARED, bring_up, on, tpu_nodes
-
-RAYSLICE = str(Path(sys.executable).with_name("rayslice"))
+from tests.integration.clusters import SHARED, bring_up, on, run_command, tpu_nodes
 
 
 def rayslice_run(
     sim: Simulation, target: str, *job_args: str, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    """`rayslice run TARGET --address URL [--token-file F] [-- JOB_ARGS]`, as a user types it."""
-    argv = [target, "--address", sim.dashboard_url()]
-    if sim.token_file.exists():
-        argv += ["--token-file", str(sim.token_file)]
-    argv += ["--", *job_args] if job_args else []
-    result = subprocess.run(
-        [RAYSLICE, "run", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={
-            "PATH": str(Path(sys.executable).parent),
-            "HOME": os.environ.get("HOME", "/root"),
-            **_checkout(),
-        },
-    )
+    """`run_command`, run to its end."""
+    argv, env = run_command(sim, target, *job_args)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     print(result.stdout[-5000:], result.stderr[-3000:])  # shown when a test fails
     return result
-
-
-def _checkout() -> dict[str, str]:
-    """PYTHONPATH when the tests run another checkout than the venv's editable install (a
-    worktree), so that `rayslice run` ships that checkout's workloads; nothing otherwise."""
-    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
 def losses(output: str) -> list[float]:
@@ -164,16 +141,8 @@ def test_jax_train_streams_its_steps_learns_reports_flops_and_resumes_from_its_c
     # preemption: test_recovery.py.)
     checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=cluster.plan.shared_dir))
     options = ("--batch-per-device", "32", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "100")
-    argv = [RAYSLICE, "run", "jax_train", "--address", cluster.dashboard_url()]
-    if cluster.token_file.exists():
-        argv += ["--token-file", str(cluster.token_file)]
-    run = subprocess.Popen(
-        [*argv, "--", "--steps", "200", *options],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")},
-    )
+    argv, env = run_command(cluster, "jax_train", "--steps", "200", *options)
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         try:
             assert run.stdout is not None
@@ -229,7 +198,7 @@ RUN_ELSEWHERE = {
         lambda tpu: tpu.hosts > 1,
     ),
     "jax_trainer": (
-        "test_recovery.py::test_ray_train_goes_on_on_the_surviving_slice_and_grows_back",
+        "test_recovery.py::test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train_shrinks_and_grows_back",
         lambda tpu: tpu.hosts > 1,
     ),
     "xla_single": ("test_xla_single_prints_a_tensor_on_an_xla_device", lambda tpu: tpu.chips_per_host >= 1),
@@ -239,13 +208,16 @@ RUN_ELSEWHERE = {
 DOES_NOT_FIT = {"jax_single_host": 2, "xla_multi_device": 2, "jax_multislice": None}
 
 
-def _shape_of(test_name: str) -> str:
-    """The shared cluster a test of this folder runs on (its `on(shape)` mark)."""
+def _config_of(test_name: str) -> dict[str, object]:
+    """The config of the cluster a test of this folder runs on: the shared cluster its `on(shape)`
+    mark names, or the tpu-vm recovery test's own."""
     module, _, name = test_name.rpartition("::")
     namespace = vars(test_recovery) if module == "test_recovery.py" else globals()
+    if name.startswith("test_a_preempted_tpu_vm_slice"):
+        return test_recovery.TPU_VM_SPOT
     [mark] = [m for m in namespace[name].pytestmark if m.name == "parametrize" and m.args[0] == "cluster"]
     [shape] = mark.args[1]
-    return shape
+    return SHARED[shape]
 
 
 def test_every_bundled_job_that_fits_a_tpu7x_slice_runs_on_it_or_on_a_slice_that_asks_the_same():
@@ -255,7 +227,7 @@ def test_every_bundled_job_that_fits_a_tpu7x_slice_runs_on_it_or_on_a_slice_that
     assert sorted([*RUN_ON_TPU7X, *RUN_ELSEWHERE, *DOES_NOT_FIT]) == sorted(workloads())
     tpu7x = load_spec(TPU7X_EXAMPLE, [], require_zone=False)
     for job, (test_name, condition) in RUN_ELSEWHERE.items():
-        shape = spec_module.load(SHARED[_shape_of(test_name)], require_zone=False)
+        shape = spec_module.load(_config_of(test_name), require_zone=False)
         assert condition(tpu7x.tpu) and condition(shape.tpu), job
         assert workloads()[job].multihost_counterpart is None, job
     for job, exit_code in DOES_NOT_FIT.items():  # single-host jobs are refused on a multi-host slice
