@@ -59,7 +59,7 @@ from rayslice.recovery.cloud import (
     managed_instance_name,
 )
 from rayslice.recovery.events import events_from_guest_attributes
-from rayslice.spec import ClusterSpec
+from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 
 STATE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/{names.STATE_KEY}"
 NAMESPACE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/"
@@ -116,7 +116,7 @@ def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> d
         "state": str(state.get("state", "STATE_UNSPECIFIED")),
         "since": since,
         "deadline": _after(since, _seconds(valid)) if valid and since else None,
-        "run_hours": _seconds(run) / 3600 if run else None,
+        "run_hours": _hours(run) if run else None,
         "hosts_asked": hosts,
         "hosts_joined": joined,
         "reason": f"{error.get('code', '')}: {error.get('message', '')}" if error else None,
@@ -126,6 +126,11 @@ def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> d
 def _seconds(duration: str) -> float:
     """A google-duration (``"3600s"``) in seconds."""
     return float(str(duration).removesuffix("s"))
+
+
+def _hours(duration: str) -> float:
+    """A google-duration, or a count of seconds (a resize request's ``requestedRunDuration``), in hours."""
+    return _seconds(duration) / SECONDS_PER_HOUR
 
 
 def _after(timestamp: str, seconds: float) -> str:
@@ -147,7 +152,7 @@ def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any
         "state": str(request.get("state", "STATE_UNSPECIFIED")),
         "since": str(request.get("creationTimestamp", "")),
         "deadline": None,
-        "run_hours": int(duration) / 3600 if duration else None,
+        "run_hours": _hours(duration) if duration else None,
         "hosts_asked": int(request.get("resizeBy") or 0),
         "hosts_joined": joined,
         "reason": "; ".join(f"{e.get('code', '')}: {e.get('message', '')}" for e in errors) or None,
@@ -253,7 +258,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
         "nodes_running": running,
         "hosts_asked": spec.tpu.hosts,
         "since": since,
-        "run_hours": float(duration.rstrip("s")) / 3600 if duration else None,
+        "run_hours": _hours(duration) if duration else None,
         "flex_start": bool((pool.get("config") or {}).get("flexStart")),
         "reason": reason or None,
         "hosts": nodes,

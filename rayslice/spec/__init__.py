@@ -11,7 +11,7 @@ rest of rayslice uses, so callers import from ``rayslice.spec``.
 """
 
 from rayslice.errors import SpecError
-from rayslice.spec.model import DEFAULT_RAY_VERSION, KEY_NAMES, KEYS, ClusterSpec, Key
+from rayslice.spec.model import DEFAULT_RAY_VERSION, KEY_NAMES, KEYS, SECONDS_PER_HOUR, ClusterSpec, Key
 from rayslice.spec.rules import GKE_NODE_POOL_NAME_MAX, host_image_link, load
 from rayslice.spec.sources import NAMESPACE, from_namespaced, load_cli, parse_overrides, read_stack_file
 
@@ -21,6 +21,7 @@ __all__ = [
     "KEYS",
     "KEY_NAMES",
     "NAMESPACE",
+    "SECONDS_PER_HOUR",
     "ClusterSpec",
     "Key",
     "SpecError",

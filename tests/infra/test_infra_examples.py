@@ -33,6 +33,7 @@ POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
 PER_INSTANCE = "gcp:compute/perInstanceConfig:PerInstanceConfig"
 ADDRESS = "gcp:compute/address:Address"
 SLEEP = "time:index/sleep:Sleep"
+RESIZE_REQUEST = "gcp:compute/resizeRequest:ResizeRequest"
 
 # Written out by hand (not derived from the code under test): what each example must create.
 COMMON = {
@@ -138,6 +139,28 @@ EXAMPLES = {
         slices=2,
         configured_slices=0,
     ),
+    "Pulumi.example-compute-flex-v6e-16.yaml": dict(
+        # Flex-start: the MIG in bulk mode and one resize request for every host, which waits for
+        # the zone to have them all; no per-instance config or address, since the MIG names the
+        # hosts when the request is fulfilled (docs/capacity.md). The head is a VM (required).
+        counts={
+            **COMMON,
+            **_controller_identity(2),
+            **_compute(4),
+            PER_INSTANCE: 0,
+            ADDRESS: 0,
+            RESIZE_REQUEST: 1,
+            FIREWALL: 3,
+            INSTANCE: 2,
+        },
+        machine_type="ct6e-standard-4t",
+        topology="4x4",
+        provisioning="FLEX_START",
+        hosts=4,
+        head_vm=True,
+        configured_slices=0,
+        flex_start_hours=24,
+    ),
     "Pulumi.example-compute-tpu7x-16.yaml": dict(
         counts={**COMMON, **_compute(2), FIREWALL: 2},
         machine_type="tpu7x-standard-4t",
@@ -213,6 +236,7 @@ def test_compute_slice_shape(name):
     templates = sorted(run.of_type(TEMPLATE), key=lambda r: r.inputs["namePrefix"])
     migs = sorted(run.of_type(MIG), key=lambda r: r.inputs["name"])
     assert len(policies) == len(templates) == len(migs) == expected.get("slices", 1)
+    hours = expected.get("flex_start_hours")
     for policy, template, mig in zip(policies, templates, migs, strict=True):
         assert policy.inputs["workloadPolicy"] == {
             "type": "HIGH_THROUGHPUT",
@@ -221,13 +245,19 @@ def test_compute_slice_shape(name):
         assert template.inputs["machineType"] == expected["machine_type"]
         assert template.inputs["scheduling"]["provisioningModel"] == expected["provisioning"]
         assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
-        # Target size 0 plus one per-instance config (createInstances) per host: the topology's hosts.
-        assert mig.inputs["targetSize"] == 0 and "targetSizePolicies" not in mig.inputs
+        # Target size 0 plus one per-instance config (createInstances) per host: the topology's
+        # hosts; or, with flex-start, a MIG in bulk mode that the resize request grows by all of them.
+        assert mig.inputs["targetSize"] == 0
+        assert mig.inputs.get("targetSizePolicies") == ([{"mode": "BULK"}] if hours else None)
         assert mig.inputs["resourcePolicies"]["workloadPolicy"].endswith(
             f"/resourcePolicies/{policy.inputs['name']}"
         )
     # An elastic cluster's slices above minSlices have no per-instance config: the controller's.
     assert len(run.of_type(PER_INSTANCE)) == expected["hosts"] * expected.get("configured_slices", 1)
+    requests = [(r.inputs["instanceGroupManager"], r.inputs["resizeBy"]) for r in run.of_type(RESIZE_REQUEST)]
+    assert requests == ([(m.inputs["name"], expected["hosts"]) for m in migs] if hours else [])
+    for request in run.of_type(RESIZE_REQUEST):
+        assert request.inputs["requestedRunDuration"] == {"seconds": str(hours * 3600)}
     assert not run.of_type(V2VM)
 
 
@@ -279,7 +309,9 @@ def test_outputs_present(example):
     expected, cluster_spec, run = example
     out = run.value
     assert out["slice_names"] == [cluster_spec.slice_name(i) for i in range(cluster_spec.slices)]
-    assert [len(ips) for ips in out["slice_host_ips"].values()] == [expected["hosts"]] * cluster_spec.slices
+    # A flex-start slice's hosts are named and addressed when its request is fulfilled: none yet.
+    hosts = 0 if expected.get("flex_start_hours") else expected["hosts"]
+    assert [len(ips) for ips in out["slice_host_ips"].values()] == [hosts] * cluster_spec.slices
     assert out["jobs_api_address"] == f"http://{out['head_internal_ip']}:8265"
     assert "--tunnel-through-iap" in out["dashboard_tunnel_command"]
     # GA `gcloud compute tpus tpu-vm ssh` has no --tunnel-through-iap; alpha does (access.py).

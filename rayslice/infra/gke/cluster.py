@@ -28,7 +28,7 @@ from rayslice.infra.gke import nodes
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.network import ClusterNetwork
 from rayslice.names import CLOUD_PLATFORM_SCOPE
-from rayslice.spec import ClusterSpec
+from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 
 # Values below are container v1 API enums; tests/infra/gke/test_api_enums.py checks each one
 # against the discovery document google-api-python-client ships.
@@ -401,7 +401,7 @@ class GkeCluster(pulumi.ComponentResource):
                 # xpk's --no-enable-autorepair for flex-start pools (sources above).
                 "management": gcp.container.NodePoolManagementArgs(auto_repair=False),
             }
-            flex = {"flex_start": True, "max_run_duration": f"{plan.max_run_hours * 3600}s"}
+            flex = {"flex_start": True, "max_run_duration": f"{plan.max_run_hours * SECONDS_PER_HOUR}s"}
         return gcp.container.NodePool(
             f"{name}-slice-{plan.slice_index}",
             name=plan.name,

@@ -50,9 +50,8 @@ from rayslice.cloud import bodies
 from rayslice.errors import CloudError
 from rayslice.names import request_name
 from rayslice.recovery.cloud import CloudClient, Location, default_session, operation_error
-from rayslice.spec import ClusterSpec
+from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 
-SECONDS_PER_HOUR = 3600
 ACCEPT_TIMEOUT_S = 600.0  # how long `pulumi up` waits for Google to accept a request
 FLEX_START = "FLEX_START"  # tpu v2alpha1 QueuedResource.provisioningModel
 # The inputs a change of which replaces the request (every input Google receives).
