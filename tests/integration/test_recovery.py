@@ -60,11 +60,11 @@ def _status(sim: Simulation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     return json.loads(capsys.readouterr().out)
 
 
-def _wait(condition: Callable[[], bool], timeout: float = 60) -> None:
+def _wait(condition: Callable[[], bool], timeout: float = 60, what: str = "the condition") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError("timed out")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.3)
 
 
@@ -163,6 +163,16 @@ class _Run:
     def since(self, cut: int = 0) -> str:
         return "".join(self.lines[cut:])
 
+    def wait(self, condition: Callable[[], bool], what: str, timeout: float = 300) -> None:
+        """`_wait`, failing at once (not at the timeout) if the job's command ended meanwhile."""
+
+        def seen() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the job ended (exit {self.process.returncode}) before {what}")
+            return condition()
+
+        _wait(seen, timeout, what)
+
 
 def test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train_shrinks_and_grows_back(
     simulation_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -194,9 +204,9 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train
     args += ["--resize-check-s", "5", "--storage-path", str(storage), "--name", "elastic"]
     run = _Run(sim, "jax_trainer", args)
     try:
-        _wait(
+        run.wait(
             lambda: bool(_attempts(run.since())) and max(_saved_steps(storage / "elastic"), default=0) >= 10,
-            300,
+            "both slices training and step 10 saved",
         )
         saved_before = max(_saved_steps(storage / "elastic"))
         before = {n["id"] for n in tpu_nodes(sim) if n["ip"] in victim_ips}
@@ -213,7 +223,7 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train
         assert not any(sim.running(h) for h in victims)
         assert all(sim.running(h) for h in cloud_bridge.slice_hosts(sim.plan, 0))
         # Shrunk to slice 0 ...
-        _wait(lambda: one in [a[:2] for a in _attempts(run.since(cut))], 300)
+        run.wait(lambda: one in [a[:2] for a in _attempts(run.since(cut))], "training on slice 0 alone")
         # ... the controller noticed on its own and recreated slice 1, its hosts booted a second
         # time and joined Ray, and training grew back.
         wait_nodes(sim, every_ip, timeout=300, avoid=before)
@@ -224,16 +234,19 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train
             regrown = after.find(f", devices {both[1]},", shrunk)
             return TRAIN_STEP.findall(after[regrown:]) if regrown > 0 else []
 
-        _wait(lambda: len(grown()) >= 3, 300)
+        run.wait(lambda: len(grown()) >= 3, "three steps on both slices again")
         assert run.process.poll() is None  # one job throughout: it never failed
+    except AssertionError:
+        print(sim.report())  # with the job's output below, shown when the test fails
+        raise
     finally:
         if run.process.poll() is None:
             load("recovery").stop_job(sim, "jax_trainer")
             run.process.wait(timeout=120)
         run.reader.join(timeout=10)
         shutil.rmtree(storage, ignore_errors=True)
+        print(run.since()[-8000:])  # shown when the test fails
     out = run.since()
-    print(out[-8000:])  # shown when the test fails
     before_cut, after = "".join(run.lines[:cut]), run.since(cut)
     assert _attempts(before_cut)[0] == (*both, 0)  # both slices from the start
     shrink = next(a for a in _attempts(after) if a[:2] == one)
