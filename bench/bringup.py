@@ -24,7 +24,11 @@ full speed), with the head's package cache (``--cache``) or without it. For each
 ``--accelerator-types`` (default 1, 4 and 8 hosts) it brings up ``--repeats`` fresh slices, each
 timed for a cold first boot, one reboot and one floor run, and reports their medians, the
 ratios to the floor, and the bytes each host and the whole cluster fetched from the index in
-the cold first boot (the reboot and the floor fetch nothing).
+the cold first boot (the reboot and the floor fetch nothing). Hosts install the preset's lock
+(hash-checked, nothing resolved); a run where one did not is refused. Each fresh slice is then
+captured as a host image (`rayslice.local.simulation.images`, a baked image's stand-in), and a
+second fresh slice of the same type boots from it: its first boot is timed against its own
+floor, and its bytes from the index counted.
 
 Run as root: ``.venv/bin/python bench/bringup.py`` (it takes several minutes), or
 ``.venv/bin/python bench/bringup.py --internet --cache`` (tens of minutes).
@@ -52,7 +56,7 @@ from rayslice.local.simulation.internet import Link, SimulatedInternet, index_ur
 from rayslice.local.simulation.simulator import INDEX_SOURCE, Simulation
 from rayslice.local.simulation.state import HostPlan
 from rayslice.names import DASHBOARD_PORT, GCS_PORT
-from rayslice.startup_scripts.variables import requirement_lines
+from rayslice.startup_scripts.variables import preset_lock, requirement_lines
 
 REPO = Path(__file__).resolve().parents[1]
 OBJECT_STORE = 100 * 1024 * 1024
@@ -253,33 +257,78 @@ class InternetRun:
     reboot: float
     floor: float
     fetched: dict[str, int]
+    # A second fresh slice of the same type whose hosts boot an image of the first one's install
+    # (`hostImage`): its first boot, its own floor, and what it fetched from the index.
+    image_boot: float
+    image_floor: float
+    image_fetched: dict[str, int]
 
 
-def internet_spec(accelerator_type: str, cache: bool) -> spec_module.ClusterSpec:
-    """A slice whose hosts install from the simulated internet's index, with or without the cache."""
+def internet_spec(
+    accelerator_type: str, cache: bool, host_image: str | None = None
+) -> spec_module.ClusterSpec:
+    """A slice whose hosts install from the simulated internet's index, with or without the cache
+    (and booting `host_image`, if given)."""
     config = {
         "acceleratorType": accelerator_type,
         "rayAuth": "none",
         "packageIndex": index_url(),
         "allowInsecurePackageIndex": "true",
         "packageCache": str(cache).lower(),
+        **({"hostImage": host_image} if host_image else {}),
     }
     return spec_module.load(config, require_zone=False)
 
 
-def run_internet(spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, link: Link) -> InternetRun:
-    """Cold first boot (bytes counted), one reboot and one floor run of a fresh slice."""
+def check_locked(sim: Simulation, spec: spec_module.ClusterSpec) -> None:
+    """Refuse a run whose hosts did not install the preset's lock: the figures are for locked
+    installs (hash-checked, nothing resolved), and a host that resolved would say otherwise."""
+    lock = preset_lock(spec)
+    if lock is None:
+        raise RuntimeError(
+            f"no preset lock for {spec.preset} with Ray {spec.ray_version}: nothing to measure"
+        )
+    unlocked = [
+        h.name
+        for h in sim.plan.hosts
+        if f"installing the lock {lock.digest}" not in sim.paths(h.name).boot_log.read_text()
+    ]
+    if unlocked:
+        raise RuntimeError(f"hosts {unlocked} did not install the lock {lock.digest}; see their boot logs")
+
+
+def run_internet(
+    spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, link: Link, cache: bool
+) -> InternetRun:
+    """Cold first boot (bytes counted), one reboot and one floor run of a fresh slice; then a
+    second fresh slice booting an image of the first one's install, and its own floor."""
     internet_dir = workdir / "internet"
     internet_dir.mkdir(parents=True)
+    image = workdir / "image"
     sim = Simulation.create(spec, workdir / "sim", package_source=INDEX_SOURCE, insecure=True)
     try:
         with SimulatedInternet(sim, wheelhouse, link, internet_dir) as internet:
             first = _timed(sim.boot_all, sim, spec.tpu.hosts)
             fetched = internet.fetched()
+            check_locked(sim, spec)
+            fingerprint = sim.capture_image(sim.plan.hosts[0].name, image)
             (reboot,), (floor,) = reboots_and_floors(sim, spec, 1)
-            return InternetRun(first, reboot, floor, fetched)
     finally:
         sim.destroy()
+    image_spec = internet_spec(spec.accelerator_type, cache, f"rayslice-host-{fingerprint}")
+    internet_dir = workdir / "image-internet"
+    internet_dir.mkdir()
+    sim = Simulation.create(
+        image_spec, workdir / "image-sim", package_source=INDEX_SOURCE, insecure=True, host_image=image
+    )
+    try:
+        with SimulatedInternet(sim, wheelhouse, link, internet_dir) as internet:
+            image_boot = _timed(sim.boot_all, sim, spec.tpu.hosts)
+            image_fetched = internet.fetched()
+            (_,), (image_floor,) = reboots_and_floors(sim, spec, 1)
+    finally:
+        sim.destroy()
+    return InternetRun(first, reboot, floor, fetched, image_boot, image_floor, image_fetched)
 
 
 def internet_report(
@@ -289,6 +338,8 @@ def internet_report(
 
     ``x first of fewest`` is the first boot against the one of the fewest hosts measured (the
     growth with slice size); ``x fewest's bytes`` is the cluster's bytes against that slice's.
+    The image columns are the second slice of each run (booting an image of the first one's
+    install), its first boot against its own floor.
     """
     mb = 1e6
     first_type = min(runs, key=lambda t: hosts[t])
@@ -301,8 +352,9 @@ def internet_report(
         f"medians of {repeats} fresh slices",
         "",
         "| type | hosts | first boot s | x floor | x first of fewest | reboot s | x floor | floor s "
-        "| MB fetched per host (min-max) | MB per cluster | x fewest's bytes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| MB fetched per host (min-max) | MB per cluster | x fewest's bytes "
+        "| image boot s | x its floor | its floor s | image MB per cluster |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for accelerator_type, found in sorted(runs.items(), key=lambda item: hosts[item[0]]):
         first = statistics.median(r.first_boot for r in found)
@@ -310,11 +362,15 @@ def internet_report(
         floor = statistics.median(r.floor for r in found)
         per_host = [b for r in found for b in r.fetched.values()]
         cluster = statistics.median(sum(r.fetched.values()) for r in found)
+        image_boot = statistics.median(r.image_boot for r in found)
+        image_floor = statistics.median(r.image_floor for r in found)
+        image_cluster = statistics.median(sum(r.image_fetched.values()) for r in found)
         lines.append(
             f"| {accelerator_type} | {hosts[accelerator_type]} | {first:.1f} | {first / floor:.2f} "
             f"| {first / base_first:.2f} | {reboot:.1f} | {reboot / floor:.2f} | {floor:.1f} "
             f"| {min(per_host) / mb:.0f}-{max(per_host) / mb:.0f} | {cluster / mb:.0f} "
-            f"| {cluster / base_bytes:.2f} |"
+            f"| {cluster / base_bytes:.2f} | {image_boot:.1f} | {image_boot / image_floor:.2f} "
+            f"| {image_floor:.1f} | {image_cluster / mb:.0f} |"
         )
     return "\n".join(lines)
 
@@ -329,11 +385,13 @@ def main_internet(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:
         for accelerator_type, spec in specs.items():
             for i in range(args.repeats):
-                run = run_internet(spec, wheelhouse, Path(tmp) / f"{accelerator_type}-{i}", link)
+                run = run_internet(spec, wheelhouse, Path(tmp) / f"{accelerator_type}-{i}", link, args.cache)
                 runs.setdefault(accelerator_type, []).append(run)
                 print(
                     f"{accelerator_type} #{i + 1}: first boot {run.first_boot:.1f} s, "
-                    f"reboot {run.reboot:.1f} s, floor {run.floor:.1f} s; fetched {json.dumps(run.fetched)}",
+                    f"reboot {run.reboot:.1f} s, floor {run.floor:.1f} s; fetched {json.dumps(run.fetched)}; "
+                    f"from the image: first boot {run.image_boot:.1f} s, floor {run.image_floor:.1f} s, "
+                    f"fetched {json.dumps(run.image_fetched)}",
                     flush=True,
                 )
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")

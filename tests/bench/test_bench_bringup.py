@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from rayslice.local.host.paths import HostPaths
 from rayslice.local.simulation.state import HostPlan
+from rayslice.startup_scripts.variables import preset_lock
 from tests.bench import load
 
 bringup = load("bringup")
@@ -152,7 +154,15 @@ def test_installed_ray_refuses_none_or_several(tmp_path, venvs):
 
 def test_internet_report_gives_medians_ratios_and_bytes_against_the_fewest_hosts():
     def run(first: float, floor: float, fetched: dict[str, int]) -> object:
-        return bringup.InternetRun(first_boot=first, reboot=floor * 1.5, floor=floor, fetched=fetched)
+        return bringup.InternetRun(
+            first_boot=first,
+            reboot=floor * 1.5,
+            floor=floor,
+            fetched=fetched,
+            image_boot=floor * 1.1,
+            image_floor=floor * 0.9,
+            image_fetched={name: size // 100 for name, size in fetched.items()},
+        )
 
     runs = {
         "v6e-16": [run(80.0, 20.0, {"w0": 600_000_000, "w1": 0, "w2": 0, "w3": 0})] * 3,
@@ -164,8 +174,15 @@ def test_internet_report_gives_medians_ratios_and_bytes_against_the_fewest_hosts
     assert lines[0].startswith("DATE: simulated slices in internet mode, with the package cache")
     assert "200 Mbit/s, 20 ms per answer; medians of 2 fresh slices" in lines[0]
     one, four = lines[-2], lines[-1]  # fewest hosts first
-    assert one == "| v6e-8 | 1 | 40.0 | 8.00 | 1.00 | 7.5 | 1.50 | 5.0 | 500-500 | 500 | 1.00 |"
-    assert four == "| v6e-16 | 4 | 80.0 | 4.00 | 2.00 | 30.0 | 1.50 | 20.0 | 0-600 | 600 | 1.20 |"
+    assert one == (
+        "| v6e-8 | 1 | 40.0 | 8.00 | 1.00 | 7.5 | 1.50 | 5.0 | 500-500 | 500 | 1.00 | 5.5 | 1.22 | 4.5 | 5 |"
+    )
+    assert four == (
+        "| v6e-16 | 4 | 80.0 | 4.00 | 2.00 | 30.0 | 1.50 | 20.0 | 0-600 | 600 | 1.20 "
+        "| 22.0 | 1.22 | 18.0 | 6 |"
+    )
+    header, rule = lines[2], lines[3]
+    assert header.count("|") == rule.count("|") == one.count("|")  # every row as wide as the header
 
 
 def test_internet_spec_installs_from_the_simulated_index_with_or_without_the_cache():
@@ -173,3 +190,30 @@ def test_internet_spec_installs_from_the_simulated_index_with_or_without_the_cac
     assert with_cache.package_index == "http://pypi.internet.test:8080/simple/"
     assert with_cache.package_cache and with_cache.ray_auth == "none"
     assert not bringup.internet_spec("v6e-16", False).package_cache
+    assert with_cache.host_image is None
+    imaged = bringup.internet_spec("v6e-16", True, "rayslice-host-0123abcd")
+    assert imaged.host_image == "rayslice-host-0123abcd" and imaged.package_cache
+
+
+class _Logs:
+    """Stands in for a Simulation where `check_locked` reads it: its hosts and their boot logs."""
+
+    def __init__(self, root: Path, logs: dict[str, str]):
+        self.plan = type("Plan", (), {"hosts": [_host(name, f"10.0.0.{i}") for i, name in enumerate(logs)]})
+        self._root = root
+        for name, text in logs.items():
+            self.paths(name).boot_log.parent.mkdir(parents=True)
+            self.paths(name).boot_log.write_text(text)
+
+    def paths(self, name: str) -> HostPaths:
+        return HostPaths.of(self._root, name)
+
+
+def test_check_locked_refuses_a_run_where_a_host_resolved_instead_of_installing_the_lock(tmp_path):
+    spec = bringup.internet_spec("v6e-16", True)
+    lock = preset_lock(spec)
+    assert lock is not None
+    locked = f"installing the lock {lock.digest} into /opt/rayslice/venv from http://cache/\n"
+    bringup.check_locked(_Logs(tmp_path / "a", {"s-w-0": locked, "s-w-1": locked}), spec)
+    with pytest.raises(RuntimeError, match=r"hosts \['s-w-1'\] did not install the lock"):
+        bringup.check_locked(_Logs(tmp_path / "b", {"s-w-0": locked, "s-w-1": "installing jax[tpu]\n"}), spec)

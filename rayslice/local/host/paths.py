@@ -39,6 +39,11 @@ class HostPaths:
         return self.dir / "startup-script"
 
     @property
+    def boot_log(self) -> Path:
+        """The boot script's own log (startup.sh.j2's LOG_FILE below the host's root)."""
+        return self.root / "var/log/rayslice/boot.log"
+
+    @property
     def console(self) -> Path:
         """Startup-script output, like a VM's serial console."""
         return self.dir / "console.log"

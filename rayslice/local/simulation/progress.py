@@ -70,7 +70,7 @@ class HostProgress(RecordedSimulation):
                 + (", PID 1 gone" if self._stopped(host.name) else "")
             )
             for title, log in (
-                ("boot log", paths.root / "var/log/rayslice/boot.log"),
+                ("boot log", paths.boot_log),
                 ("console", paths.console),
             ):
                 tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
