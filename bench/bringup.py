@@ -311,37 +311,46 @@ def check_locked(sim: Simulation, spec: spec_module.ClusterSpec) -> None:
         raise RuntimeError(f"hosts {unlocked} did not install the lock {lock.digest}; see their boot logs")
 
 
-def run_internet(
-    spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, link: Link, cache: bool
-) -> InternetRun:
-    """Cold first boot (bytes counted), one reboot and one floor run of a fresh slice; then a
-    second fresh slice booting an image of the first one's install, and its own floor."""
-    internet_dir = workdir / "internet"
-    internet_dir.mkdir(parents=True)
-    image = workdir / "image"
-    sim = Simulation.create(spec, workdir / "sim", package_source=INDEX_SOURCE, insecure=True)
-    try:
-        with SimulatedInternet(sim, wheelhouse, link, internet_dir) as internet:
-            first = _timed(sim.boot_all, sim, spec.tpu.hosts)
-            fetched = internet.fetched()
-            check_locked(sim, spec)
-            fingerprint = sim.capture_image(sim.plan.hosts[0].name, image)
-            (reboot,), (floor,) = reboots_and_floors(sim, spec, 1)
-    finally:
-        sim.destroy()
-    image_spec = internet_spec(spec.accelerator_type, cache, f"rayslice-host-{fingerprint}")
-    internet_dir = workdir / "image-internet"
-    internet_dir.mkdir()
+def _fresh_slice(
+    spec: spec_module.ClusterSpec,
+    wheelhouse: Path,
+    workdir: Path,
+    link: Link,
+    host_image: Path | None = None,
+    before_reboots: Callable[[Simulation], None] = lambda sim: None,
+) -> tuple[float, dict[str, int], float, float]:
+    """A fresh slice in `workdir` behind its own simulated internet: its first boot, the bytes
+    each machine fetched in it, then (after `before_reboots`) one reboot and one floor run."""
+    (workdir / "internet").mkdir(parents=True)
     sim = Simulation.create(
-        image_spec, workdir / "image-sim", package_source=INDEX_SOURCE, insecure=True, host_image=image
+        spec, workdir / "sim", package_source=INDEX_SOURCE, insecure=True, host_image=host_image
     )
     try:
-        with SimulatedInternet(sim, wheelhouse, link, internet_dir) as internet:
-            image_boot = _timed(sim.boot_all, sim, spec.tpu.hosts)
-            image_fetched = internet.fetched()
-            (_,), (image_floor,) = reboots_and_floors(sim, spec, 1)
+        with SimulatedInternet(sim, wheelhouse, link, workdir / "internet") as internet:
+            first = _timed(sim.boot_all, sim, spec.tpu.hosts)
+            fetched = internet.fetched()
+            before_reboots(sim)
+            (reboot,), (floor,) = reboots_and_floors(sim, spec, 1)
+            return first, fetched, reboot, floor
     finally:
         sim.destroy()
+
+
+def run_internet(spec: spec_module.ClusterSpec, wheelhouse: Path, workdir: Path, link: Link) -> InternetRun:
+    """Cold first boot (bytes counted), one reboot and one floor run of a fresh slice; then a
+    second fresh slice booting an image of the first one's install, and its own floor."""
+    image = workdir / "image"
+    fingerprints: list[str] = []
+
+    def capture(sim: Simulation) -> None:
+        check_locked(sim, spec)
+        fingerprints.append(sim.capture_image(sim.plan.hosts[0].name, image))
+
+    first, fetched, reboot, floor = _fresh_slice(spec, wheelhouse, workdir / "cold", link, None, capture)
+    image_spec = internet_spec(spec.accelerator_type, spec.package_cache, f"rayslice-host-{fingerprints[0]}")
+    image_boot, image_fetched, _, image_floor = _fresh_slice(
+        image_spec, wheelhouse, workdir / "imaged", link, image
+    )
     return InternetRun(first, reboot, floor, fetched, image_boot, image_floor, image_fetched)
 
 
@@ -399,7 +408,7 @@ def main_internet(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="rayslice-bench-") as tmp:
         for accelerator_type, spec in specs.items():
             for i in range(args.repeats):
-                run = run_internet(spec, wheelhouse, Path(tmp) / f"{accelerator_type}-{i}", link, args.cache)
+                run = run_internet(spec, wheelhouse, Path(tmp) / f"{accelerator_type}-{i}", link)
                 runs.setdefault(accelerator_type, []).append(run)
                 print(
                     f"{accelerator_type} #{i + 1}: first boot {run.first_boot:.1f} s, "
