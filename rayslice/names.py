@@ -119,6 +119,13 @@ def host_name(slice_name: str, worker: int) -> str:
     return f"{slice_name}-w{worker}"
 
 
+def host_worker(slice_name: str, name: str) -> int | None:
+    """The worker number `host_name` gave instance `name` of slice `slice_name`; None for a name
+    the MIG made itself (a flex-start slice's hosts) or one of another slice."""
+    worker = name.rpartition("-w")[2]
+    return int(worker) if worker.isdecimal() and host_name(slice_name, int(worker)) == name else None
+
+
 def address_name(host: str) -> str:
     """The reserved internal address of a Compute Engine host (``<host>-ip``): infra reserves it
     for every host of every slice, and the host keeps it through recreations (its per-instance

@@ -269,6 +269,23 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
+def install_mocks(
+    mocks: pulumi.runtime.Mocks,
+    *,
+    project: str,
+    stack: str,
+    monitor: MockMonitor | None = None,
+) -> None:
+    """Make `mocks` the engine for the next Pulumi program run in this thread.
+
+    Pulumi's mocks run on the thread's current event loop, which an earlier asyncio.run() in
+    the same process leaves unset (the Jobs client's log streaming does): each run gets its
+    own, or it fails with "There is no current event loop" depending on what ran before it.
+    """
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+
+
 class OfflineEngine:
     """One offline deployment: the fake cloud and what the program registered with it."""
 
@@ -292,13 +309,7 @@ class OfflineEngine:
         Returns the program's return value with every Output resolved. Exceptions from the
         program (a `SpecError`, for one) propagate unchanged.
         """
-        # Pulumi's mocks run on the thread's current event loop, which an earlier asyncio.run()
-        # in the same process leaves unset (the Jobs client's log streaming does): each run
-        # gets its own.
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        pulumi.runtime.set_mocks(
-            self.fake, project=project, stack=stack, preview=False, monitor=self._monitor
-        )
+        install_mocks(self.fake, project=project, stack=stack, monitor=self._monitor)
         pulumi.runtime.set_all_config(dict(config or {}))
         result: dict[str, Any] = {}
 

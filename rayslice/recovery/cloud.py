@@ -37,7 +37,7 @@ import requests
 from google.auth.transport.requests import AuthorizedSession
 
 from rayslice.errors import CloudError, InvalidInput, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name, request_name
+from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name, host_worker, request_name
 
 # Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
 # compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/", container.v1
@@ -190,7 +190,7 @@ class CloudClient:
         cls._guard(mig, allowed)
         if not hosts:
             raise InvalidInput(f"no instances of {mig!r} named")
-        foreign = [h for h in hosts if not _is_host_of(mig, h)]
+        foreign = [h for h in hosts if host_worker(mig, h) is None]
         if foreign:
             raise RefusedResource(
                 f"refusing to touch {', '.join(map(repr, foreign))}: not hosts of {mig!r} "
@@ -476,13 +476,6 @@ def managed_instance_name(instance: Mapping[str, Any]) -> str:
     """A MIG's managed instance's name: ``name`` where the answer has it, else the last part of its
     ``instance`` URL (compute v1 ManagedInstance); "" when it has neither."""
     return str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
-
-
-def _is_host_of(mig: str, name: str) -> bool:
-    """Whether `name` is ``host_name(mig, w)`` for some worker w (compared through `host_name`
-    itself, so the rule lives in `rayslice.names` alone)."""
-    worker = name.rpartition("-w")[2]
-    return worker.isdecimal() and host_name(mig, int(worker)) == name
 
 
 def _q(segment: str) -> str:

@@ -23,6 +23,8 @@ import dataclasses
 import datetime
 import json
 import shlex
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -166,6 +168,18 @@ def _managed(instance: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+def _by_worker(slice_name: str) -> Callable[[tuple[str, str]], tuple[int, str]]:
+    """The order a slice's hosts are listed in: by the worker number their names give them (which
+    the boot script reads from the metadata's host list), not by the names as text ("-w10" comes
+    after "-w9"); names the MIG made itself (flex-start) after, by name."""
+
+    def key(managed: tuple[str, str]) -> tuple[int, str]:
+        worker = names.host_worker(slice_name, managed[0])
+        return (worker, "") if worker is not None else (sys.maxsize, managed[0])
+
+    return key
+
+
 # A MIG slice with target size 0: on an elastic cluster, the controller adds its hosts when Ray's
 # demand needs them (docs/elastic.md).
 EMPTY = "EMPTY"
@@ -178,12 +192,14 @@ def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[
         return {"name": name, "state": "MISSING", "hosts": []}
     target = int(mig.get("targetSize", 0))
     hosts = []
-    for worker, instance in enumerate(
-        sorted(client.list_managed_instances(name), key=lambda i: str(i.get("name") or i.get("instance", "")))
+    for position, (host, status) in enumerate(
+        sorted(map(_managed, client.list_managed_instances(name)), key=_by_worker(name))
     ):
-        host, status = _managed(instance)
         boot = _state(client.instance_guest_attributes(host, STATE_QUERY)) if status == "RUNNING" else UNKNOWN
-        hosts.append({"worker": worker, "name": host, "instance": status, "boot": boot})
+        worker = names.host_worker(name, host)
+        hosts.append(
+            {"worker": position if worker is None else worker, "name": host, "instance": status, "boot": boot}
+        )
     running = sum(1 for h in hosts if h["instance"] == "RUNNING")
     if target == 0:  # an elastic cluster's slice without hosts, or one the controller is removing
         state = EMPTY if not hosts else f"{EMPTY} ({len(hosts)} host(s) being deleted)"

@@ -105,6 +105,23 @@ def test_status_shows_a_preempted_slice_before_recovery(
     assert cloud.mutations() == []  # status only reads
 
 
+def test_status_lists_a_slices_hosts_by_the_worker_numbers_their_names_give(
+    cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Not by the names as text ("-w10" sorts before "-w2"), nor by the order the MIG lists them
+    # (creation order); a name the MIG made itself comes last.
+    seed(cloud, "compute")
+    own = f"{SLICE0}-x7k2"
+    listed = [names.host_name(SLICE0, w) for w in (10, 2, 9)] + [own, names.host_name(SLICE0, 0)]
+    cloud.add_mig(PROJECT, ZONE, SLICE0, listed, **mig_fields(SLICE0))
+    assert cli.main(["status", *ARGS, "--set", "platform=compute", "--json"]) == 0
+    hosts = json.loads(capsys.readouterr().out)["slices"][0]["hosts"]
+    assert [(h["worker"], h["name"]) for h in hosts] == [
+        *((w, names.host_name(SLICE0, w)) for w in (0, 2, 9, 10)),
+        (4, own),
+    ]
+
+
 def test_status_without_credentials_exits_3_with_the_fix(
     cloud: CloudApiEmulator,
     tmp_path: Path,

@@ -12,6 +12,7 @@ import pulumi
 
 from rayslice import spec as specs
 from rayslice.infra import TpuRayCluster, TpuRayClusterArgs
+from rayslice.infra.mocks import install_mocks
 
 CLUSTER = "gcp:container/cluster:Cluster"
 SUBNET = "gcp:compute/subnetwork:Subnetwork"
@@ -80,7 +81,7 @@ class Recorder(pulumi.runtime.Mocks):
 def deploy(cluster_spec: specs.ClusterSpec, recorder: Recorder | None = None) -> Recorder:
     """Run the cluster component under mocks; return what it registered."""
     recorder = recorder or Recorder()
-    pulumi.runtime.set_mocks(recorder, project="rayslice", stack="test", preview=False)
+    install_mocks(recorder, project="rayslice", stack="test")
 
     @pulumi.runtime.test
     def program() -> pulumi.Output:

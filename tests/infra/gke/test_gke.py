@@ -7,6 +7,7 @@ test, so a catalog or planning mistake shows up as a mismatch. Expected settings
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import ipaddress
 import itertools
@@ -127,6 +128,18 @@ def test_head_pool_and_cluster_settings():
     [ray_cluster] = recorder.resources[RAYCLUSTER]
     head_pod = ray_cluster.inputs["spec"]["headGroupSpec"]["template"]["spec"]
     assert head_pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "demo-head"}
+
+
+def test_the_program_runs_after_an_asyncio_run_in_the_same_process():
+    # asyncio.run() leaves the thread without a current loop (the Jobs client's log streaming
+    # calls it); a mocked run after it failed with "There is no current event loop" whenever
+    # pytest-xdist happened to put such a test first on the same worker.
+    async def nothing() -> None:
+        return None
+
+    asyncio.run(nothing())
+    recorder = deploy(gke_spec("v6e-4"))
+    assert [p.inputs["name"] for p in recorder.resources[NODE_POOL]] == ["demo-head", "demo-slice-0"]
 
 
 def test_spot_and_reservation_reach_every_tpu_pool():
