@@ -40,6 +40,12 @@ SHORT_WAITS = {
     # than 5 s whenever it restarts (`ray stop`, the supervisor's delay, `ray start`). Measured
     # with Ray 2.60 on a v5p-16: its worker rejoined 73 s after the restart by default, 37 s so.
     "RAY_gcs_rpc_server_reconnect_timeout_s": "5",
+    # Metrics no test reads: by default each node's raylet and workers collect and report them
+    # every 10 s and its dashboard agent's reporter sweeps the node's processes every 5 s (Ray
+    # 2.60), CPU the 2-core machine's other hosts and jobs need.
+    "RAY_enable_metrics_collection": "0",
+    "RAY_metrics_report_interval_ms": "60000",
+    "REPORTER_UPDATE_INTERVAL_MS": "60000",
     # How often the recovery controller looks (the simulator's own default is 5 s, the cloud's
     # 30 s); only the controller VM's script reads it.
     "RAYSLICE_RECOVERY_INTERVAL_S": str(RECOVERY_INTERVAL_S),

@@ -32,7 +32,7 @@ from tests.integration.clusters import bring_up
 from tests.integration.test_workloads_on_ray import rayslice_run
 
 EXAMPLE = "infra/Pulumi.example-compute-elastic-v6e-16.yaml"
-IDLE_S = 15
+IDLE_S = 8
 # A job that reserves `slices` whole v6e-4 slices, runs a task on the TPU host of each, holds
 # them `hold` seconds (past the idle time), then checks they are all still there.
 JOB = """
@@ -129,7 +129,7 @@ def test_an_elastic_cluster_adds_whole_slices_for_ray_jobs_and_removes_idle_ones
 
     # One slice asked for: exactly one slice appears, its host joins, the job runs on it and
     # keeps it past the idle time.
-    [ran_on] = _run(sim, job, slices=1, hold=IDLE_S + 10)
+    [ran_on] = _run(sim, job, slices=1, hold=IDLE_S + 6)
     assert ran_on == f"{first}-w0"
     assert _events(client, spec_run).count((first, "add slice")) == 1
     assert (second, "add slice") not in _events(client, spec_run)
