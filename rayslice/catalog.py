@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from rayslice.errors import CatalogError
 
@@ -109,6 +109,13 @@ class Generation:
     # The prefix a host of this generation reports in its ``accelerator-type`` metadata and Ray
     # puts in its node labels, where it is not `name`; None: the same as `name`.
     reported_prefix: str | None = None
+    # How a host shows its chips to libtpu and to Ray's TPU detection: "accel", one /dev/accelN
+    # per chip, or "vfio", one /dev/vfio/<IOMMU group> per TPU device, each group's PCI vendor in
+    # /sys/kernel/iommu_groups/<group>/devices/*/vendor Google's (0x1ae0, which Ray 2.60 checks
+    # since ray-project/ray#65105); `devices_per_chip` devices per chip. Sources at each
+    # generation; /dev/accel* is v4's and older's (yixiaoer/tpux#6, marin-community/marin#4941).
+    chip_devices: Literal["accel", "vfio"] = "accel"
+    devices_per_chip: int = 1
 
     @property
     def counts_tensorcores(self) -> bool:
@@ -197,6 +204,9 @@ GENERATIONS: tuple[Generation, ...] = (
         tpu_vm_min_chips=1,
         gke_min_chips=8,
         zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a", "europe-west4-b"),
+        # A real v5litepod-4 host's chip, seen on 2026-12-05 (docs/simulated-tpu-runtime.md): /dev/vfio/2
+        # and /dev/vfio/vfio, no /dev/accel*.
+        chip_devices="vfio",
     ),
     Generation(
         name="v5p",
@@ -217,6 +227,8 @@ GENERATIONS: tuple[Generation, ...] = (
         compute_machine_family="ct5p-hightpu",
         compute_chips_per_host=(1, 2, 4),
         compute_image_family=_IMAGE_V5_V6,
+        # /dev/vfio/* on v5p and v6e, /dev/accel* on v4 (marin-community/marin#3858 and #4941).
+        chip_devices="vfio",
     ),
     Generation(
         name="v6e",
@@ -238,6 +250,9 @@ GENERATIONS: tuple[Generation, ...] = (
         compute_chips_per_host=(1, 4, 8),
         compute_image_family=_IMAGE_V5_V6,
         compute_min_chips=1,
+        # A v6e-4 host: /dev/vfio/0..3 and /dev/vfio/vfio, each group vendor 0x1ae0 device 0x006f
+        # (ray-project/ray#65105, tested on v6e and tpu7x).
+        chip_devices="vfio",
     ),
     Generation(
         name="tpu7x",
@@ -266,6 +281,11 @@ GENERATIONS: tuple[Generation, ...] = (
         # output: v7x-16 (note: no "tpu" prefix)"), and Ray 2.60 rewrites `tpu7x-N` to `v7x-N`
         # (ray/_private/accelerators/tpu.py, normalize_tpu_accelerator_type).
         reported_prefix="v7x",
+        # Two VFIO devices per chip, its chiplets (ray-project/ray#65105; vllm-project/tpu-inference#1266:
+        # a tpu7x-8 host has 4 chips, 8 devices), so Ray 2.60's own count is twice the chips and
+        # the boot script's explicit `--resources '{"TPU": N}'` is what counts chips.
+        chip_devices="vfio",
+        devices_per_chip=2,
     ),
     Generation(
         name="tpu7",
@@ -284,6 +304,9 @@ GENERATIONS: tuple[Generation, ...] = (
         cubic_alias_max_cubes=96,
         # No public host of it was found; Ray's rule (above) turns `tpu7-N` into `v7-N`.
         reported_prefix="v7",
+        # Assumed like tpu7x's; no source shows a host.
+        chip_devices="vfio",
+        devices_per_chip=2,
     ),
 )
 

@@ -131,11 +131,17 @@ def test_rays_tpu_helpers_answer_inside_a_task_as_on_a_tpu_host(cluster, tmp_pat
     script.write_text(
         textwrap.dedent(
             """
+            import glob
+            import os
+
             import ray
             import ray.util.tpu
 
             @ray.remote(resources={"TPU": 4})
             def helpers():
+                # A v5p host's chips are VFIO groups, as on hardware: Ray counts those whose PCI
+                # vendor is Google's.
+                assert not glob.glob("/dev/accel*") and os.listdir("/dev/vfio")
                 return ray.util.tpu.get_current_pod_worker_count(), ray.util.tpu.get_num_tpu_chips_on_node()
 
             print("HELPERS", ray.get(helpers.remote()))

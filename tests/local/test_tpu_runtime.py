@@ -86,6 +86,54 @@ def test_chips_per_host_from_a_tpu_vms_metadata_or_a_compute_instances_machine_t
     assert tpu_runtime.chips_per_host(head_vm) == 0
 
 
+def _compute_host(machine_type: str) -> dict:
+    return {"instance": {"attributes": {}, "machine-type": f"projects/1/machineTypes/{machine_type}"}}
+
+
+def test_chips_appear_as_the_generations_hosts_show_them_and_the_runtime_counts_them(tmp_path, monkeypatch):
+    """v4: a /dev/accelN per chip. v6e: /dev/vfio/vfio and a group per chip whose PCI vendor is
+    Google's (what Ray 2.60 checks). TPU7x: two groups per chip, so Ray's own count doubles, while
+    the runtime still counts chips."""
+    cases = {
+        "v4": (
+            {"instance": {"attributes": {"accelerator-type": "v4-8", "worker-network-endpoints": "a:b:c"}}},
+            4,
+            0,
+        ),
+        "v6e": (_compute_host("ct6e-standard-4t"), 4, 4),
+        "tpu7x": (_compute_host("tpu7x-standard-4t"), 4, 8),
+    }
+    for name, (tree, chips, groups) in cases.items():
+        dev, sysfs = tmp_path / name / "dev", tmp_path / name / "iommu_groups"
+        dev.mkdir(parents=True)
+        env = tpu_runtime.install(tree, dev=dev, groups=sysfs)
+        monkeypatch.setenv(runtime.DEVICES_PER_CHIP_VAR, env[tpu_runtime.DEVICES_PER_CHIP_VAR])
+        assert runtime.host_chips(str(dev), str(sysfs)) == chips, name
+        listed = sorted(p.name for p in (dev / "vfio").iterdir()) if groups else []
+        assert listed == (sorted([*map(str, range(groups)), "vfio"]) if groups else [])
+        assert len(list(dev.glob("accel*"))) == (0 if groups else chips)
+        vendors = {v.read_text().strip() for v in sysfs.glob("*/devices/*/vendor")}
+        assert vendors == ({"0x1ae0"} if groups else set())
+    head_vm = {"instance": {"attributes": {"rayslice-role": "head-vm"}, "machine-type": "x/n2-standard-8"}}
+    (tmp_path / "cpu").mkdir()
+    assert tpu_runtime.install(head_vm, dev=tmp_path / "cpu", groups=tmp_path / "none") == {}
+    assert list((tmp_path / "cpu").iterdir()) == [] and not (tmp_path / "none").exists()
+
+
+def test_a_vfio_group_of_another_vendor_is_not_a_chip(tmp_path, monkeypatch):
+    """An NVIDIA BlueField's management function bound to vfio-pci (ray-project/ray#65034) sits in
+    /dev/vfio too; neither Ray nor the runtime counts it."""
+    monkeypatch.delenv(runtime.DEVICES_PER_CHIP_VAR, raising=False)
+    dev, sysfs = tmp_path / "dev", tmp_path / "groups"
+    dev.mkdir()
+    tpu_runtime.install(_compute_host("ct6e-standard-4t"), dev=dev, groups=sysfs)
+    (dev / "vfio" / "96").touch()
+    (sysfs / "96" / "devices" / "0000:17:00.1").mkdir(parents=True)
+    (sysfs / "96" / "devices" / "0000:17:00.1" / "vendor").write_text("0x15b3\n")
+    (dev / "vfio" / "97").touch()  # no sysfs entry at all: not counted either (Ray fails closed)
+    assert runtime.host_chips(str(dev), str(sysfs)) == 4
+
+
 def test_the_hook_loads_only_where_the_host_enables_it(tmp_path):
     probe = "import sys; print('rayslice_simulated_tpu' in sys.modules)"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **tpu_runtime.environment()}

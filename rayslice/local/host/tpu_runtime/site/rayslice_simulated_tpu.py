@@ -4,7 +4,8 @@ It stands in for what libtpu and the TPU VM image give a real host, so that unmo
 PyTorch/XLA programs see the host's chips:
 
 - a process sees the chips it holds: those in ``TPU_VISIBLE_CHIPS`` (Ray sets it for a task that
-  holds part of a host), else every ``/dev/accel*`` of the host;
+  holds part of a host), else every chip of the host (``/dev/accel*``, or the TPU devices of
+  ``/dev/vfio``);
 - JAX runs on CPU with one device per chip held (``jax_platforms=cpu``, ``jax_num_cpu_devices``);
 - a JAX process that holds all of a host's chips on a multi-host slice joins the other hosts'
   processes by itself before its first computation (as libtpu does), with the coordinator on
@@ -36,14 +37,42 @@ from typing import Any, ClassVar
 ENABLE_VAR = "RAYSLICE_SIMULATED_TPU"
 COORDINATOR_PORT_VAR = "RAYSLICE_SIMULATED_TPU_COORDINATOR_PORT"
 DEFAULT_COORDINATOR_PORT = 8476
+DEVICES_PER_CHIP_VAR = "RAYSLICE_SIMULATED_TPU_DEVICES_PER_CHIP"
+GOOGLE_PCI_VENDOR = "0x1ae0"
 VISIBLE_CHIPS_VAR = "TPU_VISIBLE_CHIPS"  # what Ray sets for a task holding part of a host
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
 METADATA_TIMEOUT_S = 5.0
 
 
-def host_chips() -> int:
-    """The chips of this host, counted the way Ray and libtpu find them: ``/dev/accel*``."""
-    return len([p for p in glob.glob("/dev/accel*") if not os.path.isdir(p)])
+def host_chips(dev: str = "/dev", groups: str = "/sys/kernel/iommu_groups") -> int:
+    """The chips of this host, found where Ray and libtpu find them: a ``/dev/accelN`` per chip
+    (v4 and older), else a ``/dev/vfio/<group>`` per TPU device whose PCI vendor is Google's,
+    ``RAYSLICE_SIMULATED_TPU_DEVICES_PER_CHIP`` devices to a chip (2 on TPU7x)."""
+    accel = [p for p in glob.glob(os.path.join(dev, "accel*")) if not os.path.isdir(p)]
+    if accel:
+        return len(accel)
+    try:
+        entries = [e for e in os.listdir(os.path.join(dev, "vfio")) if e.isdigit()]
+    except OSError:
+        return 0
+    devices = len([e for e in entries if _google_group(os.path.join(groups, e, "devices"))])
+    return devices // max(1, int(os.environ.get(DEVICES_PER_CHIP_VAR, "1")))
+
+
+def _google_group(devices: str) -> bool:
+    """Whether an IOMMU group holds a Google PCI device (a TPU), as Ray 2.60 checks it."""
+    try:
+        functions = os.listdir(devices)
+    except OSError:
+        return False
+    for function in functions:
+        try:
+            with open(os.path.join(devices, function, "vendor"), encoding="ascii") as f:
+                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def chips_held(environ: dict[str, str] | None = None) -> int:
