@@ -95,6 +95,11 @@ def install(tree: dict[str, Any], dev: Path = Path("/dev"), groups: Path = IOMMU
             (dev / f"accel{chip}").touch(mode=0o666)
         return environment()
     if groups == IOMMU_GROUPS:
+        if not groups.is_dir():  # sysfs is not writable: there is nowhere else to put the groups
+            raise RuntimeError(
+                f"this machine's kernel has no {groups} (built without IOMMU support), where a "
+                f"simulated {generation.name} host shows its chips' VFIO groups as on hardware"
+            )
         cover = ["mount", "-t", "tmpfs", "-o", "mode=0755,size=1m,nosuid,nodev,noexec", "tmpfs", str(groups)]
         subprocess.run(cover, check=True)
     (dev / "vfio").mkdir(exist_ok=True)
