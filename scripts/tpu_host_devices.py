@@ -75,12 +75,11 @@ def main() -> int:
     if generation is None:
         parser.error(f"{args.accelerator_type!r} is no TPU type the catalog knows")
     accel, vfio, groups = observe()
-    google = [
-        g for g, functions in groups.items() if any(f["vendor"] == "0x1ae0" for f in functions.values())
-    ]
+    runtime = _runtime()
+    google = [g for g in groups if runtime._google_group(f"/sys/kernel/iommu_groups/{g}/devices")]
     shows = "accel" if accel else "vfio" if google else "none"
-    os.environ.setdefault("RAYSLICE_SIMULATED_TPU_DEVICES_PER_CHIP", str(generation.devices_per_chip))
-    chips = _runtime().host_chips()
+    os.environ.setdefault(runtime.DEVICES_PER_CHIP_VAR, str(generation.devices_per_chip))
+    chips = runtime.host_chips()
     report = {
         "accelerator_type": args.accelerator_type,
         "observed": {"accel": accel, "vfio": vfio, "groups": groups},
