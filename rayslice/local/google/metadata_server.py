@@ -41,10 +41,12 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Union
 from urllib.parse import parse_qs, urlsplit
+
+from rayslice.local.google.http_handler import KeepAliveHandler
 
 METADATA_IP = "169.254.169.254"
 METADATA_HOST = "metadata.google.internal"
@@ -330,8 +332,7 @@ def _flatten(data: object, prefix: str) -> list[tuple[str, str]]:
     return [(prefix.rstrip("/"), value)]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as clients expect from the real server
+class _Handler(KeepAliveHandler):  # keep-alive, as clients expect from the real server
     server_version = "Metadata Server for VM"
     sys_version = ""
     timeout = 60  # an idle keep-alive connection does not hold a thread forever

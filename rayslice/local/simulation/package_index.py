@@ -30,8 +30,10 @@ import shutil
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from rayslice.local.google.http_handler import KeepAliveHandler
 
 # PEP 503's name normalization: runs of -, _ and . become one -, lowercased.
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -88,9 +90,8 @@ class IndexServer(ThreadingHTTPServer):
         os.replace(tmp, self.counts_path)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(KeepAliveHandler):
     server: IndexServer
-    protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:
         pass

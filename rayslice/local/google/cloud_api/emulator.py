@@ -51,7 +51,7 @@ import argparse
 import json
 import secrets
 from collections.abc import Callable, Collection, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -64,6 +64,7 @@ from rayslice.local.google.cloud_api.oauth import ServiceAccountTokens
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, Call, match_route
 from rayslice.local.google.cloud_api.tpu import TpuApi
+from rayslice.local.google.http_handler import KeepAliveHandler
 
 ADMIN_ROOT = "/rayslice-local/"  # the simulator's own calls (not Google APIs): machine and token only
 ADMIN_PREFIX = ADMIN_ROOT + "preempt/"
@@ -251,9 +252,8 @@ class CloudApiEmulator(
             return 404, {"error": {"code": 404, "message": str(exc.args[0]), "status": "NOT_FOUND"}}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(KeepAliveHandler):
     server: CloudApiEmulator
-    protocol_version = "HTTP/1.1"
 
     def _answer(self) -> None:
         try:
