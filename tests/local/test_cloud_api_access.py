@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rayslice.errors import SimulatorError
 from rayslice.local.google import metadata_server
 from rayslice.local.google.cloud_api import emulator as emulator_module
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
@@ -78,6 +79,27 @@ def test_an_admitted_client_calls_the_api_but_never_the_admin_endpoint():
             200,
             {"preempted": "n", "hosts": ["n"]},
         )
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_hook_that_fails_is_answered_as_googles_500_with_its_cause_and_the_emulation_goes_on(capsys):
+    """A simulator hook that raises (a new host that would not boot) must not end the connection
+    without an answer: `rayslice local capacity` would show a bare RemoteDisconnected."""
+    server = _serve()
+    server.admin_token = "admin"
+
+    def fails(name: str, notice_s: float) -> list[str]:
+        raise SimulatorError(f"host {name}-w0 did not start")
+
+    server.admin_preempt = fails
+    try:
+        status, answer = _call(server, "POST", f"{ADMIN_PREFIX}n", headers={ADMIN_HEADER: "admin"})
+        assert status == 500 and answer["error"]["status"] == "INTERNAL"
+        assert answer["error"]["message"] == "the emulation failed: SimulatorError: host n-w0 did not start"
+        assert "Traceback" in capsys.readouterr().err  # the emulation's log keeps where it failed
+        assert _call(server, "GET", NODE)[0] == 200
     finally:
         server.shutdown()
         server.server_close()

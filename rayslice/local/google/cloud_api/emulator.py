@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import traceback
 from collections.abc import Callable, Collection, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -269,7 +270,15 @@ class _Handler(KeepAliveHandler):
             return
         raw = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
-        self._send(*self.server.serve(self.command, self.path, headers, raw))
+        try:
+            answer = self.server.serve(self.command, self.path, headers, raw)
+        except Exception as exc:  # a fault of the emulation or of a simulator hook (a host's boot)
+            # Answered as Google answers its own faults, so the caller reads the cause instead of
+            # a connection closed without an answer; the traceback goes to the emulation's log.
+            traceback.print_exc()
+            failed = ApiError(500, "INTERNAL", f"the emulation failed: {type(exc).__name__}: {exc}")
+            answer = 500, failed.body()
+        self._send(*answer)
 
     def _send(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode()
