@@ -83,7 +83,8 @@ def test_requirements_that_do_not_resolve_are_refused(index):
         locks.compile_lock(locks.uv_binary(), _header(index, "alpha>5"))
 
 
-def test_an_index_that_does_not_answer_is_refused():
+def test_an_index_that_does_not_answer_is_refused(monkeypatch):
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # uv's default: three more tries, 9 s, backing off
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
