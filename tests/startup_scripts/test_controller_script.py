@@ -16,6 +16,7 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
+from rayslice.local.host.processes import cmdline
 from rayslice.recovery import bundle
 from rayslice.startup_scripts import RenderOptions
 from rayslice.startup_scripts.controller import controller_attributes, render_controller
@@ -75,12 +76,5 @@ def _supervisor_loops(root: Path) -> list[int]:
     """The process supervisors (boot's `bash -c 'while :; ...' _ SCRIPT ...`) of the controller
     script under `root`, found by the script they run."""
     script = str(root / "var/lib/rayslice/controller.sh")
-    loops = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone, or not a process
-        if argv[:2] == [b"bash", b"-c"] and len(argv) > 4 and argv[4].decode(errors="replace") == script:
-            loops.append(int(entry.name))
-    return loops
+    pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [pid for pid in pids if (argv := cmdline(pid))[:2] == ["bash", "-c"] and argv[4:5] == [script]]
