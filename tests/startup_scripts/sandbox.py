@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from rayslice import spec as spec_module
+from rayslice.local.host.processes import cmdline
 from rayslice.startup_scripts import RenderOptions
 from rayslice.startup_scripts.templating import render_template
 from rayslice.startup_scripts.variables import script_variables
@@ -342,6 +343,19 @@ esac
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def group_processes(group: int) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process in process group `group` (a supervisor's group, say)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+        except (OSError, IndexError, ValueError):
+            continue  # gone, or not a process
+        if pgrp == group:
+            found.append((int(entry.name), cmdline(int(entry.name))))
+    return found
 
 
 def free_port() -> int:

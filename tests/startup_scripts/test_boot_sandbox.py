@@ -151,16 +151,10 @@ class _Head:
 def _kill_ray(box: sandbox.Sandbox) -> None:
     """End the stub `ray start --block` (what Ray does when its head is gone for good)."""
     group = box.supervisor_pid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if pgrp == group and cmdline == b"sleep\x00600\x00":
-            os.kill(int(entry.name), signal.SIGKILL)
+    assert group is not None, "no supervisor runs"
+    for pid, argv in sandbox.group_processes(group):
+        if argv == ["sleep", "600"]:
+            os.kill(pid, signal.SIGKILL)
 
 
 def _no_secret_anywhere(box: sandbox.Sandbox, *secrets: str) -> None:

@@ -240,26 +240,12 @@ def test_the_publisher_needs_only_the_standard_library_and_ray() -> None:
     }
 
 
-def _processes(group: int) -> list[tuple[int, list[str]]]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
-            cmdline = (entry / "cmdline").read_bytes().decode().split("\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if pgrp == group:
-            found.append((int(entry.name), cmdline))
-    return found
-
-
 def _publisher(box: sandbox.Sandbox) -> tuple[int, list[str]] | None:
     pidfile = box.root / "var/lib/rayslice/rayslice-demand.pid"
     if not pidfile.exists():
         return None
-    running = [
-        p for p in _processes(int(pidfile.read_text())) if any("demand_publisher.py" in a for a in p[1])
-    ]
+    group = sandbox.group_processes(int(pidfile.read_text()))
+    running = [p for p in group if any("demand_publisher.py" in a for a in p[1])]
     return running[0] if running else None
 
 
