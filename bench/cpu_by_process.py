@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,12 @@ class _Seen:
     comm: str
     first_ticks: int
     last_ticks: int
+    cmdline: str  # as first seen: a Ray worker's still names its node, before its title hides it
+    kinds: list[str]  # every kind it had, in order
+
+    @property
+    def cpu_s(self) -> float:
+        return (self.last_ticks - self.first_ticks) / TICKS_PER_S
 
 
 @dataclass
@@ -104,14 +111,17 @@ class Tally:
             known.last_ticks = ticks
             return
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             return
+        now = kind(comm, cmdline)
         if known is None:
             # Processes running at the first sample count from there; later ones from their start.
-            self.seen[key] = _Seen(kind(comm, cmdline), comm, ticks if self.samples == 0 else 0, ticks)
+            self.seen[key] = _Seen(now, comm, ticks if self.samples == 0 else 0, ticks, cmdline, [now])
         else:
-            known.kind, known.comm, known.last_ticks = kind(comm, cmdline), comm, ticks
+            known.kind, known.comm, known.last_ticks = now, comm, ticks
+            if known.kinds[-1] != now:
+                known.kinds.append(now)
 
     def by_kind(self) -> list[tuple[str, float, int]]:
         """Kind, CPU-seconds and process count, the most CPU first."""
@@ -121,6 +131,13 @@ class Tally:
             ticks[process.kind] += process.last_ticks - process.first_ticks
             processes[process.kind] += 1
         return [(name, count / TICKS_PER_S, processes[name]) for name, count in ticks.most_common()]
+
+    def detail(self, prefix: str, top: int) -> list[tuple[float, list[str], str]]:
+        """The `top` processes of the kinds starting with `prefix`, the most CPU first: CPU-seconds,
+        the kinds each had and its command line as first seen."""
+        chosen = [p for p in self.seen.values() if p.kind.startswith(prefix)]
+        chosen.sort(key=lambda p: -p.cpu_s)
+        return [(p.cpu_s, p.kinds, p.cmdline) for p in chosen[:top]]
 
 
 def busy_seconds(proc: Path = Path("/proc")) -> float:
@@ -139,14 +156,16 @@ class Report:
     wall_s: float
     machine_busy_s: float
     kinds: list[tuple[str, float, int]]  # kind, CPU-seconds, processes; the most CPU first
+    details: dict[str, list[tuple[float, list[str], str]]]  # Tally.detail for each asked prefix
 
     @property
     def sampled_s(self) -> float:
         return sum(cpu for _, cpu, _ in self.kinds)
 
 
-def run(command: list[str], interval: float) -> Report:
-    """Run `command` to its end, sampling every `interval` seconds."""
+def run(command: list[str], interval: float, details: Sequence[str] = (), top: int = 20) -> Report:
+    """Run `command` to its end, sampling every `interval` seconds; `details`: the kind prefixes
+    whose `top` processes the report lists one by one."""
     tally = Tally()
     tally.sample()
     busy, started = busy_seconds(), time.monotonic()
@@ -160,6 +179,7 @@ def run(command: list[str], interval: float) -> Report:
         wall_s=time.monotonic() - started,
         machine_busy_s=busy_seconds() - busy,
         kinds=tally.by_kind(),
+        details={prefix: tally.detail(prefix, top) for prefix in details},
     )
 
 
@@ -168,12 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.3, help="seconds between samples")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--top", type=int, default=30, help="how many kinds to print (default: 30)")
+    parser.add_argument(
+        "--detail",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="also list the processes of the kinds starting with KIND (e.g. 'other: python'), each "
+        "with its command line as first seen and the kinds it went through; repeatable",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    report = run(command, args.interval)
+    report = run(command, args.interval, args.detail, args.top)
     if args.json:
         print(json.dumps({**dataclasses.asdict(report), "sampled_s": report.sampled_s}))
         return report.exit_code
@@ -190,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         cpu, processes = sum(r[1] for r in rest), sum(r[2] for r in rest)
         print(f"{cpu:8.1f} {'':6} {processes:6d}  {len(rest)} more kinds")
+    for prefix, listed in report.details.items():
+        print(f"\nthe {len(listed)} processes of '{prefix}' with the most CPU:")
+        for cpu, kinds, cmdline in listed:
+            print(f"{cpu:8.1f}  {' > '.join(kinds)}: {cmdline[:160]}")
     return report.exit_code
 
 

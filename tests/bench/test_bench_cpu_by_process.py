@@ -78,6 +78,28 @@ def test_cpu_counts_from_the_first_sample_or_the_start_under_the_last_kind(tmp_p
     ]
 
 
+def test_a_detail_lists_each_process_of_a_kind_with_its_first_command_line_and_its_kinds(tmp_path):
+    ticks = cpu.TICKS_PER_S
+    tally = cpu.Tally(proc=tmp_path)
+    tally.sample()
+    worker = "python default_worker.py --node-ip-address=10.0.0.3"
+    _process(tmp_path, 20, "python", worker, 1 * ticks)
+    _process(tmp_path, 21, "python", "python default_worker.py --node-ip-address=10.0.0.4", 1 * ticks)
+    _process(tmp_path, 30, "raylet", "raylet", 9 * ticks)
+    tally.sample()
+    _process(tmp_path, 20, "ray::_host_task", "ray::_host_task", 3 * ticks)
+    _process(tmp_path, 21, "ray::IDLE", "ray::IDLE", 2 * ticks)
+    tally.sample()
+    _process(tmp_path, 20, "ray::IDLE", "ray::IDLE", 5 * ticks)
+    tally.sample()
+    assert tally.detail("ray worker", top=5) == [
+        (5.0, ["ray worker: starting", "ray worker: _host_task", "ray worker: IDLE"], worker),
+        (2.0, ["ray worker: starting", "ray worker: IDLE"], worker.replace(".3", ".4")),
+    ]
+    assert len(tally.detail("ray worker", top=1)) == 1
+    assert tally.detail("nothing of that kind", top=5) == []
+
+
 def test_the_machines_busy_time_leaves_out_idle_and_io_wait(tmp_path):
     ticks = cpu.TICKS_PER_S
     # user nice system idle iowait irq softirq steal guest guest_nice
@@ -93,3 +115,4 @@ def test_a_real_run_finds_the_commands_cpu_and_its_exit_code():
     assert report.wall_s >= 0.3 and report.machine_busy_s >= 0.3
     mine = [seconds for name, seconds, _ in report.kinds if name.startswith("other: python")]
     assert mine and max(mine) >= 0.2  # all but what it used after the last sample
+    assert report.details == {}
