@@ -25,10 +25,9 @@ if TYPE_CHECKING:
 
 # How much of a failed job's log is searched for a node's death.
 LOG_TAIL_CHARS = 50_000
-# While the log streams, how often the job's status is read, and how long the stream may run on
-# once the job is over (`_stream`).
-STATUS_POLL_S = 2.0
-STREAM_GRACE_S = 10.0
+# While the log streams, how often the job's status is read (`_stream`): `rayslice run` ends at
+# most this long after Ray has the job's final status.
+STATUS_POLL_S = 0.5
 
 
 def submit(
@@ -120,11 +119,14 @@ def follow(client: JobSubmissionClient, job_id: str) -> str:
 
 
 async def _stream(client: JobSubmissionClient, job_id: str) -> None:
-    """Print the job's log as the dashboard streams it, until the stream ends or, once the job is
-    over, `STREAM_GRACE_S` later: the dashboard's stream (a websocket) was seen to stall for
-    good after a job's first lines while the job ran on and ended (Ray 2.60, simulator), which
-    left `rayslice run` waiting for ever. Then what the stream did not bring is printed from the
-    job's stored log."""
+    """Print the job's log as the dashboard streams it, until the stream ends or the job is over,
+    whichever comes first; then what the stream did not bring, from the job's stored log.
+
+    Once the job is over its stored log is whole (the driver wrote it itself and has exited), and
+    the stream has nothing more to give: it closes on its own a second or more later (Ray 2.60's
+    dashboard reads the log once a second and once more after the status turns final), and it was
+    seen to stall for good after a job's first lines while the job ran on and ended (simulator),
+    which left `rayslice run` waiting for ever."""
     printed: list[str] = []
 
     async def stream() -> None:
@@ -137,8 +139,7 @@ async def _stream(client: JobSubmissionClient, job_id: str) -> None:
         await asyncio.wait({streaming}, timeout=STATUS_POLL_S)
         if streaming.done() or not (await asyncio.to_thread(client.get_job_status, job_id)).is_terminal():
             continue
-        await asyncio.wait({streaming}, timeout=STREAM_GRACE_S)
-        if not streaming.done():
+        if not streaming.done():  # it may have ended while the status was read
             streaming.cancel()
             _print_rest(await asyncio.to_thread(client.get_job_logs, job_id), "".join(printed))
         break
@@ -152,7 +153,11 @@ def _print_rest(logs: str, printed: str) -> None:
     if logs.startswith(printed):
         print(logs[len(printed) :], end="", flush=True)
     else:
-        print(f"rayslice: the log stream stalled; the job's log:\n{logs}", end="", flush=True)
+        print(
+            f"rayslice: the log stream and the job's stored log differ; the stored log:\n{logs}",
+            end="",
+            flush=True,
+        )
 
 
 def _job_logs(client: JobSubmissionClient, job_id: str) -> str:

@@ -506,7 +506,6 @@ class StallingJobs(FakeJobs):
 
 def test_a_log_stream_that_stalls_ends_once_the_job_is_over_and_the_rest_is_printed(monkeypatch, capsys):
     monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
-    monkeypatch.setattr(submit, "STREAM_GRACE_S", 0.05)
     log = "Connected to Ray cluster\nRAN [h0]\nSTILL [h0]\n"
     jobs = StallingJobs([("SUCCEEDED", "", log)])
     jobs.current = jobs.outcomes[0]
@@ -514,9 +513,26 @@ def test_a_log_stream_that_stalls_ends_once_the_job_is_over_and_the_rest_is_prin
     assert capsys.readouterr().out == log  # each line once, in order
 
 
+class RotatedJobs(StallingJobs):
+    """A stream whose lines are not the start of the stored log (which no run has shown: the two
+    read one file)."""
+
+    def get_job_logs(self, job_id: str) -> str:
+        return "rotated\nRAN [h0]\n"
+
+
+def test_a_stream_that_does_not_match_the_stored_log_is_followed_by_the_whole_stored_log(monkeypatch, capsys):
+    monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
+    jobs = RotatedJobs([("SUCCEEDED", "", "first\nRAN [h0]\n")])
+    jobs.current = jobs.outcomes[0]
+    assert submit.follow(jobs, "job-1") == "SUCCEEDED"  # type: ignore[arg-type]
+    assert capsys.readouterr().out == (
+        "first\nrayslice: the log stream and the job's stored log differ; the stored log:\nrotated\nRAN [h0]\n"
+    )
+
+
 def test_a_failed_job_whose_stream_stalled_still_fails_with_rays_message(monkeypatch, capsys):
     monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
-    monkeypatch.setattr(submit, "STREAM_GRACE_S", 0.05)
     jobs = StallingJobs([("FAILED", "exit code 1", "started\nRAN\nTraceback\n")])
     jobs.current = jobs.outcomes[0]
     with pytest.raises(JobFailed, match="job job-1 FAILED: exit code 1"):
