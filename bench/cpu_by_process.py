@@ -49,7 +49,8 @@ KINDS = (
     (re.compile(r"-m (rayslice\.local\.[\w.]+)"), r"simulator: \1"),
     (re.compile(r"bin/rayslice run"), "rayslice run"),
     (re.compile(r"bin/rayslice "), "rayslice (other commands)"),
-    (re.compile(r"pytest|execnet|xdist"), "pytest"),
+    # A pytest-xdist worker is execnet's bootstrap, which names neither.
+    (re.compile(r"pytest|execnet|xdist|exec\(eval\(sys\.stdin\.readline\(\)\)\)"), "pytest"),
     (re.compile(r"\buv\b"), "installer: uv"),
     (re.compile(r"-m pip\b|bin/pip\b"), "installer: pip"),
 )
