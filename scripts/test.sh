@@ -3,7 +3,8 @@
 # extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
 # The suite runs on three pytest-xdist workers (the scheduler in tests/conftest.py): two take the
 # tests that start simulated hosts or Ray, one cluster or module at a time each, the third the
-# quick modules. An `-n` given here wins (`-n 0`: serially).
+# quick modules, then the shortest of those Ray units left. An `-n` given here wins (`-n 0`:
+# serially).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$REPO/scripts/setup.sh"

@@ -47,9 +47,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
 
 
-# Under pytest-xdist, at most this many workers run tests that start Ray (two Ray start-ups at
-# once is what 2 cores bear: with more, a local Ray missed the 30 s Ray gives a node to register
-# with its GCS, a fixed limit). The other workers take the quick modules.
+# Under pytest-xdist, this many workers take the tests that start Ray, the shared clusters and
+# the longest first (with four workers, two on quick modules, a local Ray once missed the 30 s
+# Ray gives a node to register with its GCS, a fixed limit). The other workers take the quick
+# modules, and only then the shortest of the Ray units left, near the end of the run, when the
+# shared clusters are gone.
 RAY_WORKERS = 2
 # Slow tests outside tests/integration/ that start a local Ray.
 _STARTS_LOCAL_RAY = (
@@ -67,30 +69,30 @@ _NO_RAY_OF_THEIR_OWN = (
     "tests/integration/test_tpu_runtime.py",
 )
 # Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
-# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, 2026-12-04
-# 08:33 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so that the two Ray
+# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, 2026-12-06
+# 06:15 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so that the two Ray
 # workers end together. A unit missing here goes first (it may be the longest);
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
-    "cluster v6e-4": 349,
-    "cluster 2 x v6e-16 spot": 330,  # Ray Train's preemption test (about 150 s) left it for test_recovery.py
-    "tests/integration/test_faults.py": 145,
-    "tests/integration/test_elastic.py": 120,
-    "tests/integration/test_elastic_flex.py": 61,  # measured alone, 2026-12-04
-    "tests/integration/test_workloads_on_ray.py": 92,
-    "tests/integration/test_simulator.py": 106,  # 91 before the queued tpu-vm slice (15 s) joined it
-    "tests/integration/test_readme.py": 73,
-    "tests/integration/test_package_cache.py": 60,
-    "cluster v5p-16 tpu-vm": 63,
-    "tests/integration/test_run_restarts.py": 58,
-    "tests/integration/test_recovery.py": 115,  # measured alone, 2026-12-05
-    "tests/integration/test_boot_script.py": 48,  # measured alone, 2026-12-05
-    "tests/integration/test_pod_start.py": 28,
-    "tests/integration/test_wheel_install.py": 23,
-    "tests/integration/test_tpu_runtime.py": 19,
-    "tests/workloads/test_cluster.py": 13,
-    "tests/startup_scripts/test_demand_publisher_ray.py": 11,  # measured alone, 2026-12-04
-    "tests/integration/test_pod_joins_ray.py": 9,
+    "cluster 2 x v6e-16 spot": 209,
+    "cluster v6e-4": 166,
+    "tests/integration/test_elastic.py": 142,
+    "tests/integration/test_simulator.py": 123,
+    "tests/integration/test_package_cache.py": 110,
+    "tests/integration/test_recovery.py": 109,
+    "tests/integration/test_faults.py": 93,
+    "tests/integration/test_boot_script.py": 65,
+    "tests/integration/test_readme.py": 63,
+    "tests/integration/test_elastic_flex.py": 58,
+    "tests/integration/test_workloads_on_ray.py": 54,
+    "tests/integration/test_run_restarts.py": 34,
+    "cluster v5p-16 tpu-vm": 24,
+    "tests/integration/test_pod_start.py": 20,
+    "tests/integration/test_tpu_runtime.py": 20,
+    "tests/integration/test_wheel_install.py": 15,
+    "tests/startup_scripts/test_demand_publisher_ray.py": 12,
+    "tests/integration/test_pod_joins_ray.py": 10,
+    "tests/workloads/test_cluster.py": 9,
 }
 
 
@@ -111,6 +113,20 @@ def _order(units: list[str]) -> list[str]:
     return sorted(units, key=lambda unit: -RAY_UNIT_SECONDS.get(unit.removeprefix(_RAY_UNIT), 10**6))
 
 
+def _choose(queue: list[str], *, runs_ray: bool) -> str | None:
+    """The unit a worker takes next of those not handed out yet (`queue`): a Ray worker
+    (`runs_ray`) the units that start Ray, longest first, then the slow units that start no Ray of
+    their own, then quick modules; any other worker those slow units, then quick modules, and once
+    none is left the shortest unit that starts Ray, so that it does not idle while the Ray
+    workers finish theirs."""
+    slow = [unit for unit in queue if unit.startswith(_RAY_UNIT)]
+    ray = _order([unit for unit in slow if _starts_ray(unit)])
+    without_ray = _order([unit for unit in slow if not _starts_ray(unit)])
+    quick = [unit for unit in queue if not unit.startswith(_RAY_UNIT)]
+    order = ray + without_ray + quick if runs_ray else without_ray + quick + ray[::-1]
+    return next(iter(order), None)
+
+
 def _starts_ray(unit: str) -> bool:
     return unit.startswith(_RAY_UNIT) and unit.removeprefix(_RAY_UNIT) not in _NO_RAY_OF_THEIR_OWN
 
@@ -121,7 +137,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     the work units that start Ray (`_xdist_scope`), longest first (`RAY_UNIT_SECONDS`), each unit
     whole and in order, then the slow units that start no Ray of their own, then quick modules;
     the other workers take those slow units without Ray first, then quick modules, one module a
-    unit. (pytest-xdist's own `--dist loadgroup` cannot group with pytest 9: it renames test ids
+    unit, then what is left of the units that start Ray, shortest first (`_choose`).
+    (pytest-xdist's own `--dist loadgroup` cannot group with pytest 9: it renames test ids
     through an attribute pytest 9 dropped.)"""
     from xdist.scheduler import LoadScopeScheduling  # pytest-xdist is loaded: it calls this hook
 
@@ -133,16 +150,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return len(self.nodes) <= RAY_WORKERS or self.nodes.index(node) < RAY_WORKERS
 
         def _next_unit(self, node: Any) -> str | None:
-            slow = [s for s in self.workqueue if s.startswith(_RAY_UNIT)]
-            ray = _order([s for s in slow if _starts_ray(s)])
-            without_ray = _order([s for s in slow if not _starts_ray(s)])
-            quick = [s for s in self.workqueue if not s.startswith(_RAY_UNIT)]
-            order = ray + without_ray + quick if self._runs_ray(node) else without_ray + quick
-            return next(iter(order), None)
+            return _choose(list(self.workqueue), runs_ray=self._runs_ray(node))
 
         def _assign_work_unit(self, node: Any) -> None:
             scope = self._next_unit(node)
-            if scope is not None:  # else a quick-only worker stays idle until the run ends
+            if scope is not None:  # else the queue is empty: the worker stays idle until the run ends
                 self.workqueue.move_to_end(scope, last=False)
                 super()._assign_work_unit(node)
 

@@ -44,3 +44,31 @@ def test_the_longest_unit_goes_first_and_an_unmeasured_one_before_it():
     assert ordered[0].endswith("test_new.py")
     seconds = [conftest.RAY_UNIT_SECONDS[unit.removeprefix(conftest._RAY_UNIT)] for unit in ordered[1:]]
     assert seconds == sorted(seconds, reverse=True)
+
+
+def _unit(path: str) -> str:
+    return conftest._RAY_UNIT + path
+
+
+RECOVERY, SIMULATOR = (
+    _unit("tests/integration/test_recovery.py"),
+    _unit("tests/integration/test_simulator.py"),
+)
+ELASTIC, LOCAL_RAY = _unit("tests/integration/test_elastic.py"), _unit("tests/workloads/test_cluster.py")
+SPEC = "tests/test_spec.py"
+
+
+def test_a_ray_worker_takes_the_longest_unit_that_starts_ray_then_those_without_then_quick_ones():
+    queue = [SPEC, SIMULATOR, RECOVERY, LOCAL_RAY, ELASTIC]
+    assert conftest._choose(queue, runs_ray=True) == ELASTIC  # 142 s, then 109 s and 9 s
+    assert conftest._choose([SPEC, SIMULATOR], runs_ray=True) == SIMULATOR
+    assert conftest._choose([SPEC], runs_ray=True) == SPEC
+    assert conftest._choose([], runs_ray=True) is None
+
+
+def test_another_worker_takes_the_shortest_unit_that_starts_ray_only_once_nothing_else_is_left():
+    queue = [RECOVERY, LOCAL_RAY, ELASTIC]
+    assert conftest._choose([*queue, SIMULATOR, SPEC], runs_ray=False) == SIMULATOR
+    assert conftest._choose([*queue, SPEC], runs_ray=False) == SPEC
+    assert conftest._choose(queue, runs_ray=False) == LOCAL_RAY
+    assert conftest._choose([RECOVERY, ELASTIC], runs_ray=False) == RECOVERY
