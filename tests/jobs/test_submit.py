@@ -526,9 +526,8 @@ def test_a_stream_that_does_not_match_the_stored_log_is_followed_by_the_whole_st
     jobs = RotatedJobs([("SUCCEEDED", "", "first\nRAN [h0]\n")])
     jobs.current = jobs.outcomes[0]
     assert submit.follow(jobs, "job-1") == "SUCCEEDED"  # type: ignore[arg-type]
-    assert capsys.readouterr().out == (
-        "first\nrayslice: the log stream and the job's stored log differ; the stored log:\nrotated\nRAN [h0]\n"
-    )
+    marked = "rayslice: the log stream and the job's stored log differ; the stored log:"
+    assert capsys.readouterr().out == f"first\n{marked}\nrotated\nRAN [h0]\n"
 
 
 def test_a_failed_job_whose_stream_stalled_still_fails_with_rays_message(monkeypatch, capsys):
