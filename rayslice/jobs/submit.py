@@ -141,7 +141,16 @@ async def _stream(client: JobSubmissionClient, job_id: str) -> None:
             continue
         if not streaming.done():  # it may have ended while the status was read
             streaming.cancel()
-            _print_rest(await asyncio.to_thread(client.get_job_logs, job_id), "".join(printed))
+            try:
+                logs = await asyncio.to_thread(client.get_job_logs, job_id)
+            except (RuntimeError, ConnectionError, OSError) as exc:  # the job's outcome still counts
+                print(
+                    f"rayslice: the rest of the job's log could not be read: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            else:
+                _print_rest(logs, "".join(printed))
         break
     if streaming.done() and not streaming.cancelled():
         streaming.result()  # the stream's own error, as before

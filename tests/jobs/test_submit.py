@@ -530,6 +530,25 @@ def test_a_stream_that_does_not_match_the_stored_log_is_followed_by_the_whole_st
     assert capsys.readouterr().out == f"first\n{marked}\nrotated\nRAN [h0]\n"
 
 
+class UnreadableLogJobs(StallingJobs):
+    """A job over, its stored log unreadable (its node gone, the head busy)."""
+
+    def get_job_logs(self, job_id: str) -> str:
+        raise RuntimeError("Request failed with status code 500")
+
+
+def test_a_stored_log_that_cannot_be_read_leaves_the_jobs_outcome_as_it_is(monkeypatch, capsys):
+    monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
+    jobs = UnreadableLogJobs([("SUCCEEDED", "", "first\nRAN [h0]\n")])
+    jobs.current = jobs.outcomes[0]
+    assert submit.follow(jobs, "job-1") == "SUCCEEDED"  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert out == "first\n"
+    assert (
+        err == "rayslice: the rest of the job's log could not be read: Request failed with status code 500\n"
+    )
+
+
 def test_a_failed_job_whose_stream_stalled_still_fails_with_rays_message(monkeypatch, capsys):
     monkeypatch.setattr(submit, "STATUS_POLL_S", 0.01)
     jobs = StallingJobs([("FAILED", "exit code 1", "started\nRAN\nTraceback\n")])
