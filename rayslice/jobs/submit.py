@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # How much of a failed job's log is searched for a node's death.
 LOG_TAIL_CHARS = 50_000
+# What reading a job's stored log through the Jobs API raises when it cannot (the SDK's
+# RuntimeError for an HTTP error, requests' errors for the connection).
+_LOG_READ_ERRORS = (RuntimeError, ConnectionError, OSError)
 # While the log streams, how often the job's status is read (`_stream`): `rayslice run` ends at
 # most this long after Ray has the job's final status.
 STATUS_POLL_S = 0.5
@@ -143,7 +146,7 @@ async def _stream(client: JobSubmissionClient, job_id: str) -> None:
             streaming.cancel()
             try:
                 logs = await asyncio.to_thread(client.get_job_logs, job_id)
-            except (RuntimeError, ConnectionError, OSError) as exc:  # the job's outcome still counts
+            except _LOG_READ_ERRORS as exc:  # the job's outcome still counts
                 print(
                     f"rayslice: the rest of the job's log could not be read: {exc}",
                     file=sys.stderr,
@@ -172,5 +175,5 @@ def _print_rest(logs: str, printed: str) -> None:
 def _job_logs(client: JobSubmissionClient, job_id: str) -> str:
     try:
         return str(client.get_job_logs(job_id))[-LOG_TAIL_CHARS:]
-    except (RuntimeError, ConnectionError, OSError):
+    except _LOG_READ_ERRORS:
         return ""
