@@ -69,9 +69,9 @@ _NO_RAY_OF_THEIR_OWN = (
     "tests/integration/test_tpu_runtime.py",
 )
 # Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
-# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, 2026-12-06
-# 06:15 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so that the two Ray
-# workers end together. A unit missing here goes first (it may be the longest);
+# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, the run that
+# ended 2026-12-06 05:46 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so
+# that the two Ray workers end together. A unit missing here goes first (it may be the longest);
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
     "cluster 2 x v6e-16 spot": 209,
