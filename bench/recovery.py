@@ -171,6 +171,9 @@ def preempt_during_training(
         preempt = ["local", "preempt", "--state-dir", str(sim.state_dir), "--notice-s", str(notice_s)]
         if cli.main([*preempt, trace.victim]) != 0:
             raise RuntimeError(f"rayslice local preempt {trace.victim} failed")
+        if job.poll() is not None:  # the preemption returns once the hosts are off
+            ended = f"the job ended before {trace.victim} powered off, {notice_s:g} s after the notice"
+            raise RuntimeError(f"{ended}; give it more steps or a shorter notice:\n{trace.output}")
         hosts = spec.tpu.hosts
 
         def rejoined() -> bool:

@@ -38,6 +38,11 @@ from tests.bench import BENCH, load
 from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, run_command, tpu_nodes, wait_nodes
 
 NOTICE_S = 5  # the preemption notice's window in these tests (Google's is 30 s)
+# The acceptance test's training run gets a shorter one: its job (60 steps, preempted at step 20)
+# trains its last 40 steps in about 4 s on an idle machine, so a 5 s notice let it finish before the
+# power-off, with no node lost and no restart to check. Its hosts' watchers drained their nodes
+# within 30 ms of the notice in a traced run, so 1 s still leaves the drain before the power-off.
+TRAINING_NOTICE_S = 1
 
 
 def _boot_log(sim: Simulation, host: str) -> str:
@@ -316,7 +321,7 @@ def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_check
     # The simulation's shared folder: every host writes and reads it, as a real slice's hosts share a bucket.
     checkpoints = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=sim.plan.shared_dir))
     try:
-        trace = recovery.preempt_during_training(sim, checkpoints, notice_s=NOTICE_S)
+        trace = recovery.preempt_during_training(sim, checkpoints, notice_s=TRAINING_NOTICE_S)
     finally:
         shutil.rmtree(checkpoints, ignore_errors=True)
     out = trace.output
