@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +65,7 @@ class StubCloud(ThreadingHTTPServer):
         self.secrets = secrets
         self.faults = Faults()
         self.states: list[str] = []
+        self.gets: Counter[str] = Counter()  # metadata GETs by path (its query left off)
         self.secret_requests = 0
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -97,6 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/sm/v1/"):
             return self._secret(self.path.removeprefix("/sm/v1/"))
         path = self.path.removeprefix("/computeMetadata/v1/")
+        with server.lock:
+            server.gets[path.partition("?")[0]] += 1
         if self.headers.get("Metadata-Flavor") != "Google":
             return self._send(403, "Missing Metadata-Flavor:Google header.")
         if server.faults.metadata_hangs:
