@@ -122,7 +122,9 @@ def test_quoted_values_in_plain_context_are_accepted(source):
     templating.check_template("ok.sh.j2", source, templating.environment())
 
 
-@pytest.mark.parametrize("name", ["startup.sh.j2", "pod_start.sh.j2", "_install.sh.j2", "_numbers.sh.j2"])
+@pytest.mark.parametrize(
+    "name", ["startup.sh.j2", "pod_start.sh.j2", "_install.sh.j2", "_numbers.sh.j2", "_metadata.sh.j2"]
+)
 def test_shipped_templates_pass_the_check_and_keep_values_out_of_comments(name):
     source = (templating.TEMPLATE_DIR / name).read_text()
     templating.check_template(name, source, templating.environment())
