@@ -16,6 +16,7 @@ from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
 from rayslice.startup_scripts import locks, variables
 from rayslice.startup_scripts.options import PackageSource
+from rayslice.startup_scripts.templating import TEMPLATE_DIR
 
 SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
 
@@ -243,3 +244,22 @@ def test_only_the_head_vm_carries_the_head_vm_role():
     assert ss.host_attributes(s, ss.HEAD_VM_SLICE_INDEX)[ss.ATTR_ROLE] == ss.HEAD_VM_ROLE
     assert ss.ATTR_ROLE not in ss.host_attributes(s, 0, head_address="10.0.0.2")
     assert _assignments(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE
+
+
+def test_the_identity_boot_hands_to_the_ray_service_is_every_global_read_identity_sets():
+    """`save_identity` writes the variables named in IDENTITY_VARS: a global that read_identity
+    sets and the list lacks would reach the Ray service's first run unset."""
+    source = (TEMPLATE_DIR / "startup.sh.j2").read_text()
+    body = re.search(r"^read_identity\(\) \{\n(.*?)^\}", source, re.M | re.S)
+    listed = re.search(r"^IDENTITY_VARS=\((.*?)\)", source, re.M | re.S)
+    assert body and listed
+    code = re.sub(r"^\s*#.*$", "", body.group(1), flags=re.M)  # nor in a comment
+    code = re.sub(r'"[^"\n]*"', '""', code)  # no `name=` inside a message
+    [local_line] = re.findall(r"^\s*local (.*)$", code, re.M)
+    local = {word.partition("=")[0] for word in local_line.split()}
+    assigned = set(re.findall(r"(?<![\w$])([A-Za-z_]\w*)=(?!=)", code))
+    assigned |= set(re.findall(r"\battribute (\w+)", code))
+    assigned |= set(re.findall(r"\bread -r -a (\w+)", code))
+    assigned |= set(re.findall(r"\bfor (\w+) in\b", code))
+    assert "WORKER_LIST" in assigned and "ROLE" in assigned  # the patterns find what they should
+    assert assigned - local - {"IFS"} == set(listed.group(1).split())
