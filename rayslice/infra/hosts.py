@@ -38,7 +38,8 @@ class SliceArgs(HostArgs):
     """What every slice component gets, whatever the platform: what every host gets, and where."""
 
     index: int
-    head_address: pulumi.Input[str] | None = None  # the head VM's IP with head=vm
+    # The head's IP: the head VM's (head=vm), or on compute with head=slice `<slice>-w0`'s address.
+    head_address: pulumi.Input[str] | None = None
 
     def metadata(self) -> pulumi.Output[dict[str, str]]:
         """The metadata of this slice's hosts, once the head VM's address is known."""
@@ -88,7 +89,7 @@ class VmSliceCluster(pulumi.ComponentResource):
         raise NotImplementedError
 
     def slice_dashboard_tunnel(self, spec: ClusterSpec, zone: str, head_ip: str) -> str:
-        """The tunnel to the dashboard when the head runs on worker 0 of slice 0."""
+        """The tunnel to the dashboard when the head runs on the slice (its first host)."""
         raise NotImplementedError
 
     def __init__(self, name: str, args: VmSliceClusterArgs, opts: pulumi.ResourceOptions | None = None):

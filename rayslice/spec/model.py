@@ -233,7 +233,7 @@ class ClusterSpec:
         "(the queued resource's validUntilDuration); absent: it waits until cancelled.",
     )
     head: Head = _derived(
-        "Where the Ray head runs: slice (worker 0 of slice 0) or vm (a CPU VM). Default: vm for "
+        "Where the Ray head runs: slice (the first host of the slice) or vm (a CPU VM). Default: vm for "
         "several slices or capacity=spot (a preempted slice cannot heal itself), slice otherwise."
     )
     head_machine_type: Str = Field(

@@ -339,7 +339,11 @@ def test_head_address_and_roles(example):
         assert all(m[ATTR_HEAD_ADDRESS] == head_ip for m in slice_metadata)
     else:
         assert head_ip == run.value["slice_host_ips"][run.value["slice_names"][0]][0]
-        assert all(ATTR_HEAD_ADDRESS not in m and ATTR_ROLE not in m for m in slice_metadata)
+        assert all(ATTR_ROLE not in m for m in slice_metadata)
+        # A TPU node's head is its worker 0; a MIG's is the host at the address Pulumi reserved
+        # for `-w0`, written into the metadata, since Google's worker-id 0 may be another host.
+        assert all(t.inputs["metadata"][ATTR_HEAD_ADDRESS] == head_ip for t in run.of_type(TEMPLATE))
+        assert all(ATTR_HEAD_ADDRESS not in vm.inputs["metadata"] for vm in run.of_type(V2VM))
 
 
 def test_no_secret_value_in_metadata_or_outputs(example):

@@ -9,6 +9,7 @@ import ipaddress
 import json
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from rayslice.local.host.private_files import write_private
 from rayslice.local.simulation import cloud_bridge
 from rayslice.local.simulation.state import (
     ROLE_CONTROLLER_VM,
+    ROLE_HEAD,
     ROLE_HEAD_VM,
     HostRecord,
     Plan,
@@ -285,6 +287,33 @@ def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, 
             assert metadata["worker-id"] == str(host.worker)
             assert metadata["worker-network-endpoints"].split(",")[host.worker].endswith(host.ip)
             assert f"ACCELERATOR_TYPE: '{accelerator}'" in metadata["tpu-env"]
+
+
+@pytest.mark.parametrize("order", ["created", "reversed"])
+def test_a_compute_slices_head_is_the_host_at_w0s_address_whichever_worker_google_numbers_0(order) -> None:
+    """head=slice on compute: the program writes `-w0`'s reserved address as the head address
+    (no source says Google numbers that host worker 0), and the plan's head is the host at that
+    address, as the boot script's is, also when the worker numbers run the other way."""
+    config = {
+        "acceleratorType": "v6e-16",
+        "platform": "compute",
+        "project": "my-project-1",
+        "zone": "us-east5-b",
+    }
+    cluster = spec_module.load(config)
+    assert cluster.head == "slice"
+    twin = CloudTwin(address_range=str(NETWORK))
+    deploy(stack_config(None, [f"{k}={v}" for k, v in config.items()]), twin)
+    records = cloud_bridge.deployed_hosts(twin)
+    if order == "reversed":
+        by_worker = sorted(records, key=lambda r: r.worker)
+        records = [replace(r, worker=len(records) - 1 - r.worker) for r in by_worker]
+    plan = make_plan(cluster, run_id="f1e2d5", network=NETWORK, hosts=records)
+    w0 = names.host_name(cluster.slice_name(0), 0)
+    assert {(r.metadata or {})[names.ATTR_HEAD_ADDRESS] for r in records} == {plan.host(w0).ip}
+    # The address `head_internal_ip` exports (tests/infra/test_infra_examples.py checks that).
+    assert plan.head.name == w0 and plan.head.ip == twin.addresses[names.address_name(w0)]
+    assert [h.name for h in plan.hosts if h.role == ROLE_HEAD] == [w0]
 
 
 def test_a_program_that_doubles_a_slice_gives_twice_the_simulated_hosts() -> None:

@@ -561,13 +561,21 @@ def test_compute_engine_host_gets_its_identity_from_instance_names(host, tmp_pat
 
 
 def _boot_compute_host(
-    host: list[sandbox.Sandbox], tmp_path: Path, spec: spec_module.ClusterSpec, worker_name: int, google: dict
+    host: list[sandbox.Sandbox],
+    tmp_path: Path,
+    spec: spec_module.ClusterSpec,
+    worker_name: int,
+    google: dict,
+    *,
+    ip: str = "127.0.0.1",
+    head_address: str | None = None,
 ) -> sandbox.Sandbox:
     """Boot instance `worker_name` of a compute slice whose metadata also has Google's `google`
-    attributes, against a head listening on 127.0.0.1; returns the joined sandbox."""
-    attributes = host_attributes(spec, 0)
+    attributes, at `ip`, against a head listening on 127.0.0.1; returns the joined sandbox."""
+    attributes = host_attributes(spec, 0, head_address=head_address)
     name = names.host_name(spec.slice_name(0), worker_name)
-    cloud = sandbox.StubCloud(sandbox.base_metadata({**google, **attributes}, name=name), {})
+    metadata = sandbox.base_metadata({**google, **attributes}, name=name)
+    cloud = sandbox.StubCloud({**metadata, "instance/network-interfaces/0/ip": ip}, {})
     box = _box(host, tmp_path, cloud)
     port = sandbox.free_port()
     script = box.render(spec, port)
@@ -593,7 +601,14 @@ def test_a_tpu7x_host_reporting_v7x_runs_the_script_rendered_for_tpu7x(host, tmp
 # Worker 2's instance name is 3rd in rayslice's list, but Google numbers it 1: Google's number
 # and Google's host list win together, never one from each source.
 GOOGLE_HOSTS = "127.0.0.1,10.0.0.12,10.0.0.13,10.0.0.14"
-ENDPOINTS = ",".join(f"unknown:unknown:{ip}" for ip in GOOGLE_HOSTS.split(","))
+
+
+def _endpoints(hosts: str) -> str:
+    """`worker-network-endpoints` of comma-separated `hosts` (the TPU VM's format)."""
+    return ",".join(f"unknown:unknown:{ip}" for ip in hosts.split(","))
+
+
+ENDPOINTS = _endpoints(GOOGLE_HOSTS)
 
 
 @pytest.mark.parametrize(
@@ -625,6 +640,33 @@ def test_without_googles_host_list_the_worker_and_hosts_come_from_rayslices(host
     hosts = host_attributes(spec, 0)[names.ATTR_SLICE_HOSTS]
     assert "TPU_WORKER_ID=2" in env and f"TPU_WORKER_HOSTNAMES={hosts}" in env
     assert f"worker=2 (from {names.ATTR_SLICE_HOSTS})" in box.log
+
+
+# head=slice on compute: infra writes the address it reserved for `-w0` as the head address, and
+# the host at that address is the head whichever host Google numbers worker 0 (no source says).
+def test_the_compute_host_at_the_head_address_is_the_head_though_google_numbers_it_1(host, tmp_path):
+    spec = _spec(rayAuth="none", platform="compute")
+    endpoints = _endpoints("10.0.0.11,127.0.0.1,10.0.0.13,10.0.0.14")
+    google = {"accelerator-type": "v6e-16", "worker-id": "1", "worker-network-endpoints": endpoints}
+    attributes = host_attributes(spec, 0, head_address="127.0.0.1")
+    name = names.host_name(spec.slice_name(0), 0)
+    box = _box(
+        host, tmp_path, sandbox.StubCloud(sandbox.base_metadata({**google, **attributes}, name=name), {})
+    )
+    assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
+    box.wait(lambda: _joined(box))
+    assert "--head" in box.ray_starts()[0]
+    assert "role=head worker=1 (from Google's attributes)" in box.log
+    assert "TPU_WORKER_ID=1" in box.ray_log.read_text()  # the TPU runtime keeps Google's number
+
+
+def test_a_compute_host_google_numbers_0_joins_the_head_address(host, tmp_path):
+    spec = _spec(rayAuth="none", platform="compute")
+    endpoints = _endpoints("127.0.0.2,127.0.0.1,10.0.0.13,10.0.0.14")
+    google = {"accelerator-type": "v6e-16", "worker-id": "0", "worker-network-endpoints": endpoints}
+    box = _boot_compute_host(host, tmp_path, spec, 1, google, ip="127.0.0.2", head_address="127.0.0.1")
+    assert "role=worker worker=0 (from Google's attributes)" in box.log
+    assert "TPU_WORKER_ID=0" in box.ray_log.read_text()
 
 
 def test_tpu_vm_host_exports_the_tpu_api_identity(host, tmp_path):

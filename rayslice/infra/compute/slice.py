@@ -42,6 +42,8 @@ only usable whole, so a rolling update would only prolong the outage).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pulumi
 import pulumi_gcp as gcp
 
@@ -109,6 +111,10 @@ class ComputeSlice(pulumi.ComponentResource):
             )
             for worker, host in enumerate(hosts)
         ]
+        if spec.head == "slice" and addresses:
+            # The head is the host at `<slice>-w0`'s reserved address (the boot script's rule), so
+            # that `head_internal_ip` names it whichever host Google numbers worker 0.
+            args = dataclasses.replace(args, head_address=addresses[0].address)
         metadata = args.metadata()
         template = gcp.compute.InstanceTemplate(
             f"{name}-template",

@@ -35,6 +35,7 @@ from rayslice.local.host.paths import HOST_NAME
 from rayslice.local.host.private_files import read_private, write_private
 from rayslice.local.host.processes import ProcessRef
 from rayslice.names import (
+    ATTR_HEAD_ADDRESS,
     CONTROLLER_VM_ROLE,
     HEAD_VM_ROLE,
     HEAD_VM_SLICE_INDEX,
@@ -59,7 +60,7 @@ def default_state_dir() -> Path:
 # path is short because Ray's AF_UNIX socket paths below the root must stay under 108 bytes.
 DEFAULT_ROOTS_DIR = Path("/run/rayslice-local")
 
-ROLE_HEAD = "head"  # worker 0 of slice 0 with head=slice
+ROLE_HEAD = "head"  # the first host of the slice with head=slice (`_leads`)
 ROLE_WORKER = "worker"  # every other TPU host
 ROLE_HEAD_VM = HEAD_VM_ROLE  # the CPU head VM with head=vm
 # The recovery controller's own VM (`ClusterSpec.runs_recovery`): no Ray, booted with the
@@ -402,6 +403,14 @@ def spec_hosts(spec: ClusterSpec) -> list[HostRecord]:
     return records
 
 
+def _leads(record: HostRecord, ip: str) -> bool:
+    """Whether a host of slice 0 is the head with head=slice, by the boot script's rule
+    (``read_identity``): the host at the head address its metadata names (Compute Engine), else
+    worker 0."""
+    address = (record.metadata or {}).get(ATTR_HEAD_ADDRESS)
+    return ip == address if address else record.worker == 0
+
+
 def make_plan(
     spec: ClusterSpec,
     *,
@@ -459,12 +468,13 @@ def make_plan(
     free = (a for a in addresses[1:] if a not in given)
     placed = []
     for i, r in enumerate(records):
+        ip = r.ip or next(free)
         if r.group is None:
             role, s, w = str(r.role), HEAD_VM_SLICE_INDEX, -1
         else:
             s, w = slices[r.group], r.worker
-            role = ROLE_HEAD if (not head_vm and s == 0 and w == 0) else ROLE_WORKER
-        placed.append(HostPlan(r.name, role, s, w, r.ip or next(free), *host_links(run_id, i, r.name)))
+            role = ROLE_HEAD if (not head_vm and s == 0 and _leads(r, ip)) else ROLE_WORKER
+        placed.append(HostPlan(r.name, role, s, w, ip, *host_links(run_id, i, r.name)))
     controller = next((h for h in placed if h.role == ROLE_CONTROLLER_VM), None)
     placed = [h for h in placed if h is not controller]
     return Plan(
