@@ -50,7 +50,9 @@ victim() {  # one more node on loopback, with its own ports and temp dir
   ray start --address=127.0.0.1:6379 --node-ip-address=127.0.0.1 --num-cpus=1 --resources='{"victim": 1}' \
     --object-store-memory=80000000 --disable-usage-stats --temp-dir="$1" --dashboard-agent-listen-port=52400 \
     --dashboard-agent-grpc-port=52401 --metrics-export-port=52402 --runtime-env-agent-port=52403 \
-    >> "$WORK/ray.log" 2>&1
+    >> "$WORK/ray.log" 2>&1 && return
+  # A start that failed: its raylet's and agent's own words go into the log the test prints.
+  tail -n 30 "$1"/session_latest/logs/{raylet.out,dashboard_agent.log} >> "$WORK/ray.log" 2>&1
 }
 victim "$VICTIM_TMP"
 run() {  # run CASE MAX_RESTARTS: `rayslice run` of $WORK/CASE/project/job.py, in the background
@@ -96,7 +98,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str, 
     def read(path: Path) -> str:
         return path.read_text() if path.exists() else ""
 
-    print(result.stdout[-2000:], result.stderr[-2000:], read(work / "ray.log")[-2000:])
+    print(result.stdout[-2000:], result.stderr[-2000:], read(work / "ray.log")[-8000:])
     return {
         case: (
             "\n".join(line for line in result.stdout.splitlines() if line.startswith(f"{case}: ")),
