@@ -18,7 +18,8 @@ would shrink the MIG back to 0. No target-size policy: bulk mode takes only flex
 reservation-bound templates (rule bulk-provisioning-model) and applies to the target size,
 which creates nothing here. The metadata lists those names (the platform's identity attributes,
 `rayslice.platforms.COMPUTE`), so each host finds its worker number and its peers without the
-Cloud TPU API's attributes.
+Cloud TPU API's attributes. With ``head=slice`` they also name ``-w0``'s reserved address as the
+head's: the outputs point there, and no source says which host Google numbers worker 0.
 
 A flex-start slice (``capacity: flex-start``) cannot be made this way: its hosts come only through
 a resize request, which waits until the zone has every host and then creates them all at once,
