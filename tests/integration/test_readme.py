@@ -134,6 +134,11 @@ def test_the_demos_slice_is_compute_engine_hosts_that_joined_with_identities_fro
     assert [h["state"] for h in report["hosts"]] == ["joined"] * tpu.hosts
     nodes = report["ray"]["nodes"]
     assert len(nodes) == tpu.hosts
+    # The head is `-w0`, where the stack's outputs point, whichever worker number the twin gave
+    # it; Ray's nodes above were read from the dashboard at that host's address.
+    w0 = names.host_name(spec.slice_name(0), 0)
+    assert [h["name"] for h in report["hosts"] if h["role"] == "head"] == [w0]
+    assert report["dashboard"] == f"http://{sim.plan.host(w0).ip}:{names.DASHBOARD_PORT}"
     totals = report["ray"]["totals"]
     assert (
         totals["TPU"] == tpu.chips and totals[head_resource] == 1 and totals[spec.slice_name(0)] == tpu.hosts
