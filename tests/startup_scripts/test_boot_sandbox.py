@@ -196,16 +196,20 @@ def test_metadata_that_never_answers_ends_the_boot_with_a_named_failure(host, tm
     assert box.supervisor_pid() is None and box.ray_starts() == []
 
 
-def test_a_required_attribute_answering_404_is_a_permanent_failure(host, tmp_path):
-    spec = _spec(rayAuth="none")
+@pytest.mark.parametrize(
+    "attribute, head",
+    # The head address is optional to a slice host with head=slice and required with head=vm.
+    [(names.ATTR_HEAD_MODE, "slice"), (names.ATTR_HEAD_ADDRESS, "vm")],
+)
+def test_a_required_attribute_answering_404_is_a_permanent_failure(host, tmp_path, attribute, head):
+    spec = _spec(rayAuth="none", head=head)
     cloud = _cloud(spec)
-    cloud.faults.missing.add(f"instance/attributes/{names.ATTR_HEAD_MODE}")
+    cloud.faults.missing.add(f"instance/attributes/{attribute}")
     box = _box(host, tmp_path, cloud)
     result = box.boot(box.render(spec, sandbox.free_port()))
     assert result.returncode == 1
     assert cloud.state == (
-        "failed: metadata attribute rayslice-head-mode is missing (404); "
-        "infra writes it when it creates the host"
+        f"failed: metadata attribute {attribute} is missing (404); infra writes it when it creates the host"
     )
     assert box.supervisor_pid() is None
 
