@@ -42,7 +42,7 @@ class SliceArgs(HostArgs):
     head_address: pulumi.Input[str] | None = None
 
     def metadata(self) -> pulumi.Output[dict[str, str]]:
-        """The metadata of this slice's hosts, once the head VM's address is known."""
+        """The metadata of this slice's hosts, once the head's address (if any) is known."""
         return pulumi.Output.from_input(self.head_address).apply(
             lambda head_ip: host_metadata(
                 self.spec, self.script, self.index, head_address=head_ip, token_secret=self.token_secret
