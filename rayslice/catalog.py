@@ -864,6 +864,12 @@ def device_peak_flops(device_kind: str) -> float | None:
     return None if found is None else found.bf16_flops / found.jax_devices_per_chip
 
 
+def device_hbm_bytes(device_kind: str) -> int | None:
+    """HBM of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.hbm_bytes // found.jax_devices_per_chip
+
+
 def device_hbm_bytes_per_s(device_kind: str) -> float | None:
     """HBM bandwidth of one JAX device of that kind (a chip's share), or None where unknown."""
     found = chip_of_device_kind(device_kind)

@@ -40,8 +40,10 @@ from rayslice.workloads import _cluster, _jax_hosts
 
 FEATURES = 64
 MIN_STEPS = 2  # the first step compiles and is not timed
-# Adam's step size at the CPU width; wider layers take proportionally smaller steps (a weight's
-# update moves a layer's output by about lr x width), so the loss falls at every width.
+# Adam's step size at the CPU width and depth (one hidden layer). Wider layers take proportionally
+# smaller steps (Adam moves every weight by about lr, so a layer's output by about lr x width),
+# and deeper models smaller ones again (the layers' changes compound), so the loss falls at every
+# size instead of jumping at the first step.
 LEARNING_RATE = 3e-3
 BASE_WIDTH = 256
 
@@ -54,10 +56,13 @@ class Sizes:
     layers: int  # hidden x hidden layers between the input and the output layer
     batch_per_device: int
     bf16: bool  # matrix products in bf16 (parameters and Adam's state stay float32)
+    lr: float | None = None  # None: the rule in `learning_rate`
 
     @property
     def learning_rate(self) -> float:
-        return LEARNING_RATE * BASE_WIDTH / max(self.hidden, BASE_WIDTH)
+        if self.lr is not None:
+            return self.lr
+        return LEARNING_RATE * BASE_WIDTH / max(self.hidden, BASE_WIDTH) / self.layers
 
     def describe(self) -> str:
         precision = "bf16" if self.bf16 else "f32"
@@ -69,13 +74,17 @@ class Sizes:
 
 # On CPU devices (the simulator, a laptop): small, so a step takes milliseconds.
 SMALL = Sizes(hidden=256, layers=1, batch_per_device=32, bf16=False)
-# On a TPU chip: layers wide enough to fill the matrix units, in bf16.
+# On a TPU chip: layers wide enough to fill the matrix units, in bf16; at most 8 of them, one per
+# 2 GiB of the device's HBM (a layer's float32 weights, Adam's two moments and its gradient take
+# 1 GiB; its activations about as much): a v2 TensorCore's 8 GiB takes 4.
 CHIP_HIDDEN = 8192
-CHIP_LAYERS = 4
+CHIP_LAYERS = 8
+CHIP_HBM_PER_LAYER = 2 * 2**30
 # Per step, the matmuls do 6 x batch x hidden^2 FLOPs per layer, and Adam moves about 28 bytes per
-# parameter (read p, m, v, g; write p, m, v in float32): with the batch at 32 x the chip's FLOPs
-# per HBM byte, the matmuls outlast Adam's memory traffic about 7 to 1.
-CHIP_BATCH_PER_FLOP_PER_BYTE = 32
+# parameter (read p, m, v, g; write p, m, v in float32): with the batch at 64 x the chip's FLOPs
+# per HBM byte (to the nearest power of two), the matmuls outlast Adam's memory traffic about 14
+# to 1. On one v5e chip that is 8 layers at batch 16384: 10.5 GiB of its 15.75 (`rayslice fit`).
+CHIP_BATCH_PER_FLOP_PER_BYTE = 64
 
 
 def sizes_for(
@@ -83,21 +92,25 @@ def sizes_for(
     hidden: int | None = None,
     layers: int | None = None,
     batch_per_device: int | None = None,
+    learning_rate: float | None = None,
 ) -> Sizes:
     """The sizes for devices of this kind (`jax.Device.device_kind`), with the given ones kept:
     a TPU chip the catalog knows gets sizes bound by its matrix units, anything else `SMALL`."""
     peak = catalog.device_peak_flops(device_kind)
     bandwidth = catalog.device_hbm_bytes_per_s(device_kind)
-    if peak is None or bandwidth is None:
+    hbm = catalog.device_hbm_bytes(device_kind)
+    if peak is None or bandwidth is None or hbm is None:
         base = SMALL
     else:
-        batch = 1 << math.ceil(math.log2(CHIP_BATCH_PER_FLOP_PER_BYTE * peak / bandwidth))
-        base = Sizes(hidden=CHIP_HIDDEN, layers=CHIP_LAYERS, batch_per_device=batch, bf16=True)
+        batch = 1 << round(math.log2(CHIP_BATCH_PER_FLOP_PER_BYTE * peak / bandwidth))
+        layers = min(CHIP_LAYERS, hbm // CHIP_HBM_PER_LAYER)
+        base = Sizes(hidden=CHIP_HIDDEN, layers=layers, batch_per_device=batch, bf16=True)
     return Sizes(
         hidden=base.hidden if hidden is None else hidden,
         layers=base.layers if layers is None else layers,
         batch_per_device=base.batch_per_device if batch_per_device is None else batch_per_device,
         bf16=base.bf16,
+        lr=learning_rate,
     )
 
 
@@ -239,7 +252,11 @@ def _mesh(devices: Sequence[Any]) -> tuple[Any, Any]:
 
 
 def build_model(
-    batch_per_device: int | None = None, hidden: int | None = None, seed: int = 0, layers: int | None = None
+    batch_per_device: int | None = None,
+    hidden: int | None = None,
+    seed: int = 0,
+    layers: int | None = None,
+    learning_rate: float | None = None,
 ) -> Model:
     """The model both JAX training jobs train (jax_train's own loop, and jax_trainer's under Ray
     Train), on a 1-D `data` mesh of every device: the same seed everywhere, so every process
@@ -248,7 +265,7 @@ def build_model(
     import jax
     import numpy as np
 
-    sizes = sizes_for(jax.devices()[0].device_kind, hidden, layers, batch_per_device)
+    sizes = sizes_for(jax.devices()[0].device_kind, hidden, layers, batch_per_device, learning_rate)
     replicated, batch_sharding = _mesh(jax.devices())
     local_batch = sizes.batch_per_device * jax.local_device_count()
     x_dtype = "bfloat16" if sizes.bf16 else np.float32
@@ -283,7 +300,9 @@ def fit_step(devices: Sequence[Any], argv: Sequence[str]) -> tuple[Any, tuple[An
     import jax.numpy as jnp
 
     args = build_parser().parse_args(list(argv))
-    sizes = sizes_for(devices[0].device_kind, args.hidden, args.layers, args.batch_per_device)
+    sizes = sizes_for(
+        devices[0].device_kind, args.hidden, args.layers, args.batch_per_device, args.learning_rate
+    )
     replicated, batch_sharding = _mesh(devices)
     optimizer, step = make_step(sizes)
     params = jax.tree.map(
@@ -312,6 +331,7 @@ def train(
     checkpoint_every: int = 10,
     progress: Callable[[str], None] | None = None,
     layers: int | None = None,
+    learning_rate: float | None = None,
 ) -> TrainReport:
     """Train on every device JAX sees (all hosts' after `jax.distributed.initialize`).
 
@@ -325,7 +345,7 @@ def train(
     import jax
     import numpy as np
 
-    model = build_model(batch_per_device, hidden, seed, layers)
+    model = build_model(batch_per_device, hidden, seed, layers, learning_rate)
     params, opt_state, step = model.params, model.opt_state, model.step
 
     manager = None
@@ -399,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
         size_help=SIZE_HELP,
     )
     parser.add_argument("--layers", type=_positive_int, help=SIZE_HELP)
+    parser.add_argument(
+        "--learning-rate", type=float, help="Adam's step size (default: 3e-3 x 256 / hidden / layers)"
+    )
     parser.add_argument("--coordinator-port", type=int, default=names.JAX_COORDINATOR_PORT)
     parser.add_argument(
         "--checkpoint-dir",
@@ -433,6 +456,7 @@ def run(args: argparse.Namespace) -> TrainReport:
         checkpoint_every=args.checkpoint_every,
         progress=progress,
         layers=args.layers,
+        learning_rate=args.learning_rate,
     )
     reports = _jax_hosts.run_on_hosts(
         job, [tpu_slice], coordinator_port=args.coordinator_port, timeout_s=args.timeout, progress=progress
