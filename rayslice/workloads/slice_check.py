@@ -47,7 +47,7 @@ class Sizes:
     allreduce_bytes: int  # per device
 
 
-CHIP_SIZES = Sizes(matmul=8192, matmul_chain=20, hbm_bytes=2**30, hbm_passes=20, allreduce_bytes=2**28)
+CHIP_SIZES = Sizes(matmul=4096, matmul_chain=80, hbm_bytes=2**30, hbm_passes=20, allreduce_bytes=2**28)
 SMALL_SIZES = Sizes(matmul=256, matmul_chain=4, hbm_bytes=2**24, hbm_passes=4, allreduce_bytes=2**20)
 
 
