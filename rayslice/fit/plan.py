@@ -278,7 +278,12 @@ def fit(job: str, argv: Sequence[str], target: Target) -> Fit:
     devices = topology_devices(target)
     import jax
 
-    step, args = entry(devices, list(argv))
+    try:
+        step, args = entry(devices, list(argv))
+    except SystemExit:
+        raise  # the job's own argument parser refused its arguments, and said why
+    except Exception as exc:  # the job's code: any failure means it cannot lay out this topology
+        raise InvalidInput(f"{job}'s {ENTRY_POINT} failed for {target.name}: {_first_line(exc)}") from None
     jitted = step if hasattr(step, "lower") else jax.jit(step)
     name = target.name
     try:
