@@ -271,6 +271,21 @@ def _describe_args(args: Sequence[Any]) -> str:
     return shown + (f", ... ({len(leaves)} arrays)" if len(leaves) > 8 else "")
 
 
+def memory_of(compiled: Any) -> dict[str, int] | None:
+    """A compiled step's memory analysis per device, in bytes, by the names `Fit` shows."""
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return None
+    return {
+        "arguments": analysis.argument_size_in_bytes,
+        "outputs": analysis.output_size_in_bytes,
+        "aliased": analysis.alias_size_in_bytes,
+        "temporaries": analysis.temp_size_in_bytes,
+        "code": analysis.generated_code_size_in_bytes,
+        "peak": analysis.peak_memory_in_bytes,
+    }
+
+
 def fit(job: str, argv: Sequence[str], target: Target) -> Fit:
     """Compile `job`'s step for the target's chips and read the plan; raises `InvalidInput` when
     the entry point, the topology or the compile fails."""
@@ -294,17 +309,9 @@ def fit(job: str, argv: Sequence[str], target: Target) -> Fit:
         raise InvalidInput(
             f"{job} {verdict} {name}: {_first_line(exc)} (arguments: {_describe_args(args)})"
         ) from None
-    analysis = compiled.memory_analysis()
-    if analysis is None:  # the TPU compiler always gives one; a plugin that does not is no TPU
+    memory = memory_of(compiled)
+    if memory is None:  # the TPU compiler always gives one; a plugin that does not is no TPU
         raise InvalidInput(f"XLA gave no memory analysis for {job} on {name}")
-    memory = {
-        "arguments": analysis.argument_size_in_bytes,
-        "outputs": analysis.output_size_in_bytes,
-        "aliased": analysis.alias_size_in_bytes,
-        "temporaries": analysis.temp_size_in_bytes,
-        "code": analysis.generated_code_size_in_bytes,
-        "peak": analysis.peak_memory_in_bytes,
-    }
     costs = compiled.cost_analysis() or {}
     out_tree = jax.eval_shape(jitted, *args)
     arrays = _layouts("in", args, compiled.input_shardings[0]) + _layouts(
