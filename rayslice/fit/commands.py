@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from rayslice.cli import load_spec, spec_options
-from rayslice.errors import EXIT_OK
+from rayslice.errors import EXIT_OK, InvalidInput
 from rayslice.fit.plan import Target, check
 
 
@@ -18,6 +18,8 @@ def target_of(
     """The chips to compile for: `--topology` when given, else the stack's slices."""
     if topology is not None:
         return Target.parse(topology, slices)
+    if slices != 1:
+        raise InvalidInput("--slices goes with --topology; a stack's own `slices` key says how many it has")
     cluster = load_spec(stack_file, overrides, require_zone=False)
     return Target.of(cluster.tpu, cluster.slices)
 

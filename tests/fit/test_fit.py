@@ -84,6 +84,7 @@ def test_a_users_program_that_does_not_fit_is_refused(capsys):
         (["--topology", "v9:2x2"], "unknown topology 'v9:2x2'"),
         (["--topology", "tpu7:2x2x1"], "knows no HBM or peak figures for tpu7"),
         (["--set", "acceleratorType=v5litepod-3"], "acceleratorType"),
+        (["--set", "acceleratorType=v6e-16", "--slices", "2"], "--slices goes with --topology"),
     ],
 )
 def test_an_unknown_topology_exits_2(capsys, argv, message):
