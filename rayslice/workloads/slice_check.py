@@ -91,10 +91,10 @@ def hbm_bytes_per_s(device: Any, nbytes: int, passes: int) -> float:
 
 
 def _slice_of(device: Any, hosts_per_slice: int) -> int:
-    """Which slice a device is on: libtpu's `slice_index` on a multislice TPU, else its process's
-    place among `hosts_per_slice` hosts per slice (process id = slice id x hosts + worker id)."""
-    index = getattr(device, "slice_index", None)
-    return int(index) if index is not None else device.process_index // hosts_per_slice
+    """Which slice a device is on, by the process numbering `_jax_hosts` gives every host (process
+    id = slice id x hosts per slice + worker id). Not the devices' `slice_index`: CPU devices (the
+    simulator's) report 0 for every device, whatever slice their host is in."""
+    return int(device.process_index) // hosts_per_slice
 
 
 def allreduce_bytes_per_s(axis: str, hosts_per_slice: int, nbytes: int) -> float:
@@ -242,8 +242,8 @@ def tables(results: Sequence[HostResult], verdict: Verdict) -> list[str]:
     lines.append(f"  {'host':<16} {'ICI GB/s':>9} {'DCN GB/s':>9}  flag")
     for r in results:
         marks = [w for w in ("ici", "dcn") if (r.host, w, "-") in flagged]
-        ici = "-" if r.ici is None else f"{r.ici / 1e9:.1f}"
-        dcn = "-" if r.dcn is None else f"{r.dcn / 1e9:.1f}"
+        ici = "-" if r.ici is None else f"{r.ici / 1e9:.3f}"
+        dcn = "-" if r.dcn is None else f"{r.dcn / 1e9:.3f}"
         lines.append(f"  {r.host:<16} {ici:>9} {dcn:>9}  {', '.join(marks) or '-'}")
     if not verdict.judged:
         lines.append("not judged: the catalog knows no peak for these devices (CPU figures are no chip's)")

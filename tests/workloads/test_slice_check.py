@@ -61,7 +61,7 @@ def test_the_tables_have_a_row_per_chip_and_a_link_row_per_host():
     assert row[:4] == ["1", "100.00", "51%", "700.0"] and row[-1] == "matmul"
     assert any(line.startswith("FLAGGED s0/0 matmul device 1") for line in lines)
     links = [line.split()[:2] for line in lines if line.startswith("  s0/")]
-    assert links == [["s0/0", "90.0"], ["s0/1", "90.0"]]
+    assert links == [["s0/0", "90.000"], ["s0/1", "90.000"]]
 
 
 @pytest.mark.parametrize("kind, sizes", [(V5E, slice_check.CHIP_SIZES), ("cpu", slice_check.SMALL_SIZES)])
@@ -76,3 +76,16 @@ def test_measuring_the_local_cpu_devices_gives_a_row_each_and_no_flag():
     assert len(result.chips) == jax.local_device_count()
     assert all(c.flops > 0 and c.hbm > 0 and c.peak_flops is None for c in result.chips)
     assert judge([result]).flags == []
+
+
+def test_a_devices_slice_comes_from_its_process_id_not_its_slice_index():
+    """On the simulator every CPU device says slice_index 0; rayslice numbers the processes of a
+    multislice program slice by slice (`_jax_hosts`), 4 hosts per v6e-16 slice."""
+
+    class Device:
+        slice_index = 0
+
+        def __init__(self, process_index: int):
+            self.process_index = process_index
+
+    assert [slice_check._slice_of(Device(p), 4) for p in (0, 3, 4, 7)] == [0, 0, 1, 1]
