@@ -675,3 +675,44 @@ def test_run_says_what_a_script_uploads(tmp_path, monkeypatch, capsys):
     submit.submit(str(job / "train.py"), [], address="http://10.0.0.2:8265", verbose=True)
     err = capsys.readouterr().err
     assert "  data/input.csv (2.9 KiB)\n" in err and "  train.py (12 B)" in err and ".env" not in err
+
+
+class _StopRecorder:
+    """The one Jobs API call an interrupt makes with `--stop-on-interrupt`."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def stop_job(self, job_id: str) -> bool:
+        self.stopped.append(job_id)
+        return True
+
+
+@pytest.mark.parametrize(
+    "target, command",
+    [
+        (connection.Target("http://10.0.0.2:8265", None, "simulator"), "rayslice run --stop J"),
+        (
+            connection.Target("http://10.0.0.2:8265", Path("/tmp/sim token"), "simulator"),
+            "rayslice run --stop J",
+        ),
+        (
+            connection.Target("http://localhost:8265", Path("/tmp/my token"), "--address"),
+            "rayslice run --address http://localhost:8265 --token-file '/tmp/my token' --stop J",
+        ),
+        (connection.Target("http://h:8265", None, "RAY_ADDRESS"), "rayslice run --stop J"),
+    ],
+)
+def test_an_interrupt_names_the_command_that_stops_the_job_on_the_same_cluster(target, command):
+    client = _StopRecorder()
+    left = submit._interrupted(client, "J", target, stop=False)  # type: ignore[arg-type]
+    assert f"job J keeps running on {target.url}; stop it with `{command}`" in str(left)
+    assert left.exit_code == 130 and client.stopped == []
+    stopped = submit._interrupted(client, "J", target, stop=True)  # type: ignore[arg-type]
+    assert client.stopped == ["J"] and "stop job J" in str(stopped)
+
+
+@pytest.mark.parametrize("job_id", ["", "../../api/jobs", "a b", "x" * 129, "raysubmit_1\n"])
+def test_stop_refuses_what_is_not_a_job_id_before_any_request(job_id, capsys):
+    assert cli.main(["run", "--stop", job_id]) == EXIT_INVALID
+    assert "is not a Ray job ID" in capsys.readouterr().err
