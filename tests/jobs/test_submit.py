@@ -21,11 +21,18 @@ from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFail
 from rayslice.jobs import connection, restarts, submit, upload
 from rayslice.local.simulation.state import STATE_DIR_ENV, SimulationState, make_plan
 
+# The environment variables the requests library reads its proxies from, in both cases.
+PROXY_VARIABLES = [
+    name for base in ("http_proxy", "https_proxy", "all_proxy", "no_proxy") for name in (base, base.upper())
+]
+
 
 @pytest.fixture(autouse=True)
 def _no_ambient_cluster(monkeypatch, tmp_path):
-    """No RAY_ADDRESS and an empty default state dir, unless a test sets them."""
+    """No RAY_ADDRESS, no proxy and an empty default state dir, unless a test sets them."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "no-simulation"))
 
 
@@ -615,6 +622,52 @@ def test_a_host_name_is_judged_by_the_addresses_it_resolves_to(tmp_path, monkeyp
     assert connection.choose_target("head.internal", token_file).url == "http://head.internal:8265"
     # a name that does not resolve cannot be connected to either: no token leaves
     assert connection.choose_target("nowhere", token_file).url == "http://nowhere:8265"
+
+
+@pytest.mark.parametrize(
+    "proxies, refused",
+    [
+        ({"HTTP_PROXY": "http://user:secret-pw@34.1.2.3:3128"}, True),
+        ({"http_proxy": "34.1.2.3:3128"}, True),  # no scheme: requests reads it as http://
+        ({"ALL_PROXY": "socks5://34.1.2.3:1080"}, True),
+        ({"HTTP_PROXY": "http://[2600::1]:3128"}, True),
+        ({"HTTP_PROXY": "http://34.1.2.3:3128", "NO_PROXY": "10.0.0.2"}, False),  # goes direct
+        ({"HTTP_PROXY": "http://34.1.2.3:3128", "no_proxy": "10.0.0.0/8"}, False),
+        ({"HTTP_PROXY": "http://10.0.0.99:3128"}, False),  # a proxy inside the user's network
+        ({"HTTPS_PROXY": "http://34.1.2.3:3128"}, False),  # for https URLs only
+    ],
+)
+def test_a_token_goes_over_http_only_through_an_internal_proxy(tmp_path, monkeypatch, proxies, refused):
+    """A plain http request through a proxy goes to the proxy whole, Authorization included."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    for name, value in proxies.items():
+        monkeypatch.setenv(name, value)
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    choose = lambda: connection.choose_target("http://10.0.0.2:8265", token_file)  # noqa: E731
+    if refused:
+        with pytest.raises(InvalidInput, match="through the proxy") as raised:
+            choose()
+        assert "NO_PROXY" in str(raised.value) and "secret-pw" not in str(raised.value)
+    else:
+        assert choose().url == "http://10.0.0.2:8265"
+    # No token, or https: the proxy sees nothing it may not.
+    assert connection.choose_target("http://10.0.0.2:8265", None).url == "http://10.0.0.2:8265"
+    assert connection.choose_target("https://10.0.0.2:8265", token_file).url == "https://10.0.0.2:8265"
+
+
+def test_the_proxy_judged_is_the_one_rays_client_hands_the_token_to(tmp_path, monkeypatch, recorder):
+    """The recording server stands in for a proxy: Ray's Jobs client sends it the request for the
+    cluster, token included, exactly where `connection.proxy_for` said it would."""
+    proxy, seen = recorder
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    target = connection.choose_target("http://10.0.0.2:8265", token_file)  # the proxy is loopback
+    judged = connection.proxy_for(target.url)
+    assert judged is not None and f"http://{judged.netloc}" == proxy
+    connection.connect(target)
+    assert seen and seen[0]["Authorization"] == "Bearer secret"
 
 
 @pytest.fixture
