@@ -193,19 +193,20 @@ def test_the_controllers_conditioned_grants_refuse_every_other_instance_and_temp
         assert status == 403 and answer["error"]["status"] == "PERMISSION_DENIED"
         assert f"projects/{project}/zones/{zone}/instances/{host}" in answer["error"]["message"]
 
-        def insert_with(template: str) -> None:
-            body = {
-                "name": cluster.slice_name(0),
-                "instanceTemplate": f"{GCE}/projects/{project}/global/instanceTemplates/{template}",
-            }
-            server.authorize(
-                "controller", "compute.instanceGroupManagers.insert", body, {"project": project, "zone": zone}
-            )
-
-        insert_with(f"{cluster.slice_name(1)}-20261206000000000000000001")  # its own: allowed
+        # Recreating slice 1 with the MIG the program made (its template reference, as the provider
+        # sends it, carries a query): allowed. The same with another cluster's or slice 10's: refused.
+        mig = server.twin.migs[(project, zone, cluster.slice_name(1))]
+        params = {"project": project, "zone": zone}
+        server.authorize("controller", "compute.instanceGroupManagers.insert", mig, params)
         for other in (f"other-{cluster.slice_name(1)}-1", f"{cluster.slice_name(1)}0-1"):
+            template = f"{GCE}/projects/{project}/global/instanceTemplates/{other}?uniqueId=7"
             with pytest.raises(ApiError) as refused:
-                insert_with(other)
+                server.authorize(
+                    "controller",
+                    "compute.instanceGroupManagers.insert",
+                    {**mig, "versions": [{"instanceTemplate": template}]},
+                    params,
+                )
             assert refused.value.code == 403
     finally:
         server.shutdown()

@@ -133,7 +133,9 @@ def resource_name(permission: str, params: Mapping[str, str], body: Any) -> str 
             body.get("instanceTemplate"),
             *(v.get("instanceTemplate") for v in body.get("versions") or []),
         ]
-        names = [m.group(1) for u in urls if isinstance(u, str) and (m := _TEMPLATE.search(u))]
+        # The provider's reference carries a query (``...?uniqueId=N``, as the twin records it).
+        paths = [u.split("?")[0].split("#")[0] for u in urls if isinstance(u, str)]
+        names = [m.group(1) for u in paths if (m := _TEMPLATE.search(u))]
         return names[0] if names else None
     return None
 
