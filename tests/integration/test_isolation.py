@@ -19,18 +19,17 @@ import rayslice
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE
 from tests.integration.clusters import on
 from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.local.test_confinement import CONNECT_PROBE
 
-PROBE = r"""
+PROBE = (
+    r"""
 import errno, json, os, socket, sys, urllib.error, urllib.request
 
 secret, api, machine_socket, *code_dirs = sys.argv[1:]
 facts = {}
-client = socket.socket(socket.AF_UNIX)
-try:
-    client.connect(machine_socket)
-    facts["socket"] = "connected"
-except OSError as exc:
-    facts["socket"] = errno.errorcode.get(exc.errno, str(exc))
+"""
+    + CONNECT_PROBE
+    + r"""
 try:
     open(secret).read()
     facts["secret"] = "read"
@@ -59,6 +58,7 @@ except OSError:
     facts["api"] = "no connection"
 print("FACTS " + json.dumps(facts))
 """
+)
 
 
 @on("v6e-4")

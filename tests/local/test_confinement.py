@@ -95,19 +95,27 @@ def test_every_mount_but_the_hosts_own_turns_read_only():
     assert read_only == ["/", "/work", "/my disk", "/root", "/etc/hosts"]
 
 
-# Run by a host's startup script, as its jobs run: what it can reach of the machine.
-PROBE = r"""
-import ctypes, errno, json, os, socket, sys
-
-machine_socket, machine_ipc, root, shared = sys.argv[1:]
-libc = ctypes.CDLL(None, use_errno=True)
-facts = {}
+# Probe code (Python, run on a host) that connects to the Unix socket at `machine_socket` and
+# records the outcome in `facts`; tests/integration/test_isolation.py's job runs it too.
+CONNECT_PROBE = """
 client = socket.socket(socket.AF_UNIX)
 try:
     client.connect(machine_socket)
     facts["socket"] = "connected"
 except OSError as exc:
     facts["socket"] = errno.errorcode.get(exc.errno, str(exc))
+"""
+# Run by a host's startup script, as its jobs run: what it can reach of the machine.
+PROBE = (
+    r"""
+import ctypes, errno, json, os, socket, sys
+
+machine_socket, machine_ipc, root, shared = sys.argv[1:]
+libc = ctypes.CDLL(None, use_errno=True)
+facts = {}
+"""
+    + CONNECT_PROBE
+    + r"""
 facts["same ipc"] = os.readlink("/proc/self/ns/ipc") == machine_ipc
 for name, call in (
     ("umount", lambda: libc.umount2(b"/root", 0)),  # would show the machine's /root
@@ -120,6 +128,7 @@ for name, directory in (("root", root), ("shared", shared)):
         file.write(name)
 print("FACTS " + json.dumps(facts))
 """
+)
 
 
 @pytest.mark.root
