@@ -110,7 +110,7 @@ PROBE = (
     r"""
 import ctypes, errno, json, os, socket, sys
 
-machine_socket, machine_ipc, root, shared = sys.argv[1:]
+machine_socket, machine_ipc, root, shared, wheels = sys.argv[1:]
 libc = ctypes.CDLL(None, use_errno=True)
 facts = {}
 """
@@ -126,6 +126,12 @@ for name, call in (
 for name, directory in (("root", root), ("shared", shared)):
     with open(os.path.join(directory, "written-by-host"), "w") as file:
         file.write(name)
+facts["wheels"] = os.listdir(wheels)
+try:
+    open(os.path.join(wheels, "written-by-host"), "w").close()
+    facts["wheels written"] = "yes"
+except OSError as exc:
+    facts["wheels written"] = errno.errorcode.get(exc.errno, str(exc))
 print("FACTS " + json.dumps(facts))
 """
 )
@@ -136,20 +142,27 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
     """A host booted by the very command the simulator runs (`boot.command`, without its network
     namespace): its startup script connects to a Unix socket listening in the machine's /run, as
     D-Bus's, systemd's or Docker's do, and must be refused. Its own state under /run (its root,
-    the shared folder) stays writable; it cannot unmount a cover or mount anything."""
+    the shared folder) stays writable, what it runs on there (a wheelhouse) readable; it cannot
+    unmount a cover or mount anything."""
     run_id = secrets.token_hex(3)
     machine_run = Path("/run") / f"rayslice-test-{run_id}"
     shared = Path(f"{machine_run}-shared")  # the simulator makes Plan.shared_dir on the machine too
+    wheels = machine_run / "wheels"  # a `--share` below /run: bound back read-only
     paths = HostPaths.of(tmp_path / "state", "probe-host")
     paths.root.mkdir(parents=True)
     paths.metadata_tree.write_text("{}")  # a CPU VM: no TPU runtime
     root = f"{machine_run}-root"  # made inside the host only
     machine_ipc = os.readlink("/proc/self/ns/ipc")
     paths.script.write_text(
-        shlex.join([sys.executable, "-c", PROBE, f"{machine_run}/bus", machine_ipc, root, str(shared)]) + "\n"
+        shlex.join(
+            [sys.executable, "-c", PROBE, f"{machine_run}/bus", machine_ipc, root, str(shared), str(wheels)]
+        )
+        + "\n"
     )
     machine_run.mkdir()
     shared.mkdir()
+    wheels.mkdir()
+    (wheels / "a.whl").touch()
     listener = socket.socket(socket.AF_UNIX)
     host = None
     try:
@@ -159,7 +172,7 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
             hostname="probe-host",
             host_dir=paths.dir,
             root=root,
-            shares=[],
+            shares=[str(wheels)],
             shared_writable=str(shared),
             env={},
         )
@@ -179,6 +192,7 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
         assert facts["umount"] == facts["mount"] == "EPERM"
         assert (paths.root / "written-by-host").read_text() == "root"
         assert (shared / "written-by-host").read_text() == "shared"
+        assert facts["wheels"] == ["a.whl"] and facts["wheels written"] == "EROFS"
     finally:
         if host is not None:
             host.kill()  # unshare --kill-child: the host's PID 1 and everything below it end too
