@@ -175,24 +175,7 @@ def confine(*, state_dir: Path, writable: Sequence[Path], needed: Sequence[Path]
     packages): bound back read-only where a cover hides them.
     """
     hidden = covers(Path("/etc/passwd").read_text(), state_dir)
-    _cover(hidden, exposures(needed, hidden))
-    for secret in COVERED_FILES:
-        if secret.is_file() and not secret.is_symlink():
-            _mount("--bind", "-o", "ro", "/dev/null", str(secret))
-    _private_dev()
-    for knob in PROC_READ_ONLY:
-        path = Path("/proc") / knob
-        if path.exists():
-            _mount("--bind", "-o", "ro", str(path), str(path))
-    # The host's /run is its own; the machine's mounts below it are hidden, like those below a cover.
-    runs = run_dirs()
-    points = mount_points(Path("/proc/self/mountinfo").read_text())
-    for point in read_only_points(points, [*writable, Path("/dev"), *runs], [*hidden, *runs]):
-        _mount("-o", "remount,bind,ro", point)
-
-
-def _cover(hidden: Sequence[Path], back: Sequence[Path]) -> None:
-    """An empty read-only tmpfs on each of `hidden`, with `back` bound back read-only below it."""
+    back = exposures(needed, hidden)
     # Opened before the covers hide them; the kernel resolves /proc/self/fd/N to the original.
     handles = {path: os.open(path, os.O_PATH) for path in back if path.exists()}
     try:
@@ -206,6 +189,19 @@ def _cover(hidden: Sequence[Path], back: Sequence[Path]) -> None:
     finally:
         for fd in handles.values():
             os.close(fd)
+    for secret in COVERED_FILES:
+        if secret.is_file() and not secret.is_symlink():
+            _mount("--bind", "-o", "ro", "/dev/null", str(secret))
+    _private_dev()
+    for knob in PROC_READ_ONLY:
+        path = Path("/proc") / knob
+        if path.exists():
+            _mount("--bind", "-o", "ro", str(path), str(path))
+    # The host's /run is its own; the machine's mounts below it are hidden, like those below a cover.
+    runs = run_dirs()
+    points = mount_points(Path("/proc/self/mountinfo").read_text())
+    for point in read_only_points(points, [*writable, Path("/dev"), *runs], [*hidden, *runs]):
+        _mount("-o", "remount,bind,ro", point)
 
 
 def _private_dev() -> None:
