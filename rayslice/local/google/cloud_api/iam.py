@@ -77,6 +77,8 @@ METHOD_PERMISSIONS = {
     "container.projects.locations.clusters.nodePools.list": "container.clusters.get",
 }
 USE_TEMPLATE = "compute.instanceTemplates.useReadOnly"
+USE_RESOURCE_POLICY = "compute.resourcePolicies.use"
+ACT_AS = "iam.serviceAccounts.actAs"
 # The permissions whose resource IAM Conditions can name, and that name (conditions-resource-
 # attributes: ``projects/PROJECT_ID/zones/ZONE/instances/INSTANCE_NAME``). A template's name
 # comes from the MIG's body (`resource_name`).
@@ -90,8 +92,6 @@ CONDITION_TERM = re.compile(
 # Where a template's resource name starts in the URL a MIG's body names it by (a full URL or a
 # partial one: ``projects/P/global/instanceTemplates/N``, or ``.../regions/R/...``).
 _TEMPLATE = re.compile(r"(?:^|/)(projects/[^/]+/(?:global|regions/[^/]+)/instanceTemplates/[^/?#]+)$")
-USE_RESOURCE_POLICY = "compute.resourcePolicies.use"
-ACT_AS = "iam.serviceAccounts.actAs"
 
 
 def referenced_permissions(method_id: str, body: Any) -> tuple[str, ...]:
