@@ -130,7 +130,7 @@ def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering, extern
         for r in run.of_type("gcp:compute/firewall:Firewall")
         if "train-controller" in r.inputs["targetTags"]
     ]
-    assert [
+    assert sorted(
         (
             r.inputs["name"],
             r.inputs.get("allows"),
@@ -139,7 +139,7 @@ def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering, extern
             r.inputs["priority"],
         )
         for r in rules
-    ] == [
+    ) == [
         ("train-fw-controller-deny", None, [{"protocol": "all"}], ["0.0.0.0/0"], 0),
         ("train-fw-controller-deny-v6", None, [{"protocol": "all"}], ["::/0"], 0),
     ]
