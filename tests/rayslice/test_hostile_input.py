@@ -252,8 +252,8 @@ def test_hostile_values_are_refused_in_one_line_or_harmless(tmp_path, capsys, ke
     for name, (text, pulumi) in _values(key).items():
         try:
             _judge(tmp_path / "Pulumi.s.yaml", capsys, key, text, pulumi)
-        except AssertionError as failure:
-            failures.append(f"{key}: {name}: {str(failure)[:500]}")
+        except Exception as failure:  # a traceback is a finding too: listed with the others
+            failures.append(f"{key}: {name}: {type(failure).__name__}: {str(failure)[:500]}")
     assert not failures, "\n".join(failures)
 
 
