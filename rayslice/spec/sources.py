@@ -183,7 +183,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            problems.append(f"--set {pair!r} must look like KEY=VALUE (e.g. --set slices=2)")
+            problems.append(f"--set {shown(pair)} must look like KEY=VALUE (e.g. --set slices=2)")
             continue
         raw[key.removeprefix(NAMESPACE + ":")] = value
     if problems:

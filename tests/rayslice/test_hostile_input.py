@@ -437,3 +437,8 @@ def test_the_known_keys_are_listed_once_and_the_unknown_ones_counted(tmp_path, c
     code, _, err = _validate(capsys, "--stack-file", str(_stack_file(tmp_path / "Pulumi.s.yaml", keys)))
     _assert_one_line_refusal(code, err, "unknown config keys")
     assert err.count("known keys:") == 1 and "and 995 more" in err
+
+
+def test_a_malformed_set_pair_is_echoed_bounded(capsys):
+    code, _, err = _validate(capsys, "--set", "zone=us-east5-b", "--set", "x" * 100_000)
+    _assert_one_line_refusal(code, err, "must look like KEY=VALUE")
