@@ -187,7 +187,8 @@ class ClusterSpec:
     )
     # Every integer key has bounds (ge, le), checked where its value is read (`coerce`); the reason
     # for each upper bound is beside it.
-    # 64 slices: the most one cluster's controller and head are sized and tested for.
+    # 64 slices: rayslice's limit from its first version; no source we read states a multislice
+    # maximum, and no larger cluster has been tried.
     slices: Int = Field(
         1,
         ge=1,

@@ -26,7 +26,7 @@ NAMESPACE = "rayslice"
 # the readers would turn into text and run out of memory on.
 MAX_EXPANDED_NODES = 100_000
 # The largest stack file read. A real one is a few KB (its encrypted secrets included); a larger
-# one is the wrong file, and /dev/zero or a pipe would never end.
+# one is the wrong file, and reading /dev/zero would never end.
 MAX_STACK_FILE_BYTES = 1 << 20
 _UTF8_BOM = b"\xef\xbb\xbf"
 _NULL = "tag:yaml.org,2002:null"
