@@ -373,6 +373,33 @@ def test_huge_numbers_are_refused_before_preview_runs_the_program(capsys, overri
     _assert_one_line_refusal(code, err, "is out of range")
 
 
+def _largest(name: str) -> str:
+    key = next(k for k in spec.KEYS if k.name == name)
+    assert key.bounds is not None
+    return f"{name}={key.bounds[1]}"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["zone=us-east5-b", *map(_largest, ("slices", "minSlices", "idleTimeoutSeconds", "maxUsdPerHour"))],
+        [
+            *(f"{k}={v}" for k, v in TPU_VM.items()),
+            "queued=true",
+            "capacity=flex-start",
+            *map(_largest, ("queueDeadlineHours", "maxRunHours")),
+        ],
+    ],
+    ids=["elastic", "queued flex-start"],
+)
+def test_the_largest_value_of_every_integer_key_previews(capsys, overrides):
+    """The bounds are ones the program and the cost table work with, not merely ones that refuse."""
+    args = ["preview"]
+    for pair in overrides:
+        args += ["--set", pair]
+    assert cli.main(args) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["catalog"], ["validate", "--set", "zone=us-east5-b", "--set"]])
 def test_a_5000_digit_accelerator_size_is_refused_in_one_line(capsys, command):
     name = "v6e-" + "1" * 5000
