@@ -469,3 +469,12 @@ def test_the_known_keys_are_listed_once_and_the_unknown_ones_counted(tmp_path, c
 def test_a_malformed_set_pair_is_echoed_bounded(capsys):
     code, _, err = _validate(capsys, "--set", "zone=us-east5-b", "--set", "x" * 100_000)
     _assert_one_line_refusal(code, err, "must look like KEY=VALUE")
+
+
+def test_many_problems_are_listed_up_to_a_count_and_the_rest_counted(capsys):
+    labels = json.dumps({f"Bad{i}": "x" for i in range(50)})
+    code, _, err = _validate(capsys, "--set", "zone=us-east5-b", "--set", f"labels={labels}")
+    assert code == 2 and "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1 + 20 + 1, err  # the heading, 20 problems, the count of the others
+    assert lines[-1] == "  ... and 30 more problem(s): fix these first"
