@@ -40,7 +40,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-from rayslice.errors import CatalogError
+from rayslice.errors import CatalogError, shown
 
 PLATFORMS = ("compute", "tpu-vm", "gke")
 
@@ -587,7 +587,7 @@ def generation(name: str) -> Generation:
         return _BY_PREFIX[name.strip().lower()]
     except KeyError:
         known = ", ".join(g.name for g in GENERATIONS)
-        raise CatalogError(f"unknown TPU generation {name!r}; known generations: {known}") from None
+        raise CatalogError(f"unknown TPU generation {shown(name)}; known generations: {known}") from None
 
 
 _NAME = re.compile(r"(?P<prefix>[a-z0-9-]+?)-(?P<size>[0-9]+(?:x[0-9]+)*)", re.ASCII)
@@ -643,16 +643,27 @@ def _unknown_message(name: str, key: str, platform: str) -> str:
     if gen is not None and platform not in gen.platforms:
         return not_offered_message(gen, platform)
     if match is not None and gen is not None and "x" in match["size"]:
-        ordered = f"{gen.name}-{'x'.join(str(d) for d in sorted(parse_topology(match['size'])))}"
+        ordered = f"{gen.name}-{'x'.join(str(d) for d in sorted(map(_asked, match['size'].split('x'))))}"
         if ordered != key and ordered in table(platform):
             return (
-                f"unknown topology {name!r} on {platform}: write its dimensions in ascending order, {ordered}"
+                f"unknown topology {shown(name)} on {platform}: write its dimensions in ascending "
+                f"order, {ordered}"
             )
     suggestions = closest(key, platform)
     return (
-        f"unknown accelerator type {name!r} on {platform}; closest valid types: "
+        f"unknown accelerator type {shown(name)} on {platform}; closest valid types: "
         f"{', '.join(suggestions)} (run `rayslice catalog --platform {platform}` for all)"
     )
+
+
+# A size or dimension asked for with more digits than this is far beyond any slice; it is compared
+# as 10**_ASKED_DIGITS (int() of a long text costs time, and Python refuses over 4,300 digits).
+_ASKED_DIGITS = 6
+
+
+def _asked(digits: str) -> int:
+    """A size or topology dimension from a name a user gave, as a number to compare."""
+    return int(digits) if len(digits) <= _ASKED_DIGITS else 10**_ASKED_DIGITS
 
 
 def closest(key: str, platform: str, count: int = 3) -> list[str]:
@@ -661,7 +672,7 @@ def closest(key: str, platform: str, count: int = 3) -> list[str]:
     match = _NAME.fullmatch(key)
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
     if match is not None and gen is not None and "x" not in match["size"]:
-        wanted = int(match["size"])
+        wanted = _asked(match["size"])
         sizes = sorted(
             {
                 s.tensorcores if gen.counts_tensorcores else s.chips

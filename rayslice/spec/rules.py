@@ -2,9 +2,11 @@
 
 Each `_check_*` reads the typed attributes of a `Draft` and appends what it refuses to
 `problems`, each saying what to do; a key that is None (unset, or refused on its own) is left
-alone, so one wrong value never hides another problem. The derived keys are filled here too:
-platform and head before the rules that read them, zone, runtime version and the catalog's name
-of the accelerator type once nothing was refused.
+alone, so one wrong value never hides another problem. A check that refuses a value marks it
+refused too (`_refuse`), and no check complains that a refused key is missing (`_missing`): one
+wrong value gives one problem, not a cascade of others that would vanish once it is fixed. The
+derived keys are filled here too: platform and head before the rules that read them, zone,
+runtime version and the catalog's name of the accelerator type once nothing was refused.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 
 from rayslice import addresses, catalog
-from rayslice.errors import SpecError
+from rayslice.errors import SpecError, shown
 from rayslice.names import slice_name
 from rayslice.spec.draft import Draft, read
 from rayslice.spec.model import DEFAULT_RAY_VERSION, KEYS, ClusterSpec, Platform
@@ -49,9 +51,10 @@ _IMAGE = re.compile(
 )
 # Longest name rayslice derives from `name` is "<name>-slice-NN-fw-internal" (63 max).
 _NAME_MAX = 40
-# The most public address space dashboardSourceRanges may cover together without
-# allowWideDashboardRanges, as a prefix length per IP version: a /8 (16.7 million IPv4 addresses)
-# and a /32 (an ISP's IPv6 allocation) are already far more than any team's offices and VPNs.
+# The most public address space dashboardSourceRanges (and gkeAuthorizedNetworks) may cover
+# together without allowWideDashboardRanges (allowWideGkeAuthorizedNetworks), as a prefix length
+# per IP version: a /8 (16.7 million IPv4 addresses) and a /32 (an ISP's IPv6 allocation) are
+# already far more than any team's offices and VPNs.
 WIDEST_PUBLIC_DASHBOARD = {4: 8, 6: 32}
 # GKE refuses node pool names longer than this; the longest pool is the last slice's.
 GKE_NODE_POOL_NAME_MAX = 40
@@ -111,51 +114,67 @@ def _resolve_tpu(draft: Draft, problems: list[str]) -> catalog.TpuType | None:
         return None
 
 
+def _refuse(draft: Draft, field: str) -> None:
+    """Mark a value refused by a rule: no later rule reads it."""
+    setattr(draft, field, None)
+    draft.refused = draft.refused | {field}
+
+
+def _missing(draft: Draft, field: str) -> bool:
+    """Whether a key is left unset (not merely refused, which is reported already)."""
+    return getattr(draft, field) is None and field not in draft.refused
+
+
 def _check_names(draft: Draft, problems: list[str]) -> None:
     name = draft.name
     if name is not None and (not _GCP_NAME.fullmatch(name) or len(name) > _NAME_MAX):
         problems.append(
-            f"name={name!r} breaks GCP naming rules: use 1-{_NAME_MAX} characters, a lowercase "
+            f"name={shown(name)} breaks GCP naming rules: use 1-{_NAME_MAX} characters, a lowercase "
             "letter first, then lowercase letters, digits or hyphens, not ending in a hyphen"
         )
+        _refuse(draft, "name")
     resources = (
-        ("network", draft.network),
-        ("subnetwork", draft.subnetwork),
-        ("reservation", draft.reservation),
-        ("gkeCluster", draft.gke_cluster),
+        ("network", "network"),
+        ("subnetwork", "subnetwork"),
+        ("reservation", "reservation"),
+        ("gkeCluster", "gke_cluster"),
     )
-    for key, value in resources:
+    for key, field in resources:
+        value = getattr(draft, field)
         if value is not None and not _GCP_NAME.fullmatch(value):
             problems.append(
-                f"{key}={value!r} is not a valid GCP resource name: use up to 63 lowercase "
+                f"{key}={shown(value)} is not a valid GCP resource name: use up to 63 lowercase "
                 "letters, digits or hyphens, starting with a letter"
             )
+            _refuse(draft, field)
     if draft.project is not None and not _PROJECT.fullmatch(draft.project):
         problems.append(
-            f"project={draft.project!r} is not a valid GCP project ID: 6-30 lowercase "
+            f"project={shown(draft.project)} is not a valid GCP project ID: 6-30 lowercase "
             "letters, digits or hyphens, starting with a letter"
         )
+        _refuse(draft, "project")
     if draft.head_machine_type is not None and not _MACHINE_TYPE.fullmatch(draft.head_machine_type):
         problems.append(
-            f"headMachineType={draft.head_machine_type!r} is not a machine type name "
+            f"headMachineType={shown(draft.head_machine_type)} is not a machine type name "
             f"(e.g. {catalog.DEFAULT_HEAD_MACHINE_TYPE})"
         )
-        draft.head_machine_type = None  # refused: the zone's machine families are not asked
+        _refuse(draft, "head_machine_type")  # the zone's machine families are not asked
     labels = draft.labels or {}
     if len(labels) > 60:
         problems.append(
-            f"labels: {len(labels)} labels given; GCP allows 64 per resource and rayslice adds 4: "
+            f"labels: {len(labels):,} labels given; GCP allows 64 per resource and rayslice adds 4: "
             "use at most 60"
         )
+        return  # not each of them too
     for key, value in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             problems.append(
-                f"labels: key {key!r} breaks GCP label rules: start with a lowercase letter, "
+                f"labels: key {shown(key)} breaks GCP label rules: start with a lowercase letter, "
                 "then up to 62 lowercase letters, digits, '_' or '-'"
             )
         if not _LABEL_VALUE.fullmatch(value):
             problems.append(
-                f"labels: value {value!r} of {key!r} breaks GCP label rules: up to 63 lowercase "
+                f"labels: value {shown(value)} of {shown(key)} breaks GCP label rules: up to 63 lowercase "
                 "letters, digits, '_' or '-'"
             )
 
@@ -171,7 +190,7 @@ def _check_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str], 
             return
         zone = tpu.zones[0] if tpu is not None else None
     elif not _ZONE.fullmatch(zone):
-        problems.append(f"zone={zone!r} is not a GCP zone name (e.g. us-central1-b)")
+        problems.append(f"zone={shown(zone)} is not a GCP zone name (e.g. us-central1-b)")
         return
     elif tpu is not None and zone not in tpu.zones:
         problems.append(
@@ -201,7 +220,7 @@ def _check_runtime(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
         return
     if not _RUNTIME.fullmatch(runtime):
         problems.append(
-            f"runtimeVersion={runtime!r} is not a runtime version name (e.g. {tpu.runtime_version})"
+            f"runtimeVersion={shown(runtime)} is not a runtime version name (e.g. {tpu.runtime_version})"
         )
         return
     built_for = catalog.runtime_generations(runtime)
@@ -216,9 +235,7 @@ def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]
     slices = draft.slices
     if slices is None:
         return
-    if not 1 <= slices <= 64:
-        problems.append(f"slices={slices} is out of range; use 1 to 64")
-    elif slices > 1 and tpu is not None and not tpu.multislice:
+    if slices > 1 and tpu is not None and not tpu.multislice:
         capable = ", ".join(g.name for g in catalog.GENERATIONS if g.multislice)
         problems.append(
             f"slices={slices}: {tpu.generation} does not support multislice; use slices=1 or one "
@@ -272,6 +289,8 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
     """An elastic cluster's range, where its controller runs, and its price ceiling."""
     low, high = draft.min_slices, draft.slices
     if low is None:
+        if "min_slices" in draft.refused:
+            return  # reported above; whether the cluster is elastic is not known
         for field, key in (
             ("idle_timeout_seconds", "idleTimeoutSeconds"),
             ("max_usd_per_hour", "maxUsdPerHour"),
@@ -304,8 +323,6 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
         problems.append(
             "minSlices with recovery=false: the recovery controller is what adds and removes slices"
         )
-    if draft.idle_timeout_seconds is not None and draft.idle_timeout_seconds < 1:
-        problems.append(f"idleTimeoutSeconds={draft.idle_timeout_seconds}: use 1 or more")
     ceiling = draft.max_usd_per_hour
     if ceiling is None or tpu is None or draft.capacity is None:
         return
@@ -333,17 +350,20 @@ def _check_requirements(draft: Draft, problems: list[str]) -> None:
             req = Requirement(line)
         except InvalidRequirement as exc:
             problems.append(
-                f"requirements: {line!r} is not a valid PEP 508 requirement ({exc}); e.g. 'optax>=0.2'"
+                f"requirements: {shown(line)} is not a valid PEP 508 requirement "
+                f"({str(exc).splitlines()[0]}); e.g. 'optax>=0.2'"
             )
             continue
         if req.url:
             problems.append(
-                f"requirements: {line!r} installs from a URL; list a package name and use "
+                f"requirements: {shown(line)} installs from a URL; list a package name and use "
                 "packageIndex for a private index"
             )
     ray_version = draft.ray_version
     if ray_version is not None and not _RAY_VERSION.fullmatch(ray_version):
-        problems.append(f"rayVersion={ray_version!r} is malformed; use a release like {DEFAULT_RAY_VERSION}")
+        problems.append(
+            f"rayVersion={shown(ray_version)} is malformed; use a release like {DEFAULT_RAY_VERSION}"
+        )
 
 
 def _check_package_index(draft: Draft, problems: list[str]) -> None:
@@ -353,10 +373,10 @@ def _check_package_index(draft: Draft, problems: list[str]) -> None:
     if secret is not None:
         if not _SECRET_ID.fullmatch(secret):
             problems.append(
-                f"packageIndexCredentialsSecret={secret!r} is not a Secret Manager secret name: use "
+                f"packageIndexCredentialsSecret={shown(secret)} is not a Secret Manager secret name: use "
                 "up to 255 letters, digits, '-' or '_' (the secret's ID, not its full path)"
             )
-        if index is None:
+        if _missing(draft, "package_index"):
             problems.append(
                 "packageIndexCredentialsSecret is set without packageIndex: set packageIndex to the "
                 "index these credentials are for, or remove packageIndexCredentialsSecret"
@@ -364,93 +384,133 @@ def _check_package_index(draft: Draft, problems: list[str]) -> None:
     if index is None:
         return
     if not _URL.fullmatch(index):
-        problems.append(f"packageIndex={index!r} is not an https:// or file:// URL without quotes or spaces")
+        problems.append(
+            f"packageIndex={shown(index)} is not an https:// or file:// URL without quotes or spaces"
+        )
         return
     parts = urlsplit(index)
     if parts.query or parts.fragment or "?" in index or "#" in index:
         problems.append(
-            f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} has a query "
+            f"packageIndex {shown(_without_credentials(parts))} has a query "
             "or fragment ('?' or '#'); a token there would be readable in instance metadata, the "
             "boot log and uv's command line: remove it, store 'user:password' in a Secret Manager "
             "secret and set packageIndexCredentialsSecret=<secret name>"
         )
     if "@" in parts.netloc:
         problems.append(
-            f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} carries "
+            f"packageIndex {shown(_without_credentials(parts))} carries "
             "credentials in its URL, which would be readable in instance metadata, process lists "
             "and previews: remove them from the URL, store 'user:password' in a Secret Manager "
             "secret and set packageIndexCredentialsSecret=<secret name>"
         )
-    if parts.scheme == "http" and not draft.allow_insecure_package_index:
+    if parts.scheme == "http" and draft.allow_insecure_package_index is False:
         problems.append(
-            f"packageIndex={index!r} uses plain http, so anyone on the network path can change the "
+            f"packageIndex={shown(index)} uses plain http, so anyone on the network path can change the "
             "packages hosts install as root: use https://, or set allowInsecurePackageIndex=true "
             "if the path is trusted"
         )
 
 
+def _without_credentials(parts: SplitResult) -> str:
+    """An index URL as a message may show it: without the user and password before '@'."""
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
 def _networks(
     key: str, ranges: tuple[str, ...] | None, problems: list[str]
 ) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    nets = []
+    nets, bad = [], []
     for cidr in ranges or ():
         try:
             nets.append(ipaddress.ip_network(cidr, strict=False))
         except ValueError:
-            problems.append(f"{key}: {cidr!r} is not a CIDR range (e.g. 10.0.0.0/8)")
+            bad.append(cidr)
+    if bad:
+        verb = "is not a CIDR range" if len(bad) == 1 else "are not CIDR ranges"
+        problems.append(f"{key}: {_listed(bad)} {verb} (e.g. 10.0.0.0/8)")
     return nets
 
 
 def _covers_everything(nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
-    """Whether the ranges together cover all of IPv4 or all of IPv6 (0.0.0.0/1 + 128.0.0.0/1)."""
-    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
-    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    """Whether the ranges together cover all of IPv4 or all of IPv6 (0.0.0.0/1 + 128.0.0.0/1),
+    an IPv4-mapped IPv6 range counted as the IPv4 range it stands for."""
+    unwrapped = [addresses.unwrap(n) for n in nets]
+    v4 = [n for n in unwrapped if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in unwrapped if isinstance(n, ipaddress.IPv6Network)]
     return ipaddress.IPv4Network("0.0.0.0/0") in ipaddress.collapse_addresses(v4) or (
         ipaddress.IPv6Network("::/0") in ipaddress.collapse_addresses(v6)
     )
 
 
-def _check_dashboard(draft: Draft, problems: list[str]) -> None:
-    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host.
+def _listed(items: list[Any], most: int = 5) -> str:
+    """The first few of `items` for a message (a string as the user wrote it, quoted), and how
+    many more there are."""
+    more = f" and {len(items) - most:,} more" if len(items) > most else ""
+    return ", ".join(shown(item) if isinstance(item, str) else str(item) for item in items[:most]) + more
 
-    Public ranges are judged by how much they cover together, not one by one: all the /9s but one
-    are as open as 0.0.0.0/0 less a sliver. Beyond `WIDEST_PUBLIC_DASHBOARD` (more public space
-    than a team plausibly owns) they need allowWideDashboardRanges; the whole space never passes.
-    """
-    key = "dashboardSourceRanges"
-    nets = _networks(key, draft.dashboard_source_ranges, problems)
+
+def _check_width(
+    key: str,
+    nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network],
+    opt_in: tuple[str, bool | None],
+    door: str,
+    exposure: str,
+    problems: list[str],
+) -> None:
+    """The width rule of ranges that open a door to the internet: public ranges are judged by
+    how much they cover together, not one by one (all the /9s but one are as open as 0.0.0.0/0
+    less a sliver). Beyond `WIDEST_PUBLIC_DASHBOARD` (more public space than a team plausibly
+    owns) they need the opt-in key set; the whole address space never passes."""
     if _covers_everything(nets):
         problems.append(
-            f"{key}: {', '.join(map(str, nets))} together cover the whole address space, which opens "
-            "the Ray dashboard and Jobs API to the internet; list only your own ranges"
+            f"{key}: {_listed(nets)} together cover the whole address space, which opens {door} to "
+            "the internet; list only your own ranges"
         )
         return
+    opt_in_key, opted_in = opt_in
+    if opted_in is None:
+        return  # the opt-in was refused, reported above
     for version, prefix in WIDEST_PUBLIC_DASHBOARD.items():
         covered = addresses.public_addresses(nets, version)
         limit = 2 ** ((32 if version == 4 else 128) - prefix)
-        if covered > limit and not draft.allow_wide_dashboard_ranges:
+        if covered > limit and not opted_in:
             problems.append(
                 f"{key}: the public IPv{version} ranges together cover {covered:,} addresses, more "
-                f"than a /{prefix} ({limit:,}), far more than one team's networks: everyone there "
-                "can reach the Jobs API and try the token (over plain http unless you tunnel). List "
-                "only your own ranges, or set allowWideDashboardRanges=true if the cluster must "
-                "really be reachable that widely"
+                f"than a /{prefix} ({limit:,}), far more than one team's networks: {exposure}. List "
+                f"only your own ranges, or set {opt_in_key}=true if {door} must really be reachable "
+                "that widely"
             )
-    public = [str(n) for n in nets if not addresses.is_internal_network(n)]
-    if public and draft.ray_auth == "none":
+
+
+def _check_dashboard(draft: Draft, problems: list[str]) -> None:
+    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host. Its
+    ranges keep the width rule (`_check_width`), and public ones need token auth."""
+    key = "dashboardSourceRanges"
+    nets = _networks(key, draft.dashboard_source_ranges, problems)
+    public = [n for n in nets if not addresses.is_internal_network(n)]
+    if public and draft.ray_auth == "none" and not _covers_everything(nets):
         problems.append(
-            f"{key}: {', '.join(public)} {'is a public range' if len(public) == 1 else 'are public ranges'} "
+            f"{key}: {_listed(public)} {'is a public range' if len(public) == 1 else 'are public ranges'} "
             "and rayAuth=none: anyone there could submit jobs through the Ray Jobs API and run code "
             "on every host (remote code execution); set rayAuth=token, or list only private ranges"
         )
+        return  # how wide they are matters once a token guards them
+    _check_width(
+        key,
+        nets,
+        ("allowWideDashboardRanges", draft.allow_wide_dashboard_ranges),
+        "the Ray dashboard and Jobs API",
+        "everyone there can reach the Jobs API and try the token (over plain http unless you tunnel)",
+        problems,
+    )
 
 
 def _check_network(draft: Draft, problems: list[str]) -> None:
     # A subnetwork name alone cannot be used: rayslice would create a new VPC and look for the
     # subnetwork in it.
-    if draft.subnetwork is not None and draft.network is None:
+    if draft.subnetwork is not None and _missing(draft, "network"):
         problems.append(
-            f"subnetwork={draft.subnetwork!r} is set without network: set network to the VPC "
+            f"subnetwork={shown(draft.subnetwork)} is set without network: set network to the VPC "
             "that holds this subnetwork too (or remove subnetwork to let rayslice create both)"
         )
 
@@ -458,7 +518,7 @@ def _check_network(draft: Draft, problems: list[str]) -> None:
 def _check_capacity(draft: Draft, problems: list[str]) -> None:
     """What each platform offers, exactly: reserved with a named reservation where the API
     consumes one, flex-start where it exists (through a queued resource on tpu-vm), queued
-    requests on tpu-vm, and the durations within Google's limits."""
+    requests on tpu-vm, and the durations only where they apply (their ranges are the model's)."""
     platform, capacity = draft.platform, draft.capacity
     if platform is None or capacity is None:
         return  # refused above
@@ -469,6 +529,7 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
         )
         return
     queued = bool(draft.queued)
+    unqueued = draft.queued is False  # not merely refused
     if queued and platform != "tpu-vm":
         problems.append(
             f"queued=true applies to platform=tpu-vm only (queued resources); on {platform} use "
@@ -484,39 +545,29 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
                 "install: docs/capacity.md)"
             )
         )
-    if capacity == "flex-start" and platform == "tpu-vm" and not queued:
+    if capacity == "flex-start" and platform == "tpu-vm" and unqueued:
         problems.append(
             "capacity=flex-start on platform=tpu-vm is a queued request: set queued=true "
             "(the TPU API takes flex-start only through a queued resource)"
         )
-    if capacity == "reserved" and not draft.reservation and platform in ("compute", "gke"):
+    if capacity == "reserved" and _missing(draft, "reservation") and platform in ("compute", "gke"):
         problems.append(
             f"capacity=reserved on {platform} needs reservation=<name of your reservation>"
             + (" (a RESERVATION_BOUND MIG consumes one named reservation)" if platform == "compute" else "")
         )
     if draft.reservation and capacity != "reserved":
         problems.append(f"reservation is used with capacity=reserved only; remove it for capacity={capacity}")
-    elif draft.reservation and platform == "tpu-vm" and not queued:
+    elif draft.reservation and platform == "tpu-vm" and unqueued:
         problems.append(
             "reservation on platform=tpu-vm is named through a queued resource: set queued=true, "
             "or remove reservation (a direct create uses any matching reservation)"
         )
-    hours = draft.max_run_hours
-    if hours is not None:
-        if capacity != "flex-start":
-            problems.append(
-                f"maxRunHours applies to capacity=flex-start only; remove it for capacity={capacity}"
-            )
-        elif not 1 <= hours <= catalog.MAX_RUN_HOURS:
-            problems.append(f"maxRunHours={hours} is out of range; use 1 to {catalog.MAX_RUN_HOURS} (7 days)")
-    deadline = draft.queue_deadline_hours
-    if deadline is not None:
-        if not queued:
-            problems.append(
-                "queueDeadlineHours applies to queued=true (tpu-vm) only; set queued=true or remove it"
-            )
-        elif deadline < 1:
-            problems.append(f"queueDeadlineHours={deadline} must be at least 1")
+    if draft.max_run_hours is not None and capacity != "flex-start":
+        problems.append(f"maxRunHours applies to capacity=flex-start only; remove it for capacity={capacity}")
+    if draft.queue_deadline_hours is not None and unqueued:
+        problems.append(
+            "queueDeadlineHours applies to queued=true (tpu-vm) only; set queued=true or remove it"
+        )
 
 
 def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
@@ -533,20 +584,26 @@ def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: l
 
 def _check_gke(draft: Draft, problems: list[str]) -> None:
     """GKE's own limits on what the user chose, so `pulumi up` never fails half-way on them."""
+    if draft.platform is None:
+        return  # refused above: whether these keys apply is not known
     if draft.platform != "gke":
         for key, given in (
             ("gkeCluster", draft.gke_cluster),
             ("gkeAuthorizedNetworks", draft.gke_authorized_networks),
+            ("allowWideGkeAuthorizedNetworks", draft.allow_wide_gke_authorized_networks),
         ):
             if given:
                 problems.append(f"{key} applies to platform=gke only; remove it or set platform=gke")
         return
     key = "gkeAuthorizedNetworks"
-    if _covers_everything(_networks(key, draft.gke_authorized_networks, problems)):
-        problems.append(
-            f"{key} covers the whole address space, which opens the GKE control-plane endpoint to "
-            "the internet; list only your own ranges (empty: private endpoint only)"
-        )
+    _check_width(
+        key,
+        _networks(key, draft.gke_authorized_networks, problems),
+        ("allowWideGkeAuthorizedNetworks", draft.allow_wide_gke_authorized_networks),
+        "the GKE control-plane endpoint",
+        "everyone there can reach the cluster's Kubernetes API and try credentials on it",
+        problems,
+    )
     if draft.gke_cluster is not None:
         for net_key, net in (("network", draft.network), ("subnetwork", draft.subnetwork)):
             if net is not None:
@@ -555,8 +612,8 @@ def _check_gke(draft: Draft, problems: list[str]) -> None:
                     f"network); remove {net_key}, or remove gkeCluster to create a cluster in it"
                 )
     name, slices = draft.name, draft.slices
-    if name is None or slices is None or not 1 <= slices <= 64:
-        return  # reported above
+    if name is None or slices is None:
+        return  # refused above
     longest = slice_name(name, slices - 1)  # "<name>-head" is shorter
     if len(longest) > GKE_NODE_POOL_NAME_MAX:
         room = GKE_NODE_POOL_NAME_MAX - (len(longest) - len(name))
@@ -593,7 +650,7 @@ def _check_host_image(draft: Draft, problems: list[str]) -> None:
     found = _IMAGE.fullmatch(image)
     if found is None:
         problems.append(
-            f"hostImage={image!r} is not a Compute Engine image: give its name (1-63 lowercase "
+            f"hostImage={shown(image)} is not a Compute Engine image: give its name (1-63 lowercase "
             "letters, digits or hyphens, a letter first) or projects/PROJECT/global/images/NAME, "
             "as `rayslice image name` prints it"
         )

@@ -353,7 +353,7 @@ ERRORS = [
     (
         "gke-authorized-networks-everything",
         {"platform": "gke", "gkeAuthorizedNetworks": ["0.0.0.0/0"]},
-        ["whole address space", "private endpoint only"],
+        ["whole address space", "GKE control-plane endpoint"],
     ),
     (
         "gke-authorized-networks-not-cidr",
@@ -495,7 +495,11 @@ ERRORS = [
         {"slices": "2", "minSlices": "0", "capacity": "flex-start", "maxUsdPerHour": "100"},
         ["no list price of v6e-16 on flex-start", "remove maxUsdPerHour"],
     ),
-    ("elastic-idle-zero", {"slices": "2", "minSlices": "0", "idleTimeoutSeconds": "0"}, ["use 1 or more"]),
+    (
+        "elastic-idle-zero",
+        {"slices": "2", "minSlices": "0", "idleTimeoutSeconds": "0"},
+        ["idleTimeoutSeconds=0 is out of range; use 1 to 604,800"],
+    ),
     ("idle-without-elastic", {"idleTimeoutSeconds": "60"}, ["elastic clusters only", "set minSlices"]),
     ("ceiling-without-elastic", {"maxUsdPerHour": "60"}, ["maxUsdPerHour applies to elastic"]),
     (
