@@ -17,9 +17,18 @@ from rayslice.startup_scripts.options import PackageSource, RenderOptions
 # 2.9.0 (its wheel does not declare it, so `torch~=2.9.0` locked torch 2.9.1); libtpu wheels for
 # torch_xla come from Google's find-links pages, as in the guide. The jax preset also carries
 # what the bundled JAX training jobs import (jax_train, jax_trainer): optax for the optimizer,
-# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with.
+# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with; and
+# etils' `epath-gcs` extra, through which JAX reads a compilation cache in a bucket (gs://): JAX's
+# cache opens a non-local directory with etils.epath (jax/_src/lru_cache.py: "Please install the
+# `etils[epath]` package..."), whose gs:// backend is fsspec's gcsfs (etils/epath/backend.py,
+# `_FileSystemSpecBackend`; etils 1.15's extra `epath-gcs` requires gcsfs).
 PRESETS: dict[str, tuple[str, ...]] = {
-    "jax": ("jax[tpu]>=0.10.2,<0.11", "optax>=0.2.8,<0.3", "orbax-checkpoint>=0.12.8,<0.13"),
+    "jax": (
+        "jax[tpu]>=0.10.2,<0.11",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "etils[epath-gcs]>=1.15,<2",
+    ),
     "xla": ("torch==2.9.0", "torch_xla[tpu]==2.9.0"),
 }
 PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
