@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from rayslice import catalog, names
+from rayslice import catalog, compilation_cache, names
 from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
@@ -235,6 +235,18 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
     }
 
 
+def compilation_cache_variables(options: RenderOptions) -> dict[str, object]:
+    """JAX's persistent compilation cache for Ray's jobs (`rayslice.compilation_cache`): the
+    rendered location (the simulator's shared folder; empty on the cloud, where the host reads
+    its bucket's from metadata) and the settings beside it."""
+    return {
+        "compilation_cache": options.compilation_cache,
+        "attr_compilation_cache": names.ATTR_COMPILATION_CACHE,
+        "compilation_cache_variable": compilation_cache.CACHE_DIR_VARIABLE,
+        "compilation_cache_settings": [f"{k}={v}" for k, v in compilation_cache.SETTINGS.items()],
+    }
+
+
 def host_types(spec: ClusterSpec) -> list[str]:
     """Every name a host of the spec's slice may report as its ``accelerator-type``: the spec's
     own and the host's spelling of it (`catalog.reported_name`: a TPU7x host reports ``v7x-16``
@@ -250,6 +262,7 @@ def script_variables(
     return {
         **package_variables(spec, source, stack_lock),
         **cache_variables(spec, source),
+        **compilation_cache_variables(options),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
         "platform": spec.platform,
