@@ -9,9 +9,8 @@ import re
 import pytest
 
 from rayslice import compilation_cache
-from rayslice.infra.mocks import run_offline
-from rayslice.infra.program import main
 from rayslice.names import ATTR_COMPILATION_CACHE, ATTR_ROLE, HEAD_VM_ROLE
+from tests.infra.test_infra_variants import _run as run_variant
 
 BUCKET = "gcp:storage/bucket:Bucket"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
@@ -20,17 +19,11 @@ INSTANCE = "gcp:compute/instance:Instance"
 TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
 SLEEP = "time:index/sleep:Sleep"
 HOSTS = "serviceAccount:train-hosts@my-gcp-project.iam.gserviceaccount.com"
-BASE = {
-    "rayslice:name": "train",
-    "rayslice:acceleratorType": "v6e-16",
-    "rayslice:zone": "us-east5-b",
-    "gcp:project": "my-gcp-project",
-}
 
 
 def _run(**overrides: str):
-    config = {**BASE, **{f"rayslice:{k}": v for k, v in overrides.items()}}
-    return run_offline(lambda: main().exports, config)
+    """The program under the mocks, for a cluster named train (its hosts' account: HOSTS)."""
+    return run_variant(name="train", **overrides)
 
 
 def test_the_bucket_follows_jaxs_advice_for_a_cache_on_google_cloud():
