@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from rayslice import catalog, names
+from rayslice import catalog, compilation_cache, names
 from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
@@ -17,9 +17,18 @@ from rayslice.startup_scripts.options import PackageSource, RenderOptions
 # 2.9.0 (its wheel does not declare it, so `torch~=2.9.0` locked torch 2.9.1); libtpu wheels for
 # torch_xla come from Google's find-links pages, as in the guide. The jax preset also carries
 # what the bundled JAX training jobs import (jax_train, jax_trainer): optax for the optimizer,
-# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with.
+# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with; and
+# etils' `epath-gcs` extra, through which JAX reads a compilation cache in a bucket (gs://): JAX's
+# cache opens a non-local directory with etils.epath (jax/_src/lru_cache.py: "Please install the
+# `etils[epath]` package..."), whose gs:// backend is fsspec's gcsfs (etils/epath/backend.py,
+# `_FileSystemSpecBackend`; etils 1.15's extra `epath-gcs` requires gcsfs).
 PRESETS: dict[str, tuple[str, ...]] = {
-    "jax": ("jax[tpu]>=0.10.2,<0.11", "optax>=0.2.8,<0.3", "orbax-checkpoint>=0.12.8,<0.13"),
+    "jax": (
+        "jax[tpu]>=0.10.2,<0.11",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "etils[epath-gcs]>=1.15,<2",
+    ),
     "xla": ("torch==2.9.0", "torch_xla[tpu]==2.9.0"),
 }
 PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
@@ -226,6 +235,18 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
     }
 
 
+def compilation_cache_variables(options: RenderOptions) -> dict[str, object]:
+    """JAX's persistent compilation cache for Ray's jobs (`rayslice.compilation_cache`): the
+    rendered location (the simulator's shared folder; empty on the cloud, where the host reads
+    its bucket's from metadata) and the settings beside it."""
+    return {
+        "compilation_cache": options.compilation_cache,
+        "attr_compilation_cache": names.ATTR_COMPILATION_CACHE,
+        "compilation_cache_variable": compilation_cache.CACHE_DIR_VARIABLE,
+        "compilation_cache_settings": [f"{k}={v}" for k, v in compilation_cache.SETTINGS.items()],
+    }
+
+
 def host_types(spec: ClusterSpec) -> list[str]:
     """Every name a host of the spec's slice may report as its ``accelerator-type``: the spec's
     own and the host's spelling of it (`catalog.reported_name`: a TPU7x host reports ``v7x-16``
@@ -241,6 +262,7 @@ def script_variables(
     return {
         **package_variables(spec, source, stack_lock),
         **cache_variables(spec, source),
+        **compilation_cache_variables(options),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
         "platform": spec.platform,

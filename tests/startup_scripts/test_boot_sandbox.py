@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rayslice import names
+from rayslice import compilation_cache, names
 from rayslice import spec as spec_module
 from rayslice.startup_scripts import (
     RenderOptions,
@@ -591,6 +591,37 @@ def _boot_compute_host(
         listener.close()
     assert f"--address=127.0.0.1:{port}" in box.ray_starts()[0]
     return box
+
+
+BUCKET_CACHE = compilation_cache.bucket_location("rayslice-xla-0123abcd")
+
+
+def _ray_environment(box: sandbox.Sandbox, script: Path) -> dict[str, str]:
+    """The JAX_ variables of the first `ray start` after booting `script` (worker 0: the head)."""
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    lines = box.ray_log.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.startswith("JAX_"))
+
+
+@pytest.mark.parametrize(
+    "attribute, rendered, expected",
+    [
+        (BUCKET_CACHE, "", BUCKET_CACHE),  # a cloud host: its bucket, named in metadata
+        (BUCKET_CACHE, "/sim-shared/jax-compilation-cache", "/sim-shared/jax-compilation-cache"),
+        (None, "/sim-shared/jax-compilation-cache", "/sim-shared/jax-compilation-cache"),
+        (None, "", None),  # neither: JAX keeps its own default (no cache)
+    ],
+    ids=["bucket from metadata", "rendered folder wins", "rendered folder alone", "none"],
+)
+def test_ray_gets_the_compilation_cache_and_the_settings_that_cache_every_step(
+    host, tmp_path, attribute, rendered, expected
+):
+    spec = _spec(rayAuth="none")
+    extra = {names.ATTR_COMPILATION_CACHE: attribute} if attribute else {}
+    box = _box(host, tmp_path, _cloud(spec, extra=extra))
+    env = _ray_environment(box, box.render(spec, sandbox.free_port(), compilation_cache=rendered))
+    assert env == (compilation_cache.environment(expected) if expected else {})
 
 
 def test_a_tpu7x_host_reporting_v7x_runs_the_script_rendered_for_tpu7x(host, tmp_path):
