@@ -222,6 +222,9 @@ def uv_binary() -> str:
 
 
 PYPI_SIMPLE = "https://pypi.org/simple"
+# uv's hint when `--no-build` leaves a package without a file to use (uv 0.13: "Wheels are
+# required for `NAME` because building from source is disabled").
+_NEEDS_WHEEL = re.compile(r"Wheels are required for `([^`]+)`")
 
 
 _ANCHOR = re.compile(r'<a [^>]*href="[^"#]*#sha256=(?P<digest>[0-9a-f]{64})"[^>]*>(?P<name>[^<]+)</a>')
@@ -260,6 +263,10 @@ def compile_lock(
         requirements = Path(tmp, "requirements.in")
         requirements.write_text("".join(f"{line}\n" for line in _split(lock_header["requirements"])))
         command = [uv, "pip", "compile", "--quiet", "--no-header", "--generate-hashes", "--no-config"]
+        # Never build: resolving runs on the deployer's machine, and building an sdist runs its
+        # build backend, code from the index (uv docs, "--no-build": "Don't build source
+        # distributions ... only use pre-built wheels").
+        command += ["--no-build"]
         # This interpreter: uv needs one to run, and must not search PATH for it (`rayslice` may
         # run without its venv, or anything, on PATH); --python-version sets the target.
         command += ["--python", sys.executable]
@@ -275,6 +282,15 @@ def compile_lock(
         )
     if result.returncode != 0:
         reason = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
+        unbuilt = sorted(set(_NEEDS_WHEEL.findall(reason)))
+        if unbuilt:
+            raise InvalidInput(
+                f"the requirements cannot be locked: {', '.join(unbuilt)} has no wheel for Python "
+                f"{lock_header['python']} on {lock_header['platform']} on the index, only a source "
+                "distribution, which is never built here (building runs the package's own code on "
+                "this machine); require a release that has a wheel, or serve a wheel of it from "
+                f"packageIndex ({reason[-400:]})"
+            )
         raise InvalidInput(f"the requirements cannot be locked: {reason[-800:]}")
     body = result.stdout
     pins = [m["name"] for m in map(_PIN.match, body.splitlines()) if m]
