@@ -51,6 +51,13 @@ _SEPARATOR = " | "
 _HEADER = re.compile(r"# rayslice-lock (?P<key>[a-z-]+): ?(?P<value>.*)")
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^ ;\\]+)")
 _HASH = re.compile(r"--hash=sha256:(?P<digest>[0-9a-f]{64})")
+# Every line a lock may hold, as uv writes one: a pin (``name==version``, continued when hashes
+# follow), an indented ``--hash=sha256:`` continuation, a comment (the header, uv's ``# via``) or
+# nothing. Anything else (an index or find-links option, a URL, a path, ``-e``, ``-r``, a range)
+# would make a host fetch or run what no hash pins, so a lock holding it is not used.
+_LOCK_LINE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+( \\)?|\s+--hash=sha256:[0-9a-f]{64}( \\)?|\s*(#.*)?"
+)
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,18 @@ def parse(text: str) -> Lock:
     if missing:
         raise InvalidInput(f"not a rayslice lock: its header lacks {', '.join(missing)}")
     return Lock(found, "".join(lines))
+
+
+def foreign_line(text: str) -> str | None:
+    """Why `text` (a lock file, header included) cannot be used as a lock: its first line that is
+    not a pin, a ``--hash=sha256:`` continuation or a comment; None if there is none."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not _LOCK_LINE.fullmatch(line):
+            return (
+                f"line {number} is {line[:80]!r}: a lock holds only name==version lines, "
+                "--hash=sha256: continuations and comments"
+            )
+    return None
 
 
 def preset_lock(preset: str, requirements: Iterable[str]) -> Lock | None:

