@@ -2,9 +2,10 @@
 
 It holds exactly the files of the spec's preset lock (`variables.preset_lock`, downloaded by
 their hashes), what the boot script resolves beside it (`variables.host_requirements`), plus
-the uv release the boot script pins and the head's package cache (`variables.CACHE_REQUIREMENTS`,
-installed when hosts install from an index: the simulated internet's, `internet`), for this
-machine's Python and platform. Its users are the
+the uv release the boot script pins, the head's package cache (`variables.CACHE_REQUIREMENTS`,
+installed when hosts install from an index: the simulated internet's, `internet`) and the
+recovery controller VM's lock (`controller.controller_lock`), for this machine's Python and
+platform. Its users are the
 bring-up benchmark (`bringup.py`) and the tests' `wheelhouse` fixture, never the package.
 
 The wheelhouse is read first: when it already holds a wheel for every requirement, nothing is
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from rayslice.errors import SimulatorError
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts.controller import controller_lock
 from rayslice.startup_scripts.variables import (
     CACHE_REQUIREMENTS,
     UV_VERSION,
@@ -58,12 +60,15 @@ def _requirement_sets(spec: ClusterSpec, work: Path) -> list[list[str]]:
     lock = preset_lock(spec)
     uv = f"uv=={UV_VERSION} " + " ".join(f"--hash=sha256:{digest}" for digest in UV_WHEEL_SHA256)
     rest = [*CACHE_REQUIREMENTS, *host_requirements(spec)]
+    recovery = work / "controller.txt"  # the recovery controller VM's lock, as it installs it
+    recovery.write_text(controller_lock().body)
+    locked = ["--require-hashes", "--no-deps", "--only-binary", ":all:", "-r", str(recovery)]
     if lock is None:
-        return [[f"uv=={UV_VERSION}", *rest]]
+        return [[f"uv=={UV_VERSION}", *rest], locked]
     hashed, pins = work / "lock.txt", work / "pins.txt"
     hashed.write_text(f"{lock.body}{uv}\n")
     pins.write_text("".join(f"{pin}\n" for pin in lock.pins()))
-    return [["--require-hashes", "--no-deps", "-r", str(hashed)], ["--constraint", str(pins), *rest]]
+    return [["--require-hashes", "--no-deps", "-r", str(hashed)], ["--constraint", str(pins), *rest], locked]
 
 
 def ensure_wheelhouse(directory: Path, spec: ClusterSpec) -> Path:

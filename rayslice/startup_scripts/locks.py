@@ -173,17 +173,17 @@ def compatible(filename: str, python: str) -> bool:
     return not wheel_tags.isdisjoint(_supported(python))
 
 
-def slim(body: str, files: Mapping[str, Mapping[str, str]], python: str) -> str:
+def slim(body: str, files: Mapping[str, Mapping[str, str]], *pythons: str) -> str:
     """uv's lock body with only the hashes of files a host can install: `files[name]` maps the
-    sha256 of each file the index lists for a project to the file's name. A package with no
-    compatible wheel keeps its sdists' hashes (a host builds it); a hash whose file is not listed
-    is kept, so nothing a host needs is ever dropped."""
+    sha256 of each file the index lists for a project to the file's name, and a host runs one of
+    `pythons`. A package with no compatible wheel keeps its sdists' hashes; a hash whose file is
+    not listed is kept, so nothing a host needs is ever dropped."""
     out: list[str] = []
     for block in _blocks(body):
         pin = _PIN.match(block[0])
         listing = files.get(canonicalize_name(pin["name"]), {}) if pin else {}
         digests = [m["digest"] for m in map(_HASH.search, block) if m]
-        wheels = {d for d in digests if compatible(listing.get(d, ""), python)}
+        wheels = {d for d in digests if any(compatible(listing.get(d, ""), p) for p in pythons)}
         sdists = {d for d in digests if listing.get(d, "").endswith((".tar.gz", ".zip"))}
         unknown = {d for d in digests if d not in listing}
         keep = (wheels or sdists) | unknown
@@ -273,11 +273,16 @@ def index_files(names: Iterable[str], index: str | None) -> dict[str, dict[str, 
 
 
 def compile_lock(
-    uv: str, lock_header: Mapping[str, str], constraints: Path | None = None, timeout_s: float = 600
+    uv: str,
+    lock_header: Mapping[str, str],
+    constraints: Path | None = None,
+    timeout_s: float = 600,
+    also_pythons: Iterable[str] = (),
 ) -> Lock:
     """Resolve the header's requirement lines for its Python and platform with uv (hashes of every
-    file), then `slim` the hashes to what a host installs. Raises InvalidInput with uv's reason
-    when they do not resolve or the index does not answer."""
+    file; wheels only, nothing built), then `slim` the hashes to what a host installs: a wheel
+    for the header's Python, or for one of `also_pythons` (a lock installed by several). Raises
+    InvalidInput with uv's reason when they do not resolve or the index does not answer."""
     with tempfile.TemporaryDirectory() as tmp:
         requirements = Path(tmp, "requirements.in")
         requirements.write_text("".join(f"{line}\n" for line in _split(lock_header["requirements"])))
@@ -317,4 +322,4 @@ def compile_lock(
         files = index_files(pins, lock_header["index"] or None)
     except (OSError, ValueError) as error:  # requests' errors are OSErrors, a bad page a ValueError
         raise InvalidInput(f"the package index did not list the locked files: {error}") from None
-    return Lock(dict(lock_header), slim(body, files, lock_header["python"]))
+    return Lock(dict(lock_header), slim(body, files, lock_header["python"], *also_pythons))
