@@ -6,10 +6,11 @@ the hosts' Python and platform (`locks.PLATFORM`), with the sha256 of each file 
 install. Run it after changing a preset, `DEFAULT_RAY_VERSION` or to take newer releases, and
 commit the locks: a changed lock replaces the hosts of every stack that deploys it.
 
-    .venv/bin/python scripts/lock_presets.py [PRESET ... | controller]
+    .venv/bin/python scripts/lock_presets.py [NAME ...]
 
-The controller's lock (`rayslice.startup_scripts.controller`) holds google-auth and requests
-with their dependencies, resolved for the controller VM's Python (`bundle.PYTHON`), wheels only.
+NAME is a preset, `controller` (the recovery controller VM's google-auth and requests,
+`controller.LOCK`) or `package-cache` (the head's proxpi and gunicorn, `variables.CACHE_LOCK`):
+those two are resolved for the oldest Python of `locks.IMAGE_PYTHONS`, wheels only.
 
 The locks are resolved from PyPI alone. The `xla` preset's find-links pages (Google's libtpu
 pages on storage.googleapis.com) are left out: they could not be reached where the locks were
@@ -24,16 +25,17 @@ from pathlib import Path
 
 from rayslice.spec import DEFAULT_RAY_VERSION
 from rayslice.startup_scripts import controller, locks
-from rayslice.startup_scripts.variables import PRESETS, whole_lock_header
+from rayslice.startup_scripts.variables import CACHE_LOCK, PRESETS, whole_lock_header
+
+# Locks of rayslice's own packages on its VMs, by name.
+SHIPPED = {lock.name: lock for lock in (controller.LOCK, CACHE_LOCK)}
 
 
 def main(names: list[str]) -> None:
-    for name in names or [*sorted(PRESETS), controller.LOCK_NAME]:
-        if name == controller.LOCK_NAME:
-            lock = locks.compile_lock(
-                locks.uv_binary(), controller.lock_header(), also_pythons=controller.LOCK_ALSO_PYTHONS
-            )
-            path = controller.LOCK_FILE
+    for name in names or [*sorted(PRESETS), *SHIPPED]:
+        if name in SHIPPED:
+            lock = SHIPPED[name].compile(locks.uv_binary())
+            path = SHIPPED[name].path
         else:
             lock = locks.compile_lock(locks.uv_binary(), whole_lock_header(name, DEFAULT_RAY_VERSION))
             path = locks.LOCK_DIR / f"{name}.lock"

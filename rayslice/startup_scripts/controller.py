@@ -4,7 +4,7 @@ The controller holds project-wide rights on TPU nodes or MIGs (`rayslice.recover
 so it runs where no Ray process and no user code runs: a small VM of its own, with its own
 service account, that boots this script instead of the hosts' one. The script installs the two
 libraries the controller imports (`bundle.RUNTIME_REQUIREMENTS`) and theirs from a lock shipped
-with rayslice (`LOCK_FILE`: exact versions, the sha256 of each file, installed with pip's
+with rayslice (`LOCK`: exact versions, the sha256 of each file, installed with pip's
 ``--require-hashes --no-deps``, wheels only), writes the controller from metadata
 (`names.ATTR_RECOVERY_BUNDLE`) and runs it under a supervisor. The bundle's sha256 is rendered
 into the script, and the script refuses a bundle whose hash differs: a bundle changed in
@@ -37,21 +37,15 @@ TEMPLATE = "controller.sh.j2"
 # The supervised service (a systemd unit on a VM, a restart loop on the simulator).
 SERVICE = "rayslice-recovery"
 # The controller's libraries, locked (`scripts/lock_presets.py controller` writes it from PyPI):
-# resolved for the VM's python3 (`bundle.PYTHON`), with the wheels of `LOCK_ALSO_PYTHONS` kept
-# beside those, for a simulator whose controller venv is made from its machine's python3.
-LOCK_FILE = locks.LOCK_DIR / "controller.lock"
-LOCK_NAME = "controller"
-LOCK_ALSO_PYTHONS = ("3.11", "3.12", "3.13")
-
-
-def lock_header() -> dict[str, str]:
-    """What the controller's lock is resolved from: PyPI, for the VM's Python and the hosts' platform."""
-    return locks.header(LOCK_NAME, bundle.RUNTIME_REQUIREMENTS, bundle.PYTHON, None, ())
+# resolved for the VM's python3 (`bundle.PYTHON`, the oldest of `locks.IMAGE_PYTHONS`), with the
+# wheels of the later ones kept beside, for a simulator whose controller venv is made from its
+# machine's python3.
+LOCK = locks.ShippedLock("controller", bundle.RUNTIME_REQUIREMENTS)
 
 
 def controller_lock() -> locks.Lock:
     """The shipped lock the controller VM installs."""
-    return locks.parse(LOCK_FILE.read_text())
+    return LOCK.read()
 
 
 def controller_index(spec: ClusterSpec) -> str:

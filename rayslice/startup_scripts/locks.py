@@ -126,6 +126,37 @@ def parse(text: str) -> Lock:
     return Lock(found, "".join(lines))
 
 
+# The CPython releases a lock of rayslice's own packages (`ShippedLock`) may be installed with: the
+# python3 of the images rayslice boots (Ubuntu 22.04: 3.10; 24.04: 3.12), the hosts' venv (3.11)
+# and a simulator machine's python3 (3.11 or newer). Resolved for the first, wheels kept for all.
+IMAGE_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+
+
+@dataclass(frozen=True)
+class ShippedLock:
+    """A lock of packages rayslice itself runs on a VM, shipped in `LOCK_DIR` as ``<name>.lock``:
+    the recovery controller's libraries, the head's package cache. Resolved from PyPI, wheels
+    only, by ``scripts/lock_presets.py``; installed with ``--require-hashes --no-deps``."""
+
+    name: str
+    requirements: tuple[str, ...]
+    pythons: tuple[str, ...] = IMAGE_PYTHONS
+
+    @property
+    def path(self) -> Path:
+        return LOCK_DIR / f"{self.name}.lock"
+
+    def header(self) -> dict[str, str]:
+        """What the lock is resolved from: its lines, for its oldest Python, from PyPI."""
+        return header(self.name, self.requirements, self.pythons[0], None, ())
+
+    def read(self) -> Lock:
+        return parse(self.path.read_text())
+
+    def compile(self, uv: str) -> Lock:
+        return compile_lock(uv, self.header(), also_pythons=self.pythons[1:])
+
+
 def foreign_line(text: str) -> str | None:
     """Why `text` (a lock file, header included) cannot be used as a lock: its first line that is
     not a pin, a ``--hash=sha256:`` continuation or a comment; None if there is none."""
@@ -301,8 +332,15 @@ def compile_lock(
             command += ["--find-links", link]
         if constraints is not None:
             command += ["--constraint", str(constraints)]
+        # From inside the temporary directory, so uv's "# via -r requirements.in" names no
+        # temporary path: the same resolution always writes the same lock, and the same digest.
         result = subprocess.run(
-            [*command, str(requirements)], capture_output=True, text=True, timeout=timeout_s, check=False
+            [*command, requirements.name],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            cwd=tmp,
         )
     if result.returncode != 0:
         reason = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())

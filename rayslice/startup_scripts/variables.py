@@ -54,6 +54,11 @@ INDEX_NAME = "rayslice"
 # PEP 503 index (github.com/EpicWink/proxpi; its PROXPI_* settings are in its README), served by
 # gunicorn. Installed on the head from the index itself, into a venv of its own.
 CACHE_REQUIREMENTS = ("proxpi==1.3.1", "gunicorn==27.0.1")
+# ... and theirs, each pinned to the sha256 of its wheels (`scripts/lock_presets.py package-cache`
+# writes it from PyPI), installed with --require-hashes --no-deps: the cache holds the index's
+# credentials and serves every host, so no index chooses what it runs. Resolved for the oldest
+# Python the head may make the cache's venv with (an offline head's image python3, `choose_python`).
+CACHE_LOCK = locks.ShippedLock("package-cache", CACHE_REQUIREMENTS)
 # uv's name for the cache as an index: not INDEX_NAME, so the index's credentials are never sent to it.
 CACHE_INDEX_NAME = "rayslice-cache"
 # How long a host waits for the cache to answer before it installs from the index itself (at a
@@ -214,6 +219,7 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
     """The package cache's variables: on only when hosts install from an index (not from a
     wheelhouse or a prepared venv) and the spec keeps `packageCache` on."""
     cache = spec.package_cache and source.mode == "pypi"
+    lock = CACHE_LOCK.read() if cache else None
     return {
         "package_cache": "1" if cache else "0",
         "package_cache_conf": _carried(PACKAGE_CACHE_CONF) if cache else "",
@@ -221,6 +227,8 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
         "package_cache_port": names.PACKAGE_CACHE_PORT,
         "cache_index_name": CACHE_INDEX_NAME,
         "cache_requirements": list(CACHE_REQUIREMENTS),
+        "cache_lock": base64.b64encode(lock.text.encode()).decode() if lock else "",
+        "cache_lock_digest": lock.digest if lock else "",
         "cache_wait_s": CACHE_WAIT_S,
         "cache_download_timeout_s": CACHE_DOWNLOAD_TIMEOUT_S,
     }

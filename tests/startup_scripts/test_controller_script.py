@@ -134,7 +134,7 @@ def test_the_controller_installs_its_hashed_lock_and_never_from_a_plain_http_ind
 
 def test_the_shipped_controller_lock_pins_every_package_by_hash():
     lock = controller.controller_lock()
-    assert dict(lock.header) == controller.lock_header(), (
+    assert dict(lock.header) == controller.LOCK.header(), (
         "regenerate: python scripts/lock_presets.py controller"
     )
     assert locks.foreign_line(lock.text) is None
@@ -179,7 +179,7 @@ def _stand_in_lock(wheels: Path) -> locks.Lock:
         f"{w.name.split('-')[0]}=={w.name.split('-')[1]} \\\n    --hash=sha256:{sha256(w)}\n"
         for w in (alpha, gamma)
     )
-    return locks.Lock(controller.lock_header(), body)
+    return locks.Lock(controller.LOCK.header(), body)
 
 
 def test_the_controller_vm_installs_exactly_the_locked_files(tmp_path, monkeypatch):

@@ -256,3 +256,31 @@ def test_the_identity_boot_hands_to_the_ray_service_is_every_global_read_identit
     assigned |= set(re.findall(r"\bfor (\w+) in\b", code))
     assert "WORKER_LIST" in assigned and "ROLE" in assigned  # the patterns find what they should
     assert assigned - local - {"IFS"} == set(listed.group(1).split())
+
+
+def test_the_heads_package_cache_installs_its_own_hashed_lock_alone():
+    """The head's package cache (proxpi, gunicorn and theirs) holds the index's credentials and
+    serves every host: it installs its shipped lock, every file checked against its hashes,
+    nothing resolved or built, and no requirement name reaches uv."""
+    shipped = variables.CACHE_LOCK.read()
+    assert dict(shipped.header) == variables.CACHE_LOCK.header(), (
+        "regenerate: scripts/lock_presets.py package-cache"
+    )
+    assert locks.foreign_line(shipped.text) is None
+    assert set(variables.CACHE_REQUIREMENTS) <= set(shipped.pins())
+    assert all("--hash=sha256:" in block for block in shipped.body.split("==")[1:])
+    script = ss.render(_spec(VARIANTS["2 x v6e-16 head=vm"]))
+    values = _assignments(script)
+    assert base64.b64decode(values["CACHE_LOCK"]).decode() == shipped.text
+    assert values["CACHE_LOCK_DIGEST"] == shipped.digest
+    install = script[
+        script.index("\ninstall_cache() {") : script.index("\n}\n", script.index("\ninstall_cache() {"))
+    ]
+    [call] = re.findall(r'uv_install --quiet --python "\$CACHE_VENV/bin/python" ([^>]*)>>', install)
+    assert call.split() == [
+        *['"${SOURCE_ARGS[@]}"', "--require-hashes", "--no-deps", "--no-build", "\\"],
+        *["-r", '"$lock"'],
+    ]
+    # Without the cache (a wheelhouse), nothing of it is carried.
+    wheels = ss.RenderOptions(supervisor="process", package_source="wheels:/w", root="/r")
+    assert _assignments(ss.render(_spec(VARIANTS["2 x v6e-16 head=vm"]), wheels))["CACHE_LOCK"] == ""
