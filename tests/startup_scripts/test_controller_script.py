@@ -8,7 +8,6 @@ import base64
 import contextlib
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from rayslice.startup_scripts import RenderOptions, controller, locks
 from rayslice.startup_scripts.controller import controller_attributes, render_controller
 from rayslice.startup_scripts.variables import SUPERVISOR_RESTART_DELAY_S
 from tests.startup_scripts import sandbox
+from tests.startup_scripts.test_startup_scripts import rendered_values
 from tests.startup_scripts.tiny_wheels import make_wheel, sha256
 
 SPOT = spec_module.load({"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2}, require_zone=False)
@@ -43,6 +43,20 @@ def _tampered() -> str:
     return base64.b64encode(out.getvalue()).decode()
 
 
+def _controller_vm(
+    tmp_path: Path, attributes: dict[str, str], package_source: str
+) -> tuple[sandbox.StubCloud, sandbox.Sandbox, Path]:
+    """A sandboxed controller VM with these metadata attributes, and its script rendered for it."""
+    metadata = sandbox.base_metadata(attributes, name=names.controller_name(SPOT.name))
+    metadata["instance/zone"] = "projects/1/zones/us-east5-b"
+    cloud = sandbox.StubCloud(metadata, {})
+    box = sandbox.Sandbox(tmp_path, cloud)
+    options = RenderOptions(supervisor="process", package_source=package_source, root=str(box.root))
+    script = tmp_path / "controller.sh"
+    script.write_text(render_controller(SPOT, options))
+    return cloud, box, script
+
+
 @pytest.mark.parametrize(
     "value, reason",
     [(_tampered(), "(sha256 differs); refusing to run it"), ("not base64 at all!", "is not valid base64")],
@@ -52,13 +66,7 @@ def test_a_bundle_changed_in_metadata_is_refused_and_never_run(
     tmp_path: Path, value: str, reason: str
 ) -> None:
     attributes = {**controller_attributes(SPOT), names.ATTR_RECOVERY_BUNDLE: value}
-    metadata = sandbox.base_metadata(attributes, name=names.controller_name(SPOT.name))
-    metadata["instance/zone"] = "projects/1/zones/us-east5-b"
-    cloud = sandbox.StubCloud(metadata, {})
-    box = sandbox.Sandbox(tmp_path, cloud)
-    options = RenderOptions(supervisor="process", package_source=f"venv:{sys.prefix}", root=str(box.root))
-    script = tmp_path / "controller.sh"
-    script.write_text(render_controller(SPOT, options))
+    cloud, box, script = _controller_vm(tmp_path, attributes, f"venv:{sys.prefix}")
     result = box.boot(script, timeout=60, RAYSLICE_METADATA_DEADLINE_S="5")  # boots the supervisor
     try:
         assert result.returncode == 0, result.stderr
@@ -87,16 +95,6 @@ def _supervisor_loops(root: Path) -> list[int]:
 # ---- what the controller VM installs ----------------------------------------------------------
 
 
-def _values(script: str) -> dict[str, str]:
-    """The rendered values of the controller script, as bash reads them (arrays joined by spaces)."""
-    header = script.split("# ---- paths")[0]
-    lines = [line for line in header.splitlines() if re.match("[A-Z_]+=", line)]
-    names = [line.split("=", 1)[0] for line in lines]
-    dump = "\n".join(lines) + "\n" + "\n".join(f'printf "%s=%s\\0" {n} "${{{n}[*]}}"' for n in names)
-    out = subprocess.run(["bash", "-c", dump], capture_output=True, text=True, check=True).stdout
-    return dict(item.split("=", 1) for item in out.split("\0") if item)
-
-
 @pytest.mark.parametrize(
     "index, expected",
     [
@@ -111,7 +109,7 @@ def test_the_controller_installs_its_hashed_lock_and_never_from_a_plain_http_ind
     if index:
         raw |= {"packageIndex": index, "allowInsecurePackageIndex": True}
     script = render_controller(spec_module.load(raw, require_zone=False))
-    values = _values(script)
+    values = rendered_values(script)
     assert values["PACKAGE_INDEX"] == expected and "http://pypi" not in script
     lock = locks.parse(base64.b64decode(values["LOCK"]).decode())
     assert lock == controller.controller_lock() and values["LOCK_DIGEST"] == lock.digest
@@ -149,13 +147,7 @@ def _run_install(
 ) -> tuple[sandbox.StubCloud, sandbox.Sandbox, subprocess.Popen[str]]:
     """The controller script's payload (`controller.sh run`) on a sandbox whose package source is
     `wheels`: real bash, a real venv and real pip."""
-    metadata = sandbox.base_metadata(controller_attributes(SPOT), name=names.controller_name(SPOT.name))
-    metadata["instance/zone"] = "projects/1/zones/us-east5-b"
-    cloud = sandbox.StubCloud(metadata, {})
-    box = sandbox.Sandbox(tmp_path, cloud)
-    options = RenderOptions(supervisor="process", package_source=f"wheels:{wheels}", root=str(box.root))
-    script = tmp_path / "controller.sh"
-    script.write_text(render_controller(SPOT, options))
+    cloud, box, script = _controller_vm(tmp_path, controller_attributes(SPOT), f"wheels:{wheels}")
     env = box.environment(RAYSLICE_METADATA_DEADLINE_S="5", RAYSLICE_RETRY_MAX_DELAY_S="1")
     process = subprocess.Popen(
         ["bash", str(script), "run"],
