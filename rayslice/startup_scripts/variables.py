@@ -137,8 +137,12 @@ def whole_lock_header(
 
 
 def _for_the_hosts(lock: locks.Lock, what: str, remedy: str) -> locks.Lock:
-    """`lock`, if it was resolved for the hosts' Python and platform; else refused (exit 2)
-    before anything is rendered, so before anything is created: its files would not install."""
+    """`lock`, if it was resolved for the hosts' Python and platform and holds only pins, hashes
+    and comments (`locks.foreign_line`); else refused (exit 2) before anything is rendered, so
+    before anything is created: its files would not install, or something no hash pins would."""
+    problem = locks.foreign_line(lock.text)
+    if problem:
+        raise InvalidInput(f"{what} cannot be installed: {problem}; {remedy}")
     if (lock.header["python"], lock.header["platform"]) != (PYTHON_VERSION, locks.PLATFORM):
         raise InvalidInput(
             f"{what} is for Python {lock.header['python']} on {lock.header['platform']}, but the hosts "

@@ -169,6 +169,18 @@ def test_a_stack_lock_for_another_platform_is_refused():
     assert refused.value.exit_code == EXIT_INVALID
 
 
+@pytest.mark.parametrize("line", FOREIGN_LINES[:3])
+def test_a_stack_lock_a_program_passes_with_a_foreign_line_is_refused(line):
+    """`TpuRayClusterArgs.lock` is checked as a committed lock is read: pins, hashes, comments."""
+    cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    base = preset_lock(cluster)
+    assert base is not None
+    with pytest.raises(
+        InvalidInput, match=r"the stack lock cannot be installed: line \d+ is .*only name==version"
+    ):
+        render(cluster, lock=locks.Lock(base.header, base.body + line + "\n"))
+
+
 def test_no_requirements_no_stack_lock(tmp_path):
     cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
     assert StackLocks(tmp_path, "dev").lock(cluster) is None
