@@ -142,12 +142,10 @@ def test_the_shipped_controller_lock_pins_every_package_by_hash():
     assert all("--hash=sha256:" in block for block in blocks)
 
 
-def _run_install(
-    tmp_path: Path, wheels: Path
-) -> tuple[sandbox.StubCloud, sandbox.Sandbox, subprocess.Popen[str]]:
+def _run_install(tmp_path: Path, wheels: Path) -> tuple[sandbox.Sandbox, subprocess.Popen[str]]:
     """The controller script's payload (`controller.sh run`) on a sandbox whose package source is
     `wheels`: real bash, a real venv and real pip."""
-    cloud, box, script = _controller_vm(tmp_path, controller_attributes(SPOT), f"wheels:{wheels}")
+    _, box, script = _controller_vm(tmp_path, controller_attributes(SPOT), f"wheels:{wheels}")
     env = box.environment(RAYSLICE_METADATA_DEADLINE_S="5", RAYSLICE_RETRY_MAX_DELAY_S="1")
     process = subprocess.Popen(
         ["bash", str(script), "run"],
@@ -158,7 +156,7 @@ def _run_install(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return cloud, box, process
+    return box, process
 
 
 def _stand_in_lock(wheels: Path) -> locks.Lock:
@@ -178,7 +176,7 @@ def test_the_controller_vm_installs_exactly_the_locked_files(tmp_path, monkeypat
     wheels = tmp_path / "wheels"
     lock = _stand_in_lock(wheels)
     monkeypatch.setattr(controller, "controller_lock", lambda: lock)
-    _, box, process = _run_install(tmp_path, wheels)
+    box, process = _run_install(tmp_path, wheels)
     try:
         process.wait(timeout=180)  # it installs, writes the bundle, whose controller cannot import google
     finally:
@@ -190,20 +188,3 @@ def test_the_controller_vm_installs_exactly_the_locked_files(tmp_path, monkeypat
     found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout
     assert found.split() == ["1.0", "True"]  # the locked alpha, not 2.0; gamma's beta not resolved
     assert (box.root / "opt/rayslice/recovery.pyz").exists()
-
-
-def test_a_file_that_differs_from_the_lock_is_never_installed(tmp_path, monkeypatch):
-    wheels = tmp_path / "wheels"
-    lock = _stand_in_lock(wheels)
-    monkeypatch.setattr(controller, "controller_lock", lambda: lock)
-    make_wheel(wheels, "alpha", "1.0", ("beta",))  # same name, other bytes: what an index could swap in
-    cloud, box, process = _run_install(tmp_path, wheels)
-    try:
-        box.wait(lambda: "retrying: install (attempt 2)" in cloud.states, timeout=180)
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    log = box.log
-    assert "DO NOT MATCH THE HASHES" in log
-    assert not (box.root / "opt/rayslice/venv/.rayslice-install").exists()
-    assert not (box.root / "opt/rayslice/recovery.pyz").exists()
