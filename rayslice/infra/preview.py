@@ -157,7 +157,7 @@ def render_tree(registrations: list[Registration]) -> str:
     custom = sum(r.custom for r in registrations)
     lines.append(
         f"\n{custom} cloud resources in {len(registrations) - custom} components "
-        "(offline preview under Pulumi mocks; names and inputs are real, outputs are fake)"
+        "(preview under Pulumi mocks, no cloud API; names and inputs are real, outputs are fake)"
     )
     return "\n".join(lines)
 
