@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from rayslice import catalog, spec
-from rayslice.errors import EXIT_INVALID, EXIT_OK, RaysliceError
+from rayslice.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, RaysliceError
 
 COMMANDS_GROUP = "rayslice.commands"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except (click.Abort, KeyboardInterrupt):
         click.echo("rayslice: interrupted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     return result if isinstance(result, int) else EXIT_OK
 
 

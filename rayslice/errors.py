@@ -9,6 +9,8 @@ a bug and keeps its traceback. The codes are part of the interface scripts rely 
 - 2: bad input, caught before anything was created or touched (`InvalidInput` and subclasses)
 - 3: no cluster reachable, no credentials, or a cloud API call failed (`NoCluster`,
   `NoCredentials`, `CloudError`)
+- 130: interrupted by Ctrl-C or SIGTERM (`Interrupted`), as a shell reports a command that
+  SIGINT ended (128 + 2)
 
 The recovery controller's bundle carries this module to the head VM: it must stay Python 3.10
 code with no import outside the standard library.
@@ -20,6 +22,7 @@ EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_INVALID = 2
 EXIT_NO_CLUSTER = 3
+EXIT_INTERRUPTED = 130
 
 
 class RaysliceError(Exception):
@@ -56,6 +59,12 @@ class JobFailed(RaysliceError):
     """A submitted job ended in a state other than SUCCEEDED."""
 
     exit_code = EXIT_JOB_FAILED
+
+
+class Interrupted(RaysliceError):
+    """The user stopped the command (Ctrl-C or SIGTERM); the message says what was left running."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class NoCluster(RaysliceError):

@@ -74,6 +74,7 @@ class HeadVm(pulumi.ComponentResource):
             metadata=host_metadata(spec, args.script, HEAD_VM_SLICE_INDEX, token_secret=args.token_secret),
             labels=resource_labels(spec, HEAD_VM_ROLE),
             tags=[cluster_tag(spec), head_tag(spec)],
+            external_ip=spec.external_ips,
             parent=self,
             depends_on=args.depends_on,
         )

@@ -76,7 +76,7 @@ from rayslice.recovery.cloud import (
 )
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
-from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of, resize_request_of
+from rayslice.recovery.scaling import Decision, ScalingPolicy, decide, instances_of, resize_request_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
@@ -321,15 +321,18 @@ class Controller:
         except (CloudError, NoCredentials, OSError) as exc:  # recovery goes on; the next pass tries again
             print(f"rayslice-recovery: could not read the cluster's slices or demand: {exc}", file=sys.stderr)
             return
-        decision = decide(
-            policy,
-            self.target.slice_names,
-            with_hosts,
-            demand,
-            self.wall_clock(),
-            self.missing_before,
-            waiting,
-        )
+        try:
+            decision = decide(
+                policy,
+                self.target.slice_names,
+                with_hosts,
+                demand,
+                self.wall_clock(),
+                self.missing_before,
+                waiting,
+            )
+        except Exception as exc:  # a reading no rule foresaw: recorded (once), and recovery goes on
+            decision = Decision(waiting=f"no scaling decision: {type(exc).__name__}: {exc!s:.200}")
         self.missing_before = decision.missing > 0
         seen = f"demand {decision.wanted} slice(s)"
         if decision.asked:

@@ -112,19 +112,36 @@ def test_the_head_vm_runs_as_the_hosts_and_the_controller_vm_as_its_own_account(
     assert {s.inputs["serviceAccount"]["email"] for s in slices} == {HOSTS_EMAIL}
 
 
-def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering):
-    _, run = recovering
+@pytest.mark.parametrize("external_ips", [False, True], ids=["internal", "externalIps"])
+def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering, external_ips):
+    platform, run = recovering
+    if external_ips:
+        run = _run(platform, capacity="spot", slices="2", externalIps="true")
+        assert _instance(run, "head-vm").inputs["networkInterfaces"][0]["accessConfigs"] == [{}]
     controller = _instance(run, "controller-vm")
+    # No external IP, with externalIps too: it serves nothing, and needs none to reach Google.
+    assert [nic.get("accessConfigs") for nic in controller.inputs["networkInterfaces"]] == [None]
     # Its own tag only: not the hosts' (Ray's internal rule) nor the head's (dashboard), so no
-    # allow rule targets it, and the one rule that does denies everything.
+    # allow rule targets it, and the rules that do deny everything, IPv4 and IPv6, first. A rule
+    # holds one IP version only (Google's "Use VPC firewall rules"): hence two.
     assert controller.inputs["tags"] == ["train-controller"]
     rules = [
         r
         for r in run.of_type("gcp:compute/firewall:Firewall")
         if "train-controller" in r.inputs["targetTags"]
     ]
-    assert [(r.inputs.get("allows"), r.inputs["denies"], r.inputs["sourceRanges"]) for r in rules] == [
-        (None, [{"protocol": "all"}], ["0.0.0.0/0"])
+    assert [
+        (
+            r.inputs["name"],
+            r.inputs.get("allows"),
+            r.inputs["denies"],
+            r.inputs["sourceRanges"],
+            r.inputs["priority"],
+        )
+        for r in rules
+    ] == [
+        ("train-fw-controller-deny", None, [{"protocol": "all"}], ["0.0.0.0/0"], 0),
+        ("train-fw-controller-deny-v6", None, [{"protocol": "all"}], ["::/0"], 0),
     ]
     metadata = controller.inputs["metadata"]
     assert metadata["block-project-ssh-keys"] == "TRUE" and metadata["enable-oslogin"] == "TRUE"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 
 import pytest
@@ -36,6 +37,29 @@ def test_dashboard_rule_targets_only_the_head():
     assert rules["dashboard"].source_ranges == ("10.0.0.0/8", "192.168.1.0/24")
     assert rules["dashboard"].target_tags == ("rayslice-head",)
     assert rules["dashboard"].protocols == (("tcp", ("8265",)),)
+
+
+def test_a_rule_holds_one_ip_version_and_its_name_fits_even_for_the_longest_cluster_name():
+    """Compute Engine takes IPv4 or IPv6 ranges in a rule, not both (Google's "Use VPC firewall
+    rules"): mixed dashboard ranges become two rules, and so does the controller's deny."""
+    name = "c" * 40  # the longest name the spec takes
+    rules = firewall_rules(
+        _spec(
+            name=name,
+            slices=2,
+            capacity="spot",
+            dashboardSourceRanges=["10.0.0.0/8", "fd00::/8", "192.168.1.0/24"],
+        )
+    )
+    by_suffix = {r.suffix: r.source_ranges for r in rules}
+    assert by_suffix["dashboard"] == ("10.0.0.0/8", "192.168.1.0/24")
+    assert by_suffix["dashboard-v6"] == ("fd00::/8",)
+    assert by_suffix["controller-deny"] == ("0.0.0.0/0",) and by_suffix["controller-deny-v6"] == ("::/0",)
+    for rule in rules:
+        assert len({ipaddress.ip_network(r).version for r in rule.source_ranges}) <= 1, rule.suffix
+        assert len(f"{name}-fw-{rule.suffix}") <= 63  # RFC 1035, Firewall.name
+    only_v6 = {r.suffix: r.source_ranges for r in firewall_rules(_spec(dashboardSourceRanges=["fd00::/8"]))}
+    assert only_v6["dashboard"] == ("fd00::/8",) and "dashboard-v6" not in only_v6
 
 
 def test_head_tag_goes_to_slice_zero_only_with_head_on_the_slice():

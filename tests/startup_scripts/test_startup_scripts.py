@@ -14,7 +14,7 @@ import pytest
 from rayslice import spec
 from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
-from rayslice.startup_scripts import locks, variables
+from rayslice.startup_scripts import locks, templating, variables
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.templating import TEMPLATE_DIR
 
@@ -193,14 +193,45 @@ def test_render_options_are_checked():
         ss.RenderOptions(package_source="/tmp/wheels")
 
 
+# Every way the script names a metadata path: the `metadata`, `metadata_get` and `attribute`
+# functions, and any URL under the metadata server's base (a curl of its own, a PUT, an argument).
+_READS = (
+    re.compile(r'\bmetadata(?:_get)? "([^"]+)"'),
+    re.compile(r'\battribute [A-Za-z_]+ ("\$[A-Za-z_]+"|[a-z][a-z-]*)'),
+    re.compile(r'(?:\$\{?METADATA_URL\}?|computeMetadata/v1)/([^"\s]*)'),
+)
+# The parameters the three functions pass on (`metadata` to `metadata_get`, `metadata_get` to
+# curl, `attribute` to `metadata`): their callers' paths are the ones read.
+FORWARDED = {"$path", "$1", "instance/attributes/$name"}
+# What the script may read that names a token: the VM's own access token (for Secret Manager)
+# and the attribute that holds the Ray token's secret *name*.
+TOKEN_READS = {"instance/service-accounts/default/token", f"instance/attributes/{ss.ATTR_TOKEN_SECRET}"}
+
+
 def _metadata_reads(script: str) -> set[str]:
-    """Every metadata path the script reads: its `metadata "PATH"` calls and its `attribute VAR
-    NAME` calls (instance/attributes/NAME), NAME resolved from the rendered values."""
+    """Every metadata path the script names, outside comments, with each ``$NAME`` resolved
+    from the rendered values; a path that cannot be resolved keeps its ``$``."""
     values = rendered_values(script)
-    paths = set(re.findall(r'\bmetadata "([^"$]+)"', script))
-    for name in re.findall(r'\battribute [A-Za-z_]+ ("\$[A-Z_]+"|[a-z][a-z-]*)', script):
-        paths.add("instance/attributes/" + (values[name[2:-1]] if name.startswith('"') else name))
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+
+    def resolve(path: str) -> str:
+        return re.sub(r"\$\{?([A-Z][A-Z0-9_]*)\}?", lambda m: values.get(m[1], m[0]), path.strip('"'))
+
+    paths = set()
+    for kind, pattern in enumerate(_READS):
+        for found in pattern.findall(code):
+            path = resolve(found)
+            paths.add(f"instance/attributes/{path}" if kind == 1 else path)
     return paths
+
+
+def _token_read_problems(script: str) -> list[str]:
+    """What is wrong with the script's metadata reads: a path that cannot be told (so it might
+    name a token), or a token read beyond `TOKEN_READS`."""
+    reads = _metadata_reads(script)
+    unknown = sorted(p for p in reads if "$" in p and p not in FORWARDED)
+    tokens = sorted(p for p in reads if "token" in p.lower() and p not in TOKEN_READS)
+    return [f"unresolved metadata path {p}" for p in unknown] + [f"token read {p}" for p in tokens]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -211,11 +242,9 @@ def test_script_never_reads_a_token_from_metadata(variant):
     script = ss.render(_spec(VARIANTS[variant]))
     reads = _metadata_reads(script)
     assert "instance/attributes/rayslice-head-mode" in reads  # the parser sees the attribute reads
-    token_secret_attribute = f"instance/attributes/{ss.ATTR_TOKEN_SECRET}"
-    assert {p for p in reads if "token" in p} == {
-        "instance/service-accounts/default/token",
-        token_secret_attribute,
-    }
+    assert "instance/network-interfaces/0/ip" in reads  # ... and the `metadata` ones
+    assert _token_read_problems(script) == []
+    assert {p for p in reads if "token" in p} == TOKEN_READS
     # the attribute holds a secret's name (what infra writes there), read into TOKEN_SECRET ...
     attrs = ss.host_attributes(_spec(VARIANTS[variant]), 0, token_secret="rayslice-token")
     assert attrs.get(ss.ATTR_TOKEN_SECRET) in (None, "rayslice-token")
@@ -233,6 +262,41 @@ def test_script_never_reads_a_token_from_metadata(variant):
     writes = [line.strip() for line in script.splitlines() if re.search(r'>\s*"?\$(tmp|TOKEN_FILE)', line)]
     assert writes == ['if ! { printf \'%s\' "$payload" >"$tmp" && mv -f "$tmp" "$TOKEN_FILE"; }; then']
     assert "RAY_AUTH_TOKEN=" not in script and "RAY_AUTH_TOKEN_PATH" in script
+
+
+# Reads of a token that a template could gain, each put into a copy of startup.sh.j2 below.
+TOKEN_READ_MUTATIONS = {
+    "metadata_get": 'metadata_get "instance/attributes/rayslice-ray-token" 5',
+    "metadata_get, named by a variable": 'metadata_get "instance/attributes/$RAY_TOKEN_ATTRIBUTE" 5',
+    "metadata": 'ray_token=$(metadata "instance/attributes/ray-token")',
+    "attribute": "attribute RAY_TOKEN ray-token optional",
+    "curl of its own": 'curl -sS -H "Metadata-Flavor: Google" "$METADATA_URL/instance/attributes/ray-token"',
+    "the server by name": (
+        'curl -sS -H "Metadata-Flavor: Google" '
+        "http://metadata.google.internal/computeMetadata/v1/project/attributes/token"
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", TOKEN_READ_MUTATIONS)
+def test_the_token_read_check_catches_every_way_of_reading_metadata(tmp_path, monkeypatch, mutation):
+    """A copy of the templates with one more read, beside the one that reads the secret's name:
+    the check of `test_script_never_reads_a_token_from_metadata` must fail on its render."""
+    copy = tmp_path / "templates"
+    shutil.copytree(TEMPLATE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    template = copy / "startup.sh.j2"
+    anchor = '  attribute TOKEN_SECRET "$ATTR_TOKEN_SECRET" optional\n'
+    source = template.read_text()
+    assert source.count(anchor) == 1
+    template.write_text(source.replace(anchor, anchor + f"  {TOKEN_READ_MUTATIONS[mutation]}\n"))
+    monkeypatch.setattr(templating, "TEMPLATE_DIR", copy)
+    templating.environment.cache_clear()
+    try:
+        mutated = ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]))
+    finally:
+        templating.environment.cache_clear()
+    assert TOKEN_READ_MUTATIONS[mutation] in mutated
+    assert _token_read_problems(mutated) != []
 
 
 def test_only_the_head_vm_carries_the_head_vm_role():
