@@ -1,7 +1,7 @@
 """Google's documented rules for Compute Engine, TPU and GKE node pool resources, over REST
 request bodies.
 
-One definition of each rule, two runners: `rayslice preview` (offline, over what the program
+One definition of each rule, two runners: `rayslice preview` (no cloud API, over what the program
 registered under Pulumi's mocks) and the Pulumi policy pack in ``policy/`` (over a real
 project's resources in ``pulumi preview --policy-pack``). Both turn a resource's Pulumi
 properties into the REST body the provider sends (`rayslice.cloud.bodies`) and hand a `Stack`

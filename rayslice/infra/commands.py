@@ -43,7 +43,7 @@ from rayslice.startup_scripts.stack_locks import StackLocks
     "yaml: platform=gke's Kubernetes manifests for kubectl apply.",
 )
 def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: str) -> int:
-    """Show the cloud resources `pulumi up` would create (offline: no Pulumi CLI, no credentials).
+    """Show the cloud resources `pulumi up` would create (no Pulumi CLI, no credentials, no cloud API).
 
     Resources that a change of requirements, rayVersion, preset or the boot script replaces are
     marked, with the create/delete timeouts Pulumi will wait; the tree ends with the cost per hour
@@ -53,7 +53,9 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
 
     A stack with requirements, or with a rayVersion that has no preset lock, has them locked
     first, into rayslice-locks/<stack>.lock beside Pulumi.yaml (commit it): resolved against the
-    package index when the file is missing or stale, reused as it is otherwise.
+    package index when the file is missing or stale (the one network access), reused as it is
+    otherwise. Only wheels are used: a requirement the index offers only as a source distribution
+    is refused, since building it would run its code here.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
     locks = StackLocks.for_stack_file(stack_file).lock

@@ -12,8 +12,8 @@ names are Pulumi inputs so the cluster waits for that VPC. With an existing GKE 
 
 A created VPC has MTU 8896, the value MaxText's multislice guide recommends for DCN traffic
 between slices (Compute Engine's default is 1460). An existing VPC keeps its MTU, and rayslice
-cannot read it: pulumi-gcp 10.2's `getNetwork` does not return the MTU, and an offline preview
-has no API at all. With multislice on an existing VPC, the program therefore warns (in
+cannot read it: pulumi-gcp 10.2's `getNetwork` does not return the MTU, and `rayslice preview`
+calls no cloud API. With multislice on an existing VPC, the program therefore warns (in
 `pulumi up` and in `rayslice preview`) with the command that shows the MTU and the one that
 raises it.
 

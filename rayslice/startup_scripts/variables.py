@@ -63,6 +63,11 @@ INDEX_NAME = "rayslice"
 # PEP 503 index (github.com/EpicWink/proxpi; its PROXPI_* settings are in its README), served by
 # gunicorn. Installed on the head from the index itself, into a venv of its own.
 CACHE_REQUIREMENTS = ("proxpi==1.3.1", "gunicorn==27.0.1")
+# ... and theirs, each pinned to the sha256 of its wheels (`scripts/lock_presets.py package-cache`
+# writes it from PyPI), installed with --require-hashes --no-deps: the cache holds the index's
+# credentials and serves every host, so no index chooses what it runs. Resolved for the oldest
+# Python the head may make the cache's venv with (an offline head's image python3, `choose_python`).
+CACHE_LOCK = locks.ShippedLock("package-cache", CACHE_REQUIREMENTS)
 # uv's name for the cache as an index: not INDEX_NAME, so the index's credentials are never sent to it.
 CACHE_INDEX_NAME = "rayslice-cache"
 # How long a host waits for the cache to answer before it installs from the index itself (at a
@@ -141,8 +146,12 @@ def whole_lock_header(
 
 
 def _for_the_hosts(lock: locks.Lock, what: str, remedy: str) -> locks.Lock:
-    """`lock`, if it was resolved for the hosts' Python and platform; else refused (exit 2)
-    before anything is rendered, so before anything is created: its files would not install."""
+    """`lock`, if it was resolved for the hosts' Python and platform and holds only pins, hashes
+    and comments (`locks.foreign_line`); else refused (exit 2) before anything is rendered, so
+    before anything is created: its files would not install, or something no hash pins would."""
+    problem = locks.foreign_line(lock.text)
+    if problem:
+        raise InvalidInput(f"{what} cannot be installed: {problem}; {remedy}")
     if (lock.header["python"], lock.header["platform"]) != (PYTHON_VERSION, locks.PLATFORM):
         raise InvalidInput(
             f"{what} is for Python {lock.header['python']} on {lock.header['platform']}, but the hosts "
@@ -223,6 +232,7 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
     """The package cache's variables: on only when hosts install from an index (not from a
     wheelhouse or a prepared venv) and the spec keeps `packageCache` on."""
     cache = spec.package_cache and source.mode == "pypi"
+    lock = CACHE_LOCK.read() if cache else None
     return {
         "package_cache": "1" if cache else "0",
         "package_cache_conf": _carried(PACKAGE_CACHE_CONF) if cache else "",
@@ -230,6 +240,8 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
         "package_cache_port": names.PACKAGE_CACHE_PORT,
         "cache_index_name": CACHE_INDEX_NAME,
         "cache_requirements": list(CACHE_REQUIREMENTS),
+        "cache_lock": base64.b64encode(lock.text.encode()).decode() if lock else "",
+        "cache_lock_digest": lock.digest if lock else "",
         "cache_wait_s": CACHE_WAIT_S,
         "cache_download_timeout_s": CACHE_DOWNLOAD_TIMEOUT_S,
     }

@@ -10,6 +10,7 @@ test asserts.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -826,6 +827,31 @@ def test_a_lock_whose_hash_does_not_match_installs_nothing_and_is_retried(host, 
     assert _installed(box, "alpha") is None
     assert "starting" not in cloud.states
     assert not (box.root / "opt/rayslice/venv/.rayslice-install").exists()
+
+
+def test_the_heads_package_cache_installs_its_own_lock_as_it_is(host, tmp_path):
+    """The head's cache venv gets exactly its lock (`variables.CACHE_LOCK`; here alpha 1.0, which
+    needs beta): real uv, --require-hashes --no-deps, so beta stays out and alpha 2.0 is not taken."""
+    wheels = _wheels(tmp_path)
+    cache = locks.Lock(locks.header("package-cache", ["alpha"], "3.11", None, ()), _pin(wheels["alpha1"]))
+    values = {"package_mode": "wheels", "package_dir": str(tmp_path / "wheels"), "find_links": []}
+    values |= {"package_cache": "1", "cache_lock_digest": cache.digest}
+    values |= {"cache_lock": base64.b64encode(cache.text.encode()).decode()}
+    box, _ = _uv_box(host, tmp_path, requirements=[], **values, **_lock(_pin(wheels["beta"])))
+    marker = box.root / "opt/rayslice/cache-venv/.rayslice-install"
+    try:
+        box.wait(marker.exists, timeout=120)
+    finally:  # the cache's own supervisor: proxpi is not in the stand-in lock, so it restarts
+        pidfile = box.root / "var/lib/rayslice/rayslice-cache.pid"
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    assert marker.read_text() == cache.digest
+    python = box.root / "opt/rayslice/cache-venv/bin/python"
+    probe = "import importlib.util as u, alpha; print(alpha.VERSION, u.find_spec('beta') is None)"
+    found = sandbox.subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    assert found.stdout.split() == ["1.0", "True"]
+    assert f"from the lock {cache.digest}" in box.log
 
 
 def test_requirements_beside_the_lock_keep_its_versions(host, tmp_path):
