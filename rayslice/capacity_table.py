@@ -1,0 +1,844 @@
+"""Capacity x platform: one cell per way of getting TPUs, with what Google's documents say about it.
+
+A cell (`Cell`) holds, for one platform (``compute``, ``tpu-vm``, ``gke``) and one capacity
+(``on-demand``, ``spot``, ``reserved``, ``reserved-any``, ``reserved-calendar``, ``flex-start``;
+on tpu-vm each also ``queued``), everything that differs between capacities:
+
+- ``calls``: the API calls that create one slice, in order, each with the fields that carry the
+  capacity (`Call`); and those fields again as attributes, for the code that builds them:
+  ``provisioning_model``, ``termination_action``, ``reservation_affinity``, ``mig_mode``
+  (``BULK``, ``INDIVIDUAL`` or None where a slice is no MIG), ``target_size`` (how the MIG gets
+  its hosts), ``failure_action`` (the MIG's ``defaultActionOnFailure``, GKE's auto-repair) and
+  ``run_duration`` (whether ``maxRunHours`` bounds the slice);
+- ``repaired_by``: who brings a failed slice back (`COMPUTE_ENGINE`, `CLOUD_TPU`, `GKE` or
+  `RAYSLICE`), and ``repair_grace_s``: how long the recovery controller leaves a broken slice to
+  Google before it acts (None where Google does not repair);
+- ``events``: per event (`EVENTS`: a Spot preemption, host maintenance, a host error, the run
+  duration reached, no capacity, a SUSPENDED queued resource, the slice gone), what it means in
+  the user's words and what the controller does (`ACTIONS`); an event a cell does not list
+  cannot happen there;
+- ``elastic_allowed`` (whether ``minSlices`` may be set) and ``price_key`` (the capacity's key in
+  the catalog's price table);
+- ``sources``: each a Google page, discovery document or peer's code, its URL and what it says
+  (`Source`), and ``unsettled``: where sources disagree or are silent, the choice that is safe
+  under every reading (`Unsettled`).
+
+`cell(platform, capacity, queued=...)` reads one cell, `cell_for(spec)` the cell of a stack
+(`capacity_of` says which capacity key a stack's keys give), `CELLS` is every cell in the order
+the docs page (`docs/capacity-table.md`, written by ``scripts/write_capacity_table.py``) lists
+them, and `Cell.describe` is the few lines ``rayslice validate`` and ``rayslice preview`` print.
+Infra, the cloud rules, the spec's rules, the cost and the recovery controller read a cell and
+do not compare capacity names themselves.
+
+The recovery controller imports this module, so it ships in the controller's bundle
+(`rayslice.recovery.bundle`): standard library only, Python 3.10.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# ---- the axes ---------------------------------------------------------------------------------
+
+COMPUTE, TPU_VM, GKE = "compute", "tpu-vm", "gke"
+PLATFORMS = (COMPUTE, TPU_VM, GKE)
+
+ON_DEMAND = "on-demand"
+SPOT = "spot"
+RESERVED = "reserved"  # a named (specific) reservation
+RESERVED_ANY = "reserved-any"  # any matching reservation, none named
+RESERVED_CALENDAR = "reserved-calendar"  # a named future reservation created in calendar mode
+FLEX_START = "flex-start"
+CAPACITIES = (ON_DEMAND, SPOT, RESERVED, RESERVED_ANY, RESERVED_CALENDAR, FLEX_START)
+
+# Who brings a failed slice back.
+COMPUTE_ENGINE = "compute-engine"  # Compute Engine restarts the slice whole on healthy hosts
+CLOUD_TPU = "cloud-tpu"  # the Cloud TPU service takes the node through maintenance
+GKE_REPAIR = "gke"  # GKE's node auto-repair or its cluster autoscaler
+RAYSLICE = "rayslice"  # nobody at Google: rayslice's recovery controller recreates the slice
+
+# Events the controller sees on a slice.
+PREEMPTION = "spot-preemption"
+MAINTENANCE = "host-maintenance"
+HOST_ERROR = "host-error"
+RUN_DURATION = "run-duration-reached"
+NO_CAPACITY = "capacity-unavailable"
+SUSPENDED = "suspended"
+GONE = "slice-gone"
+EVENTS = (PREEMPTION, MAINTENANCE, HOST_ERROR, RUN_DURATION, NO_CAPACITY, SUSPENDED, GONE)
+
+# What the controller does about an event.
+RECREATE = "recreate"  # delete what is left of the slice and create it whole again
+WAIT_FOR_REPAIR = "wait-for-repair"  # leave it to Google; recreate only once gone or after the grace
+END = "end"  # the slice ended as its capacity says: record it and request nothing again
+KEEP_WAITING = "keep-waiting"  # a request that waits for capacity: record it, change nothing
+RETRY = "retry"  # a create refused for lack of capacity: try again on the next round
+LEFT_TO_GKE = "left-to-gke"  # no rayslice controller on GKE: GKE and KubeRay act
+ACTIONS = (RECREATE, WAIT_FOR_REPAIR, END, KEEP_WAITING, RETRY, LEFT_TO_GKE)
+
+# Field values (compute v1, tpu v2alpha1 and container v1 enums; tests/infra/test_api_enums.py
+# checks them against the discovery documents).
+STANDARD_MODEL, SPOT_MODEL = "STANDARD", "SPOT"
+RESERVATION_BOUND_MODEL, FLEX_START_MODEL = "RESERVATION_BOUND", "FLEX_START"
+STOP, DELETE = "STOP", "DELETE"
+SPECIFIC_RESERVATION, ANY_RESERVATION, NO_RESERVATION = (
+    "SPECIFIC_RESERVATION",
+    "ANY_RESERVATION",
+    "NO_RESERVATION",
+)
+BULK, INDIVIDUAL = "BULK", "INDIVIDUAL"
+DO_NOTHING, REPAIR = "DO_NOTHING", "REPAIR"
+AUTO_REPAIR_ON, AUTO_REPAIR_OFF = "auto-repair on", "auto-repair off"
+# How a MIG gets its hosts.
+TARGET_FROM_ZERO = "inserted with target size 0; one createInstances names every host"
+TARGET_AT_INSERT = "inserted with target size = hosts; the MIG creates them all when it can"
+
+# How long the controller leaves a broken slice to Google. Google gives no bound for a recovery;
+# "Manually start a host maintenance event" says starting maintenance on a large slice "might
+# result in slice unavailability of up to a few hours". Four hours covers "a few"; a slice still
+# down then is recreated (a recovery that never came back costs at most this long).
+GOOGLE_REPAIR_GRACE_S = 4 * 3600
+
+
+# ---- the record types -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One document a cell rests on: its title, URL and what it says, in our words."""
+
+    title: str
+    url: str
+    says: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """One API call that creates (part of) a slice, with the fields that carry the capacity."""
+
+    method: str  # e.g. "instanceGroupManagers.insert"
+    fields: Mapping[str, str] = field(default_factory=dict)  # field path -> value
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """What an event means on a cell, in the user's words, and what the controller does."""
+
+    meaning: str
+    action: str
+
+
+@dataclass(frozen=True)
+class Unsettled:
+    """A point sources disagree on or are silent about, and the choice safe under each reading."""
+
+    point: str
+    choice: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (platform, capacity) of the table; the module docstring says what each field means."""
+
+    platform: str
+    capacity: str
+    queued: bool
+    summary: str
+    calls: tuple[Call, ...]
+    provisioning_model: str | None
+    termination_action: str | None
+    reservation_affinity: str | None
+    mig_mode: str | None
+    target_size: str | None
+    failure_action: str | None
+    run_duration: bool
+    repaired_by: str
+    repair_grace_s: int | None
+    events: Mapping[str, Reaction]
+    elastic_allowed: bool
+    price_key: str
+    sources: tuple[Source, ...]
+    unsettled: tuple[Unsettled, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """``compute/spot``, ``tpu-vm/queued/reserved``: how the docs and messages name a cell."""
+        return "/".join((self.platform, *(("queued",) if self.queued else ()), self.capacity))
+
+    def action(self, event: str) -> str | None:
+        """The controller's action on `event`, None where the event cannot happen here."""
+        reaction = self.events.get(event)
+        return reaction.action if reaction else None
+
+    def describe(self) -> list[str]:
+        """The few lines `validate` and `preview` print: how slices are made, who repairs them,
+        what the controller does."""
+        made = " -> ".join(c.method for c in self.calls)
+        repaired = {
+            COMPUTE_ENGINE: "Compute Engine recovers a failed slice whole",
+            CLOUD_TPU: "the Cloud TPU service takes a slice through host maintenance",
+            GKE_REPAIR: "GKE brings nodes back (auto-repair or the autoscaler)",
+            RAYSLICE: "Google does not repair it; rayslice's recovery controller recreates it whole",
+        }[self.repaired_by]
+        if self.repair_grace_s is not None:
+            repaired += f" (the controller waits up to {self.repair_grace_s // 60} min before acting)"
+        lines = [f"capacity {self.key}: {self.summary}", f"  slices made by: {made}", f"  repair: {repaired}"]
+        lines += [f"  {event}: {r.meaning} -> {r.action}" for event, r in self.events.items()]
+        return lines
+
+
+class SpecLike(Protocol):
+    """The stack keys a cell depends on (`rayslice.spec.ClusterSpec` has them; the controller's
+    configuration may too)."""
+
+    platform: str
+    capacity: str
+    queued: bool
+    reservation: str | None
+    calendar_mode: bool
+
+
+# ---- the sources ------------------------------------------------------------------------------
+
+BULK_MODE = Source(
+    "Compute Engine, About bulk mode",
+    "https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode",
+    "A MIG in bulk mode creates all instances at once or none; only with reservation-bound or "
+    "flex-start templates; no resize requests, autoscaling or standby pools; hosts are added "
+    "(target size or createInstances) only while the target size is 0 and removed by resizing to 0.",
+)
+BULK_CREATE = Source(
+    "Compute Engine, Create a MIG that uses the bulk mode",
+    "https://cloud.google.com/compute/docs/instance-groups/bulk-create-instances-in-mig",
+    "Bulk mode is only supported with templates whose provisioning model is reservation-bound or "
+    "flex-start; the reservation-bound template deletes its VMs on termination and chooses a reservation.",
+)
+TPU_MIG = Source(
+    "Cloud TPU, Create Cloud TPU VMs with MIGs",
+    "https://cloud.google.com/tpu/docs/tpus-and-migs",
+    "MIGs create TPU VMs of v5p and later: single-host MIGs of independent VMs, and multi-host "
+    "slices of VMs joined by ICI links, bound to a workload policy with the slice's topology.",
+)
+FAILURE_RECOVERY = Source(
+    "Cloud TPU, Failure recovery of TPU instances",
+    "https://cloud.google.com/tpu/docs/failure-recovery",
+    "For on-demand, flex-start and standard reservations Compute Engine recovers a failed slice "
+    "itself, host maintenance included; a multi-host slice is recovered or rescheduled together; "
+    "single hosts of a slice cannot be rescheduled. Spot slices are not recovered.",
+)
+SPOT_TPU = Source(
+    "Cloud TPU, Request TPU Spot VMs",
+    "https://cloud.google.com/tpu/docs/spot-compute",
+    "A Spot TPU MIG's template sets provisioning model SPOT and termination action STOP; to "
+    "restart a Spot instance or MIG it must be deleted and recreated.",
+)
+MAINTENANCE_START = Source(
+    "Cloud TPU, Manually start a host maintenance event",
+    "https://cloud.google.com/tpu/docs/manually-start-maintenance",
+    "Maintenance of a large slice may leave it unavailable for up to a few hours; the slice is "
+    "rescheduled to other hosts as soon as there is capacity.",
+)
+MAINTENANCE_TPU_API = Source(
+    "Cloud TPU, Manage maintenance events with Cloud TPU Pods",
+    "https://cloud.google.com/tpu/docs/maintenance-events",
+    "Most maintenance events are recovered automatically; in the edge cases where a job does not "
+    "restart, delete and recreate the TPU resources.",
+)
+FLEX_TPU = Source(
+    "Cloud TPU, Request Cloud TPUs using flex-start",
+    "https://cloud.google.com/tpu/docs/flex-start",
+    "Flex-start TPUs come through queued resources with a run duration of at most 7 days; when it "
+    "ends the VMs are deleted and the queued resource moves to SUSPENDED; zones per generation.",
+)
+CONSUME_RESERVATION = Source(
+    "Cloud TPU, Consume a reservation",
+    "https://cloud.google.com/tpu/docs/consume-reservation",
+    "A queued resource names a reservation with --reservation; for a future reservation created in "
+    "calendar mode the name is required and --provisioning-model must be reservation-bound; "
+    "--reserved (no name) lets the service pick a matching reservation.",
+)
+CALENDAR_MODE = Source(
+    "Cloud TPU, Request a future reservation in calendar mode",
+    "https://cloud.google.com/tpu/docs/calendar-mode-reservation",
+    "A calendar-mode reservation lasts 1 to 90 days; it is consumed through the Create Node or "
+    "Queued Resources API; at its end Compute Engine deletes the reservation and every TPU using it.",
+)
+COMPUTE_CONSUME = Source(
+    "Cloud TPU (Compute Engine), Consume a reservation",
+    "https://cloud.google.com/tpu/docs/consume-reservation-compute",
+    "A TPU VM consumes a reservation with --reservation-affinity=specific, the reservation's name "
+    "and --provisioning-model=reservation-bound.",
+)
+RESIZE_REQUESTS = Source(
+    "Compute Engine, About resize requests in a MIG",
+    "https://cloud.google.com/compute/docs/instance-groups/about-resize-requests-mig",
+    "Compute Engine deletes flex-start VMs at the end of their run duration.",
+)
+GKE_FLEX = Source(
+    "GKE, About flex-start provisioning mode",
+    "https://cloud.google.com/kubernetes-engine/docs/concepts/dws",
+    "Flex-start node pools get VMs when capacity becomes available, for at most 7 days; TPU v3 "
+    "and v4 are not supported; the page lists its own zones.",
+)
+GKE_PRICING = Source(
+    "GKE pricing",
+    "https://cloud.google.com/kubernetes-engine/pricing",
+    "A cluster management fee per cluster-hour on top of the nodes, less a monthly free-tier credit.",
+)
+GKE_AUTO_REPAIR = Source(
+    "GKE, Auto-repairing nodes",
+    "https://cloud.google.com/kubernetes-engine/docs/how-to/node-auto-repair",
+    "GKE recreates a node that fails its health checks; for a multi-host TPU slice the whole node pool.",
+)
+TPU_V2_DISCOVERY = Source(
+    "tpu v2 / v2alpha1 discovery documents (revision 20261001)",
+    "https://tpu.googleapis.com/$discovery/rest?version=v2alpha1",
+    "Node.schedulingConfig has spot and reserved; v2alpha1 QueuedResource adds provisioningModel "
+    "(STANDARD, SPOT, RESERVATION_BOUND, FLEX_START) and runDuration; QueuedResourceState SUSPENDED: "
+    "the resources of the request have been deleted.",
+)
+COMPUTE_DISCOVERY = Source(
+    "compute v1 discovery document",
+    "https://compute.googleapis.com/discovery/v1/apis/compute/v1/rest",
+    "Scheduling.provisioningModel, instanceTerminationAction, maxRunDuration; "
+    "InstanceGroupManagerTargetSizePolicy.mode BULK/INDIVIDUAL; "
+    "InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure REPAIR/DO_NOTHING.",
+)
+SKYPILOT_MIG = Source(
+    "SkyPilot, sky/provision/gcp/mig_utils.py",
+    "https://github.com/skypilot-org/skypilot/blob/master/sky/provision/gcp/mig_utils.py",
+    "TPU flex-start on Compute Engine: a FLEX_START template with maxRunDuration, a BULK MIG of "
+    "target size = hosts, defaultActionOnFailure DO_NOTHING, no resize request.",
+)
+XPK_CAPACITY = Source(
+    "xpk, src/xpk/core/capacity.py",
+    "https://github.com/AI-Hypercomputer/xpk/blob/main/src/xpk/core/capacity.py",
+    "GKE node pools per capacity: --spot, --reservation-affinity=specific --reservation=NAME, and "
+    "flex-start with --flex-start --enable-autoscaling --no-enable-autorepair --reservation-affinity=none.",
+)
+TPU7X_RUN = Source(
+    "Qwen3.5-397B-A17B-FP8 Inference on TPU v7x, TPU VM Edition (practitioner log)",
+    "https://github.com/",
+    "A reservation-bound TPU7x MIG needs the workload policy, DO_NOTHING and BULK together, "
+    "'otherwise only independent VMs are created, not an ICI slice' (a host then shows HOST_BOUNDS 1,1,1).",
+)
+
+
+# ---- building the cells -----------------------------------------------------------------------
+
+_GONE_RECREATE = Reaction("the slice's MIG, node or queued resource is gone (deleted by hand)", RECREATE)
+_NO_CAPACITY_RETRY = Reaction(
+    "the zone has no capacity for the slice now (ZONE_RESOURCE_POOL_EXHAUSTED)", RETRY
+)
+_WAITS = Reaction("waiting for capacity: the request waits until the zone has the whole slice", KEEP_WAITING)
+_PREEMPTED = Reaction("preempted: Google took the Spot hosts back for other work", RECREATE)
+
+
+def _google_repairs(who: str) -> dict[str, Reaction]:
+    """Events on capacity Google repairs: the controller waits, and acts only on what is gone."""
+    by = "Compute Engine" if who == COMPUTE_ENGINE else "the Cloud TPU service"
+    return {
+        MAINTENANCE: Reaction(f"host maintenance: {by} is restarting the slice, whole", WAIT_FOR_REPAIR),
+        HOST_ERROR: Reaction(f"a host failed: {by} is recovering the slice, whole", WAIT_FOR_REPAIR),
+    }
+
+
+def _spot_events() -> dict[str, Reaction]:
+    return {
+        PREEMPTION: _PREEMPTED,
+        MAINTENANCE: Reaction(
+            "host maintenance stopped the Spot hosts; Google does not restart them", RECREATE
+        ),
+        HOST_ERROR: Reaction("a Spot host failed; Google does not recover Spot slices", RECREATE),
+    }
+
+
+_COMPUTE_TEMPLATE = "instanceTemplates.insert"
+_POLICY = Call("resourcePolicies.insert", {"workloadPolicy.type": "HIGH_THROUGHPUT"})
+
+
+def _compute(
+    capacity: str,
+    summary: str,
+    *,
+    model: str,
+    termination: str | None,
+    affinity: str | None,
+    mode: str,
+    target: str,
+    run_duration: bool,
+    repaired_by: str,
+    events: dict[str, Reaction],
+    price_key: str,
+    sources: tuple[Source, ...],
+    unsettled: tuple[Unsettled, ...] = (),
+) -> Cell:
+    """A compute cell: a template, a workload policy and a MIG (plus its hosts' createInstances
+    where the MIG starts empty)."""
+    template: dict[str, str] = {
+        "scheduling.provisioningModel": model,
+        "scheduling.onHostMaintenance": "TERMINATE",
+    }
+    if termination:
+        template["scheduling.instanceTerminationAction"] = termination
+    if affinity:
+        template["reservationAffinity.consumeReservationType"] = affinity
+    if run_duration:
+        template["scheduling.maxRunDuration"] = "maxRunHours"
+    mig = {
+        "targetSizePolicy.mode": mode,
+        "targetSize": "hosts" if target == TARGET_AT_INSERT else "0",
+        "instanceLifecyclePolicy.defaultActionOnFailure": DO_NOTHING,
+    }
+    calls = [Call(_COMPUTE_TEMPLATE, template), _POLICY, Call("instanceGroupManagers.insert", mig)]
+    if target == TARGET_FROM_ZERO:
+        calls.append(Call("instanceGroupManagers.createInstances", {"instances": "every host, one call"}))
+    return Cell(
+        platform=COMPUTE,
+        capacity=capacity,
+        queued=False,
+        summary=summary,
+        calls=tuple(calls),
+        provisioning_model=model,
+        termination_action=termination,
+        reservation_affinity=affinity,
+        mig_mode=mode,
+        target_size=target,
+        failure_action=DO_NOTHING,
+        run_duration=run_duration,
+        repaired_by=repaired_by,
+        repair_grace_s=None if repaired_by == RAYSLICE else GOOGLE_REPAIR_GRACE_S,
+        events={
+            **events,
+            NO_CAPACITY: _WAITS if target == TARGET_AT_INSERT else _NO_CAPACITY_RETRY,
+            GONE: _GONE_RECREATE,
+        },
+        elastic_allowed=True,
+        price_key=price_key,
+        sources=(TPU_MIG, COMPUTE_DISCOVERY, *sources),
+        unsettled=(_DO_NOTHING_EVERYWHERE, *unsettled),
+    )
+
+
+_DO_NOTHING_EVERYWHERE = Unsettled(
+    "Whether a multi-host MIG of on-demand or reserved hosts should keep the default REPAIR. "
+    "Failure recovery says Compute Engine recovers such slices whole and single hosts cannot be "
+    "rescheduled; a MIG's REPAIR recreates one host.",
+    "DO_NOTHING on every TPU MIG (SkyPilot and the TPU7x log do so): a repaired single host "
+    "could not rejoin the ICI domain, and Compute Engine's own slice recovery does not need the MIG.",
+)
+_INDIVIDUAL_FORM = Unsettled(
+    "How a Spot or on-demand multi-host slice must be created. Bulk mode refuses these "
+    "provisioning models; the TPU7x log says without BULK only independent VMs are made; "
+    "Google's MIG page could not be read past its prerequisites.",
+    "INDIVIDUAL mode (the only one Compute Engine accepts here) with every host in one "
+    "createInstances from target size 0; each host checks the topology its TPU runtime reports and "
+    "stops its boot, naming the cause, if it is smaller than the slice's.",
+)
+_GRACE = Unsettled(
+    "How long Google's recovery of a slice takes. No page gives a bound; maintenance of a large "
+    "slice may take 'up to a few hours'.",
+    f"The controller waits {GOOGLE_REPAIR_GRACE_S // 3600} h after it first sees a broken host before "
+    "it recreates a slice whose MIG and instances still exist; a slice that is gone is recreated at once.",
+)
+
+_COMPUTE_CELLS = (
+    _compute(
+        ON_DEMAND,
+        "standard VMs at list price, created at once or refused",
+        model=STANDARD_MODEL,
+        termination=None,
+        affinity=None,
+        mode=INDIVIDUAL,
+        target=TARGET_FROM_ZERO,
+        run_duration=False,
+        repaired_by=COMPUTE_ENGINE,
+        events=_google_repairs(COMPUTE_ENGINE),
+        price_key=ON_DEMAND,
+        sources=(FAILURE_RECOVERY, MAINTENANCE_START),
+        unsettled=(_INDIVIDUAL_FORM, _GRACE),
+    ),
+    _compute(
+        SPOT,
+        "Spot VMs at the Spot price; Google may take them back at any time",
+        model=SPOT_MODEL,
+        termination=STOP,
+        affinity=None,
+        mode=INDIVIDUAL,
+        target=TARGET_FROM_ZERO,
+        run_duration=False,
+        repaired_by=RAYSLICE,
+        events=_spot_events(),
+        price_key=SPOT,
+        sources=(SPOT_TPU, FAILURE_RECOVERY),
+        unsettled=(_INDIVIDUAL_FORM,),
+    ),
+    _compute(
+        RESERVED,
+        "hosts of a named reservation (reservation-bound)",
+        model=RESERVATION_BOUND_MODEL,
+        termination=DELETE,
+        affinity=SPECIFIC_RESERVATION,
+        mode=BULK,
+        target=TARGET_FROM_ZERO,
+        run_duration=False,
+        repaired_by=COMPUTE_ENGINE,
+        events=_google_repairs(COMPUTE_ENGINE),
+        price_key=RESERVED,
+        sources=(COMPUTE_CONSUME, BULK_MODE, BULK_CREATE, FAILURE_RECOVERY, TPU7X_RUN),
+        unsettled=(_GRACE,),
+    ),
+    _compute(
+        RESERVED_CALENDAR,
+        "hosts of a named future reservation in calendar mode (1-90 days; ends with the reservation)",
+        model=RESERVATION_BOUND_MODEL,
+        termination=DELETE,
+        affinity=SPECIFIC_RESERVATION,
+        mode=BULK,
+        target=TARGET_FROM_ZERO,
+        run_duration=False,
+        repaired_by=COMPUTE_ENGINE,
+        events={
+            **_google_repairs(COMPUTE_ENGINE),
+            RUN_DURATION: Reaction(
+                "ended: the reservation's period is over and Compute Engine deleted its hosts", END
+            ),
+        },
+        price_key=RESERVED,
+        sources=(COMPUTE_CONSUME, CALENDAR_MODE, BULK_MODE, FAILURE_RECOVERY),
+        unsettled=(_GRACE,),
+    ),
+    _compute(
+        FLEX_START,
+        "waits for the whole slice, then runs at most maxRunHours (flex-start)",
+        model=FLEX_START_MODEL,
+        termination=DELETE,
+        affinity=NO_RESERVATION,
+        mode=BULK,
+        target=TARGET_AT_INSERT,
+        run_duration=True,
+        repaired_by=COMPUTE_ENGINE,
+        events={
+            **_google_repairs(COMPUTE_ENGINE),
+            RUN_DURATION: Reaction("ended: run duration reached; Compute Engine deleted the hosts", END),
+        },
+        price_key=FLEX_START,
+        sources=(BULK_MODE, SKYPILOT_MIG, RESIZE_REQUESTS, FAILURE_RECOVERY),
+        unsettled=(_GRACE,),
+    ),
+)
+
+
+def _tpu_vm(
+    capacity: str,
+    summary: str,
+    *,
+    queued: bool,
+    fields: dict[str, str],
+    model: str | None,
+    affinity: str | None,
+    run_duration: bool,
+    repaired_by: str,
+    events: dict[str, Reaction],
+    price_key: str,
+    sources: tuple[Source, ...],
+    unsettled: tuple[Unsettled, ...] = (),
+) -> Cell:
+    """A tpu-vm cell: one TPU node, created directly or through a queued resource."""
+    calls = (Call("queuedResources.create" if queued else "nodes.create", fields),)
+    return Cell(
+        platform=TPU_VM,
+        capacity=capacity,
+        queued=queued,
+        summary=summary,
+        calls=calls,
+        provisioning_model=model,
+        termination_action=None,
+        reservation_affinity=affinity,
+        mig_mode=None,
+        target_size=None,
+        failure_action=None,
+        run_duration=run_duration,
+        repaired_by=repaired_by,
+        repair_grace_s=None if repaired_by == RAYSLICE else GOOGLE_REPAIR_GRACE_S,
+        events={**events, NO_CAPACITY: _WAITS if queued else _NO_CAPACITY_RETRY, GONE: _GONE_RECREATE},
+        elastic_allowed=False,
+        price_key=price_key,
+        sources=(TPU_V2_DISCOVERY, *sources),
+        unsettled=unsettled,
+    )
+
+
+_TPU_HOST_ERROR = Unsettled(
+    "Whether the Cloud TPU service recovers a TPU node after a host error (its maintenance page "
+    "says most maintenance events recover by themselves; nothing is said of host errors).",
+    "The controller waits the grace for a node in REPAIRING or UNHEALTHY_MAINTENANCE, then "
+    "recreates it; a node gone or PREEMPTED is recreated at once.",
+)
+_QUEUED_SUSPENDED = Reaction(
+    "suspended: Google deleted the slice's node (SUSPENDED); a new request waits for capacity", RECREATE
+)
+_ENDED_SUSPENDED = Reaction(
+    "ended: run duration reached; Google deleted the hosts and suspended the request", END
+)
+
+
+def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
+    """The tpu-vm cells, direct (`nodes.create`) or through a queued resource."""
+    maybe_suspended = {SUSPENDED: _QUEUED_SUSPENDED} if queued else {}
+    repaired = {**_google_repairs(CLOUD_TPU), **maybe_suspended}
+    tier = "queued resource" if queued else "TPU node"
+    cells = [
+        _tpu_vm(
+            ON_DEMAND,
+            f"standard TPUs at list price, one {tier} per slice",
+            queued=queued,
+            fields={},
+            model=None,
+            affinity=None,
+            run_duration=False,
+            repaired_by=CLOUD_TPU,
+            events=repaired,
+            price_key=ON_DEMAND,
+            sources=(MAINTENANCE_TPU_API,),
+            unsettled=(_TPU_HOST_ERROR, _GRACE),
+        ),
+        _tpu_vm(
+            SPOT,
+            f"Spot TPUs, one {tier} per slice; Google may take them back at any time",
+            queued=queued,
+            fields={"spot": "{}"} if queued else {"schedulingConfig.spot": "true"},
+            model=None,
+            affinity=None,
+            run_duration=False,
+            repaired_by=RAYSLICE,
+            events={**_spot_events(), **maybe_suspended},
+            price_key=SPOT,
+            sources=(SPOT_TPU,),
+        ),
+        _tpu_vm(
+            RESERVED_ANY,
+            f"any reservation matching the slice, one {tier} per slice",
+            queued=queued,
+            fields={"reservationName": "projects/P/locations/Z/reservations/-"}
+            if queued
+            else {"schedulingConfig.reserved": "true"},
+            model=None,
+            affinity=ANY_RESERVATION,
+            run_duration=False,
+            repaired_by=CLOUD_TPU,
+            events=repaired,
+            price_key=RESERVED,
+            sources=(CONSUME_RESERVATION, MAINTENANCE_TPU_API),
+            unsettled=(_TPU_HOST_ERROR, _GRACE),
+        ),
+    ]
+    if queued:
+        cells += [
+            _tpu_vm(
+                RESERVED,
+                "a named reservation, through a queued resource",
+                queued=True,
+                fields={"reservationName": "projects/P/locations/Z/reservations/NAME"},
+                model=None,
+                affinity=SPECIFIC_RESERVATION,
+                run_duration=False,
+                repaired_by=CLOUD_TPU,
+                events=repaired,
+                price_key=RESERVED,
+                sources=(CONSUME_RESERVATION, MAINTENANCE_TPU_API),
+                unsettled=(_TPU_HOST_ERROR, _GRACE),
+            ),
+            _tpu_vm(
+                RESERVED_CALENDAR,
+                "a named calendar-mode reservation, through a queued resource (reservation-bound)",
+                queued=True,
+                fields={
+                    "reservationName": "projects/P/locations/Z/reservations/NAME",
+                    "provisioningModel": RESERVATION_BOUND_MODEL,
+                },
+                model=RESERVATION_BOUND_MODEL,
+                affinity=SPECIFIC_RESERVATION,
+                run_duration=False,
+                repaired_by=CLOUD_TPU,
+                events={
+                    **_google_repairs(CLOUD_TPU),
+                    RUN_DURATION: Reaction(
+                        "ended: the reservation's period is over and Google deleted its TPUs", END
+                    ),
+                    SUSPENDED: Reaction("ended: the reservation's period is over (SUSPENDED)", END),
+                },
+                price_key=RESERVED,
+                sources=(CONSUME_RESERVATION, CALENDAR_MODE, MAINTENANCE_TPU_API),
+                unsettled=(_TPU_HOST_ERROR, _GRACE),
+            ),
+            _tpu_vm(
+                FLEX_START,
+                "waits for the whole slice, then runs at most maxRunHours (flex-start queued resource)",
+                queued=True,
+                fields={"provisioningModel": FLEX_START_MODEL, "runDuration.maxRunDuration": "maxRunHours"},
+                model=FLEX_START_MODEL,
+                affinity=None,
+                run_duration=True,
+                repaired_by=CLOUD_TPU,
+                events={
+                    **_google_repairs(CLOUD_TPU),
+                    RUN_DURATION: _ENDED_SUSPENDED,
+                    SUSPENDED: _ENDED_SUSPENDED,
+                },
+                price_key=FLEX_START,
+                sources=(FLEX_TPU, FAILURE_RECOVERY),
+                unsettled=(_GRACE,),
+            ),
+        ]
+    return tuple(cells)
+
+
+def _gke(
+    capacity: str,
+    summary: str,
+    *,
+    fields: dict[str, str],
+    affinity: str | None,
+    auto_repair: bool,
+    run_duration: bool,
+    events: dict[str, Reaction],
+    price_key: str,
+    sources: tuple[Source, ...],
+    unsettled: tuple[Unsettled, ...] = (),
+) -> Cell:
+    left = {event: Reaction(r.meaning, LEFT_TO_GKE) for event, r in events.items()}
+    gone = Reaction("the node pool is gone (deleted by hand): `pulumi up` makes it again", LEFT_TO_GKE)
+    return Cell(
+        platform=GKE,
+        capacity=capacity,
+        queued=False,
+        summary=summary,
+        calls=(Call("nodePools.create", {**fields, "management.autoRepair": str(auto_repair).lower()}),),
+        provisioning_model=None,
+        termination_action=None,
+        reservation_affinity=affinity,
+        mig_mode=None,
+        target_size=None,
+        failure_action=AUTO_REPAIR_ON if auto_repair else AUTO_REPAIR_OFF,
+        run_duration=run_duration,
+        repaired_by=GKE_REPAIR,
+        repair_grace_s=None,
+        events={**left, GONE: gone},
+        elastic_allowed=False,
+        price_key=price_key,
+        sources=(GKE_AUTO_REPAIR, GKE_PRICING, *sources),
+        unsettled=unsettled,
+    )
+
+
+_GKE_REPAIRS = {
+    MAINTENANCE: Reaction("host maintenance: GKE drains and brings the slice's nodes back", LEFT_TO_GKE),
+    HOST_ERROR: Reaction("a node failed: GKE auto-repair recreates the slice's nodes", LEFT_TO_GKE),
+    NO_CAPACITY: Reaction("no capacity: the pool's nodes wait to be created", LEFT_TO_GKE),
+}
+_GKE_CELLS = (
+    _gke(
+        ON_DEMAND,
+        "a TPU node pool of standard VMs",
+        fields={},
+        affinity=None,
+        auto_repair=True,
+        run_duration=False,
+        events=_GKE_REPAIRS,
+        price_key=ON_DEMAND,
+        sources=(),
+    ),
+    _gke(
+        SPOT,
+        "a TPU node pool of Spot VMs; KubeRay recreates the pods on new nodes",
+        fields={"config.spot": "true"},
+        affinity=None,
+        auto_repair=True,
+        run_duration=False,
+        events={PREEMPTION: _PREEMPTED, **_GKE_REPAIRS},
+        price_key=SPOT,
+        sources=(XPK_CAPACITY,),
+    ),
+    _gke(
+        RESERVED,
+        "a TPU node pool in a named reservation",
+        fields={"config.reservationAffinity.consumeReservationType": SPECIFIC_RESERVATION},
+        affinity=SPECIFIC_RESERVATION,
+        auto_repair=True,
+        run_duration=False,
+        events=_GKE_REPAIRS,
+        price_key=RESERVED,
+        sources=(XPK_CAPACITY,),
+    ),
+    _gke(
+        FLEX_START,
+        "a flex-start TPU node pool the autoscaler grows when capacity comes, for at most maxRunHours",
+        fields={
+            "config.flexStart": "true",
+            "config.maxRunDuration": "maxRunHours",
+            "config.reservationAffinity.consumeReservationType": NO_RESERVATION,
+            "autoscaling.enabled": "true",
+        },
+        affinity=NO_RESERVATION,
+        auto_repair=False,
+        run_duration=True,
+        events={
+            **_GKE_REPAIRS,
+            RUN_DURATION: Reaction("ended: run duration reached; GKE removes the nodes", LEFT_TO_GKE),
+        },
+        price_key=FLEX_START,
+        sources=(GKE_FLEX, XPK_CAPACITY),
+    ),
+)
+
+CELLS: tuple[Cell, ...] = (*_COMPUTE_CELLS, *_tpu_vm_cells(False), *_tpu_vm_cells(True), *_GKE_CELLS)
+_BY_KEY = {(c.platform, c.capacity, c.queued): c for c in CELLS}
+
+
+class NoSuchCell(LookupError):
+    """A (platform, capacity, queued) the table has no cell for: rayslice does not offer it."""
+
+
+def cell(platform: str, capacity: str, *, queued: bool = False) -> Cell:
+    """The cell of `platform` and `capacity` (a key of `CAPACITIES`); `NoSuchCell` if none."""
+    found = _BY_KEY.get((platform, capacity, queued))
+    if found is None:
+        raise NoSuchCell(f"no capacity cell {platform}/{'queued/' if queued else ''}{capacity}")
+    return found
+
+
+def capacity_of(spec: SpecLike) -> str:
+    """The table's capacity key for a stack's keys: ``reserved`` splits by whether a reservation
+    is named and whether it was created in calendar mode."""
+    if spec.capacity != RESERVED:
+        return spec.capacity
+    if getattr(spec, "calendar_mode", False):
+        return RESERVED_CALENDAR
+    return RESERVED if spec.reservation else RESERVED_ANY
+
+
+def cell_for(spec: SpecLike) -> Cell:
+    """The stack's own cell."""
+    return cell(spec.platform, capacity_of(spec), queued=bool(spec.queued))
+
+
+# The spec's ``capacity`` value of each table capacity (the spec says ``reserved`` for all three).
+SPEC_CAPACITY = {RESERVED_ANY: RESERVED, RESERVED_CALENDAR: RESERVED}
+
+
+def offered(platform: str) -> tuple[str, ...]:
+    """The spec's capacity values `platform` has a cell for, in table order."""
+    values = [SPEC_CAPACITY.get(c.capacity, c.capacity) for c in CELLS if c.platform == platform]
+    return tuple(dict.fromkeys(values))
+
+
+def for_provisioning_model(model: str | None) -> Cell | None:
+    """The compute cell whose template has provisioning model `model` (the cloud rules read a
+    template's cell this way); the first in table order where two share it."""
+    for c in _COMPUTE_CELLS:
+        if c.provisioning_model == (model or STANDARD_MODEL):
+            return c
+    return None
