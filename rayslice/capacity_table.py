@@ -36,9 +36,10 @@ The recovery controller imports this module, so it ships in the controller's bun
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 # ---- the axes ---------------------------------------------------------------------------------
 
@@ -95,6 +96,37 @@ AUTO_REPAIR_ON, AUTO_REPAIR_OFF = "auto-repair on", "auto-repair off"
 TARGET_FROM_ZERO = "inserted with target size 0; one createInstances names every host"
 TARGET_AT_INSERT = "inserted with target size = hosts; the MIG creates them all when it can"
 
+# Placeholders in a call's body for what the stack decides (`fill`).
+PROJECT = "{project}"
+ZONE = "{zone}"
+RESERVATION_NAME = "{reservation}"
+HOSTS = "{hosts}"  # the slice's host count
+MAX_RUN_SECONDS = "{maxRunSeconds}"  # maxRunHours in seconds, a number
+MAX_RUN_DURATION = "{maxRunSeconds}s"  # the same as a google-duration string
+PLACEHOLDERS = (PROJECT, ZONE, RESERVATION_NAME, HOSTS, MAX_RUN_SECONDS)
+# A TPU API reservation path; gcloud names "any matching reservation" with ``-`` in place of a
+# name (google-cloud-sdk, googlecloudsdk/command_lib/compute/tpus/queued_resources/util.py,
+# CreateReservationName: with --reserved on the v2 API, "{}/{}/locations/{}/reservations/-").
+TPU_RESERVATION_PATH = f"projects/{PROJECT}/locations/{ZONE}/reservations/{RESERVATION_NAME}"
+TPU_ANY_RESERVATION_PATH = f"projects/{PROJECT}/locations/{ZONE}/reservations/-"
+
+
+def fill(body: Any, values: Mapping[str, Any]) -> Any:
+    """`body` with each placeholder replaced by its value in `values` (keyed by placeholder). A
+    string that is exactly one placeholder becomes the value itself (a number stays a number);
+    placeholders inside a longer string are replaced as text."""
+    if isinstance(body, Mapping):
+        return {key: fill(value, values) for key, value in body.items()}
+    if isinstance(body, (list, tuple)):
+        return [fill(value, values) for value in body]
+    if isinstance(body, str):
+        if body in values:
+            return values[body]
+        for placeholder, value in values.items():
+            body = body.replace(placeholder, str(value))
+    return body
+
+
 # How long the controller leaves a broken slice to Google. Google gives no bound for a recovery;
 # "Manually start a host maintenance event" says starting maintenance on a large slice "might
 # result in slice unavailability of up to a few hours". Four hours covers "a few"; a slice still
@@ -116,10 +148,27 @@ class Source:
 
 @dataclass(frozen=True)
 class Call:
-    """One API call that creates (part of) a slice, with the fields that carry the capacity."""
+    """One API call that creates (part of) a slice, with the part of its REST body that carries
+    the capacity. Values the stack decides are placeholders (`PLACEHOLDERS`), which `fill`
+    replaces; the rest is sent as written."""
 
     method: str  # e.g. "instanceGroupManagers.insert"
-    fields: Mapping[str, str] = field(default_factory=dict)  # field path -> value
+    body: Mapping[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, str]:
+        """The body as ``path.to.field`` -> value, as the docs page lists it."""
+        flat: dict[str, str] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, Mapping) and value:
+                for key, inner in value.items():
+                    walk(f"{prefix}.{key}" if prefix else key, inner)
+            else:
+                flat[prefix] = json.dumps(value) if not isinstance(value, str) else value
+
+        for key, value in self.body.items():
+            walk(key, value)
+        return flat
 
 
 @dataclass(frozen=True)
@@ -193,11 +242,16 @@ class SpecLike(Protocol):
     """The stack keys a cell depends on (`rayslice.spec.ClusterSpec` has them; the controller's
     configuration may too)."""
 
-    platform: str
-    capacity: str
-    queued: bool
-    reservation: str | None
-    calendar_mode: bool
+    @property
+    def platform(self) -> str: ...
+    @property
+    def capacity(self) -> str: ...
+    @property
+    def queued(self) -> bool: ...
+    @property
+    def reservation(self) -> str | None: ...
+    @property
+    def calendar_mode(self) -> bool: ...
 
 
 # ---- the sources ------------------------------------------------------------------------------
@@ -356,7 +410,13 @@ def _spot_events() -> dict[str, Reaction]:
 
 
 _COMPUTE_TEMPLATE = "instanceTemplates.insert"
-_POLICY = Call("resourcePolicies.insert", {"workloadPolicy.type": "HIGH_THROUGHPUT"})
+_POLICY = Call("resourcePolicies.insert", {"workloadPolicy": {"type": "HIGH_THROUGHPUT"}})
+# TPU hosts cannot live-migrate: Compute Engine's TPU pages require TERMINATE on host maintenance.
+ON_HOST_MAINTENANCE = "TERMINATE"
+# A specific reservation's key (compute v1 ReservationAffinity.key: "use
+# compute.googleapis.com/reservation-name as the key and specify the name of your reservation as
+# its value").
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
 
 
 def _compute(
@@ -377,24 +437,38 @@ def _compute(
 ) -> Cell:
     """A compute cell: a template, a workload policy and a MIG (plus its hosts' createInstances
     where the MIG starts empty)."""
-    template: dict[str, str] = {
-        "scheduling.provisioningModel": model,
-        "scheduling.onHostMaintenance": "TERMINATE",
+    # pulumi-gcp refuses SPOT without preemptible and without automatic restart off; flex-start
+    # hosts do not restart by themselves either (pulumi-gcp's ResizeRequest example template:
+    # automatic_restart False); on-demand and reservation-bound hosts restart after a host error.
+    restarts = model in (STANDARD_MODEL, RESERVATION_BOUND_MODEL)
+    scheduling: dict[str, Any] = {
+        "provisioningModel": model,
+        "onHostMaintenance": ON_HOST_MAINTENANCE,
+        "automaticRestart": restarts,
     }
+    if model == SPOT_MODEL:
+        scheduling["preemptible"] = True
     if termination:
-        template["scheduling.instanceTerminationAction"] = termination
-    if affinity:
-        template["reservationAffinity.consumeReservationType"] = affinity
+        scheduling["instanceTerminationAction"] = termination
     if run_duration:
-        template["scheduling.maxRunDuration"] = "maxRunHours"
+        scheduling["maxRunDuration"] = {"seconds": MAX_RUN_SECONDS}
+    properties: dict[str, Any] = {"scheduling": scheduling}
+    if affinity:
+        properties["reservationAffinity"] = {"consumeReservationType": affinity}
+        if affinity == SPECIFIC_RESERVATION:
+            properties["reservationAffinity"].update(key=RESERVATION_NAME_KEY, values=[RESERVATION_NAME])
     mig = {
-        "targetSizePolicy.mode": mode,
-        "targetSize": "hosts" if target == TARGET_AT_INSERT else "0",
-        "instanceLifecyclePolicy.defaultActionOnFailure": DO_NOTHING,
+        "targetSizePolicy": {"mode": mode},
+        "targetSize": HOSTS if target == TARGET_AT_INSERT else 0,
+        "instanceLifecyclePolicy": {"defaultActionOnFailure": DO_NOTHING},
     }
-    calls = [Call(_COMPUTE_TEMPLATE, template), _POLICY, Call("instanceGroupManagers.insert", mig)]
+    calls = [
+        Call(_COMPUTE_TEMPLATE, {"properties": properties}),
+        _POLICY,
+        Call("instanceGroupManagers.insert", mig),
+    ]
     if target == TARGET_FROM_ZERO:
-        calls.append(Call("instanceGroupManagers.createInstances", {"instances": "every host, one call"}))
+        calls.append(Call("instanceGroupManagers.createInstances", {"instances": f"{HOSTS} hosts, one call"}))
     return Cell(
         platform=COMPUTE,
         capacity=capacity,
@@ -536,7 +610,7 @@ def _tpu_vm(
     summary: str,
     *,
     queued: bool,
-    fields: dict[str, str],
+    body: dict[str, Any],
     model: str | None,
     affinity: str | None,
     run_duration: bool,
@@ -547,7 +621,7 @@ def _tpu_vm(
     unsettled: tuple[Unsettled, ...] = (),
 ) -> Cell:
     """A tpu-vm cell: one TPU node, created directly or through a queued resource."""
-    calls = (Call("queuedResources.create" if queued else "nodes.create", fields),)
+    calls = (Call("queuedResources.create" if queued else "nodes.create", body),)
     return Cell(
         platform=TPU_VM,
         capacity=capacity,
@@ -595,7 +669,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
             ON_DEMAND,
             f"standard TPUs at list price, one {tier} per slice",
             queued=queued,
-            fields={},
+            body={},
             model=None,
             affinity=None,
             run_duration=False,
@@ -609,7 +683,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
             SPOT,
             f"Spot TPUs, one {tier} per slice; Google may take them back at any time",
             queued=queued,
-            fields={"spot": "{}"} if queued else {"schedulingConfig.spot": "true"},
+            body={"spot": {}} if queued else {"schedulingConfig": {"spot": True}},
             model=None,
             affinity=None,
             run_duration=False,
@@ -622,9 +696,9 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
             RESERVED_ANY,
             f"any reservation matching the slice, one {tier} per slice",
             queued=queued,
-            fields={"reservationName": "projects/P/locations/Z/reservations/-"}
+            body={"reservationName": TPU_ANY_RESERVATION_PATH}
             if queued
-            else {"schedulingConfig.reserved": "true"},
+            else {"schedulingConfig": {"reserved": True}},
             model=None,
             affinity=ANY_RESERVATION,
             run_duration=False,
@@ -641,7 +715,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
                 RESERVED,
                 "a named reservation, through a queued resource",
                 queued=True,
-                fields={"reservationName": "projects/P/locations/Z/reservations/NAME"},
+                body={"reservationName": TPU_RESERVATION_PATH},
                 model=None,
                 affinity=SPECIFIC_RESERVATION,
                 run_duration=False,
@@ -655,10 +729,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
                 RESERVED_CALENDAR,
                 "a named calendar-mode reservation, through a queued resource (reservation-bound)",
                 queued=True,
-                fields={
-                    "reservationName": "projects/P/locations/Z/reservations/NAME",
-                    "provisioningModel": RESERVATION_BOUND_MODEL,
-                },
+                body={"reservationName": TPU_RESERVATION_PATH, "provisioningModel": RESERVATION_BOUND_MODEL},
                 model=RESERVATION_BOUND_MODEL,
                 affinity=SPECIFIC_RESERVATION,
                 run_duration=False,
@@ -678,7 +749,10 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
                 FLEX_START,
                 "waits for the whole slice, then runs at most maxRunHours (flex-start queued resource)",
                 queued=True,
-                fields={"provisioningModel": FLEX_START_MODEL, "runDuration.maxRunDuration": "maxRunHours"},
+                body={
+                    "provisioningModel": FLEX_START_MODEL,
+                    "runDuration": {"maxRunDuration": MAX_RUN_DURATION},
+                },
                 model=FLEX_START_MODEL,
                 affinity=None,
                 run_duration=True,
@@ -700,7 +774,7 @@ def _gke(
     capacity: str,
     summary: str,
     *,
-    fields: dict[str, str],
+    body: dict[str, Any],
     affinity: str | None,
     auto_repair: bool,
     run_duration: bool,
@@ -716,7 +790,7 @@ def _gke(
         capacity=capacity,
         queued=False,
         summary=summary,
-        calls=(Call("nodePools.create", {**fields, "management.autoRepair": str(auto_repair).lower()}),),
+        calls=(Call("nodePools.create", {**body, "management": {"autoRepair": auto_repair}}),),
         provisioning_model=None,
         termination_action=None,
         reservation_affinity=affinity,
@@ -743,7 +817,7 @@ _GKE_CELLS = (
     _gke(
         ON_DEMAND,
         "a TPU node pool of standard VMs",
-        fields={},
+        body={},
         affinity=None,
         auto_repair=True,
         run_duration=False,
@@ -754,7 +828,7 @@ _GKE_CELLS = (
     _gke(
         SPOT,
         "a TPU node pool of Spot VMs; KubeRay recreates the pods on new nodes",
-        fields={"config.spot": "true"},
+        body={"config": {"spot": True}},
         affinity=None,
         auto_repair=True,
         run_duration=False,
@@ -765,7 +839,15 @@ _GKE_CELLS = (
     _gke(
         RESERVED,
         "a TPU node pool in a named reservation",
-        fields={"config.reservationAffinity.consumeReservationType": SPECIFIC_RESERVATION},
+        body={
+            "config": {
+                "reservationAffinity": {
+                    "consumeReservationType": SPECIFIC_RESERVATION,
+                    "key": RESERVATION_NAME_KEY,
+                    "values": [RESERVATION_NAME],
+                }
+            }
+        },
         affinity=SPECIFIC_RESERVATION,
         auto_repair=True,
         run_duration=False,
@@ -776,11 +858,13 @@ _GKE_CELLS = (
     _gke(
         FLEX_START,
         "a flex-start TPU node pool the autoscaler grows when capacity comes, for at most maxRunHours",
-        fields={
-            "config.flexStart": "true",
-            "config.maxRunDuration": "maxRunHours",
-            "config.reservationAffinity.consumeReservationType": NO_RESERVATION,
-            "autoscaling.enabled": "true",
+        body={
+            "config": {
+                "flexStart": True,
+                "maxRunDuration": MAX_RUN_DURATION,
+                "reservationAffinity": {"consumeReservationType": NO_RESERVATION},
+            },
+            "autoscaling": {"enabled": True, "locationPolicy": "ANY"},
         },
         affinity=NO_RESERVATION,
         auto_repair=False,
@@ -815,7 +899,7 @@ def capacity_of(spec: SpecLike) -> str:
     is named and whether it was created in calendar mode."""
     if spec.capacity != RESERVED:
         return spec.capacity
-    if getattr(spec, "calendar_mode", False):
+    if spec.calendar_mode:
         return RESERVED_CALENDAR
     return RESERVED if spec.reservation else RESERVED_ANY
 
