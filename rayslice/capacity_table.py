@@ -909,6 +909,49 @@ def cell_for(spec: SpecLike) -> Cell:
     return cell(spec.platform, capacity_of(spec), queued=bool(spec.queued))
 
 
+# Why a (platform, capacity, queued) the spec can express has no cell, in the words `validate`
+# prints; each says what to set instead.
+_QUEUED_ELSEWHERE = {
+    COMPUTE: "capacity=flex-start, whose slices wait for capacity",
+    # GKE's queued provisioning hands nodes out only through ProvisioningRequest objects
+    # (pulumi-gcp NodePool queued_provisioning.enabled: "Makes nodes obtainable through the
+    # ProvisioningRequest API exclusively"), which Kueue or a job must create; rayslice installs
+    # neither, so its RayCluster would never start.
+    GKE: "capacity=flex-start, a node pool that waits for capacity (GKE's queued provisioning needs "
+    "Kueue and ProvisioningRequest objects, which rayslice does not install: docs/capacity.md)",
+}
+_NOT_OFFERED = {
+    (TPU_VM, FLEX_START, False): "capacity=flex-start on platform=tpu-vm is a queued request: set "
+    "queued=true (the TPU API takes flex-start only through a queued resource)",
+    (TPU_VM, RESERVED, False): "reservation on platform=tpu-vm is named through a queued resource: set "
+    "queued=true, or remove reservation (a direct create uses any matching reservation)",
+    (TPU_VM, RESERVED_CALENDAR, False): "calendarMode on platform=tpu-vm is consumed through a queued "
+    "resource (Cloud TPU, 'Consume a reservation'): set queued=true",
+    (COMPUTE, RESERVED_ANY, False): "capacity=reserved on compute needs reservation=<name of your "
+    "reservation> (a RESERVATION_BOUND MIG consumes one named reservation)",
+    (GKE, RESERVED_ANY, False): "capacity=reserved on gke needs reservation=<name of your reservation>",
+    (GKE, RESERVED_CALENDAR, False): "calendarMode is not offered on platform=gke (rayslice has not read "
+    "how GKE consumes a calendar-mode reservation); use platform=compute or tpu-vm with queued=true",
+}
+
+
+def why_not(platform: str, capacity: str, *, queued: bool = False) -> str:
+    """Why `platform` has no cell for `capacity` (queued or not), saying what to set instead."""
+    if queued and not any(c.queued for c in CELLS if c.platform == platform):
+        instead = _QUEUED_ELSEWHERE.get(platform, "another platform")
+        return f"queued=true applies to platform=tpu-vm only (queued resources); on {platform} use {instead}"
+    reason = _NOT_OFFERED.get((platform, capacity, queued))
+    if reason:
+        return reason
+    spec_value = SPEC_CAPACITY.get(capacity, capacity)
+    others = ", ".join(offered(platform))
+    return f"capacity={spec_value} is not offered on platform={platform}; it offers: {others}"
+
+
+def has_cell(platform: str, capacity: str, *, queued: bool = False) -> bool:
+    return (platform, capacity, queued) in _BY_KEY
+
+
 # The spec's ``capacity`` value of each table capacity (the spec says ``reserved`` for all three).
 SPEC_CAPACITY = {RESERVED_ANY: RESERVED, RESERVED_CALENDAR: RESERVED}
 

@@ -65,9 +65,12 @@ def test_labels_keep_the_users_and_add_rayslice_ones():
 
 
 def test_scheduling_per_capacity():
-    assert scheduling("on-demand") is None
-    assert scheduling("spot").spot is True
-    assert scheduling("reserved").reserved is True
+    def tpu_vm(**keys: str):
+        return scheduling(_spec(platform="tpu-vm", **keys))
+
+    assert tpu_vm() is None
+    assert tpu_vm(capacity="spot").spot is True
+    assert tpu_vm(capacity="reserved").reserved is True
 
 
 def test_region_of_zone():

@@ -10,9 +10,8 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from rayslice import capacity_table
+from rayslice import capacity_table, catalog
 from rayslice.capacity_table import cell_for
-from rayslice.cloud import rules
 from rayslice.spec import ClusterSpec, host_image_link
 
 # What differs per capacity (provisioning model, termination action, reservation, the MIG's
@@ -96,7 +95,7 @@ def _nothing_left(body: dict[str, Any]) -> dict[str, Any]:
 
 def boot_disk_type(spec: ClusterSpec) -> str:
     """The boot disk type Google lists for the generation's TPU VMs (rule tpu-boot-disk)."""
-    return rules.BOOT_DISK_TYPES[spec.tpu.generation][0]
+    return catalog.BOOT_DISK_TYPES[spec.tpu.generation][0]
 
 
 def base_image(spec: ClusterSpec) -> str:
