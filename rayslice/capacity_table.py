@@ -952,6 +952,29 @@ def has_cell(platform: str, capacity: str, *, queued: bool = False) -> bool:
     return (platform, capacity, queued) in _BY_KEY
 
 
+def _request_shape(request: Mapping[str, Any]) -> tuple[str | None, bool, str | None]:
+    """What tells queued capacities apart in a request: its provisioning model (STANDARD and
+    SPOT, which gcloud also sends, count as none: the tier says Spot), whether it has the Spot
+    tier, and its reservation (``-``: any matching one, else a named one)."""
+    model = request.get("provisioningModel")
+    model = (
+        None if model in (None, STANDARD_MODEL, SPOT_MODEL, "PROVISIONING_MODEL_UNSPECIFIED") else str(model)
+    )
+    reservation = request.get("reservationName")
+    kind = None if not reservation else ("any" if str(reservation).endswith("/-") else "named")
+    return model, "spot" in request or request.get("provisioningModel") == SPOT_MODEL, kind
+
+
+def queued_cell(request: Mapping[str, Any]) -> Cell:
+    """The tpu-vm queued cell a queued resource was made from, read from the resource itself (the
+    recovery controller and `rayslice status` know the request, not the stack's keys)."""
+    shape = _request_shape(request)
+    for c in CELLS:
+        if c.platform == TPU_VM and c.queued and _request_shape(c.calls[0].body) == shape:
+            return c
+    raise NoSuchCell(f"no queued capacity cell sends a request shaped {shape}")
+
+
 # The spec's ``capacity`` value of each table capacity (the spec says ``reserved`` for all three).
 SPEC_CAPACITY = {RESERVED_ANY: RESERVED, RESERVED_CALENDAR: RESERVED}
 
