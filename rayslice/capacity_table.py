@@ -223,19 +223,36 @@ class Cell:
 
     def describe(self) -> list[str]:
         """The few lines `validate` and `preview` print: how slices are made, who repairs them,
-        what the controller does."""
-        made = " -> ".join(c.method for c in self.calls)
+        what the controller does on each event (events grouped by action)."""
         repaired = {
             COMPUTE_ENGINE: "Compute Engine recovers a failed slice whole",
             CLOUD_TPU: "the Cloud TPU service takes a slice through host maintenance",
-            GKE_REPAIR: "GKE brings nodes back (auto-repair or the autoscaler)",
-            RAYSLICE: "Google does not repair it; rayslice's recovery controller recreates it whole",
+            GKE_REPAIR: "GKE brings the nodes back (auto-repair or the autoscaler)",
+            RAYSLICE: "not by Google: rayslice's recovery controller recreates the slice whole",
         }[self.repaired_by]
-        if self.repair_grace_s is not None:
-            repaired += f" (the controller waits up to {self.repair_grace_s // 60} min before acting)"
-        lines = [f"capacity {self.key}: {self.summary}", f"  slices made by: {made}", f"  repair: {repaired}"]
-        lines += [f"  {event}: {r.meaning} -> {r.action}" for event, r in self.events.items()]
+        lines = [
+            f"capacity {self.key}: {self.summary}",
+            f"  slices made by: {' -> '.join(c.method for c in self.calls)}",
+            f"  repaired: {repaired}",
+        ]
+        by_action: dict[str, list[str]] = {}
+        for event, reaction in self.events.items():
+            by_action.setdefault(reaction.action, []).append(event)
+        for action, events in by_action.items():
+            lines.append(f"  on {', '.join(events)}: {self._action_words(action)}")
         return lines
+
+    def _action_words(self, action: str) -> str:
+        grace = f"{(self.repair_grace_s or 0) // 60} min"
+        return {
+            RECREATE: "the controller recreates the slice whole",
+            WAIT_FOR_REPAIR: f"the controller leaves it to Google, and recreates it only once it is gone or "
+            f"still broken after {grace}",
+            END: "the slice has ended: the controller records it and requests nothing again",
+            KEEP_WAITING: "the request keeps waiting; the controller changes nothing",
+            RETRY: "the create is tried again on the controller's next round",
+            LEFT_TO_GKE: "no rayslice controller on gke: GKE and KubeRay act",
+        }[action]
 
 
 class SpecLike(Protocol):
@@ -977,6 +994,18 @@ def queued_cell(request: Mapping[str, Any]) -> Cell:
 
 # The spec's ``capacity`` value of each table capacity (the spec says ``reserved`` for all three).
 SPEC_CAPACITY = {RESERVED_ANY: RESERVED, RESERVED_CALENDAR: RESERVED}
+
+
+def stack_lines(spec: SpecLike, *, controller_runs: bool) -> list[str]:
+    """The stack's own cell as `validate` and `preview` print it; `controller_runs`: the stack
+    runs the recovery controller (`ClusterSpec.runs_recovery`)."""
+    found = cell_for(spec)
+    lines = found.describe()
+    if not controller_runs and any(r.action != LEFT_TO_GKE for r in found.events.values()):
+        lines.append(
+            "  this stack runs no recovery controller (recovery=false or head=slice): nothing is recreated"
+        )
+    return lines
 
 
 def offered(platform: str) -> tuple[str, ...]:

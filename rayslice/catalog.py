@@ -805,6 +805,13 @@ def machine_hour_price(machine_type: str, region: str, capacity: str = "on-deman
     return _price("machine_hour", machine_type, region, capacity)
 
 
+def gke_cluster_hour_price() -> tuple[float, float]:
+    """GKE's cluster management fee: USD per cluster-hour, and the monthly free-tier credit per
+    billing account that zonal clusters may use (prices.json, with its source)."""
+    fee = prices()["gke_cluster_hour"]
+    return float(fee["usd"]), float(fee["free_tier_usd_per_month"])
+
+
 def price_source() -> str:
     """One line naming where and when the prices were read, for output that shows a price."""
     data = prices()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rayslice import capacity_table as table
+from rayslice import cli
 from rayslice.spec import load
 
 
@@ -70,5 +73,23 @@ def test_a_missing_cell_is_named() -> None:
 def test_describe_says_who_repairs_and_what_the_controller_does() -> None:
     lines = table.cell("compute", "on-demand").describe()
     assert lines[0].startswith("capacity compute/on-demand:")
-    assert any("Compute Engine recovers" in line and "240 min" in line for line in lines)
-    assert any(line.strip().startswith("host-error:") and "wait-for-repair" in line for line in lines)
+    assert "  repaired: Compute Engine recovers a failed slice whole" in lines
+    assert any(
+        line.startswith("  on host-maintenance, host-error: the controller leaves it to Google")
+        and "240 min" in line
+        for line in lines
+    )
+
+
+def test_validate_prints_the_stacks_own_cell(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before `pulumi up`, a user sees how the slices are made, who repairs them and what the
+    controller does."""
+    stack = str(Path(__file__).resolve().parents[2] / "infra" / "Pulumi.example-compute-flex-v6e-16.yaml")
+    assert cli.main(["validate", "--stack-file", stack]) == 0
+    out = capsys.readouterr().out
+    assert "capacity compute/flex-start:" in out
+    assert "slices made by: instanceTemplates.insert -> resourcePolicies.insert" in out
+    assert "repaired: Compute Engine recovers a failed slice whole" in out
+    assert "on run-duration-reached: the slice has ended" in out
+    assert cli.main(["validate", "--stack-file", stack, "--set", "recovery=false"]) == 0
+    assert "runs no recovery controller" in capsys.readouterr().out
