@@ -288,16 +288,18 @@ BULK_CREATE = Source(
 )
 TPU_MIG = Source(
     "Cloud TPU, Create Cloud TPU VMs with MIGs",
-    "https://cloud.google.com/tpu/docs/tpus-and-migs",
+    "https://docs.cloud.google.com/tpu/docs/tpus-and-migs",
     "MIGs create TPU VMs of v5p and later: single-host MIGs of independent VMs, and multi-host "
     "slices of VMs joined by ICI links, bound to a workload policy with the slice's topology.",
 )
 FAILURE_RECOVERY = Source(
     "Cloud TPU, Failure recovery of TPU instances",
-    "https://cloud.google.com/tpu/docs/failure-recovery",
-    "For on-demand, flex-start and standard reservations Compute Engine recovers a failed slice "
-    "itself, host maintenance included; a multi-host slice is recovered or rescheduled together; "
-    "single hosts of a slice cannot be rescheduled. Spot slices are not recovered.",
+    "https://docs.cloud.google.com/tpu/docs/failure-recovery",
+    "In managed capacity (on-demand, flex-start and standard reservations) Compute Engine recovers "
+    "TPU instances and slices by restarting them on healthy hardware; a multi-host slice is "
+    "recovered or rescheduled together, never one instance of it. Planned terminations are not "
+    "recovered: deletion, a reservation's deletion or expiry, a Spot preemption (that list read in "
+    "the page's zh-CN copy; the English page was read up to its multi-host section).",
 )
 SPOT_TPU = Source(
     "Cloud TPU, Request TPU Spot VMs",
@@ -319,7 +321,7 @@ MAINTENANCE_TPU_API = Source(
 )
 FLEX_TPU = Source(
     "Cloud TPU, Request Cloud TPUs using flex-start",
-    "https://cloud.google.com/tpu/docs/flex-start",
+    "https://cloud.google.com/tpu/docs/request-using-flex-start",
     "Flex-start TPUs come through queued resources with a run duration of at most 7 days; when it "
     "ends the VMs are deleted and the queued resource moves to SUSPENDED; zones per generation.",
 )
@@ -337,10 +339,10 @@ CALENDAR_MODE = Source(
     "Queued Resources API; at its end Compute Engine deletes the reservation and every TPU using it.",
 )
 COMPUTE_CONSUME = Source(
-    "Cloud TPU (Compute Engine), Consume a reservation",
-    "https://cloud.google.com/tpu/docs/consume-reservation-compute",
-    "A TPU VM consumes a reservation with --reservation-affinity=specific, the reservation's name "
-    "and --provisioning-model=reservation-bound.",
+    "Compute Engine, About instances that use the reservation-bound model",
+    "https://docs.cloud.google.com/compute/docs/instances/about-reservation-bound-vms",
+    "A reservation-bound instance consumes one specific reservation (reservation affinity "
+    "SPECIFIC_RESERVATION with the reservation's name) and is deleted when the reservation ends.",
 )
 RESIZE_REQUESTS = Source(
     "Compute Engine, About resize requests in a MIG",
@@ -356,12 +358,25 @@ GKE_FLEX = Source(
 GKE_PRICING = Source(
     "GKE pricing",
     "https://cloud.google.com/kubernetes-engine/pricing",
-    "A cluster management fee per cluster-hour on top of the nodes, less a monthly free-tier credit.",
+    "A flat cluster management fee of $0.10 per cluster per hour, whatever the cluster's size; a "
+    "$74.40 monthly free-tier credit per billing account for zonal and Autopilot clusters.",
+)
+GCLOUD_QUEUED = Source(
+    "Google Cloud SDK, googlecloudsdk/command_lib/compute/tpus/queued_resources/util.py "
+    "(google-cloud-sdk-unofficial/google-cloud-sdk at 01f043c2289d)",
+    "https://github.com/google-cloud-sdk-unofficial/google-cloud-sdk/blob/master/lib/googlecloudsdk/"
+    "command_lib/compute/tpus/queued_resources/util.py",
+    "CreateReservationName: with --reserved on the v2 API the request's reservationName is "
+    "projects/PROJECT/locations/ZONE/reservations/- (any matching reservation); a bare --reservation "
+    "NAME becomes projects/PROJECT/locations/ZONE/reservations/NAME. CreateNodeSpec sets no "
+    "scheduling on the node.",
 )
 GKE_AUTO_REPAIR = Source(
-    "GKE, Auto-repairing nodes",
-    "https://cloud.google.com/kubernetes-engine/docs/how-to/node-auto-repair",
-    "GKE recreates a node that fails its health checks; for a multi-host TPU slice the whole node pool.",
+    "Cloud TPU, Introduction to TPUs in GKE",
+    "https://cloud.google.com/tpu/docs/tpus-in-gke",
+    "A multi-host TPU slice node pool is one atomic unit: if GKE cannot create one of its nodes it "
+    "creates none, and when one node needs repair GKE shuts down every TPU VM of the slice and "
+    "schedules the pods again once the whole slice is back (read in the page's id copy).",
 )
 TPU_V2_DISCOVERY = Source(
     "tpu v2 / v2alpha1 discovery documents (revision 20261001)",
@@ -391,7 +406,7 @@ XPK_CAPACITY = Source(
 )
 TPU7X_RUN = Source(
     "Qwen3.5-397B-A17B-FP8 Inference on TPU v7x, TPU VM Edition (practitioner log)",
-    "https://github.com/",
+    "",
     "A reservation-bound TPU7x MIG needs the workload policy, DO_NOTHING and BULK together, "
     "'otherwise only independent VMs are created, not an ICI slice' (a host then shows HOST_BOUNDS 1,1,1).",
 )
@@ -535,6 +550,25 @@ _GRACE = Unsettled(
     "it recreates a slice whose MIG and instances still exist; a slice that is gone is recreated at once.",
 )
 
+_FLEX_ZONES_COMPUTE = Unsettled(
+    "Where Compute Engine takes flex-start TPUs. No Compute Engine page read lists the zones; "
+    "SkyPilot's provisioner lists v6e in asia-northeast1-b, us-east5-a and us-south1-ai1b and TPU7x in "
+    "us-central1-c; the Cloud TPU flex-start page lists v6e in asia-northeast1-b and us-east5-a.",
+    "validate takes the v6e zones both list and SkyPilot's TPU7x zone, refuses the others naming these "
+    "(catalog.FLEX_START_ZONES), and offers no v5p flex-start on compute.",
+)
+_FLEX_ZONES_GKE = Unsettled(
+    "Which zones GKE's flex-start takes for TPUs: its page lists them, and rayslice has not read the list.",
+    "validate passes any zone of the generation on to GKE (refusing v3 and v4, as the page says); a zone "
+    "GKE refuses fails when the node pool is created, with GKE's message.",
+)
+_CALENDAR_COMPUTE = Unsettled(
+    "Whether a calendar-mode reservation asks more of a Compute Engine instance than a named "
+    "reservation does; the pages read show reservation-bound and the reservation's name for both.",
+    "The same template as a named reservation; the cell differs in its end: when the reservation's "
+    "period is over its hosts are deleted and the controller does not ask again.",
+)
+
 _COMPUTE_CELLS = (
     _compute(
         ON_DEMAND,
@@ -599,7 +633,7 @@ _COMPUTE_CELLS = (
         },
         price_key=RESERVED,
         sources=(COMPUTE_CONSUME, CALENDAR_MODE, BULK_MODE, FAILURE_RECOVERY),
-        unsettled=(_GRACE,),
+        unsettled=(_CALENDAR_COMPUTE, _GRACE),
     ),
     _compute(
         FLEX_START,
@@ -616,8 +650,8 @@ _COMPUTE_CELLS = (
             RUN_DURATION: Reaction("ended: run duration reached; Compute Engine deleted the hosts", END),
         },
         price_key=FLEX_START,
-        sources=(BULK_MODE, SKYPILOT_MIG, RESIZE_REQUESTS, FAILURE_RECOVERY),
-        unsettled=(_GRACE,),
+        sources=(BULK_MODE, SKYPILOT_MIG, RESIZE_REQUESTS, FAILURE_RECOVERY, FLEX_TPU),
+        unsettled=(_FLEX_ZONES_COMPUTE, _GRACE),
     ),
 )
 
@@ -722,7 +756,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
             repaired_by=CLOUD_TPU,
             events=repaired,
             price_key=RESERVED,
-            sources=(CONSUME_RESERVATION, MAINTENANCE_TPU_API),
+            sources=(CONSUME_RESERVATION, *((GCLOUD_QUEUED,) if queued else ()), MAINTENANCE_TPU_API),
             unsettled=(_TPU_HOST_ERROR, _GRACE),
         ),
     ]
@@ -739,7 +773,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
                 repaired_by=CLOUD_TPU,
                 events=repaired,
                 price_key=RESERVED,
-                sources=(CONSUME_RESERVATION, MAINTENANCE_TPU_API),
+                sources=(CONSUME_RESERVATION, GCLOUD_QUEUED, MAINTENANCE_TPU_API),
                 unsettled=(_TPU_HOST_ERROR, _GRACE),
             ),
             _tpu_vm(
@@ -892,6 +926,7 @@ _GKE_CELLS = (
         },
         price_key=FLEX_START,
         sources=(GKE_FLEX, XPK_CAPACITY),
+        unsettled=(_FLEX_ZONES_GKE,),
     ),
 )
 
