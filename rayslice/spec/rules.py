@@ -88,7 +88,8 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     draft.zone = draft.zone or _default_zone(draft, tpu)
     if draft.platform == "tpu-vm":
         draft.runtime_version = draft.runtime_version or tpu.runtime_version
-    if draft.capacity == "flex-start" and draft.max_run_hours is None:
+    found = _cell(draft)
+    if found is not None and found.run_duration and draft.max_run_hours is None:
         draft.max_run_hours = catalog.MAX_RUN_HOURS
     return draft.spec(tpu)
 
@@ -228,8 +229,11 @@ def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]
 
 def _check_head(draft: Draft, problems: list[str]) -> None:
     """Fill `head` (vm for multislice and spot) and refuse the heads that cannot work."""
-    slices, capacity = draft.slices, draft.capacity
-    waits = capacity == "flex-start" or bool(draft.queued)
+    slices, found = draft.slices, _cell(draft)
+    # The stack's capacity cell: a request that waits for capacity has no hosts to put a head on
+    # meanwhile; a preemptible host takes the head with it. (No cell: refused in _check_capacity.)
+    waits = found is not None and found.action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
+    preemptible = found is not None and capacity_table.PREEMPTION in found.events
     if draft.platform == "gke":
         # KubeRay runs the Ray head as a pod on the CPU node pool (headMachineType,
         # rayslice/infra/gke/kuberay.py), whatever `head` says: vm is what it is, off the slice.
@@ -244,7 +248,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
     if draft.head is None:
         if "head" not in draft.refused:
             elastic = draft.min_slices is not None
-            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" or waits or elastic else "slice"
+            draft.head = "vm" if (slices or 1) > 1 or preemptible or waits or elastic else "slice"
         return
     if draft.head != "slice":
         return
@@ -259,7 +263,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
         problems.append(
             "head=slice with several slices puts the head on one slice's host; use head=vm for multislice"
         )
-    if capacity == "spot" and draft.recovery:
+    if preemptible and draft.recovery:
         problems.append(
             "head=slice with capacity=spot puts the Ray head on a Spot host: a preemption takes the "
             "head with its jobs and their restart state, and the recreated slice starts an empty "
@@ -473,12 +477,11 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             "created in calendar mode): set reservation=<its name>, or remove calendarMode"
         )
         return
-    queued = bool(draft.queued)
-    key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
-    if not capacity_table.has_cell(platform, key, queued=queued):
-        problems.append(capacity_table.why_not(platform, key, queued=queued))
+    cell = _cell(draft)
+    if cell is None:
+        key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
+        problems.append(capacity_table.why_not(platform, key, queued=bool(draft.queued)))
         return
-    cell = capacity_table.cell(platform, key, queued=queued)
     hours = draft.max_run_hours
     if hours is not None:
         if not cell.run_duration:
@@ -505,6 +508,17 @@ def _default_zone(draft: Draft, tpu: catalog.TpuType) -> str:
         flex = catalog.FLEX_START_ZONES.get(draft.platform, {}).get(tpu.generation)
         zones = tuple(z for z in flex or () if z in tpu.zones) or zones
     return zones[0]
+
+
+def _cell(draft: Draft) -> capacity_table.Cell | None:
+    """The draft's cell of `rayslice.capacity_table`, None where its keys name none."""
+    if draft.platform is None or draft.capacity is None:
+        return None
+    key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
+    queued = bool(draft.queued)
+    if not capacity_table.has_cell(draft.platform, key, queued=queued):
+        return None
+    return capacity_table.cell(draft.platform, key, queued=queued)
 
 
 def _check_flex_start_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
