@@ -946,6 +946,15 @@ def cell(platform: str, capacity: str, *, queued: bool = False) -> Cell:
     return found
 
 
+def by_key(key: str) -> Cell:
+    """The cell named `key` (`Cell.key`, e.g. ``compute/reserved-calendar``): how a stack's cell
+    can travel as one string, to the recovery controller's command line for instance."""
+    for found in CELLS:
+        if found.key == key:
+            return found
+    raise NoSuchCell(f"no capacity cell {key!r}; the cells are: {', '.join(c.key for c in CELLS)}")
+
+
 def capacity_of(spec: SpecLike) -> str:
     """The table's capacity key for a stack's keys: ``reserved`` splits by whether a reservation
     is named and whether it was created in calendar mode."""

@@ -179,7 +179,7 @@ def _service_accounts(account: Mapping[str, Any] | None) -> list[dict[str, Any]]
 def _scheduling(scheduling: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not scheduling:
         return None
-    return _pick(
+    body = _pick(
         scheduling,
         "automaticRestart",
         "onHostMaintenance",
@@ -188,6 +188,10 @@ def _scheduling(scheduling: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "instanceTerminationAction",
         "minCpuPlatform",
     )
+    run = scheduling.get("maxRunDuration")  # a flex-start template's (compute v1 Scheduling.maxRunDuration)
+    if run:
+        body["maxRunDuration"] = {"seconds": _int64(run["seconds"]), **_pick(run, "nanos")}
+    return body
 
 
 def _reservation_affinity(affinity: Mapping[str, Any] | None) -> dict[str, Any] | None:
