@@ -188,9 +188,9 @@ def _scheduling(scheduling: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "instanceTerminationAction",
         "minCpuPlatform",
     )
-    run = scheduling.get("maxRunDuration")  # a flex-start template's (compute v1 Scheduling.maxRunDuration)
-    if run:
-        body["maxRunDuration"] = {"seconds": _int64(run["seconds"]), **_pick(run, "nanos")}
+    duration = scheduling.get("maxRunDuration")
+    if duration:  # a Duration: seconds as an int64 string (compute v1 discovery, Scheduling.maxRunDuration)
+        body["maxRunDuration"] = {"seconds": _int64(duration["seconds"]), **_pick(duration, "nanos")}
     return body
 
 

@@ -380,8 +380,7 @@ def _up_in_an_empty_zone(
 
 def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simulation_dir):
     """Issue 21's acceptance on the simulator: the flex-start example (tpu7x-16: two hosts, the
-    smallest multi-host shape Compute Engine takes flex-start for, in its flex-start zone) in a
-    zone with no capacity. The program's part returns with the
+    smallest multi-host shape) in a zone with no capacity. The program's part returns with the
     resize request waiting and no slice host; status shows it waiting. `rayslice local capacity`
     gives the zone room: the request is fulfilled whole, the MIG names the hosts
     ``<slice>-<4 characters>``, the simulation makes and boots them, each finds its worker and
