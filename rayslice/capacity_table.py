@@ -702,6 +702,12 @@ _TPU_HOST_ERROR = Unsettled(
     "The controller waits the grace for a node in REPAIRING or UNHEALTHY_MAINTENANCE, then "
     "recreates it; a node gone or PREEMPTED is recreated at once.",
 )
+_FLEX_SUSPENDED = Unsettled(
+    "Whether a flex-start request can be SUSPENDED before its run duration ends; the flex-start page "
+    "names only the end of the run.",
+    "Any SUSPENDED flex-start request has ended: nothing is requested again, so maxRunHours always "
+    "bounds the cost; `pulumi destroy` and `pulumi up` ask anew.",
+)
 _QUEUED_SUSPENDED = Reaction(
     "suspended: Google deleted the slice's node (SUSPENDED); a new request waits for capacity", RECREATE
 )
@@ -815,7 +821,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
                 },
                 price_key=FLEX_START,
                 sources=(FLEX_TPU, FAILURE_RECOVERY),
-                unsettled=(_GRACE,),
+                unsettled=(_FLEX_SUSPENDED, _GRACE),
             ),
         ]
     return tuple(cells)
