@@ -697,10 +697,11 @@ def _tpu_vm(
 
 
 _TPU_HOST_ERROR = Unsettled(
-    "Whether the Cloud TPU service recovers a TPU node after a host error (its maintenance page "
-    "says most maintenance events recover by themselves; nothing is said of host errors).",
-    "The controller waits the grace for a node in REPAIRING or UNHEALTHY_MAINTENANCE, then "
-    "recreates it; a node gone or PREEMPTED is recreated at once.",
+    "Whether the Cloud TPU service brings back a TPU node a host error left TERMINATED; its "
+    "maintenance page says most maintenance events recover by themselves (the node REPAIRING) and "
+    "says nothing of host errors.",
+    "A node REPAIRING is left to the service; one TERMINATED is left to it for the grace period, "
+    "then recreated; one PREEMPTED or gone is recreated at once.",
 )
 _FLEX_SUSPENDED = Unsettled(
     "Whether a flex-start request can be SUSPENDED before its run duration ends; the flex-start page "
