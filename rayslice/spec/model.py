@@ -245,6 +245,12 @@ class ClusterSpec:
         "RESERVATION_BOUND MIG consumes one named reservation) and gke; on tpu-vm only with "
         "queued=true (a direct create uses any matching reservation).",
     )
+    calendar_mode: Bool = Field(
+        False,
+        description="capacity=reserved with a named reservation only: the reservation is a future "
+        "reservation created in calendar mode (1 to 90 days); its slices are reservation-bound and "
+        "end with it. compute, and tpu-vm with queued=true.",
+    )
     # Google's limit on a flex-start run (`catalog.MAX_RUN_HOURS`, 7 days).
     max_run_hours: Int | None = Field(
         None,

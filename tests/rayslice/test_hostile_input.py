@@ -41,7 +41,7 @@ CONTEXT: dict[str, dict[str, str]] = {
     "minSlices": {"slices": "2"},
     "idleTimeoutSeconds": ELASTIC,
     "maxUsdPerHour": ELASTIC,
-    "maxRunHours": {"capacity": "flex-start"},
+    "maxRunHours": {"capacity": "flex-start", "zone": "us-east5-a"},  # a flex-start zone of v6e
     "queued": TPU_VM,
     "queueDeadlineHours": {**TPU_VM, "queued": "true"},
     "runtimeVersion": TPU_VM,
