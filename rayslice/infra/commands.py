@@ -16,6 +16,7 @@ import shlex
 
 import click
 
+from rayslice import capacity_table
 from rayslice.cli import Group, load_spec, spec_options
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.errors import EXIT_OK, InvalidInput
@@ -54,7 +55,7 @@ from rayslice.startup_scripts.stack_locks import StackLocks
 def preview_command(
     stack_file: str | None, overrides: tuple[str, ...], output: str, fit_job: str | None
 ) -> int:
-    """Show the cloud resources `pulumi up` would create (offline: no Pulumi CLI, no credentials).
+    """Show the cloud resources `pulumi up` would create (no Pulumi CLI, no credentials, no cloud API).
 
     Resources that a change of requirements, rayVersion, preset or the boot script replaces are
     marked, with the create/delete timeouts Pulumi will wait; the tree ends with the cost per hour
@@ -64,7 +65,9 @@ def preview_command(
 
     A stack with requirements, or with a rayVersion that has no preset lock, has them locked
     first, into rayslice-locks/<stack>.lock beside Pulumi.yaml (commit it): resolved against the
-    package index when the file is missing or stale, reused as it is otherwise.
+    package index when the file is missing or stale (the one network access), reused as it is
+    otherwise. Only wheels are used: a requirement the index offers only as a source distribution
+    is refused, since building it would run its code here.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
     if fit_job:
@@ -76,6 +79,9 @@ def preview_command(
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
+        click.echo(
+            "\n" + "\n".join(capacity_table.stack_lines(cluster, controller_runs=cluster.runs_recovery))
+        )
     warning = stale_image_warning(cluster, locks(cluster))  # the lock the preview just stored
     if warning:
         click.echo(f"rayslice: warning: {warning}", err=True)

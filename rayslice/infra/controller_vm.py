@@ -3,8 +3,9 @@
 The controller may delete and create TPU nodes or MIGs anywhere in the project (IAM cannot name
 them, `rayslice.recovery.permissions`), so it runs apart from Ray: no Ray process and no user
 code runs on this VM, it runs as its own service account (`ClusterIdentity`), which no host
-holds, and nothing reaches it over the network (`firewall.controller_tag`: neither the hosts'
-tag nor IAP's SSH rule applies to it, and one rule denies it every ingress). It boots its own
+holds, and nothing reaches it over the network: it has no external IP, even with
+``externalIps``, and `firewall.controller_tag` is its only tag (neither the hosts' rule nor IAP's
+SSH rule applies to it, and two rules deny it every IPv4 and IPv6 ingress). It boots its own
 script (`rayslice.startup_scripts.controller`), always on-demand, and is replaced, not
 patched, when that script or the controller changes.
 """
@@ -59,6 +60,9 @@ class ControllerVm(pulumi.ComponentResource):
             metadata=controller_metadata(spec, render_controller(spec)),
             labels=resource_labels(spec, CONTROLLER_VM_ROLE),
             tags=[controller_tag(spec)],
+            # Never, `externalIps` or not: the controller serves nothing and needs only Google's
+            # APIs, which Private Google Access or the network's NAT reach.
+            external_ip=False,
             parent=self,
             depends_on=args.depends_on,
         )

@@ -33,11 +33,13 @@ def cpu_vm(
     metadata: Mapping[str, pulumi.Input[str]],
     labels: Mapping[str, str],
     tags: Sequence[str],
+    external_ip: bool,
     parent: pulumi.Resource,
     depends_on: Sequence[pulumi.Resource],
 ) -> gcp.compute.Instance:
-    """The instance; an external IP only with `spec.external_ips` (outbound: the firewall
-    decides what reaches it)."""
+    """The instance; an external IP only with `external_ip` (the firewall decides what reaches
+    it). Without one it reaches Google's APIs through the created network's Cloud NAT or
+    Private Google Access (`rayslice.infra.network`)."""
     return gcp.compute.Instance(
         resource_name,
         name=name,
@@ -53,9 +55,9 @@ def cpu_vm(
             gcp.compute.InstanceNetworkInterfaceArgs(
                 network=network,
                 subnetwork=subnetwork,
-                access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
-                if spec.external_ips
-                else None,
+                access_configs=(
+                    [gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()] if external_ip else None
+                ),
             )
         ],
         service_account=gcp.compute.InstanceServiceAccountArgs(

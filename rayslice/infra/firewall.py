@@ -10,13 +10,23 @@ lists. No rule admits 0.0.0.0/0: the spec refuses dashboard ranges that cover th
 space, and nothing else takes a range from the user.
 
 The recovery controller's VM (`rayslice.infra.controller_vm`) carries neither tag, only its own,
-and one rule denies it every ingress from anywhere at the highest priority: it talks to Google's
-APIs and its metadata server (which no firewall rule governs) and to nothing else, and no rule of
-an existing network (``default-allow-internal``, ``default-allow-ssh``) can open it.
+and two rules deny it every ingress from anywhere, IPv4 and IPv6, at the highest priority: it
+talks to Google's APIs and its metadata server (which no firewall rule governs) and to nothing
+else, and no rule of an existing network (``default-allow-internal``, ``default-allow-ssh``, an
+IPv6 rule of a dual-stack subnet) can open it.
+
+A rule takes IPv4 or IPv6 source ranges, never both: Google's "Use VPC firewall rules" page
+(cloud.google.com/firewall/docs/using-firewalls, "Create VPC firewall rules") says "A firewall
+rule can contain either IPv4 or IPv6 ranges, but not both", while the compute v1 discovery
+document's Firewall.sourceRanges says "Both IPv4 and IPv6 are supported" (revision 20261106). So
+a rule whose ranges hold both families is sent as two (`one_family_each`): the IPv4 one under its
+own name, the IPv6 one with ``-v6`` added.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 from dataclasses import dataclass
 
 import pulumi
@@ -28,7 +38,7 @@ from rayslice.spec import ClusterSpec
 # Google's documented source range of IAP TCP forwarding (`gcloud ... --tunnel-through-iap`).
 IAP_SOURCE_RANGE = "35.235.240.0/20"
 SSH_PORT = 22
-EVERYWHERE = "0.0.0.0/0"
+EVERYWHERE = ("0.0.0.0/0", "::/0")  # every IPv4 address, every IPv6 address
 # Compute Engine firewall priorities run from 0 (first) to 65535; the default is 1000. At equal
 # priority a deny rule wins over an allow rule. Source: Google's "VPC firewall rules" page
 # (cloud.google.com/firewall/docs/firewalls, "Priority"); the compute v1 discovery document's
@@ -108,13 +118,26 @@ def firewall_rules(spec: ClusterSpec) -> list[Rule]:
                 suffix="controller-deny",
                 description="rayslice: nothing reaches the recovery controller's VM",
                 protocols=(("all", ()),),
-                source_ranges=(EVERYWHERE,),
+                source_ranges=EVERYWHERE,
                 target_tags=(controller_tag(spec),),
                 deny=True,
                 priority=FIRST_PRIORITY,
             )
         )
-    return rules
+    return [part for rule in rules for part in one_family_each(rule)]
+
+
+def one_family_each(rule: Rule) -> list[Rule]:
+    """`rule` as Compute Engine takes it: one rule per IP version of its source ranges (a rule
+    holds one family only; see the module's docstring). Tags alone, or one family: as it is."""
+    v4 = tuple(r for r in rule.source_ranges if ipaddress.ip_network(r).version == 4)
+    v6 = tuple(r for r in rule.source_ranges if ipaddress.ip_network(r).version == 6)
+    if not (v4 and v6):
+        return [rule]
+    return [
+        dataclasses.replace(rule, source_ranges=v4),
+        dataclasses.replace(rule, suffix=f"{rule.suffix}-v6", source_ranges=v6),
+    ]
 
 
 @dataclass(frozen=True)

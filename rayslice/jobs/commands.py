@@ -44,7 +44,9 @@ class RunCommand(click.Command):
         "  rayslice run --list\n"
         "  rayslice run jax_train -- --steps 20\n"
         "  rayslice run --address http://HEAD:8265 --token-file ray-token my_job/train.py -- --lr 0.1\n\n"
-        "Exit status: 0 the job succeeded, 1 it failed, 2 bad input, 3 no cluster reachable."
+        "  rayslice run --stop raysubmit_XXXX\n\n"
+        "Exit status: 0 the job succeeded, 1 it failed, 2 bad input, 3 no cluster reachable, "
+        "130 interrupted."
     ),
 )
 @click.argument("target", required=False, metavar="WORKLOAD|SCRIPT.py")
@@ -89,6 +91,19 @@ class RunCommand(click.Command):
     metavar="S",
     help="With --max-restarts: give up when the cluster is not whole again after S seconds.",
 )
+@click.option(
+    "--stop-on-interrupt",
+    is_flag=True,
+    help="On Ctrl-C or SIGTERM, stop the job too. Without it the job keeps running on the cluster and "
+    "rayslice says how to stop it.",
+)
+@click.option(
+    "--stop",
+    "stop_job",
+    metavar="JOB_ID",
+    help="Stop a running job (the ID `rayslice run` printed) and exit; with --address/--token-file "
+    "as for submitting.",
+)
 @click.option("--list", "list_only", is_flag=True, help="List the bundled workloads and exit.")
 @click.pass_context
 def run_command(
@@ -100,6 +115,8 @@ def run_command(
     max_restarts: int,
     rejoin_timeout: float,
     verbose: bool,
+    stop_on_interrupt: bool,
+    stop_job: str | None,
     list_only: bool,
 ) -> int:
     """Run a bundled workload or your script (path/to/script.py) as a Ray job.
@@ -111,6 +128,11 @@ def run_command(
         width = max(map(len, names))
         for name, workload in names.items():
             click.echo(f"{name:<{width}}  {workload.summary}")
+        return EXIT_OK
+    if stop_job is not None:
+        if target is not None:
+            raise click.UsageError("--stop takes a job ID, not a workload or script")
+        submit.stop(stop_job, address=address, token_file=token_file)
         return EXIT_OK
     if target is None:
         raise click.UsageError("name a workload or a script (`rayslice run --list` shows the workloads)")
@@ -124,5 +146,6 @@ def run_command(
         max_restarts=max_restarts,
         rejoin_timeout_s=rejoin_timeout,
         verbose=verbose,
+        stop_on_interrupt=stop_on_interrupt,
     )
     return EXIT_OK

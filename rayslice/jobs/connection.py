@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import requests.utils
+
 from rayslice import addresses, clusters
 from rayslice.errors import InvalidInput, NoCluster, NoCredentials
 from rayslice.names import DASHBOARD_PORT
@@ -81,12 +83,23 @@ def sends_token(target: Target) -> bool:
     return target.token_file is not None or os.environ.get(RAY_AUTH_MODE_ENV, "").lower() == "token"
 
 
+_TUNNEL_HINT = (
+    "Open the dashboard tunnel instead (`pulumi stack output dashboard_tunnel_command`, see "
+    "docs/run.md) and pass --address http://localhost:8265, or use an https:// address"
+)
+
+
 def refuse_clear_text_token(target: Target) -> None:
     """`InvalidInput` (exit 2) when a token would cross the network in clear: plain http to an
-    address that is not loopback, private or shared address space. The bearer token gives root
-    on every host, so it travels in clear only inside the user's own networks; from anywhere
-    else the dashboard is reached through the tunnel the deploy pages describe (then it is
-    http://localhost:8265)."""
+    address that is not loopback, private or shared address space, or through a proxy at such an
+    address. The bearer token gives root on every host, so it travels in clear only inside the
+    user's own networks; from anywhere else the dashboard is reached through the tunnel the
+    deploy pages describe (then it is http://localhost:8265).
+
+    The proxy is the one the requests library, which Ray's Jobs client and `restarts` use, takes
+    from the environment for this URL (``http_proxy``, ``all_proxy`` and ``no_proxy``, in either
+    case: `proxy_for`). A plain http request through a proxy is sent to the proxy whole, headers
+    included, so the proxy must be internal too."""
     url = urllib.parse.urlsplit(target.url)
     if url.scheme != "http" or not sends_token(target):
         return
@@ -96,10 +109,32 @@ def refuse_clear_text_token(target: Target) -> None:
         raise InvalidInput(
             f"refusing to send the Ray token over plain http to {target.url} ({host} is "
             f"{', '.join(public)}, not a private address): anyone on the way could read it and run "
-            "code as root on every host. Open the dashboard tunnel instead (`pulumi stack output "
-            "dashboard_tunnel_command`, see docs/run.md) and pass --address http://localhost:8265, "
-            "or use an https:// address"
+            f"code as root on every host. {_TUNNEL_HINT}"
         )
+    proxy = proxy_for(target.url)
+    if proxy is None:
+        return
+    proxy_host = proxy.hostname or ""
+    public = [str(a) for a in _addresses(proxy_host) if not addresses.is_internal(a)]
+    if public:
+        where = f"{proxy_host}:{proxy.port}" if proxy.port else proxy_host  # never its credentials
+        raise InvalidInput(
+            f"refusing to send the Ray token over plain http to {target.url} through the proxy "
+            f"{where} that the environment names (http_proxy/HTTP_PROXY or all_proxy; {proxy_host} "
+            f"is {', '.join(public)}, not a private address): the proxy and everyone on the way to "
+            f"it could read the token. Add {host} to NO_PROXY to go direct. {_TUNNEL_HINT}"
+        )
+
+
+def proxy_for(url: str) -> urllib.parse.SplitResult | None:
+    """The proxy the requests library would send a request for `url` through, from the
+    environment; None when it goes direct (no proxy set, or `url`'s host is in ``no_proxy``).
+    requests 2.x: `get_environ_proxies` (None for a bypassed host, `should_bypass_proxies`) and
+    `select_proxy` (the scheme's proxy, else ``all``), as `Session.request` applies them."""
+    chosen = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url, no_proxy=None))
+    if not chosen:
+        return None
+    return urllib.parse.urlsplit(chosen if "://" in chosen else f"http://{chosen}")
 
 
 def _addresses(host: str) -> list[addresses.Address]:

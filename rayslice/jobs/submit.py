@@ -9,15 +9,20 @@ carries what it imports (`rayslice.jobs.upload`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import shlex
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
-from rayslice.errors import JobFailed
+from rayslice.errors import Interrupted, InvalidInput, JobFailed
 from rayslice.jobs import connection, preflight, restarts, upload, working_dir
 
 if TYPE_CHECKING:
@@ -31,6 +36,11 @@ _LOG_READ_ERRORS = (RuntimeError, ConnectionError, OSError)
 # While the log streams, how often the job's status is read (`_stream`): `rayslice run` ends at
 # most this long after Ray has the job's final status.
 STATUS_POLL_S = 0.5
+# How long `rayslice run --stop` waits for Ray to report the stopped job's final status.
+STOP_WAIT_S = 30.0
+# A Ray job's submission ID as `rayslice run` prints it ("raysubmit_..."), or one a user gave Ray:
+# anything else is refused before it is put into a request path.
+JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def submit(
@@ -43,13 +53,17 @@ def submit(
     max_restarts: int = 0,
     rejoin_timeout_s: float = restarts.REJOIN_TIMEOUT_S,
     verbose: bool = False,
+    stop_on_interrupt: bool = False,
 ) -> str:
     """Submit, stream the logs until the job ends, and return its final status.
 
     A bundled job the cluster cannot run is refused first (`preflight`). With `max_restarts`, a
     job that failed because a node died (`restarts.node_death_reason`) is submitted again, up to
     that many times, once every slice the cluster had at the start is whole again. Raises
-    `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED for good.
+    `JobFailed` (exit 1) when the job ends in any other state than SUCCEEDED for good, and
+    `Interrupted` (exit 130) on Ctrl-C or SIGTERM: the job then keeps running on the cluster (a
+    Ray job does not depend on the client that submitted it) and the message says how to stop
+    it, unless `stop_on_interrupt` asks to stop it there and then.
     """
     job = upload.resolve(target_name, working_dir)
     target = connection.choose_target(address, token_file)
@@ -65,7 +79,10 @@ def submit(
             job_id = client.submit_job(entrypoint=command, runtime_env=upload.runtime_env(job, Path(staging)))
         print(f"rayslice: submitted {job_id} to {target.url}: {command}", file=sys.stderr, flush=True)
         try:
-            return follow(client, job_id)
+            with _sigterm_interrupts():
+                return follow(client, job_id)
+        except KeyboardInterrupt:
+            raise _interrupted(client, job_id, target, stop=stop_on_interrupt) from None
         except JobFailed as failure:
             if baseline is None or restarted >= max_restarts:
                 raise
@@ -81,6 +98,66 @@ def submit(
             )
             restarts.wait_until_whole(target, baseline, rejoin_timeout_s, dead=restarts.dead_node_ids(text))
             print(f"restart {restarted} of {max_restarts} after {reason}", flush=True)
+
+
+def stop(job_id: str, *, address: str | None = None, token_file: Path | None = None) -> str:
+    """Stop a job (`rayslice run --stop`), wait for its final status and return it; a job that has
+    already ended is left as it is. `InvalidInput` (exit 2) for an ID the cluster does not know."""
+    if not JOB_ID.fullmatch(job_id):
+        raise InvalidInput(
+            f"{job_id[:80]!r} is not a Ray job ID: give the ID `rayslice run` printed (raysubmit_...)"
+        )
+    target = connection.choose_target(address, token_file)
+    client = connection.connect(target)
+    try:
+        status = client.get_job_status(job_id)
+    except RuntimeError:
+        raise InvalidInput(f"no job {job_id} on the cluster at {target.url}") from None
+    if not status.is_terminal():
+        client.stop_job(job_id)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while not (status := client.get_job_status(job_id)).is_terminal() and time.monotonic() < deadline:
+            time.sleep(STATUS_POLL_S)
+    print(f"rayslice: job {job_id} {status.value}", file=sys.stderr, flush=True)
+    return str(status.value)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a scheduler or `kill` ending `rayslice run`) interrupts as Ctrl-C does, so that both
+    reach the code that says what keeps running; the previous handler is restored after. Python
+    lets only the main thread set a handler: elsewhere (a library caller's thread) SIGTERM keeps
+    its handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(
+    client: JobSubmissionClient, job_id: str, target: connection.Target, *, stop: bool
+) -> Interrupted:
+    """What an interrupted `rayslice run` ends with: the job stopped (`stop`), or the job left
+    running and the command that stops it, with the flags that reach this cluster again."""
+    if stop:
+        client.stop_job(job_id)
+        return Interrupted(f"interrupted: asked Ray to stop job {job_id} on {target.url}")
+    flags = [f"--address {shlex.quote(target.url)}"] if target.source == "--address" else []
+    if target.token_file is not None and target.source != "simulator":
+        flags.append(f"--token-file {shlex.quote(str(target.token_file))}")
+    command = " ".join(["rayslice run", *flags, "--stop", job_id])
+    return Interrupted(
+        f"interrupted: job {job_id} keeps running on {target.url}; stop it with `{command}` "
+        "(`rayslice run --stop-on-interrupt` stops the job on Ctrl-C instead)"
+    )
 
 
 def describe(files: working_dir.Selection, *, verbose: bool) -> str:

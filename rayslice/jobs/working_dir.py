@@ -10,17 +10,24 @@ unreadable file. So `select` walks the folder first, without following anything 
   ``.rayignore`` files leave paths behind;
 - files that are credentials by their content (a service-account key or a user's refresh token,
   whatever they are called) and a simulator state folder under any name stay behind too;
+- a hard link whose other names are not all in the folder is an error that names it: its other
+  name may be ``~/.config/gcloud/...``, and a link gives no hint of where it leads;
 - an unreadable file or folder is an error that names it.
 
 `copy` writes the selected files (regular files only, no links) into a staging folder, and that
-copy is what Ray packs: nothing it could follow leads anywhere else.
+copy is what Ray packs: nothing it could follow leads anywhere else. It opens each file without
+following a link (``O_NOFOLLOW``) and checks that it is the very file the walk saw (device and
+inode), so a file swapped for a link, or for another file, between the walk and the copy is an
+error, not an upload.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -40,16 +47,23 @@ DENIED = (
     ".env",
     ".env.*",
     ".envrc",
-    # tokens (ray-token among them) and keys
+    # tokens (ray-token among them) and keys, PKCS #12 key stores among them
+    "token",
     "*_token",
     "*-token",
     "*.pem",
     "*.key",
+    "*.p12",
+    "*.pfx",
     "id_rsa*",
     "id_ecdsa*",
     "id_ed25519*",
-    # tools' credential stores: gcloud, AWS, Kubernetes, Docker, PyPI, git, netrc, GnuPG, SSH
+    # tools' credential stores: gcloud, gsutil (boto), AWS, Kubernetes, Docker, PyPI, npm, Kaggle,
+    # git, netrc, GnuPG, SSH
     "application_default_credentials.json",
+    ".boto",
+    ".npmrc",
+    "kaggle.json",
     "credentials.db",
     "access_tokens.db",
     ".config",
@@ -85,11 +99,14 @@ _IGNORE_FILES = (".gitignore", ".rayignore")
 
 @dataclass(frozen=True)
 class Entry:
-    """One file that is uploaded: its path in the job's working dir, where it is read from."""
+    """One file that is uploaded: its path in the job's working dir, where it is read from, and
+    which file the walk found there (`copy` copies that file or none)."""
 
     path: str
     source: Path
     size: int
+    device: int
+    inode: int
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,8 @@ def select(root: Path) -> Selection:
     denied = PathSpec.from_lines("gitwildmatch", DENIED)
     files: list[Entry] = []
     kept_back: list[str] = []
+    # Files with more than one name: (device, inode) -> (names, the real paths seen in the folder).
+    linked: dict[tuple[int, int], tuple[int, set[Path]]] = {}
 
     def ignore_matchers(directory: Path, rel: PurePosixPath) -> list[tuple[PurePosixPath, Matcher]]:
         found = []
@@ -153,24 +172,66 @@ def select(root: Path) -> Selection:
                 if _is_credential(target, entry_rel):
                     kept_back.append(str(entry_rel))
                     continue
-                files.append(Entry(str(entry_rel), target, target.stat().st_size))
+                found = target.stat()
+                if found.st_nlink > 1:
+                    linked.setdefault((found.st_dev, found.st_ino), (found.st_nlink, set()))[1].add(
+                        target.resolve()
+                    )
+                files.append(Entry(str(entry_rel), target, found.st_size, found.st_dev, found.st_ino))
             # sockets, pipes and devices: Ray's packer skips them too
 
     walk(root, PurePosixPath(), (root,), [])
+    for entry in files:
+        names, seen = linked.get((entry.device, entry.inode), (1, {entry.source}))
+        if names > len(seen):
+            raise InvalidInput(
+                f"{entry.path} in {root} is a hard link: the file has {names} names and only "
+                f"{len(seen)} of them are uploaded from the folder, so another may be outside it, and "
+                "whatever it holds would go with the job. Replace the link with a copy (cp), or "
+                "list it in .rayignore"
+            )
     return Selection(root, tuple(files), tuple(kept_back))
 
 
 def copy(selection: Selection, into: Path) -> Path:
-    """Write the selected files under `into` (regular files, modes kept); returns `into`."""
+    """Write the selected files under `into` (regular files, modes kept); returns `into`.
+    `InvalidInput` when a file is no longer the one `select` found (a link now, or another file)."""
     into.mkdir(parents=True, exist_ok=True)
     for entry in selection.files:
         destination = into / entry.path
         destination.parent.mkdir(parents=True, exist_ok=True)
         try:
-            shutil.copy(entry.source, destination)
+            _copy_walked(entry, destination)
         except OSError as exc:
             raise InvalidInput(f"cannot copy {entry.source} for the upload: {exc.strerror}") from None
     return into
+
+
+def _copy_walked(entry: Entry, destination: Path) -> None:
+    """Copy `entry`'s file, opened without following a link, if it is still the walked one.
+    O_NONBLOCK: a pipe swapped in would otherwise block the open; it is refused below."""
+    try:
+        source = os.open(entry.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the last name is a symbolic link now
+            raise _changed(entry) from None
+        raise
+    with os.fdopen(source, "rb") as reader:
+        found = os.fstat(reader.fileno())
+        if not stat.S_ISREG(found.st_mode) or (found.st_dev, found.st_ino) != (entry.device, entry.inode):
+            raise _changed(entry)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(destination, flags, 0o600), "wb") as writer:
+            shutil.copyfileobj(reader, writer)
+            os.fchmod(writer.fileno(), stat.S_IMODE(found.st_mode))
+
+
+def _changed(entry: Entry) -> InvalidInput:
+    return InvalidInput(
+        f"{entry.path} changed while the upload was prepared: {entry.source} is no longer the file "
+        "rayslice selected (a link now, or another file). Nothing was uploaded; run again once the "
+        "folder holds still"
+    )
 
 
 def _entries(directory: Path) -> list[os.DirEntry[str]]:

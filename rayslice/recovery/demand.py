@@ -7,6 +7,12 @@ docstring). The controller cannot reach Ray; it reads that attribute through Com
 ``instances.getGuestAttributes``, and `parse` turns the text into a `Demand`. `slices_wanted`
 turns the pending demand into whole slices of the cluster's type, never single hosts.
 
+The value is not trusted: any job on the cluster can write it (the head's metadata server
+answers every process on the head VM), so `parse` bounds every number (`MAX_COUNT`,
+`MAX_AMOUNT`, `MAX_SECONDS`) and the arithmetic below stays finite whatever it says. What a
+forged value can still do is ask for slices: at most the stack's ``slices``, under its
+``maxUsdPerHour`` (`rayslice.recovery.scaling`).
+
 The controller runs from a zipapp on Python 3.10 (`rayslice.recovery.bundle`): standard library only.
 """
 
@@ -25,6 +31,15 @@ TPU = "TPU"
 # normalize_tpu_accelerator_type: ``v6e-16``, ``v7x-16`` for Compute Engine's ``tpu7x-16``),
 # which `catalog.reported_name` gives.
 _RAY_TYPE = re.compile(r"v\d+[a-z]*-\d+")
+# The bounds of a published value's numbers. A count (of requests, of a slice's nodes) above
+# MAX_COUNT is more pending work than a GCS could hold. Ray keeps a resource amount as a
+# fixed-point int64 in units of 1/10000 (src/ray/common/scheduling/fixed_point.h: ``int64_t i_``,
+# ``RESOURCE_UNIT_SCALING 10000``), so no amount it holds exceeds 2**63 / 10**4, about 9.2e14.
+# Times (``at``, unix seconds; ``idle_s``) stop at 2**32 s, the year 2106. Within these bounds
+# every sum `slices_wanted` makes is a finite float.
+MAX_COUNT = 10**9
+MAX_AMOUNT = 1e15
+MAX_SECONDS = float(2**32)
 
 
 @dataclass(frozen=True)
@@ -86,15 +101,16 @@ def _list(value: object, where: str) -> list[Any]:
     return value
 
 
-def _number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _fail(where, "a number >= 0", value)
+def _number(value: object, where: str, limit: float) -> float:
+    # Compared before any conversion: float(10**400) would raise OverflowError.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= limit:
+        raise _fail(where, f"a number from 0 to {limit:g}", value)
     return float(value)
 
 
 def _whole(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _fail(where, "a whole number >= 0", value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise _fail(where, f"a whole number from 0 to {MAX_COUNT}", value)
     return value
 
 
@@ -111,7 +127,10 @@ def _request(value: object, where: str) -> Request:
     if pinned is not None and not isinstance(pinned, str):
         raise _fail(f"{where}.slice", "a slice name", pinned)
     return Request(
-        shape={str(name): _number(amount, f"{where}.shape[{name!r}]") for name, amount in shape.items()},
+        shape={
+            str(name): _number(amount, f"{where}.shape[{name!r}]", MAX_AMOUNT)
+            for name, amount in shape.items()
+        },
         count=_whole(entry.get("count"), f"{where}.count"),
         slice=pinned,
     )
@@ -133,16 +152,18 @@ def _slice_use(value: object, where: str) -> SliceUse:
     return SliceUse(
         nodes=_whole(entry.get("nodes"), f"{where}.nodes"),
         busy=_flag(entry.get("busy"), f"{where}.busy"),
-        idle_s=_number(entry.get("idle_s"), f"{where}.idle_s"),
+        idle_s=_number(entry.get("idle_s"), f"{where}.idle_s", MAX_SECONDS),
     )
 
 
 def parse(text: str) -> Demand:
     """The `Demand` in a published value; ValueError saying what is wrong when the text is not
-    JSON, has another schema version, or any field is missing or of the wrong type."""
+    JSON, has another schema version, or any field is missing, of the wrong type or out of
+    bounds. Whether ``at`` lies in the future is the reader's to judge (`scaling.decide`): it
+    needs the reader's clock."""
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, and an integer of more digits than int() takes
         raise ValueError(f"demand: not JSON ({exc})") from None
     top = _object(value, "value")
     if top.get("v") != SCHEMA_VERSION:
@@ -153,7 +174,7 @@ def parse(text: str) -> Demand:
         )
     slices = _object(top.get("slices"), "slices")
     return Demand(
-        at=_number(top.get("at"), "at"),
+        at=_number(top.get("at"), "at", MAX_SECONDS),
         pgs=tuple(_group(g, f"pgs[{i}]") for i, g in enumerate(_list(top.get("pgs"), "pgs"))),
         tasks=tuple(_request(t, f"tasks[{i}]") for i, t in enumerate(_list(top.get("tasks"), "tasks"))),
         slices={str(name): _slice_use(use, f"slices[{name!r}]") for name, use in slices.items()},

@@ -24,7 +24,11 @@ have hosts, and the time, in; the slices to add and to remove and what demand wa
   them (no task, actor or placement group bundle: Ray's own idle time, `idle_time_ms`) for
   `ScalingPolicy.idle_timeout_s`, is removed, unless the demand still needs it. A slice with a
   running job is never idle, so it is never removed. No reading, or a stale one (the head down),
-  removes nothing.
+  removes nothing, and neither does one stamped in the future (`AHEAD_AFTER_S`).
+- **Trust.** Any job on the cluster can write the reading (`rayslice.recovery.demand`). A forged
+  one can make the controller add slices, never beyond `Target.slices` and the price ceiling, and
+  remove the slices above `ScalingPolicy.min_slices` (by calling them idle); it cannot reach the
+  first `min_slices`, another cluster's slices or anything else.
 - **Flex-start** (`ScalingPolicy.run_duration_s` set). A slice is added as a resize request that
   waits for capacity (`resize_request_of`). While it waits, the slice counts as added (it takes
   the demand that asked for it: no second request, and it counts against the limits); if the
@@ -45,6 +49,9 @@ from rayslice.recovery.demand import Demand, slices_asked, slices_wanted
 # A reading older than this is stale: the head stopped publishing (down, restarting), so nothing
 # is removed and nothing added on it.
 STALE_AFTER_S = 120.0
+# A reading stamped further ahead of the controller's clock than this is not believed: it would
+# never go stale. Two VMs that keep Google's time differ by far less; a forged ``at`` does not.
+AHEAD_AFTER_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +114,11 @@ def decide(
     """
     if demand is None or now - demand.at > STALE_AFTER_S:
         return Decision(waiting="no recent demand from the head" if demand is None else "")
+    if demand.at - now > AHEAD_AFTER_S:
+        return Decision(
+            waiting=f"the head's demand is stamped {demand.at - now:.0f}s ahead of this controller's "
+            "clock: ignored until a reading in time comes"
+        )
     owned = list(slices[policy.min_slices :])
     added = set(with_hosts) | set(waiting)  # a waiting request is a slice being added
     present = [s for s in slices if s in added]

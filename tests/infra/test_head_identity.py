@@ -29,6 +29,7 @@ ACCOUNT_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 SECRET_MEMBER = "gcp:secretmanager/secretIamMember:SecretIamMember"
 RANDOM_ID = "random:index/randomId:RandomId"
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 INSTANCE = "gcp:compute/instance:Instance"
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
@@ -112,19 +113,36 @@ def test_the_head_vm_runs_as_the_hosts_and_the_controller_vm_as_its_own_account(
     assert {s.inputs["serviceAccount"]["email"] for s in slices} == {HOSTS_EMAIL}
 
 
-def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering):
-    _, run = recovering
+@pytest.mark.parametrize("external_ips", [False, True], ids=["internal", "externalIps"])
+def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering, external_ips):
+    platform, run = recovering
+    if external_ips:
+        run = _run(platform, capacity="spot", slices="2", externalIps="true")
+        assert _instance(run, "head-vm").inputs["networkInterfaces"][0]["accessConfigs"] == [{}]
     controller = _instance(run, "controller-vm")
+    # No external IP, with externalIps too: it serves nothing, and needs none to reach Google.
+    assert [nic.get("accessConfigs") for nic in controller.inputs["networkInterfaces"]] == [None]
     # Its own tag only: not the hosts' (Ray's internal rule) nor the head's (dashboard), so no
-    # allow rule targets it, and the one rule that does denies everything.
+    # allow rule targets it, and the rules that do deny everything, IPv4 and IPv6, first. A rule
+    # holds one IP version only (Google's "Use VPC firewall rules"): hence two.
     assert controller.inputs["tags"] == ["train-controller"]
     rules = [
         r
         for r in run.of_type("gcp:compute/firewall:Firewall")
         if "train-controller" in r.inputs["targetTags"]
     ]
-    assert [(r.inputs.get("allows"), r.inputs["denies"], r.inputs["sourceRanges"]) for r in rules] == [
-        (None, [{"protocol": "all"}], ["0.0.0.0/0"])
+    assert sorted(
+        (
+            r.inputs["name"],
+            r.inputs.get("allows"),
+            r.inputs["denies"],
+            r.inputs["sourceRanges"],
+            r.inputs["priority"],
+        )
+        for r in rules
+    ) == [
+        ("train-fw-controller-deny", None, [{"protocol": "all"}], ["0.0.0.0/0"], 0),
+        ("train-fw-controller-deny-v6", None, [{"protocol": "all"}], ["::/0"], 0),
     ]
     metadata = controller.inputs["metadata"]
     assert metadata["block-project-ssh-keys"] == "TRUE" and metadata["enable-oslogin"] == "TRUE"
@@ -148,7 +166,7 @@ def test_the_controller_vm_and_its_account_exist_exactly_when_it_runs(platform, 
     assert _instance(run, "head-vm").inputs["serviceAccount"]["email"] == HOSTS_EMAIL
     if not controller:
         assert [a.inputs["accountId"] for a in run.of_type(ACCOUNT)] == ["train-hosts"]
-        assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not run.of_type(RANDOM_ID)
+        assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not _role_suffixes(run)
         assert len(run.of_type(INSTANCE)) == 1
     else:
         assert len(run.of_type(CUSTOM_ROLE)) == len(CONTROLLER_NEEDS[platform])
@@ -164,7 +182,7 @@ def test_no_controller_identity_without_a_head_vm_or_on_gke(platform, overrides)
     run = _run(platform, **overrides)
     assert not run.of_type(INSTANCE)
     assert "train-controller" not in {a.inputs["accountId"] for a in run.of_type(ACCOUNT)}
-    assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not run.of_type(RANDOM_ID)
+    assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not _role_suffixes(run)
 
 
 def test_the_custom_roles_hold_exactly_what_the_controller_needs(recovering):
@@ -173,7 +191,7 @@ def test_the_custom_roles_hold_exactly_what_the_controller_needs(recovering):
     assert {key: set(role.inputs["permissions"]) for key, role in roles.items()} == CONTROLLER_NEEDS[platform]
     granted = [p for r in roles.values() for p in r.inputs["permissions"]]
     assert len(granted) == len(set(granted))
-    (suffix,) = run.of_type(RANDOM_ID)
+    (suffix,) = _role_suffixes(run)
     for key, role in roles.items():
         assert ROLE_ID.fullmatch(role.inputs["roleId"])
         assert re.fullmatch(rf"rayslice_train_{key}_[0-9a-f]{{6}}", role.inputs["roleId"])
@@ -227,8 +245,10 @@ def test_the_head_and_hosts_hold_no_slice_power(recovering):
     _, run = recovering
     held = [r for r in run.registrations if r.inputs.get("member") == _member(HOSTS_EMAIL)]
     assert {r.inputs["role"] for r in held if r.type == PROJECT_MEMBER} == HOSTS_NEED
-    assert [(r.type, r.inputs["role"]) for r in held if r.type != PROJECT_MEMBER] == [
-        (SECRET_MEMBER, "roles/secretmanager.secretAccessor")
+    assert sorted((r.type, r.inputs["role"]) for r in held if r.type != PROJECT_MEMBER) == [
+        (SECRET_MEMBER, "roles/secretmanager.secretAccessor"),
+        (BUCKET_MEMBER, "roles/storage.objectCreator"),
+        (BUCKET_MEMBER, "roles/storage.objectViewer"),
     ]
     custom = {f"projects/{PROJECT}/roles/{r.inputs['roleId']}": r for r in run.of_type(CUSTOM_ROLE)}
     assert not [r for r in held if r.inputs["role"] in custom]
@@ -269,6 +289,11 @@ def test_the_controller_vm_waits_for_every_grant_of_its_account_and_for_the_slic
     assert len(slices) == 2 and held and held <= controller.dependencies
 
 
+def _role_suffixes(run: OfflineRun) -> list:
+    """The random ends of the controller's role IDs (the compilation cache's bucket has its own)."""
+    return [r for r in run.of_type(RANDOM_ID) if "compilation-cache" not in r.name]
+
+
 def _hosts_grants(run: OfflineRun) -> list[tuple[str, str, dict]]:
     """What is granted to the hosts' account, and the account itself, as (type, name, inputs)."""
     member = _member(HOSTS_EMAIL)
@@ -277,6 +302,8 @@ def _hosts_grants(run: OfflineRun) -> list[tuple[str, str, dict]]:
         for r in run.registrations
         if r.inputs.get("member") == member or (r.type == ACCOUNT and r.inputs["accountId"] == "train-hosts")
     ]
+    # The compilation cache's bucket has a random name of its own in every run.
+    found = [(t, n, {**i, "bucket": "<random>"} if t == BUCKET_MEMBER else i) for t, n, i in found]
     return sorted(found, key=lambda t: t[1])
 
 
@@ -289,6 +316,8 @@ def test_the_hosts_identity_does_not_change(platform):
         (PROJECT_MEMBER, "roles/logging.logWriter"),
         (PROJECT_MEMBER, "roles/monitoring.metricWriter"),
         (SECRET_MEMBER, "roles/secretmanager.secretAccessor"),
+        (BUCKET_MEMBER, "roles/storage.objectCreator"),
+        (BUCKET_MEMBER, "roles/storage.objectViewer"),
     ]
 
 

@@ -52,7 +52,8 @@ COMMON = {
 # With a head VM the recovery controller runs (recovery defaults to true), on its own VM, as its
 # own account: that account, acting as the hosts' account, and one custom role and binding per
 # part of the controller's role (1 on tpu-vm, 2 on compute); nothing else (no log, metric or
-# secret grant). The VM itself and its deny rule are counted in each example (INSTANCE, FIREWALL).
+# secret grant). The VM itself and its two deny rules (IPv4, IPv6) are counted in each example
+# (INSTANCE, FIREWALL).
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 CONTROLLER_ROLE = "controller-vm"
 
@@ -87,8 +88,9 @@ EXAMPLES = {
         head_vm=False,
     ),
     "Pulumi.example-v6e-16.yaml": dict(
-        # Instances: the head VM and the controller VM; firewall: internal, IAP, controller deny.
-        counts={**COMMON, **_controller_identity(1), V2VM: 1, FIREWALL: 3, INSTANCE: 2},
+        # Instances: the head VM and the controller VM; firewall: internal, IAP, controller deny
+        # (IPv4 and IPv6).
+        counts={**COMMON, **_controller_identity(1), V2VM: 1, FIREWALL: 4, INSTANCE: 2},
         accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"spot": True},
@@ -104,7 +106,7 @@ EXAMPLES = {
         head_vm=False,
     ),
     "Pulumi.example-multislice.yaml": dict(
-        counts={**COMMON, **_controller_identity(1), V2VM: 2, FIREWALL: 4, INSTANCE: 2},
+        counts={**COMMON, **_controller_identity(1), V2VM: 2, FIREWALL: 5, INSTANCE: 2},
         accelerator={"type": "V6E", "topology": "4x4"},
         runtime="v2-alpha-tpuv6e",
         scheduling={"reserved": True},
@@ -112,7 +114,7 @@ EXAMPLES = {
         head_vm=True,
     ),
     "Pulumi.example-compute-v6e-16.yaml": dict(
-        counts={**COMMON, **_controller_identity(2), **_compute(4), FIREWALL: 3, INSTANCE: 2},
+        counts={**COMMON, **_controller_identity(2), **_compute(4), FIREWALL: 4, INSTANCE: 2},
         machine_type="ct6e-standard-4t",
         topology="4x4",
         provisioning="SPOT",
@@ -128,7 +130,7 @@ EXAMPLES = {
             **_controller_identity(3),
             **_compute(4, 2),
             PER_INSTANCE: 0,
-            FIREWALL: 3,
+            FIREWALL: 4,
             INSTANCE: 2,
         },
         machine_type="ct6e-standard-4t",
@@ -150,7 +152,7 @@ EXAMPLES = {
             PER_INSTANCE: 0,
             ADDRESS: 0,
             RESIZE_REQUEST: 1,
-            FIREWALL: 3,
+            FIREWALL: 4,
             INSTANCE: 2,
         },
         machine_type="ct6e-standard-4t",
@@ -170,6 +172,22 @@ EXAMPLES = {
         head_vm=False,
     ),
 }
+
+# Every jax-preset cluster on a VM platform also has its compilation cache: the bucket, its name's
+# random part and the hosts' two roles on it (rayslice.infra.compilation_cache); the xla preset's
+# has none.
+BUCKET = "gcp:storage/bucket:Bucket"
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+RANDOM_ID = "random:index/randomId:RandomId"
+for _name, _expected in EXAMPLES.items():
+    if not _name.endswith("-xla.yaml"):
+        _counts = _expected["counts"]
+        _expected["counts"] = {
+            **_counts,
+            BUCKET: 1,
+            BUCKET_MEMBER: 2,
+            RANDOM_ID: _counts.get(RANDOM_ID, 0) + 1,
+        }
 
 
 TPU_VM_EXAMPLES = sorted(name for name, e in EXAMPLES.items() if "runtime" in e)
@@ -281,13 +299,15 @@ def test_no_external_ips(example):
 def test_firewall_sources(example):
     _, cluster_spec, run = example
     denying = [r for r in run.of_type(FIREWALL) if r.inputs.get("denies")]
-    # The controller's VM: every protocol from everywhere denied, first, on its own tag only.
+    # The controller's VM: every protocol from everywhere (IPv4, then IPv6) denied, first, on its
+    # own tag only.
     assert [
         (r.inputs["denies"], r.inputs["sourceRanges"], r.inputs["targetTags"], r.inputs["priority"])
         for r in denying
-    ] == [([{"protocol": "all"}], ["0.0.0.0/0"], [f"{cluster_spec.name}-controller"], 0)] * len(
-        _controller_vms(run)
-    )
+    ] == [
+        ([{"protocol": "all"}], [everywhere], [f"{cluster_spec.name}-controller"], 0)
+        for everywhere in ("0.0.0.0/0", "::/0")
+    ] * len(_controller_vms(run))
     rules = [r for r in run.of_type(FIREWALL) if r not in denying]
     for rule in rules:
         assert not rule.inputs.get("denies")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 
 import pytest
@@ -38,6 +39,29 @@ def test_dashboard_rule_targets_only_the_head():
     assert rules["dashboard"].protocols == (("tcp", ("8265",)),)
 
 
+def test_a_rule_holds_one_ip_version_and_its_name_fits_even_for_the_longest_cluster_name():
+    """Compute Engine takes IPv4 or IPv6 ranges in a rule, not both (Google's "Use VPC firewall
+    rules"): mixed dashboard ranges become two rules, and so does the controller's deny."""
+    name = "c" * 40  # the longest name the spec takes
+    rules = firewall_rules(
+        _spec(
+            name=name,
+            slices=2,
+            capacity="spot",
+            dashboardSourceRanges=["10.0.0.0/8", "fd00::/8", "192.168.1.0/24"],
+        )
+    )
+    by_suffix = {r.suffix: r.source_ranges for r in rules}
+    assert by_suffix["dashboard"] == ("10.0.0.0/8", "192.168.1.0/24")
+    assert by_suffix["dashboard-v6"] == ("fd00::/8",)
+    assert by_suffix["controller-deny"] == ("0.0.0.0/0",) and by_suffix["controller-deny-v6"] == ("::/0",)
+    for rule in rules:
+        assert len({ipaddress.ip_network(r).version for r in rule.source_ranges}) <= 1, rule.suffix
+        assert len(f"{name}-fw-{rule.suffix}") <= 63  # RFC 1035, Firewall.name
+    only_v6 = {r.suffix: r.source_ranges for r in firewall_rules(_spec(dashboardSourceRanges=["fd00::/8"]))}
+    assert only_v6["dashboard"] == ("fd00::/8",) and "dashboard-v6" not in only_v6
+
+
 def test_head_tag_goes_to_slice_zero_only_with_head_on_the_slice():
     on_slice = _spec()
     assert slice_tags(on_slice, 0) == [cluster_tag(on_slice), head_tag(on_slice)]
@@ -65,9 +89,12 @@ def test_labels_keep_the_users_and_add_rayslice_ones():
 
 
 def test_scheduling_per_capacity():
-    assert scheduling("on-demand") is None
-    assert scheduling("spot").spot is True
-    assert scheduling("reserved").reserved is True
+    def tpu_vm(**keys: str):
+        return scheduling(_spec(platform="tpu-vm", **keys))
+
+    assert tpu_vm() is None
+    assert tpu_vm(capacity="spot").spot is True
+    assert tpu_vm(capacity="reserved").reserved is True
 
 
 def test_region_of_zone():
@@ -165,22 +192,33 @@ def test_topology_names_reach_the_tpu_api_as_type_and_topology():
 
 
 def test_compute_scheduling_per_capacity():
-    spot = compute_template.scheduling("spot")
+    """The template's scheduling is the stack's capacity cell, field for field."""
+    spot = compute_template.scheduling(_spec(capacity="spot"))
     assert (spot.provisioning_model, spot.instance_termination_action, spot.preemptible) == (
         "SPOT",
         "STOP",
         True,
     )
     assert spot.automatic_restart is False and spot.on_host_maintenance == "TERMINATE"
-    standard = compute_template.scheduling("on-demand")
+    standard = compute_template.scheduling(_spec())
     assert (standard.provisioning_model, standard.on_host_maintenance) == ("STANDARD", "TERMINATE")
     assert standard.instance_termination_action is None and standard.automatic_restart is True
-    reserved = compute_template.scheduling("reserved")
+    reserved = compute_template.scheduling(_spec(capacity="reserved", reservation="r"))
     assert (reserved.provisioning_model, reserved.instance_termination_action) == (
         "RESERVATION_BOUND",
         "DELETE",
     )
     assert reserved.on_host_maintenance == "TERMINATE" and reserved.automatic_restart is True
+    flex = compute_template.scheduling(_spec(capacity="flex-start", maxRunHours=2, zone="us-east5-a"))
+    assert (flex.provisioning_model, flex.instance_termination_action) == ("FLEX_START", "DELETE")
+    assert flex.max_run_duration.seconds == 7200 and flex.automatic_restart is False
+
+
+def test_every_compute_mig_does_nothing_on_a_failed_host():
+    """D3: a MIG's REPAIR recreates one host, which cannot rejoin the slice's ICI domain."""
+    for keys in ({}, {"capacity": "spot"}, {"capacity": "reserved", "reservation": "r"}):
+        policy = compute_template.lifecycle_policy(_spec(**keys))
+        assert policy.default_action_on_failure == "DO_NOTHING"
 
 
 def test_compute_reservation_affinity_and_image():

@@ -1,6 +1,7 @@
 """A job on a simulated host cannot reach the machine it runs on (issue 20.4's acceptance): the
-machine's credentials are not readable, the emulators' code is not writable, and the emulated
-cloud API refuses the job's calls, with the token its own host's metadata server hands it.
+machine's credentials are not readable, the emulators' code is not writable, no Unix socket in
+the machine's /run answers (issue 43's M3), and the emulated cloud API refuses the job's calls,
+with the token its own host's metadata server hands it.
 
 On the shared single-host slice, through `rayslice run` as a user submits a job; the job's
 driver runs on the simulated host. `confinement`, the emulation's admission and the packet
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import sys
 from pathlib import Path
 
@@ -17,12 +19,17 @@ import rayslice
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE
 from tests.integration.clusters import on
 from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.local.test_confinement import CONNECT_PROBE
 
-PROBE = r"""
-import errno, json, os, sys, urllib.error, urllib.request
+PROBE = (
+    r"""
+import errno, json, os, socket, sys, urllib.error, urllib.request
 
-secret, api, *code_dirs = sys.argv[1:]
+secret, api, machine_socket, *code_dirs = sys.argv[1:]
 facts = {}
+"""
+    + CONNECT_PROBE
+    + r"""
 try:
     open(secret).read()
     facts["secret"] = "read"
@@ -51,10 +58,11 @@ except OSError:
     facts["api"] = "no connection"
 print("FACTS " + json.dumps(facts))
 """
+)
 
 
 @on("v6e-4")
-def test_a_job_cannot_read_the_machines_secrets_write_the_emulators_code_or_call_the_cloud_api(
+def test_a_job_cannot_read_secrets_write_the_emulators_code_reach_the_machines_sockets_or_the_cloud_api(
     cluster, tmp_path
 ):
     # A secret in the home of the user running the simulator, as ~/.config/gcloud would be.
@@ -66,14 +74,22 @@ def test_a_job_cannot_read_the_machines_secrets_write_the_emulators_code_or_call
     code = [sys.prefix, str(Path(rayslice.__file__).resolve().parent)]
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
+    # A root-owned socket in the machine's /run, as D-Bus's system bus, systemd's or Docker's.
+    machine_socket = Path("/run") / f"rayslice-isolation-{secrets.token_hex(4)}.sock"
+    listener = socket.socket(socket.AF_UNIX)
     try:
-        result = rayslice_run(cluster, str(script), str(secret), api, *code)
+        listener.bind(str(machine_socket))
+        listener.listen()
+        result = rayslice_run(cluster, str(script), str(secret), api, str(machine_socket), *code)
     finally:
+        listener.close()
+        machine_socket.unlink(missing_ok=True)
         secret.unlink()
     assert result.returncode == 0
     line = next(x for x in result.stdout.splitlines() if x.startswith("FACTS "))
     facts = json.loads(line[len("FACTS ") :])
     assert facts["secret"] == "ENOENT", "the machine's home is covered: the file is not there at all"
+    assert facts["socket"] == "ENOENT", "the host's /run is a fresh one: the machine's socket is not there"
     assert [facts[d] for d in code] == ["EROFS", "EROFS"]
     # Dropped by the machine's packet filter; were it not, the emulation answers 403 by address.
     assert facts["api"] in ("no connection", 403)

@@ -21,11 +21,18 @@ from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFail
 from rayslice.jobs import connection, restarts, submit, upload
 from rayslice.local.simulation.state import STATE_DIR_ENV, SimulationState, make_plan
 
+# The environment variables the requests library reads its proxies from, in both cases.
+PROXY_VARIABLES = [
+    name for base in ("http_proxy", "https_proxy", "all_proxy", "no_proxy") for name in (base, base.upper())
+]
+
 
 @pytest.fixture(autouse=True)
 def _no_ambient_cluster(monkeypatch, tmp_path):
-    """No RAY_ADDRESS and an empty default state dir, unless a test sets them."""
+    """No RAY_ADDRESS, no proxy and an empty default state dir, unless a test sets them."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path / "no-simulation"))
 
 
@@ -617,6 +624,52 @@ def test_a_host_name_is_judged_by_the_addresses_it_resolves_to(tmp_path, monkeyp
     assert connection.choose_target("nowhere", token_file).url == "http://nowhere:8265"
 
 
+@pytest.mark.parametrize(
+    "proxies, refused",
+    [
+        ({"HTTP_PROXY": "http://user:secret-pw@34.1.2.3:3128"}, True),
+        ({"http_proxy": "34.1.2.3:3128"}, True),  # no scheme: requests reads it as http://
+        ({"ALL_PROXY": "socks5://34.1.2.3:1080"}, True),
+        ({"HTTP_PROXY": "http://[2600::1]:3128"}, True),
+        ({"HTTP_PROXY": "http://34.1.2.3:3128", "NO_PROXY": "10.0.0.2"}, False),  # goes direct
+        ({"HTTP_PROXY": "http://34.1.2.3:3128", "no_proxy": "10.0.0.0/8"}, False),
+        ({"HTTP_PROXY": "http://10.0.0.99:3128"}, False),  # a proxy inside the user's network
+        ({"HTTPS_PROXY": "http://34.1.2.3:3128"}, False),  # for https URLs only
+    ],
+)
+def test_a_token_goes_over_http_only_through_an_internal_proxy(tmp_path, monkeypatch, proxies, refused):
+    """A plain http request through a proxy goes to the proxy whole, Authorization included."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    for name, value in proxies.items():
+        monkeypatch.setenv(name, value)
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    choose = lambda: connection.choose_target("http://10.0.0.2:8265", token_file)  # noqa: E731
+    if refused:
+        with pytest.raises(InvalidInput, match="through the proxy") as raised:
+            choose()
+        assert "NO_PROXY" in str(raised.value) and "secret-pw" not in str(raised.value)
+    else:
+        assert choose().url == "http://10.0.0.2:8265"
+    # No token, or https: the proxy sees nothing it may not.
+    assert connection.choose_target("http://10.0.0.2:8265", None).url == "http://10.0.0.2:8265"
+    assert connection.choose_target("https://10.0.0.2:8265", token_file).url == "https://10.0.0.2:8265"
+
+
+def test_the_proxy_judged_is_the_one_rays_client_hands_the_token_to(tmp_path, monkeypatch, recorder):
+    """The recording server stands in for a proxy: Ray's Jobs client sends it the request for the
+    cluster, token included, exactly where `connection.proxy_for` said it would."""
+    proxy, seen = recorder
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    target = connection.choose_target("http://10.0.0.2:8265", token_file)  # the proxy is loopback
+    judged = connection.proxy_for(target.url)
+    assert judged is not None and f"http://{judged.netloc}" == proxy
+    connection.connect(target)
+    assert seen and seen[0]["Authorization"] == "Bearer secret"
+
+
 @pytest.fixture
 def no_upload(monkeypatch) -> list[object]:
     """Records every connection `run` opens: a refused run must open none."""
@@ -675,3 +728,44 @@ def test_run_says_what_a_script_uploads(tmp_path, monkeypatch, capsys):
     submit.submit(str(job / "train.py"), [], address="http://10.0.0.2:8265", verbose=True)
     err = capsys.readouterr().err
     assert "  data/input.csv (2.9 KiB)\n" in err and "  train.py (12 B)" in err and ".env" not in err
+
+
+class _StopRecorder:
+    """The one Jobs API call an interrupt makes with `--stop-on-interrupt`."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def stop_job(self, job_id: str) -> bool:
+        self.stopped.append(job_id)
+        return True
+
+
+@pytest.mark.parametrize(
+    "target, command",
+    [
+        (connection.Target("http://10.0.0.2:8265", None, "simulator"), "rayslice run --stop J"),
+        (
+            connection.Target("http://10.0.0.2:8265", Path("/tmp/sim token"), "simulator"),
+            "rayslice run --stop J",
+        ),
+        (
+            connection.Target("http://localhost:8265", Path("/tmp/my token"), "--address"),
+            "rayslice run --address http://localhost:8265 --token-file '/tmp/my token' --stop J",
+        ),
+        (connection.Target("http://h:8265", None, "RAY_ADDRESS"), "rayslice run --stop J"),
+    ],
+)
+def test_an_interrupt_names_the_command_that_stops_the_job_on_the_same_cluster(target, command):
+    client = _StopRecorder()
+    left = submit._interrupted(client, "J", target, stop=False)  # type: ignore[arg-type]
+    assert f"job J keeps running on {target.url}; stop it with `{command}`" in str(left)
+    assert left.exit_code == 130 and client.stopped == []
+    stopped = submit._interrupted(client, "J", target, stop=True)  # type: ignore[arg-type]
+    assert client.stopped == ["J"] and "stop job J" in str(stopped)
+
+
+@pytest.mark.parametrize("job_id", ["", "../../api/jobs", "a b", "x" * 129, "raysubmit_1\n"])
+def test_stop_refuses_what_is_not_a_job_id_before_any_request(job_id, capsys):
+    assert cli.main(["run", "--stop", job_id]) == EXIT_INVALID
+    assert "is not a Ray job ID" in capsys.readouterr().err

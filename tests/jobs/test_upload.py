@@ -206,6 +206,12 @@ MORE_SECRETS = [
     "gh-token",
     "x/terraform.tfstate.1700000000.backup",
     ".env.production",
+    "token",
+    ".boto",
+    ".npmrc",
+    "kaggle/kaggle.json",
+    "certs/client.p12",
+    "certs/client.pfx",
 ]
 
 
@@ -259,6 +265,66 @@ def test_links_that_leave_the_folder_loop_or_dangle_are_refused(project, tmp_pat
         (project / "b").symlink_to("a")
     with pytest.raises(InvalidInput, match=message):
         upload.resolve(str(project / "train.py"))
+
+
+def test_a_hard_link_with_a_name_outside_the_folder_is_refused(project, tmp_path):
+    """Its other name may be any file on the disk: a hard link does not say which."""
+    outside = tmp_path / "gcloud" / "adc.json"
+    outside.parent.mkdir()
+    outside.write_text("{}")
+    os.link(outside, project / "data" / "config.json")
+    with pytest.raises(InvalidInput, match=r"data/config\.json in .* is a hard link: the file has 2 names"):
+        upload.resolve(str(project / "train.py"))
+
+
+def test_a_hard_link_whose_other_name_stays_behind_is_refused(project):
+    os.link(project / ".env", project / "settings.txt")  # .env is never uploaded
+    with pytest.raises(InvalidInput, match=r"settings\.txt in .* is a hard link"):
+        upload.resolve(str(project / "train.py"))
+
+
+def test_a_hard_link_whose_names_are_all_uploaded_goes(project, tmp_path):
+    os.link(project / "lib" / "util.py", project / "util_copy.py")
+    job = upload.resolve(str(project / "train.py"))
+    assert uploaded(job, tmp_path) == SHIPPED_FROM_PROJECT | {"util_copy.py"}
+
+
+# Each swap makes the new file beside the old one and renames it over it (as an attacker would,
+# atomically), so the new one cannot reuse the old one's inode number.
+def _swap_for_a_link(path: Path, outside: Path) -> None:
+    path.with_name("new").symlink_to(outside)
+    path.with_name("new").replace(path)
+
+
+def _swap_for_another_file(path: Path, outside: Path) -> None:
+    path.with_name("new").write_text(outside.read_text())
+    path.with_name("new").replace(path)
+
+
+def _swap_for_a_pipe(path: Path, outside: Path) -> None:
+    os.mkfifo(path.with_name("new"))
+    path.with_name("new").replace(path)
+
+
+@pytest.mark.parametrize("swap", [_swap_for_a_link, _swap_for_another_file, _swap_for_a_pipe])
+def test_a_file_swapped_after_the_walk_is_not_uploaded(project, tmp_path, swap):
+    """Between the walk and the copy, a file becomes a link to a credential, another file, or a
+    pipe (whose open would block): the copy opens without following links, compares the inode
+    with the walked one, and stops; nothing else is read."""
+    outside = tmp_path / "adc.json"
+    outside.write_text(USER_CREDENTIALS)
+    job = upload.resolve(str(project / "train.py"))
+    swap(project / "data" / "input.csv", outside)
+    with pytest.raises(InvalidInput, match=r"data/input\.csv changed while the upload was prepared"):
+        upload.runtime_env(job, tmp_path / "staging")
+    assert not (tmp_path / "staging" / "working_dir" / "data" / "input.csv").exists()
+
+
+def test_the_copy_keeps_each_files_mode(project, tmp_path):
+    (project / "train.py").chmod(0o750)
+    job = upload.resolve(str(project / "train.py"))
+    upload.runtime_env(job, tmp_path / "staging")
+    assert (tmp_path / "staging" / "working_dir" / "train.py").stat().st_mode & 0o777 == 0o750
 
 
 def test_unreadable_files_and_folders_are_named(project, monkeypatch):

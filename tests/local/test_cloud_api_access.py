@@ -1,6 +1,7 @@
 """Who may call the cloud API emulation, and how much it keeps: the machine itself and the admitted
-clients (the recovery controller's host) only, whatever token another caller holds; admin calls
-from the machine only; bodies, recorded calls and hosts' guest attributes bounded."""
+clients (the recovery controller's host) only, whatever token another caller holds; a bound token
+only what its role bindings, conditions included, allow; admin calls from the machine only;
+bodies, recorded calls and hosts' guest attributes bounded."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ from typing import Any
 
 import pytest
 
+from rayslice import names, spec
 from rayslice.errors import SimulatorError
 from rayslice.local.google import metadata_server
 from rayslice.local.google.cloud_api import emulator as emulator_module
 from rayslice.local.google.cloud_api.emulator import ADMIN_HEADER, ADMIN_PREFIX, CloudApiEmulator
+from rayslice.local.google.cloud_api.iam import EmulatedIam
+from rayslice.local.google.cloud_api.routes import ApiError
 from rayslice.local.google.metadata_server import FLAVOR, FLAVOR_HEADER, MetadataServer
+from rayslice.local.simulation import cloud_bridge
 
+GCE = "https://www.googleapis.com/compute/v1"
 OTHER_HOST = "127.0.0.2"  # a loopback address of this machine that is not the emulation's own
 NODE = "/v2/projects/p/locations/z/nodes/n"
 
@@ -154,3 +160,67 @@ def test_a_host_cannot_grow_its_guest_attributes_without_bound(tmp_path, monkeyp
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_controllers_conditioned_grants_refuse_every_other_instance_and_template():
+    """The role bindings the Pulumi program gives an elastic cluster's recovery controller, bound
+    to its token as the simulator binds them (`cloud_bridge.controller_grants`): it reads the
+    head VM's guest attributes (Ray's demand), and no other instance's; it may use this cluster's
+    slice templates, and no other cluster's (IAM Conditions on resource.name)."""
+    cluster = spec.load(
+        {"acceleratorType": "v6e-16", "platform": "compute", "slices": 2, "minSlices": 1, "capacity": "spot"},
+        require_zone=False,
+    )
+    server = _serve()
+    try:
+        deployment = cloud_bridge.deploy_spec(server, cluster)
+        conditioned = [g for g in deployment.controller_grants if g.condition is not None]
+        assert len(conditioned) == 2  # the head VM's demand, the slices' templates
+        for grant in deployment.controller_grants:
+            server.bind("controller", grant.permissions, grant.condition)
+        server.tokens.add("controller")
+        project, zone = cloud_bridge.project_of(cluster), str(cluster.zone)
+        head, host = names.head_name(cluster.name), names.host_name(cluster.slice_name(0), 1)
+        for name in (head, host):
+            server.guest[name] = {"rayslice": {"demand": "{}"}}
+
+        def read(name: str) -> tuple[int, Any]:
+            path = f"/compute/v1/projects/{project}/zones/{zone}/instances/{name}/getGuestAttributes"
+            return _call(server, "GET", path, headers={"Authorization": "Bearer controller"})
+
+        assert read(head)[0] == 200
+        status, answer = read(host)
+        assert status == 403 and answer["error"]["status"] == "PERMISSION_DENIED"
+        assert f"projects/{project}/zones/{zone}/instances/{host}" in answer["error"]["message"]
+
+        # Recreating slice 1 with the MIG the program made (its template reference, as the provider
+        # sends it, carries a query): allowed. The same with another cluster's or slice 10's: refused.
+        mig = server.twin.migs[(project, zone, cluster.slice_name(1))]
+        params = {"project": project, "zone": zone}
+        server.authorize("controller", "compute.instanceGroupManagers.insert", mig, params)
+        for other in (f"other-{cluster.slice_name(1)}-1", f"{cluster.slice_name(1)}0-1"):
+            template = f"{GCE}/projects/{project}/global/instanceTemplates/{other}?uniqueId=7"
+            with pytest.raises(ApiError) as refused:
+                server.authorize(
+                    "controller",
+                    "compute.instanceGroupManagers.insert",
+                    {**mig, "versions": [{"instanceTemplate": template}]},
+                    params,
+                )
+            assert refused.value.code == 403
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'resource.type == "compute.googleapis.com/Instance"',
+        'resource.name.endsWith("x")',
+        'request.time < timestamp("2030-01-01T00:00:00Z")',
+    ],
+)
+def test_a_condition_the_emulation_cannot_evaluate_is_refused_when_bound(expression):
+    with pytest.raises(ValueError, match=r"evaluates only resource\.name"):
+        EmulatedIam().bind("t", ["compute.instances.getGuestAttributes"], expression)

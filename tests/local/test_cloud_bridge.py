@@ -76,7 +76,7 @@ NETWORK = ipaddress.IPv4Network("10.77.0.0/24")  # the simulation's network, the
 def deployed(cloud: CloudApiEmulator, spec: spec_module.ClusterSpec, run_id: str) -> Recording:
     """What `local up` simulates: the hosts the program deployed to `cloud`'s twin, placed."""
     return Recording(
-        make_plan(spec, run_id=run_id, network=NETWORK, hosts=cloud_bridge.deploy_spec(cloud, spec))
+        make_plan(spec, run_id=run_id, network=NETWORK, hosts=cloud_bridge.deploy_spec(cloud, spec).hosts)
     )
 
 
@@ -323,7 +323,7 @@ def test_a_program_that_doubles_a_slice_gives_twice_the_simulated_hosts() -> Non
     cluster = spec_module.load({"acceleratorType": "v6e-16", "platform": "compute"}, require_zone=False)
     cloud = CloudApiEmulator(address_range=str(NETWORK))
     try:
-        records = cloud_bridge.deploy_spec(cloud, cluster)
+        records = cloud_bridge.deploy_spec(cloud, cluster).hosts
         n = cluster.tpu.hosts
         assert len(records) == n
         name = cluster.slice_name(0)

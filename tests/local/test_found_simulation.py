@@ -58,7 +58,9 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     state_dir.mkdir(mode=0o700)
     network = ipaddress.IPv4Network("127.78.0.0/24")
     cloud = CloudApiEmulator(op_polls=1, address_range=str(network))
-    plan = make_plan(spec, run_id="e1f2a3", network=network, hosts=cloud_bridge.deploy_spec(cloud, spec))
+    plan = make_plan(
+        spec, run_id="e1f2a3", network=network, hosts=cloud_bridge.deploy_spec(cloud, spec).hosts
+    )
     SimulationState(plan=plan, state_dir=str(state_dir)).save()
     sim = Recording(plan)
     threading.Thread(target=cloud.serve_forever, daemon=True).start()

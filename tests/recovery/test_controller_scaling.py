@@ -12,6 +12,7 @@ import pytest
 from rayslice import names
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
+from rayslice.recovery import controller as controller_module
 from rayslice.recovery.cloud import CloudClient, CloudError, RefusedResource
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, mig_fields
 from tests.recovery.test_scaling import POLICY as SCALING
@@ -108,6 +109,43 @@ def test_no_demand_from_the_head_adds_and_removes_nothing(
     controller.step()
     assert not cloud.mutations()
     assert _events(stream) == [(CLUSTER, "wait", "no recent demand from the head")]
+
+
+def test_a_forged_reading_is_refused_and_a_failing_decision_is_recorded_once_and_survived(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Any job can write the head's demand: a count no float holds (OverflowError in the scaling
+    sums, every pass, before the bounds) is refused as unreadable; and whatever a decision raises
+    is recorded once, while every pass goes on."""
+    forged = json.loads(_reading())
+    forged["tasks"] = [{"shape": {"TPU": 4}, "count": 10**400}]
+    head = {"demand": json.dumps(forged)}
+    controller, stream = _elastic(cloud, client, controller_metadata, head)
+    controller.step()
+    controller.step()
+    assert not cloud.mutations()
+    assert "the head's demand is unreadable: demand tasks[0].count" in capsys.readouterr().err
+    assert _events(stream) == [(CLUSTER, "wait", "no recent demand from the head")]
+
+    def fails(*args, **kwargs):
+        raise ArithmeticError("a rule nobody foresaw")
+
+    monkeypatch.setattr(controller_module, "decide", fails)
+    head["demand"] = _reading(PENDING_SLICE)
+    for _ in range(3):
+        controller.step()
+    assert not cloud.mutations()
+    assert _events(stream)[1:] == [
+        (CLUSTER, "wait", "no scaling decision: ArithmeticError: a rule nobody foresaw")
+    ]
+    monkeypatch.undo()
+    controller.step()
+    controller.step()
+    assert [m.method_id for m in cloud.mutations()] == ["compute.instanceGroupManagers.createInstances"]
 
 
 # ---- flex-start: slices added as resize requests (docs/elastic.md, "Flex-start") ----------------

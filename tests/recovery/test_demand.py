@@ -61,7 +61,7 @@ def test_a_published_value_parses_into_frozen_records() -> None:
         ("[1]", "demand value: expected an object"),
         (json.dumps(_value(v=2)), "schema version 2, but this controller reads version 1"),
         (json.dumps({k: v for k, v in _value().items() if k != "v"}), "schema version None"),
-        (json.dumps(_value(at="now")), "demand at: expected a number >= 0"),
+        (json.dumps(_value(at="now")), "demand at: expected a number from 0 to"),
         (json.dumps(_value(pgs={})), "demand pgs: expected a list"),
         (json.dumps(_value(pgs=[{"bundles": []}])), "demand pgs[0].strategy: expected a string"),
         (
@@ -79,12 +79,58 @@ def test_a_published_value_parses_into_frozen_records() -> None:
         (json.dumps(_value(slices={"s": {"nodes": 1, "busy": "no", "idle_s": 0}})), "slices['s'].busy"),
         (json.dumps(_value(slices={"s": {"nodes": 1, "busy": False}})), "slices['s'].idle_s"),
         (json.dumps(_value(truncated=None)), "demand truncated: expected true or false"),
+        # Numbers that would overflow a float (OverflowError in slices_wanted) or never go stale.
+        (
+            json.dumps(_value(tasks=[{"shape": {"TPU": 4}, "count": 10**400}])),
+            "tasks[0].count: expected a whole",
+        ),
+        (
+            json.dumps(_value(tasks=[{"shape": {"TPU": 1e308}, "count": 1}])),
+            "tasks[0].shape['TPU']: expected a",
+        ),
+        (
+            json.dumps(_value(asked=[{"shape": {"TPU": 10**400}, "count": 1}])),
+            "asked[0].shape['TPU']: expected",
+        ),
+        (json.dumps(_value(pgs=[_pg({"shape": {"TPU": 4}, "count": 10**10})])), "pgs[0].bundles[0].count"),
+        (json.dumps(_value(tasks=[{"shape": {"TPU": float("inf")}, "count": 1}])), "tasks[0].shape['TPU']"),
+        (json.dumps(_value(tasks=[{"shape": {"TPU": float("nan")}, "count": 1}])), "tasks[0].shape['TPU']"),
+        (
+            json.dumps(_value(slices={"s": {"nodes": 10**400, "busy": False, "idle_s": 0}})),
+            "slices['s'].nodes",
+        ),
+        (
+            json.dumps(_value(slices={"s": {"nodes": 4, "busy": False, "idle_s": 1e308}})),
+            "slices['s'].idle_s",
+        ),
+        ('{"v": 1, "at": 1' + "0" * 5000 + "}", "demand: not JSON"),  # more digits than int() reads
+        (json.dumps(_value(at=1e308)), "demand at: expected a number from 0 to"),
+        (json.dumps(_value(at=10**400)), "demand at: expected a number from 0 to"),
+        (json.dumps(_value(at=1e12)), "demand at: expected a number from 0 to"),  # the year 33658
     ],
 )
 def test_a_malformed_or_unknown_value_is_a_clear_value_error(text: str, message: str) -> None:
+    """A future ``at`` within the bounds is the reader's to refuse (tests/recovery/test_scaling.py,
+    `test_a_reading_from_the_future_changes_nothing`): only the reader has a clock."""
     with pytest.raises(ValueError) as raised:
         demand.parse(text)
     assert message in str(raised.value)
+
+
+def test_the_largest_value_parse_takes_asks_for_a_finite_number_of_slices() -> None:
+    """Every number at its bound, in more entries than the publisher ever writes: the sums stay
+    finite floats and the answer a whole number (a forged value cannot raise out of the loop)."""
+    most = {"shape": {HEAD: demand.MAX_AMOUNT, "TPU": demand.MAX_AMOUNT}, "count": demand.MAX_COUNT}
+    parsed = _demand(
+        at=demand.MAX_SECONDS,
+        pgs=[_pg(*[most] * 100)] * 100,
+        tasks=[most] * 1000,
+        asked=[most] * 1000,
+        slices={"s": {"nodes": demand.MAX_COUNT, "busy": False, "idle_s": demand.MAX_SECONDS}},
+    )
+    wanted = demand.slices_wanted(parsed, "v6e-16", 1)
+    asked = demand.slices_asked(parsed, "v6e-16", 1)
+    assert isinstance(wanted, int) and isinstance(asked, int) and 0 < asked < wanted
 
 
 def test_each_pending_slice_head_reservation_asks_for_one_slice() -> None:

@@ -27,6 +27,7 @@ from tests.recovery.conftest import (
     seed_flex,
     seed_queued,
 )
+from tests.recovery.test_controller_scaling import PENDING_SLICE, _elastic, _reading
 
 STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 
@@ -243,6 +244,51 @@ def test_cancelling_and_deleting_a_slices_resize_request_needs_update_which_the_
     client.wait_zone_operation(client.delete_resize_request(SLICE0, request, allowed), 30)
     assert client.list_resize_requests(SLICE0) == []
     assert {c.status for c in cloud.calls[2:]} == {200}
+
+
+def _every_way_it_scales(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer) -> str:
+    """An elastic cluster's controller reads the head's demand, adds a slice (createInstances)
+    and removes it once idle (deleteInstances and the per-instance configs left); its output."""
+    head = {"demand": _reading(PENDING_SLICE)}
+    controller, stream = _elastic(cloud, client, vm, head)
+    controller.step()
+    controller.step()
+    head["demand"] = _reading(slices={SLICE0: {"nodes": 4, "busy": False, "idle_s": 61}})
+    controller.step()
+    controller.step()
+    return stream.getvalue()
+
+
+def test_the_elastic_role_holds_exactly_what_scaling_needs_beyond_recovery(
+    cloud: CloudApiEmulator, controller_metadata: MetadataServer
+) -> None:
+    """The part an elastic cluster adds (`permissions.ELASTIC_PART`) is exactly what its scaling
+    calls need that recovery's roles do not hold: a permission more or less fails here.
+    `test_the_roles_hold_exactly_what_the_controllers_calls_need` does the same for the rest."""
+    elastic = permissions.held("compute", elastic=True)
+    output = _every_way_it_scales(cloud, _controller_client(cloud, elastic), controller_metadata)
+    assert '"action": "add slice"' in output and '"action": "remove slice"' in output, output
+    assert cloud.calls and {c.status for c in cloud.calls} == {200}
+    needed = {p for c in cloud.calls for p in iam.required_permissions(c.method_id, c.request)}
+    fixed = set(permissions.permissions("compute"))
+    added = set(permissions.permissions("compute", elastic=True)) - fixed
+    assert added == needed - fixed == set(permissions.ELASTIC_PART.permissions)
+    assert len(permissions.permissions("compute", elastic=True)) == len(fixed) + len(added)  # each once
+    assert permissions.role_parts("compute", elastic=True) == (
+        *permissions.role_parts("compute"),
+        permissions.ELASTIC_PART,
+    )
+
+    # Without the demand read, the head's demand is refused (403) and no slice is added.
+    cloud.calls.clear()
+    withheld = "compute.instances.getGuestAttributes"
+    lacking = _controller_client(cloud, tuple(p for p in elastic if p != withheld))
+    controller, _ = _elastic(cloud, lacking, controller_metadata, {"demand": _reading(PENDING_SLICE)})
+    controller.step()
+    controller.step()
+    refused = [c for c in cloud.calls if c.status == 403]
+    assert refused and all(withheld in c.response["error"]["message"] for c in refused)
+    assert not [c for c in cloud.calls if c.method_id == "compute.instanceGroupManagers.createInstances"]
 
 
 def test_an_unbound_token_is_the_owner_and_may_call_everything(

@@ -9,7 +9,14 @@ import json
 import pytest
 
 from rayslice.recovery.demand import parse
-from rayslice.recovery.scaling import STALE_AFTER_S, Decision, ScalingPolicy, decide, instances_of
+from rayslice.recovery.scaling import (
+    AHEAD_AFTER_S,
+    STALE_AFTER_S,
+    Decision,
+    ScalingPolicy,
+    decide,
+    instances_of,
+)
 
 SLICES = ("c-slice-0", "c-slice-1", "c-slice-2")
 NOW = 1_000_000.0
@@ -113,6 +120,17 @@ def test_no_reading_or_a_stale_one_changes_nothing():
     assert (none.add, none.remove, none.waiting) == ((), (), "no recent demand from the head")
     stale = _demand(pgs=[_pg(HEAD)], slices={"c-slice-1": _use(False, 900)}, at=NOW - STALE_AFTER_S - 1)
     assert decide(POLICY, SLICES, {"c-slice-1"}, stale, NOW, True) == Decision()
+
+
+def test_a_reading_from_the_future_changes_nothing_and_says_so():
+    """A forged ``at`` far ahead would never go stale: it is not believed, and the wait says why."""
+    ahead = _demand(pgs=[_pg(HEAD)] * 2, slices={"c-slice-1": _use(False, 900)}, at=NOW + 86400)
+    decision = decide(POLICY, SLICES, {"c-slice-1"}, ahead, NOW, True)
+    assert (decision.add, decision.remove, decision.cancel) == ((), (), ())
+    assert decision.waiting.startswith("the head's demand is stamped 86400s ahead of this controller's clock")
+    # A clock a little behind the head's is no forgery: the reading counts.
+    near = _demand(pgs=[_pg(HEAD)], slices={"c-slice-0": _use(True)}, at=NOW + AHEAD_AFTER_S)
+    assert decide(POLICY, SLICES, {"c-slice-0"}, near, NOW, True).add == ("c-slice-1",)
 
 
 def test_added_hosts_carry_the_names_and_reserved_addresses_infra_gave_them():

@@ -14,7 +14,7 @@ import pytest
 from rayslice import spec
 from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
-from rayslice.startup_scripts import locks, variables
+from rayslice.startup_scripts import locks, templating, variables
 from rayslice.startup_scripts.options import PackageSource
 from rayslice.startup_scripts.templating import TEMPLATE_DIR
 
@@ -40,8 +40,9 @@ VARIANTS = {
 }
 OPTIONS = {
     "real host": ss.RenderOptions(),
+    # Paths with a space: shellcheck then sees that every use of them must be quoted.
     "simulated, venv": ss.RenderOptions(
-        supervisor="process", package_source="venv:/opt/prepared venv", root="/tmp/sim/h0"
+        supervisor="process", package_source="venv:/opt/prepared venv", root="/tmp/sim state/h0"
     ),
     "simulated, wheels": ss.RenderOptions(
         supervisor="process",
@@ -56,20 +57,13 @@ def _spec(raw):
     return spec.load(raw, require_zone=False)
 
 
-@pytest.mark.parametrize("option", OPTIONS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_passes_bash_n_and_shellcheck(tmp_path, variant, option):
-    script = ss.render(_spec(VARIANTS[variant]), OPTIONS[option])
-    path = tmp_path / "boot.sh"
-    path.write_text(script)
-    subprocess.run(["bash", "-n", str(path)], check=True)
-    result = subprocess.run([SHELLCHECK, "--severity=style", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
-    assert len(script.encode()) < ss.METADATA_VALUE_LIMIT
+# Every variant, under every option, passes bash -n and shellcheck: test_templating.py renders them
+# with every other template.
 
 
-def _assignments(script: str) -> dict[str, str]:
-    """The rendered values, as bash itself reads them."""
+def rendered_values(script: str) -> dict[str, str]:
+    """The rendered values (everything above ``# ---- paths``), as bash itself reads them; arrays
+    joined by spaces."""
     header = script.split("# ---- paths")[0]
     lines = [line for line in header.splitlines() if re.match("[A-Z_]+=", line)]
     names = [line.split("=", 1)[0] for line in lines]
@@ -79,7 +73,7 @@ def _assignments(script: str) -> dict[str, str]:
 
 
 def test_rendered_values():
-    values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
+    values = rendered_values(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
     assert values["TPU_RESOURCES"] == '{"TPU": 4}'
     lock = variables.preset_lock(_spec(VARIANTS["v6e-16 jax head=slice"]))
     assert lock is not None
@@ -93,7 +87,7 @@ def test_rendered_values():
 
 def test_xla_preset_is_locked_from_pypi_without_the_guides_find_links():
     spec = _spec(VARIANTS["v5p-16 xla"])
-    values = _assignments(ss.render(spec))
+    values = rendered_values(ss.render(spec))
     lock = variables.preset_lock(spec)
     assert lock is not None and lock.requirements[:2] == ["torch==2.9.0", "torch_xla[tpu]==2.9.0"]
     assert values["FIND_LINKS"] == "" and lock.find_links == []
@@ -115,23 +109,25 @@ def test_a_lock_for_another_python_or_platform_is_refused_before_rendering(tmp_p
 
 def test_another_ray_release_has_no_lock_and_resolves_on_the_host():
     spec = _spec({"acceleratorType": "v5p-16", "preset": "xla", "rayVersion": "2.59.0"})
-    values = _assignments(ss.render(spec))
+    values = rendered_values(ss.render(spec))
     assert values["LOCK"] == "" and values["REQUIREMENTS"].startswith("torch==2.9.0 torch_xla[tpu]==2.9.0")
     assert "libtpu-releases" in values["FIND_LINKS"]
 
 
 def test_single_host_8_chip_type_gets_8_tpus():
-    assert _assignments(ss.render(_spec({"acceleratorType": "v6e-8"})))["TPU_RESOURCES"] == '{"TPU": 8}'
+    assert rendered_values(ss.render(_spec({"acceleratorType": "v6e-8"})))["TPU_RESOURCES"] == '{"TPU": 8}'
 
 
 def test_no_auth_disables_ray_auth_explicitly():
-    values = _assignments(ss.render(_spec(VARIANTS["no auth, index, extras"])))
+    values = rendered_values(ss.render(_spec(VARIANTS["no auth, index, extras"])))
     assert values["RAY_AUTH_MODE_VALUE"] == "disabled"
     assert values["PACKAGE_INDEX"] == "https://pypi.example.internal/simple"
 
 
 def test_simulator_knobs_are_rendered():
-    values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]), OPTIONS["simulated, wheels"]))
+    values = rendered_values(
+        ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]), OPTIONS["simulated, wheels"])
+    )
     assert (
         values["SUPERVISOR"],
         values["PACKAGE_MODE"],
@@ -197,14 +193,45 @@ def test_render_options_are_checked():
         ss.RenderOptions(package_source="/tmp/wheels")
 
 
+# Every way the script names a metadata path: the `metadata`, `metadata_get` and `attribute`
+# functions, and any URL under the metadata server's base (a curl of its own, a PUT, an argument).
+_READS = (
+    re.compile(r'\bmetadata(?:_get)? "([^"]+)"'),
+    re.compile(r'\battribute [A-Za-z_]+ ("\$[A-Za-z_]+"|[a-z][a-z-]*)'),
+    re.compile(r'(?:\$\{?METADATA_URL\}?|computeMetadata/v1)/([^"\s]*)'),
+)
+# The parameters the three functions pass on (`metadata` to `metadata_get`, `metadata_get` to
+# curl, `attribute` to `metadata`): their callers' paths are the ones read.
+FORWARDED = {"$path", "$1", "instance/attributes/$name"}
+# What the script may read that names a token: the VM's own access token (for Secret Manager)
+# and the attribute that holds the Ray token's secret *name*.
+TOKEN_READS = {"instance/service-accounts/default/token", f"instance/attributes/{ss.ATTR_TOKEN_SECRET}"}
+
+
 def _metadata_reads(script: str) -> set[str]:
-    """Every metadata path the script reads: its `metadata "PATH"` calls and its `attribute VAR
-    NAME` calls (instance/attributes/NAME), NAME resolved from the rendered values."""
-    values = _assignments(script)
-    paths = set(re.findall(r'\bmetadata "([^"$]+)"', script))
-    for name in re.findall(r'\battribute [A-Za-z_]+ ("\$[A-Z_]+"|[a-z][a-z-]*)', script):
-        paths.add("instance/attributes/" + (values[name[2:-1]] if name.startswith('"') else name))
+    """Every metadata path the script names, outside comments, with each ``$NAME`` resolved
+    from the rendered values; a path that cannot be resolved keeps its ``$``."""
+    values = rendered_values(script)
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+
+    def resolve(path: str) -> str:
+        return re.sub(r"\$\{?([A-Z][A-Z0-9_]*)\}?", lambda m: values.get(m[1], m[0]), path.strip('"'))
+
+    paths = set()
+    for kind, pattern in enumerate(_READS):
+        for found in pattern.findall(code):
+            path = resolve(found)
+            paths.add(f"instance/attributes/{path}" if kind == 1 else path)
     return paths
+
+
+def _token_read_problems(script: str) -> list[str]:
+    """What is wrong with the script's metadata reads: a path that cannot be told (so it might
+    name a token), or a token read beyond `TOKEN_READS`."""
+    reads = _metadata_reads(script)
+    unknown = sorted(p for p in reads if "$" in p and p not in FORWARDED)
+    tokens = sorted(p for p in reads if "token" in p.lower() and p not in TOKEN_READS)
+    return [f"unresolved metadata path {p}" for p in unknown] + [f"token read {p}" for p in tokens]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -215,11 +242,9 @@ def test_script_never_reads_a_token_from_metadata(variant):
     script = ss.render(_spec(VARIANTS[variant]))
     reads = _metadata_reads(script)
     assert "instance/attributes/rayslice-head-mode" in reads  # the parser sees the attribute reads
-    token_secret_attribute = f"instance/attributes/{ss.ATTR_TOKEN_SECRET}"
-    assert {p for p in reads if "token" in p} == {
-        "instance/service-accounts/default/token",
-        token_secret_attribute,
-    }
+    assert "instance/network-interfaces/0/ip" in reads  # ... and the `metadata` ones
+    assert _token_read_problems(script) == []
+    assert {p for p in reads if "token" in p} == TOKEN_READS
     # the attribute holds a secret's name (what infra writes there), read into TOKEN_SECRET ...
     attrs = ss.host_attributes(_spec(VARIANTS[variant]), 0, token_secret="rayslice-token")
     assert attrs.get(ss.ATTR_TOKEN_SECRET) in (None, "rayslice-token")
@@ -239,11 +264,46 @@ def test_script_never_reads_a_token_from_metadata(variant):
     assert "RAY_AUTH_TOKEN=" not in script and "RAY_AUTH_TOKEN_PATH" in script
 
 
+# Reads of a token that a template could gain, each put into a copy of startup.sh.j2 below.
+TOKEN_READ_MUTATIONS = {
+    "metadata_get": 'metadata_get "instance/attributes/rayslice-ray-token" 5',
+    "metadata_get, named by a variable": 'metadata_get "instance/attributes/$RAY_TOKEN_ATTRIBUTE" 5',
+    "metadata": 'ray_token=$(metadata "instance/attributes/ray-token")',
+    "attribute": "attribute RAY_TOKEN ray-token optional",
+    "curl of its own": 'curl -sS -H "Metadata-Flavor: Google" "$METADATA_URL/instance/attributes/ray-token"',
+    "the server by name": (
+        'curl -sS -H "Metadata-Flavor: Google" '
+        "http://metadata.google.internal/computeMetadata/v1/project/attributes/token"
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", TOKEN_READ_MUTATIONS)
+def test_the_token_read_check_catches_every_way_of_reading_metadata(tmp_path, monkeypatch, mutation):
+    """A copy of the templates with one more read, beside the one that reads the secret's name:
+    the check of `test_script_never_reads_a_token_from_metadata` must fail on its render."""
+    copy = tmp_path / "templates"
+    shutil.copytree(TEMPLATE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    template = copy / "startup.sh.j2"
+    anchor = '  attribute TOKEN_SECRET "$ATTR_TOKEN_SECRET" optional\n'
+    source = template.read_text()
+    assert source.count(anchor) == 1
+    template.write_text(source.replace(anchor, anchor + f"  {TOKEN_READ_MUTATIONS[mutation]}\n"))
+    monkeypatch.setattr(templating, "TEMPLATE_DIR", copy)
+    templating.environment.cache_clear()
+    try:
+        mutated = ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]))
+    finally:
+        templating.environment.cache_clear()
+    assert TOKEN_READ_MUTATIONS[mutation] in mutated
+    assert _token_read_problems(mutated) != []
+
+
 def test_only_the_head_vm_carries_the_head_vm_role():
     s = _spec({"acceleratorType": "v6e-16", "slices": 2})
     assert ss.host_attributes(s, ss.HEAD_VM_SLICE_INDEX)[ss.ATTR_ROLE] == ss.HEAD_VM_ROLE
     assert ss.ATTR_ROLE not in ss.host_attributes(s, 0, head_address="10.0.0.2")
-    assert _assignments(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE
+    assert rendered_values(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE
 
 
 def test_the_identity_boot_hands_to_the_ray_service_is_every_global_read_identity_sets():
@@ -263,3 +323,31 @@ def test_the_identity_boot_hands_to_the_ray_service_is_every_global_read_identit
     assigned |= set(re.findall(r"\bfor (\w+) in\b", code))
     assert "WORKER_LIST" in assigned and "ROLE" in assigned  # the patterns find what they should
     assert assigned - local - {"IFS"} == set(listed.group(1).split())
+
+
+def test_the_heads_package_cache_installs_its_own_hashed_lock_alone():
+    """The head's package cache (proxpi, gunicorn and theirs) holds the index's credentials and
+    serves every host: it installs its shipped lock, every file checked against its hashes,
+    nothing resolved or built, and no requirement name reaches uv."""
+    shipped = variables.CACHE_LOCK.read()
+    assert dict(shipped.header) == variables.CACHE_LOCK.header(), (
+        "regenerate: scripts/lock_presets.py package-cache"
+    )
+    assert locks.foreign_line(shipped.text) is None
+    assert set(variables.CACHE_REQUIREMENTS) <= set(shipped.pins())
+    assert all("--hash=sha256:" in block for block in shipped.body.split("==")[1:])
+    script = ss.render(_spec(VARIANTS["2 x v6e-16 head=vm"]))
+    values = rendered_values(script)
+    assert base64.b64decode(values["CACHE_LOCK"]).decode() == shipped.text
+    assert values["CACHE_LOCK_DIGEST"] == shipped.digest
+    install = script[
+        script.index("\ninstall_cache() {") : script.index("\n}\n", script.index("\ninstall_cache() {"))
+    ]
+    [call] = re.findall(r'uv_install --quiet --python "\$CACHE_VENV/bin/python" ([^>]*)>>', install)
+    assert call.split() == [
+        *['"${SOURCE_ARGS[@]}"', "--require-hashes", "--no-deps", "--no-build", "\\"],
+        *["-r", '"$lock"'],
+    ]
+    # Without the cache (a wheelhouse), nothing of it is carried.
+    wheels = ss.RenderOptions(supervisor="process", package_source="wheels:/w", root="/r")
+    assert rendered_values(ss.render(_spec(VARIANTS["2 x v6e-16 head=vm"]), wheels))["CACHE_LOCK"] == ""

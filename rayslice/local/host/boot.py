@@ -1,14 +1,13 @@
 """PID 1 of a simulated host: what a VM's init and guest agent do at boot, and nothing more.
 
-The simulator starts it as ``ip netns exec NS unshare --pid --fork --kill-child --mount-proc
---uts python -m rayslice.local.host.boot ...``, so it runs in the host's network namespace, as PID 1
-of a fresh PID namespace with its own UTS and mount namespaces. It sets the hostname, binds the
-host's own directory over the shared root path (so every host runs the same script text with
-the same root), gives the host a private /tmp (``<root>/tmp``), /dev and /dev/shm as separate
-VMs have, confines it (`confinement`: the machine's secrets covered, the rest read-only, a
-reduced capability set), runs the startup script once as root with a clean environment —
-output to the console log, exit status to a file, as GCE's startup-script runner does — then
-reaps orphans until it is killed.
+The simulator starts it as ``ip netns exec NS`` + `command`, so it runs in the host's network
+namespace, as PID 1 of a fresh PID namespace with its own UTS, mount and IPC namespaces
+(`UNSHARE`). It sets the hostname, gives the host a fresh /run with the host's own directory
+bound over the shared root path (so every host runs the same script text with the same root), a
+private /tmp (``<root>/tmp``), /dev and /dev/shm as separate VMs have, confines it
+(`confinement`: the machine's secrets covered, the rest read-only, a reduced capability set),
+runs the startup script once as root with a clean environment — output to the console log, exit
+status to a file, as GCE's startup-script runner does — then reaps orphans until it is killed.
 Killing it (or the ``unshare`` above it) ends every process of the host: a power-off.
 """
 
@@ -21,12 +20,46 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rayslice.local.host import confinement, tpu_runtime
 from rayslice.local.host.paths import HostPaths
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The namespaces of a host beside its network one: PID (`main` is PID 1, and the host ends with
+# it), a /proc of its own, UTS (its hostname), mount, and IPC (SysV shared memory, semaphores and
+# message queues, POSIX message queues: none of the machine's).
+UNSHARE = ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--ipc")
+
+
+def command(
+    *,
+    hostname: str,
+    host_dir: Path,
+    root: str,
+    shares: Sequence[str],
+    shared_writable: str,
+    env: Mapping[str, str],
+) -> list[str]:
+    """The command that powers a host on; the simulator runs it inside ``ip netns exec NS``.
+    The arguments are `main`'s."""
+    return [
+        *UNSHARE,
+        "--",
+        sys.executable,
+        "-m",
+        "rayslice.local.host.boot",
+        "--hostname",
+        hostname,
+        "--host-dir",
+        str(host_dir),
+        "--root",
+        root,
+        *(f"--share={path}" for path in shares),
+        f"--shared-writable={shared_writable}",
+        *(f"--env={key}={value}" for key, value in env.items()),
+    ]
 
 
 def host_environment(home: str) -> dict[str, str]:
@@ -94,21 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("tmp", "root"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
     socket.sethostname(args.hostname)
+    # The host's own, writable: its root at the rendered path, the shared folder at its own path.
+    own = {args.root: paths.root}
+    if args.shared_writable:
+        own[args.shared_writable] = args.shared_writable
+    needed = [*args.share, *interpreter_paths()]
+    confinement.fresh_run(own=own, needed=needed)
     private_tmp = paths.root / "tmp"
-    subprocess.run(["mount", "--bind", str(paths.root), str(args.root)], check=True)
     for shared in _under_tmp(args.share):  # carried into the private /tmp at the same path, read-only
         target = private_tmp / shared.relative_to("/tmp")
         target.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "--bind", "-o", "ro", str(shared), str(target)], check=True)
     subprocess.run(["mount", "--rbind", str(private_tmp), "/tmp"], check=True)
-    writable_shares = [args.shared_writable] if args.shared_writable else []
-    for path in writable_shares:  # a mount of its own, so the machine's read-only remounts pass it by
-        subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
-    confinement.confine(
-        state_dir=paths.dir.parents[1],
-        writable=[args.root, Path("/tmp"), Path("/dev"), *writable_shares],
-        needed=[*args.share, *interpreter_paths()],
-    )
+    confinement.confine(state_dir=paths.dir.parents[1], writable=[*own, Path("/tmp")], needed=needed)
     runtime_env = tpu_runtime.install(tree)  # TPU hosts only
     script_file = Path("/tmp/rayslice-startup-script")  # where GCE's runner puts it, too
     script_file.write_text(script)

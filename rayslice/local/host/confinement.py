@@ -12,9 +12,15 @@ script runs (`confine`):
   ``/etc/shadow`` and ``/etc/gshadow`` read as empty. What the host legitimately runs on and
   happens to lie below a cover (the interpreter under ``/root/.pyenv``, a venv or checkout in a
   home) is bound back, read-only, at its own path;
+* ``/run`` (and ``/var/run`` where it is a directory of its own) is a fresh tmpfs: the machine's
+  daemons keep their Unix sockets there (D-Bus's system bus, systemd's private socket, Docker's),
+  each a way to run commands as the machine's root, and ``connect()`` is no write, so a read-only
+  mount would not stop it. Only the host's own directories are bound into it (`fresh_run`'s
+  `own`: its root at the rendered ``root``, the simulation's shared folder), and what it runs
+  on, read-only;
 * every other mount of the machine is made read-only in this namespace (``remount,bind,ro``:
   per mount, never the filesystem itself), except what is the host's own: its root (the
-  rendered ``root``), its private ``/tmp`` and ``/dev/shm``;
+  rendered ``root``), its private ``/tmp``, ``/run`` and ``/dev/shm``;
 * ``/dev`` is a fresh tmpfs with the harmless character devices only (no disks), a private
   devpts and ``/dev/shm``; ``/proc/sys``, ``/proc/sysrq-trigger`` and friends are read-only;
 * every process the host starts runs with a capability bounding set of `KEPT_CAPABILITIES`
@@ -24,9 +30,11 @@ script runs (`confine`):
   open files by handle around the mounts, without CAP_MKNOD it cannot make a disk node, without
   CAP_SYS_PTRACE it cannot reach into PID 1, which keeps every capability.
 
-The kernel, the CPU and memory stay shared, and so does whatever the machine's root can read
-outside the covers (``/etc``, ``/usr``, ``/opt``, other directories at the top): read-only, but
-readable. docs/simulator.md ("Security model") says so.
+The host's own IPC namespace (SysV shared memory, semaphores, message queues, POSIX message
+queues) comes from the ``unshare`` that starts `boot` (`boot.UNSHARE`), and abstract Unix sockets
+belong to its network namespace. The kernel, the CPU and memory stay shared, and so does
+whatever the machine's root can read outside the covers (``/etc``, ``/usr``, ``/opt``, other
+directories at the top): read-only, but readable. docs/simulator.md ("Security model") says so.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import os
 import re
 import stat
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 # Docker's default set, less CAP_NET_RAW (forged packets on the bridge) and CAP_MKNOD (disk nodes).
@@ -55,6 +63,10 @@ KEPT_CAPABILITIES = (
 )
 COVERED_DIRS = (Path("/root"), Path("/home"), Path("/etc/ssh"))
 COVERED_FILES = (Path("/etc/shadow"), Path("/etc/gshadow"))
+# The machine's runtime directories, replaced (not covered read-only): see the module's docstring.
+RUN_DIRS = (Path("/run"), Path("/var/run"))
+# A VM's /run is a small tmpfs too; this one holds only what the host writes there itself.
+RUN_TMPFS = "mode=0755,size=16m,nosuid,nodev"
 FIRST_LOGIN_UID = 1000
 # Kernel knobs that root may write by file mode alone (core_pattern runs a program as the
 # machine's root; sysrq-trigger reboots it): read-only, as container runtimes mount them.
@@ -99,6 +111,11 @@ def exposures(needed: Iterable[Path], hidden: Sequence[Path]) -> list[Path]:
     return outermost(p for p in candidates if any(p != h and p.is_relative_to(h) for h in hidden))
 
 
+def run_dirs() -> list[Path]:
+    """`RUN_DIRS` that are directories of their own (on Debian and Ubuntu /var/run links to /run)."""
+    return [d for d in RUN_DIRS if d.is_dir() and not d.is_symlink()]
+
+
 def mount_points(mountinfo: str) -> list[str]:
     """Every mount point in a /proc/self/mountinfo text, in order, without repeats (escapes decoded)."""
     points: list[str] = []
@@ -123,9 +140,36 @@ def read_only_points(points: Sequence[str], writable: Sequence[Path], hidden: Se
     ]
 
 
+def fresh_run(*, own: Mapping[Path, Path], needed: Sequence[Path]) -> None:
+    """An empty tmpfs on /run (and on /var/run where it is a directory of its own), with `own`
+    bound in, writable, and `needed` bound back read-only where it lies below. Runs as root in the
+    host's own mount namespace (`boot`), before anything else hides `own`'s sources (the private
+    /tmp, the covers), and before `confine`.
+
+    `own` maps a path to the host's directory bound there: its root at the rendered ``root``, the
+    simulation's shared folder at its own path. `needed` are as in `confine`.
+    """
+    runs = run_dirs()
+    # Opened before the tmpfs hides them; the kernel resolves /proc/self/fd/N to the original.
+    sources = {target: os.open(source, os.O_PATH) for target, source in own.items()}
+    handles = {path: os.open(path, os.O_PATH) for path in exposures(needed, runs) if path.exists()}
+    try:
+        for run in runs:
+            _mount("-t", "tmpfs", "-o", RUN_TMPFS, "tmpfs", str(run))
+        for target, fd in sorted(sources.items(), key=lambda item: len(item[0].parts)):
+            target.mkdir(parents=True, exist_ok=True)
+            _mount("--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", str(target), pass_fds=(fd,))
+        for path, fd in handles.items():
+            _bind_back(fd, path)
+    finally:
+        for fd in [*sources.values(), *handles.values()]:
+            os.close(fd)
+
+
 def confine(*, state_dir: Path, writable: Sequence[Path], needed: Sequence[Path]) -> None:
     """Set up this mount namespace as the module says. Runs as root in the host's own mount
-    namespace (`boot`), after the host's root and /tmp are in place; `writable` are those.
+    namespace (`boot`), after `fresh_run` and after the host's /tmp is in place; `writable` are
+    the host's own mounts (`fresh_run`'s `own`, /tmp).
 
     `needed` are the machine's directories the host runs on (interpreter, venv, sources,
     packages): bound back read-only where a cover hides them.
@@ -153,7 +197,10 @@ def confine(*, state_dir: Path, writable: Sequence[Path], needed: Sequence[Path]
         path = Path("/proc") / knob
         if path.exists():
             _mount("--bind", "-o", "ro", str(path), str(path))
-    for point in read_only_points(mount_points(Path("/proc/self/mountinfo").read_text()), writable, hidden):
+    # The host's /run is its own; the machine's mounts below it are hidden, like those below a cover.
+    runs = run_dirs()
+    points = mount_points(Path("/proc/self/mountinfo").read_text())
+    for point in read_only_points(points, [*writable, Path("/dev"), *runs], [*hidden, *runs]):
         _mount("-o", "remount,bind,ro", point)
 
 

@@ -26,13 +26,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rayslice.cloud.twin import CloudRuleError, CloudTwin, TwinHost
 from rayslice.clusters import CloudAccess
 from rayslice.errors import RaysliceError, SimulatorError
+from rayslice.infra.identity import CONTROLLER, account_id
 from rayslice.infra.labels import LABEL_ROLE
+from rayslice.infra.mocks import Registration
 from rayslice.infra.preview import deploy, pulumi_config
 from rayslice.local.google.cloud_api.emulator import (
     ADMIN_HEADER,
@@ -41,6 +44,7 @@ from rayslice.local.google.cloud_api.emulator import (
     NOTICE_PARAMETER,
     CloudApiEmulator,
 )
+from rayslice.local.google.cloud_api.iam import Grant
 from rayslice.local.google.host_metadata import LOCAL_PROJECT, access_token_of
 from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.host.private_files import write_private
@@ -90,12 +94,59 @@ def slice_hosts(plan: Plan, index: int) -> list[str]:
     return [h.name for h in sorted(hosts, key=lambda h: h.worker)]
 
 
-def deploy_spec(emulator: CloudApiEmulator, spec: ClusterSpec) -> list[HostRecord]:
+@dataclass(frozen=True)
+class Deployment:
+    """What the Pulumi program deployed to the emulation's twin: the hosts to simulate
+    (`deployed_hosts`) and the role bindings it gave the recovery controller (`controller_grants`)."""
+
+    hosts: list[HostRecord]
+    controller_grants: list[Grant]
+
+
+def deploy_spec(emulator: CloudApiEmulator, spec: ClusterSpec) -> Deployment:
     """Run the Pulumi program for `spec` against the emulation's twin, as `pulumi up` runs it
-    against Google's project (with the project the emulation serves), and return the hosts to
-    simulate (`deployed_hosts`). `CloudRuleError` names every rule the twin refused it with."""
-    deploy(pulumi_config(cloud_config(spec)), emulator.twin)
-    return deployed_hosts(emulator.twin)
+    against Google's project (with the project the emulation serves). `CloudRuleError` names
+    every rule the twin refused it with."""
+    registrations = deploy(pulumi_config(cloud_config(spec)), emulator.twin)
+    return Deployment(deployed_hosts(emulator.twin), controller_grants(registrations, spec))
+
+
+# What `rayslice.infra.identity` grants the controller's account with: project bindings of its
+# custom roles (some with an IAM Condition), and a predefined role on the hosts' account.
+ACCOUNT = "gcp:serviceaccount/account:Account"
+CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+MEMBERS = ("gcp:projects/iAMMember:IAMMember", "gcp:serviceaccount/iAMMember:IAMMember")
+# The permissions of a predefined role the program grants it that the emulation checks.
+PREDEFINED_ROLES = {permissions.ACT_AS_ROLE: (permissions.ACT_AS_PERMISSION,)}
+
+
+def controller_grants(registrations: Sequence[Registration], spec: ClusterSpec) -> list[Grant]:
+    """The role bindings the program gave the recovery controller's account, each with its
+    role's permissions and its condition: the emulated IAM binds them to the controller VM's
+    token, so the controller holds in the simulator what the program grants it on the cloud."""
+    by_urn = {r.urn: r for r in registrations}
+    wanted = account_id(spec.name, CONTROLLER)
+    account = next(
+        (r.urn for r in registrations if r.type == ACCOUNT and r.inputs["accountId"] == wanted), None
+    )
+    grants = []
+    for member in registrations:
+        if member.type not in MEMBERS or account not in member.property_dependencies.get("member", ()):
+            continue
+        custom = [
+            by_urn[u] for u in member.property_dependencies.get("role", ()) if by_urn[u].type == CUSTOM_ROLE
+        ]
+        role = member.inputs["role"]
+        if custom:
+            held = tuple(custom[0].inputs["permissions"])
+        elif role in PREDEFINED_ROLES:
+            held = PREDEFINED_ROLES[role]
+        else:
+            raise SimulatorError(
+                f"the program grants the recovery controller {role}, unknown to the emulated IAM"
+            )
+        grants.append(Grant(frozenset(held), (member.inputs.get("condition") or {}).get("expression")))
+    return grants
 
 
 def refusal(error: RaysliceError) -> str:
@@ -252,8 +303,9 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     Hosts reach it at ``http://<gateway>:<port>`` (the bridge is the root namespace's end of
     every host's link), but only the controller VM's host is admitted (`Plan.controller`), and its
     metadata server's token is accepted as one the emulation issued, as Google accepts the
-    service-account token of a VM whose account holds the roles, and bound to the controller's
-    roles (`iam`): a call they do not allow is refused, as on the cloud. Every host's token is a
+    service-account token of a VM whose account holds the roles, and bound to the role bindings
+    the program gave the controller's account, conditions included (`controller_grants`, `iam`):
+    a call they do not allow is refused, as on the cloud. Every host's token is a
     random secret of the run (`host_metadata.instance_tree`); the others are refused.
     """
     opened = Simulation.open(state_dir)
@@ -263,7 +315,8 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     if limited.exists():  # `local up --zone-capacity`: the zone's free hosts before the program runs
         emulator.twin.set_capacity(str(spec.zone), capacity_kind(spec), int(json.loads(limited.read_text())))
     try:
-        write_deployed(state_dir, deploy_spec(emulator, spec))
+        deployment = deploy_spec(emulator, spec)
+        write_deployed(state_dir, deployment.hosts)
     except RaysliceError as exc:  # the twin's refusal, or input the program itself refuses
         write_deployed(state_dir, refused=refusal(exc))
         raise SystemExit(exc.exit_code) from None
@@ -275,7 +328,8 @@ def serve(state_dir: Path, port: int = DEFAULT_PORT) -> None:
     if controller is not None:
         token = access_token_of(load_tree(opened.paths(controller.name).metadata_tree.read_text()))
         emulator.tokens.add(token)
-        emulator.bind(token, permissions.held(spec.platform, spec.elastic))
+        for grant in deployment.controller_grants:
+            emulator.bind(token, grant.permissions, grant.condition)
     emulator.admin_token = secrets.token_urlsafe(24)
     emulator.admin_preempt = lambda name, notice_s: preempt(emulator, sim, spec, name, notice_s)
     emulator.admin_capacity = lambda hosts, zone, kind: set_capacity(emulator, spec, hosts, zone, kind)

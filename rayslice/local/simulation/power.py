@@ -1,7 +1,7 @@
 """Powering simulated hosts on and off, and reaching into a running one.
 
-A host is powered on by starting its PID 1 (`rayslice.local.host.boot`) in fresh PID, UTS and
-mount namespaces inside its network namespace; powering off kills that PID namespace at once.
+A host is powered on by starting its PID 1 (`rayslice.local.host.boot`) in fresh PID, UTS,
+mount and IPC namespaces inside its network namespace; powering off kills that PID namespace at once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from rayslice.errors import SimulatorError
-from rayslice.local.host.boot import host_environment
+from rayslice.local.host.boot import command, host_environment
 from rayslice.local.host.processes import children, is_alive
 from rayslice.local.simulation.recorded import RecordedSimulation, boot_process
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
@@ -29,7 +29,7 @@ class HostPower(RecordedSimulation):
     """Boots, powers off and reboots hosts; runs commands inside a running one."""
 
     def boot(self, name: str, env: Mapping[str, str] | None = None) -> None:
-        """Power the host on: fresh PID/UTS/mount namespaces run the startup script (GCE: at every boot).
+        """Power the host on: fresh PID/UTS/mount/IPC namespaces run the startup script (GCE: at every boot).
 
         A preemption notice the host got before it stopped is cleared (``instance/preempted``
         FALSE again). `env` adds variables to the script's otherwise clean environment (tests shorten the
@@ -54,25 +54,14 @@ class HostPower(RecordedSimulation):
                 "netns",
                 "exec",
                 host.netns,
-                "unshare",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--mount-proc",
-                "--uts",
-                "--",
-                sys.executable,
-                "-m",
-                "rayslice.local.host.boot",
-                "--hostname",
-                host.name,
-                "--host-dir",
-                str(paths.dir),
-                "--root",
-                self.plan.root,
-                *(f"--share={path}" for path in self.state.shared_paths),
-                f"--shared-writable={self.plan.shared_dir}",
-                *(f"--env={key}={value}" for key, value in (env or {}).items()),
+                *command(
+                    hostname=host.name,
+                    host_dir=paths.dir,
+                    root=self.plan.root,
+                    shares=self.state.shared_paths,
+                    shared_writable=self.plan.shared_dir,
+                    env=env or {},
+                ),
             ],
         )
 
@@ -134,6 +123,7 @@ class HostPower(RecordedSimulation):
                 "--uts",
                 "--net",
                 "--pid",
+                "--ipc",
                 "--",
                 "env",
                 "-i",

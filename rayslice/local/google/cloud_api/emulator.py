@@ -201,7 +201,7 @@ class CloudApiEmulator(
                     )
                 body = json.loads(raw) if raw else None
                 call.request = body
-                self.authorize(authorization[7:], route.method_id, body)
+                self.authorize(authorization[7:], route.method_id, body, params)
                 status, answer = 200, getattr(self, route.handler)(params, query, body)
             except ApiError as exc:
                 status, answer = exc.code, exc.body()

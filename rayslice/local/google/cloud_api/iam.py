@@ -12,11 +12,28 @@ controller needs from the calls it makes here and compares the two. `referenced_
 adds what a created resource implies on the resources its body names: Compute Engine checks
 that the caller may use the instance template and resource policy a new MIG names, and both
 APIs check that it may act as the service account a new VM runs as.
+
+A binding may carry an IAM Condition, which the emulation evaluates as Google documents it for
+allow policies ("Overview of IAM Conditions", https://cloud.google.com/iam/docs/conditions-overview):
+"If a role binding has a condition, then the principals in the role are only granted the role if
+the condition expression evaluates to true", and "Conditional role bindings do not override role
+bindings with no conditions": a permission is allowed when any binding that holds it admits the
+call. The emulation evaluates the one attribute rayslice's conditions use, ``resource.name``, in
+the forms `rayslice.recovery.permissions` writes (`CONDITION_TERM`: ``==`` and ``startsWith``,
+joined by ``||``); it refuses to bind any other expression rather than guess at it. The name a
+resource has is the one "Resource attributes for IAM Conditions"
+(https://cloud.google.com/iam/docs/conditions-resource-attributes) gives it (`resource_name`):
+instances and instance templates have one; a MIG, an operation or any Cloud TPU resource has
+none, and "Configure resource-based access"
+(https://cloud.google.com/iam/docs/configuring-resource-based-access) says such a term "is never
+interpreted as granting access", so it is false here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rayslice.local.google.cloud_api.routes import ApiError
@@ -62,6 +79,19 @@ METHOD_PERMISSIONS = {
 USE_TEMPLATE = "compute.instanceTemplates.useReadOnly"
 USE_RESOURCE_POLICY = "compute.resourcePolicies.use"
 ACT_AS = "iam.serviceAccounts.actAs"
+# The permissions whose resource IAM Conditions can name, and that name (conditions-resource-
+# attributes: ``projects/PROJECT_ID/zones/ZONE/instances/INSTANCE_NAME``). A template's name
+# comes from the MIG's body (`resource_name`).
+INSTANCE_PERMISSIONS = {
+    "compute.instances.getGuestAttributes": "projects/{project}/zones/{zone}/instances/{name}"
+}
+# One term of a condition the emulation evaluates: resource.name == "..." or .startsWith("...").
+CONDITION_TERM = re.compile(
+    r'resource\.name(?: == "(?P<equals>[^"\\]*)"|\.startsWith\("(?P<prefix>[^"\\]*)"\))'
+)
+# Where a template's resource name starts in the URL a MIG's body names it by (a full URL or a
+# partial one: ``projects/P/global/instanceTemplates/N``, or ``.../regions/R/...``).
+_TEMPLATE = re.compile(r"(?:^|/)(projects/[^/]+/(?:global|regions/[^/]+)/instanceTemplates/[^/?#]+)$")
 
 
 def referenced_permissions(method_id: str, body: Any) -> tuple[str, ...]:
@@ -93,20 +123,80 @@ def required_permissions(method_id: str | None, body: Any) -> tuple[str, ...]:
     return (METHOD_PERMISSIONS[method_id], *referenced_permissions(method_id, body))
 
 
+def resource_name(permission: str, params: Mapping[str, str], body: Any) -> str | None:
+    """The name IAM Conditions see for the resource `permission` is checked on in a call with path
+    `params` and `body`; None where that resource has none (the module's docstring)."""
+    if permission in INSTANCE_PERMISSIONS:
+        return INSTANCE_PERMISSIONS[permission].format(**params)
+    if permission == USE_TEMPLATE and isinstance(body, dict):
+        urls = [
+            body.get("instanceTemplate"),
+            *(v.get("instanceTemplate") for v in body.get("versions") or []),
+        ]
+        # The provider's reference carries a query (``...?uniqueId=N``, as the twin records it).
+        paths = [u.split("?")[0].split("#")[0] for u in urls if isinstance(u, str)]
+        names = [m.group(1) for u in paths if (m := _TEMPLATE.search(u))]
+        return names[0] if names else None
+    return None
+
+
+def condition_terms(expression: str) -> list[tuple[str, str]]:
+    """The ("equals" | "prefix", value) terms of a condition the emulation evaluates; ValueError
+    for any other expression (the module's docstring)."""
+    terms = []
+    for part in expression.split(" || "):
+        found = CONDITION_TERM.fullmatch(part.strip())
+        if found is None:
+            raise ValueError(
+                f'the emulated IAM evaluates only resource.name == "..." and resource.name.startsWith'
+                f'("...") terms joined by ||, not {part.strip()!r}'
+            )
+        kind = "equals" if found.group("equals") is not None else "prefix"
+        terms.append((kind, found.group(kind)))
+    return terms
+
+
+def admits(expression: str, name: str | None) -> bool:
+    """Whether the condition `expression` is true for a resource named `name` (None: no name)."""
+    if name is None:
+        return False  # "never interpreted as granting access"
+    return any(
+        name == v if kind == "equals" else name.startswith(v) for kind, v in condition_terms(expression)
+    )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One role binding of a principal: its role's permissions, on the resources its condition
+    admits (on every resource without one)."""
+
+    permissions: frozenset[str]
+    condition: str | None = None
+
+    def allows(self, permission: str, name: str | None) -> bool:
+        return permission in self.permissions and (self.condition is None or admits(self.condition, name))
+
+
 class EmulatedIam:
     """Which tokens are bound to which permissions, and the check each API call passes."""
 
     def __init__(self) -> None:
-        self.bindings: dict[str, frozenset[str]] = {}
+        self.bindings: dict[str, list[Grant]] = {}
 
-    def bind(self, token: str, permissions: Iterable[str]) -> None:
-        """From now on `token` may call only what `permissions` allow."""
-        self.bindings[token] = frozenset(permissions)
+    def bind(self, token: str, permissions: Iterable[str], condition: str | None = None) -> None:
+        """From now on `token` may call only what its bindings allow; this adds one, with
+        `permissions`, on the resources `condition` admits (every one without)."""
+        if condition is not None:
+            condition_terms(condition)  # refused now, not at the first call it would decide
+        self.bindings.setdefault(token, []).append(Grant(frozenset(permissions), condition))
 
-    def authorize(self, token: str, method_id: str | None, body: Any) -> None:
-        """Raise 403 PERMISSION_DENIED, as Google does, unless `token` may make this call."""
-        granted = self.bindings.get(token)
-        if granted is None:
+    def authorize(
+        self, token: str, method_id: str | None, body: Any, params: Mapping[str, str] | None = None
+    ) -> None:
+        """Raise 403 PERMISSION_DENIED, as Google does, unless `token` may make this call on the
+        resource of path `params`."""
+        grants = self.bindings.get(token)
+        if grants is None:
             return  # the owner
         try:
             needed = required_permissions(method_id, body)
@@ -114,10 +204,13 @@ class EmulatedIam:
             raise ApiError(
                 403, "PERMISSION_DENIED", f"{method_id}: no permission of the caller's role allows it"
             ) from None
-        missing = [p for p in needed if p not in granted]
-        if missing:
-            raise ApiError(
-                403,
-                "PERMISSION_DENIED",
-                f"Permission '{missing[0]}' denied ({method_id}): the caller's role lacks it",
-            )
+        for permission in needed:
+            name = resource_name(permission, params or {}, body)
+            if not any(grant.allows(permission, name) for grant in grants):
+                on = f" on '{name}'" if name is not None else ""
+                raise ApiError(
+                    403,
+                    "PERMISSION_DENIED",
+                    f"Permission '{permission}' denied{on} ({method_id}): no role binding of the "
+                    "caller holds it for this resource",
+                )
