@@ -1,8 +1,8 @@
 """The record that outlives a cluster: its events, boot logs, jobs and their logs, in a bucket.
 
 A cluster's record lives under one prefix, ``clusters/<cluster name>/<run id>/`` of the record
-root (a GCS bucket on the cloud; on the simulator a folder, `SIMULATOR_RECORD_DIR` in its state
-dir, which `rayslice local down` keeps):
+root (a GCS bucket on the cloud; on the simulator a folder beside its state dir, which `rayslice
+local down` keeps: `rayslice.local.simulation.recording`):
 
 - ``cluster.json``: the cluster's name, run id, accelerator type, when it started, and its stack
   config; ``ended.json``: when it was taken down;
@@ -58,8 +58,6 @@ MARK_NODE_DIED = "node_died"
 MARK_WHOLE_AGAIN = "whole_again"
 CLUSTER_ENDED = "ended.json"
 GOODPUT = "goodput.json"
-# The simulator's bucket: a folder of its state dir that `rayslice local down` keeps.
-SIMULATOR_RECORD_DIR = "record"
 # Where `rayslice run` writes a job's record when its cluster is not the simulator's: a cluster
 # record's location, a folder or gs://BUCKET/clusters/NAME/RUN.
 RECORD_ENV = "RAYSLICE_RECORD"

@@ -23,6 +23,7 @@ FILES: dict[str, str | Path] = {
     "tpu-v2alpha1": "tpu.v2alpha1.json",
     "compute": "compute.v1.json",
     "container": "container.v1.json",
+    "storage": "storage.v1.json",
     "monitoring": FIXTURES / "cloud-monitoring-v3" / "monitoring.v3.timeSeries.create.json",
 }
 

@@ -1,8 +1,11 @@
-"""The simulator's record bucket: a folder of the state dir that `rayslice local down` keeps.
+"""The simulator's record bucket: a folder beside the state dir that `rayslice local down` keeps.
 
 A real cluster writes its record to a GCS bucket that `pulumi destroy` keeps
-(`rayslice.infra.record_bucket`); the simulator plays that bucket with ``<state dir>/record``
-(`record.SIMULATOR_RECORD_DIR`), in the same layout (`rayslice.observability.record`):
+(`rayslice.infra.record_bucket`); the simulator plays that bucket with ``<state dir>.record``
+(`RECORD_SUFFIX`; ``.state/local.record`` by default), private to its owner like the state dir,
+in the same layout (`rayslice.observability.record`). It sits beside the state dir, not in it,
+because `local down` removes the state dir whole; every simulation run in that state dir adds
+its own cluster record (``clusters/<name>/<run id>/``):
 
 - `local up` writes the cluster's ``cluster.json`` (`start`);
 - `rayslice run` writes each job's submission, timed log and end as the job runs (it finds the
@@ -22,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rayslice.local.host.private_files import ensure_private_dir
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
 from rayslice.observability import history, record
@@ -39,8 +44,12 @@ RAY_SESSIONS = Path("tmp/ray")
 JOBS_API_TIMEOUT_S = 5.0
 
 
+RECORD_SUFFIX = ".record"
+
+
 def record_root(state_dir: Path) -> Path:
-    return state_dir / record.SIMULATOR_RECORD_DIR
+    state_dir = Path(os.path.abspath(state_dir))
+    return state_dir.with_name(state_dir.name + RECORD_SUFFIX)
 
 
 def location(sim: Simulation) -> str:
@@ -49,7 +58,7 @@ def location(sim: Simulation) -> str:
 
 
 def cluster_record(sim: Simulation) -> record.ClusterRecord:
-    bucket = record.FolderBucket(record_root(sim.state_dir))
+    bucket = record.FolderBucket(ensure_private_dir(record_root(sim.state_dir)))
     return record.ClusterRecord(
         bucket, record.cluster_prefix(sim.spec().name, sim.plan.run_id), _secrets(sim)
     )
