@@ -218,7 +218,7 @@ def compute(attempts: Sequence[Attempt], events: Iterable[ControllerEvent] = ())
     seen = tuple(e for e in events if start <= e.time <= end)
     report = Report(wall_s=end - start, start=start, attempts=len(attempts), controller_events=seen)
     resumes = _resume_points(attempts)
-    lost: set[int] = set()
+    lost: list[int] = []  # every step trained that a later attempt trains again, once per time
     covered = 0.0
     for index, attempt in enumerate(attempts):
         marks = _marks(attempt)
@@ -241,7 +241,7 @@ def _attempt(
     attempt: Attempt,
     marks: Sequence[_Mark],
     resumes: Sequence[tuple[float, int]],
-    lost: set[int],
+    lost: list[int],
 ) -> float:
     """Adds one attempt's intervals, from its submission to its last mark; returns their length."""
     covered = 0.0
@@ -276,7 +276,7 @@ def _attempt(
         else:  # a step ended
             # Trained again later: a later resumption starts at or before this step.
             if any(t > mark.time and k <= mark.value for t, k in resumes):
-                lost.add(mark.value)
+                lost.append(mark.value)
                 wasted = True
             else:
                 wasted = False

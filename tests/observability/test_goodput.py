@@ -134,3 +134,20 @@ def test_the_report_names_every_bucket_and_the_unexplained_rest() -> None:
 def test_a_run_has_an_attempt() -> None:
     with pytest.raises(ValueError):
         goodput.compute([])
+
+
+def test_the_benchs_log_count_over_every_resumption_matches_the_report() -> None:
+    lines = [line.text for line in elastic_run().lines]
+    assert bench.lost_at_every_resumption(lines) == goodput.compute([elastic_run()]).steps_lost == 5
+    # A grow-back that resumes from a checkpoint before the last step loses steps too.
+    regrown = [
+        *lines,
+        goodput_line(60),
+        goodput_line(61),
+        "resumed from step 60",
+        "workers 1, devices 8, from step 60",
+    ]
+    report = goodput.compute(
+        [Attempt("j", 0.0, 200.0, "STOPPED", tuple(Line(150.0 + i, t) for i, t in enumerate(regrown)))]
+    )
+    assert bench.lost_at_every_resumption(regrown) == report.steps_lost == 5 + 2

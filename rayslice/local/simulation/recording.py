@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rayslice.local.host.private_files import ensure_private_dir
 from rayslice.local.simulation.simulator import Simulation
@@ -75,6 +76,21 @@ def _secrets(sim: Simulation) -> tuple[str, ...]:
     except (OSError, ValueError, AttributeError):
         pass
     return tuple(s for s in found if s)
+
+
+def controller_events(sim: Simulation) -> list[dict[str, Any]]:
+    """The recovery controller's events so far, from its VM's event log (a running simulation),
+    as the record holds them (`record.events`)."""
+    if sim.plan.controller is None:
+        return []
+    log = sim.paths(sim.plan.controller.name).root / CONTROLLER_EVENTS
+    entries = []
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
 
 
 def start(sim: Simulation) -> None:
