@@ -61,6 +61,19 @@ def _choose_cluster(bucket: record.Bucket, root: str, wanted: str | None) -> str
     return found[-1]
 
 
+def _find_job(
+    bucket: record.Bucket, root: str, cluster: str | None, job_id: str
+) -> tuple[str, history.TrainingRun]:
+    """The cluster record and the training run that hold job `job_id` (any of its attempts),
+    the newest first; only in `cluster`'s records when it is given."""
+    prefixes = [_choose_cluster(bucket, root, cluster)] if cluster else record.clusters(bucket, root)
+    for prefix in reversed(prefixes):
+        for run in history.training_runs(record.jobs(bucket, prefix)):
+            if job_id in (a.job_id for a in run.attempts):
+                return prefix, run
+    raise InvalidInput(f"no job {job_id} in the record: `rayslice history` lists the clusters and their jobs")
+
+
 def _name(prefix: str) -> str:
     """A cluster record's NAME/RUN_ID, from its prefix."""
     return prefix.rsplit(f"{record.CLUSTERS_PREFIX}/", 1)[-1]
@@ -104,21 +117,17 @@ def history_command(location: str | None, cluster: str | None, job_id: str | Non
             for job in row["jobs"]:
                 click.echo(_job_line(job))
         return EXIT_OK
-    prefix = _choose_cluster(bucket, root, cluster)
-    jobs = record.jobs(bucket, prefix)
     if job_id is not None:
-        runs = [r for r in history.training_runs(jobs) if job_id in (j.job_id for j in r.attempts)]
-        if not runs:
-            raise InvalidInput(
-                f"no job {job_id} in the record of {prefix}: `rayslice history {cluster or ''}` lists them"
-            )
-        for attempt in runs[0].attempts:
+        prefix, run = _find_job(bucket, root, cluster, job_id)
+        for attempt in run.attempts:
             click.echo(
                 f"==== {attempt.job_id} {attempt.info.get('status')} ({attempt.info.get('entrypoint')})"
             )
             for stamp, line in attempt.lines:
                 click.echo(f"{_when(stamp)}  {line}" if stamp is not None else line)
         return EXIT_OK
+    prefix = _choose_cluster(bucket, root, cluster)
+    jobs = record.jobs(bucket, prefix)
     info = record.cluster_info(bucket, prefix)
     events = record.events(bucket, prefix)
     runs = history.training_runs(jobs)
@@ -213,10 +222,12 @@ def goodput_command(
     if cloud_monitoring and not (project and zone):
         raise click.UsageError("--cloud-monitoring needs --project ID and --location ZONE")
     bucket, root = _open(location)
-    prefix = _choose_cluster(bucket, root, cluster)
-    runs = history.training_runs(record.jobs(bucket, prefix))
     if job_id is not None:
-        runs = [r for r in runs if job_id in (a.job_id for a in r.attempts)]
+        prefix, found = _find_job(bucket, root, cluster, job_id)
+        runs = [found]
+    else:
+        prefix = _choose_cluster(bucket, root, cluster)
+        runs = history.training_runs(record.jobs(bucket, prefix))
     reports = [(r, _report(r, record.events(bucket, prefix))) for r in runs]
     timed = [(r, rep) for r, rep in reports if rep is not None]
     if not timed:

@@ -209,3 +209,16 @@ def test_cloud_monitoring_needs_a_project_and_a_location(tmp_path: Path) -> None
     make_record(tmp_path)
     result = invoke("goodput", "--record", str(tmp_path), "--cloud-monitoring")
     assert result.exit_code == 2 and "--project" in result.output
+
+
+def test_a_job_is_found_in_an_older_clusters_record(tmp_path: Path) -> None:
+    make_record(tmp_path)
+    newer = record.ClusterRecord(record.FolderBucket(tmp_path), "clusters/rayslice/ef56gh")
+    newer.write_json(record.CLUSTER_INFO, {"cluster": "rayslice", "run_id": "ef56gh", "started": 5000.0})
+    assert (
+        "==== raysubmit_1 FAILED"
+        in invoke("history", "--record", str(tmp_path), "--job", "raysubmit_1").output
+    )
+    report = json.loads(invoke("goodput", "--record", str(tmp_path), "--json", "raysubmit_2").output)
+    assert report["job_id"] == "raysubmit_1"  # a run is named by its first job
+    assert invoke("goodput", "--record", str(tmp_path)).exit_code != 0  # the newest cluster ran no job
