@@ -31,6 +31,7 @@ secret the writer knows by value (the cluster's Ray token).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -135,7 +136,7 @@ class FolderBucket:
 
     def write(self, key: str, data: bytes) -> None:
         path = self.root / check_key(key)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _private_dirs(path.parent)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
@@ -157,6 +158,17 @@ class FolderBucket:
             if path.is_file() and not path.name.startswith("."):
                 found.append(path.relative_to(self.root).as_posix())
         return sorted(found)
+
+
+def _private_dirs(path: Path) -> None:
+    """mkdir -p, every level it creates 0700 (a record holds logs: private like the state dir)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for level in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(level, 0o700)
 
 
 def open_location(location: str) -> tuple[Bucket, str]:

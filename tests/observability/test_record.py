@@ -63,6 +63,8 @@ def test_objects_are_written_once_and_private(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         bucket.write("clusters/c/r/cluster.json", b"{}")
     assert (tmp_path / "clusters/c/r/cluster.json").stat().st_mode & 0o777 == 0o600
+    for level in ("clusters", "clusters/c", "clusters/c/r"):  # every folder it made is private too
+        assert (tmp_path / level).stat().st_mode & 0o777 == 0o700
     assert bucket.list("clusters") == ["clusters/c/r/cluster.json"]
     assert not list(tmp_path.rglob(".*"))  # no temporary file left behind
 

@@ -13,8 +13,9 @@ import pytest
 from tests.imports import PACKAGE, imported_modules, module_name
 
 PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery")
-# Packages that are part of the core: their modules follow the core's rules.
-CORE_PACKAGES = ("spec", "cloud")
+# Packages that are part of the core: their modules follow the core's rules (observability: the
+# record and goodput, which the client `rayslice run` and the simulator both write).
+CORE_PACKAGES = ("spec", "cloud", "observability")
 # rayslice.cloud (Google's rules, run by `rayslice preview` and by the policy pack in policy/,
 # which imports it alone) may import only these of rayslice's modules.
 CLOUD_ALLOWED = (
