@@ -84,6 +84,10 @@ NOT_SEEN = {
 RECREATION = "RECREATION"  # the attempt's last step -> the controller's `recreate` event
 REJOIN = "REJOIN"  # -> `rayslice run` found the cluster whole again (the hosts booted and joined)
 RESUBMISSION = "RESUBMISSION"  # -> the next attempt was submitted
+# What Ray puts before a line a task or actor printed, as the job's log shows it: the process
+# "(RayTrainWorker pid=380, ip=10.0.0.3) ", in ANSI colour when the driver's stdout was a
+# terminal or Ray chose colour (seen in jax_trainer's log under `rayslice run`).
+RAY_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)?\([^()]*\)(?:\x1b\[[0-9;]*m)?\s*")
 # What the bundled training jobs print (jax_train.step_line, jax_train.train, jax_trainer.train_loop).
 STEP_LINE = re.compile(r"^step +(\d+) +loss ")
 RESUMED_LINE = re.compile(r"^resumed from step (\d+)")
@@ -187,7 +191,7 @@ class _Mark:
 def _marks(attempt: Attempt) -> list[_Mark]:
     marks: list[_Mark] = []
     for line in attempt.lines:
-        text = line.text.strip()
+        text = RAY_PREFIX.sub("", line.text.strip())
         if match := STEP_LINE.match(text):
             marks.append(_Mark(line.time, "step", int(match.group(1))))
         elif match := RESUMED_LINE.match(text):

@@ -151,3 +151,13 @@ def test_the_benchs_log_count_over_every_resumption_matches_the_report() -> None
         [Attempt("j", 0.0, 200.0, "STOPPED", tuple(Line(150.0 + i, t) for i, t in enumerate(regrown)))]
     )
     assert bench.lost_at_every_resumption(regrown) == report.steps_lost == 5 + 2
+
+
+def test_lines_ray_prefixed_with_their_process_count_the_same() -> None:
+    """Ray Train's workers print through Ray's log monitor: jax_trainer's lines reach the job's
+    log as ``(RayTrainWorker pid=380, ip=100.92.14.3) step   0  loss 1.07171``, coloured."""
+    prefix = "\x1b[36m(RayTrainWorker pid=380, ip=100.92.14.3)\x1b[0m "
+    plain = elastic_run()
+    lines = tuple(Line(line.time, prefix + line.text) for line in plain.lines)
+    prefixed = Attempt(plain.job_id, plain.submitted, plain.ended, plain.status, lines)
+    assert goodput.compute([prefixed]).as_json() == goodput.compute([plain]).as_json()
