@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recovery import PREEMPT_AFTER_STEP, RAYSLICE, RESUMED, bring_up, preempt_during_training, stop_job, wait
@@ -73,7 +73,7 @@ class Elastic:
     two_slices_s: float  # the first step trained on both slices again
     # The run's goodput from the cluster's record (`rayslice goodput`), and the steps its log
     # says were trained again at every resumption (the shrink's and the grow-back's).
-    goodput: goodput.Report | None = None
+    goodput: goodput.Report | None = field(default=None, repr=False)  # printed whole by `report`
     steps_lost_in_log: int = 0
 
 
