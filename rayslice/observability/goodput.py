@@ -266,7 +266,9 @@ def _attempt(
         elif mark.kind in ("resumed", "workers"):
             if phase == "stepping":  # a new Ray Train attempt inside the same job
                 size = _next_size(marks[index:], workers)
-                put(_resize_bucket(workers, size), previous, mark.time)
+                bucket = _resize_bucket(workers, size)
+                put(bucket, previous, mark.time)
+                report.disruptions += bucket != ELASTIC_SCALE_UP  # growing back disrupts nothing
                 phase = "resized" if size != workers else "restarted"
             elif phase in ("resized", "restarted"):
                 put(ELASTIC_REINITIALIZATION if phase == "resized" else PROGRAM_STARTUP, previous, mark.time)

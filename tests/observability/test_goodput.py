@@ -104,6 +104,7 @@ def test_an_elastic_run_counts_slice_down_scale_up_and_reinitialization() -> Non
     assert report.productive_s == pytest.approx(29 + 19 + 9)
     assert report.unexplained_s == pytest.approx(3.0)
     assert report.steps_lost == 5  # 30-34, trained again on one slice
+    assert (report.disruptions, report.attempts) == (1, 1)  # the shrink; the grow-back is none
     assert report.named_share >= goodput.NAMED_SHARE_WANTED
 
 
