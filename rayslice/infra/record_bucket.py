@@ -21,10 +21,10 @@ The bucket's fields, as pulumi-gcp 10.2's ``gcp.storage.Bucket`` names them (its
 - ``uniform_bucket_level_access`` (IAM only, no object ACLs), ``public_access_prevention``
   ``enforced`` and no ``force_destroy``: a record holds logs.
 
-Who may write and read is IAM on the bucket (``gcp.storage.BucketIAMMember``): `writers` get
-``roles/storage.objectCreator`` (create objects, never overwrite or delete them) and
-``roles/storage.objectViewer`` (`rayslice run` lists what it wrote); `readers` get
-``roles/storage.objectViewer``. Not verified against real GCP.
+Who may write and read is IAM on the bucket (``gcp.storage.BucketIAMMember``), least privilege:
+`writers` get ``roles/storage.objectCreator`` (create objects; `rayslice run` only writes, each
+object once, and never reads, overwrites or deletes one), `readers` get
+``roles/storage.objectViewer`` (list and read: `rayslice history`). Not verified against real GCP.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import pulumi_gcp as gcp
 
 from rayslice.errors import InvalidInput
 
-WRITER_ROLES = ("roles/storage.objectCreator", "roles/storage.objectViewer")
+WRITER_ROLES = ("roles/storage.objectCreator",)
 READER_ROLES = ("roles/storage.objectViewer",)
 DEFAULT_KEEP_DAYS = 90
 SECONDS_PER_DAY = 86_400

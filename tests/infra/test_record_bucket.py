@@ -30,8 +30,7 @@ def test_the_bucket_outlives_a_destroy_and_keeps_records_for_their_days() -> Non
     assert "retentionPolicy" not in bucket.inputs
     grants = {(r.inputs["member"], r.inputs["role"]) for r in run.of_type(IAM)}
     assert grants == {
-        (HOSTS, "roles/storage.objectCreator"),
-        (HOSTS, "roles/storage.objectViewer"),
+        (HOSTS, "roles/storage.objectCreator"),  # writes only, never reads or deletes
         ("user:ops@example.com", "roles/storage.objectViewer"),
     }
     assert not any(r.retain_on_delete for r in run.of_type(IAM))  # bindings go with the stack
