@@ -14,8 +14,10 @@ from tests.imports import PACKAGE, imported_modules, module_name
 
 PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery", "fit")
 # Packages that are part of the core: their modules follow the core's rules. (compilation_cache:
-# JAX's cache settings, which the boot script, infra and the simulator read, and `fill`.)
-CORE_PACKAGES = ("spec", "cloud", "compilation_cache")
+# JAX's cache settings, which the boot script, infra and the simulator read, and `fill`;
+# observability: the record and goodput, which the client `rayslice run` and the simulator both
+# write.)
+CORE_PACKAGES = ("spec", "cloud", "compilation_cache", "observability")
 # rayslice.cloud (Google's rules, run by `rayslice preview` and by the policy pack in policy/,
 # which imports it alone) may import only these of rayslice's modules.
 CLOUD_ALLOWED = (
