@@ -25,6 +25,8 @@ from rayslice import shipping
 # The controller's import closure inside rayslice (checked by tests/recovery/test_bundle.py).
 MODULES = (
     "rayslice/__init__.py",
+    "rayslice/cloud/__init__.py",
+    "rayslice/cloud/states.py",
     "rayslice/errors.py",
     "rayslice/names.py",
     "rayslice/platforms.py",

@@ -26,16 +26,15 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   creates the hosts with their recorded per-instance configs (names and preserved addresses) in
   one ``createInstances`` call, which raises the target size to the slice's host count. A
   flex-start slice's MIG (bulk mode, no per-instance configs) gets its hosts the way it first
-  did: the controller inserts it again with its target-size policy and makes a new resize request
-  like the one recorded (``resizeBy``, ``requestedRunDuration``), named
-  `names.request_name`. The request waits for capacity as the first did; the controller
-  leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
-  its hosts exist.
+  did: the controller inserts it again as recorded, in bulk mode with its target size, and the MIG
+  waits until the zone has every host (Compute Engine, "About bulk mode": no resize request; hosts
+  are added only while the target size is 0). A bulk MIG that waits (target size set, no instance
+  yet) is left alone, and watched again once its hosts exist.
 
 On an elastic cluster (`rayslice.recovery.scaling`) it then adds and removes whole slices: with
 ``createInstances`` and ``deleteInstances`` of the names infra gave the hosts, or, on flex-start,
-with a resize request `names.request_name` that it cancels if the demand goes before capacity
-comes, and deletes with the hosts the MIG named (docs/elastic.md).
+by resizing the slice's bulk MIG from 0 to its hosts (it waits for capacity) and back to 0, which
+deletes the hosts or withdraws the wait if the demand goes before capacity comes (docs/elastic.md).
 
 A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
 one the controller has just recreated, until it is whole again. After a failed recreation the
@@ -76,13 +75,12 @@ from rayslice.recovery.cloud import (
 )
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
-from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of, resize_request_of
+from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
-# compute v1 InstanceGroupManagerTargetSizePolicy of a flex-start slice's MIG.
+# compute v1 InstanceGroupManagerTargetSizePolicy.mode of a flex-start slice's MIG.
 BULK_MODE = "BULK"
-BULK_POLICY = {"mode": BULK_MODE}
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
 # that was once whole.
 COMPUTE_SERVING_STATUS = "RUNNING"
@@ -136,11 +134,9 @@ QUEUED_CREATE_FIELDS = (
 # QueuedResourceState.state values whose node is gone or going (tpu.v2.json).
 QUEUED_BROKEN_STATES = frozenset({"SUSPENDED", "SUSPENDING"})
 QUEUED_ACTIVE = "ACTIVE"
-# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG. Not
-# targetSizePolicy: bulk mode takes only FLEX_START or RESERVATION_BOUND templates (rule
-# bulk-provisioning-model), and the program sets it only on a flex-start MIG, whose hosts come
-# through a resize request: such a MIG is inserted again in bulk mode (`BULK_POLICY`), an earlier
-# rayslice's bulk Spot MIG (no request) without it.
+# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG, its bulk
+# target-size policy included (the program sets it only where bulk mode is allowed, rule
+# bulk-provisioning-model).
 MIG_INSERT_FIELDS = (
     "allInstancesConfig",
     "autoHealingPolicies",
@@ -154,23 +150,10 @@ MIG_INSERT_FIELDS = (
     "resourcePolicies",
     "statefulPolicy",
     "targetSize",
+    "targetSizePolicy",
     "updatePolicy",
     "versions",
 )
-# Writable InstanceGroupManagerResizeRequest fields (compute.v1.json) carried to the new request
-# of a recreated flex-start slice.
-RESIZE_REQUEST_FIELDS = ("description", "requestedRunDuration", "resizeBy")
-# InstanceGroupManagerResizeRequest.state (compute.v1.json): a request that still waits for
-# capacity ("CREATING: Resize request is being created and may still fail creation"; "ACCEPTED:
-# The request was created successfully and was accepted for provisioning when the capacity becomes
-# available"); the one state cancel takes ("Cancel is only possible for requests that are accepted
-# in the queue", instanceGroupManagerResizeRequests.cancel); and the inactive ones delete takes
-# ("Deletes the specified, inactive resize request. Requests that are still active cannot be
-# deleted", instanceGroupManagerResizeRequests.delete; gcloud's ``resize-requests delete``: "You can
-# only delete a request when it is in a state SUCCEEDED, FAILED, or CANCELLED").
-RESIZE_WAITING = frozenset({"CREATING", "ACCEPTED"})
-RESIZE_CANCELLABLE = frozenset({"ACCEPTED"})
-RESIZE_INACTIVE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 DEFAULT_INTERVAL_S = 30.0
 DEFAULT_BASE_BACKOFF_S = 30.0
 DEFAULT_MAX_BACKOFF_S = 900.0
@@ -313,10 +296,12 @@ class Controller:
 
     def scale(self, policy: ScalingPolicy) -> None:
         try:
-            with_hosts = {name for name in self.target.slice_names if self._has_hosts(name)}
-            waiting = set()
-            if policy.run_duration_s is not None:  # flex-start: a slice may be a request that waits
-                waiting = {n for n in self.target.slice_names if n not in with_hosts and self._waits(n)}
+            sizes = {name: self._sizes(name) for name in self.target.slice_names}
+            # A bulk MIG (flex-start) with a target size and no instance waits for capacity.
+            waiting = {n for n, (target, held) in sizes.items() if target > 0 and held == 0}
+            if policy.run_duration_s is None:
+                waiting = set()
+            with_hosts = {n for n, (target, _) in sizes.items() if target > 0 and n not in waiting}
             demand = self.read_demand(policy)
         except (CloudError, NoCredentials, OSError) as exc:  # recovery goes on; the next pass tries again
             print(f"rayslice-recovery: could not read the cluster's slices or demand: {exc}", file=sys.stderr)
@@ -361,20 +346,17 @@ class Controller:
             print(f"rayslice-recovery: the head's demand is unreadable: {exc}", file=sys.stderr)
             return None
 
-    def _has_hosts(self, name: str) -> bool:
+    def _sizes(self, name: str) -> tuple[int, int]:
+        """Slice `name`'s MIG's target size and the instances it holds ((0, 0) when missing)."""
         mig = self.client.get_mig(name)
-        return mig is not None and int(mig.get("targetSize", 0)) > 0
-
-    def _waits(self, name: str) -> bool:
-        """Whether slice `name`'s resize request waits for capacity (the slice is being added)."""
-        return any(
-            r.get("name") == names.request_name(name) and r.get("state") in RESIZE_WAITING
-            for r in self.client.list_resize_requests(name)
-        )
+        if mig is None:
+            return 0, 0
+        target = int(mig.get("targetSize", 0))
+        return target, len(self.client.list_managed_instances(name)) if target else 0
 
     def _add(self, policy: ScalingPolicy, name: str) -> str:
         if policy.run_duration_s is not None:
-            return self._request_slice(policy, name)
+            return self._resize(name, policy.hosts_per_slice, "waits for capacity")
         hosts = names.slice_host_names(name, policy.hosts_per_slice)
         instances = instances_of(policy, self.target.location.project, hosts)
         try:
@@ -390,61 +372,33 @@ class Controller:
         self.slices[name] = SliceState()
         return f"{len(hosts)} host(s) requested"
 
-    def _request_slice(self, policy: ScalingPolicy, name: str) -> str:
-        """A flex-start slice added: one resize request for all its hosts, which waits for
-        capacity; an inactive request of the same name left from before is deleted first (the
-        name must be free, and a waiting one would have made the slice count as added)."""
-        body = resize_request_of(policy, name)
+    def _resize(self, name: str, size: int, outcome: str) -> str:
+        """Slice `name`'s bulk MIG (flex-start) resized to `size`: from 0 to its hosts, which the
+        MIG creates all at once when the zone has them, or to 0, which deletes them or withdraws
+        the wait (Compute Engine, "About bulk mode")."""
         try:
-            left = self._retire_request(name)
-            if left:
-                return f"failed: {left}"
             done = self.client.wait_zone_operation(
-                self.client.insert_resize_request(name, body, self.target.slice_names),
-                self.operation_timeout_s,
+                self.client.resize_mig(name, size, self.target.slice_names), self.operation_timeout_s
             )
         except (CloudError, OSError) as exc:
             return f"failed: {exc}"
         if operation_error(done):
-            return f"failed: resize request: {operation_error(done)}"
-        self.slices[name] = SliceState()  # recovery watches it once it has been whole
-        return f"resize request {body['name']} for {body['resizeBy']} host(s) waits for capacity"
+            return f"failed: resize to {size}: {operation_error(done)}"
+        if size:
+            self.slices[name] = SliceState()  # recovery watches it once it has been whole
+        return f"MIG resized to {size} host(s): {outcome}"
 
     def _cancel(self, name: str) -> str:
-        """A flex-start slice's waiting request no longer needed: cancelled, then deleted, so no
-        hosts come later for nothing."""
-        try:
-            left = self._retire_request(name)
-        except (CloudError, OSError) as exc:
-            return f"failed: {exc}"
-        if left:
-            return f"failed: {left}"
-        return f"resize request {names.request_name(name)} cancelled: no demand for it before capacity came"
-
-    def _retire_request(self, name: str) -> str:
-        """Slice `name`'s resize request (`names.request_name`) gone: cancelled if it still waits
-        (ACCEPTED), then deleted once inactive (`RESIZE_CANCELLABLE`, `RESIZE_INACTIVE`, sources
-        there). Deleting it leaves the hosts it made. What is left undone, or ""."""
-        request = names.request_name(name)
-        found = [r for r in self.client.list_resize_requests(name) if r.get("name") == request]
-        if not found:
-            return ""
-        state = str(found[0].get("state", ""))
-        allowed, wait = self.target.slice_names, self.client.wait_zone_operation
-        if state in RESIZE_CANCELLABLE:
-            done = wait(self.client.cancel_resize_request(name, request, allowed), self.operation_timeout_s)
-            if operation_error(done) or done.get("status") != "DONE":
-                return f"cancel {request}: {operation_error(done) or 'did not finish'}"
-        elif state not in RESIZE_INACTIVE:
-            return f"resize request {request} is {state or 'in no state'}; tried again next pass"
-        done = wait(self.client.delete_resize_request(name, request, allowed), self.operation_timeout_s)
-        if operation_error(done) or done.get("status") != "DONE":
-            return f"delete {request}: {operation_error(done) or 'did not finish'}"
-        return ""
+        """A flex-start slice that still waits for capacity and is no longer needed: resized to 0,
+        so no hosts come later for nothing."""
+        return self._resize(name, 0, "no demand for it before capacity came")
 
     def _remove(self, policy: ScalingPolicy, name: str) -> str:
         if policy.run_duration_s is not None:
-            return self._remove_requested(policy, name)
+            outcome = self._resize(name, 0, f"idle for {policy.idle_timeout_s:.0f}s or more")
+            if not outcome.startswith("failed"):
+                self.removing.add(name)
+            return outcome
         hosts = names.slice_host_names(name, policy.hosts_per_slice)
         allowed = self.target.slice_names
         wait = self.client.wait_zone_operation
@@ -466,27 +420,6 @@ class Controller:
             return f"failed: {exc}"
         self.removing.add(name)
         return f"{len(hosts)} host(s) deleted (idle for {policy.idle_timeout_s:.0f}s or more)"
-
-    def _remove_requested(self, policy: ScalingPolicy, name: str) -> str:
-        """A flex-start slice removed: the hosts its MIG named and lists (deleteInstances, which
-        the client refuses for any instance the MIG does not list), then its request."""
-        try:
-            hosts = [managed_instance_name(i) for i in self.client.list_managed_instances(name)]
-            if hosts:
-                done = self.client.wait_zone_operation(
-                    self.client.delete_listed_instances(name, hosts, self.target.slice_names),
-                    self.operation_timeout_s,
-                )
-                if operation_error(done):
-                    return f"failed: deleteInstances: {operation_error(done)}"
-            left = self._retire_request(name)
-        except (CloudError, OSError) as exc:
-            return f"failed: {exc}"
-        self.removing.add(name)
-        idle = f"idle for {policy.idle_timeout_s:.0f}s or more"
-        if left:
-            return f"{len(hosts)} host(s) deleted ({idle}); request not yet deleted: {left}"
-        return f"{len(hosts)} host(s) deleted ({idle}) and resize request {names.request_name(name)} deleted"
 
     def _removal_done(self, name: str) -> None:
         """Ends a removal once the slice's MIG holds no instance: recovery watches it again."""
@@ -587,12 +520,12 @@ class Controller:
                 for config in configs
             ],
         }
-        if mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE:  # flex-start: the request
-            requests = self.client.list_resize_requests(name)
-            if requests:
-                last = requests[-1]
-                recorded["request"] = {key: last[key] for key in RESIZE_REQUEST_FIELDS if key in last}
         target = int(mig.get("targetSize", 0))
+        bulk = mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE
+        if bulk and target and not instances and not was_whole:
+            # Bulk mode creates every host at once when the zone has them, none before: a bulk MIG
+            # not yet whole with no instance waits (one that was whole has lost its hosts).
+            return Observation(False, f"MIG waits for capacity for {target} host(s)", recorded)
         problems = []
         if len(instances) < target:
             problems.append(f"{len(instances)} of {target} instances")
@@ -621,11 +554,12 @@ class Controller:
                 return f"failed: delete: {operation_error(done) or 'did not finish'}"
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
-        request = recorded.get("request")
-        if instances or request:
-            body["targetSize"] = 0  # createInstances or the request below adds the hosts
-        if request:
-            body["targetSizePolicy"] = BULK_POLICY
+        if instances:
+            # createInstances below adds the named hosts, one call in individual mode (an earlier
+            # rayslice's bulk Spot MIG loses its bulk policy: bulk mode refuses Spot templates).
+            body["targetSize"] = 0
+            body.pop("targetSizePolicy", None)
+        # else a bulk MIG (flex-start): inserted with its target size, it waits for every host.
         policy = dict(body.get("instanceLifecyclePolicy") or {})
         body["instanceLifecyclePolicy"] = {**policy, "defaultActionOnFailure": MIG_ACTION_ON_FAILURE}
         done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
@@ -637,12 +571,8 @@ class Controller:
                 return "hosts requested, still in progress"
             if operation_error(done):
                 return f"failed: createInstances: {operation_error(done)}"
-        if request:
-            new = {**request, "name": names.request_name(name)}
-            done = wait(self.client.insert_resize_request(name, new, allowed), self.operation_timeout_s)
-            if done.get("status") != "DONE" or operation_error(done):
-                return f"failed: resize request: {operation_error(done) or 'did not finish'}"
-            return f"recreated; resize request {new['name']} waits for {new.get('resizeBy')} hosts"
+        elif body.get("targetSizePolicy", {}).get("mode") == BULK_MODE:
+            return f"recreated; the MIG waits for capacity for {body.get('targetSize')} host(s)"
         return "recreated"
 
     # ---- the service --------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def scaling_policy(spec: ClusterSpec) -> ScalingPolicy:
         region=region,
         price_cap_slices=cap,
         ceiling=f"maxUsdPerHour={ceiling} ({catalog.format_price(price)} a slice)" if cap is not None else "",
-        run_duration_s=spec.max_run_seconds,  # flex-start: slices come through resize requests
+        run_duration_s=spec.max_run_seconds,  # flex-start: slices come by resizing bulk MIGs from 0
     )
 
 

@@ -174,7 +174,9 @@ def test_tpu7x_hosts_serve_what_a_real_compute_engine_tpu_host_serves():
     [
         ("SPOT", "STOP", "DO_NOTHING", TERMINATED),
         ("STANDARD", "DELETE", "DO_NOTHING", None),
-        ("STANDARD", "STOP", None, RUNNING),  # REPAIR, the default: each host comes back alone
+        # REPAIR, the default, brings the host back alone: only a one-host slice may keep it
+        # (rule tpu-mig-do-nothing).
+        ("STANDARD", "STOP", None, RUNNING),
     ],
 )
 def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
@@ -183,17 +185,19 @@ def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
     """Defect 6: STOP plus DO_NOTHING leaves stopped hosts; REPAIR brings single hosts back."""
     twin = CloudTwin()
     events: list[tuple[str, str]] = []
-    _apply(twin, slice_entries(model=model, termination=termination, lifecycle=lifecycle))
+    shape = {"topology": "2x2", "configs": 1} if lifecycle is None else {}
+    _apply(twin, slice_entries(model=model, termination=termination, lifecycle=lifecycle, **shape))
+    hosts = 1 if shape else 4
     twin.on_host_down = lambda h: events.append((h.name, h.status))
     twin.on_host_up = lambda h: events.append((h.name, h.status))
     hit = twin.preempt(P, Z, "s-0")
-    assert [h.name for h in hit] == [f"s-0-w{i}" for i in range(4)]
+    assert [h.name for h in hit] == [f"s-0-w{i}" for i in range(hosts)]
     statuses = {h.name: h.status for h in twin.hosts()}
     if left is None:
         assert statuses == {} and {s for _, s in events} == {DELETED}
     else:
         assert set(statuses.values()) == {left}
-        assert len(events) == (4 if left == TERMINATED else 8)  # down, and up again when repaired
+        assert len(events) == (hosts if left == TERMINATED else 2 * hosts)  # down, and up again when repaired
 
 
 def test_tpu_nodes_refuse_exclusive_pairs_big_metadata_bad_names_and_labels():
@@ -231,9 +235,10 @@ def test_spot_without_stop_or_do_nothing_reverted_is_refused(monkeypatch):
     with pytest.raises(CloudRuleError, match="rule spot-tpu-stop"):
         _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
     monkeypatch.undo()
-    monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda capacity: None)
-    with pytest.raises(CloudRuleError, match="rule spot-tpu-do-nothing"):
-        _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
+    monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda: None)
+    for capacity in ("spot", "on-demand"):  # D3 (issue 40): every capacity, not Spot only
+        with pytest.raises(CloudRuleError, match="rule tpu-mig-do-nothing"):
+            _deploy("Pulumi.example-compute-v6e-16.yaml", f"capacity={capacity}")
 
 
 @pytest.mark.parametrize("stack", ["Pulumi.example-compute-tpu7x-16.yaml", "Pulumi.example-multislice.yaml"])

@@ -12,7 +12,6 @@ from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import (
     CLUSTER,
-    FLEX_REQUEST,
     NODE_FIELDS,
     PROJECT,
     ZONE,
@@ -142,7 +141,8 @@ def test_the_rules_refuse_the_shape_an_earlier_controller_sent() -> None:
     create = {"instances": [{"name": f"{name}-w{w}"} for w in range(4)]}
     assert {v.rule for v in controller_violations(insert, create)} == {
         "bulk-provisioning-model",
-        "spot-tpu-do-nothing",
+        "bulk-grows-from-zero",
+        "tpu-mig-do-nothing",
     }
 
 
@@ -366,12 +366,14 @@ def test_a_node_deleted_after_it_was_seen_is_created_again(
     assert cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["acceleratorType"] == "v6e-16"
 
 
-def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits_for_capacity(
+def test_a_flex_start_slice_is_recreated_as_a_bulk_mig_that_waits_for_capacity(
     cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
+    """D1 (issue 40): recreated in the documented bulk form, its target size the slice's hosts,
+    with no resize request (bulk mode takes none)."""
     seed_flex(cloud)
     controller, stream = make_controller(client, "compute", controller_metadata)
-    controller.step()  # both slices whole: their MIGs and requests recorded
+    controller.step()  # both slices whole: their MIGs recorded
     assert cloud.mutations() == []
     key = (PROJECT, ZONE, SLICE1)
     # From now on the zone is empty (the seeded MIGs name no template the twin holds, so the kind
@@ -384,26 +386,20 @@ def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits
     assert [c.method_id for c in cloud.mutations()] == [
         "compute.instanceGroupManagers.delete",
         "compute.instanceGroupManagers.insert",
-        "compute.instanceGroupManagerResizeRequests.insert",
     ]
-    insert, request = (c.request for c in cloud.mutations()[1:])
-    assert insert["targetSize"] == 0 and insert["targetSizePolicy"] == {"mode": "BULK"}
-    assert request == {"name": names.request_name(SLICE1), **FLEX_REQUEST}
-    # The new request waits: the slice has no hosts, and a waiting slice is not a broken one.
-    [waiting] = cloud.state.resize_requests_of(*key)
-    assert waiting["state"] == "ACCEPTED" and cloud.state.instances[key] == []
+    insert = cloud.mutations()[1].request
+    assert insert["targetSize"] == 4 and insert["targetSizePolicy"] == {"mode": "BULK"}
+    # The new MIG waits: no hosts, and a waiting slice is not a broken one.
+    assert cloud.state.instances[key] == [] and not cloud.state.resize_requests_of(*key)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert [e["outcome"] for e in events] == [
-        f"recreated; resize request {names.request_name(SLICE1)} waits for 4 hosts"
-    ]
+    assert [e["outcome"] for e in events] == ["recreated; the MIG waits for capacity for 4 host(s)"]
     controller.step()
-    assert len(cloud.mutations()) == 3  # left alone while it waits
+    assert len(cloud.mutations()) == 2  # left alone while it waits
 
     cloud.state.set_capacity(ZONE, "", 4)  # capacity comes: all four hosts at once, named by the MIG
-    assert cloud.state.resize_requests_of(*key)[0]["state"] == "SUCCEEDED"
     assert len(cloud.state.instances[key]) == 4 and cloud.state.migs[key]["targetSize"] == 4
     controller.step()
-    assert len(cloud.mutations()) == 3
+    assert len(cloud.mutations()) == 2
 
 
 FLEX_QUEUED = {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "86400s"}}

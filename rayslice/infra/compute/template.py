@@ -26,17 +26,17 @@ SPOT_TERMINATION_ACTION = rules.STOP
 # bulk-reservation-bound-delete).
 RESERVED_TERMINATION_ACTION = rules.DELETE
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"  # SPECIFIC_RESERVATION by name
-# Flex-start: Compute Engine deletes the hosts at the end of their run duration ("About resize
-# requests in a MIG": "Compute Engine deletes the Flex-start VMs at the end of their run
-# duration"), so their termination action is DELETE; they consume no reservation and do not
-# restart by themselves (pulumi-gcp's ResizeRequest example, from the provider's docs: template
-# ``automatic_restart: False``, ``reservation_affinity: NO_RESERVATION``, MIG
-# ``default_action_on_failure: DO_NOTHING``).
+# Flex-start: Compute Engine deletes the hosts at the end of their run duration, so their
+# termination action is DELETE; they consume no reservation and do not restart by themselves
+# (SkyPilot's TPU flex-start template, sky/provision/gcp/mig_utils.py
+# create_region_instance_template: FLEX_START, DELETE, maxRunDuration, NO_RESERVATION; MIG
+# create_region_managed_instance_group: BULK, targetSize = hosts, DO_NOTHING).
 FLEX_START_TERMINATION_ACTION = rules.DELETE
 NO_RESERVATION = "NO_RESERVATION"
-# The MIG creates a flex-start slice's hosts all at once or none (compute v1 discovery,
-# InstanceGroupManagerTargetSizePolicy.mode BULK: "if the MIG is unable to create even one VM,
-# the MIG waits until all VMs can be created at the same time").
+# The MIG creates a flex-start slice's hosts all at once or none, waiting until the zone has them
+# all (compute v1 discovery, InstanceGroupManagerTargetSizePolicy.mode BULK: "if the MIG is unable
+# to create even one VM, the MIG waits until all VMs can be created at the same time"; Compute
+# Engine, "About bulk mode": no resize requests; hosts are added only while the target size is 0).
 BULK_MODE = rules.BULK
 BOOT_DISK_GB = 100
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
@@ -49,9 +49,12 @@ def template_name_prefix(slice_name: str) -> str:
     return f"{slice_name}-"
 
 
-def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
+def scheduling(capacity: str, run_seconds: int | None = None) -> gcp.compute.InstanceTemplateSchedulingArgs:
     """Provisioning per capacity. pulumi-gcp requires preemptible and no automatic restart
-    with SPOT; reservation-bound and on-demand hosts restart after a host error."""
+    with SPOT; reservation-bound and on-demand hosts restart after a host error. A flex-start
+    template carries the run duration (`run_seconds`, ``maxRunHours``): its MIG is in bulk mode,
+    which takes no resize request to carry it (SkyPilot, sky/provision/gcp/mig_utils.py
+    create_region_instance_template: FLEX_START, DELETE, ``maxRunDuration``, TERMINATE)."""
     if capacity == "spot":
         return gcp.compute.InstanceTemplateSchedulingArgs(
             provisioning_model=rules.SPOT,
@@ -66,6 +69,9 @@ def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
             automatic_restart=False,
             instance_termination_action=FLEX_START_TERMINATION_ACTION,
             on_host_maintenance=ON_HOST_MAINTENANCE,
+            max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=run_seconds)
+            if run_seconds is not None
+            else None,
         )
     if capacity == "reserved":
         return gcp.compute.InstanceTemplateSchedulingArgs(
@@ -97,14 +103,12 @@ def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReser
     )
 
 
-def lifecycle_policy(capacity: str) -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs | None:
-    """Spot: ``DO_NOTHING`` on a failed host (rule spot-tpu-do-nothing): a MIG's default,
-    ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice. Flex-start: the same
-    (its hosts come only through a resize request; the recovery controller makes a new one).
-    Other capacities keep the default: Compute Engine repairs on-demand and reserved slices as a
-    whole."""
-    if capacity not in ("spot", "flex-start"):
-        return None
+def lifecycle_policy() -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs:
+    """``DO_NOTHING`` on a failed host, whatever the capacity (rule tpu-mig-do-nothing): a MIG's
+    default, ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice. Compute Engine
+    recovers an on-demand, reserved or flex-start slice whole by itself (Cloud TPU, "Failure
+    recovery of TPU instances"), not through the MIG's repair; a Spot slice is recreated whole by
+    the recovery controller."""
     return gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(
         default_action_on_failure=rules.DO_NOTHING
     )
