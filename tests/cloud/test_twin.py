@@ -17,8 +17,10 @@ from rayslice.cloud.twin import (
     MIG_HOST,
     RUNNING,
     TERMINATED,
+    BulkModeError,
     CloudRuleError,
     CloudTwin,
+    DuplicateInstanceError,
     TwinHost,
 )
 from rayslice.errors import SpecError
@@ -283,3 +285,57 @@ def test_the_emulators_spot_preemption_returns_the_hosts_it_hit_each_reported_do
     assert all(h.status == RUNNING for h in hit)  # as they were when hit
     assert [(h.name, h.status) for h in down] == [(h.name, TERMINATED) for h in hit]
     assert {h.status for h in emulator.twin.hosts() if h.group == host.group} == {TERMINATED}
+
+
+def _bulk_mig(twin: CloudTwin, target: int) -> dict[str, Any]:
+    _apply(twin, slice_entries(bulk=True, target=target, configs=0, model="FLEX_START", termination="DELETE"))
+    return twin.migs[(P, Z, "s-0")]
+
+
+def test_a_bulk_mig_creates_nothing_before_it_has_every_host():
+    """D8 (issue 40): bulk mode waits for full capacity instead of failing a partial create."""
+    twin = CloudTwin()
+    twin.set_capacity(Z, "ct6e-standard-4t", 3)
+    mig = _bulk_mig(twin, 4)  # no ZONE_RESOURCE_POOL_EXHAUSTED: it waits
+    assert mig["targetSize"] == 4 and twin.instances[(P, Z, "s-0")] == [] and twin.hosts() == []
+    twin.set_capacity(Z, "ct6e-standard-4t", 4)
+    assert len(twin.instances[(P, Z, "s-0")]) == 4
+
+
+def test_a_bulk_mig_grows_only_from_zero_and_shrinks_to_zero():
+    """D8 (issue 40): growth (target size or createInstances) of a bulk MIG whose target size is
+    above 0 is refused and changes nothing; a resize to 0 deletes every host."""
+    twin = CloudTwin()
+    mig = _bulk_mig(twin, 4)
+    with pytest.raises(BulkModeError, match="bulk mode"):
+        twin.resize_mig(P, Z, "s-0", 5)
+    with pytest.raises(BulkModeError, match="bulk mode"):
+        twin.create_instances(P, Z, mig, [{"name": "s-0-w9"}])
+    assert mig["targetSize"] == 4 and len(twin.instances[(P, Z, "s-0")]) == 4
+    twin.resize_mig(P, Z, "s-0", 0)
+    assert mig["targetSize"] == 0 and twin.hosts() == []
+    twin.create_instances(P, Z, mig, [{"name": f"s-0-w{i}"} for i in range(4)])  # from 0: one call
+    assert sorted(h.name for h in twin.hosts()) == [f"s-0-w{i}" for i in range(4)]
+
+
+def test_create_instances_naming_an_existing_instance_is_refused():
+    """Item 4 of issue 40: an instance name is unique in its zone; nothing is created."""
+    twin = CloudTwin()
+    _apply(twin, slice_entries())
+    mig = twin.migs[(P, Z, "s-0")]
+    with pytest.raises(DuplicateInstanceError, match="s-0-w1"):
+        twin.create_instances(P, Z, mig, [{"name": "s-0-w9"}, {"name": "s-0-w1"}])
+    assert mig["targetSize"] == 4 and len(twin.hosts()) == 4
+
+
+def test_a_spot_preemption_is_recorded_as_googles_preemption_operation():
+    """D2 (issue 40): Compute Engine records compute.instances.preempted for each host."""
+    twin = CloudTwin()
+    _apply(twin, slice_entries(model="SPOT", termination="STOP"))
+    twin.preempt(P, Z, "s-0")
+    operations = twin.preemptions(P, Z)
+    assert [o["targetLink"].rsplit("/", 1)[-1] for o in operations] == [f"s-0-w{i}" for i in range(4)]
+    assert {(o["operationType"], o["status"], o["user"]) for o in operations} == {
+        ("compute.instances.preempted", "DONE", "system")
+    }
+    assert twin.preemptions(P, "us-east5-a") == []
