@@ -724,20 +724,47 @@ def generation_rows(platform: str) -> list[dict[str, object]]:
 
 # The ways to get TPU capacity, in the order the spec and the catalog's price table show them.
 CAPACITIES = ("on-demand", "spot", "reserved", "flex-start")
-# What rayslice offers per platform (Google's "Cloud TPU consumption options" and each platform's
-# pages): Compute Engine takes flex-start as a FLEX_START MIG grown by a resize request; the TPU VM
-# API only through a queued resource (tpu v2alpha1 QueuedResource.provisioningModel FLEX_START);
-# GKE as a flex-start node pool that the cluster autoscaler grows (GKE, "About flex-start
-# provisioning mode": "with Standard clusters, you configure flex-start on specific node pools").
-PLATFORM_CAPACITIES: dict[str, tuple[str, ...]] = {
-    "compute": CAPACITIES,
-    "tpu-vm": CAPACITIES,
-    "gke": CAPACITIES,
+# ---- flex-start zones (per platform and generation) ------------------------------------------
+
+# Where each platform takes flex-start TPUs, per catalog generation; a generation a platform has
+# no entry for gets no flex-start there. None: the platform's page lists its own zones, which
+# rayslice has not read, so any zone of the generation is passed on to Google.
+# - tpu-vm: Cloud TPU, "Request Cloud TPUs using flex-start"
+#   (https://cloud.google.com/tpu/docs/request-using-flex-start), Limitations: "TPU v6e for
+#   training and serving: asia-northeast1-b, us-east5-a; TPU v5e for training: us-west4-a; TPU v5e
+#   for serving: us-central1-a".
+# - compute: SkyPilot, sky/provision/gcp/mig_utils.py `_TPU_FLEX_START_ZONES` (its Compute Engine
+#   TPU flex-start MIGs): ct6e asia-northeast1-b, us-east5-a, us-south1-ai1b; tpu7x us-central1-c.
+#   The v6e zones are the Cloud TPU page's; us-south1-ai1b is not a zone name the spec takes.
+#   Compute Engine's own pages list none, and no source offers v5p there.
+# - gke: GKE, "About flex-start provisioning mode" (https://cloud.google.com/kubernetes-engine/docs/concepts/dws):
+#   "TPU v3 and v4 are not supported"; its zone list was not read.
+FLEX_START_ZONES: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "tpu-vm": {"v6e": ("asia-northeast1-b", "us-east5-a"), "v5litepod": ("us-west4-a", "us-central1-a")},
+    "compute": {"v6e": ("asia-northeast1-b", "us-east5-a"), "tpu7x": ("us-central1-c",)},
+    "gke": {"v5litepod": None, "v5p": None, "v6e": None, "tpu7x": None},
 }
-# GKE's flex-start for TPUs: "TPU v3 and v4 are not supported" (GKE, "About flex-start
-# provisioning mode", https://cloud.google.com/kubernetes-engine/docs/concepts/dws); of the two
-# only v4 has GKE node pools here.
-GKE_FLEX_START_EXCLUDED = frozenset({"v3", "v4"})
+
+
+def flex_start_zones(platform: str, generation_name: str) -> tuple[str, ...] | None:
+    """The zones where `platform` takes flex-start TPUs of the generation (None: any zone of the
+    generation, the platform's own list not being known); `KeyError` if it takes none."""
+    return FLEX_START_ZONES[platform][generation(generation_name).name]
+
+
+# ---- boot disks -------------------------------------------------------------------------------
+
+# Boot disk type per TPU generation on Compute Engine. "Storage options for Cloud TPU data"
+# (https://docs.cloud.google.com/tpu/docs/storage-options-compute), "TPU generation and
+# supported disk types": TPU7x and v6e Hyperdisk Balanced or Hyperdisk ML, v5p Balanced
+# Persistent Disk or Hyperdisk ML. Hyperdisk ML volumes are read-only data disks, never boot
+# disks, so one boot type is left per generation (the stricter reading).
+BOOT_DISK_TYPES: dict[str, tuple[str, ...]] = {
+    "v5p": ("pd-balanced",),
+    "v6e": ("hyperdisk-balanced",),
+    "tpu7x": ("hyperdisk-balanced",),
+}
+
 # Flex-start capacity runs at most 7 days ("Flex-start VMs: ... for up to 7 days", Google's
 # "Plan your Cloud TPU resources").
 MAX_RUN_HOURS = 7 * 24
@@ -776,6 +803,13 @@ def slice_hour_price(tpu: TpuType, region: str, capacity: str) -> float | None:
 def machine_hour_price(machine_type: str, region: str, capacity: str = "on-demand") -> float | None:
     """USD per hour of a CPU VM of `machine_type` in `region`; None: not in the price file."""
     return _price("machine_hour", machine_type, region, capacity)
+
+
+def gke_cluster_hour_price() -> tuple[float, float]:
+    """GKE's cluster management fee: USD per cluster-hour, and the monthly free-tier credit per
+    billing account that zonal clusters may use (prices.json, with its source)."""
+    fee = prices()["gke_cluster_hour"]
+    return float(fee["usd"]), float(fee["free_tier_usd_per_month"])
 
 
 def price_source() -> str:

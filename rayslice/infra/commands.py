@@ -15,6 +15,7 @@ import functools
 
 import click
 
+from rayslice import capacity_table
 from rayslice.cli import Group, load_spec, spec_options
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.errors import EXIT_OK, InvalidInput
@@ -61,6 +62,9 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
+        click.echo(
+            "\n" + "\n".join(capacity_table.stack_lines(cluster, controller_runs=cluster.runs_recovery))
+        )
     warning = stale_image_warning(cluster, locks(cluster))  # the lock the preview just stored
     if warning:
         click.echo(f"rayslice: warning: {warning}", err=True)

@@ -25,6 +25,7 @@ from rayslice import shipping
 # The controller's import closure inside rayslice (checked by tests/recovery/test_bundle.py).
 MODULES = (
     "rayslice/__init__.py",
+    "rayslice/capacity_table.py",
     "rayslice/cloud/__init__.py",
     "rayslice/cloud/states.py",
     "rayslice/errors.py",

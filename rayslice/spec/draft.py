@@ -55,6 +55,7 @@ class Draft:
     runtime_version: Str | None
     capacity: Capacity | None
     reservation: Str | None
+    calendar_mode: Bool | None
     max_run_hours: Int | None
     queued: Bool | None
     queue_deadline_hours: Int | None

@@ -216,6 +216,12 @@ class ClusterSpec:
         "RESERVATION_BOUND MIG consumes one named reservation) and gke; on tpu-vm only with "
         "queued=true (a direct create uses any matching reservation).",
     )
+    calendar_mode: Bool = Field(
+        False,
+        description="capacity=reserved with a named reservation only: the reservation is a future "
+        "reservation created in calendar mode (1 to 90 days); its slices are reservation-bound and "
+        "end with it. compute, and tpu-vm with queued=true.",
+    )
     max_run_hours: Int | None = Field(
         None,
         description="capacity=flex-start only: hours the slice may run before Google deletes it, "

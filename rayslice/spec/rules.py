@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from rayslice import addresses, catalog
+from rayslice import addresses, capacity_table, catalog
 from rayslice.errors import SpecError
 from rayslice.names import slice_name
 from rayslice.spec.draft import Draft, read
@@ -79,16 +79,17 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_gke(draft, problems)
     _check_capacity(draft, problems)
     _check_elastic(draft, tpu, problems)
-    _check_gke_flex_start(draft, tpu, problems)
+    _check_flex_start_zone(draft, tpu, problems)
     _check_host_image(draft, problems)
     if problems:
         raise SpecError(problems)
     assert tpu is not None
     draft.accelerator_type = tpu.accelerator_type
-    draft.zone = draft.zone or tpu.zones[0]
+    draft.zone = draft.zone or _default_zone(draft, tpu)
     if draft.platform == "tpu-vm":
         draft.runtime_version = draft.runtime_version or tpu.runtime_version
-    if draft.capacity == "flex-start" and draft.max_run_hours is None:
+    found = _cell(draft)
+    if found is not None and found.run_duration and draft.max_run_hours is None:
         draft.max_run_hours = catalog.MAX_RUN_HOURS
     return draft.spec(tpu)
 
@@ -169,7 +170,7 @@ def _check_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str], 
             zones = f" ({tpu.generation} is offered in {', '.join(tpu.zones)})" if tpu else ""
             problems.append(f"zone is not set: set rayslice:zone or gcp:zone{zones}")
             return
-        zone = tpu.zones[0] if tpu is not None else None
+        zone = _default_zone(draft, tpu) if tpu is not None else None
     elif not _ZONE.fullmatch(zone):
         problems.append(f"zone={zone!r} is not a GCP zone name (e.g. us-central1-b)")
         return
@@ -228,8 +229,11 @@ def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]
 
 def _check_head(draft: Draft, problems: list[str]) -> None:
     """Fill `head` (vm for multislice and spot) and refuse the heads that cannot work."""
-    slices, capacity = draft.slices, draft.capacity
-    waits = capacity == "flex-start" or bool(draft.queued)
+    slices, found = draft.slices, _cell(draft)
+    # The stack's capacity cell: a request that waits for capacity has no hosts to put a head on
+    # meanwhile; a preemptible host takes the head with it. (No cell: refused in _check_capacity.)
+    waits = found is not None and found.action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
+    preemptible = found is not None and capacity_table.PREEMPTION in found.events
     if draft.platform == "gke":
         # KubeRay runs the Ray head as a pod on the CPU node pool (headMachineType,
         # rayslice/infra/gke/kuberay.py), whatever `head` says: vm is what it is, off the slice.
@@ -244,7 +248,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
     if draft.head is None:
         if "head" not in draft.refused:
             elastic = draft.min_slices is not None
-            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" or waits or elastic else "slice"
+            draft.head = "vm" if (slices or 1) > 1 or preemptible or waits or elastic else "slice"
         return
     if draft.head != "slice":
         return
@@ -259,7 +263,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
         problems.append(
             "head=slice with several slices puts the head on one slice's host; use head=vm for multislice"
         )
-    if capacity == "spot" and draft.recovery:
+    if preemptible and draft.recovery:
         problems.append(
             "head=slice with capacity=spot puts the Ray head on a Spot host: a preemption takes the "
             "head with its jobs and their restart state, and the recreated slice starts an empty "
@@ -309,7 +313,7 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
     ceiling = draft.max_usd_per_hour
     if ceiling is None or tpu is None or draft.capacity is None:
         return
-    region = catalog.region_of(draft.zone or tpu.zones[0])
+    region = catalog.region_of(draft.zone or _default_zone(draft, tpu))
     price = catalog.slice_hour_price(tpu, region, draft.capacity)
     if price is None:
         problems.append(
@@ -456,54 +460,31 @@ def _check_network(draft: Draft, problems: list[str]) -> None:
 
 
 def _check_capacity(draft: Draft, problems: list[str]) -> None:
-    """What each platform offers, exactly: reserved with a named reservation where the API
-    consumes one, flex-start where it exists (through a queued resource on tpu-vm), queued
-    requests on tpu-vm, and the durations within Google's limits."""
+    """The stack's capacity must be a cell of `rayslice.capacity_table` (the table says why one
+    is not, and what to set instead), and its durations within Google's limits."""
     platform, capacity = draft.platform, draft.capacity
     if platform is None or capacity is None:
         return  # refused above
-    offered = catalog.PLATFORM_CAPACITIES[platform]
-    if capacity not in offered:
+    if capacity not in capacity_table.offered(platform):
+        problems.append(capacity_table.why_not(platform, capacity))
+        return
+    if draft.reservation and capacity != capacity_table.RESERVED:
+        problems.append(f"reservation is used with capacity=reserved only; remove it for capacity={capacity}")
+        return
+    if draft.calendar_mode and not draft.reservation:
         problems.append(
-            f"capacity={capacity} is not offered on platform={platform}; it offers: {', '.join(offered)}"
+            "calendarMode applies to capacity=reserved with a named reservation (a future reservation "
+            "created in calendar mode): set reservation=<its name>, or remove calendarMode"
         )
         return
-    queued = bool(draft.queued)
-    if queued and platform != "tpu-vm":
-        problems.append(
-            f"queued=true applies to platform=tpu-vm only (queued resources); on {platform} use "
-            + (
-                "capacity=flex-start, whose resize request waits for capacity"
-                if platform == "compute"
-                # GKE's queued provisioning hands nodes out only through ProvisioningRequest
-                # objects (pulumi-gcp NodePool queued_provisioning.enabled: "Makes nodes
-                # obtainable through the ProvisioningRequest API exclusively"), which Kueue or a
-                # job must create; rayslice installs neither, so its RayCluster would never start.
-                else "capacity=flex-start, a node pool that waits for capacity (GKE's queued "
-                "provisioning needs Kueue and ProvisioningRequest objects, which rayslice does not "
-                "install: docs/capacity.md)"
-            )
-        )
-    if capacity == "flex-start" and platform == "tpu-vm" and not queued:
-        problems.append(
-            "capacity=flex-start on platform=tpu-vm is a queued request: set queued=true "
-            "(the TPU API takes flex-start only through a queued resource)"
-        )
-    if capacity == "reserved" and not draft.reservation and platform in ("compute", "gke"):
-        problems.append(
-            f"capacity=reserved on {platform} needs reservation=<name of your reservation>"
-            + (" (a RESERVATION_BOUND MIG consumes one named reservation)" if platform == "compute" else "")
-        )
-    if draft.reservation and capacity != "reserved":
-        problems.append(f"reservation is used with capacity=reserved only; remove it for capacity={capacity}")
-    elif draft.reservation and platform == "tpu-vm" and not queued:
-        problems.append(
-            "reservation on platform=tpu-vm is named through a queued resource: set queued=true, "
-            "or remove reservation (a direct create uses any matching reservation)"
-        )
+    cell = _cell(draft)
+    if cell is None:
+        key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
+        problems.append(capacity_table.why_not(platform, key, queued=bool(draft.queued)))
+        return
     hours = draft.max_run_hours
     if hours is not None:
-        if capacity != "flex-start":
+        if not cell.run_duration:
             problems.append(
                 f"maxRunHours applies to capacity=flex-start only; remove it for capacity={capacity}"
             )
@@ -511,7 +492,7 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             problems.append(f"maxRunHours={hours} is out of range; use 1 to {catalog.MAX_RUN_HOURS} (7 days)")
     deadline = draft.queue_deadline_hours
     if deadline is not None:
-        if not queued:
+        if not cell.queued:
             problems.append(
                 "queueDeadlineHours applies to queued=true (tpu-vm) only; set queued=true or remove it"
             )
@@ -519,16 +500,49 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             problems.append(f"queueDeadlineHours={deadline} must be at least 1")
 
 
-def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
-    """The generations GKE's flex-start leaves out (`catalog.GKE_FLEX_START_EXCLUDED`)."""
-    if draft.platform != "gke" or draft.capacity != "flex-start" or tpu is None:
+def _default_zone(draft: Draft, tpu: catalog.TpuType) -> str:
+    """The zone `load` fills in when none is set: the generation's first, or on flex-start its
+    first where the platform takes flex-start."""
+    zones = tpu.zones
+    if draft.capacity == capacity_table.FLEX_START and draft.platform is not None:
+        flex = catalog.FLEX_START_ZONES.get(draft.platform, {}).get(tpu.generation)
+        zones = tuple(z for z in flex or () if z in tpu.zones) or zones
+    return zones[0]
+
+
+def _cell(draft: Draft) -> capacity_table.Cell | None:
+    """The draft's cell of `rayslice.capacity_table`, None where its keys name none."""
+    if draft.platform is None or draft.capacity is None:
+        return None
+    key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
+    queued = bool(draft.queued)
+    if not capacity_table.has_cell(draft.platform, key, queued=queued):
+        return None
+    return capacity_table.cell(draft.platform, key, queued=queued)
+
+
+def _check_flex_start_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    """Flex-start only for the generations and in the zones each platform takes it
+    (`catalog.FLEX_START_ZONES`, with their sources)."""
+    if draft.capacity != capacity_table.FLEX_START or draft.platform is None or tpu is None:
         return
-    if tpu.generation in catalog.GKE_FLEX_START_EXCLUDED:
+    try:
+        zones = catalog.flex_start_zones(draft.platform, tpu.generation)
+    except KeyError:
+        offered = sorted(catalog.FLEX_START_ZONES.get(draft.platform, {}))
         problems.append(
-            f"capacity=flex-start on gke does not offer {tpu.generation} (GKE's flex-start leaves "
-            f"out {', '.join(sorted(catalog.GKE_FLEX_START_EXCLUDED))}); use capacity=on-demand, "
-            "spot or reserved, or another generation"
+            f"capacity=flex-start on {draft.platform} does not offer {tpu.generation} (its flex-start "
+            f"takes {', '.join(offered)}); use capacity=on-demand, spot or reserved, or another generation"
         )
+        return
+    zone = draft.zone or _default_zone(draft, tpu)
+    if zones is None or zone in zones:
+        return
+    usable = [z for z in zones if z in tpu.zones]
+    problems.append(
+        f"capacity=flex-start on {draft.platform} is not offered for {tpu.generation} in zone "
+        f"{zone}; use zone={' or zone='.join(usable or zones)} (Google's flex-start zones)"
+    )
 
 
 def _check_gke(draft: Draft, problems: list[str]) -> None:

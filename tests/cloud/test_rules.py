@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayslice.cloud import bodies, rules
+from rayslice.cloud.twin import CloudRuleError
 from tests.cloud.stacks import make, rule_ids, slice_entries, slice_stack, urn
 
 SPECIFIC = {
@@ -187,6 +188,20 @@ def test_a_bulk_mig_grows_once_from_zero(target, configs, broken):
     size or from one createInstances (one per-instance config), never more."""
     stack = slice_stack(bulk=True, target=target, configs=configs, model="FLEX_START", termination="DELETE")
     assert ("bulk-grows-from-zero" in rule_ids(stack)) is broken
+
+
+def test_rayslices_own_rules_do_not_say_google_would_refuse():
+    """D9: a MIG larger than its topology and a Spot MIG that repairs hosts are rayslice's rules:
+    Google accepts both (no source says otherwise), so their message says whose rule it is."""
+    [do_nothing] = rules.check(slice_stack(model="SPOT", termination="STOP", lifecycle=None))
+    [bulk, grows, topology] = rules.check(slice_stack(target=4, configs=4, bulk=True))
+    assert not bulk.ours and "[rule bulk-provisioning-model;" in str(bulk)
+    assert not grows.ours and grows.rule == "bulk-grows-from-zero"
+    for ours in (do_nothing, topology):
+        assert ours.ours and f"rayslice's rule {ours.rule}, not Google's" in str(ours)
+    only_ours = str(CloudRuleError([do_nothing]))
+    assert "Google would refuse" not in only_ours and "rayslice's own" in only_ours
+    assert "Google would refuse" in str(CloudRuleError([bulk]))
 
 
 def test_every_rule_has_a_source_and_a_unique_id():

@@ -108,7 +108,8 @@ def _flex_config() -> dict[str, str]:
     """The elastic example on flex-start, slice 0 kept (minSlices 1). No ceiling: no flex-start
     list price is published."""
     raw = {k: v for k, v in read_stack_file(EXAMPLE).items() if k != "maxUsdPerHour"}
-    return preview.pulumi_config({**raw, "capacity": "flex-start", "maxRunHours": 24, "minSlices": 1})
+    flex = {"capacity": "flex-start", "maxRunHours": 24, "minSlices": 1, "zone": "us-east5-a"}
+    return preview.pulumi_config({**raw, **flex})
 
 
 def test_an_elastic_flex_start_slice_is_resized_from_zero_by_the_controller():

@@ -21,6 +21,7 @@ CLOUD_ALLOWED = (
     "rayslice.catalog",
     "rayslice.errors",
     "rayslice.platforms",
+    "rayslice.capacity_table",
     "rayslice.names",
     "rayslice.cloud",
 )

@@ -49,6 +49,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "slices",
             "idleTimeoutSeconds",
             "capacity",
+            "calendarMode",
             "queued",
             "headMachineType",
             "externalIps",
