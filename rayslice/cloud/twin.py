@@ -1204,6 +1204,31 @@ class CloudTwin:
             self.delete_node(*node_key)
         record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
 
+    def host_error(self, project: str, zone: str, group: str) -> list[TwinHost]:
+        """A host error or a host maintenance event on a MIG's slice: every host stops
+        (TERMINATED, its disks kept) and the MIG's lifecycle policy applies; no preemption is
+        recorded. Compute Engine then recovers a slice of managed capacity whole (`recover`);
+        Cloud TPU, "Failure recovery of TPU instances". The hosts it hit, as they were."""
+        key = (project, zone, group)
+        hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
+        before = [self._vm_host(v) for v in hit]
+        for vm in hit:
+            self.lose(vm, deleted=False)
+        return before
+
+    def recover(self, project: str, zone: str, group: str) -> None:
+        """Compute Engine's recovery of a MIG's slice: its stopped hosts run again, whole, under
+        their names and addresses (Cloud TPU, "Failure recovery of TPU instances": on-demand,
+        flex-start and reserved slices are restarted on healthy hardware, together)."""
+        key = (project, zone, group)
+        for vm in [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]:
+            if vm.status == TERMINATED:
+                vm.status = RUNNING
+                for record in self.instances.get(key, []):
+                    if record["name"] == vm.name:
+                        record["instanceStatus"] = RUNNING
+                self._hook(self.on_host_up, vm)
+
     def lose(self, vm: _Vm, *, deleted: bool, repair: bool = True) -> None:
         """Instance `vm` of a MIG failed or was preempted: stopped or deleted, then the MIG's
         lifecycle policy decides (REPAIR recreates it under its name; DO_NOTHING leaves it)."""

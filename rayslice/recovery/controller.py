@@ -171,6 +171,14 @@ class Target:
     platform: str
     slices: int
     location: Location
+    # The table's capacity key (`capacity_table.capacity_of`); None: an older controller's
+    # configuration, which recreates every broken slice as Spot's cell says.
+    capacity: str | None = None
+
+    @property
+    def cell(self) -> capacity_table.Cell | None:
+        """The stack's capacity cell: who repairs its slices and how long that may take."""
+        return capacity_table.cell(self.platform, self.capacity) if self.capacity else None
 
     @property
     def slice_names(self) -> tuple[str, ...]:
@@ -193,6 +201,9 @@ class Observation:
     seen: str
     recorded: dict[str, Any] | None = None  # the spec to recreate from, when the slice exists
     whole: bool = False  # every host serving
+    # The slice or its hosts are gone (nothing is left for Google to recover); False: its hosts
+    # exist but do not serve, which Google may be recovering.
+    gone: bool = True
 
 
 @dataclass
@@ -204,6 +215,8 @@ class SliceState:
     # Seen whole since the controller started or last recreated it: from then on a host that is
     # not serving breaks the slice (before, the slice is still being created).
     was_whole: bool = False
+    # When the controller first saw the slice broken while Google recovers it (`Controller.clock`).
+    broken_since: float | None = None
 
 
 @dataclass
@@ -259,10 +272,19 @@ class Controller:
             state.recorded = observation.recorded
         state.was_whole = state.was_whole or observation.whole
         if not observation.broken:
+            if state.broken_since is not None:  # Google's recovery brought it back
+                minutes = (self.clock() - state.broken_since) / 60
+                self.recorder.record(
+                    Event.now(name, observation.seen, "none", f"recovered after {minutes:.0f} min")
+                )
+                state.broken_since = None
             state.failures, state.next_try, state.last_seen = 0, 0.0, observation.seen
             return
         if observation.recorded is not None and state.recorded is None:
             state.recorded = observation.recorded  # e.g. a MIG whose hosts were preempted
+        waited = self._google_recovers(name, state, observation)
+        if waited is None:
+            return  # left to Google for now
         if self.clock() < state.next_try:
             return  # backing off; the failure that set it was recorded
         attempt = state.failures + 1
@@ -289,7 +311,31 @@ class Controller:
         else:
             # New hosts are being created: the slice is not broken again until it was whole.
             state.failures, state.next_try, state.was_whole = 0, 0.0, False
-        self.recorder.record(Event.now(name, observation.seen, "recreate", outcome, attempt))
+            state.broken_since = None
+        self.recorder.record(Event.now(name, observation.seen, "recreate", waited + outcome, attempt))
+
+    def _google_recovers(self, name: str, state: SliceState, observation: Observation) -> str | None:
+        """Whether a broken slice is left to Google (None) or acted on now (what to say first).
+
+        The stack's capacity cell (`capacity_table`) says who repairs its slices: where Google does
+        (``repaired_by`` not rayslice: on-demand, reserved and flex-start on compute, Cloud TPU
+        "Failure recovery of TPU instances"), a slice whose hosts still exist is never deleted
+        while Google may be recovering it: the first sighting is recorded with the cell's words,
+        and the slice is recreated only once it is gone or still broken after the cell's
+        ``repair_grace_s``. Spot slices, and a slice that is gone, are recreated at once."""
+        cell = self.target.cell
+        if cell is None or cell.repaired_by == capacity_table.RAYSLICE or observation.gone:
+            return ""
+        grace = float(cell.repair_grace_s or 0)
+        now = self.clock()
+        if state.broken_since is None:
+            state.broken_since = now
+            reaction = cell.events[capacity_table.HOST_ERROR]
+            outcome = f"{reaction.meaning}; recreated only if not recovered within {grace / 60:.0f} min"
+            self.recorder.record(Event.now(name, observation.seen, reaction.action, outcome))
+        if now - state.broken_since < grace:
+            return None
+        return f"not recovered after {(now - state.broken_since) / 60:.0f} min; "
 
     def _failed(self, state: SliceState, attempt: int) -> None:
         state.failures = attempt
@@ -542,20 +588,39 @@ class Controller:
         if len(instances) < target:
             problems.append(f"{len(instances)} of {target} instances")
         serving = 0
+        down: list[tuple[str, str]] = []  # (host, what it is) of each host not serving
         for instance in instances:
             host = managed_instance_name(instance) or "?"
             status = instance.get("instanceStatus")
             action = instance.get("currentAction")
             if action in COMPUTE_REPLACING_ACTIONS:
-                problems.append(f"{host} {action}")
+                down.append((host, str(action)))
             elif status == COMPUTE_SERVING_STATUS:
                 serving += 1
             elif status in COMPUTE_BROKEN_STATUSES or was_whole:
-                problems.append(f"{host} {status or action or 'not running'}")
+                down.append((host, str(status or action or "not running")))
         whole = target > 0 and serving == len(instances) == target
+        if down:
+            preempted = self._preempted({host for host, _ in down})
+            problems += [
+                f"host {_short(name, host)} {'preempted' if host in preempted else what}"
+                for host, what in down
+            ]
         if problems:
-            return Observation(True, "MIG " + ", ".join(problems), recorded)
+            gone = len(instances) < target
+            return Observation(True, "MIG " + ", ".join(problems), recorded, gone=gone)
         return Observation(False, f"MIG {serving} of {target} instances running", recorded, whole)
+
+    def _preempted(self, hosts: set[str]) -> set[str]:
+        """Which of `hosts` Compute Engine preempted: those named by a zone operation of type
+        ``compute.instances.preempted`` (`CloudClient.list_preemptions`), so that an event says
+        "preempted" rather than only the state a preemption leaves (TERMINATED, STOPPING). An
+        unreadable list says nothing (the hosts keep their state's name)."""
+        try:
+            operations = self.client.list_preemptions()
+        except (CloudError, OSError):
+            return set()
+        return {str(o.get("targetLink", "")).rsplit("/", 1)[-1] for o in operations} & hosts
 
     def _recreate_mig(self, name: str, recorded: Mapping[str, Any]) -> str:
         allowed = self.target.slice_names
@@ -630,6 +695,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cluster", required=True, help="the spec's name (prefix of every resource)")
     parser.add_argument("--platform", required=True, choices=tuple(VM_PLATFORMS))
     parser.add_argument("--slices", required=True, type=int)
+    parser.add_argument(
+        "--capacity",
+        choices=capacity_table.CAPACITIES,
+        help="the stack's capacity cell (rayslice.capacity_table): who repairs a broken slice",
+    )
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
     parser.add_argument("--base-backoff", type=float, default=DEFAULT_BASE_BACKOFF_S)
     parser.add_argument("--max-backoff", type=float, default=DEFAULT_MAX_BACKOFF_S)
@@ -656,7 +726,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--elastic: {exc}", file=sys.stderr)
         return 2
     try:
-        target = Target(args.cluster, args.platform, args.slices, Location(args.project, args.zone))
+        target = Target(
+            args.cluster, args.platform, args.slices, Location(args.project, args.zone), args.capacity
+        )
         client = CloudClient(default_session(), target.location)
         sinks: list[Sink] = [StreamSink()]
         if args.event_log:
@@ -679,3 +751,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rayslice-recovery: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _short(slice_name: str, host: str) -> str:
+    """A host as events name it: ``w2`` for rayslice's ``<slice>-w2``, else its whole name."""
+    worker = names.host_worker(slice_name, host)
+    return host if worker is None else f"w{worker}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from rayslice import catalog, names
+from rayslice import capacity_table, catalog, names
 from rayslice.recovery import bundle
 from rayslice.recovery.scaling import ScalingPolicy
 from rayslice.spec import ClusterSpec
@@ -42,6 +42,7 @@ def controller_attributes(spec: ClusterSpec) -> dict[str, str]:
         names.ATTR_CLUSTER: spec.name,
         names.ATTR_PLATFORM: spec.platform,
         names.ATTR_NUM_SLICES: str(spec.slices),
+        names.ATTR_CAPACITY: capacity_table.capacity_of(spec),
         **({names.ATTR_ELASTIC: scaling_policy(spec).to_json()} if spec.elastic else {}),
     }
 
@@ -101,6 +102,7 @@ def controller_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str,
         "attr_cluster": names.ATTR_CLUSTER,
         "attr_platform": names.ATTR_PLATFORM,
         "attr_num_slices": names.ATTR_NUM_SLICES,
+        "attr_capacity": names.ATTR_CAPACITY,
         "attr_elastic": names.ATTR_ELASTIC,
     }
 

@@ -86,13 +86,14 @@ def make_controller(
     clock: Clock | None = None,
     base: float = 10.0,
     cap: float = 30.0,
+    capacity: str | None = None,
 ) -> tuple[Controller, io.StringIO]:
     stream = io.StringIO()
     host = controller_metadata.url.removeprefix("http://")
     recorder = Recorder([StreamSink(stream), GuestAttributeSink(host=host)])
     controller = Controller(
         client,
-        Target(CLUSTER, platform, slices, LOCATION),
+        Target(CLUSTER, platform, slices, LOCATION, capacity),
         recorder,
         base_backoff_s=base,
         max_backoff_s=cap,

@@ -128,7 +128,8 @@ def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
     assert [(i["name"], i["instanceStatus"]) for i in cloud.state.instances[key]] == [
         (f"{SLICE0}-w{w}", "RUNNING") for w in range(4)
     ]
-    seen = "MIG 0 of 4 instances" if mode == "gone" else f"MIG {SLICE0}-w0 TERMINATED"
+    # A stopped host reads "preempted": Compute Engine recorded its compute.instances.preempted operation.
+    seen = "MIG 0 of 4 instances" if mode == "gone" else "MIG host w0 preempted"
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert len(events) == 1 and events[0]["outcome"] == "recreated" and events[0]["seen"].startswith(seen)
 
@@ -174,7 +175,7 @@ def test_a_host_not_running_after_the_slice_was_whole_breaks_it(
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     shown = action if action == "RECREATING" else status or action
     assert [(e["slice"], e["seen"], e["outcome"]) for e in events] == [
-        (SLICE1, f"MIG {SLICE1}-w1 {shown}", "recreated")
+        (SLICE1, f"MIG host w1 {shown}", "recreated")
     ]
 
 
@@ -444,3 +445,82 @@ def test_a_queued_slice_is_recreated_through_a_new_queued_resource_that_waits_fo
     assert cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] == "READY"
     controller.step()
     assert len(cloud.mutations()) == 2
+
+
+# ---- D2 (issue 40): a slice Google recovers is never deleted while it may be recovering --------
+
+
+def _broken_on_demand(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, clock: Clock):
+    """An on-demand compute cluster, seen whole, whose slice 1 then has a host error."""
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", vm, clock=clock, capacity="on-demand")
+    controller.step()
+    cloud.state.host_error(PROJECT, ZONE, SLICE1)
+    controller.step()
+    return controller, stream
+
+
+def test_an_on_demand_slice_google_recovers_is_waited_for_and_recorded(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    clock = Clock()
+    controller, stream = _broken_on_demand(cloud, client, controller_metadata, clock)
+    assert cloud.mutations() == []  # not deleted: Compute Engine is recovering it
+    [first] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (first["slice"], first["seen"], first["action"]) == (
+        SLICE1,
+        "MIG host w0 TERMINATED, host w1 TERMINATED, host w2 TERMINATED, host w3 TERMINATED",
+        "wait-for-repair",
+    )
+    assert "Compute Engine is recovering the slice" in first["outcome"] and "240 min" in first["outcome"]
+    clock.now += 600
+    controller.step()  # still within the grace: nothing sent, nothing recorded again
+    assert cloud.mutations() == [] and len(stream.getvalue().splitlines()) == 1
+
+    cloud.state.recover(PROJECT, ZONE, SLICE1)
+    controller.step()
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (events[-1]["action"], events[-1]["outcome"]) == ("none", "recovered after 10 min")
+    assert cloud.mutations() == []
+
+
+def test_an_on_demand_slice_not_recovered_within_the_grace_is_recreated(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    clock = Clock()
+    controller, stream = _broken_on_demand(cloud, client, controller_metadata, clock)
+    clock.now += 4 * 3600  # the cell's repair_grace_s
+    controller.step()
+    assert [c.method_id for c in cloud.mutations()][:2] == [
+        "compute.instanceGroupManagers.delete",
+        "compute.instanceGroupManagers.insert",
+    ]
+    last = json.loads(stream.getvalue().splitlines()[-1])
+    assert last["action"] == "recreate" and last["outcome"] == "not recovered after 240 min; recreated"
+
+
+def test_an_on_demand_slice_whose_hosts_are_gone_is_recreated_at_once(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity="on-demand")
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode="gone")  # the instances deleted: nothing to recover
+    controller.step()
+    assert next(c.method_id for c in cloud.mutations()) == "compute.instanceGroupManagers.delete"
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (event["seen"], event["outcome"]) == ("MIG 0 of 4 instances", "recreated")
+
+
+def test_a_preempted_spot_slice_is_recreated_at_once_and_reads_preempted(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity="spot")
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated")
+    controller.step()
+    assert next(c.method_id for c in cloud.mutations()) == "compute.instanceGroupManagers.delete"
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["seen"] == "MIG host w0 preempted, host w1 preempted, host w2 preempted, host w3 preempted"
+    assert event["outcome"] == "recreated"

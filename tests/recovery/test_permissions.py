@@ -34,7 +34,10 @@ STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 def test_every_mutating_emulated_method_has_its_permission_and_nothing_broader() -> None:
     for platform, api in (("tpu-vm", "tpu"), ("compute", "compute")):
         granted = set(permissions.permissions(platform))
-        assert not any(p.endswith((".setIamPolicy", ".list")) or "*" in p for p in granted)
+        # No list, but the zone's operations: a preemption is known only from its operation
+        # (compute.instances.preempted), whose name no one can know to get it (issue 40, D2).
+        listed = granted - {"compute.zoneOperations.list"}
+        assert not any(p.endswith((".setIamPolicy", ".list")) or "*" in p for p in listed)
         service = "tpu" if api == "tpu" else "compute"
         assert all(p.startswith(f"{service}.") for p in granted)
     assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= set(permissions.permissions("tpu-vm"))
@@ -131,7 +134,8 @@ def _every_way_it_acts(
     seed(cloud, platform)
     controller, stream = make_controller(client, platform, vm)
     controller.step()
-    cloud.preempt(PROJECT, ZONE, SLICE1)
+    # Stopped, not deleted, on compute: the controller lists the zone's preemptions to say so.
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated" if platform == "compute" else "gone")
     controller.step()
     key = (PROJECT, ZONE, SLICE0)
     if platform == "tpu-vm":
