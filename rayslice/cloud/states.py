@@ -2,6 +2,10 @@
 them), the recovery controller and `rayslice status` (which read them): one spelling, and no
 reader imports the emulator to get it.
 
+- GKE's NodePool.status and StatusCondition.code (container v1 discovery document):
+  ``PROVISIONING``, ``RUNNING``, ``ERROR``, ``STOPPING``; ``GCE_STOCKOUT`` "indicates that Google
+  Compute Engine resources are temporarily unavailable".
+
 - ``compute.instances.preempted``: the ``operationType`` of the zone operation Compute Engine
   records when it preempts a Spot instance (compute v1 discovery document, Operation.operationType;
   Google's sample "List preemption history", compute_preemptible_history in
@@ -11,3 +15,5 @@ reader imports the emulator to get it.
 from __future__ import annotations
 
 PREEMPTED_OPERATION = "compute.instances.preempted"
+POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RUNNING", "ERROR", "STOPPING"
+GCE_STOCKOUT = "GCE_STOCKOUT"

@@ -167,7 +167,12 @@ from rayslice.cloud import bodies, rules
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES, Request
 from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING, Capacity, CapacityExhausted
 from rayslice.cloud.capacity import Request as CapacityRequest
-from rayslice.cloud.states import PREEMPTED_OPERATION
+from rayslice.cloud.states import (
+    GCE_STOCKOUT,
+    POOL_ERROR,
+    POOL_RUNNING,
+    PREEMPTED_OPERATION,
+)
 from rayslice.errors import InvalidInput
 from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
 
@@ -187,9 +192,6 @@ RESIZE_CANCELLED = "CANCELLED"
 # The states in which a resize request may be cancelled, and deleted (module docstring, sources).
 RESIZE_CANCELLABLE = frozenset({RESIZE_ACCEPTED})
 RESIZE_DELETABLE = frozenset({RESIZE_SUCCEEDED, RESIZE_FAILED, RESIZE_CANCELLED})
-# NodePool.status and StatusCondition.code / canonicalCode (container v1 discovery document).
-POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RUNNING", "ERROR", "STOPPING"
-GCE_STOCKOUT = "GCE_STOCKOUT"  # "indicates that Google Compute Engine resources are temporarily unavailable"
 CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
 DEADLINE_EXCEEDED = 4  # google.rpc.Code of a queued resource whose deadline passed (the twin's choice)
 # An instance as deleteInstances names it: a full URL or a partial one, "such as

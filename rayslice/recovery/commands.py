@@ -38,7 +38,7 @@ from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
 from rayslice.cloud.capacity import FAILED as QUEUED_FAILED
 from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
 from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
-from rayslice.cloud.twin import POOL_ERROR, POOL_STOPPING
+from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
 from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS

@@ -16,8 +16,10 @@ from rayslice import cli, names
 from rayslice.errors import EXIT_NO_CLUSTER, NoCredentials
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
+from rayslice.recovery import commands as commands_module
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
 from rayslice.recovery.commands import render_text
+from tests.imports import imported_modules
 from tests.recovery.conftest import (
     CLUSTER,
     LOCATION,
@@ -352,3 +354,11 @@ def test_status_shows_an_elastic_clusters_slice_without_hosts_as_empty_not_degra
     assert data["slices"][1]["hosts"] == []
     assert cli.main(elastic) == 0
     assert f"slice {SLICE1}: EMPTY" in capsys.readouterr().out
+
+
+def test_status_takes_googles_state_names_from_their_module_not_the_emulator() -> None:
+    """Issue 40, item 4: `rayslice status` (recovery/commands.py) reads Google's state names from
+    `rayslice.cloud.states`, never from the cloud twin."""
+    path = Path(commands_module.__file__)
+    imported = {name for _, name in imported_modules(path.read_text(), commands_module.__name__, False)}
+    assert "rayslice.cloud.twin" not in imported and "rayslice.cloud.states" in imported
