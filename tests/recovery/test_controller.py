@@ -499,28 +499,32 @@ def test_an_on_demand_slice_not_recovered_within_the_grace_is_recreated(
     assert last["action"] == "recreate" and last["outcome"] == "not recovered after 240 min; recreated"
 
 
-def test_an_on_demand_slice_whose_hosts_are_gone_is_recreated_at_once(
-    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+@pytest.mark.parametrize(
+    "capacity, mode, seen",
+    [
+        # The instances deleted: nothing is left for Compute Engine to recover.
+        ("on-demand", "gone", "MIG 0 of 4 instances"),
+        # Spot: Google recovers nothing; a stopped host reads "preempted" (its operation).
+        (
+            "spot",
+            "terminated",
+            "MIG host w0 preempted, host w1 preempted, host w2 preempted, host w3 preempted",
+        ),
+    ],
+)
+def test_a_gone_or_spot_slice_is_recreated_at_once(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    capacity: str,
+    mode: str,
+    seen: str,
 ) -> None:
     seed(cloud, "compute")
-    controller, stream = make_controller(client, "compute", controller_metadata, capacity="on-demand")
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity=capacity)
     controller.step()
-    cloud.preempt(PROJECT, ZONE, SLICE1, mode="gone")  # the instances deleted: nothing to recover
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode=mode)
     controller.step()
     assert next(c.method_id for c in cloud.mutations()) == "compute.instanceGroupManagers.delete"
     [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert (event["seen"], event["outcome"]) == ("MIG 0 of 4 instances", "recreated")
-
-
-def test_a_preempted_spot_slice_is_recreated_at_once_and_reads_preempted(
-    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
-) -> None:
-    seed(cloud, "compute")
-    controller, stream = make_controller(client, "compute", controller_metadata, capacity="spot")
-    controller.step()
-    cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated")
-    controller.step()
-    assert next(c.method_id for c in cloud.mutations()) == "compute.instanceGroupManagers.delete"
-    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert event["seen"] == "MIG host w0 preempted, host w1 preempted, host w2 preempted, host w3 preempted"
-    assert event["outcome"] == "recreated"
+    assert (event["seen"], event["outcome"]) == (seen, "recreated")
