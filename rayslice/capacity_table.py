@@ -697,10 +697,17 @@ def _tpu_vm(
 
 
 _TPU_HOST_ERROR = Unsettled(
-    "Whether the Cloud TPU service recovers a TPU node after a host error (its maintenance page "
-    "says most maintenance events recover by themselves; nothing is said of host errors).",
-    "The controller waits the grace for a node in REPAIRING or UNHEALTHY_MAINTENANCE, then "
-    "recreates it; a node gone or PREEMPTED is recreated at once.",
+    "Whether the Cloud TPU service brings back a TPU node a host error left TERMINATED; its "
+    "maintenance page says most maintenance events recover by themselves (the node REPAIRING) and "
+    "says nothing of host errors.",
+    "A node REPAIRING is left to the service; one TERMINATED is left to it for the grace period, "
+    "then recreated; one PREEMPTED or gone is recreated at once.",
+)
+_FLEX_SUSPENDED = Unsettled(
+    "Whether a flex-start request can be SUSPENDED before its run duration ends; the flex-start page "
+    "names only the end of the run.",
+    "Any SUSPENDED flex-start request has ended: nothing is requested again, so maxRunHours always "
+    "bounds the cost; `pulumi destroy` and `pulumi up` ask anew.",
 )
 _QUEUED_SUSPENDED = Reaction(
     "suspended: Google deleted the slice's node (SUSPENDED); a new request waits for capacity", RECREATE
@@ -815,7 +822,7 @@ def _tpu_vm_cells(queued: bool) -> tuple[Cell, ...]:
                 },
                 price_key=FLEX_START,
                 sources=(FLEX_TPU, FAILURE_RECOVERY),
-                unsettled=(_GRACE,),
+                unsettled=(_FLEX_SUSPENDED, _GRACE),
             ),
         ]
     return tuple(cells)
@@ -944,6 +951,15 @@ def cell(platform: str, capacity: str, *, queued: bool = False) -> Cell:
     if found is None:
         raise NoSuchCell(f"no capacity cell {platform}/{'queued/' if queued else ''}{capacity}")
     return found
+
+
+def by_key(key: str) -> Cell:
+    """The cell named `key` (`Cell.key`, e.g. ``compute/reserved-calendar``): how a stack's cell
+    can travel as one string, to the recovery controller's command line for instance."""
+    for found in CELLS:
+        if found.key == key:
+            return found
+    raise NoSuchCell(f"no capacity cell {key!r}; the cells are: {', '.join(c.key for c in CELLS)}")
 
 
 def capacity_of(spec: SpecLike) -> str:

@@ -78,7 +78,7 @@ def _cluster_fee(registration: Registration) -> Cost:
     zonal = location.count("-") == 2  # us-east5-a, not the region us-east5
     name = registration.inputs.get("name") or registration.name
     note = f"; zonal: the ${credit:.2f}/month free-tier credit may cover it" if zonal else ""
-    return Cost(f"GKE cluster {name}: management fee, {location}{note}", fee)
+    return Cost(f"GKE cluster {name}: management fee (GKE pricing), {location}{note}", fee)
 
 
 def _machine(holder: Any) -> str:

@@ -95,8 +95,8 @@ def test_a_gke_cluster_the_stack_creates_costs_gkes_management_fee(capsys):
     assert cli.main(["preview", "--stack-file", stack]) == 0
     out = capsys.readouterr().out
     fee = re.search(
-        r"GKE cluster (\S+): management fee, us-east5-[a-z]; zonal: the \$74\.40/month free-tier credit "
-        r"may cover it +\$0\.10/h\n",
+        r"GKE cluster (\S+): management fee \(GKE pricing\), us-east5-[a-z]; zonal: the "
+        r"\$74\.40/month free-tier credit may cover it +\$0\.10/h\n",
         out,
     )
     assert fee, out

@@ -93,3 +93,53 @@ def test_validate_prints_the_stacks_own_cell(capsys: pytest.CaptureFixture[str])
     assert "on run-duration-reached: the slice has ended" in out
     assert cli.main(["validate", "--stack-file", stack, "--set", "recovery=false"]) == 0
     assert "runs no recovery controller" in capsys.readouterr().out
+
+
+def test_fill_puts_the_stacks_values_in_and_keeps_numbers_numbers() -> None:
+    body = {"a": {"seconds": table.MAX_RUN_SECONDS}, "b": [table.TPU_ANY_RESERVATION_PATH], "c": "x"}
+    values = {table.MAX_RUN_SECONDS: 7200, table.PROJECT: "p", table.ZONE: "z"}
+    assert table.fill(body, values) == {
+        "a": {"seconds": 7200},
+        "b": ["projects/p/locations/z/reservations/-"],
+        "c": "x",
+    }
+
+
+def test_a_queued_resource_read_back_names_its_cell() -> None:
+    """The controller and status know the request, not the stack: its shape names the cell,
+    gcloud's STANDARD default included."""
+    path = "projects/p/locations/z/reservations/"
+    cases = {
+        "tpu-vm/queued/on-demand": {},
+        "tpu-vm/queued/on-demand ": {"provisioningModel": "STANDARD"},
+        "tpu-vm/queued/spot": {"spot": {}},
+        "tpu-vm/queued/reserved-any": {"reservationName": path + "-"},
+        "tpu-vm/queued/reserved": {"reservationName": path + "r"},
+        "tpu-vm/queued/reserved-calendar": {
+            "reservationName": path + "r",
+            "provisioningModel": "RESERVATION_BOUND",
+        },
+        "tpu-vm/queued/flex-start": {
+            "provisioningModel": "FLEX_START",
+            "runDuration": {"maxRunDuration": "60s"},
+        },
+    }
+    for key, request in cases.items():
+        assert table.queued_cell({**request, "tpu": {}}).key == key.strip()
+    with pytest.raises(table.NoSuchCell):
+        table.queued_cell({"provisioningModel": "FLEX_START", "spot": {}})
+
+
+def test_a_cell_travels_as_its_key() -> None:
+    for found in table.CELLS:
+        assert table.by_key(found.key) is found
+    with pytest.raises(table.NoSuchCell, match="compute/reserved-calendar"):
+        table.by_key("compute/calendar")
+
+
+def test_why_not_says_what_to_set_instead() -> None:
+    assert "set queued=true" in table.why_not("tpu-vm", table.FLEX_START)
+    assert "needs reservation=" in table.why_not("compute", table.RESERVED_ANY)
+    assert table.why_not("compute", table.SPOT, queued=True).startswith(
+        "queued=true applies to platform=tpu-vm"
+    )
