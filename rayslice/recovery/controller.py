@@ -78,7 +78,8 @@ from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Record
 from rayslice.recovery.scaling import ScalingPolicy, decide, instances_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
-TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+TPU_TERMINATED = "TERMINATED"
+TPU_BROKEN_STATES = frozenset({"PREEMPTED", TPU_TERMINATED})
 # compute v1 InstanceGroupManagerTargetSizePolicy.mode of a flex-start slice's MIG.
 BULK_MODE = "BULK"
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
@@ -502,7 +503,12 @@ class Controller:
             return Observation(True, "node missing")
         state = str(node.get("state", "STATE_UNSPECIFIED"))
         recorded = _node_spec(node)
-        return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY")
+        # A TERMINATED node still exists, for the Cloud TPU service to bring back where it repairs
+        # the capacity (the capacity table's choice for a host error); PREEMPTED is gone for good.
+        gone = state != TPU_TERMINATED
+        return Observation(
+            state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY", gone
+        )
 
     def _observe_queued(self, name: str, queued: Mapping[str, Any]) -> Observation:
         """A queued slice, through its request (see the module docstring)."""

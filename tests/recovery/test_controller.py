@@ -528,3 +528,22 @@ def test_a_gone_or_spot_slice_is_recreated_at_once(
     assert next(c.method_id for c in cloud.mutations()) == "compute.instanceGroupManagers.delete"
     [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert (event["seen"], event["outcome"]) == (seen, "recreated")
+
+
+@pytest.mark.parametrize("capacity, waits", [("on-demand", True), ("spot", False)])
+def test_a_terminated_tpu_node_is_left_to_the_cloud_tpu_service_where_it_repairs(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, capacity, waits
+) -> None:
+    """D2 (issue 40) on tpu-vm: a TERMINATED node still exists; where the capacity cell says the
+    Cloud TPU service repairs it, the controller waits; on Spot it recreates at once."""
+    seed(cloud, "tpu-vm")
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata, capacity=capacity)
+    controller.step()
+    cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] = "TERMINATED"
+    controller.step()
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["seen"] == "node state TERMINATED"
+    if waits:
+        assert cloud.mutations() == [] and event["action"] == "wait-for-repair"
+    else:
+        assert cloud.mutations() and event["action"] == "recreate"
