@@ -590,6 +590,12 @@ class Controller:
             # Bulk mode creates every host at once when the zone has them, none before: a bulk MIG
             # not yet whole with no instance waits (one that was whole has lost its hosts).
             return Observation(False, f"MIG waits for capacity for {target} host(s)", recorded)
+        cell = self.target.cell
+        ended = cell.events.get(capacity_table.RUN_DURATION) if cell is not None else None
+        if target and not instances and was_whole and ended and ended.action == capacity_table.END:
+            # Every host deleted by Compute Engine while the MIG stays: the run duration (or the
+            # reservation's period) is over, as the capacity cell says; nothing is asked again.
+            return self._ended(name, f"MIG 0 of {target} instances: {ended.meaning}", recorded)
         problems = []
         if len(instances) < target:
             problems.append(f"{len(instances)} of {target} instances")

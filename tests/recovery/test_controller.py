@@ -547,3 +547,23 @@ def test_a_terminated_tpu_node_is_left_to_the_cloud_tpu_service_where_it_repairs
         assert cloud.mutations() == [] and event["action"] == "wait-for-repair"
     else:
         assert cloud.mutations() and event["action"] == "recreate"
+
+
+def test_a_flex_start_slice_whose_hosts_all_went_has_ended_and_is_not_asked_again(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    """The compute flex-start cell: at the end of the run duration Compute Engine deletes the
+    hosts; the controller records that the slice ended and makes nothing again (maxRunHours
+    bounds the cost). A MIG that is gone is still recreated."""
+    seed_flex(cloud)
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity="flex-start")
+    controller.step()
+    key = (PROJECT, ZONE, SLICE1)
+    for record in list(cloud.state.instances[key]):  # the run ended: every host deleted, MIG kept
+        cloud.state.lose(cloud.state.vms[(PROJECT, ZONE, record["name"])], deleted=True)
+    controller.step()
+    controller.step()
+    assert cloud.mutations() == []
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["seen"].startswith("MIG 0 of 4 instances: ended: run duration reached")
+    assert event["outcome"].startswith("ended: not requested again")
