@@ -20,7 +20,7 @@ from rayslice.recovery.cloud import CloudClient
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed, seed_flex
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "recovery.md"
-CONTROLLER_ACTIONS = (table.RECREATE, table.WAIT_FOR_REPAIR)
+CONTROLLER_ACTIONS = (table.RECREATE, table.WAIT_FOR_REPAIR, table.END)
 SLICE1 = names.slice_name(CLUSTER, 1)
 
 
@@ -31,7 +31,14 @@ def _inject(event: str) -> Callable[[CloudApiEmulator], None]:
         table.MAINTENANCE: lambda cloud: cloud.state.host_error(PROJECT, ZONE, SLICE1),
         table.HOST_ERROR: lambda cloud: cloud.state.host_error(PROJECT, ZONE, SLICE1),
         table.GONE: lambda cloud: cloud.state.delete_mig(PROJECT, ZONE, SLICE1),
+        table.RUN_DURATION: _end_run,
     }[event]
+
+
+def _end_run(cloud: CloudApiEmulator) -> None:
+    """The run (or the reservation's period) ends: Compute Engine deletes every host; the MIG stays."""
+    for record in list(cloud.state.instances[(PROJECT, ZONE, SLICE1)]):
+        cloud.state.lose(cloud.state.vms[(PROJECT, ZONE, record["name"])], deleted=True)
 
 
 def _cases() -> list[tuple[table.Cell, str, str]]:
@@ -70,6 +77,8 @@ def test_the_controller_does_what_the_cell_says(
     [seen] = [json.loads(line) for line in stream.getvalue().splitlines()]
     if action == table.WAIT_FOR_REPAIR:
         assert methods == [] and seen["action"] == table.WAIT_FOR_REPAIR
+    elif action == table.END:  # recorded once, nothing asked again
+        assert methods == [] and seen["outcome"].startswith("ended")
     else:  # recreated whole, at once
         assert "compute.instanceGroupManagers.insert" in methods and seen["action"] == "recreate"
         assert not seen["outcome"].startswith("failed"), seen
