@@ -74,6 +74,7 @@ ATTR_SLICE_HOSTS = "rayslice-slice-hosts"
 ATTR_RECOVERY_BUNDLE = "rayslice-recovery-bundle"
 ATTR_CLUSTER = "rayslice-cluster"
 ATTR_PLATFORM = "rayslice-platform"
+ATTR_CAPACITY = "rayslice-capacity"  # the stack's capacity cell key (capacity_table), on the controller VM
 ATTR_ELASTIC = "rayslice-elastic"  # an elastic cluster's scaling policy (JSON), on the controller VM
 HEAD_VM_ROLE = "head-vm"
 HEAD_VM_SLICE_INDEX = -1  # the slice index the CPU head VM's attributes carry

@@ -192,6 +192,42 @@ def _bulk_needs_flex_or_reservation(stack: Stack) -> Iterator[Finding]:
                 )
 
 
+# (a') "About bulk mode" (https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode):
+# a MIG in bulk mode "does not support" resize requests, and hosts are added, by its target size
+# or by createInstances, only while its target size is 0. So a bulk MIG's hosts come from its
+# target size at insert or from one createInstances (in Pulumi, one per-instance config: each is
+# its own createInstances call), never from both, never from a resize request.
+_BULK_MODE_PAGE = (
+    "Compute Engine, 'About bulk mode', https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode"
+)
+
+
+def _bulk_no_resize_request(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        if _bulk(mig):
+            for request in stack.referencing(mig, "instanceGroupManager", RESIZE_REQUEST):
+                yield (
+                    request,
+                    f"resize request on MIG {mig.name}, which is in bulk mode: bulk mode does not "
+                    "support resize requests; set the MIG's target size instead",
+                )
+
+
+def _bulk_grows_from_zero(stack: Stack) -> Iterator[Finding]:
+    for mig in stack.of_type(MIG):
+        if not _bulk(mig):
+            continue
+        configs = stack.referencing(mig, "instanceGroupManager", PER_INSTANCE_CONFIG)
+        target = int(mig.body.get("targetSize", 0))
+        if configs and (target > 0 or len(configs) > 1):
+            yield (
+                mig,
+                f"bulk mode with target size {target} and {len(configs)} per-instance config(s), each "
+                "a createInstances call: a bulk MIG takes hosts only while its target size is 0, so "
+                "from its target size or from one createInstances, not more",
+            )
+
+
 # (b) "About instances that use the reservation-bound model"
 # (https://docs.cloud.google.com/compute/docs/instances/about-reservation-bound-vms): such
 # instances consume reserved capacity, and the bulk page's template has "Choose a reservation",
@@ -452,6 +488,14 @@ def _unrepaired_tpu_cell(template: Resource) -> capacity_table.Cell | None:
     return cell if cell is not None and cell.repaired_by == capacity_table.RAYSLICE else None
 
 
+def _tpu_cell(template: Resource) -> capacity_table.Cell | None:
+    """The capacity cell of a TPU template (by its provisioning model), None for any other."""
+    holder = template.body.get("properties", {})
+    if tpu_machine(holder.get("machineType")) is None:
+        return None
+    return capacity_table.for_provisioning_model(_provisioning(template))
+
+
 def _spot_tpu_template_stops(stack: Stack) -> Iterator[Finding]:
     for template in stack.of_type(TEMPLATE):
         cell = _unrepaired_tpu_cell(template)
@@ -463,17 +507,29 @@ def _spot_tpu_template_stops(stack: Stack) -> Iterator[Finding]:
             )
 
 
-def _spot_tpu_mig_does_nothing(stack: Stack) -> Iterator[Finding]:
+# Every capacity, not Spot only: Cloud TPU, "Failure recovery of TPU instances"
+# (https://cloud.google.com/tpu/docs/failure-recovery): individual hosts of a multi-host slice
+# cannot be rescheduled, and Compute Engine recovers a slice of managed capacity whole, by
+# itself; SkyPilot's TPU MIGs (sky/provision/gcp/mig_utils.py, create_region_managed_instance_group)
+# set DO_NOTHING whatever the capacity. A one-host slice may keep REPAIR (it is whole again).
+_TPU_MIG_SOURCE = (
+    "Cloud TPU, 'Failure recovery of TPU instances', https://cloud.google.com/tpu/docs/failure-recovery; "
+    + _SPOT_SOURCE
+)
+
+
+def _tpu_mig_does_nothing(stack: Stack) -> Iterator[Finding]:
     for mig in stack.of_type(MIG):
-        cells = [c for c in map(_unrepaired_tpu_cell, _templates(stack, mig)) if c is not None]
-        if not cells:
+        hosts = max((shape[4] for shape in _slice_shape(stack, mig)), default=0)
+        cells = [c for c in map(_tpu_cell, _templates(stack, mig)) if c is not None]
+        if hosts <= 1 or not cells:
             continue
         action = mig.body.get("instanceLifecyclePolicy", {}).get("defaultActionOnFailure", "REPAIR")
         if action != cells[0].failure_action:
             yield (
                 mig,
-                f"Spot TPU MIG with default action on failure {action}: a repaired host cannot "
-                f"rejoin the slice; set {cells[0].failure_action}",
+                f"multi-host TPU MIG ({hosts} hosts) with default action on failure {action}: a "
+                f"repaired host cannot rejoin the slice; set {cells[0].failure_action}",
             )
 
 
@@ -489,9 +545,18 @@ RUN_DURATION_S = (600, 604_800)
 
 
 def _resize_request_run_duration(stack: Stack) -> Iterator[Finding]:
+    """A resize request's ``requestedRunDuration`` and a flex-start template's
+    ``scheduling.maxRunDuration`` (the same 10 minutes to 7 days: "About bulk mode" and SkyPilot's
+    flex-start template, sky/provision/gcp/mig_utils.py create_region_instance_template, carry the
+    run duration in the template)."""
     low, high = RUN_DURATION_S
-    for request in stack.of_type(RESIZE_REQUEST):
-        duration = request.body.get("requestedRunDuration")
+    timed = [(r, r.body.get("requestedRunDuration")) for r in stack.of_type(RESIZE_REQUEST)]
+    timed += [
+        (t, t.body.get("properties", {}).get("scheduling", {}).get("maxRunDuration"))
+        for t in stack.of_type(TEMPLATE)
+        if _provisioning(t) == FLEX_START
+    ]
+    for request, duration in timed:
         if duration is None:
             continue
         seconds = int(duration.get("seconds", 0))
@@ -625,6 +690,8 @@ RULES: tuple[Rule, ...] = (
     Rule("bulk-provisioning-model", _BULK_PAGE, _bulk_needs_flex_or_reservation, True),
     Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
     Rule("bulk-reservation-bound-delete", _BULK_PAGE, _bulk_reservation_bound_deletes, True),
+    Rule("bulk-no-resize-request", _BULK_MODE_PAGE, _bulk_no_resize_request, True),
+    Rule("bulk-grows-from-zero", _BULK_MODE_PAGE, _bulk_grows_from_zero, True),
     Rule("topology-machine-type", _TPU_MIG_PAGE, _topology_fits_machine_type, True),
     # No source says Google refuses a MIG larger than its topology (rayslice.cloud.twin).
     Rule("instances-match-topology", _TPU_MIG_PAGE, _instances_match_topology, True, at_end=True, ours=True),
@@ -635,7 +702,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tpu-boot-disk", _DISK_SOURCE, _boot_disk_per_generation, False),
     Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False),
     # REPAIR is the MIG's default: Google accepts it; the repaired host could not rejoin the slice.
-    Rule("spot-tpu-do-nothing", _SPOT_SOURCE, _spot_tpu_mig_does_nothing, True, ours=True),
+    Rule("tpu-mig-do-nothing", _TPU_MIG_SOURCE, _tpu_mig_does_nothing, True, ours=True),
     Rule("resize-request-run-duration", _RUN_DURATION_SOURCE, _resize_request_run_duration, False),
     Rule("flex-start-pool-autoscaled", _FLEX_POOL_SOURCE, _flex_pool_autoscaled, False),
     Rule("node-pool-autoscaling-limits", _FLEX_POOL_SOURCE, _autoscaling_limits, False),

@@ -75,6 +75,37 @@ Behaviour, by source:
   Cloud TPU API worker the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`. Where no
   source gives an order, the worker id of a MIG's instance is its creation order.
 
+- Bulk mode (Compute Engine, "About bulk mode",
+  https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode; the MIG's
+  ``targetSizePolicy.mode`` BULK, compute v1 discovery InstanceGroupManagerTargetSizePolicy.mode:
+  "if the MIG is unable to create even one VM, the MIG waits until all VMs can be created at the
+  same time"): a bulk MIG creates all its hosts at once or none. Its hosts come from its target
+  size (at insert or by ``resize``) or one ``createInstances``, and only while its target size is
+  0: growth of a bulk MIG whose target size is above 0 is refused (`BulkModeError`), and so is
+  any resize request (bulk mode "does not support resize requests"; rule
+  bulk-no-resize-request). It shrinks by a resize to 0, which deletes every host and withdraws a
+  wait. While the zone lacks hosts for all of it, it waits with its target size set and no
+  instance; when they come, it creates them all (auto-named, or as the ``createInstances`` named
+  them).
+- ``createInstances`` naming an instance that exists in the zone is refused and creates nothing:
+  an instance's name is unique in its project and zone (compute v1 discovery, Instance.name "The
+  name of the resource ... must be 1-63 characters long", and Compute Engine's naming convention
+  "Resource names must be unique" within their scope,
+  https://cloud.google.com/compute/docs/naming-resources).
+- An internal address in use by an instance cannot be deleted (`AddressInUseError`): Compute
+  Engine, "Reserve a static internal IP address"
+  (https://cloud.google.com/compute/docs/ip-addresses/reserve-static-internal-ip-address),
+  "Release a static internal IPv4 address": an address still used by a resource is released only
+  once the resource stops using it; the twin refuses the delete and changes nothing.
+- A Spot preemption of a Compute Engine instance is recorded as a zone operation of type
+  ``compute.instances.preempted`` (Google's sample "List preemption history", compute_preemptible_history
+  in GoogleCloudPlatform/python-docs-samples, filters zoneOperations.list on
+  ``operationType="compute.instances.preempted"``), shaped as the compute v1 discovery document's
+  Operation (`preemptions`).
+- A flex-start queued resource whose run duration ends: its node is deleted and the request turns
+  SUSPENDED (Cloud TPU, "Request Cloud TPUs using flex-start": when the run duration ends "the
+  TPU VMs are deleted and the queued resource moves to the SUSPENDED state"; `end_run`).
+
 - Capacity (`rayslice.cloud.capacity`, sources there): every direct create (a MIG's target
   size, ``createInstances``, an instance, a TPU node) takes its hosts from the zone's capacity or
   fails with ``ZONE_RESOURCE_POOL_EXHAUSTED`` and creates nothing; a zone never given a number
@@ -136,6 +167,12 @@ from rayslice.cloud import bodies, rules
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES, Request
 from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING, Capacity, CapacityExhausted
 from rayslice.cloud.capacity import Request as CapacityRequest
+from rayslice.cloud.states import (
+    GCE_STOCKOUT,
+    POOL_ERROR,
+    POOL_RUNNING,
+    PREEMPTED_OPERATION,
+)
 from rayslice.errors import InvalidInput
 from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
 
@@ -155,9 +192,6 @@ RESIZE_CANCELLED = "CANCELLED"
 # The states in which a resize request may be cancelled, and deleted (module docstring, sources).
 RESIZE_CANCELLABLE = frozenset({RESIZE_ACCEPTED})
 RESIZE_DELETABLE = frozenset({RESIZE_SUCCEEDED, RESIZE_FAILED, RESIZE_CANCELLED})
-# NodePool.status and StatusCondition.code / canonicalCode (container v1 discovery document).
-POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RUNNING", "ERROR", "STOPPING"
-GCE_STOCKOUT = "GCE_STOCKOUT"  # "indicates that Google Compute Engine resources are temporarily unavailable"
 CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
 DEADLINE_EXCEEDED = 4  # google.rpc.Code of a queued resource whose deadline passed (the twin's choice)
 # An instance as deleteInstances names it: a full URL or a partial one, "such as
@@ -188,6 +222,19 @@ class InstanceValidationError(InvalidInput):
 
 class ResizeRequestStateError(InvalidInput):
     """A resize request cancelled or deleted in a state that does not allow it; nothing changed."""
+
+
+class BulkModeError(InvalidInput):
+    """Growth of a bulk MIG whose target size is above 0 (module docstring, "About bulk mode");
+    nothing changed."""
+
+
+class DuplicateInstanceError(InvalidInput):
+    """A createInstances that names an instance that exists in the zone; nothing was created."""
+
+
+class AddressInUseError(InvalidInput):
+    """An address deleted while an instance uses it; nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +337,10 @@ class CloudTwin:
         self.node_pools: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self.pool_templates: dict[str, dict[str, Any]] = {}
         self._pool_waits: dict[tuple[str, str, str, str], CapacityRequest] = {}
+        # A bulk MIG's wait for all its hosts (module docstring, bulk mode), by MIG key.
+        self._mig_waits: dict[tuple[str, str, str], CapacityRequest] = {}
+        # Zone operations Google records by itself (a Spot preemption), oldest first.
+        self.operations: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
 
     # ---- applying the program's resources ------------------------------------------------------
@@ -409,6 +460,22 @@ class CloudTwin:
                 self.refused.append(violation)
                 raise CloudRuleError([violation])
 
+    def delete_address(self, name: str) -> None:
+        """addresses.delete: refused (`AddressInUseError`, nothing changed) while an instance
+        this twin holds uses the address's IP (module docstring)."""
+        ip = self.addresses.get(name)
+        if ip is None:
+            raise KeyError(f"no address {name}")
+        users = sorted(vm.name for vm in self.vms.values() if ip and vm.ip == ip and vm.status != DELETED)
+        if users:
+            raise AddressInUseError(
+                f"address {name} ({ip}) is in use by instance(s) {', '.join(users)}: delete them first"
+            )
+        del self.addresses[name]
+        subnet = self.address_pool or self.default_subnet
+        for pool in [*self.subnets.values(), *([subnet] if subnet else [])]:
+            pool.used.discard(ip)
+
     def stop_instance(self, project: str, zone: str, name: str) -> None:
         """instances.stop: the instance is TERMINATED, its disks stay (discovery, Instance.status
         TERMINATED "The instance has stopped (either by explicit action or underlying failure)")."""
@@ -485,11 +552,84 @@ class CloudTwin:
             creationTimestamp="2026-01-01T00:00:00.000-00:00",
         )
         mig.setdefault("targetSize", 0)
-        self.capacity.take(zone, self._machine_of(mig), int(mig["targetSize"]))
+        size = int(mig["targetSize"])
+        if not is_bulk(mig):
+            self.capacity.take(zone, self._machine_of(mig), size)
         self.migs[key], self.instances[key], self.configs[key] = mig, [], []
         self.resize_requests[key] = []
-        self._add_auto_named(project, zone, mig, int(mig["targetSize"]))
+        if is_bulk(mig):
+            self._bulk_wait(project, zone, mig, size, [])
+        else:
+            self._add_auto_named(project, zone, mig, size)
         return mig
+
+    def _bulk_wait(
+        self, project: str, zone: str, mig: dict[str, Any], size: int, configs: list[dict[str, Any]]
+    ) -> None:
+        """Bulk MIG `mig` waits for `size` hosts and creates them all at once when the zone has
+        them: named by `configs` (one createInstances) or by the MIG (module docstring)."""
+        if size <= 0:
+            return
+        key = (project, zone, mig["name"])
+
+        def fulfil() -> None:
+            self._mig_waits.pop(key, None)
+            if configs:
+                self._add_configured(project, zone, mig, configs)
+            else:
+                self._add_auto_named(project, zone, mig, size)
+
+        wait = CapacityRequest(f"{mig['name']}/bulk", zone, self._machine_of(mig), size, None, fulfil)
+        self._mig_waits[key] = wait
+        self.capacity.submit(wait, self.clock())
+
+    def resize_mig(self, project: str, zone: str, name: str, size: int) -> None:
+        """instanceGroupManagers.resize (compute v1 discovery: "Resizes the managed instance
+        group. If you increase the size, the group creates new instances ... If you decrease the
+        size, the group deletes instances"). A bulk MIG grows only from 0 (`BulkModeError`
+        otherwise) and waits for all its hosts; a resize to 0 deletes every host and withdraws its
+        wait. Any other MIG takes or gives back hosts at once (auto-named; the newest go first)."""
+        key = (project, zone, name)
+        mig = self.migs[key]
+        target = int(mig.get("targetSize", 0))
+        if size == target:
+            return
+        if is_bulk(mig):
+            if size > 0 and target > 0:
+                raise BulkModeError(
+                    f"MIG {name} is in bulk mode with target size {target}: hosts are added only "
+                    "while its target size is 0 (resize it to 0 first)"
+                )
+            if size == 0:
+                self._shrink_to(project, zone, mig, 0)
+                return
+            mig["targetSize"] = size
+            self._bulk_wait(project, zone, mig, size, [])
+            return
+        if size > target:
+            self.capacity.take(zone, self._machine_of(mig), size - target)
+            self._add_auto_named(project, zone, mig, size - target)
+            mig["targetSize"] = size
+        else:
+            self._shrink_to(project, zone, mig, size)
+
+    def _shrink_to(self, project: str, zone: str, mig: dict[str, Any], size: int) -> None:
+        """MIG `mig` down to `size` hosts (the highest workers go first); a bulk wait withdrawn."""
+        key = (project, zone, mig["name"])
+        wait = self._mig_waits.pop(key, None)
+        if wait is not None:
+            self.capacity.cancel(wait)
+        held = sorted(
+            (v for v in self.vms.values() if (v.project, v.zone, v.group) == key), key=lambda v: v.worker
+        )
+        gone = held[size:]
+        for vm in gone:
+            self._remove_vm(vm)
+        names = {vm.name for vm in gone}
+        self.instances[key] = [r for r in self.instances[key] if r["name"] not in names]
+        self.configs[key] = [c for c in self.configs[key] if c["name"] not in names]
+        mig["targetSize"] = size
+        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock())
 
     def _add_auto_named(self, project: str, zone: str, mig: dict[str, Any], count: int) -> None:
         """`count` instances named as a MIG names them: ``<baseInstanceName>-<4 characters>``,
@@ -591,13 +731,45 @@ class CloudTwin:
     ) -> list[dict[str, Any]]:
         """instanceGroupManagers.createInstances: one named instance per config; the target
         size rises by as many. Returns the managed-instance records."""
-        key = (project, zone, mig["name"])
+        target = int(mig.get("targetSize", 0))
+        existing = sorted({str(c["name"]) for c in configs if (project, zone, str(c["name"])) in self.vms})
+        if existing:
+            raise DuplicateInstanceError(
+                f"createInstances in {mig['name']}: instance(s) {', '.join(existing)} already exist in "
+                f"{project}/{zone}; an instance name is unique in its zone"
+            )
+        if is_bulk(mig):
+            if target > 0:
+                raise BulkModeError(
+                    f"createInstances in MIG {mig['name']}, in bulk mode with target size {target}: "
+                    "hosts are added only while its target size is 0"
+                )
+            mig["targetSize"] = len(configs)
+            self._bulk_wait(project, zone, mig, len(configs), configs)
+            return [r for r in self.instances[(project, zone, mig["name"])] if r["name"] in _names(configs)]
         self.capacity.take(zone, self._machine_of(mig), len(configs))
-        added = [self._add_to_mig(project, zone, mig, str(c["name"]), c) for c in configs]
-        named = {str(c["name"]) for c in configs}  # a config of that name (deleted, unapplied) is replaced
+        added = self._add_configured(project, zone, mig, configs, announce=True)
+        mig["targetSize"] = target + len(configs)
+        return added
+
+    def _add_configured(
+        self,
+        project: str,
+        zone: str,
+        mig: dict[str, Any],
+        configs: list[dict[str, Any]],
+        announce: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The instances of `configs`, with their per-instance configs; without `announce`,
+        created together (``on_host_up`` once all exist, as `_add_auto_named`)."""
+        key = (project, zone, mig["name"])
+        added = [self._add_to_mig(project, zone, mig, str(c["name"]), c, announce=announce) for c in configs]
+        named = _names(configs)  # a config of that name (deleted, unapplied) is replaced
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in named]
         self.configs[key].extend({**copy.deepcopy(c), "status": "EFFECTIVE"} for c in configs)
-        mig["targetSize"] = int(mig.get("targetSize", 0)) + len(configs)
+        if not announce:
+            for name in named:
+                self._hook(self.on_host_up, self.vms[(project, zone, name)])
         return added
 
     def delete_instances(
@@ -744,6 +916,9 @@ class CloudTwin:
         held = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]
         for vm in held:
             self._remove_vm(vm)
+        bulk = self._mig_waits.pop(key, None)
+        if bulk is not None:
+            self.capacity.cancel(bulk)
         for record in self.resize_requests.pop(key, []):  # a MIG's requests go with it
             wait = self._waits.pop(id(record), None)
             if wait is not None:
@@ -986,8 +1161,75 @@ class CloudTwin:
         hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
         before = [self._vm_host(v) for v in hit]
         for vm in hit:
+            self._record_preemption(vm)
             self.lose(vm, deleted=(action or _termination(vm)) == rules.DELETE, repair=repair)
         return before
+
+    def _record_preemption(self, vm: _Vm) -> None:
+        """The zone operation Compute Engine records for a preempted instance (compute v1
+        discovery, Operation: operationType, targetLink, targetId, status DONE, user "system",
+        statusMessage; the type and message as Google's preemption-history sample reads them)."""
+        now = _rfc3339(self.clock())
+        number = next(self._ids)
+        zone = f"{API_ROOT}projects/{vm.project}/zones/{vm.zone}"
+        self.operations.append(
+            {
+                "kind": "compute#operation",
+                "id": str(number),
+                "name": f"systemevent-{number}",
+                "zone": zone,
+                "operationType": PREEMPTED_OPERATION,
+                "targetLink": f"{zone}/instances/{vm.name}",
+                "targetId": str(number),
+                "status": "DONE",
+                "statusMessage": "Instance was preempted.",
+                "user": "system",
+                "progress": 100,
+                "insertTime": now,
+                "startTime": now,
+                "endTime": now,
+                "selfLink": f"{zone}/operations/systemevent-{number}",
+            }
+        )
+
+    def preemptions(self, project: str, zone: str) -> list[dict[str, Any]]:
+        """zoneOperations.list filtered on ``operationType="compute.instances.preempted"``."""
+        prefix = f"{API_ROOT}projects/{project}/zones/{zone}"
+        return [copy.deepcopy(o) for o in self.operations if o["zone"] == prefix]
+
+    def end_run(self, project: str, zone: str, queued: str) -> None:
+        """A flex-start queued resource's run duration ended: its node is deleted and the
+        request turns SUSPENDED (module docstring)."""
+        record = self.queued[(project, zone, queued)]
+        node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
+        if node_key is not None:
+            self.delete_node(*node_key)
+        record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+
+    def host_error(self, project: str, zone: str, group: str) -> list[TwinHost]:
+        """A host error or a host maintenance event on a MIG's slice: every host stops
+        (TERMINATED, its disks kept) and the MIG's lifecycle policy applies; no preemption is
+        recorded. Compute Engine then recovers a slice of managed capacity whole (`recover`);
+        Cloud TPU, "Failure recovery of TPU instances". The hosts it hit, as they were."""
+        key = (project, zone, group)
+        hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
+        before = [self._vm_host(v) for v in hit]
+        for vm in hit:
+            self.lose(vm, deleted=False)
+        return before
+
+    def recover(self, project: str, zone: str, group: str) -> None:
+        """Compute Engine's recovery of a MIG's slice: its stopped hosts run again, whole, under
+        their names and addresses (Cloud TPU, "Failure recovery of TPU instances": on-demand,
+        flex-start and reserved slices are restarted on healthy hardware, together)."""
+        key = (project, zone, group)
+        for vm in [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]:
+            if vm.status == TERMINATED:
+                vm.status = RUNNING
+                for record in self.instances.get(key, []):
+                    if record["name"] == vm.name:
+                        record["instanceStatus"] = RUNNING
+                self._hook(self.on_host_up, vm)
 
     def lose(self, vm: _Vm, *, deleted: bool, repair: bool = True) -> None:
         """Instance `vm` of a MIG failed or was preempted: stopped or deleted, then the MIG's
@@ -1207,3 +1449,12 @@ _COLLECTIONS = {
 
 def _termination(vm: _Vm) -> str | None:
     return vm.properties.get("scheduling", {}).get("instanceTerminationAction")
+
+
+def is_bulk(mig: dict[str, Any]) -> bool:
+    """Whether a MIG (as Google returns it) runs in bulk mode."""
+    return bool((mig.get("targetSizePolicy") or {}).get("mode") == rules.BULK)
+
+
+def _names(configs: list[dict[str, Any]]) -> set[str]:
+    return {str(c["name"]) for c in configs}

@@ -30,6 +30,8 @@ from rayslice import shipping
 MODULES = (
     "rayslice/__init__.py",
     "rayslice/capacity_table.py",
+    "rayslice/cloud/__init__.py",
+    "rayslice/cloud/states.py",
     "rayslice/errors.py",
     "rayslice/names.py",
     "rayslice/platforms.py",

@@ -36,8 +36,9 @@ import google.auth.exceptions
 import requests
 from google.auth.transport.requests import AuthorizedSession
 
+from rayslice.cloud.states import PREEMPTED_OPERATION
 from rayslice.errors import CloudError, InvalidInput, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name, host_worker, request_name
+from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name, host_worker
 
 # Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
 # compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/", container.v1
@@ -315,39 +316,31 @@ class CloudClient:
         """instanceGroupManagerResizeRequests.list: the MIG's resize requests."""
         return self._paged(f"instanceGroupManagers/{_q(name)}/resizeRequests", "items", method="GET")
 
-    def insert_resize_request(
-        self, name: str, body: Mapping[str, Any], allowed: Collection[str]
-    ) -> dict[str, Any]:
-        """instanceGroupManagerResizeRequests.insert: ask for hosts that wait for capacity."""
+    def resize_mig(self, name: str, size: int, allowed: Collection[str]) -> dict[str, Any]:
+        """instanceGroupManagers.resize (``size``, a query parameter: "The number of running
+        instances that the managed instance group should maintain at any given time", compute v1
+        discovery). A bulk MIG (flex-start) grows only from 0 and shrinks by a resize to 0
+        (Compute Engine, "About bulk mode")."""
         self._guard(name, allowed)
         return self._request(
-            "POST", self._compute(f"instanceGroupManagers/{_q(name)}/resizeRequests"), body=dict(body)
+            "POST", self._compute(f"instanceGroupManagers/{_q(name)}/resize"), params={"size": str(size)}
         )
 
-    def cancel_resize_request(self, mig: str, name: str, allowed: Collection[str]) -> dict[str, Any]:
-        """instanceGroupManagerResizeRequests.cancel: an ACCEPTED request stops waiting ("Cancel is
-        only possible for requests that are accepted in the queue", compute v1 discovery)."""
-        self._guard_request(mig, name, allowed)
-        return self._request(
-            "POST", self._compute(f"instanceGroupManagers/{_q(mig)}/resizeRequests/{_q(name)}/cancel")
-        )
-
-    def delete_resize_request(self, mig: str, name: str, allowed: Collection[str]) -> dict[str, Any]:
-        """instanceGroupManagerResizeRequests.delete: "Deletes the specified, inactive resize
-        request" (SUCCEEDED, FAILED or CANCELLED: gcloud's ``resize-requests delete``); the hosts
-        it made stay ("Deleting request does not delete instances", compute v1 discovery)."""
-        self._guard_request(mig, name, allowed)
-        return self._request(
-            "DELETE", self._compute(f"instanceGroupManagers/{_q(mig)}/resizeRequests/{_q(name)}")
-        )
-
-    @classmethod
-    def _guard_request(cls, mig: str, name: str, allowed: Collection[str]) -> None:
-        """`_guard` for `mig`, and `name` must be the one request infra and the controller give
-        that MIG (`rayslice.names.request_name`)."""
-        cls._guard(mig, allowed)
-        if name != request_name(mig):
-            raise RefusedResource(f"refusing to touch resize request {name!r}: not {request_name(mig)!r}")
+    def list_preemptions(self) -> list[dict[str, Any]]:
+        """zoneOperations.list of the zone's Spot preemptions (``operationType =
+        "compute.instances.preempted"``, the filter of Google's sample "List preemption history",
+        compute_preemptible_history), oldest first: each names the instance in ``targetLink``."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            params = {"filter": f'operationType="{PREEMPTED_OPERATION}"'}
+            if token:
+                params["pageToken"] = token
+            page = self._request("GET", self._compute("operations"), params=params)
+            items.extend(page.get("items", []))
+            token = page.get("nextPageToken", "")
+            if not token:
+                return items
 
     def _paged(self, path: str, field: str, method: str = "POST") -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -391,24 +384,6 @@ class CloudClient:
         pass any of these names still there to `delete_per_instance_configs`."""
         self._guard_hosts(mig, instance_names, allowed)
         return self._delete_instances(mig, instance_names, skip_missing)
-
-    def delete_listed_instances(
-        self, mig: str, instance_names: Sequence[str], allowed: Collection[str]
-    ) -> dict[str, Any]:
-        """`delete_instances` of hosts the MIG named itself (a flex-start slice's, made by its
-        resize request: "The MIG automatically generates the names of the VMs", Compute Engine,
-        "About resize requests in a MIG"), so no name rule of rayslice's applies: each name must be
-        one the MIG lists as its managed instance now (listManagedInstances), and nothing else."""
-        self._guard(mig, allowed)
-        if not instance_names:
-            raise InvalidInput(f"no instances of {mig!r} named")
-        listed = {managed_instance_name(i) for i in self.list_managed_instances(mig)} - {""}
-        foreign = [h for h in instance_names if h not in listed]
-        if foreign:
-            raise RefusedResource(
-                f"refusing to touch {', '.join(map(repr, foreign))}: not managed instances of {mig!r}"
-            )
-        return self._delete_instances(mig, instance_names, True)
 
     def _delete_instances(
         self, mig: str, instance_names: Sequence[str], skip_missing: bool

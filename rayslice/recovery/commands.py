@@ -35,15 +35,10 @@ from rayslice import capacity_table, clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
 from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
+from rayslice.cloud.capacity import FAILED as QUEUED_FAILED
 from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
 from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
-from rayslice.cloud.twin import (
-    POOL_ERROR,
-    POOL_STOPPING,
-    RESIZE_ACCEPTED,
-    RESIZE_FAILED,
-    RESIZE_SUCCEEDED,
-)
+from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
 from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
@@ -102,7 +97,7 @@ def _tpu_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
 
 
 def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> dict[str, Any]:
-    """A queued slice's request as status shows it (the same keys as `resize_request_status`): its
+    """A queued slice's request as status shows it (the same keys as `bulk_wait_status`): its
     state (tpu v2 QueuedResourceState: WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED with
     ``failedData.error``, SUSPENDED ...), since when (createTime), the deadline its
     ``queueingPolicy.validUntilDuration`` sets, the flex-start run duration, the hosts of its node
@@ -156,23 +151,22 @@ def _after(timestamp: str, seconds: float) -> str:
     return (start + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def resize_request_status(request: dict[str, Any], joined: int) -> dict[str, Any]:
-    """A flex-start slice's resize request as status shows it: its state (ACCEPTED: waiting for
-    capacity; SUCCEEDED: its hosts were created; FAILED with Google's reason; compute v1
-    InstanceGroupManagerResizeRequest.state), since when, the hosts asked and how many joined Ray.
-    The v1 request has no deadline: it waits until it is deleted ("About resize requests in a MIG")."""
-    errors = (request.get("status") or {}).get("error", {}).get("errors", [])
-    duration = (request.get("requestedRunDuration") or {}).get("seconds")
+def bulk_wait_status(mig: dict[str, Any], running: int, joined: int) -> dict[str, Any]:
+    """A flex-start slice's bulk MIG as status shows its wait (the same keys as
+    `queued_resource_status`): WAITING_FOR_RESOURCES while its target size is set and no host
+    exists (bulk mode creates them all at once when the zone has them, Compute Engine "About bulk
+    mode"), ACTIVE once they exist; since the MIG was made; no deadline (it waits until resized to
+    0 or deleted). The run duration is its template's, which status does not read."""
     return {
-        "kind": "resize request",
-        "name": str(request.get("name", "")),
-        "state": str(request.get("state", "STATE_UNSPECIFIED")),
-        "since": str(request.get("creationTimestamp", "")),
+        "kind": "bulk MIG",
+        "name": str(mig.get("name", "")),
+        "state": QUEUED_ACTIVE if running else QUEUED_WAITING,
+        "since": str(mig.get("creationTimestamp", "")),
         "deadline": None,
-        "run_hours": _hours(duration) if duration else None,
-        "hosts_asked": int(request.get("resizeBy") or 0),
+        "run_hours": None,
+        "hosts_asked": int(mig.get("targetSize", 0)),
         "hosts_joined": joined,
-        "reason": "; ".join(f"{e.get('code', '')}: {e.get('message', '')}" for e in errors) or None,
+        "reason": None,
     }
 
 
@@ -201,7 +195,7 @@ EMPTY = "EMPTY"
 
 
 def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:
-    """A MIG slice; `waits`: its hosts come through resize requests (flex-start), shown too."""
+    """A MIG slice; `waits`: a flex-start bulk MIG, whose wait for capacity is shown too."""
     mig = client.get_mig(name)
     if mig is None:
         return {"name": name, "state": "MISSING", "hosts": []}
@@ -223,10 +217,9 @@ def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[
     if not waits:
         return {"name": name, "state": state, "hosts": hosts}
     joined = sum(1 for h in hosts if h["boot"] == names.STATE_JOINED)
-    requests = client.list_resize_requests(name)
-    request = resize_request_status(requests[-1], joined) if requests else None
-    if request is not None and request["state"] != RESIZE_SUCCEEDED:
-        state = f"REQUEST {request['state']}"  # no hosts yet: the request is the slice's state
+    request = bulk_wait_status(mig, len(hosts), joined) if target else None
+    if request is not None and not hosts:
+        state = f"REQUEST {request['state']}"  # no hosts yet: the wait is the slice's state
     return {"name": name, "state": state, "hosts": hosts, "request": request}
 
 
@@ -425,11 +418,9 @@ def _request_line(request: dict[str, Any]) -> str:
         else "no deadline: waits until deleted"
     )
     meaning = {
-        RESIZE_ACCEPTED: f"waiting for capacity since {request['since']} ({waits})",
         QUEUED_WAITING: f"waiting for capacity since {request['since']} ({waits})",
-        RESIZE_SUCCEEDED: f"fulfilled (asked {request['since']})",
         QUEUED_ACTIVE: f"fulfilled (asked {request['since']})",
-        RESIZE_FAILED: f"failed: {request['reason'] or 'no reason given'}",
+        QUEUED_FAILED: f"failed: {request['reason'] or 'no reason given'}",
         QUEUED_SUSPENDED: request["reason"] or "suspended: its node was deleted",
     }.get(state, state)
     run = f", run at most {request['run_hours']:g} h" if request["run_hours"] else ""

@@ -26,16 +26,15 @@ run beside its project-wide rights: `rayslice.infra.controller_vm`) as a supervi
   creates the hosts with their recorded per-instance configs (names and preserved addresses) in
   one ``createInstances`` call, which raises the target size to the slice's host count. A
   flex-start slice's MIG (bulk mode, no per-instance configs) gets its hosts the way it first
-  did: the controller inserts it again with its target-size policy and makes a new resize request
-  like the one recorded (``resizeBy``, ``requestedRunDuration``), named
-  `names.request_name`. The request waits for capacity as the first did; the controller
-  leaves the slice alone while it waits (target size 0 breaks nothing) and watches it again once
-  its hosts exist.
+  did: the controller inserts it again as recorded, in bulk mode with its target size, and the MIG
+  waits until the zone has every host (Compute Engine, "About bulk mode": no resize request; hosts
+  are added only while the target size is 0). A bulk MIG that waits (target size set, no instance
+  yet) is left alone, and watched again once its hosts exist.
 
 On an elastic cluster (`rayslice.recovery.scaling`) it then adds and removes whole slices: with
 ``createInstances`` and ``deleteInstances`` of the names infra gave the hosts, or, on flex-start,
-with a resize request `names.request_name` that it cancels if the demand goes before capacity
-comes, and deletes with the hosts the MIG named (docs/elastic.md).
+by resizing the slice's bulk MIG from 0 to its hosts (it waits for capacity) and back to 0, which
+deletes the hosts or withdraws the wait if the demand goes before capacity comes (docs/elastic.md).
 
 A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
 one the controller has just recreated, until it is whole again. After a failed recreation the
@@ -76,13 +75,13 @@ from rayslice.recovery.cloud import (
 )
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
-from rayslice.recovery.scaling import Decision, ScalingPolicy, decide, instances_of, resize_request_of
+from rayslice.recovery.scaling import Decision, ScalingPolicy, decide, instances_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
-TPU_BROKEN_STATES = frozenset({"PREEMPTED", "TERMINATED"})
-# compute v1 InstanceGroupManagerTargetSizePolicy of a flex-start slice's MIG.
+TPU_TERMINATED = "TERMINATED"
+TPU_BROKEN_STATES = frozenset({"PREEMPTED", TPU_TERMINATED})
+# compute v1 InstanceGroupManagerTargetSizePolicy.mode of a flex-start slice's MIG.
 BULK_MODE = "BULK"
-BULK_POLICY = {"mode": BULK_MODE}
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
 # that was once whole.
 COMPUTE_SERVING_STATUS = "RUNNING"
@@ -139,11 +138,9 @@ QUEUED_ACTIVE = "ACTIVE"
 # The outcome recorded for a slice whose capacity ended (a flex-start run duration reached, a
 # calendar-mode reservation over): `rayslice status` shows it.
 ENDED_OUTCOME = "ended: not requested again (`pulumi destroy` removes what is left)"
-# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG. Not
-# targetSizePolicy: bulk mode takes only FLEX_START or RESERVATION_BOUND templates (rule
-# bulk-provisioning-model), and the program sets it only on a flex-start MIG, whose hosts come
-# through a resize request: such a MIG is inserted again in bulk mode (`BULK_POLICY`), an earlier
-# rayslice's bulk Spot MIG (no request) without it.
+# Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG, its bulk
+# target-size policy included (the program sets it only where bulk mode is allowed, rule
+# bulk-provisioning-model).
 MIG_INSERT_FIELDS = (
     "allInstancesConfig",
     "autoHealingPolicies",
@@ -157,23 +154,10 @@ MIG_INSERT_FIELDS = (
     "resourcePolicies",
     "statefulPolicy",
     "targetSize",
+    "targetSizePolicy",
     "updatePolicy",
     "versions",
 )
-# Writable InstanceGroupManagerResizeRequest fields (compute.v1.json) carried to the new request
-# of a recreated flex-start slice.
-RESIZE_REQUEST_FIELDS = ("description", "requestedRunDuration", "resizeBy")
-# InstanceGroupManagerResizeRequest.state (compute.v1.json): a request that still waits for
-# capacity ("CREATING: Resize request is being created and may still fail creation"; "ACCEPTED:
-# The request was created successfully and was accepted for provisioning when the capacity becomes
-# available"); the one state cancel takes ("Cancel is only possible for requests that are accepted
-# in the queue", instanceGroupManagerResizeRequests.cancel); and the inactive ones delete takes
-# ("Deletes the specified, inactive resize request. Requests that are still active cannot be
-# deleted", instanceGroupManagerResizeRequests.delete; gcloud's ``resize-requests delete``: "You can
-# only delete a request when it is in a state SUCCEEDED, FAILED, or CANCELLED").
-RESIZE_WAITING = frozenset({"CREATING", "ACCEPTED"})
-RESIZE_CANCELLABLE = frozenset({"ACCEPTED"})
-RESIZE_INACTIVE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 DEFAULT_INTERVAL_S = 30.0
 DEFAULT_BASE_BACKOFF_S = 30.0
 DEFAULT_MAX_BACKOFF_S = 900.0
@@ -188,6 +172,14 @@ class Target:
     platform: str
     slices: int
     location: Location
+    # The table's capacity key (`capacity_table.capacity_of`); None: an older controller's
+    # configuration, which recreates every broken slice as Spot's cell says.
+    capacity: str | None = None
+
+    @property
+    def cell(self) -> capacity_table.Cell | None:
+        """The stack's capacity cell: who repairs its slices and how long that may take."""
+        return capacity_table.cell(self.platform, self.capacity) if self.capacity else None
 
     @property
     def slice_names(self) -> tuple[str, ...]:
@@ -210,6 +202,9 @@ class Observation:
     seen: str
     recorded: dict[str, Any] | None = None  # the spec to recreate from, when the slice exists
     whole: bool = False  # every host serving
+    # The slice or its hosts are gone (nothing is left for Google to recover); False: its hosts
+    # exist but do not serve, which Google may be recovering.
+    gone: bool = True
 
 
 @dataclass
@@ -221,6 +216,8 @@ class SliceState:
     # Seen whole since the controller started or last recreated it: from then on a host that is
     # not serving breaks the slice (before, the slice is still being created).
     was_whole: bool = False
+    # When the controller first saw the slice broken while Google recovers it (`Controller.clock`).
+    broken_since: float | None = None
 
 
 @dataclass
@@ -276,10 +273,19 @@ class Controller:
             state.recorded = observation.recorded
         state.was_whole = state.was_whole or observation.whole
         if not observation.broken:
+            if state.broken_since is not None:  # Google's recovery brought it back
+                minutes = (self.clock() - state.broken_since) / 60
+                self.recorder.record(
+                    Event.now(name, observation.seen, "none", f"recovered after {minutes:.0f} min")
+                )
+                state.broken_since = None
             state.failures, state.next_try, state.last_seen = 0, 0.0, observation.seen
             return
         if observation.recorded is not None and state.recorded is None:
             state.recorded = observation.recorded  # e.g. a MIG whose hosts were preempted
+        waited = self._google_recovers(name, state, observation)
+        if waited is None:
+            return  # left to Google for now
         if self.clock() < state.next_try:
             return  # backing off; the failure that set it was recorded
         attempt = state.failures + 1
@@ -306,7 +312,31 @@ class Controller:
         else:
             # New hosts are being created: the slice is not broken again until it was whole.
             state.failures, state.next_try, state.was_whole = 0, 0.0, False
-        self.recorder.record(Event.now(name, observation.seen, "recreate", outcome, attempt))
+            state.broken_since = None
+        self.recorder.record(Event.now(name, observation.seen, "recreate", waited + outcome, attempt))
+
+    def _google_recovers(self, name: str, state: SliceState, observation: Observation) -> str | None:
+        """Whether a broken slice is left to Google (None) or acted on now (what to say first).
+
+        The stack's capacity cell (`capacity_table`) says who repairs its slices: where Google does
+        (``repaired_by`` not rayslice: on-demand, reserved and flex-start on compute, Cloud TPU
+        "Failure recovery of TPU instances"), a slice whose hosts still exist is never deleted
+        while Google may be recovering it: the first sighting is recorded with the cell's words,
+        and the slice is recreated only once it is gone or still broken after the cell's
+        ``repair_grace_s``. Spot slices, and a slice that is gone, are recreated at once."""
+        cell = self.target.cell
+        if cell is None or cell.repaired_by == capacity_table.RAYSLICE or observation.gone:
+            return ""
+        grace = float(cell.repair_grace_s or 0)
+        now = self.clock()
+        if state.broken_since is None:
+            state.broken_since = now
+            reaction = cell.events[capacity_table.HOST_ERROR]
+            outcome = f"{reaction.meaning}; recreated only if not recovered within {grace / 60:.0f} min"
+            self.recorder.record(Event.now(name, observation.seen, reaction.action, outcome))
+        if now - state.broken_since < grace:
+            return None
+        return f"not recovered after {(now - state.broken_since) / 60:.0f} min; "
 
     def _failed(self, state: SliceState, attempt: int) -> None:
         state.failures = attempt
@@ -316,10 +346,12 @@ class Controller:
 
     def scale(self, policy: ScalingPolicy) -> None:
         try:
-            with_hosts = {name for name in self.target.slice_names if self._has_hosts(name)}
-            waiting = set()
-            if policy.run_duration_s is not None:  # flex-start: a slice may be a request that waits
-                waiting = {n for n in self.target.slice_names if n not in with_hosts and self._waits(n)}
+            sizes = {name: self._sizes(name) for name in self.target.slice_names}
+            # A bulk MIG (flex-start) with a target size and no instance waits for capacity.
+            waiting = {n for n, (target, held) in sizes.items() if target > 0 and held == 0}
+            if policy.run_duration_s is None:
+                waiting = set()
+            with_hosts = {n for n, (target, _) in sizes.items() if target > 0 and n not in waiting}
             demand = self.read_demand(policy)
         except (CloudError, NoCredentials, OSError) as exc:  # recovery goes on; the next pass tries again
             print(f"rayslice-recovery: could not read the cluster's slices or demand: {exc}", file=sys.stderr)
@@ -367,20 +399,17 @@ class Controller:
             print(f"rayslice-recovery: the head's demand is unreadable: {exc}", file=sys.stderr)
             return None
 
-    def _has_hosts(self, name: str) -> bool:
+    def _sizes(self, name: str) -> tuple[int, int]:
+        """Slice `name`'s MIG's target size and the instances it holds ((0, 0) when missing)."""
         mig = self.client.get_mig(name)
-        return mig is not None and int(mig.get("targetSize", 0)) > 0
-
-    def _waits(self, name: str) -> bool:
-        """Whether slice `name`'s resize request waits for capacity (the slice is being added)."""
-        return any(
-            r.get("name") == names.request_name(name) and r.get("state") in RESIZE_WAITING
-            for r in self.client.list_resize_requests(name)
-        )
+        if mig is None:
+            return 0, 0
+        target = int(mig.get("targetSize", 0))
+        return target, len(self.client.list_managed_instances(name)) if target else 0
 
     def _add(self, policy: ScalingPolicy, name: str) -> str:
         if policy.run_duration_s is not None:
-            return self._request_slice(policy, name)
+            return self._resize(name, policy.hosts_per_slice, "waits for capacity")
         hosts = names.slice_host_names(name, policy.hosts_per_slice)
         instances = instances_of(policy, self.target.location.project, hosts)
         try:
@@ -396,61 +425,33 @@ class Controller:
         self.slices[name] = SliceState()
         return f"{len(hosts)} host(s) requested"
 
-    def _request_slice(self, policy: ScalingPolicy, name: str) -> str:
-        """A flex-start slice added: one resize request for all its hosts, which waits for
-        capacity; an inactive request of the same name left from before is deleted first (the
-        name must be free, and a waiting one would have made the slice count as added)."""
-        body = resize_request_of(policy, name)
+    def _resize(self, name: str, size: int, outcome: str) -> str:
+        """Slice `name`'s bulk MIG (flex-start) resized to `size`: from 0 to its hosts, which the
+        MIG creates all at once when the zone has them, or to 0, which deletes them or withdraws
+        the wait (Compute Engine, "About bulk mode")."""
         try:
-            left = self._retire_request(name)
-            if left:
-                return f"failed: {left}"
             done = self.client.wait_zone_operation(
-                self.client.insert_resize_request(name, body, self.target.slice_names),
-                self.operation_timeout_s,
+                self.client.resize_mig(name, size, self.target.slice_names), self.operation_timeout_s
             )
         except (CloudError, OSError) as exc:
             return f"failed: {exc}"
         if operation_error(done):
-            return f"failed: resize request: {operation_error(done)}"
-        self.slices[name] = SliceState()  # recovery watches it once it has been whole
-        return f"resize request {body['name']} for {body['resizeBy']} host(s) waits for capacity"
+            return f"failed: resize to {size}: {operation_error(done)}"
+        if size:
+            self.slices[name] = SliceState()  # recovery watches it once it has been whole
+        return f"MIG resized to {size} host(s): {outcome}"
 
     def _cancel(self, name: str) -> str:
-        """A flex-start slice's waiting request no longer needed: cancelled, then deleted, so no
-        hosts come later for nothing."""
-        try:
-            left = self._retire_request(name)
-        except (CloudError, OSError) as exc:
-            return f"failed: {exc}"
-        if left:
-            return f"failed: {left}"
-        return f"resize request {names.request_name(name)} cancelled: no demand for it before capacity came"
-
-    def _retire_request(self, name: str) -> str:
-        """Slice `name`'s resize request (`names.request_name`) gone: cancelled if it still waits
-        (ACCEPTED), then deleted once inactive (`RESIZE_CANCELLABLE`, `RESIZE_INACTIVE`, sources
-        there). Deleting it leaves the hosts it made. What is left undone, or ""."""
-        request = names.request_name(name)
-        found = [r for r in self.client.list_resize_requests(name) if r.get("name") == request]
-        if not found:
-            return ""
-        state = str(found[0].get("state", ""))
-        allowed, wait = self.target.slice_names, self.client.wait_zone_operation
-        if state in RESIZE_CANCELLABLE:
-            done = wait(self.client.cancel_resize_request(name, request, allowed), self.operation_timeout_s)
-            if operation_error(done) or done.get("status") != "DONE":
-                return f"cancel {request}: {operation_error(done) or 'did not finish'}"
-        elif state not in RESIZE_INACTIVE:
-            return f"resize request {request} is {state or 'in no state'}; tried again next pass"
-        done = wait(self.client.delete_resize_request(name, request, allowed), self.operation_timeout_s)
-        if operation_error(done) or done.get("status") != "DONE":
-            return f"delete {request}: {operation_error(done) or 'did not finish'}"
-        return ""
+        """A flex-start slice that still waits for capacity and is no longer needed: resized to 0,
+        so no hosts come later for nothing."""
+        return self._resize(name, 0, "no demand for it before capacity came")
 
     def _remove(self, policy: ScalingPolicy, name: str) -> str:
         if policy.run_duration_s is not None:
-            return self._remove_requested(policy, name)
+            outcome = self._resize(name, 0, f"idle for {policy.idle_timeout_s:.0f}s or more")
+            if not outcome.startswith("failed"):
+                self.removing.add(name)
+            return outcome
         hosts = names.slice_host_names(name, policy.hosts_per_slice)
         allowed = self.target.slice_names
         wait = self.client.wait_zone_operation
@@ -472,27 +473,6 @@ class Controller:
             return f"failed: {exc}"
         self.removing.add(name)
         return f"{len(hosts)} host(s) deleted (idle for {policy.idle_timeout_s:.0f}s or more)"
-
-    def _remove_requested(self, policy: ScalingPolicy, name: str) -> str:
-        """A flex-start slice removed: the hosts its MIG named and lists (deleteInstances, which
-        the client refuses for any instance the MIG does not list), then its request."""
-        try:
-            hosts = [managed_instance_name(i) for i in self.client.list_managed_instances(name)]
-            if hosts:
-                done = self.client.wait_zone_operation(
-                    self.client.delete_listed_instances(name, hosts, self.target.slice_names),
-                    self.operation_timeout_s,
-                )
-                if operation_error(done):
-                    return f"failed: deleteInstances: {operation_error(done)}"
-            left = self._retire_request(name)
-        except (CloudError, OSError) as exc:
-            return f"failed: {exc}"
-        self.removing.add(name)
-        idle = f"idle for {policy.idle_timeout_s:.0f}s or more"
-        if left:
-            return f"{len(hosts)} host(s) deleted ({idle}); request not yet deleted: {left}"
-        return f"{len(hosts)} host(s) deleted ({idle}) and resize request {names.request_name(name)} deleted"
 
     def _removal_done(self, name: str) -> None:
         """Ends a removal once the slice's MIG holds no instance: recovery watches it again."""
@@ -526,7 +506,12 @@ class Controller:
             return Observation(True, "node missing")
         state = str(node.get("state", "STATE_UNSPECIFIED"))
         recorded = _node_spec(node)
-        return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY")
+        # A TERMINATED node still exists, for the Cloud TPU service to bring back where it repairs
+        # the capacity (the capacity table's choice for a host error); PREEMPTED is gone for good.
+        gone = state != TPU_TERMINATED
+        return Observation(
+            state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY", gone
+        )
 
     def _observe_queued(self, name: str, queued: Mapping[str, Any]) -> Observation:
         """A queued slice, through its request (see the module docstring)."""
@@ -602,30 +587,55 @@ class Controller:
                 for config in configs
             ],
         }
-        if mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE:  # flex-start: the request
-            requests = self.client.list_resize_requests(name)
-            if requests:
-                last = requests[-1]
-                recorded["request"] = {key: last[key] for key in RESIZE_REQUEST_FIELDS if key in last}
         target = int(mig.get("targetSize", 0))
+        bulk = mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE
+        if bulk and target and not instances and not was_whole:
+            # Bulk mode creates every host at once when the zone has them, none before: a bulk MIG
+            # not yet whole with no instance waits (one that was whole has lost its hosts).
+            return Observation(False, f"MIG waits for capacity for {target} host(s)", recorded)
+        cell = self.target.cell
+        ended = cell.events.get(capacity_table.RUN_DURATION) if cell is not None else None
+        if target and not instances and was_whole and ended and ended.action == capacity_table.END:
+            # Every host deleted by Compute Engine while the MIG stays: the run duration (or the
+            # reservation's period) is over, as the capacity cell says; nothing is asked again.
+            return self._ended(name, f"MIG 0 of {target} instances: {ended.meaning}", recorded)
         problems = []
         if len(instances) < target:
             problems.append(f"{len(instances)} of {target} instances")
         serving = 0
+        down: list[tuple[str, str]] = []  # (host, what it is) of each host not serving
         for instance in instances:
             host = managed_instance_name(instance) or "?"
             status = instance.get("instanceStatus")
             action = instance.get("currentAction")
             if action in COMPUTE_REPLACING_ACTIONS:
-                problems.append(f"{host} {action}")
+                down.append((host, str(action)))
             elif status == COMPUTE_SERVING_STATUS:
                 serving += 1
             elif status in COMPUTE_BROKEN_STATUSES or was_whole:
-                problems.append(f"{host} {status or action or 'not running'}")
+                down.append((host, str(status or action or "not running")))
         whole = target > 0 and serving == len(instances) == target
+        if down:
+            preempted = self._preempted({host for host, _ in down})
+            problems += [
+                f"host {_short(name, host)} {'preempted' if host in preempted else what}"
+                for host, what in down
+            ]
         if problems:
-            return Observation(True, "MIG " + ", ".join(problems), recorded)
+            gone = len(instances) < target
+            return Observation(True, "MIG " + ", ".join(problems), recorded, gone=gone)
         return Observation(False, f"MIG {serving} of {target} instances running", recorded, whole)
+
+    def _preempted(self, hosts: set[str]) -> set[str]:
+        """Which of `hosts` Compute Engine preempted: those named by a zone operation of type
+        ``compute.instances.preempted`` (`CloudClient.list_preemptions`), so that an event says
+        "preempted" rather than only the state a preemption leaves (TERMINATED, STOPPING). An
+        unreadable list says nothing (the hosts keep their state's name)."""
+        try:
+            operations = self.client.list_preemptions()
+        except (CloudError, OSError):
+            return set()
+        return {str(o.get("targetLink", "")).rsplit("/", 1)[-1] for o in operations} & hosts
 
     def _recreate_mig(self, name: str, recorded: Mapping[str, Any]) -> str:
         allowed = self.target.slice_names
@@ -636,11 +646,12 @@ class Controller:
                 return f"failed: delete: {operation_error(done) or 'did not finish'}"
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
-        request = recorded.get("request")
-        if instances or request:
-            body["targetSize"] = 0  # createInstances or the request below adds the hosts
-        if request:
-            body["targetSizePolicy"] = BULK_POLICY
+        if instances:
+            # createInstances below adds the named hosts, one call in individual mode (an earlier
+            # rayslice's bulk Spot MIG loses its bulk policy: bulk mode refuses Spot templates).
+            body["targetSize"] = 0
+            body.pop("targetSizePolicy", None)
+        # else a bulk MIG (flex-start): inserted with its target size, it waits for every host.
         policy = dict(body.get("instanceLifecyclePolicy") or {})
         body["instanceLifecyclePolicy"] = {**policy, "defaultActionOnFailure": MIG_ACTION_ON_FAILURE}
         done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
@@ -652,12 +663,8 @@ class Controller:
                 return "hosts requested, still in progress"
             if operation_error(done):
                 return f"failed: createInstances: {operation_error(done)}"
-        if request:
-            new = {**request, "name": names.request_name(name)}
-            done = wait(self.client.insert_resize_request(name, new, allowed), self.operation_timeout_s)
-            if done.get("status") != "DONE" or operation_error(done):
-                return f"failed: resize request: {operation_error(done) or 'did not finish'}"
-            return f"recreated; resize request {new['name']} waits for {new.get('resizeBy')} hosts"
+        elif body.get("targetSizePolicy", {}).get("mode") == BULK_MODE:
+            return f"recreated; the MIG waits for capacity for {body.get('targetSize')} host(s)"
         return "recreated"
 
     # ---- the service --------------------------------------------------------------------------
@@ -703,6 +710,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cluster", required=True, help="the spec's name (prefix of every resource)")
     parser.add_argument("--platform", required=True, choices=tuple(VM_PLATFORMS))
     parser.add_argument("--slices", required=True, type=int)
+    parser.add_argument(
+        "--capacity",
+        choices=capacity_table.CAPACITIES,
+        help="the stack's capacity cell (rayslice.capacity_table): who repairs a broken slice",
+    )
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S)
     parser.add_argument("--base-backoff", type=float, default=DEFAULT_BASE_BACKOFF_S)
     parser.add_argument("--max-backoff", type=float, default=DEFAULT_MAX_BACKOFF_S)
@@ -729,7 +741,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--elastic: {exc}", file=sys.stderr)
         return 2
     try:
-        target = Target(args.cluster, args.platform, args.slices, Location(args.project, args.zone))
+        target = Target(
+            args.cluster, args.platform, args.slices, Location(args.project, args.zone), args.capacity
+        )
         client = CloudClient(default_session(), target.location)
         sinks: list[Sink] = [StreamSink()]
         if args.event_log:
@@ -752,3 +766,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rayslice-recovery: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def _short(slice_name: str, host: str) -> str:
+    """A host as events name it: ``w2`` for rayslice's ``<slice>-w2``, else its whole name."""
+    worker = names.host_worker(slice_name, host)
+    return host if worker is None else f"w{worker}"

@@ -55,7 +55,12 @@ COMPUTE_MIG_PERMISSIONS = (
     "compute.instanceGroupManagers.update",
 )
 # The recorded workload policy the recreated MIG names, and the zonal operations it polls.
-COMPUTE_SUPPORT_PERMISSIONS = ("compute.resourcePolicies.use", "compute.zoneOperations.get")
+# zoneOperations.list: the zone's preemption operations, so that an event says "preempted".
+COMPUTE_SUPPORT_PERMISSIONS = (
+    "compute.resourcePolicies.use",
+    "compute.zoneOperations.get",
+    "compute.zoneOperations.list",
+)
 # The recorded instance template the recreated MIG names: the one grant IAM can narrow by name.
 COMPUTE_TEMPLATE_PERMISSIONS = ("compute.instanceTemplates.useReadOnly",)
 # The recreated slice runs as the hosts' service account: the controller must be allowed to act
@@ -108,7 +113,7 @@ UNNARROWED = {
     "code, which runs alone on its VM, keeps to this cluster's slices (an exact-name check).",
     "compute": "IAM Conditions cannot name instance group managers, resource policies or zone "
     "operations, so the MIG permissions (compute.instanceGroupManagers.get, .delete, .create, "
-    ".update), compute.resourcePolicies.use and compute.zoneOperations.get hold for the whole "
+    ".update), compute.resourcePolicies.use and compute.zoneOperations.get and .list hold for the whole "
     "project: the controller's account may read, delete, create and resize any MIG there and "
     "delete any MIG's instances (GKE's "
     "node-pool MIGs too). Only the controller's own code, which runs alone on its VM, keeps to "

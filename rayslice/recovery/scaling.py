@@ -29,11 +29,11 @@ have hosts, and the time, in; the slices to add and to remove and what demand wa
   one can make the controller add slices, never beyond `Target.slices` and the price ceiling, and
   remove the slices above `ScalingPolicy.min_slices` (by calling them idle); it cannot reach the
   first `min_slices`, another cluster's slices or anything else.
-- **Flex-start** (`ScalingPolicy.run_duration_s` set). A slice is added as a resize request that
-  waits for capacity (`resize_request_of`). While it waits, the slice counts as added (it takes
-  the demand that asked for it: no second request, and it counts against the limits); if the
-  demand no longer needs it before its hosts come, it is cancelled, last slice first, before any
-  idle slice with hosts is removed.
+- **Flex-start** (`ScalingPolicy.run_duration_s` set). A slice is added by resizing its bulk MIG
+  from 0 to its hosts, which waits for capacity (Compute Engine, "About bulk mode"). While it
+  waits, the slice counts as added (it takes the demand that asked for it: no second resize, and
+  it counts against the limits); if the demand no longer needs it before its hosts come, it is
+  cancelled (resized back to 0), last slice first, before any idle slice with hosts is removed.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from rayslice.names import NIC, address_name, request_name
+from rayslice.names import NIC, address_name
 from rayslice.recovery.demand import Demand, slices_asked, slices_wanted
 
 # A reading older than this is stale: the head stopped publishing (down, restarting), so nothing
@@ -68,8 +68,8 @@ class ScalingPolicy:
     region: str  # where the slices' reserved addresses are
     price_cap_slices: int | None = None  # the most slices under maxUsdPerHour; None: no ceiling
     ceiling: str = ""  # how status names the ceiling, e.g. "maxUsdPerHour=100 ($43.20/h a slice)"
-    # capacity=flex-start: a slice is added as a resize request for this run duration (maxRunHours
-    # in seconds); None: its hosts are created at once (createInstances).
+    # capacity=flex-start: a slice is added by resizing its bulk MIG from 0, its hosts running for
+    # this long (maxRunHours in seconds, set in the template); None: createInstances of named hosts.
     run_duration_s: int | None = None
 
     def to_json(self) -> str:
@@ -195,18 +195,3 @@ def address_link(project: str, region: str, host: str) -> str:
     """Host `host`'s reserved internal address (`names.address_name`), as a partial URL, which
     Compute Engine takes wherever a resource is referenced."""
     return f"projects/{project}/regions/{region}/addresses/{address_name(host)}"
-
-
-def resize_request_of(policy: ScalingPolicy, slice_name: str) -> dict[str, Any]:
-    """The resize request that adds a flex-start slice: the one the program declares for a slice
-    below minSlices (rayslice/infra/compute/slice.py; compute v1 InstanceGroupManagerResizeRequest:
-    ``resizeBy`` "The number of instances to be created by this resize request", and
-    ``requestedRunDuration``), named as the recovery controller names a recreated one
-    (`names.request_name`)."""
-    assert policy.run_duration_s is not None, "a flex-start policy"
-    return {
-        "name": request_name(slice_name),
-        "description": f"rayslice: all {policy.hosts_per_slice} hosts of slice {slice_name}",
-        "resizeBy": policy.hosts_per_slice,
-        "requestedRunDuration": {"seconds": str(policy.run_duration_s)},
-    }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from rayslice import catalog, names
+from rayslice import capacity_table, catalog, names
 from rayslice.recovery import bundle
 from rayslice.recovery.scaling import ScalingPolicy
 from rayslice.spec import ClusterSpec
@@ -66,6 +66,7 @@ def controller_attributes(spec: ClusterSpec) -> dict[str, str]:
         names.ATTR_CLUSTER: spec.name,
         names.ATTR_PLATFORM: spec.platform,
         names.ATTR_NUM_SLICES: str(spec.slices),
+        names.ATTR_CAPACITY: capacity_table.capacity_of(spec),
         **({names.ATTR_ELASTIC: scaling_policy(spec).to_json()} if spec.elastic else {}),
     }
 
@@ -88,7 +89,7 @@ def scaling_policy(spec: ClusterSpec) -> ScalingPolicy:
         region=region,
         price_cap_slices=cap,
         ceiling=f"maxUsdPerHour={ceiling} ({catalog.format_price(price)} a slice)" if cap is not None else "",
-        run_duration_s=spec.max_run_seconds,  # flex-start: slices come through resize requests
+        run_duration_s=spec.max_run_seconds,  # flex-start: slices come by resizing bulk MIGs from 0
     )
 
 
@@ -128,6 +129,7 @@ def controller_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str,
         "attr_cluster": names.ATTR_CLUSTER,
         "attr_platform": names.ATTR_PLATFORM,
         "attr_num_slices": names.ATTR_NUM_SLICES,
+        "attr_capacity": names.ATTR_CAPACITY,
         "attr_elastic": names.ATTR_ELASTIC,
     }
 

@@ -56,10 +56,11 @@ def slice_entries(
     configs: int = 4,
     topology: str = "4x4",
     bulk: bool = False,
-    lifecycle: str | None = None,
+    lifecycle: str | None = "DO_NOTHING",
     **template: Any,
 ) -> list[Entry]:
-    """A v6e-16 slice: workload policy, template, MIG and `configs` per-instance configs."""
+    """A v6e-16 slice: workload policy, template, MIG and `configs` per-instance configs. The
+    MIG does nothing on a failed host, as rayslice ships it (None: the default, REPAIR)."""
     policy = (
         bodies.RESOURCE_POLICY,
         "s-0-policy",

@@ -6,7 +6,7 @@ import pytest
 
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.twin import CloudRuleError
-from tests.cloud.stacks import make, rule_ids, slice_stack
+from tests.cloud.stacks import make, rule_ids, slice_entries, slice_stack, urn
 
 SPECIFIC = {
     "type": "SPECIFIC_RESERVATION",
@@ -38,7 +38,7 @@ def test_a_bulk_spot_stack_with_n_plus_n_hosts_breaks_both_rules():
     """Issue 19's hand-written bad stack, over the whole stack as the policy pack sees it (the
     cloud twin refuses its MIG insert first, tests/infra/test_preview.py)."""
     stack = slice_stack(target=4, bulk=True, model="SPOT", termination="STOP", lifecycle="DO_NOTHING")
-    assert rule_ids(stack) == ["bulk-provisioning-model", "instances-match-topology"]
+    assert rule_ids(stack) == ["bulk-grows-from-zero", "bulk-provisioning-model", "instances-match-topology"]
 
 
 def test_reservation_bound_needs_a_specific_reservation():
@@ -141,22 +141,62 @@ def test_boot_disk_per_generation(machine, disk, good):
     assert found == ([] if good else ["tpu-boot-disk"])
 
 
-def test_spot_tpu_slices_stop_and_do_nothing():
+def test_spot_tpu_slices_stop():
     assert rule_ids(slice_stack(model="SPOT", termination="DELETE", lifecycle="DO_NOTHING")) == [
         "spot-tpu-stop"
     ]
-    found = rules.check(slice_stack(model="SPOT", termination="STOP"))
-    [violation] = found
-    assert violation.rule == "spot-tpu-do-nothing" and "REPAIR" in violation.message
-    assert "spot-compute" in violation.source
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        {"model": "SPOT", "termination": "STOP"},
+        {"model": "STANDARD"},
+        {"model": "RESERVATION_BOUND", "termination": "DELETE", "affinity": SPECIFIC},
+    ],
+)
+@pytest.mark.parametrize("lifecycle", [None, "REPAIR"])
+def test_every_multi_host_tpu_mig_does_nothing_on_a_failed_host(template, lifecycle):
+    """D3 (issue 40): on-demand and reserved slices too, not Spot only; a repaired host cannot
+    rejoin its slice whatever the capacity."""
+    [violation] = rules.check(slice_stack(lifecycle=lifecycle, **template))
+    assert violation.rule == "tpu-mig-do-nothing" and "REPAIR" in violation.message
+    assert "failure-recovery" in violation.source
+    # A one-host slice is whole again after a repair: the rule leaves it alone.
+    assert rule_ids(slice_stack(lifecycle=lifecycle, topology="2x2", configs=1, **template)) == []
+
+
+def test_a_bulk_mig_takes_no_resize_request():
+    """D8 (issue 40), "About bulk mode": bulk mode does not support resize requests."""
+    entries = slice_entries(bulk=True, configs=0, model="FLEX_START", termination="DELETE")
+    request = make(
+        bodies.RESIZE_REQUEST,
+        "s-0-request",
+        {"name": "s-0-request", "zone": "z", "instanceGroupManager": "s-0", "resizeBy": 4.0},
+        {"instanceGroupManager": [urn(bodies.MIG, "s-0-mig")]},
+    )
+    stack = rules.Stack([*(make(*e) for e in entries), request])
+    [violation] = [v for v in rules.check(stack) if v.rule == "bulk-no-resize-request"]
+    assert violation.resource == "s-0-request" and "about-bulk-mode" in violation.source
+
+
+@pytest.mark.parametrize(
+    "target, configs, broken", [(4, 0, False), (0, 1, False), (4, 1, True), (0, 2, True)]
+)
+def test_a_bulk_mig_grows_once_from_zero(target, configs, broken):
+    """D8 (issue 40): hosts come to a bulk MIG only while its target size is 0, so from its target
+    size or from one createInstances (one per-instance config), never more."""
+    stack = slice_stack(bulk=True, target=target, configs=configs, model="FLEX_START", termination="DELETE")
+    assert ("bulk-grows-from-zero" in rule_ids(stack)) is broken
 
 
 def test_rayslices_own_rules_do_not_say_google_would_refuse():
     """D9: a MIG larger than its topology and a Spot MIG that repairs hosts are rayslice's rules:
     Google accepts both (no source says otherwise), so their message says whose rule it is."""
-    [do_nothing] = rules.check(slice_stack(model="SPOT", termination="STOP"))
-    [bulk, topology] = rules.check(slice_stack(target=4, configs=4, bulk=True))
+    [do_nothing] = rules.check(slice_stack(model="SPOT", termination="STOP", lifecycle=None))
+    [bulk, grows, topology] = rules.check(slice_stack(target=4, configs=4, bulk=True))
     assert not bulk.ours and "[rule bulk-provisioning-model;" in str(bulk)
+    assert not grows.ours and grows.rule == "bulk-grows-from-zero"
     for ours in (do_nothing, topology):
         assert ours.ours and f"rayslice's rule {ours.rule}, not Google's" in str(ours)
     only_ours = str(CloudRuleError([do_nothing]))

@@ -19,8 +19,10 @@ from rayslice.cloud.twin import (
     MIG_HOST,
     RUNNING,
     TERMINATED,
+    BulkModeError,
     CloudRuleError,
     CloudTwin,
+    DuplicateInstanceError,
     TwinHost,
 )
 from rayslice.errors import SpecError
@@ -176,7 +178,9 @@ def test_tpu7x_hosts_serve_what_a_real_compute_engine_tpu_host_serves():
     [
         ("SPOT", "STOP", "DO_NOTHING", TERMINATED),
         ("STANDARD", "DELETE", "DO_NOTHING", None),
-        ("STANDARD", "STOP", None, RUNNING),  # REPAIR, the default: each host comes back alone
+        # REPAIR, the default, brings the host back alone: only a one-host slice may keep it
+        # (rule tpu-mig-do-nothing).
+        ("STANDARD", "STOP", None, RUNNING),
     ],
 )
 def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
@@ -185,17 +189,19 @@ def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
     """Defect 6: STOP plus DO_NOTHING leaves stopped hosts; REPAIR brings single hosts back."""
     twin = CloudTwin()
     events: list[tuple[str, str]] = []
-    _apply(twin, slice_entries(model=model, termination=termination, lifecycle=lifecycle))
+    shape = {"topology": "2x2", "configs": 1} if lifecycle is None else {}
+    _apply(twin, slice_entries(model=model, termination=termination, lifecycle=lifecycle, **shape))
+    hosts = 1 if shape else 4
     twin.on_host_down = lambda h: events.append((h.name, h.status))
     twin.on_host_up = lambda h: events.append((h.name, h.status))
     hit = twin.preempt(P, Z, "s-0")
-    assert [h.name for h in hit] == [f"s-0-w{i}" for i in range(4)]
+    assert [h.name for h in hit] == [f"s-0-w{i}" for i in range(hosts)]
     statuses = {h.name: h.status for h in twin.hosts()}
     if left is None:
         assert statuses == {} and {s for _, s in events} == {DELETED}
     else:
         assert set(statuses.values()) == {left}
-        assert len(events) == (4 if left == TERMINATED else 8)  # down, and up again when repaired
+        assert len(events) == (hosts if left == TERMINATED else 2 * hosts)  # down, and up again when repaired
 
 
 def test_tpu_nodes_refuse_exclusive_pairs_big_metadata_bad_names_and_labels():
@@ -239,8 +245,9 @@ def test_spot_without_stop_or_do_nothing_reverted_is_refused(monkeypatch):
         _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
     monkeypatch.undo()
     monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda spec: None)
-    with pytest.raises(CloudRuleError, match="rule spot-tpu-do-nothing"):
-        _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
+    for capacity in ("spot", "on-demand"):  # D3 (issue 40): every capacity, not Spot only
+        with pytest.raises(CloudRuleError, match="rule tpu-mig-do-nothing"):
+            _deploy("Pulumi.example-compute-v6e-16.yaml", f"capacity={capacity}")
 
 
 @pytest.mark.parametrize("stack", ["Pulumi.example-compute-tpu7x-16.yaml", "Pulumi.example-multislice.yaml"])
@@ -285,3 +292,57 @@ def test_the_emulators_spot_preemption_returns_the_hosts_it_hit_each_reported_do
     assert all(h.status == RUNNING for h in hit)  # as they were when hit
     assert [(h.name, h.status) for h in down] == [(h.name, TERMINATED) for h in hit]
     assert {h.status for h in emulator.twin.hosts() if h.group == host.group} == {TERMINATED}
+
+
+def _bulk_mig(twin: CloudTwin, target: int) -> dict[str, Any]:
+    _apply(twin, slice_entries(bulk=True, target=target, configs=0, model="FLEX_START", termination="DELETE"))
+    return twin.migs[(P, Z, "s-0")]
+
+
+def test_a_bulk_mig_creates_nothing_before_it_has_every_host():
+    """D8 (issue 40): bulk mode waits for full capacity instead of failing a partial create."""
+    twin = CloudTwin()
+    twin.set_capacity(Z, "ct6e-standard-4t", 3)
+    mig = _bulk_mig(twin, 4)  # no ZONE_RESOURCE_POOL_EXHAUSTED: it waits
+    assert mig["targetSize"] == 4 and twin.instances[(P, Z, "s-0")] == [] and twin.hosts() == []
+    twin.set_capacity(Z, "ct6e-standard-4t", 4)
+    assert len(twin.instances[(P, Z, "s-0")]) == 4
+
+
+def test_a_bulk_mig_grows_only_from_zero_and_shrinks_to_zero():
+    """D8 (issue 40): growth (target size or createInstances) of a bulk MIG whose target size is
+    above 0 is refused and changes nothing; a resize to 0 deletes every host."""
+    twin = CloudTwin()
+    mig = _bulk_mig(twin, 4)
+    with pytest.raises(BulkModeError, match="bulk mode"):
+        twin.resize_mig(P, Z, "s-0", 5)
+    with pytest.raises(BulkModeError, match="bulk mode"):
+        twin.create_instances(P, Z, mig, [{"name": "s-0-w9"}])
+    assert mig["targetSize"] == 4 and len(twin.instances[(P, Z, "s-0")]) == 4
+    twin.resize_mig(P, Z, "s-0", 0)
+    assert mig["targetSize"] == 0 and twin.hosts() == []
+    twin.create_instances(P, Z, mig, [{"name": f"s-0-w{i}"} for i in range(4)])  # from 0: one call
+    assert sorted(h.name for h in twin.hosts()) == [f"s-0-w{i}" for i in range(4)]
+
+
+def test_create_instances_naming_an_existing_instance_is_refused():
+    """Item 4 of issue 40: an instance name is unique in its zone; nothing is created."""
+    twin = CloudTwin()
+    _apply(twin, slice_entries())
+    mig = twin.migs[(P, Z, "s-0")]
+    with pytest.raises(DuplicateInstanceError, match="s-0-w1"):
+        twin.create_instances(P, Z, mig, [{"name": "s-0-w9"}, {"name": "s-0-w1"}])
+    assert mig["targetSize"] == 4 and len(twin.hosts()) == 4
+
+
+def test_a_spot_preemption_is_recorded_as_googles_preemption_operation():
+    """D2 (issue 40): Compute Engine records compute.instances.preempted for each host."""
+    twin = CloudTwin()
+    _apply(twin, slice_entries(model="SPOT", termination="STOP"))
+    twin.preempt(P, Z, "s-0")
+    operations = twin.preemptions(P, Z)
+    assert [o["targetLink"].rsplit("/", 1)[-1] for o in operations] == [f"s-0-w{i}" for i in range(4)]
+    assert {(o["operationType"], o["status"], o["user"]) for o in operations} == {
+        ("compute.instances.preempted", "DONE", "system")
+    }
+    assert twin.preemptions(P, "us-east5-a") == []

@@ -1,5 +1,5 @@
 """The twin's capacity applied to what the program declares: a direct create in an empty zone
-fails with Google's error, a flex-start slice's resize request waits and is fulfilled whole."""
+fails with Google's error, a flex-start slice's bulk MIG waits and is created whole."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rayslice.cloud.capacity import CANCELLED, ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
-from rayslice.cloud.twin import RESIZE_ACCEPTED, RESIZE_SUCCEEDED, CloudTwin, TwinHost
+from rayslice.cloud.twin import CloudTwin, TwinHost
 from rayslice.infra import preview
 from rayslice.infra.network import SUBNET_CIDR
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
@@ -55,24 +55,28 @@ def test_a_direct_create_takes_what_there_is_host_by_host():
 
 
 def test_a_flex_start_slice_waits_in_an_empty_zone_and_is_created_whole_when_capacity_comes():
+    """D1 (issue 40): the documented bulk form. The MIG is inserted in bulk mode with its target
+    size set to the slice's hosts and a FLEX_START template that carries the run duration; no
+    resize request (bulk mode takes none). It waits, creating nothing, until the zone has them all."""
     twin, booted = _twin(free=0)
-    preview.deploy(preview.stack_config(str(STACKS / FLEX), []), twin)  # returns: the request waits
+    preview.deploy(preview.stack_config(str(STACKS / FLEX), []), twin)  # returns: the MIG waits
     key = (PROJECT, ZONE, SLICE)
-    [request] = twin.resize_requests_of(*key)
-    assert (request["name"], request["resizeBy"], request["state"]) == (
-        f"{SLICE}-request",
-        4,
-        RESIZE_ACCEPTED,
-    )
-    assert request["requestedRunDuration"] == {"seconds": "86400"}  # maxRunHours: 24
-    assert twin.migs[key]["targetSize"] == 0 and _slice_hosts(twin) == []
+    assert twin.resize_requests_of(*key) == []
+    mig = twin.migs[key]
+    assert mig["targetSizePolicy"] == {"mode": "BULK"} and mig["targetSize"] == 4
+    assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
+    template = twin._template_of(mig)
+    assert template is not None
+    scheduling = template["properties"]["scheduling"]
+    assert scheduling["provisioningModel"] == "FLEX_START"
+    assert scheduling["maxRunDuration"] == {"seconds": "86400"}  # maxRunHours: 24
+    assert _slice_hosts(twin) == [] and twin.instances[key] == []
 
     twin.set_capacity(ZONE, HOST_TYPE, 3)  # not enough for all four: nothing is created
-    assert _slice_hosts(twin) == [] and twin.resize_requests_of(*key)[0]["state"] == RESIZE_ACCEPTED
+    assert _slice_hosts(twin) == []
 
     twin.set_capacity(ZONE, HOST_TYPE, 5)
     hosts = _slice_hosts(twin)
-    assert twin.resize_requests_of(*key)[0]["state"] == RESIZE_SUCCEEDED
     assert twin.migs[key]["targetSize"] == 4 and twin.capacity.free[(ZONE, HOST_TYPE)] == 1
     # Named by the MIG: <baseInstanceName>-<4 characters>, not rayslice's -w<i>.
     assert all(h.name.startswith(f"{SLICE}-") and len(h.name) == len(SLICE) + 5 for h in hosts)

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rayslice import names
 from rayslice.cloud import bodies
-from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin import AddressInUseError, BulkModeError, CloudTwin
 from rayslice.infra import preview
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main
-from rayslice.recovery.scaling import instances_of, resize_request_of
+from rayslice.recovery.scaling import instances_of
 from rayslice.spec import load, load_cli, read_stack_file
 from rayslice.startup_scripts.controller import scaling_policy
 
@@ -58,44 +60,82 @@ def test_a_pulumi_up_after_the_controller_added_a_slice_finds_nothing_to_change(
     assert not [r for r in again if r.type == bodies.PER_INSTANCE_CONFIG]
     assert sorted(r.urn for r in again) == sorted(r.urn for r in first)
 
-    # `pulumi destroy` deletes the MIGs it declared, and with them the controller's hosts.
-    for declared in (r for r in again if r.type == bodies.MIG):
-        twin.delete_mig(spec.project, spec.zone, declared.inputs["name"])
+    # `pulumi destroy` deletes the MIGs it declared, and with them the controller's hosts; then
+    # the addresses those hosts used, which Google refuses to delete while they are in use.
+    _destroy(again, twin)
     assert not [h for h in twin.hosts() if h.group is not None]
+    assert not twin.addresses
+
+
+def _destroy(registrations, twin: CloudTwin) -> None:
+    """`pulumi destroy`'s order on the twin: a resource goes only once every resource that depends
+    on it (or is its child) is gone; among those free to go, addresses first, the order most likely
+    to find an address still in use (D11, issue 40)."""
+    left = {r.urn: r for r in registrations}
+    needed_by = {urn: set() for urn in left}
+    for r in registrations:
+        for dependency in {*r.dependencies, r.parent} & left.keys():
+            needed_by[dependency].add(r.urn)
+    while left:
+        free = [r for urn, r in left.items() if not (needed_by[urn] & left.keys())]
+        resource = min(free, key=lambda r: (r.type != bodies.ADDRESS, r.urn))
+        if resource.type == bodies.ADDRESS:
+            twin.delete_address(resource.inputs["name"])  # AddressInUseError while a host uses it
+        elif resource.type == bodies.MIG:
+            twin.delete_mig(resource.inputs["project"], resource.inputs["zone"], resource.inputs["name"])
+        del left[resource.urn]
+
+
+def test_an_address_in_use_cannot_be_deleted():
+    """Item 4 of issue 40 (Compute Engine: an address in use is released only once unused)."""
+    spec = load_cli(EXAMPLE, [])
+    twin = CloudTwin()
+    preview.deploy(preview.stack_config(EXAMPLE, []), twin)
+    name = spec.slice_name(1)
+    hosts = names.slice_host_names(name, spec.tpu.hosts)
+    mig = twin.migs[(spec.project, spec.zone, name)]
+    configs = instances_of(scaling_policy(spec), spec.project, hosts)
+    twin.create_instances(spec.project, spec.zone, mig, configs)
+    with pytest.raises(AddressInUseError, match=hosts[0]):
+        twin.delete_address(names.address_name(hosts[0]))
+    assert names.address_name(hosts[0]) in twin.addresses
+    twin.delete_mig(spec.project, spec.zone, name)
+    twin.delete_address(names.address_name(hosts[0]))
+    assert names.address_name(hosts[0]) not in twin.addresses
 
 
 def _flex_config() -> dict[str, str]:
-    """The elastic example on flex-start, slice 0 kept (minSlices 1): Pulumi's resize request asks
-    for slice 0, the controller's for slice 1. No ceiling: no flex-start list price is published."""
+    """The elastic example on flex-start, slice 0 kept (minSlices 1). No ceiling: no flex-start
+    list price is published."""
     raw = {k: v for k, v in read_stack_file(EXAMPLE).items() if k != "maxUsdPerHour"}
     flex = {"capacity": "flex-start", "maxRunHours": 24, "minSlices": 1, "zone": "us-east5-a"}
     return preview.pulumi_config({**raw, **flex})
 
 
-def test_an_elastic_flex_start_slice_is_the_controllers_request_and_a_pulumi_up_after_it_changes_nothing():
+def test_an_elastic_flex_start_slice_is_resized_from_zero_by_the_controller():
+    """D1 (issue 40): every flex-start slice is a bulk MIG with no resize request; slice 0's
+    target size is its hosts, slice 1's is 0 until the controller resizes it (bulk mode adds
+    hosts only while the target size is 0), and a `pulumi up` after it changes nothing."""
     config = _flex_config()
     spec = load({k.split(":", 1)[1]: v for k, v in config.items() if k.startswith("rayslice:")})
     twin = CloudTwin()
     first = preview.deploy(config, twin)
-    declared = [r for r in first if r.type == bodies.RESIZE_REQUEST]
-    assert [r.inputs["name"] for r in declared] == [names.request_name(spec.slice_name(0))]
+    assert not [r for r in first if r.type == bodies.RESIZE_REQUEST]
+    sizes = {r.inputs["name"]: r.inputs["targetSize"] for r in first if r.type == bodies.MIG}
     elastic = spec.slice_name(1)
-    assert not twin.resize_requests_of(spec.project, spec.zone, elastic)  # the controller's to make
+    assert sizes == {spec.slice_name(0): spec.tpu.hosts, elastic: 0}
     assert {h.group for h in twin.hosts()} == {None, spec.slice_name(0)}
 
-    # What the controller sends to add slice 1: the same request as Pulumi's for slice 0, but for
-    # slice 1 (`resize_request_of`); the zone has room, so its hosts come at once.
-    policy = scaling_policy(spec)
-    request = resize_request_of(policy, elastic)
-    pulumi_request = bodies.request(bodies.RESIZE_REQUEST, declared[0].inputs).body
-    assert set(request) == set(pulumi_request) and request["resizeBy"] == pulumi_request["resizeBy"]
-    assert request["requestedRunDuration"] == pulumi_request["requestedRunDuration"]
-    twin.insert_resize_request(spec.project, spec.zone, elastic, request)
+    # What the controller sends to add slice 1: a resize from 0; the zone has room, so its hosts
+    # come at once. A second growth while the target size is above 0 is refused.
+    twin.resize_mig(spec.project, spec.zone, elastic, spec.tpu.hosts)
     assert len([h for h in twin.hosts() if h.group == elastic]) == spec.tpu.hosts
+    with pytest.raises(BulkModeError):
+        twin.resize_mig(spec.project, spec.zone, elastic, spec.tpu.hosts + 1)
     assert not twin.violations()
 
     # `pulumi up --refresh`: the live MIGs differ from Pulumi's inputs only in the ignored target
-    # size, and the program declares the same resources again (no request for slice 1).
+    # size, and the program declares the same resources again.
     for mig in (r for r in first if r.type == bodies.MIG):
         live = twin.migs[(spec.project, spec.zone, mig.inputs["name"])]
         body = bodies.request(bodies.MIG, mig.inputs).body
@@ -103,8 +143,8 @@ def test_an_elastic_flex_start_slice_is_the_controllers_request_and_a_pulumi_up_
     again = run_offline(lambda: main().exports, config).registrations
     assert sorted(r.urn for r in again) == sorted(r.urn for r in first)
 
-    # `pulumi destroy` deletes the MIGs, and with them the controller's hosts and request.
-    for mig in (r for r in again if r.type == bodies.MIG):
-        twin.delete_mig(spec.project, spec.zone, mig.inputs["name"])
+    # Removed: resized to 0, which deletes the hosts; `pulumi destroy` then deletes the MIGs.
+    twin.resize_mig(spec.project, spec.zone, elastic, 0)
+    assert not [h for h in twin.hosts() if h.group == elastic]
+    _destroy(again, twin)
     assert not [h for h in twin.hosts() if h.group is not None]
-    assert not twin.resize_requests

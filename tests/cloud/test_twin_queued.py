@@ -201,3 +201,14 @@ def test_the_twin_refuses_a_queued_node_that_breaks_a_node_rule():
     )
     with pytest.raises(CloudRuleError, match="tpu-node-exclusive-fields"):
         twin.apply(bodies.QUEUED_RESOURCE, "q", request, project=PROJECT, zone=ZONE)
+
+
+def test_a_flex_start_run_that_ends_deletes_the_node_and_suspends_the_request():
+    """Item 4 of issue 40 (Cloud TPU, flex-start: at the end of the run duration the VMs are
+    deleted and the queued resource moves to SUSPENDED)."""
+    twin, _, _ = _twin(free=None)
+    preview.deploy(preview.stack_config(QUEUED, ["capacity=flex-start", "maxRunHours=24"]), twin)
+    assert _state(twin) == {"state": ACTIVE} and (PROJECT, ZONE, SLICE) in twin.nodes
+    twin.end_run(PROJECT, ZONE, REQUEST)
+    assert _state(twin) == {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+    assert (PROJECT, ZONE, SLICE) not in twin.nodes and not [h for h in twin.hosts() if h.group == SLICE]

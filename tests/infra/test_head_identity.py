@@ -74,6 +74,7 @@ CONTROLLER_NEEDS = {
             "compute.instanceGroupManagers.update",
             "compute.resourcePolicies.use",
             "compute.zoneOperations.get",
+            "compute.zoneOperations.list",  # the zone's preemption operations (issue 40, D2)
         },
         "templates": {"compute.instanceTemplates.useReadOnly"},
     },

@@ -142,16 +142,15 @@ EXAMPLES = {
         configured_slices=0,
     ),
     "Pulumi.example-compute-flex-v6e-16.yaml": dict(
-        # Flex-start: the MIG in bulk mode and one resize request for every host, which waits for
-        # the zone to have them all; no per-instance config or address, since the MIG names the
-        # hosts when the request is fulfilled (docs/capacity.md). The head is a VM (required).
+        # Flex-start: the MIG in bulk mode with every host as its target size, which waits for the
+        # zone to have them all; no resize request (bulk mode takes none), no per-instance config
+        # or address, since the MIG names the hosts (docs/capacity.md). The head is a VM (required).
         counts={
             **COMMON,
             **_controller_identity(2),
             **_compute(4),
             PER_INSTANCE: 0,
             ADDRESS: 0,
-            RESIZE_REQUEST: 1,
             FIREWALL: 4,
             INSTANCE: 2,
         },
@@ -264,18 +263,18 @@ def test_compute_slice_shape(name):
         assert template.inputs["scheduling"]["provisioningModel"] == expected["provisioning"]
         assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
         # Target size 0 plus one per-instance config (createInstances) per host: the topology's
-        # hosts; or, with flex-start, a MIG in bulk mode that the resize request grows by all of them.
-        assert mig.inputs["targetSize"] == 0
+        # hosts; or, with flex-start, a MIG in bulk mode whose target size is all of them (D1,
+        # issue 40), the run duration in its FLEX_START template.
+        assert mig.inputs["targetSize"] == (expected["hosts"] if hours else 0)
         assert mig.inputs.get("targetSizePolicies") == ([{"mode": "BULK"}] if hours else None)
+        if hours:
+            assert template.inputs["scheduling"]["maxRunDuration"] == {"seconds": hours * 3600}
         assert mig.inputs["resourcePolicies"]["workloadPolicy"].endswith(
             f"/resourcePolicies/{policy.inputs['name']}"
         )
     # An elastic cluster's slices above minSlices have no per-instance config: the controller's.
     assert len(run.of_type(PER_INSTANCE)) == expected["hosts"] * expected.get("configured_slices", 1)
-    requests = [(r.inputs["instanceGroupManager"], r.inputs["resizeBy"]) for r in run.of_type(RESIZE_REQUEST)]
-    assert requests == ([(m.inputs["name"], expected["hosts"]) for m in migs] if hours else [])
-    for request in run.of_type(RESIZE_REQUEST):
-        assert request.inputs["requestedRunDuration"] == {"seconds": str(hours * 3600)}
+    assert not run.of_type(RESIZE_REQUEST)
     assert not run.of_type(V2VM)
 
 

@@ -1,10 +1,11 @@
 """Issue 24's flex-start path on the simulator: an elastic cluster of 0 to 1 flex-start v6e-4
 slice (one host, the smallest shape) in a zone with no capacity, deployed through the cloud twin.
 
-A job asks for a slice with `slice_placement_group`. The controller makes the slice's resize
-request, which waits; `rayslice status` shows it waiting. `rayslice local capacity` gives the zone
-a host: the MIG creates and names it, it boots and joins, and the job runs on it. Once the slice
-has been idle for idleTimeoutSeconds, its host and its request are gone (docs/elastic.md).
+A job asks for a slice with `slice_placement_group`. The controller resizes the slice's bulk MIG
+from 0, and the MIG waits; `rayslice status` shows it waiting. `rayslice local capacity` gives the
+zone a host: the MIG creates and names it, it boots and joins, and the job runs on it. Once the
+slice has been idle for idleTimeoutSeconds, it is resized to 0 and its host is gone
+(docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def test_an_elastic_flex_start_slice_waits_for_capacity_runs_the_job_and_goes_wi
     runner = threading.Thread(target=lambda: ran.append(_run(sim, job, slices=1, hold=1)))
     runner.start()
     try:
-        # The controller asks for the slice; the request waits, and status says so.
+        # The controller asks for the slice (a resize from 0); the bulk MIG waits, and status says so.
         _wait_for(lambda: (slice_name, "add slice") in _events(client, spec_run), 300, "the slice's request")
         [waiting] = gather(client, spec_run)["slices"]
-        assert waiting["state"] == "REQUEST ACCEPTED" and waiting["hosts"] == []
+        assert waiting["state"] == "REQUEST WAITING_FOR_RESOURCES" and waiting["hosts"] == []
         assert "waits for capacity" in render_text(gather(client, spec_run))
         answer = request_capacity(sim.state_dir, 1, None, None)
         assert answer["waiting"] == []
@@ -63,7 +64,7 @@ def test_an_elastic_flex_start_slice_waits_for_capacity_runs_the_job_and_goes_wi
     assert host.startswith(f"{slice_name}-") and len(host) == len(slice_name) + 5
     assert _events(client, spec_run).count((slice_name, "add slice")) == 1
 
-    # Idle once the job is over: the host is deleted and the request with it.
+    # Idle once the job is over: the MIG is resized to 0, which deletes the host.
     _wait_for(lambda: (slice_name, "remove slice") in _events(client, spec_run), 180, "the slice's removal")
     _wait_for(lambda: not Simulation.open(simulation_dir).running(host), 60, "its host to power off")
     [gone] = gather(client, spec_run)["slices"]

@@ -380,16 +380,17 @@ def _up_in_an_empty_zone(
 
 def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simulation_dir):
     """Issue 21's acceptance on the simulator: the flex-start example (tpu7x-16: two hosts, the
-    smallest multi-host shape) in a zone with no capacity. The program's part returns with the
-    resize request waiting and no slice host; status shows it waiting. `rayslice local capacity`
-    gives the zone room: the request is fulfilled whole, the MIG names the hosts
+    smallest multi-host shape compute's flex-start offers, in its flex-start zone) in a zone with
+    no capacity. The program's part returns with the bulk MIG waiting and no slice host; status
+    shows it waiting. `rayslice local capacity` gives the zone room: the MIG creates every host at
+    once and names them
     ``<slice>-<4 characters>``, the simulation makes and boots them, each finds its worker and
     its peers from Google's attributes alone (rayslice wrote no host list), and both join Ray;
     status shows the request fulfilled with both hosts joined."""
     overrides = ["acceleratorType=tpu7x-16", "zone=us-central1-c", "recovery=false"]
     cluster, sim, slices = _up_in_an_empty_zone(FLEX_EXAMPLE, overrides, simulation_dir)
     [waiting] = slices()
-    assert waiting["state"] == "REQUEST ACCEPTED" and waiting["hosts"] == []
+    assert waiting["state"] == "REQUEST WAITING_FOR_RESOURCES" and waiting["hosts"] == []
 
     answer = request_capacity(sim.state_dir, 2, None, None)
     assert answer["waiting"] == [] and answer["type"] == cluster.tpu.machine_type
@@ -403,7 +404,7 @@ def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simu
         assert names.ATTR_SLICE_HOSTS not in attributes and attributes["worker-id"] == str(host.worker)
     sim.wait_for(lambda states: all(s == names.STATE_JOINED for s in states.values()), timeout=600)
     [active] = slices()
-    assert active["request"]["state"] == "SUCCEEDED" and active["state"] == "READY"
+    assert active["request"]["state"] == "ACTIVE" and active["state"] == "READY"
     assert (active["request"]["hosts_asked"], active["request"]["hosts_joined"]) == (2, 2)
 
 

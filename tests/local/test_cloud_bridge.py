@@ -385,7 +385,7 @@ def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_s
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Acceptance at the emulation's level: a flex-start slice in a zone with no capacity is
-    deployed (the program returns) and waits; status shows the request waiting; `rayslice local
+    deployed (the program returns) and its bulk MIG waits; status shows it waiting; `rayslice local
     capacity` gives the zone room, the request is fulfilled whole and the twin's hooks fire for
     every new host; status shows it fulfilled. A direct create in the empty zone fails with
     Google's error."""
@@ -411,12 +411,12 @@ def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_s
     cloud.twin.on_host_up = lambda host: (booted.append(host.name), up and up(host))
 
     [waiting] = gather(client, spec)["slices"]
-    assert waiting["state"] == "REQUEST ACCEPTED" and waiting["request"]["hosts_asked"] == 4
+    assert waiting["state"] == "REQUEST WAITING_FOR_RESOURCES" and waiting["request"]["hosts_asked"] == 4
 
     capacity = ["local", "capacity", "--state-dir", str(tmp_path)]
     assert cli.main([*capacity, "3"]) == 0  # too few: nothing is created
     assert capsys.readouterr().out.strip() == (
-        f"zone {spec.zone}: 3 free {kind} host(s); requests still waiting: {slice_name}/{slice_name}-request"
+        f"zone {spec.zone}: 3 free {kind} host(s); requests still waiting: {slice_name}/bulk"
     )
     assert booted == []
     assert cli.main([*capacity, "--zone", str(spec.zone), "--type", kind, "4"]) == 0
@@ -426,7 +426,7 @@ def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_s
         .endswith("0 free ct6e-standard-4t host(s); requests still waiting: none")
     )
     [active] = gather(client, spec)["slices"]
-    assert active["request"]["state"] == "SUCCEEDED" and len(active["hosts"]) == 4
+    assert active["request"]["state"] == "ACTIVE" and len(active["hosts"]) == 4
     new = sorted(h["name"] for h in active["hosts"])
     assert sorted(booted) == new and all(h.startswith(f"{slice_name}-") for h in new)
     assert {h["instance"] for h in active["hosts"]} == {"RUNNING"}
@@ -442,11 +442,10 @@ def test_local_capacity_fulfils_a_waiting_flex_start_request_which_status_then_s
         assert len(attributes["worker-network-endpoints"].split(",")) == 4
     check_state(SimulationState(plan=sim.plan, state_dir=str(tmp_path)))  # `local down` accepts it
 
-    # A direct create in the now empty zone: the operation ends with Google's error.
+    # One more host on the bulk MIG, whose target size is above 0: bulk mode refuses it (D8).
     operation = client.create_instances(slice_name, [{"name": "extra"}], {slice_name})
     done = client.wait_zone_operation(operation, 10)
-    assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
-    assert "capacity=flex-start" in done["error"]["errors"][0]["message"]
+    assert "bulk mode" in done["error"]["errors"][0]["message"]
     assert cli.main([*capacity, "-1"]) == 2  # click refuses a negative count
     with pytest.raises(SimulatorError, match="hosts must be a whole number of hosts, 0 or more"):
         cloud_bridge.request_capacity(tmp_path, -1, None, None)  # and so does the emulation

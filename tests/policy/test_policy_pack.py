@@ -102,7 +102,7 @@ def test_stack_policy_reports_bulk_with_spot_and_twice_the_hosts():
     reported = _validate(PACK.STACK_POLICY, pulumi_policy.StackValidationArgs(_policy_resources(old)))
     # Google's rules read "[rule ID; ...", rayslice's own "[rayslice's rule ID, not Google's: ...".
     rules_reported = sorted(re.search(r"rule ([a-z0-9-]+)[;,]", m).group(1) for m, _ in reported)
-    assert rules_reported == ["bulk-provisioning-model", "instances-match-topology"]
+    assert rules_reported == ["bulk-grows-from-zero", "bulk-provisioning-model", "instances-match-topology"]
     assert {u for _, u in reported} == {urn(bodies.MIG, "s-0-mig")}
     good = slice_entries(model="SPOT", termination="STOP", lifecycle="DO_NOTHING")
     assert _validate(PACK.STACK_POLICY, pulumi_policy.StackValidationArgs(_policy_resources(good))) == []

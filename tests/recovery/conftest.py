@@ -86,13 +86,14 @@ def make_controller(
     clock: Clock | None = None,
     base: float = 10.0,
     cap: float = 30.0,
+    capacity: str | None = None,
 ) -> tuple[Controller, io.StringIO]:
     stream = io.StringIO()
     host = controller_metadata.url.removeprefix("http://")
     recorder = Recorder([StreamSink(stream), GuestAttributeSink(host=host)])
     controller = Controller(
         client,
-        Target(CLUSTER, platform, slices, LOCATION),
+        Target(CLUSTER, platform, slices, LOCATION, capacity),
         recorder,
         base_backoff_s=base,
         max_backoff_s=cap,
@@ -234,18 +235,13 @@ def seed(
             ]
 
 
-FLEX_REQUEST = {"resizeBy": 4, "requestedRunDuration": {"seconds": "86400"}, "description": "all 4 hosts"}
-
-
 def seed_flex(cloud: CloudApiEmulator, slices: int = 2) -> None:
-    """Flex-start slices as the program makes them: a bulk MIG of target size 0 and one resize
-    request for its four hosts, fulfilled (the zone has room) with hosts the MIG named."""
+    """Flex-start slices as the program makes them: a bulk MIG whose target size is the slice's
+    four hosts, created at once (the zone has room) with names the MIG gave."""
     for index in range(slices):
         slice_name = names.slice_name(CLUSTER, index)
         body = {"name": slice_name, **mig_fields(slice_name), "targetSizePolicy": {"mode": "BULK"}}
-        cloud.state.insert_mig(PROJECT, ZONE, {**body, "targetSize": 0})
-        request = {"name": names.request_name(slice_name), **FLEX_REQUEST}
-        cloud.state.insert_resize_request(PROJECT, ZONE, slice_name, request)
+        cloud.state.insert_mig(PROJECT, ZONE, {**body, "targetSize": 4})
 
 
 GKE_MACHINE = "ct6e-standard-4t"  # the default v6e-16's GKE node machine type

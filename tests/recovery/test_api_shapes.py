@@ -15,12 +15,11 @@ from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
-from rayslice.recovery.cloud import CloudClient, managed_instance_name
+from rayslice.recovery.cloud import CloudClient
 from rayslice.recovery.scaling import instances_of
 from tests.recovery import discovery
 from tests.recovery.conftest import (
     CLUSTER,
-    FLEX_REQUEST,
     GKE_MACHINE,
     PROJECT,
     ZONE,
@@ -82,9 +81,9 @@ def _exercise_scale_down(client: CloudClient) -> None:
 def _exercise_waiting(
     cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, status: list[str], platform: str
 ) -> None:
-    """The same cluster again with slices that wait for capacity (flex-start MIGs and their resize
-    requests on compute, queued resources on tpu-vm): the controller recreates a slice through a
-    new request, and status reads the requests."""
+    """The same cluster again with slices that wait for capacity (flex-start bulk MIGs on compute,
+    queued resources on tpu-vm): the controller recreates a slice as it was made, and status reads
+    them."""
     for index in range(2):
         slice_name = names.slice_name(CLUSTER, index)
         if platform == "compute":
@@ -103,21 +102,18 @@ def _exercise_waiting(
 
 
 def _exercise_flex_scaling(cloud: CloudApiEmulator, client: CloudClient) -> None:
-    """What an elastic flex-start cluster's controller sends (docs/elastic.md): a slice's
-    MIG-named hosts deleted and its fulfilled request deleted; a new request cancelled while it
-    waits for capacity, then deleted."""
+    """What an elastic flex-start cluster's controller sends (docs/elastic.md): a slice's bulk MIG
+    resized to 0, then from 0 while the zone has no room (it waits), then to 0 again; and the
+    zone's preemptions listed."""
     slice_name = names.slice_name(CLUSTER, 0)
     allowed = [names.slice_name(CLUSTER, i) for i in range(2)]
-    request = names.request_name(slice_name)
-    hosts = [managed_instance_name(i) for i in client.list_managed_instances(slice_name)]
-    client.wait_zone_operation(client.delete_listed_instances(slice_name, hosts, allowed), 30)
-    client.wait_zone_operation(client.delete_resize_request(slice_name, request, allowed), 30)
-    cloud.state.set_capacity(ZONE, "", 0)  # the next request waits
-    body = {"name": request, **FLEX_REQUEST}
-    client.wait_zone_operation(client.insert_resize_request(slice_name, body, allowed), 30)
-    client.wait_zone_operation(client.cancel_resize_request(slice_name, request, allowed), 30)
-    client.wait_zone_operation(client.delete_resize_request(slice_name, request, allowed), 30)
-    assert client.list_resize_requests(slice_name) == []
+    client.wait_zone_operation(client.resize_mig(slice_name, 0, allowed), 30)
+    cloud.state.set_capacity(ZONE, "", 0)  # the next resize waits
+    client.wait_zone_operation(client.resize_mig(slice_name, 4, allowed), 30)
+    client.wait_zone_operation(client.resize_mig(slice_name, 0, allowed), 30)
+    assert client.list_managed_instances(slice_name) == []
+    preempted = client.list_preemptions()
+    assert preempted and {o["operationType"] for o in preempted} == {"compute.instances.preempted"}
 
 
 def _exercise_gke(cloud: CloudApiEmulator, client: CloudClient) -> None:

@@ -12,7 +12,6 @@ from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import (
     CLUSTER,
-    FLEX_REQUEST,
     NODE_FIELDS,
     PROJECT,
     ZONE,
@@ -129,7 +128,8 @@ def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
     assert [(i["name"], i["instanceStatus"]) for i in cloud.state.instances[key]] == [
         (f"{SLICE0}-w{w}", "RUNNING") for w in range(4)
     ]
-    seen = "MIG 0 of 4 instances" if mode == "gone" else f"MIG {SLICE0}-w0 TERMINATED"
+    # A stopped host reads "preempted": Compute Engine recorded its compute.instances.preempted operation.
+    seen = "MIG 0 of 4 instances" if mode == "gone" else "MIG host w0 preempted"
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert len(events) == 1 and events[0]["outcome"] == "recreated" and events[0]["seen"].startswith(seen)
 
@@ -142,7 +142,8 @@ def test_the_rules_refuse_the_shape_an_earlier_controller_sent() -> None:
     create = {"instances": [{"name": f"{name}-w{w}"} for w in range(4)]}
     assert {v.rule for v in controller_violations(insert, create)} == {
         "bulk-provisioning-model",
-        "spot-tpu-do-nothing",
+        "bulk-grows-from-zero",
+        "tpu-mig-do-nothing",
     }
 
 
@@ -174,7 +175,7 @@ def test_a_host_not_running_after_the_slice_was_whole_breaks_it(
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     shown = action if action == "RECREATING" else status or action
     assert [(e["slice"], e["seen"], e["outcome"]) for e in events] == [
-        (SLICE1, f"MIG {SLICE1}-w1 {shown}", "recreated")
+        (SLICE1, f"MIG host w1 {shown}", "recreated")
     ]
 
 
@@ -366,12 +367,14 @@ def test_a_node_deleted_after_it_was_seen_is_created_again(
     assert cloud.state.nodes[(PROJECT, ZONE, SLICE0)]["acceleratorType"] == "v6e-16"
 
 
-def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits_for_capacity(
+def test_a_flex_start_slice_is_recreated_as_a_bulk_mig_that_waits_for_capacity(
     cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
+    """D1 (issue 40): recreated in the documented bulk form, its target size the slice's hosts,
+    with no resize request (bulk mode takes none)."""
     seed_flex(cloud)
     controller, stream = make_controller(client, "compute", controller_metadata)
-    controller.step()  # both slices whole: their MIGs and requests recorded
+    controller.step()  # both slices whole: their MIGs recorded
     assert cloud.mutations() == []
     key = (PROJECT, ZONE, SLICE1)
     # From now on the zone is empty (the seeded MIGs name no template the twin holds, so the kind
@@ -384,26 +387,20 @@ def test_a_flex_start_slice_is_recreated_through_a_new_resize_request_that_waits
     assert [c.method_id for c in cloud.mutations()] == [
         "compute.instanceGroupManagers.delete",
         "compute.instanceGroupManagers.insert",
-        "compute.instanceGroupManagerResizeRequests.insert",
     ]
-    insert, request = (c.request for c in cloud.mutations()[1:])
-    assert insert["targetSize"] == 0 and insert["targetSizePolicy"] == {"mode": "BULK"}
-    assert request == {"name": names.request_name(SLICE1), **FLEX_REQUEST}
-    # The new request waits: the slice has no hosts, and a waiting slice is not a broken one.
-    [waiting] = cloud.state.resize_requests_of(*key)
-    assert waiting["state"] == "ACCEPTED" and cloud.state.instances[key] == []
+    insert = cloud.mutations()[1].request
+    assert insert["targetSize"] == 4 and insert["targetSizePolicy"] == {"mode": "BULK"}
+    # The new MIG waits: no hosts, and a waiting slice is not a broken one.
+    assert cloud.state.instances[key] == [] and not cloud.state.resize_requests_of(*key)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    assert [e["outcome"] for e in events] == [
-        f"recreated; resize request {names.request_name(SLICE1)} waits for 4 hosts"
-    ]
+    assert [e["outcome"] for e in events] == ["recreated; the MIG waits for capacity for 4 host(s)"]
     controller.step()
-    assert len(cloud.mutations()) == 3  # left alone while it waits
+    assert len(cloud.mutations()) == 2  # left alone while it waits
 
     cloud.state.set_capacity(ZONE, "", 4)  # capacity comes: all four hosts at once, named by the MIG
-    assert cloud.state.resize_requests_of(*key)[0]["state"] == "SUCCEEDED"
     assert len(cloud.state.instances[key]) == 4 and cloud.state.migs[key]["targetSize"] == 4
     controller.step()
-    assert len(cloud.mutations()) == 3
+    assert len(cloud.mutations()) == 2
 
 
 # Not flex-start: its request SUSPENDED means the run ended, and it is not requested again
@@ -448,3 +445,125 @@ def test_a_queued_slice_is_recreated_through_a_new_queued_resource_that_waits_fo
     assert cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] == "READY"
     controller.step()
     assert len(cloud.mutations()) == 2
+
+
+# ---- D2 (issue 40): a slice Google recovers is never deleted while it may be recovering --------
+
+
+def _broken_on_demand(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer, clock: Clock):
+    """An on-demand compute cluster, seen whole, whose slice 1 then has a host error."""
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", vm, clock=clock, capacity="on-demand")
+    controller.step()
+    cloud.state.host_error(PROJECT, ZONE, SLICE1)
+    controller.step()
+    return controller, stream
+
+
+def test_an_on_demand_slice_google_recovers_is_waited_for_and_recorded(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    clock = Clock()
+    controller, stream = _broken_on_demand(cloud, client, controller_metadata, clock)
+    assert cloud.mutations() == []  # not deleted: Compute Engine is recovering it
+    [first] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (first["slice"], first["seen"], first["action"]) == (
+        SLICE1,
+        "MIG host w0 TERMINATED, host w1 TERMINATED, host w2 TERMINATED, host w3 TERMINATED",
+        "wait-for-repair",
+    )
+    assert "Compute Engine is recovering the slice" in first["outcome"] and "240 min" in first["outcome"]
+    clock.now += 600
+    controller.step()  # still within the grace: nothing sent, nothing recorded again
+    assert cloud.mutations() == [] and len(stream.getvalue().splitlines()) == 1
+
+    cloud.state.recover(PROJECT, ZONE, SLICE1)
+    controller.step()
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (events[-1]["action"], events[-1]["outcome"]) == ("none", "recovered after 10 min")
+    assert cloud.mutations() == []
+
+
+def test_an_on_demand_slice_not_recovered_within_the_grace_is_recreated(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    clock = Clock()
+    controller, stream = _broken_on_demand(cloud, client, controller_metadata, clock)
+    clock.now += 4 * 3600  # the cell's repair_grace_s
+    controller.step()
+    assert [c.method_id for c in cloud.mutations()][:2] == [
+        "compute.instanceGroupManagers.delete",
+        "compute.instanceGroupManagers.insert",
+    ]
+    last = json.loads(stream.getvalue().splitlines()[-1])
+    assert last["action"] == "recreate" and last["outcome"] == "not recovered after 240 min; recreated"
+
+
+@pytest.mark.parametrize(
+    "capacity, mode, seen",
+    [
+        # The instances deleted: nothing is left for Compute Engine to recover.
+        ("on-demand", "gone", "MIG 0 of 4 instances"),
+        # Spot: Google recovers nothing; a stopped host reads "preempted" (its operation).
+        (
+            "spot",
+            "terminated",
+            "MIG host w0 preempted, host w1 preempted, host w2 preempted, host w3 preempted",
+        ),
+    ],
+)
+def test_a_gone_or_spot_slice_is_recreated_at_once(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    capacity: str,
+    mode: str,
+    seen: str,
+) -> None:
+    seed(cloud, "compute")
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity=capacity)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode=mode)
+    controller.step()
+    assert next(c.method_id for c in cloud.mutations()) == "compute.instanceGroupManagers.delete"
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (event["seen"], event["outcome"]) == (seen, "recreated")
+
+
+@pytest.mark.parametrize("capacity, waits", [("on-demand", True), ("spot", False)])
+def test_a_terminated_tpu_node_is_left_to_the_cloud_tpu_service_where_it_repairs(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, capacity, waits
+) -> None:
+    """D2 (issue 40) on tpu-vm: a TERMINATED node still exists; where the capacity cell says the
+    Cloud TPU service repairs it, the controller waits; on Spot it recreates at once."""
+    seed(cloud, "tpu-vm")
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata, capacity=capacity)
+    controller.step()
+    cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] = "TERMINATED"
+    controller.step()
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["seen"] == "node state TERMINATED"
+    if waits:
+        assert cloud.mutations() == [] and event["action"] == "wait-for-repair"
+    else:
+        assert cloud.mutations() and event["action"] == "recreate"
+
+
+def test_a_flex_start_slice_whose_hosts_all_went_has_ended_and_is_not_asked_again(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    """The compute flex-start cell: at the end of the run duration Compute Engine deletes the
+    hosts; the controller records that the slice ended and makes nothing again (maxRunHours
+    bounds the cost). A MIG that is gone is still recreated."""
+    seed_flex(cloud)
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity="flex-start")
+    controller.step()
+    key = (PROJECT, ZONE, SLICE1)
+    for record in list(cloud.state.instances[key]):  # the run ended: every host deleted, MIG kept
+        cloud.state.lose(cloud.state.vms[(PROJECT, ZONE, record["name"])], deleted=True)
+    controller.step()
+    controller.step()
+    assert cloud.mutations() == []
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["seen"].startswith("MIG 0 of 4 instances: ended: run duration reached")
+    assert event["outcome"].startswith("ended: not requested again")

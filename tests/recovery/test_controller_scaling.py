@@ -13,7 +13,7 @@ from rayslice import names
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import controller as controller_module
-from rayslice.recovery.cloud import CloudClient, CloudError, RefusedResource
+from rayslice.recovery.cloud import CloudClient, operation_error
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, mig_fields
 from tests.recovery.test_scaling import POLICY as SCALING
 
@@ -148,86 +148,72 @@ def test_a_forged_reading_is_refused_and_a_failing_decision_is_recorded_once_and
     assert [m.method_id for m in cloud.mutations()] == ["compute.instanceGroupManagers.createInstances"]
 
 
-# ---- flex-start: slices added as resize requests (docs/elastic.md, "Flex-start") ----------------
+# ---- flex-start: slices added by resizing bulk MIGs from 0 (docs/elastic.md, "Flex-start") ------
 
 FLEX = dataclasses.replace(POLICY, run_duration_s=86400)
-REQUEST0 = names.request_name(SLICE0)
 
 
 def _flex(cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, head: dict):
-    """Two empty bulk MIGs and no resize request, as the program declares an elastic flex-start
-    cluster's slices above minSlices; the zone has no free host until a test gives it some."""
+    """Two empty bulk MIGs, as the program declares an elastic flex-start cluster's slices above
+    minSlices; the zone has no free host until a test gives it some."""
     cloud.state.set_capacity(ZONE, "", 0)  # the emulated templates name no machine type
     controller, stream = _elastic(cloud, client, controller_metadata, head, targetSizePolicy={"mode": "BULK"})
     controller.scaling = FLEX
     return controller, stream
 
 
-def _requests(cloud: CloudApiEmulator, name: str) -> list[tuple[str, str]]:
-    return [(r["name"], r["state"]) for r in cloud.state.resize_requests_of(PROJECT, ZONE, name)]
-
-
 def _add_slice0(cloud: CloudApiEmulator, controller, head: dict) -> None:
     head["demand"] = _reading(PENDING_SLICE)
     controller.step()
     controller.step()
-    [insert] = cloud.mutations()
-    assert insert.method_id == "compute.instanceGroupManagerResizeRequests.insert" and SLICE0 in insert.path
-    assert insert.request == {
-        "name": REQUEST0,
-        "description": f"rayslice: all 4 hosts of slice {SLICE0}",
-        "resizeBy": 4,
-        "requestedRunDuration": {"seconds": "86400"},
-    }
-    assert _requests(cloud, SLICE0) == [(REQUEST0, "ACCEPTED")]
-    controller.step()  # still pending, and the slice waits for capacity: no second request
+    [resize] = cloud.mutations()
+    assert resize.method_id == "compute.instanceGroupManagers.resize" and SLICE0 in resize.path
+    assert resize.query == {"size": "4"} and resize.status == 200
+    key = (PROJECT, ZONE, SLICE0)
+    assert cloud.state.migs[key]["targetSize"] == 4 and cloud.state.instances[key] == []
+    assert not cloud.state.resize_requests_of(*key)  # bulk mode takes no resize request
+    controller.step()  # still pending, and the slice waits for capacity: no second resize
     assert len(cloud.mutations()) == 1
 
 
-def test_a_flex_start_slice_waits_for_capacity_comes_whole_and_goes_with_its_request(
+def test_a_flex_start_slice_waits_for_capacity_comes_whole_and_goes_by_a_resize_to_zero(
     cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
+    """D1 (issue 40): the elastic path adds a flex-start slice by resizing its bulk MIG from 0 and
+    removes it by resizing to 0; no resize request (bulk mode does not support them)."""
     head: dict = {}
     controller, stream = _flex(cloud, client, controller_metadata, head)
     _add_slice0(cloud, controller, head)
-    assert _events(stream)[-1] == (
-        SLICE0,
-        "add slice",
-        f"resize request {REQUEST0} for 4 host(s) waits for capacity",
-    )
+    assert _events(stream)[-1] == (SLICE0, "add slice", "MIG resized to 4 host(s): waits for capacity")
 
     cloud.state.set_capacity(ZONE, "", 4)  # capacity comes: all four hosts at once, named by the MIG
     hosts = sorted(i["name"] for i in cloud.state.instances[(PROJECT, ZONE, SLICE0)])
     assert len(hosts) == 4 and not set(hosts) & set(names.slice_host_names(SLICE0, 4))
-    assert _requests(cloud, SLICE0) == [(REQUEST0, "SUCCEEDED")]
     head["demand"] = _reading(slices={SLICE0: {"nodes": 4, "busy": True, "idle_s": 0}})
     controller.step()  # a job runs on it: nothing changes
     assert len(cloud.mutations()) == 1
 
     head["demand"] = _reading(slices={SLICE0: {"nodes": 4, "busy": False, "idle_s": 61}})
     controller.step()
-    delete, gone = cloud.mutations()[1:]
-    assert delete.method_id == "compute.instanceGroupManagers.deleteInstances"
-    assert sorted(i.rsplit("/", 1)[-1] for i in delete.request["instances"]) == hosts
-    assert gone.method_id == "compute.instanceGroupManagerResizeRequests.delete" and gone.path.endswith(
-        REQUEST0
-    )
-    assert _requests(cloud, SLICE0) == [] and cloud.state.migs[(PROJECT, ZONE, SLICE0)]["targetSize"] == 0
+    [shrink] = cloud.mutations()[1:]
+    assert shrink.method_id == "compute.instanceGroupManagers.resize" and shrink.query == {"size": "0"}
+    assert cloud.state.migs[(PROJECT, ZONE, SLICE0)]["targetSize"] == 0
+    assert not cloud.state.instances[(PROJECT, ZONE, SLICE0)]
     assert _events(stream)[-1] == (
         SLICE0,
         "remove slice",
-        f"4 host(s) deleted (idle for 60s or more) and resize request {REQUEST0} deleted",
+        "MIG resized to 0 host(s): idle for 60s or more",
     )
     controller.step()
-    assert controller.removing == set() and len(cloud.mutations()) == 3
+    assert controller.removing == set() and len(cloud.mutations()) == 2
 
-    head["demand"] = _reading(PENDING_SLICE)  # needed again: the request's name is free
+    head["demand"] = _reading(PENDING_SLICE)  # needed again: grown from 0 again
     controller.step()
     controller.step()
-    assert _requests(cloud, SLICE0) == [(REQUEST0, "SUCCEEDED")]  # the zone has the hosts back
+    assert len(cloud.state.instances[(PROJECT, ZONE, SLICE0)]) == 4  # the zone has the hosts back
 
 
-def test_a_request_whose_demand_went_before_capacity_came_is_cancelled(
+def test_a_slice_whose_demand_went_before_capacity_came_is_resized_back_to_zero(
     cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     head: dict = {}
@@ -235,58 +221,30 @@ def test_a_request_whose_demand_went_before_capacity_came_is_cancelled(
     _add_slice0(cloud, controller, head)
     head["demand"] = _reading()  # the job was cancelled: nothing pends
     controller.step()
-    cancel, delete = cloud.mutations()[1:]
-    assert cancel.method_id == "compute.instanceGroupManagerResizeRequests.cancel"
-    assert delete.method_id == "compute.instanceGroupManagerResizeRequests.delete"
-    assert _requests(cloud, SLICE0) == []
+    [cancel] = cloud.mutations()[1:]
+    assert cancel.method_id == "compute.instanceGroupManagers.resize" and cancel.query == {"size": "0"}
     assert _events(stream)[-1] == (
         SLICE0,
         "cancel slice",
-        f"resize request {REQUEST0} cancelled: no demand for it before capacity came",
+        "MIG resized to 0 host(s): no demand for it before capacity came",
     )
     cloud.state.set_capacity(ZONE, "", 8)  # capacity comes later: no host arrives for nothing
     assert not cloud.state.instances[(PROJECT, ZONE, SLICE0)]
     controller.step()
-    assert len(cloud.mutations()) == 3
+    assert len(cloud.mutations()) == 2
 
 
-def test_the_hosts_a_mig_named_are_the_only_ones_its_removal_may_name(
+def test_a_bulk_mig_refuses_growth_above_zero_through_the_api(
     cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
+    """D8 (issue 40): growth of a bulk MIG whose target size is above 0 fails its operation and
+    changes nothing, by resize or by createInstances."""
     head: dict = {}
     _flex(cloud, client, controller_metadata, head)
-    cloud.state.set_capacity(ZONE, "", 8)
     allowed = (SLICE0, SLICE1)
-    for name in allowed:
-        cloud.state.insert_resize_request(
-            PROJECT, ZONE, name, {"name": names.request_name(name), "resizeBy": 4}
-        )
-    own = [i["name"] for i in cloud.state.instances[(PROJECT, ZONE, SLICE0)]]
-    other = cloud.state.instances[(PROJECT, ZONE, SLICE1)][0]["name"]
-    for names_sent in ([other], [*own, other], names.slice_host_names(SLICE0, 4), [f"{SLICE0}-zzzz"]):
-        with pytest.raises(RefusedResource):
-            client.delete_listed_instances(SLICE0, names_sent, allowed)
-    with pytest.raises(RefusedResource):
-        client.delete_listed_instances("someone-elses-mig", own, allowed)
-    with pytest.raises(RefusedResource):  # one request per slice, by name
-        client.delete_resize_request(SLICE0, "another-request", allowed)
-    assert not cloud.mutations()
-    client.wait_zone_operation(client.delete_listed_instances(SLICE0, own, allowed), 30)
-    assert not cloud.state.instances[(PROJECT, ZONE, SLICE0)]
-
-
-def test_google_s_states_for_cancel_and_delete_are_enforced(
-    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
-) -> None:
-    head: dict = {}
-    _flex(cloud, client, controller_metadata, head)
-    request = {"name": REQUEST0, "resizeBy": 4}
-    cloud.state.insert_resize_request(PROJECT, ZONE, SLICE0, request)
-    with pytest.raises(CloudError) as refused:  # ACCEPTED: still active
-        client.delete_resize_request(SLICE0, REQUEST0, (SLICE0,))
-    assert refused.value.status == 400 and "ACCEPTED" in str(refused.value)
-    cloud.state.set_capacity(ZONE, "", 4)
-    with pytest.raises(CloudError):  # SUCCEEDED: no longer in the queue
-        client.cancel_resize_request(SLICE0, REQUEST0, (SLICE0,))
-    client.wait_zone_operation(client.delete_resize_request(SLICE0, REQUEST0, (SLICE0,)), 30)
-    assert _requests(cloud, SLICE0) == [] and len(cloud.state.instances[(PROJECT, ZONE, SLICE0)]) == 4
+    client.wait_zone_operation(client.resize_mig(SLICE0, 4, allowed), 30)
+    done = client.wait_zone_operation(client.resize_mig(SLICE0, 5, allowed), 30)
+    assert "bulk mode" in str(operation_error(done))
+    done = client.wait_zone_operation(client.create_instances(SLICE0, [{"name": "x-w0"}], allowed), 30)
+    assert "bulk mode" in str(operation_error(done))
+    assert cloud.state.migs[(PROJECT, ZONE, SLICE0)]["targetSize"] == 4

@@ -35,7 +35,10 @@ STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 def test_every_mutating_emulated_method_has_its_permission_and_nothing_broader() -> None:
     for platform, api in (("tpu-vm", "tpu"), ("compute", "compute")):
         granted = set(permissions.permissions(platform))
-        assert not any(p.endswith((".setIamPolicy", ".list")) or "*" in p for p in granted)
+        # No list, but the zone's operations: a preemption is known only from its operation
+        # (compute.instances.preempted), whose name no one can know to get it (issue 40, D2).
+        listed = granted - {"compute.zoneOperations.list"}
+        assert not any(p.endswith((".setIamPolicy", ".list")) or "*" in p for p in listed)
         service = "tpu" if api == "tpu" else "compute"
         assert all(p.startswith(f"{service}.") for p in granted)
     assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= set(permissions.permissions("tpu-vm"))
@@ -132,13 +135,14 @@ def _every_way_it_acts(
     seed(cloud, platform)
     controller, stream = make_controller(client, platform, vm)
     controller.step()
-    cloud.preempt(PROJECT, ZONE, SLICE1)
+    # Stopped, not deleted, on compute: the controller lists the zone's preemptions to say so.
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated" if platform == "compute" else "gone")
     controller.step()
     key = (PROJECT, ZONE, SLICE0)
     if platform == "tpu-vm":
         del cloud.state.nodes[key]
     else:
-        del cloud.state.migs[key]
+        cloud.state.delete_mig(*key)  # its instances go with it
     controller.step()
     if platform == "tpu-vm":  # the same slices as queued ones: one recreated through a new request
         for index in range(2):
@@ -219,31 +223,22 @@ def test_removing_a_slices_hosts_needs_update_which_the_role_holds(cloud: CloudA
     assert {c.status for c in cloud.calls[2:]} == {200}
 
 
-def test_cancelling_and_deleting_a_slices_resize_request_needs_update_which_the_role_holds(
-    cloud: CloudApiEmulator,
-) -> None:
-    """An elastic flex-start slice's request cancelled while it waits, then deleted (docs/elastic.md),
-    with the controller's role; without compute.instanceGroupManagers.update both are refused, 403."""
+def test_resizing_a_flex_start_slice_needs_update_which_the_role_holds(cloud: CloudApiEmulator) -> None:
+    """An elastic flex-start slice's bulk MIG resized (docs/elastic.md) with the controller's
+    role; without compute.instanceGroupManagers.update it is refused, 403."""
     seed_flex(cloud)
-    cloud.state.set_capacity(ZONE, "", 0)
-    request = names.request_name(SLICE0)
-    cloud.state.delete_resize_request(PROJECT, ZONE, SLICE0, request)  # SUCCEEDED: a new one waits
-    cloud.state.insert_resize_request(PROJECT, ZONE, SLICE0, {"name": request, "resizeBy": 4})
     allowed = (SLICE0, SLICE1)
     withheld = "compute.instanceGroupManagers.update"
     lacking = _controller_client(cloud, tuple(p for p in permissions.held("compute") if p != withheld))
     with pytest.raises(NoCredentials):
-        lacking.cancel_resize_request(SLICE0, request, allowed)
-    with pytest.raises(NoCredentials):
-        lacking.delete_resize_request(SLICE1, names.request_name(SLICE1), allowed)
-    assert [c.response["error"]["status"] for c in cloud.calls] == ["PERMISSION_DENIED"] * 2
-    assert all(withheld in c.response["error"]["message"] for c in cloud.calls)
+        lacking.resize_mig(SLICE0, 0, allowed)
+    assert [c.response["error"]["status"] for c in cloud.calls] == ["PERMISSION_DENIED"]
+    assert withheld in cloud.calls[0].response["error"]["message"]
 
     client = _controller_client(cloud, permissions.held("compute"))
-    client.wait_zone_operation(client.cancel_resize_request(SLICE0, request, allowed), 30)
-    client.wait_zone_operation(client.delete_resize_request(SLICE0, request, allowed), 30)
-    assert client.list_resize_requests(SLICE0) == []
-    assert {c.status for c in cloud.calls[2:]} == {200}
+    client.wait_zone_operation(client.resize_mig(SLICE0, 0, allowed), 30)
+    assert client.list_managed_instances(SLICE0) == []
+    assert {c.status for c in cloud.calls[1:]} == {200}
 
 
 def _every_way_it_scales(cloud: CloudApiEmulator, client: CloudClient, vm: MetadataServer) -> str:

@@ -16,8 +16,10 @@ from rayslice import cli, names
 from rayslice.errors import EXIT_NO_CLUSTER, NoCredentials
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
+from rayslice.recovery import commands as commands_module
 from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
-from rayslice.recovery.commands import render_text, resize_request_status
+from rayslice.recovery.commands import render_text
+from tests.imports import imported_modules
 from tests.recovery.conftest import (
     CLUSTER,
     LOCATION,
@@ -111,6 +113,7 @@ def test_status_lists_a_slices_hosts_by_the_worker_numbers_their_names_give(
     # Not by the names as text ("-w10" sorts before "-w2"), nor by the order the MIG lists them
     # (creation order); a name the MIG made itself comes last.
     seed(cloud, "compute")
+    cloud.state.delete_mig(PROJECT, ZONE, SLICE0)  # made again below, with other names
     own = f"{SLICE0}-x7k2"
     listed = [names.host_name(SLICE0, w) for w in (10, 2, 9)] + [own, names.host_name(SLICE0, 0)]
     cloud.add_mig(PROJECT, ZONE, SLICE0, listed, **mig_fields(SLICE0))
@@ -228,7 +231,6 @@ def test_status_when_the_api_refuses_the_connection_exits_3_with_one_line_naming
 def test_status_text_shows_escape_sequences_and_line_breaks_from_guest_attributes_escaped() -> None:
     """Guest attributes are written by whatever runs on a host: a value must not drive the
     terminal (ESC), overwrite the line (CR) or forge a line of its own (newline)."""
-    from rayslice.recovery.commands import render_text
 
     forged = "joined\x1b[2J\r\nslice other: joined\u202e"
     data = {
@@ -254,60 +256,39 @@ def test_status_text_shows_escape_sequences_and_line_breaks_from_guest_attribute
 def test_status_shows_a_flex_start_slice_waiting_then_its_hosts_joining(
     cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """D1 (issue 40): a flex-start slice is a bulk MIG that waits with its target size set."""
     cloud.state.set_capacity(ZONE, "", 0)  # an empty zone (the seeded MIGs' hosts count as "")
     seed_flex(cloud)
     where = ["--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=2"]
     flex = ["status", *where, "--set", "platform=compute", "--set", "capacity=flex-start"]
     assert cli.main([*flex, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [s["state"] for s in data["slices"]] == ["REQUEST ACCEPTED"] * 2
+    assert [s["state"] for s in data["slices"]] == ["REQUEST WAITING_FOR_RESOURCES"] * 2
     request = data["slices"][0]["request"]
-    assert request["name"] == names.request_name(SLICE0) and request["state"] == "ACCEPTED"
-    assert (request["hosts_asked"], request["hosts_joined"], request["run_hours"]) == (4, 0, 24)
-    assert request["since"].endswith("Z") and request["deadline"] is None and request["reason"] is None
+    assert (request["kind"], request["name"], request["hosts_asked"], request["hosts_joined"]) == (
+        "bulk MIG",
+        SLICE0,
+        4,
+        0,
+    )
+    assert request["deadline"] is None and request["reason"] is None
     assert cli.main(flex) == 0
     text = capsys.readouterr().out
-    assert f"slice {SLICE0}: REQUEST ACCEPTED" in text
-    assert "ACCEPTED, waiting for capacity since" in text and "0 of 4 hosts joined" in text
+    assert f"slice {SLICE0}: REQUEST WAITING_FOR_RESOURCES" in text
+    assert "waiting for capacity since" in text and "0 of 4 hosts joined" in text
 
-    cloud.state.set_capacity(ZONE, "", 4)  # enough for the first request only, in order
+    cloud.state.set_capacity(ZONE, "", 4)  # enough for the first slice only, in order
     hosts = [r["name"] for r in cloud.state.instances[(PROJECT, ZONE, SLICE0)]]
     ns = names.GUEST_ATTRIBUTE_NAMESPACE
     for host in hosts[:3]:
         cloud.guest[host] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
     assert cli.main([*flex, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [s["state"] for s in data["slices"]] == ["READY", "REQUEST ACCEPTED"]
+    assert [s["state"] for s in data["slices"]] == ["READY", "REQUEST WAITING_FOR_RESOURCES"]
     first = data["slices"][0]
-    assert first["request"]["state"] == "SUCCEEDED" and first["request"]["hosts_joined"] == 3
+    assert first["request"]["state"] == "ACTIVE" and first["request"]["hosts_joined"] == 3
     assert sorted(h["name"] for h in first["hosts"]) == sorted(hosts)
     assert cloud.mutations() == []  # status only reads
-
-
-def test_a_failed_request_shows_googles_reason() -> None:
-    failed = {
-        "name": "c-slice-0-request",
-        "state": "FAILED",
-        "creationTimestamp": "2026-12-04T08:00:00Z",
-        "resizeBy": 4,
-        "status": {"error": {"errors": [{"code": "QUOTA_EXCEEDED", "message": "no TPU quota"}]}},
-    }
-    request = resize_request_status(failed, 0)
-    assert request["reason"] == "QUOTA_EXCEEDED: no TPU quota" and request["run_hours"] is None
-    data = {
-        "cluster": "c",
-        "platform": "compute",
-        "project": "p",
-        "zone": "z",
-        "head": None,
-        "controller": None,
-        "slices": [{"name": "c-slice-0", "state": "REQUEST FAILED", "hosts": [], "request": request}],
-        "events": [],
-        "recovery": False,
-    }
-    assert "resize request c-slice-0-request: FAILED, failed: QUOTA_EXCEEDED: no TPU quota; 0 of 4" in (
-        render_text(data)
-    )
 
 
 def test_status_shows_a_queued_slice_waiting_with_its_deadline_then_failed_with_the_reason(
@@ -373,3 +354,11 @@ def test_status_shows_an_elastic_clusters_slice_without_hosts_as_empty_not_degra
     assert data["slices"][1]["hosts"] == []
     assert cli.main(elastic) == 0
     assert f"slice {SLICE1}: EMPTY" in capsys.readouterr().out
+
+
+def test_status_takes_googles_state_names_from_their_module_not_the_emulator() -> None:
+    """Issue 40, item 4: `rayslice status` (recovery/commands.py) reads Google's state names from
+    `rayslice.cloud.states`, never from the cloud twin."""
+    path = Path(commands_module.__file__)
+    imported = {name for _, name in imported_modules(path.read_text(), commands_module.__name__, False)}
+    assert "rayslice.cloud.twin" not in imported and "rayslice.cloud.states" in imported

@@ -226,6 +226,27 @@ def test_a_script_rendered_for_another_type_fails_at_boot(host, tmp_path):
     assert box.supervisor_pid() is None
 
 
+@pytest.mark.parametrize("bounds, stops", [("1,1,1", True), ("2,2,1", False)])
+def test_a_host_of_a_slice_made_as_independent_vms_stops_naming_the_cause(host, tmp_path, bounds, stops):
+    """D4 (issue 40): a TPU runtime that reports fewer hosts than the slice's (HOST_BOUNDS
+    1,1,1 on a 4-host v6e-16, as a published TPU7x log shows for a MIG without bulk mode) stops the
+    boot with a message `rayslice status` shows, never a silent one-host cluster."""
+    spec = _spec(rayAuth="none")
+    tpu_env = f"TOPOLOGY: '4x4'\nHOST_BOUNDS: '{bounds}'\nWORKER_ID: '0'\n"
+    cloud = _cloud(spec, extra={"tpu-env": tpu_env})
+    box = _box(host, tmp_path, cloud)
+    result = box.boot(box.render(spec, sandbox.free_port()))
+    if stops:
+        assert result.returncode == 1 and box.supervisor_pid() is None
+        assert cloud.state == (
+            "failed: the TPU runtime reports HOST_BOUNDS 1,1,1 (1 host(s)) but slice v6e-16 has 4 hosts: "
+            "Compute Engine made independent VMs, not one ICI slice; delete the slice (its MIG) so that "
+            "it is created whole again"
+        )
+    else:
+        assert result.returncode == 0 and not cloud.state.startswith("failed")
+
+
 def test_token_from_secret_manager_after_transient_and_permission_errors(host, tmp_path):
     spec = _spec(rayAuth="token")
     cloud = _cloud(spec)

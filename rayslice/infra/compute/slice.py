@@ -21,20 +21,21 @@ which creates nothing here. The metadata lists those names (the platform's ident
 Cloud TPU API's attributes. With ``head=slice`` they also name ``-w0``'s reserved address as the
 head's: the outputs point there, and no source says which host Google numbers worker 0.
 
-A flex-start slice (``capacity: flex-start``) cannot be made this way: its hosts come only through
-a resize request, which waits until the zone has every host and then creates them all at once,
-named by the MIG (``resizeBy``: "The MIG automatically generates the names of the VMs"; Compute
-Engine, "About resize requests in a MIG"). Its MIG runs in bulk mode (target-size policy BULK;
-rule bulk-provisioning-model: the template's provisioning model is FLEX_START), holds no
-per-instance configs and no reserved addresses, and a `gcp.compute.ResizeRequest` named
-``<slice>-request`` asks for the slice's hosts with ``requestedRunDuration`` from ``maxRunHours``
-(10 minutes to 7 days: pulumi-gcp's ResizeRequestRequestedRunDuration). ``pulumi up`` returns
-once Google has accepted the request; the hosts boot with the same script when it is fulfilled
-and identify themselves by Google's TPU attributes (`platforms.VmPlatform.identity_attributes`).
-Its host IPs are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them. On an
-elastic cluster a flex-start slice above minSlices has no request here: the recovery controller
-makes it when Ray needs the slice, cancels it if the need goes first, and deletes it with the
-hosts (`controller_owns`; docs/elastic.md).
+A flex-start slice (``capacity: flex-start``) is made in the documented bulk form: its MIG runs
+in bulk mode (target-size policy BULK; rule bulk-provisioning-model: the template's provisioning
+model is FLEX_START, which carries ``maxRunDuration`` from ``maxRunHours``) with its target size
+set to the slice's host count at insert. The MIG waits until the zone has every host and then
+creates them all at once, named by the MIG. Bulk mode takes no resize request and adds hosts only
+while the target size is 0 (Compute Engine, "About bulk mode"; rules bulk-no-resize-request and
+bulk-grows-from-zero), so the slice holds no per-instance configs and no reserved addresses
+(SkyPilot's TPU flex-start provisioner does the same: sky/provision/gcp/mig_utils.py,
+create_region_instance_template and create_region_managed_instance_group). ``pulumi up`` returns
+once the MIG exists; the hosts boot with the same script when the zone has them and identify
+themselves by Google's TPU attributes (`platforms.VmPlatform.identity_attributes`). Its host IPs
+are not known to Pulumi (`host_ips` is empty); `rayslice status` lists them. On an elastic
+cluster a flex-start slice above minSlices is declared with target size 0: the recovery
+controller resizes it to the slice's hosts when Ray needs the slice, and back to 0 to remove it
+(`controller_owns`; docs/elastic.md).
 
 A change of the boot script or its attributes makes a new instance template; the MIG's update
 policy then recreates every host of the slice at once, keeping names and addresses (a slice is
@@ -65,7 +66,7 @@ from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
-from rayslice.names import CLOUD_PLATFORM_SCOPE, NIC, address_name, request_name, slice_host_names
+from rayslice.names import CLOUD_PLATFORM_SCOPE, NIC, address_name, slice_host_names
 from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
@@ -163,7 +164,9 @@ class ComputeSlice(pulumi.ComponentResource):
             versions=[
                 gcp.compute.InstanceGroupManagerVersionArgs(instance_template=template.self_link_unique)
             ],
-            target_size=0,  # the per-instance configs or the resize request below add the hosts
+            # Flex-start: every host at insert, in bulk mode (none on a slice the controller owns,
+            # which it resizes from 0); else 0 and the per-instance configs below add the hosts.
+            target_size=spec.tpu.hosts if spec.waits_for_capacity and not controller_owns(spec, index) else 0,
             target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=BULK_MODE)]
             if spec.waits_for_capacity
             else None,
@@ -178,18 +181,18 @@ class ComputeSlice(pulumi.ComponentResource):
                 max_surge_fixed=0,
                 max_unavailable_fixed=spec.tpu.hosts,  # the whole slice at once
             ),
-            wait_for_instances=False,  # the hosts come from what follows, not from the MIG itself
+            wait_for_instances=False,  # a flex-start MIG waits for capacity; `pulumi up` does not
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=list(args.depends_on),
+                # After its addresses: `pulumi destroy` deletes a resource before what it depends
+                # on, so the MIG and the hosts the controller added to it (which use the addresses)
+                # are gone before the addresses are deleted; an address in use cannot be.
+                depends_on=[*args.depends_on, *addresses],
                 custom_timeouts=TIMEOUTS,
-                ignore_changes=[TARGET_SIZE],  # raised by the per-instance configs or the request
+                # Raised by the per-instance configs, or set by the controller on its slices.
+                ignore_changes=[TARGET_SIZE],
             ),
         )
-        # An elastic flex-start slice's request is the controller's: it asks for the slice when Ray
-        # needs it, cancels it when the need goes before the hosts come, and deletes it with them.
-        if spec.waits_for_capacity and not controller_owns(spec, index):
-            _resize_request(f"{name}-request", spec, slice_name, zone, mig, args)
         # An elastic cluster's slices above minSlices start empty: the recovery controller adds
         # their hosts with the same names and addresses when Ray needs them, and removes them.
         owned = [] if controller_owns(spec, index) else hosts
@@ -225,33 +228,7 @@ class ComputeSlice(pulumi.ComponentResource):
 def controller_owns(spec: ClusterSpec, index: int) -> bool:
     """Whether slice `index`'s hosts belong to the controller (an elastic cluster's slices above
     minSlices), not to the program: Pulumi then declares the slice's MIG, template, workload policy
-    and addresses, and no per-instance config or resize request, so a ``pulumi up`` after the
-    controller added or removed hosts has nothing to change (the MIG's target size is ignored
-    already)."""
+    and addresses, and no per-instance config (a flex-start MIG with target size 0), so a
+    ``pulumi up`` after the controller added or removed hosts has nothing to change (the MIG's
+    target size is ignored already)."""
     return spec.elastic and index >= (spec.min_slices or 0)
-
-
-def _resize_request(
-    name: str,
-    spec: ClusterSpec,
-    slice_name: str,
-    zone: str,
-    mig: gcp.compute.InstanceGroupManager,
-    args: SliceArgs,
-) -> gcp.compute.ResizeRequest:
-    """The request that grows a flex-start slice's MIG by all its hosts at once, when the zone
-    has them, for ``maxRunHours`` (the spec fills the default: 7 days)."""
-    assert spec.max_run_seconds is not None  # the spec sets maxRunHours for flex-start
-    return gcp.compute.ResizeRequest(
-        name,
-        name=request_name(slice_name),
-        project=spec.project,
-        zone=zone,
-        instance_group_manager=mig.name,
-        description=f"rayslice {spec.name}: all {spec.tpu.hosts} hosts of slice {slice_name}",
-        resize_by=spec.tpu.hosts,
-        requested_run_duration=gcp.compute.ResizeRequestRequestedRunDurationArgs(
-            seconds=str(spec.max_run_seconds)
-        ),
-        opts=pulumi.ResourceOptions(parent=mig, depends_on=list(args.depends_on)),
-    )

@@ -183,7 +183,7 @@ def attach(emulator: CloudApiEmulator, sim: SimulatedCluster, spec: ClusterSpec)
     """Wire the emulation's hooks to the simulated hosts (the twin holds them already, `deploy_spec`).
 
     A slice host the twin creates later under a new name (a flex-start slice's hosts, when its
-    resize request is fulfilled) is made first (`SimulatedCluster.add_hosts`), then booted."""
+    bulk MIG finds capacity) is made first (`SimulatedCluster.add_hosts`), then booted."""
     slices = [slice_name(spec.name, i) for i in range(spec.slices)]
     known = {h.name for h in sim.plan.machines}
 

@@ -93,7 +93,7 @@ def test_ironwood_example(capsys):
     (mig,) = _of(resources, MIG)
     assert (mig["inputs"]["targetSize"], len(_of(resources, PER_INSTANCE))) == (0, 2)
     assert "targetSizePolicies" not in mig["inputs"]  # bulk mode refuses STANDARD templates
-    # On-demand too: Compute Engine recovers the slice whole; the MIG's REPAIR would recreate one host.
+    # Every multi-host TPU MIG does nothing on a failed host (D3): Compute Engine recovers the slice whole.
     assert mig["inputs"]["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
 
 

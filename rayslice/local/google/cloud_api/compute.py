@@ -1,27 +1,31 @@
-"""The emulated Compute Engine v1 API: ``instanceGroupManagers`` get / delete / insert /
+"""The emulated Compute Engine v1 API: ``instanceGroupManagers`` get / delete / insert / resize /
 listManagedInstances / listPerInstanceConfigs / createInstances / deleteInstances /
-deletePerInstanceConfigs, ``instanceGroupManagerResizeRequests`` insert / list / cancel / delete,
-``zoneOperations.get`` and ``instances.getGuestAttributes``.
+deletePerInstanceConfigs, ``zoneOperations`` get / list (the preemptions) and
+``instances.getGuestAttributes``.
 
 A create the zone has no capacity for (`rayslice.cloud.capacity`) is accepted and its operation
-ends with Google's ``ZONE_RESOURCE_POOL_EXHAUSTED`` error, creating nothing; a resize request's
-operation ends once the request is accepted, and the request waits for capacity. A
-deleteInstances or deletePerInstanceConfigs request the twin fails (`InstanceValidationError`:
-Google's discovery document says "the operation fails") is accepted and its operation ends with
-that error, deleting nothing. A resize request cancelled or deleted in a state that does not
-allow it (`ResizeRequestStateError`) is refused at the call with 400 and changes nothing: how
-Google answers is not documented, and the controller only cancels ACCEPTED requests and deletes
-inactive ones."""
+ends with Google's ``ZONE_RESOURCE_POOL_EXHAUSTED`` error, creating nothing; a bulk MIG's insert
+or resize from 0 ends at once and the MIG waits for capacity. A createInstances or a resize that
+bulk mode refuses, a createInstances naming an instance that exists, and a deleteInstances or
+deletePerInstanceConfigs request the twin fails (`InstanceValidationError`: Google's discovery
+document says "the operation fails") are accepted and their operation ends with the twin's
+error, changing nothing. No client of rayslice's sends resize requests (bulk mode takes none),
+so none are served."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from rayslice.cloud.bodies import MIG, RESIZE_REQUEST, Request
+from rayslice.cloud.bodies import MIG, Request
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
-from rayslice.cloud.twin import CloudRuleError, InstanceValidationError, ResizeRequestStateError
-from rayslice.errors import InvalidInput
+from rayslice.cloud.states import PREEMPTED_OPERATION
+from rayslice.cloud.twin import (
+    BulkModeError,
+    CloudRuleError,
+    DuplicateInstanceError,
+    InstanceValidationError,
+)
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
@@ -111,6 +115,11 @@ class ComputeApi(EmulatedProject):
             created = self.state.create_instances(p["project"], p["zone"], mig, wanted)
         except CapacityExhausted as exc:
             return self._exhausted(p, "createInstances", p["name"], exc)
+        except (BulkModeError, DuplicateInstanceError) as exc:  # the operation fails, nothing created
+            message = str(exc)
+            return self._compute_operation(
+                p["project"], p["zone"], "createInstances", mig["selfLink"], lambda: message
+            )
         _creating(created)
 
         def finish() -> str | None:
@@ -157,69 +166,58 @@ class ComputeApi(EmulatedProject):
             p["project"], p["zone"], "deletePerInstanceConfigs", mig["selfLink"], lambda: None
         )
 
+    def mig_resize(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """instanceGroupManagers.resize: the twin changes the target size at once; a bulk MIG
+        that may not grow (`BulkModeError`) fails the operation, changing nothing, and one that
+        waits for capacity has its target size set and no instance until the zone has them all."""
+        mig = self._mig(p)
+        try:
+            size = int(q.get("size", ""))
+        except ValueError:
+            raise ApiError(400, "INVALID_ARGUMENT", "resize needs size, a number of instances") from None
+        before = {r["name"] for r in self.state.instances[resource_key(p)]}
+        try:
+            self.state.resize_mig(p["project"], p["zone"], p["name"], size)
+        except BulkModeError as exc:
+            message = str(exc)
+            return self._compute_operation(
+                p["project"], p["zone"], "resize", mig["selfLink"], lambda: message
+            )
+        except CapacityExhausted as exc:
+            return self._exhausted(p, "resize", p["name"], exc)
+        records = self.state.instances[resource_key(p)]
+        created = [r for r in records if r["name"] not in before]
+        _creating(created)
+        emptied = bool(before) and not records
+
+        def finish() -> str | None:
+            _running(created)
+            if created:
+                self._hook(self.on_slice_up, p["name"])
+            if emptied:
+                self._hook(self.on_slice_down, p["name"])
+            return None
+
+        return self._compute_operation(p["project"], p["zone"], "resize", mig["selfLink"], finish)
+
+    def compute_operations(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """zoneOperations.list: the operations Compute Engine recorded by itself (the twin's
+        `preemptions`); only the filter on the preemption type is understood, any other filter is
+        refused rather than misread."""
+        wanted = q.get("filter", "")
+        if wanted.replace(" ", "") not in ("", f'operationType="{PREEMPTED_OPERATION}"'):
+            raise ApiError(400, "INVALID_ARGUMENT", f"the emulated zoneOperations.list filter {wanted!r}")
+        return {
+            "kind": "compute#operationList",
+            "id": f"projects/{p['project']}/zones/{p['zone']}/operations",
+            "items": self.state.preemptions(p["project"], p["zone"]),
+            "selfLink": f"https://www.googleapis.com/compute/v1/projects/{p['project']}/zones/{p['zone']}/operations",
+        }
+
     def _failed(self, p: dict[str, str], kind: str, target: str, exc: InstanceValidationError) -> Any:
         """The operation of a request Google accepts and then fails: it ends with the error."""
         message = str(exc)
         return self._compute_operation(p["project"], p["zone"], kind, target, lambda: message)
-
-    def resize_insert(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
-        self._mig(p)
-        name = str((body or {}).get("name", ""))
-        if not name or int((body or {}).get("resizeBy") or 0) < 1:
-            raise ApiError(
-                400, "INVALID_ARGUMENT", "a resize request needs a name and resizeBy of at least 1"
-            )
-        if any(r["name"] == name for r in self.state.resize_requests_of(*resource_key(p))):
-            raise ApiError(409, "ALREADY_EXISTS", f"resize request {name} already exists")
-        request = Request(
-            "compute",
-            "compute.instanceGroupManagerResizeRequests.insert",
-            "InstanceGroupManagerResizeRequest",
-            name,
-            body,
-        )
-        try:
-            self.state.admit(
-                RESIZE_REQUEST, name, request, project=p["project"], zone=p["zone"], target=p["name"]
-            )
-        except CloudRuleError as exc:
-            raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
-        record = self.state.insert_resize_request(p["project"], p["zone"], p["name"], body)
-
-        def finish() -> str | None:
-            self._hook(self.on_slice_up, p["name"])
-            return None
-
-        return self._compute_operation(p["project"], p["zone"], "insert", record["selfLink"], finish)
-
-    def resize_list(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
-        self._mig(p)
-        return {
-            "kind": "compute#instanceGroupManagerResizeRequestList",
-            "items": self.state.resize_requests_of(*resource_key(p)),
-        }
-
-    def resize_cancel(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
-        """instanceGroupManagerResizeRequests.cancel: the request stops waiting at once."""
-        self._mig(p)
-        record = self._resize_change(self.state.cancel_resize_request, p)
-        return self._compute_operation(p["project"], p["zone"], "cancel", record["selfLink"], lambda: None)
-
-    def resize_delete(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
-        """instanceGroupManagerResizeRequests.delete: an inactive request goes at once."""
-        mig = self._mig(p)
-        target = f"{mig['selfLink']}/resizeRequests/{p['request']}"
-        self._resize_change(self.state.delete_resize_request, p)
-        return self._compute_operation(p["project"], p["zone"], "delete", target, lambda: None)
-
-    def _resize_change(self, change: Any, p: dict[str, str]) -> Any:
-        """One change of MIG p["name"]'s request p["request"], its refusals as Google's errors."""
-        try:
-            return change(p["project"], p["zone"], p["name"], p["request"])
-        except ResizeRequestStateError as exc:
-            raise ApiError(400, "FAILED_PRECONDITION", str(exc)) from exc
-        except InvalidInput as exc:
-            raise ApiError(404, "NOT_FOUND", str(exc)) from exc
 
     def _exhausted(self, p: dict[str, str], verb: str, name: str, exc: CapacityExhausted) -> Any:
         """The operation of a create the zone has no capacity for: it ends with Google's error."""

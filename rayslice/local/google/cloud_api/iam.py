@@ -59,16 +59,12 @@ METHOD_PERMISSIONS = {
     # (REST reference of each, compute/docs/reference/rest/v1/instanceGroupManagers/...).
     "compute.instanceGroupManagers.deleteInstances": "compute.instanceGroupManagers.update",
     "compute.instanceGroupManagers.deletePerInstanceConfigs": "compute.instanceGroupManagers.update",
-    # instanceGroupManagerResizeRequests insert and list: "Authorization requires the following
-    # IAM permission on the specified resource instanceGroupManager" (REST reference of each).
-    "compute.instanceGroupManagerResizeRequests.insert": "compute.instanceGroupManagers.update",
-    "compute.instanceGroupManagerResizeRequests.list": "compute.instanceGroupManagers.get",
-    # ... cancel and delete: the same wording; the stored copies of their REST reference pages
-    # lose the permission's name, which is taken to be insert's (a change to the MIG's requests):
-    # not checked against Google (docs/elastic.md).
-    "compute.instanceGroupManagerResizeRequests.cancel": "compute.instanceGroupManagers.update",
-    "compute.instanceGroupManagerResizeRequests.delete": "compute.instanceGroupManagers.update",
     "compute.zoneOperations.get": "compute.zoneOperations.get",
+    # resize: "Authorization requires the following IAM permission on the specified resource
+    # instanceGroupManager: compute.instanceGroupManagers.update" (its REST reference); the zone's
+    # operations are listed with compute.zoneOperations.list (the same for zoneOperations.list).
+    "compute.instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
+    "compute.zoneOperations.list": "compute.zoneOperations.list",
     "compute.instances.getGuestAttributes": "compute.instances.getGuestAttributes",
     # GKE's node pools are read with the cluster's permission ("Authorization requires the
     # following IAM permission on the specified resource name: container.clusters.get", REST
