@@ -8,14 +8,17 @@ checkpoint of step `recovery.PREEMPT_AFTER_STEP` is saved, checkpoints every 10 
 
 * **elastic**: ``rayslice run jax_trainer -- --min-slices 1 --max-slices 2`` on both slices. On
   the notice the hosts' watchers drain their Ray nodes (the workers save a checkpoint at once) and
-  stop Ray 10 s before the power-off; Ray Train goes on on slice 0, and grows back to both once
-  the controller has recreated slice 1 and its host joined. The job is then stopped.
+  stop Ray once Ray Train has that checkpoint (10 s before the power-off at the latest); Ray Train
+  goes on on slice 0, and grows back to both once the controller has recreated slice 1 and its
+  host joined. The job is then stopped.
 * **whole-job restart**: ``rayslice run jax_train --max-restarts 2`` on slice 1
   (`recovery.preempt_during_training`): the job fails with its node, `rayslice run` waits until
   the cluster is whole again and submits it again, and it resumes from its checkpoint.
 
 Clocks, all in this process, from the preemption request (the notice): until the first step
-trained on one slice and on two slices again (elastic), until the restarted job printed
+trained on one slice and on two slices again (elastic), and the phases in between (the
+just-in-time checkpoint committed, from the job's line; Ray stopped on the preempted host, from its
+watcher's log, which ``--log`` keeps too); until the restarted job printed
 ``resumed from step K`` and until the slice's host rejoined (whole-job restart); the cold
 bring-up (create, boot, every host joined) is the baseline. Steps lost: the steps trained before
 the resize (or restart) that the attempt after it trains again.
@@ -46,6 +49,7 @@ from recovery import PREEMPT_AFTER_STEP, RAYSLICE, RESUMED, bring_up, preempt_du
 
 from rayslice import cli, names
 from rayslice import spec as spec_module
+from rayslice.local.simulation import cloud_bridge
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.workloads import jax_trainer
 
@@ -60,6 +64,11 @@ JAX_TRAIN_MAX_STEPS_PER_S = 100
 # jax_trainer's line at the start of each attempt, and the step line both training jobs print.
 ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$")
 STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$")
+# jax_trainer's line once Ray Train has the checkpoint saved on the notice.
+COMMITTED = re.compile(r"checkpoint of step (\d+) committed on the preemption notice$")
+# The preemption watcher's log lines (its `logger`), and the one before it stops Ray.
+WATCHER_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[0-9:.]+Z) rayslice-preemption: (.*)$")
+STOPPING = "stopping Ray on this host"
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,8 @@ class Elastic:
     steps_lost: int
     one_slice_s: float  # the first step trained on the surviving slice
     two_slices_s: float  # the first step trained on both slices again
+    committed_s: float | None = None  # the checkpoint saved on the notice committed (the job's line)
+    ray_stopped_s: float | None = None  # the watcher on the preempted host began `ray stop`
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,24 @@ def first_step_of_attempt(
     return None
 
 
+def committed_at(lines: Sequence[tuple[float, str]], start: int = 0) -> float | None:
+    """When (from `start` in `lines`) the job said its checkpoint on the notice was committed."""
+    return next((t for t, line in lines[start:] if COMMITTED.search(line)), None)
+
+
+def watcher_lines(log: str, since: float) -> list[tuple[float, str]]:
+    """The preemption watcher's lines in a host's boot log `log` from epoch second `since` on,
+    each with its epoch time."""
+    found = []
+    for line in log.splitlines():
+        if match := WATCHER_LINE.match(line):
+            when = datetime.datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S.%fZ")
+            epoch = when.replace(tzinfo=datetime.UTC).timestamp()
+            if epoch >= since:
+                found.append((epoch, match.group(2)))
+    return found
+
+
 def _saved_steps(run: Path) -> list[int]:
     """jax_trainer's committed checkpoints in `run` (orbax renames a save when it is complete)."""
     return [jax_trainer.checkpoint_step(p.name) for p in run.glob("step_*") if p.name[5:].isdigit()]
@@ -135,6 +164,16 @@ def _preempt(sim: Simulation, victim: str, notice_s: float) -> tuple[float, thre
     start = time.monotonic()
     command.start()
     return start, command, outcome
+
+
+def _victim_watcher(sim: Simulation, index: int, since: float) -> list[tuple[float, str]]:
+    """The watcher's lines since epoch second `since` on the hosts of slice `index` (read before
+    the controller recreates them)."""
+    found: list[tuple[float, str]] = []
+    for host in cloud_bridge.slice_hosts(sim.plan, index):
+        log = sim.paths(host).boot_log
+        found += watcher_lines(log.read_text(errors="replace") if log.exists() else "", since)
+    return sorted(found)
 
 
 def elastic_preemption(
@@ -162,6 +201,7 @@ def elastic_preemption(
         if job.poll() is not None:
             raise RuntimeError(f"jax_trainer ended before step {PREEMPT_AFTER_STEP}:\n{out.text()}")
         cut = len(out.lines)
+        wall_start = time.time()
         start, command, outcome = _preempt(sim, victim, notice_s)
         wait(
             lambda: job.poll() is not None or first_step_of_attempt(out.lines, hosts, cut) is not None,
@@ -172,6 +212,7 @@ def elastic_preemption(
         if found is None:
             raise RuntimeError(f"jax_trainer ended instead of shrinking:\n{out.text()}")
         shrink_at, one_slice = found
+        watched = _victim_watcher(sim, 1, wall_start)
         wait(
             lambda: (
                 job.poll() is not None or first_step_of_attempt(out.lines, 2 * hosts, shrink_at) is not None
@@ -199,11 +240,22 @@ def elastic_preemption(
         out.thread.join(timeout=10)
         if log is not None:
             with log.open("a") as file:
-                file.write(f"---- jax_trainer {name}\n{out.text()}\n")
+                file.write(f"---- jax_trainer {name}, seconds from the preemption\n")
+                file.writelines(f"{t - start:+8.2f} {line}\n" for t, line in out.lines)
+                file.write(f"---- the preemption watcher on {victim}, seconds from the preemption\n")
+                file.writelines(f"{t - wall_start:+8.2f} {line}\n" for t, line in watched)
     attempt = ATTEMPT.search(out.lines[shrink_at][1])
     assert attempt is not None
     lost = steps_lost([line for _, line in out.lines[:shrink_at]], int(attempt.group(3)))
-    return Elastic(lost, one_slice - start, grown[1] - start)
+    committed = committed_at(out.lines[:shrink_at], cut)
+    stopped = next((t - wall_start for t, line in watched if line.startswith(STOPPING)), None)
+    return Elastic(
+        lost,
+        one_slice - start,
+        grown[1] - start,
+        None if committed is None else committed - start,
+        stopped,
+    )
 
 
 def restart_preemption(
@@ -231,9 +283,14 @@ def restart_preemption(
 def report(
     cold_s: float, elastic: Sequence[Elastic], restart: Sequence[Restart], notice_s: float, date: str
 ) -> str:
+    committed = [(e.committed_s, e.one_slice_s) for e in elastic if e.committed_s is not None]
+    stopped = [e.ray_stopped_s for e in elastic if e.ray_stopped_s is not None]
     rows = [
         ("cold bring-up (create, boot, every host joined)", [cold_s]),
+        ("elastic: preemption -> checkpoint committed", [c for c, _ in committed]),
+        ("elastic: preemption -> Ray stopped on its host", stopped),
         ("elastic: preemption -> training on 1 slice", [e.one_slice_s for e in elastic]),
+        ("elastic: checkpoint committed -> on 1 slice", [one - c for c, one in committed]),
         ("elastic: preemption -> training on 2 slices", [e.two_slices_s for e in elastic]),
         ("whole-job restart: preemption -> training again", [r.training_s for r in restart]),
         ("whole-job restart: preemption -> host rejoined", [r.rejoined_s for r in restart]),
@@ -244,6 +301,9 @@ def report(
         f"{'':50} {'seconds':>8}  {'of cold bring-up':>16}  (median, range)",
     ]
     for label, values in rows:
+        if not values:  # a phase no repeat saw (a job or watcher that does not log it)
+            lines.append(f"{label:50} {'-':>8}")
+            continue
         median = statistics.median(values)
         spread = f"  ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else ""
         lines.append(f"{label:50} {median:8.1f}  {median / cold_s:16.2f}{spread}")

@@ -9,7 +9,10 @@ jax_train's model and step (`jax_train.build_model`), wrapped the way Ray Train 
   the run is being preempted (`ray.train.get_preemption_info`, which the hosts' preemption watcher
   feeds by draining their Ray nodes), every worker saves the state with orbax-checkpoint into the
   run's folder under `--storage-path` (a `gs://` bucket on Cloud TPU, a folder every host shares
-  elsewhere), and rank 0 registers it with `ray.train.report`. A new attempt restores the latest one
+  elsewhere), and rank 0 registers it with `ray.train.report`. Once Ray Train has taken the
+  checkpoint saved on the notice, each worker says so to its host's watcher (a key in the GCS's
+  key-value store, `preemption_watcher.JIT_CHECKPOINT_KEY_PREFIX`), which then stops Ray there at
+  once rather than near the VM's deadline. A new attempt restores the latest one
   (`ray.train.get_checkpoint`) and prints `resumed from step K`; `--name` of an earlier run resumes
   that run.
 - **Failures.** `--max-failures` restarts after a worker error (`FailureConfig`); preemptions Ray
@@ -44,6 +47,7 @@ from ray.train.v2.jax import JaxTrainer
 
 from rayslice import catalog
 from rayslice.errors import InvalidInput
+from rayslice.startup_scripts.preemption_watcher import JIT_CHECKPOINT_KEY_PREFIX, JIT_CHECKPOINT_NAMESPACE
 from rayslice.workloads import _cluster, jax_train
 
 CHECKPOINT_PREFIX = "step_"  # a checkpoint's folder is step_<steps done>, zero-padded
@@ -72,6 +76,16 @@ def show(line: str) -> None:
     prints it: the driver would show every line twice."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def checkpoint_committed(step: int) -> None:
+    """Tell this host's preemption watcher that this node's just-in-time checkpoint (of `step`)
+    is committed: it stops Ray here at once, and Ray Train restarts on the other slices."""
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    node_id = ray.get_runtime_context().get_node_id()
+    _internal_kv_put(JIT_CHECKPOINT_KEY_PREFIX + node_id, str(step), namespace=JIT_CHECKPOINT_NAMESPACE)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -104,6 +118,7 @@ def train_loop(config: dict[str, Any]) -> None:
     # Each host its own samples, seeded by where this attempt starts (as jax_train does).
     local_rng = np.random.default_rng([config["seed"], jax.process_index(), start])
     params, opt_state = state
+    committed_on_notice = False
     for i in range(start, config["steps"]):
         x, y = model.batch(local_rng)
         params, opt_state, loss = model.step(params, opt_state, x, y)
@@ -122,6 +137,14 @@ def train_loop(config: dict[str, Any]) -> None:
         metrics = {"step": done, "loss": float(loss), "workers": context.get_world_size()}
         # Already in the run's folder: Ray registers it where it is instead of copying it.
         ray.train.report(metrics, checkpoint=saved, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+        if preempting and not committed_on_notice:
+            # A worker's results wait in a queue of one until the controller takes them: this
+            # report returns once the controller has the one above, and with it the checkpoint.
+            ray.train.report(metrics)
+            checkpoint_committed(done)
+            committed_on_notice = True
+            if rank0:
+                show(f"checkpoint of step {done} committed on the preemption notice")
     checkpointer.close()
 
 
