@@ -190,6 +190,8 @@ def elastic_preemption(
     argv += ["--name", name]
     job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_job_env())
     out = Output(job)
+    start, wall_start = time.monotonic(), time.time()  # until the preemption: the job's start
+    watched: list[tuple[float, str]] = []
     try:
         wait(
             lambda: (

@@ -86,7 +86,8 @@ STOP_GRACE_S = 5
 # own PreemptionWatcher sees the drain within its 5 s poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S).
 STOP_BEFORE_DEADLINE_S = 2 * STOP_GRACE_S
 # Where a job says that a node's just-in-time checkpoint is committed, so that Ray may stop there
-# at once: the key is the prefix and the node's id (hex), in the GCS's key-value store.
+# at once: the key is the prefix and the node's id (hex), in the GCS's key-value store. The same
+# as `rayslice.names`'s, which the jobs use (this file runs where rayslice is not installed).
 JIT_CHECKPOINT_NAMESPACE = "rayslice"
 JIT_CHECKPOINT_KEY_PREFIX = "jit-checkpoint/"
 # How often the key-value store is asked while waiting for those keys.

@@ -11,7 +11,7 @@ jax_train's model and step (`jax_train.build_model`), wrapped the way Ray Train 
   run's folder under `--storage-path` (a `gs://` bucket on Cloud TPU, a folder every host shares
   elsewhere), and rank 0 registers it with `ray.train.report`. Once Ray Train has taken the
   checkpoint saved on the notice, each worker says so to its host's watcher (a key in the GCS's
-  key-value store, `preemption_watcher.JIT_CHECKPOINT_KEY_PREFIX`), which then stops Ray there at
+  key-value store, `names.JIT_CHECKPOINT_KEY_PREFIX`), which then stops Ray there at
   once rather than near the VM's deadline. A new attempt restores the latest one
   (`ray.train.get_checkpoint`) and prints `resumed from step K`; `--name` of an earlier run resumes
   that run.
@@ -42,12 +42,13 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
+import ray
+from ray.experimental.internal_kv import _internal_kv_put
 from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
-from rayslice import catalog
+from rayslice import catalog, names
 from rayslice.errors import InvalidInput
-from rayslice.startup_scripts.preemption_watcher import JIT_CHECKPOINT_KEY_PREFIX, JIT_CHECKPOINT_NAMESPACE
 from rayslice.workloads import _cluster, jax_train
 
 CHECKPOINT_PREFIX = "step_"  # a checkpoint's folder is step_<steps done>, zero-padded
@@ -81,11 +82,8 @@ def show(line: str) -> None:
 def checkpoint_committed(step: int) -> None:
     """Tell this host's preemption watcher that this node's just-in-time checkpoint (of `step`)
     is committed: it stops Ray here at once, and Ray Train restarts on the other slices."""
-    import ray
-    from ray.experimental.internal_kv import _internal_kv_put
-
-    node_id = ray.get_runtime_context().get_node_id()
-    _internal_kv_put(JIT_CHECKPOINT_KEY_PREFIX + node_id, str(step), namespace=JIT_CHECKPOINT_NAMESPACE)
+    key = names.JIT_CHECKPOINT_KEY_PREFIX + ray.get_runtime_context().get_node_id()
+    _internal_kv_put(key, str(step), namespace=names.JIT_CHECKPOINT_NAMESPACE)
 
 
 def train_loop(config: dict[str, Any]) -> None:

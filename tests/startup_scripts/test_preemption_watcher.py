@@ -259,6 +259,12 @@ def test_waiting_for_the_checkpoints_outlasts_the_gcss_failures_until_the_stop()
     assert lines == ["cannot read the checkpoints' keys (GCS unreachable); retrying"]
 
 
+def test_the_watcher_reads_the_checkpoints_keys_where_the_jobs_put_them() -> None:
+    """Its own copy of `names`' key (it runs where rayslice is not installed)."""
+    assert watcher.JIT_CHECKPOINT_NAMESPACE == names.JIT_CHECKPOINT_NAMESPACE
+    assert watcher.JIT_CHECKPOINT_KEY_PREFIX == names.JIT_CHECKPOINT_KEY_PREFIX
+
+
 def test_ray_is_stopped_with_the_venvs_ray_and_the_grace_period(tmp_path: Path) -> None:
     """The stopper runs the given `ray` as `ray stop --grace-period=5` and returns its status."""
     fake = tmp_path / "ray"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import ray
-import ray.experimental.internal_kv as internal_kv
 
 from rayslice.errors import EXIT_INVALID, NoCluster
 from rayslice.startup_scripts import preemption_watcher as watcher
@@ -93,7 +92,7 @@ def test_the_trainers_key_is_the_one_the_watcher_reads(monkeypatch: pytest.Monke
         def internal_kv_exists(self, key: bytes, namespace: bytes, timeout: float) -> bool:
             return (key, namespace) in store
 
-    monkeypatch.setattr(internal_kv, "_internal_kv_put", put)
+    monkeypatch.setattr(jax_trainer, "_internal_kv_put", put)
     monkeypatch.setattr(ray, "get_runtime_context", Context)
     gcs = watcher.RayGcs.__new__(watcher.RayGcs)
     gcs.client = Client()
