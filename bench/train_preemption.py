@@ -16,9 +16,9 @@ checkpoint of step `recovery.PREEMPT_AFTER_STEP` is saved, checkpoints every 10 
   the cluster is whole again and submits it again, and it resumes from its checkpoint.
 
 Clocks, all in this process, from the preemption request (the notice): until the first step
-trained on one slice and on two slices again (elastic), and the phases in between (the
-just-in-time checkpoint committed, from the job's line; Ray stopped on the preempted host, from its
-watcher's log, which ``--log`` keeps too); until the restarted job printed
+trained on one slice and on two slices again (elastic), and the phases in between from the
+preempted host's watcher's log (which ``--log`` keeps too, and which is on the same clock): the
+just-in-time checkpoint committed (its workers' keys read), Ray stopped; until the restarted job printed
 ``resumed from step K`` and until the slice's host rejoined (whole-job restart); the cold
 bring-up (create, boot, every host joined) is the baseline. Steps lost: the steps trained before
 the resize (or restart) that the attempt after it trains again.
@@ -51,6 +51,7 @@ from rayslice import cli, names
 from rayslice import spec as spec_module
 from rayslice.local.simulation import cloud_bridge
 from rayslice.local.simulation.simulator import Simulation
+from rayslice.startup_scripts import preemption_watcher
 from rayslice.workloads import jax_trainer
 
 SPEC = {"platform": "tpu-vm", "acceleratorType": "v5litepod-8", "slices": 2, "capacity": "spot"}
@@ -64,11 +65,9 @@ JAX_TRAIN_MAX_STEPS_PER_S = 100
 # jax_trainer's line at the start of each attempt, and the step line both training jobs print.
 ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$")
 STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$")
-# jax_trainer's line once Ray Train has the checkpoint saved on the notice.
-COMMITTED = re.compile(r"checkpoint of step (\d+) committed on the preemption notice$")
-# The preemption watcher's log lines (its `logger`), and the one before it stops Ray.
+# The preemption watcher's log lines (its `logger`). Its milestones time the checkpoint committed
+# (the job's own line comes later, through Ray's log stream) and Ray's stop.
 WATCHER_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[0-9:.]+Z) rayslice-preemption: (.*)$")
-STOPPING = "stopping Ray on this host"
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class Elastic:
     steps_lost: int
     one_slice_s: float  # the first step trained on the surviving slice
     two_slices_s: float  # the first step trained on both slices again
-    committed_s: float | None = None  # the checkpoint saved on the notice committed (the job's line)
+    committed_s: float | None = None  # the watcher read that the checkpoint on the notice is committed
     ray_stopped_s: float | None = None  # the watcher on the preempted host began `ray stop`
 
 
@@ -126,11 +125,6 @@ def first_step_of_attempt(
             step = next((t for t, line in lines[i + 1 :] if STEP.search(line)), None)
             return (i, step) if step is not None else None
     return None
-
-
-def committed_at(lines: Sequence[tuple[float, str]], start: int = 0) -> float | None:
-    """When (from `start` in `lines`) the job said its checkpoint on the notice was committed."""
-    return next((t for t, line in lines[start:] if COMMITTED.search(line)), None)
 
 
 def watcher_lines(log: str, since: float) -> list[tuple[float, str]]:
@@ -249,15 +243,10 @@ def elastic_preemption(
     attempt = ATTEMPT.search(out.lines[shrink_at][1])
     assert attempt is not None
     lost = steps_lost([line for _, line in out.lines[:shrink_at]], int(attempt.group(3)))
-    committed = committed_at(out.lines[:shrink_at], cut)
-    stopped = next((t - wall_start for t, line in watched if line.startswith(STOPPING)), None)
-    return Elastic(
-        lost,
-        one_slice - start,
-        grown[1] - start,
-        None if committed is None else committed - start,
-        stopped,
-    )
+    since = [(t - wall_start, line) for t, line in watched]
+    committed = next((t for t, line in since if line == preemption_watcher.ALL_COMMITTED), None)
+    stopped = next((t for t, line in since if line.startswith(preemption_watcher.STOPPING)), None)
+    return Elastic(lost, one_slice - start, grown[1] - start, committed, stopped)
 
 
 def restart_preemption(

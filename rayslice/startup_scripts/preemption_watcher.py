@@ -92,6 +92,9 @@ JIT_CHECKPOINT_NAMESPACE = "rayslice"
 JIT_CHECKPOINT_KEY_PREFIX = "jit-checkpoint/"
 # How often the key-value store is asked while waiting for those keys.
 CHECKPOINT_POLL_S = 0.2
+# Its log's milestones (bench/train_preemption.py times the shrink by them).
+ALL_COMMITTED = "every job on this host has committed its checkpoint"
+STOPPING = "stopping Ray on this host"
 
 Log = Callable[[str], None]
 
@@ -213,7 +216,7 @@ def wait_for_checkpoints(
             failing = True
         else:
             if not waiting:
-                log("every job on this host has committed its checkpoint")
+                log(ALL_COMMITTED)
                 return True
         sleep(min(CHECKPOINT_POLL_S, max(0.0, timeline.stop_ray - now())))
     return False
@@ -237,7 +240,7 @@ def on_notice(
     marker.write_text(f"notice at {timeline.notice:.3f}; the VM stops by {timeline.deadline:.3f}\n")
     drain(drain_node, own_nodes, timeline, log, now=now, sleep=sleep)
     wait_for_checkpoints(own_nodes, checkpointed, timeline, log, now=now, sleep=sleep)
-    log(f"stopping Ray on this host, {timeline.deadline - now():.0f} s before the VM stops")
+    log(f"{STOPPING}, {timeline.deadline - now():.0f} s before the VM stops")
     code = stop_ray()
     log(f"ray stop exited {code}")
 

@@ -44,16 +44,6 @@ def test_steps_lost_are_those_trained_again_after_the_resume() -> None:
     assert bench.steps_lost([], 0) == 0
 
 
-def test_the_checkpoint_on_the_notice_is_timed_from_the_jobs_line() -> None:
-    lines = [
-        (1.0, "step  57  loss 0.50000"),
-        (2.5, "checkpoint of step 58 committed on the preemption notice"),
-        (9.0, "workers 1, devices 8, from step 58"),
-    ]
-    assert bench.committed_at(lines) == 2.5
-    assert bench.committed_at(lines, 2) is None  # only from the preemption on
-
-
 def test_the_watchers_lines_are_read_with_their_times_from_the_preemption_on() -> None:
     log = "\n".join(
         [
