@@ -82,8 +82,9 @@ NO_ETAG = "0"
 STOP_GRACE_S = 5
 # Ray is stopped this long before the VM stops: the grace period plus as much again, so Ray is gone
 # (and unregistered) before the deadline even when ray stop needs its whole grace period. What is
-# left of the notice (20 s of GCE's 30) is for the workers' just-in-time checkpoint: Ray Train's
-# own PreemptionWatcher sees the drain within its 5 s poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S).
+# left of the notice (20 s of GCE's 30) is the most the workers' just-in-time checkpoint gets (Ray
+# stops sooner once the job says it is committed): Ray Train's own PreemptionWatcher sees the drain
+# within its 5 s poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S).
 STOP_BEFORE_DEADLINE_S = 2 * STOP_GRACE_S
 # Where a job says that a node's just-in-time checkpoint is committed, so that Ray may stop there
 # at once: the key is the prefix and the node's id (hex), in the GCS's key-value store. The same
