@@ -77,7 +77,9 @@ def test_a_slice_of_the_type_present_is_the_shape_and_no_type_needs_one(monkeypa
 
 
 def test_the_trainers_key_is_the_one_the_watcher_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """jax_trainer puts the key for its own node; the watcher's GCS client finds it there."""
+    """jax_trainer puts the key for its own node when that node is preempted, and only then (a
+    survivor's key would let its own later preemption stop Ray too soon); the watcher's GCS
+    client finds it there."""
     store: dict[tuple[bytes, bytes], bytes] = {}
 
     def put(key: str, value: str, overwrite: bool = True, *, namespace: str) -> bool:
@@ -97,6 +99,8 @@ def test_the_trainers_key_is_the_one_the_watcher_reads(monkeypatch: pytest.Monke
     gcs = watcher.RayGcs.__new__(watcher.RayGcs)
     gcs.client = Client()
     assert not gcs.checkpointed("ab12")
-    jax_trainer.checkpoint_committed(57)
+    jax_trainer.checkpoint_committed({"cd34"}, 57)  # another node preempted: this one survives
+    assert store == {}
+    jax_trainer.checkpoint_committed({"ab12", "cd34"}, 57)
     assert gcs.checkpointed("ab12") and not gcs.checkpointed("cd34")
     assert store == {(b"jit-checkpoint/ab12", b"rayslice"): b"57"}
