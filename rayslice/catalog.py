@@ -839,3 +839,83 @@ def slice_prices(tpu: TpuType) -> dict[str, dict[str, float | None]]:
     published price)."""
     regions = sorted({region_of(z) for z in tpu.zones})
     return {region: {c: slice_hour_price(tpu, region, c) for c in CAPACITIES} for region in regions}
+
+
+# --- Chips: memory, peak compute and memory bandwidth per generation --------------------------
+#
+# What one chip of a generation can hold and do, for `rayslice fit` (does a step fit a chip's
+# HBM, how long would it take at peak), the bundled jobs (sizes on a chip; achieved against peak)
+# and the slice check (each chip against its peak). Figures are per chip, dense (no sparsity).
+# Sources, each Google's page for the generation, the "key specifications" table, read 2026-12:
+# v5e cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16; 16 GB; 819 GB/s), v5p /tpu/docs/v5p
+# (459; 95 GB; 2,765 GB/s), v6e /tpu/docs/v6e (918; 32 GB; 1,638 GB/s), v3 /tpu/docs/v3 (123;
+# 32 GiB; 900 GB/s). v2 (45; 16 GiB; 600 GB/s) and v4 (275; 32 GiB; 1,200 GB/s): the pages
+# /tpu/docs/v2 and /v4, as rayslice's benchmark table recorded them before this table existed.
+# TPU7x (Ironwood): Google gives 4,614 TFLOP/s in FP8, 192 GB and 7.37 TB/s per chip
+# (cloud.google.com/tpu/docs/tpu7x); bf16 here is half the FP8 figure, as the MXUs run FP8 at
+# twice the bf16 rate (Google's "Training large models on Ironwood" post); not a published number.
+# Google writes "GB" for HBM where the chips hold GiB: a v5e chip shows 15.75 GiB to JAX
+# (`memory_stats()["bytes_limit"]`, measured 2026-12-06, docs/benchmarks.md), so capacities
+# are taken as GiB.
+
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One chip of a generation, as a job sees it."""
+
+    generation: str  # `Generation.name`
+    device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices (exact strings)
+    topology_prefix: str  # the name libtpu gives `get_topology_desc` ("v5e" in "v5e:2x2")
+    hbm_bytes: int
+    bf16_flops: float  # dense peak, FLOP/s
+    hbm_bytes_per_s: float
+    # JAX devices per chip on a real host: two TensorCores shown apart on v2, v3 and TPU7x, one
+    # (megacore) device on v4 and v5p; from the bench table before (v2, v3) and libtpu
+    # 0.0.42.1's compile-only topologies (tpu7x:2x2x1 has 8 devices for 4 chips).
+    jax_devices_per_chip: int = 1
+
+
+CHIPS: tuple[Chip, ...] = (
+    Chip("v2", ("TPU v2",), "v2", 16 * _GIB, 45e12, 600e9, jax_devices_per_chip=2),
+    Chip("v3", ("TPU v3",), "v3", 32 * _GIB, 123e12, 900e9, jax_devices_per_chip=2),
+    Chip("v4", ("TPU v4",), "v4", 32 * _GIB, 275e12, 1200e9),
+    Chip("v5litepod", ("TPU v5 lite", "TPU v5e"), "v5e", 16 * _GIB, 197e12, 819e9),
+    Chip("v5p", ("TPU v5", "TPU v5p"), "v5p", 95 * _GIB, 459e12, 2765e9),
+    Chip("v6e", ("TPU v6 lite", "TPU v6e"), "v6e", 32 * _GIB, 918e12, 1638e9),
+    Chip("tpu7x", ("TPU7x", "TPU v7x"), "tpu7x", 192 * _GIB, 2307e12, 7370e9, jax_devices_per_chip=2),
+)
+
+_CHIP_BY_GENERATION = {c.generation: c for c in CHIPS}
+_CHIP_BY_KIND = {k: c for c in CHIPS for k in c.device_kinds}
+
+
+def chip(generation_name: str) -> Chip | None:
+    """The chip of a generation (any spelling `generation` takes); None where no public source
+    gives its figures (tpu7)."""
+    return _CHIP_BY_GENERATION.get(generation(generation_name).name)
+
+
+def chip_of_device_kind(device_kind: str) -> Chip | None:
+    """The TPU chip behind a JAX device kind ("TPU v5 lite"), or None (a CPU, a GPU, a TPU kind
+    this table does not know): callers then say the peak is unknown rather than guess."""
+    return _CHIP_BY_KIND.get(device_kind)
+
+
+def device_peak_flops(device_kind: str) -> float | None:
+    """Dense bf16 peak of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.bf16_flops / found.jax_devices_per_chip
+
+
+def device_hbm_bytes(device_kind: str) -> int | None:
+    """HBM of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.hbm_bytes // found.jax_devices_per_chip
+
+
+def device_hbm_bytes_per_s(device_kind: str) -> float | None:
+    """HBM bandwidth of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.hbm_bytes_per_s / found.jax_devices_per_chip

@@ -62,7 +62,8 @@ def test_the_watchers_lines_are_read_with_their_times_from_the_preemption_on() -
 
 
 def test_the_report_gives_medians_as_shares_of_the_cold_bring_up_and_the_ratio() -> None:
-    elastic = [bench.Elastic(0, 24.0, 150.0, 4.0, 4.5), bench.Elastic(2, 26.0, 170.0)]
+    phased = bench.Elastic(0, 24.0, 150.0, committed_s=4.0, ray_stopped_s=4.5)
+    elastic = [phased, bench.Elastic(2, 26.0, 170.0)]
     restart = [bench.Restart(8, 140.0, 110.0), bench.Restart(6, 160.0, 130.0)]
     lines = bench.report(50.0, elastic, restart, 30, "2026-12-04 18:00 UTC").splitlines()
     assert lines[1].startswith("notice 30 s,") and lines[1].endswith("2 repeat(s), 2026-12-04 18:00 UTC")
