@@ -8,14 +8,17 @@ checkpoint of step `recovery.PREEMPT_AFTER_STEP` is saved, checkpoints every 10 
 
 * **elastic**: ``rayslice run jax_trainer -- --min-slices 1 --max-slices 2`` on both slices. On
   the notice the hosts' watchers drain their Ray nodes (the workers save a checkpoint at once) and
-  stop Ray 10 s before the power-off; Ray Train goes on on slice 0, and grows back to both once
-  the controller has recreated slice 1 and its host joined. The job is then stopped.
+  stop Ray once Ray Train has that checkpoint (10 s before the power-off at the latest); Ray Train
+  goes on on slice 0, and grows back to both once the controller has recreated slice 1 and its
+  host joined. The job is then stopped.
 * **whole-job restart**: ``rayslice run jax_train --max-restarts 2`` on slice 1
   (`recovery.preempt_during_training`): the job fails with its node, `rayslice run` waits until
   the cluster is whole again and submits it again, and it resumes from its checkpoint.
 
 Clocks, all in this process, from the preemption request (the notice): until the first step
-trained on one slice and on two slices again (elastic), until the restarted job printed
+trained on one slice and on two slices again (elastic), and the phases in between from the
+preempted host's watcher's log (which ``--log`` keeps too, and which is on the same clock): the
+just-in-time checkpoint committed (its workers' keys read), Ray stopped; until the restarted job printed
 ``resumed from step K`` and until the slice's host rejoined (whole-job restart); the cold
 bring-up (create, boot, every host joined) is the baseline. Steps lost: the steps trained before
 the resize (or restart) that the attempt after it trains again.
@@ -46,9 +49,10 @@ from recovery import PREEMPT_AFTER_STEP, RAYSLICE, RESUMED, bring_up, preempt_du
 
 from rayslice import cli, names
 from rayslice import spec as spec_module
-from rayslice.local.simulation import recording
+from rayslice.local.simulation import cloud_bridge, recording
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.observability import goodput, history, record
+from rayslice.startup_scripts import preemption_watcher
 from rayslice.workloads import jax_trainer
 
 SPEC = {"platform": "tpu-vm", "acceleratorType": "v5litepod-8", "slices": 2, "capacity": "spot"}
@@ -62,6 +66,9 @@ JAX_TRAIN_MAX_STEPS_PER_S = 100
 # jax_trainer's line at the start of each attempt, and the step line both training jobs print.
 ATTEMPT = re.compile(r"workers (\d+), devices (\d+), from step (\d+)$")
 STEP = re.compile(r"step +(\d+) +loss ([0-9.]+)$")
+# The preemption watcher's log lines (its `logger`). Its milestones time the checkpoint committed
+# (the job's own line comes later, through Ray's log stream) and Ray's stop.
+WATCHER_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[0-9:.]+Z) rayslice-preemption: (.*)$")
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class Elastic:
     # says were trained again at every resumption (the shrink's and the grow-back's).
     goodput: goodput.Report | None = field(default=None, repr=False)  # printed whole by `report`
     steps_lost_in_log: int = 0
+    committed_s: float | None = None  # the watcher read that the checkpoint on the notice is committed
+    ray_stopped_s: float | None = None  # the watcher on the preempted host began `ray stop`
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,19 @@ def first_step_of_attempt(
             step = next((t for t, line in lines[i + 1 :] if STEP.search(line)), None)
             return (i, step) if step is not None else None
     return None
+
+
+def watcher_lines(log: str, since: float) -> list[tuple[float, str]]:
+    """The preemption watcher's lines in a host's boot log `log` from epoch second `since` on,
+    each with its epoch time."""
+    found = []
+    for line in log.splitlines():
+        if match := WATCHER_LINE.match(line):
+            when = datetime.datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S.%fZ")
+            epoch = when.replace(tzinfo=datetime.UTC).timestamp()
+            if epoch >= since:
+                found.append((epoch, match.group(2)))
+    return found
 
 
 def _saved_steps(run: Path) -> list[int]:
@@ -173,6 +195,16 @@ def _preempt(sim: Simulation, victim: str, notice_s: float) -> tuple[float, thre
     return start, command, outcome
 
 
+def _victim_watcher(sim: Simulation, index: int, since: float) -> list[tuple[float, str]]:
+    """The watcher's lines since epoch second `since` on the hosts of slice `index` (read before
+    the controller recreates them)."""
+    found: list[tuple[float, str]] = []
+    for host in cloud_bridge.slice_hosts(sim.plan, index):
+        log = sim.paths(host).boot_log
+        found += watcher_lines(log.read_text(errors="replace") if log.exists() else "", since)
+    return sorted(found)
+
+
 def elastic_preemption(
     sim: Simulation, storage: Path, name: str, notice_s: float, log: Path | None = None
 ) -> Elastic:
@@ -189,6 +221,8 @@ def elastic_preemption(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_job_env(sim)
     )
     out = Output(job)
+    start, wall_start = time.monotonic(), time.time()  # until the preemption: the job's start
+    watched: list[tuple[float, str]] = []
     try:
         wait(
             lambda: (
@@ -200,6 +234,7 @@ def elastic_preemption(
         if job.poll() is not None:
             raise RuntimeError(f"jax_trainer ended before step {PREEMPT_AFTER_STEP}:\n{out.text()}")
         cut = len(out.lines)
+        wall_start = time.time()
         start, command, outcome = _preempt(sim, victim, notice_s)
         wait(
             lambda: job.poll() is not None or first_step_of_attempt(out.lines, hosts, cut) is not None,
@@ -210,6 +245,7 @@ def elastic_preemption(
         if found is None:
             raise RuntimeError(f"jax_trainer ended instead of shrinking:\n{out.text()}")
         shrink_at, one_slice = found
+        watched = _victim_watcher(sim, 1, wall_start)
         wait(
             lambda: (
                 job.poll() is not None or first_step_of_attempt(out.lines, 2 * hosts, shrink_at) is not None
@@ -237,13 +273,19 @@ def elastic_preemption(
         out.thread.join(timeout=10)
         if log is not None:
             with log.open("a") as file:
-                file.write(f"---- jax_trainer {name}\n{out.text()}\n")
+                file.write(f"---- jax_trainer {name}, seconds from the preemption\n")
+                file.writelines(f"{t - start:+8.2f} {line}\n" for t, line in out.lines)
+                file.write(f"---- the preemption watcher on {victim}, seconds from the preemption\n")
+                file.writelines(f"{t - wall_start:+8.2f} {line}\n" for t, line in watched)
     attempt = ATTEMPT.search(out.lines[shrink_at][1])
     assert attempt is not None
     lost = steps_lost([line for _, line in out.lines[:shrink_at]], int(attempt.group(3)))
     report = recorded_goodput(sim, out.text())
     in_log = lost_at_every_resumption([line for _, line in out.lines])
-    return Elastic(lost, one_slice - start, grown[1] - start, report, in_log)
+    since = [(t - wall_start, line) for t, line in watched]
+    committed = next((t for t, line in since if line == preemption_watcher.ALL_COMMITTED), None)
+    stopped = next((t for t, line in since if line.startswith(preemption_watcher.STOPPING)), None)
+    return Elastic(lost, one_slice - start, grown[1] - start, report, in_log, committed, stopped)
 
 
 def restart_preemption(
@@ -271,9 +313,14 @@ def restart_preemption(
 def report(
     cold_s: float, elastic: Sequence[Elastic], restart: Sequence[Restart], notice_s: float, date: str
 ) -> str:
+    committed = [(e.committed_s, e.one_slice_s) for e in elastic if e.committed_s is not None]
+    stopped = [e.ray_stopped_s for e in elastic if e.ray_stopped_s is not None]
     rows = [
         ("cold bring-up (create, boot, every host joined)", [cold_s]),
+        ("elastic: preemption -> checkpoint committed", [c for c, _ in committed]),
+        ("elastic: preemption -> Ray stopped on its host", stopped),
         ("elastic: preemption -> training on 1 slice", [e.one_slice_s for e in elastic]),
+        ("elastic: checkpoint committed -> on 1 slice", [one - c for c, one in committed]),
         ("elastic: preemption -> training on 2 slices", [e.two_slices_s for e in elastic]),
         ("whole-job restart: preemption -> training again", [r.training_s for r in restart]),
         ("whole-job restart: preemption -> host rejoined", [r.rejoined_s for r in restart]),
@@ -284,6 +331,9 @@ def report(
         f"{'':50} {'seconds':>8}  {'of cold bring-up':>16}  (median, range)",
     ]
     for label, values in rows:
+        if not values:  # a phase no repeat saw (a job or watcher that does not log it)
+            lines.append(f"{label:50} {'-':>8}")
+            continue
         median = statistics.median(values)
         spread = f"  ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else ""
         lines.append(f"{label:50} {median:8.1f}  {median / cold_s:16.2f}{spread}")

@@ -25,6 +25,12 @@ PACKAGE_CACHE_PORT = 3141
 # "Preemption process"). A host's preemption watcher gives Ray this deadline when it drains the
 # node; `rayslice local preempt` waits this long between the notice and the power-off by default.
 PREEMPTION_NOTICE_S = 30
+# Where a job tells a host's preemption watcher that a Ray node's just-in-time checkpoint is
+# committed, so that Ray may stop there at once: the key is the prefix and the node's id (hex), in
+# this namespace of the GCS's key-value store (the watcher, which runs without rayslice, keeps a
+# copy that tests/startup_scripts/test_preemption_watcher.py checks).
+JIT_CHECKPOINT_NAMESPACE = "rayslice"
+JIT_CHECKPOINT_KEY_PREFIX = "jit-checkpoint/"
 
 # OAuth scope of every identity rayslice creates; IAM roles, not scopes, limit what it can do.
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"

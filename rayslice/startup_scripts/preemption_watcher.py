@@ -17,9 +17,14 @@ autoscaler v2 uses for preemption, and Ray's own SIGTERM handler in ray/_private
 that dies with the node is reported as preempted ("the actor's node was preempted"), which
 `rayslice.jobs.restarts` counts as a node loss.
 
-Then, ``STOP_BEFORE_DEADLINE_S`` before the VM stops, it stops Ray on this host (``ray stop``),
-having first written a marker file that keeps the boot script's ``run_ray`` from starting Ray
-again (the boot clears it). Draining alone is not enough with GCE's full 30 s: Ray Train's
+Then it stops Ray on this host (``ray stop``), having first written a marker file that keeps the
+boot script's ``run_ray`` from starting Ray again (the boot clears it). It stops Ray as soon as
+every Ray node of this host still alive has said that its just-in-time checkpoint is committed
+(a key ``JIT_CHECKPOINT_KEY_PREFIX + <node id>`` in the GCS's key-value store, namespace
+``JIT_CHECKPOINT_NAMESPACE``, which `rayslice.workloads.jax_trainer`'s workers put once Ray Train
+has taken the checkpoint they saved on the notice; a drained node with nothing running shuts
+itself down and no longer counts), and at the latest ``STOP_BEFORE_DEADLINE_S`` before the VM
+stops, for a job that says nothing. Draining alone is not enough with GCE's full 30 s: Ray Train's
 controller waits out a drain in its PreemptingState until the drain's deadline
 (ray/train/v2/_internal/execution/controller/controller.py, ``_is_preemption_deadline_exceeded``),
 then restarts and sizes the new worker group from the nodes the GCS lists alive (the
@@ -77,9 +82,20 @@ NO_ETAG = "0"
 STOP_GRACE_S = 5
 # Ray is stopped this long before the VM stops: the grace period plus as much again, so Ray is gone
 # (and unregistered) before the deadline even when ray stop needs its whole grace period. What is
-# left of the notice (20 s of GCE's 30) is for the workers' just-in-time checkpoint: Ray Train's
-# own PreemptionWatcher sees the drain within its 5 s poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S).
+# left of the notice (20 s of GCE's 30) is the most the workers' just-in-time checkpoint gets (Ray
+# stops sooner once the job says it is committed): Ray Train's own PreemptionWatcher sees the drain
+# within its 5 s poll (RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S).
 STOP_BEFORE_DEADLINE_S = 2 * STOP_GRACE_S
+# Where a job says that a node's just-in-time checkpoint is committed, so that Ray may stop there
+# at once: the key is the prefix and the node's id (hex), in the GCS's key-value store. The same
+# as `rayslice.names`'s, which the jobs use (this file runs where rayslice is not installed).
+JIT_CHECKPOINT_NAMESPACE = "rayslice"
+JIT_CHECKPOINT_KEY_PREFIX = "jit-checkpoint/"
+# How often the key-value store is asked while waiting for those keys.
+CHECKPOINT_POLL_S = 0.2
+# Its log's milestones (bench/train_preemption.py times the shrink by them).
+ALL_COMMITTED = "every job on this host has committed its checkpoint"
+STOPPING = "stopping Ray on this host"
 
 Log = Callable[[str], None]
 
@@ -180,9 +196,37 @@ def drain(
     return drained
 
 
+def wait_for_checkpoints(
+    own_nodes: Callable[[], list[str]],
+    checkpointed: Callable[[str], bool],
+    timeline: Timeline,
+    log: Log,
+    *,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait until every Ray node of this host still alive has its just-in-time checkpoint
+    committed (`checkpointed`), or until it is time to stop Ray. True if they all have."""
+    failing = False
+    while now() < timeline.stop_ray:
+        try:
+            waiting = [n for n in own_nodes() if not checkpointed(n)]
+        except Exception as exc:  # the GCS unreachable: ask again, until the stop's time
+            if not failing:
+                log(f"cannot read the checkpoints' keys ({exc}); retrying")
+            failing = True
+        else:
+            if not waiting:
+                log(ALL_COMMITTED)
+                return True
+        sleep(min(CHECKPOINT_POLL_S, max(0.0, timeline.stop_ray - now())))
+    return False
+
+
 def on_notice(
     drain_node: Callable[[str, int], tuple[bool, str]],
     own_nodes: Callable[[], list[str]],
+    checkpointed: Callable[[str], bool],
     timeline: Timeline,
     marker: Path,
     stop_ray: Callable[[], int],
@@ -192,13 +236,12 @@ def on_notice(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """The notice's timeline: the marker first (from now on the boot script starts no Ray here),
-    the drain, then Ray stopped at `timeline.stop_ray`."""
+    the drain, then Ray stopped once the jobs' checkpoints are committed, at `timeline.stop_ray`
+    at the latest."""
     marker.write_text(f"notice at {timeline.notice:.3f}; the VM stops by {timeline.deadline:.3f}\n")
     drain(drain_node, own_nodes, timeline, log, now=now, sleep=sleep)
-    wait = timeline.stop_ray - now()
-    if wait > 0:
-        sleep(wait)
-    log(f"stopping Ray on this host, {timeline.deadline - now():.0f} s before the VM stops")
+    wait_for_checkpoints(own_nodes, checkpointed, timeline, log, now=now, sleep=sleep)
+    log(f"{STOPPING}, {timeline.deadline - now():.0f} s before the VM stops")
     code = stop_ray()
     log(f"ray stop exited {code}")
 
@@ -227,6 +270,10 @@ class RayGcs:
             node_id, DrainNodeReason.Value(DRAIN_REASON), self.message, deadline_ms, timeout=10
         )
         return bool(accepted), str(why)
+
+    def checkpointed(self, node_id: str) -> bool:
+        key = (JIT_CHECKPOINT_KEY_PREFIX + node_id).encode()
+        return bool(self.client.internal_kv_exists(key, JIT_CHECKPOINT_NAMESPACE.encode(), timeout=10))
 
 
 def logger(log_file: str | None) -> Log:
@@ -258,7 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"preemption notice: {PREEMPTED_KEY} is {TRUE}; draining this host's Ray nodes")
     message = f"GCE preemption notice on {args.node_ip}: the VM stops within {args.deadline_s:.0f} s"
     gcs = RayGcs(args.gcs_address, args.node_ip, message)
-    on_notice(gcs.drain_node, gcs.own_nodes, timeline, args.stop_marker, ray_stopper(args.ray_cli), log)
+    on_notice(
+        gcs.drain_node,
+        gcs.own_nodes,
+        gcs.checkpointed,
+        timeline,
+        args.stop_marker,
+        ray_stopper(args.ray_cli),
+        log,
+    )
     # Nothing more to do until the VM stops; a VM that survives (the notice withdrawn) starts Ray
     # again and watches again.
     wait_for(FALSE, args.metadata_url, log)

@@ -9,7 +9,10 @@ jax_train's model and step (`jax_train.build_model`), wrapped the way Ray Train 
   the run is being preempted (`ray.train.get_preemption_info`, which the hosts' preemption watcher
   feeds by draining their Ray nodes), every worker saves the state with orbax-checkpoint into the
   run's folder under `--storage-path` (a `gs://` bucket on Cloud TPU, a folder every host shares
-  elsewhere), and rank 0 registers it with `ray.train.report`. A new attempt restores the latest one
+  elsewhere), and rank 0 registers it with `ray.train.report`. Once Ray Train has taken the
+  checkpoint saved on the notice, each worker of a preempted host says so to its watcher (a key
+  in the GCS's key-value store, `names.JIT_CHECKPOINT_KEY_PREFIX`), which then stops Ray there at
+  once rather than near the VM's deadline. A new attempt restores the latest one
   (`ray.train.get_checkpoint`) and prints `resumed from step K`; `--name` of an earlier run resumes
   that run.
 - **Failures.** `--max-failures` restarts after a worker error (`FailureConfig`); preemptions Ray
@@ -36,13 +39,16 @@ import logging
 import posixpath
 import sys
 import time
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import urlparse
 
+import ray
+from ray.experimental.internal_kv import _internal_kv_put
 from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
-from rayslice import catalog
+from rayslice import catalog, names
 from rayslice.errors import InvalidInput
 from rayslice.workloads import _cluster, jax_train
 
@@ -72,6 +78,17 @@ def show(line: str) -> None:
     prints it: the driver would show every line twice."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def checkpoint_committed(preempted: Collection[str], step: int) -> None:
+    """Tell this host's preemption watcher, if this node is one of the `preempted`, that its
+    just-in-time checkpoint (of `step`) is committed: it stops Ray here at once, and Ray Train
+    restarts on the other slices. A surviving node says nothing: its key would let a later
+    preemption of it stop Ray before that preemption's own checkpoint."""
+    node_id = ray.get_runtime_context().get_node_id()
+    if node_id in preempted:
+        key = names.JIT_CHECKPOINT_KEY_PREFIX + node_id
+        _internal_kv_put(key, str(step), namespace=names.JIT_CHECKPOINT_NAMESPACE)
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -104,6 +121,7 @@ def train_loop(config: dict[str, Any]) -> None:
     # Each host its own samples, seeded by where this attempt starts (as jax_train does).
     local_rng = np.random.default_rng([config["seed"], jax.process_index(), start])
     params, opt_state = state
+    committed: set[str] = set()  # the preempted nodes whose checkpoint Ray Train has
     for i in range(start, config["steps"]):
         x, y = model.batch(local_rng)
         params, opt_state, loss = model.step(params, opt_state, x, y)
@@ -111,8 +129,9 @@ def train_loop(config: dict[str, Any]) -> None:
         if rank0:
             show(jax_train.step_line(i, float(loss)))
         # Every worker asks, the same number of times (Ray makes it a barrier).
-        preempting = ray.train.get_preemption_info() is not None
-        if done % config["checkpoint_every"] and done != config["steps"] and not preempting:
+        info = ray.train.get_preemption_info()
+        preempted = set(info.preempted_node_ids) if info is not None else set()
+        if done % config["checkpoint_every"] and done != config["steps"] and info is None:
             continue
         path = storage.build_checkpoint_path_from_name(checkpoint_name(done))
         # Every process writes its part into the shared folder (orbax's multi-host save).
@@ -122,6 +141,14 @@ def train_loop(config: dict[str, Any]) -> None:
         metrics = {"step": done, "loss": float(loss), "workers": context.get_world_size()}
         # Already in the run's folder: Ray registers it where it is instead of copying it.
         ray.train.report(metrics, checkpoint=saved, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+        if preempted - committed:
+            # A worker's results wait in a queue of one until the controller takes them: this
+            # report returns once the controller has the one above, and with it the checkpoint.
+            ray.train.report(metrics)
+            checkpoint_committed(preempted, done)
+            committed |= preempted
+            if rank0:
+                show(f"checkpoint of step {done} committed on the preemption notice")
     checkpointer.close()
 
 

@@ -156,10 +156,10 @@ def test_drain_gives_up_when_it_is_time_to_stop_ray() -> None:
 
 
 def test_gces_notice_drains_at_once_and_stops_ray_ten_seconds_before_the_vm_stops(tmp_path: Path) -> None:
-    """GCE's 30 s: the marker is written before anything else (the boot script starts no Ray from
-    then on), the node drained at the notice with the VM's deadline, `ray stop` at notice + 20 s
-    with its 5 s grace, so Ray is gone from the GCS before the drain's deadline, when Ray Train
-    restarts."""
+    """GCE's 30 s and a job that never says its checkpoint is committed: the marker is written
+    before anything else (the boot script starts no Ray from then on), the node drained at the
+    notice with the VM's deadline, `ray stop` at notice + 20 s with its 5 s grace, so Ray is gone
+    from the GCS before the drain's deadline, when Ray Train restarts."""
     clock = Clock()
     marker = tmp_path / "preempted"
     events: list[tuple[float, str]] = []
@@ -176,7 +176,15 @@ def test_gces_notice_drains_at_once_and_stops_ray_ten_seconds_before_the_vm_stop
     timeline = watcher.Timeline.from_notice(clock.now, names.PREEMPTION_NOTICE_S)
     lines: list[str] = []
     watcher.on_notice(
-        drain_node, lambda: ["a"], timeline, marker, stop_ray, lines.append, now=clock.time, sleep=clock.sleep
+        drain_node,
+        lambda: ["a"],
+        lambda node: False,
+        timeline,
+        marker,
+        stop_ray,
+        lines.append,
+        now=clock.time,
+        sleep=clock.sleep,
     )
     assert events == [(1000.0, "drain a 1030000"), (1020.0, "stop")]
     assert marker.exists()
@@ -193,6 +201,7 @@ def test_a_short_notice_stops_ray_at_once_after_the_drain(tmp_path: Path) -> Non
     watcher.on_notice(
         lambda node, ms: (True, ""),
         lambda: ["a"],
+        lambda node: False,
         timeline,
         tmp_path / "preempted",
         lambda: stopped.append(clock.now) or 0,
@@ -201,6 +210,59 @@ def test_a_short_notice_stops_ray_at_once_after_the_drain(tmp_path: Path) -> Non
         sleep=clock.sleep,
     )
     assert stopped == [1000.0]
+
+
+def test_ray_stops_as_soon_as_the_jobs_checkpoint_is_committed(tmp_path: Path) -> None:
+    """The job's workers say when Ray Train has their just-in-time checkpoint (here 4.2 s after
+    the notice): Ray stops then, within one poll, not 20 s after the notice. A node that shut
+    itself down (drained and idle) is not waited for."""
+    clock = Clock()
+    committed_at = {"a": 1004.2}
+    alive = [["a", "idle"], ["a"]]
+    stopped: list[float] = []
+    lines: list[str] = []
+
+    def own_nodes() -> list[str]:
+        return alive.pop(0) if len(alive) > 1 else alive[0]
+
+    watcher.on_notice(
+        lambda node, ms: (True, ""),
+        own_nodes,
+        lambda node: clock.now >= committed_at.get(node, float("inf")),
+        watcher.Timeline.from_notice(clock.now, names.PREEMPTION_NOTICE_S),
+        tmp_path / "preempted",
+        lambda: stopped.append(clock.now) or 0,
+        lines.append,
+        now=clock.time,
+        sleep=clock.sleep,
+    )
+    [at] = stopped
+    assert 1004.2 <= at <= 1004.2 + watcher.CHECKPOINT_POLL_S + 1e-9
+    assert "every job on this host has committed its checkpoint" in lines
+    assert lines[-2] == "stopping Ray on this host, 26 s before the VM stops"
+
+
+def test_waiting_for_the_checkpoints_outlasts_the_gcss_failures_until_the_stop() -> None:
+    """An unreachable GCS is logged once and asked again; when the stop's time comes Ray stops
+    whatever the keys say."""
+    clock = Clock()
+    lines: list[str] = []
+
+    def checkpointed(node: str) -> bool:
+        raise RuntimeError("GCS unreachable")
+
+    timeline = watcher.Timeline.from_notice(clock.now, 30)
+    done = watcher.wait_for_checkpoints(
+        lambda: ["a"], checkpointed, timeline, lines.append, now=clock.time, sleep=clock.sleep
+    )
+    assert not done and clock.now == pytest.approx(timeline.stop_ray)
+    assert lines == ["cannot read the checkpoints' keys (GCS unreachable); retrying"]
+
+
+def test_the_watcher_reads_the_checkpoints_keys_where_the_jobs_put_them() -> None:
+    """Its own copy of `names`' key (it runs where rayslice is not installed)."""
+    assert watcher.JIT_CHECKPOINT_NAMESPACE == names.JIT_CHECKPOINT_NAMESPACE
+    assert watcher.JIT_CHECKPOINT_KEY_PREFIX == names.JIT_CHECKPOINT_KEY_PREFIX
 
 
 def test_ray_is_stopped_with_the_venvs_ray_and_the_grace_period(tmp_path: Path) -> None:

@@ -5,8 +5,10 @@ tests/integration/test_ray_train.py."""
 from __future__ import annotations
 
 import pytest
+import ray
 
 from rayslice.errors import EXIT_INVALID, NoCluster
+from rayslice.startup_scripts import preemption_watcher as watcher
 from rayslice.workloads import _cluster, jax_trainer
 from tests.workloads.test_workloads import slices_of, v6e_16
 
@@ -72,3 +74,33 @@ def test_a_slice_of_the_type_present_is_the_shape_and_no_type_needs_one(monkeypa
     monkeypatch.setattr(_cluster, "tpu_hosts", lambda nodes=None: [])
     with pytest.raises(NoCluster):  # without --accelerator-type nothing says what to ask for
         jax_trainer._shape(_args("--max-slices", "2"))
+
+
+def test_the_trainers_key_is_the_one_the_watcher_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jax_trainer puts the key for its own node when that node is preempted, and only then (a
+    survivor's key would let its own later preemption stop Ray too soon); the watcher's GCS
+    client finds it there."""
+    store: dict[tuple[bytes, bytes], bytes] = {}
+
+    def put(key: str, value: str, overwrite: bool = True, *, namespace: str) -> bool:
+        store[(key.encode(), namespace.encode())] = value.encode()
+        return False
+
+    class Context:
+        def get_node_id(self) -> str:
+            return "ab12"
+
+    class Client:
+        def internal_kv_exists(self, key: bytes, namespace: bytes, timeout: float) -> bool:
+            return (key, namespace) in store
+
+    monkeypatch.setattr(jax_trainer, "_internal_kv_put", put)
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    gcs = watcher.RayGcs.__new__(watcher.RayGcs)
+    gcs.client = Client()
+    assert not gcs.checkpointed("ab12")
+    jax_trainer.checkpoint_committed({"cd34"}, 57)  # another node preempted: this one survives
+    assert store == {}
+    jax_trainer.checkpoint_committed({"ab12", "cd34"}, 57)
+    assert gcs.checkpointed("ab12") and not gcs.checkpointed("cd34")
+    assert store == {(b"jit-checkpoint/ab12", b"rayslice"): b"57"}
