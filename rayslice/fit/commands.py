@@ -40,6 +40,13 @@ def target_of(
     show_default=True,
     help="With --topology: how many slices (multislice).",
 )
+@click.option(
+    "--fill-cache",
+    metavar="LOCATION",
+    help="Also write the compiled step into the cluster's compilation cache (a folder, or the "
+    "gs:// URL `pulumi stack output compilation_cache` prints), so the hosts skip compiling it. "
+    "Helps only where this machine's jax, jaxlib and libtpu match the hosts'.",
+)
 def fit_command(
     job: str,
     job_args: tuple[str, ...],
@@ -47,6 +54,7 @@ def fit_command(
     overrides: tuple[str, ...],
     topology: str | None,
     slices: int,
+    fill_cache: str | None,
 ) -> int:
     """Compile a job's step for the stack's TPU slices on this machine; exit 2 if it does not fit.
 
@@ -56,7 +64,7 @@ def fit_command(
     the step needs against the chip's, its FLOPs and time at the chip's peak, and how each array
     is sharded. Needs libtpu: pip install 'rayslice[fit]'. Creates nothing.
     """
-    found = check(job, job_args, target_of(stack_file, overrides, topology, slices))
+    found = check(job, job_args, target_of(stack_file, overrides, topology, slices), cache=fill_cache)
     for line in found.lines():
         click.echo(line)
     return EXIT_OK

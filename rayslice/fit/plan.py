@@ -168,6 +168,9 @@ class Fit:
     flops_per_device: float
     bytes_accessed_per_device: float
     arrays: tuple[ArrayLayout, ...]
+    # With a cache location (`fit(cache=...)`): the entries this compile added there (none when the
+    # cache held the step already); None without one.
+    cache_added: tuple[str, ...] | None = None
 
     @property
     def devices_per_chip(self) -> int:
@@ -220,6 +223,11 @@ class Fit:
             lines.append(
                 f"  {a.role:<3} {a.path:<{width}}  {_dims(a.shape):<14} {a.dtype:<9} {a.spec:<18} -> "
                 f"{_dims(a.shard_shape)} ({a.bytes_per_device / 2**20:.1f} MiB)"
+            )
+        if self.cache_added is not None:
+            lines.append(
+                f"compilation cache: {len(self.cache_added)} entries added"
+                + ("" if self.cache_added else " (it held this step already)")
             )
         return lines
 
@@ -286,12 +294,16 @@ def memory_of(compiled: Any) -> dict[str, int] | None:
     }
 
 
-def fit(job: str, argv: Sequence[str], target: Target) -> Fit:
+def fit(job: str, argv: Sequence[str], target: Target, cache: str | None = None) -> Fit:
     """Compile `job`'s step for the target's chips and read the plan; raises `InvalidInput` when
-    the entry point, the topology or the compile fails."""
+    the entry point, the topology or the compile fails. With `cache` (a folder or gs:// URL, the
+    cluster's compilation cache), the compile goes through `compilation_cache.fill`, so the hosts
+    that compile the same step for the same chips find it there and skip compiling."""
     entry = load_entry(job)
     devices = topology_devices(target)
     import jax
+
+    from rayslice.compilation_cache.fill import fill
 
     try:
         step, args = entry(devices, list(argv))
@@ -301,8 +313,14 @@ def fit(job: str, argv: Sequence[str], target: Target) -> Fit:
         raise InvalidInput(f"{job}'s {ENTRY_POINT} failed for {target.name}: {_first_line(exc)}") from None
     jitted = step if hasattr(step, "lower") else jax.jit(step)
     name = target.name
+    added: tuple[str, ...] | None = None
     try:
-        compiled = jitted.lower(*args).compile()
+        lowered = jitted.lower(*args)
+        if cache is None:
+            compiled = lowered.compile()
+        else:
+            filled = fill(lowered, cache)
+            compiled, added = filled.compiled, filled.added
     except Exception as exc:  # XLA's errors come as several types; each is the job's failure here
         # XLA:TPU refuses at compile time a step whose buffers exceed the chip's HBM.
         verdict = "does not fit" if "RESOURCE_EXHAUSTED" in str(exc) else "does not compile for"
@@ -327,12 +345,13 @@ def fit(job: str, argv: Sequence[str], target: Target) -> Fit:
         flops_per_device=float(costs.get("flops", 0.0)),
         bytes_accessed_per_device=float(costs.get("bytes accessed", 0.0)),
         arrays=tuple(arrays),
+        cache_added=added,
     )
 
 
-def check(job: str, argv: Sequence[str], target: Target) -> Fit:
+def check(job: str, argv: Sequence[str], target: Target, cache: str | None = None) -> Fit:
     """`fit`, refusing a step that does not fit a chip's HBM (`InvalidInput`, one line)."""
-    result = fit(job, argv, target)
+    result = fit(job, argv, target, cache)
     if not result.fits:
         gib = 2**30
         raise InvalidInput(

@@ -197,6 +197,9 @@ class VmSliceCluster(pulumi.ComponentResource):
             "ssh_commands": self.ssh_commands,
             "ray_token_command": self.ray_token_command,
             "service_account_email": self.service_account_email,
+            # Where hosts keep JAX's compilation cache (gs://...), for `rayslice fit --fill-cache`;
+            # None where the stack has none.
+            "compilation_cache": pulumi.Output.from_input(cache.location if cache else None),
         }
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs(self.exports)

@@ -152,3 +152,25 @@ def test_preview_with_a_job_that_does_not_fit_exits_2_before_the_program_runs(mo
     code = cli.main(["preview", "--stack-file", str(stack), "--fit", "jax_train --hidden 32768"])
     assert code == EXIT_INVALID
     assert "jax_train does not fit v6e:2x2" in capsys.readouterr().err
+
+
+def test_fit_fills_the_clusters_compilation_cache_once(tmp_path, capsys):
+    """`--fill-cache`: the compile for the stack's chips is written where the hosts' JAX looks
+    (rayslice.compilation_cache), and a second fit of the same step finds it there and adds nothing."""
+    cache = tmp_path / "jax-compilation-cache"
+    argv = ["fit", "jax_train", "--topology", "v5e:1x1", "--fill-cache", str(cache), *SMALL]
+    assert cli.main(argv) == EXIT_OK
+    first = capsys.readouterr().out
+    written = sorted(p.name for p in cache.iterdir())
+    assert written and all(name.endswith("-cache") for name in written)
+    assert f"compilation cache: {len(written)} entries added\n" in first
+    assert cli.main(argv) == EXIT_OK
+    assert "compilation cache: 0 entries added (it held this step already)" in capsys.readouterr().out
+    assert sorted(p.name for p in cache.iterdir()) == written
+
+
+def test_without_fill_cache_fit_writes_no_cache_and_says_nothing_of_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["fit", "jax_train", "--topology", "v5e:1x1", *SMALL]) == EXIT_OK
+    assert "compilation cache" not in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
