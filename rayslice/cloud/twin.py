@@ -483,6 +483,13 @@ class CloudTwin:
         vm.status = TERMINATED
         self._hook(self.on_host_down, vm)
 
+    def delete_instance(self, project: str, zone: str, name: str) -> None:
+        """instances.delete of a standalone instance (a MIG's go with the MIG or its
+        deleteInstances): the instance goes and its machine returns to the zone."""
+        vm = self.vms[(project, zone, name)]
+        self._remove_vm(vm)
+        self.capacity.give_back(zone, _short(vm.properties.get("machineType", "")), 1, self.clock())
+
     def audit(self) -> list[rules.Violation]:
         """The rules that read the finished deployment (a MIG's final size, rules.Rule.at_end)."""
         stack = rules.Stack(self.resources.values())

@@ -291,8 +291,10 @@ def install_mocks(
 class OfflineEngine:
     """One offline deployment: the fake cloud and what the program registered with it."""
 
-    def __init__(self, twin: CloudTwin | None = None) -> None:
-        self.fake = FakeGcp(twin)
+    def __init__(self, twin: CloudTwin | None = None, fake: FakeGcp | None = None) -> None:
+        """`fake`: the fake cloud to run against (one that fails a create, say); a `FakeGcp` on
+        `twin` if None."""
+        self.fake = fake if fake is not None else FakeGcp(twin)
         self._monitor = _RecordingMonitor(self.fake)
 
     @property

@@ -205,6 +205,9 @@ class Observation:
     # The slice or its hosts are gone (nothing is left for Google to recover); False: its hosts
     # exist but do not serve, which Google may be recovering.
     gone: bool = True
+    # The capacity cell the slice itself names (a queued slice's request, `capacity_table.queued_cell`);
+    # None: the stack's (`Target.cell`).
+    cell: capacity_table.Cell | None = None
 
 
 @dataclass
@@ -324,8 +327,12 @@ class Controller:
         while Google may be recovering it: the first sighting is recorded with the cell's words,
         and the slice is recreated only once it is gone or still broken after the cell's
         ``repair_grace_s``. Spot slices, and a slice that is gone, are recreated at once."""
-        cell = self.target.cell
-        if cell is None or cell.repaired_by == capacity_table.RAYSLICE or observation.gone:
+        if observation.gone:
+            return ""
+        # A queued slice's cell comes from its request: the stack's capacity key alone names no
+        # cell for a queued reservation or flex-start request (`capacity_table.cell`).
+        cell = observation.cell or self.target.cell
+        if cell is None or cell.repaired_by == capacity_table.RAYSLICE:
             return ""
         grace = float(cell.repair_grace_s or 0)
         now = self.clock()
@@ -516,12 +523,13 @@ class Controller:
     def _observe_queued(self, name: str, queued: Mapping[str, Any]) -> Observation:
         """A queued slice, through its request (see the module docstring)."""
         recorded: dict[str, Any] = {"queued": _queued_spec(queued)}
+        cell = capacity_table.queued_cell(queued)
         state = str((queued.get("state") or {}).get("state", "STATE_UNSPECIFIED"))
         seen = f"queued resource {state}"
         if state in QUEUED_BROKEN_STATES:
             # What SUSPENDED means depends on the capacity (`capacity_table`): a flex-start run or
             # a calendar-mode reservation that ended is over, and nothing is requested again.
-            reaction = capacity_table.queued_cell(queued).events.get(capacity_table.SUSPENDED)
+            reaction = cell.events.get(capacity_table.SUSPENDED)
             if reaction is not None and reaction.action == capacity_table.END:
                 return self._ended(name, f"{seen}: {reaction.meaning}", recorded)
             return Observation(True, seen, recorded)
@@ -532,7 +540,11 @@ class Controller:
             return Observation(True, f"{seen}, node missing", recorded)
         node_state = str(node.get("state", "STATE_UNSPECIFIED"))
         broken = node_state in TPU_BROKEN_STATES
-        return Observation(broken, f"{seen}, node state {node_state}", recorded, node_state == "READY")
+        # A TERMINATED node is left to the Cloud TPU service's repair where the cell says so, as a
+        # direct node is (`_observe_node`); deleting its request would give the capacity up.
+        seen = f"{seen}, node state {node_state}"
+        gone = node_state != TPU_TERMINATED
+        return Observation(broken, seen, recorded, node_state == "READY", gone, cell)
 
     def _ended(self, name: str, seen: str, recorded: dict[str, Any]) -> Observation:
         """A slice whose capacity ended: recorded once as an event, left alone (not broken)."""

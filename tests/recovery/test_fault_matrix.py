@@ -17,7 +17,16 @@ from rayslice import names
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
-from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, seed, seed_flex
+from tests.recovery.conftest import (
+    CLUSTER,
+    NODE_FIELDS,
+    PROJECT,
+    ZONE,
+    make_controller,
+    queued_body,
+    seed,
+    seed_flex,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "recovery.md"
 CONTROLLER_ACTIONS = (table.RECREATE, table.WAIT_FOR_REPAIR, table.END)
@@ -41,11 +50,11 @@ def _end_run(cloud: CloudApiEmulator) -> None:
         cloud.state.lose(cloud.state.vms[(PROJECT, ZONE, record["name"])], deleted=True)
 
 
-def _cases() -> list[tuple[table.Cell, str, str]]:
+def _cases(platform: str = table.COMPUTE) -> list[tuple[table.Cell, str, str]]:
     return [
         (cell, event, reaction.action)
         for cell in table.CELLS
-        if cell.platform == table.COMPUTE
+        if cell.platform == platform
         for event, reaction in cell.events.items()
         if reaction.action in CONTROLLER_ACTIONS
     ]
@@ -84,7 +93,138 @@ def test_the_controller_does_what_the_cell_says(
         assert not seen["outcome"].startswith("failed"), seen
 
 
+def _terminate(cloud: CloudApiEmulator) -> None:
+    """A host error or maintenance event on a TPU VM: the node is TERMINATED and still exists, for
+    the Cloud TPU service to repair ("Failure recovery of TPU instances")."""
+    cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] = "TERMINATED"
+
+
+def _inject_tpu(event: str, queued: bool) -> Callable[[CloudApiEmulator], None]:
+    """How the twin makes `event` happen to slice 1 of a tpu-vm stack (direct or queued)."""
+    request = names.request_name(SLICE1)
+    ends = {  # the run (or the calendar reservation) ends: the node deleted, the request SUSPENDED
+        table.RUN_DURATION: lambda cloud: cloud.state.end_run(PROJECT, ZONE, request),
+        table.SUSPENDED: lambda cloud: cloud.state.end_run(PROJECT, ZONE, request),
+    }
+    gone = (
+        (lambda cloud: cloud.state.delete_queued_resource(PROJECT, ZONE, request, force=True))
+        if queued
+        else (lambda cloud: cloud.state.delete_node(PROJECT, ZONE, SLICE1))
+    )
+    return {
+        table.PREEMPTION: lambda cloud: cloud.preempt(PROJECT, ZONE, SLICE1),
+        table.MAINTENANCE: _terminate,
+        table.HOST_ERROR: _terminate,
+        table.GONE: gone,
+        **ends,
+    }[event]
+
+
+def _seed_tpu(cloud: CloudApiEmulator, cell: table.Cell) -> None:
+    """Two slices as the program makes them for `cell`: nodes, or queued resources fulfilled at
+    once, with the request fields the cell's call sends."""
+    values = {
+        table.PROJECT: PROJECT,
+        table.ZONE: ZONE,
+        table.RESERVATION_NAME: "r1",
+        table.MAX_RUN_SECONDS: 86400,
+    }
+    fields = {k: v for k, v in table.fill(cell.calls[0].body, values).items() if k not in ("tpu", "node")}
+    for index in range(2):
+        name = names.slice_name(CLUSTER, index)
+        if cell.queued:
+            body = {**queued_body(name), **fields}
+            if "spot" not in fields:
+                body.pop("spot", None)
+            cloud.state.create_queued_resource(PROJECT, ZONE, names.request_name(name), body)
+        else:
+            cloud.add_node(PROJECT, ZONE, name, **{**NODE_FIELDS, "schedulingConfig": {}, **fields})
+
+
+@pytest.mark.parametrize("cell, event, action", _cases(table.TPU_VM), ids=lambda v: getattr(v, "key", v))
+def test_the_controller_does_what_the_tpu_vm_cell_says(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    cell: table.Cell,
+    event: str,
+    action: str,
+) -> None:
+    _seed_tpu(cloud, cell)
+    # The stack's capacity key, as the controller VM passes it (`capacity_table.capacity_of`).
+    controller, stream = make_controller(client, "tpu-vm", controller_metadata, capacity=cell.capacity)
+    controller.step()  # seen whole
+    assert cloud.mutations() == []
+    _inject_tpu(event, cell.queued)(cloud)
+    controller.step()
+    methods = [c.method_id for c in cloud.mutations()]
+    [seen] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    if action == table.WAIT_FOR_REPAIR:
+        assert methods == [] and seen["action"] == table.WAIT_FOR_REPAIR, seen
+        # The Cloud TPU service repairs the node: the controller records the recovery, sends nothing.
+        cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] = "READY"
+        controller.step()
+        events = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert cloud.mutations() == [] and events[-1]["outcome"].startswith("recovered"), events
+    elif action == table.END:  # recorded once, nothing asked again
+        assert methods == [] and seen["outcome"].startswith("ended"), seen
+    else:  # asked again whole, at once
+        created = "queuedResources.create" if cell.queued else "nodes.create"
+        assert any(str(m).endswith(created) for m in methods) and seen["action"] == "recreate", (
+            methods,
+            seen,
+        )
+        assert not seen["outcome"].startswith("failed"), seen
+
+
 def test_the_docs_list_every_row() -> None:
     text = DOCS.read_text()
-    missing = [_row(*case) for case in _cases() if _row(*case) not in text]
+    cases = [*_cases(), *_cases(table.TPU_VM)]
+    missing = [_row(*case) for case in cases if _row(*case) not in text]
     assert not missing, "docs/recovery.md's fault matrix lacks:\n" + "\n".join(missing)
+
+
+class Killed(BaseException):
+    """The controller's process ends here (not an error it handles)."""
+
+
+# Not "insert_mig": a controller killed between the MIG's insert (target size 0) and its
+# createInstances leaves an empty MIG that a fresh controller takes as whole and wanting no host
+# (docs/recovery.md, "A controller stopped mid-operation"; not fixed yet).
+@pytest.mark.parametrize("after", ["delete_mig", "create_instances"])
+def test_a_controller_killed_mid_recreation_and_started_again(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    monkeypatch: pytest.MonkeyPatch,
+    after: str,
+) -> None:
+    """A Spot slice preempted; the controller dies just after one call of its recreation was
+    sent; a fresh controller starts on the same cloud and brings the slice back whole, with one
+    insert and one createInstances in all (nothing duplicated). After the delete it converges
+    because the delete is still running when it looks (the emulation's operations take polls):
+    it sees the MIG and takes its spec from it."""
+    seed(cloud, "compute")
+    controller, _ = make_controller(client, "compute", controller_metadata, capacity=table.SPOT)
+    controller.step()
+    cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated")
+    sent = getattr(client, after)
+
+    def send_then_die(*args: object, **kwargs: object) -> object:
+        sent(*args, **kwargs)
+        raise Killed
+
+    monkeypatch.setattr(client, after, send_then_die)
+    with pytest.raises(Killed):
+        controller.step()
+    monkeypatch.undo()
+    fresh, stream = make_controller(client, "compute", controller_metadata, capacity=table.SPOT)
+    for _ in range(4):
+        fresh.step()
+    hosts = [h for h in cloud.state.hosts() if h.group == SLICE1]
+    methods = [c.method_id for c in cloud.mutations()]
+    assert len(hosts) == 4 and {h.status for h in hosts} == {"RUNNING"}, stream.getvalue()
+    assert methods.count("compute.instanceGroupManagers.insert") == 1, methods
+    assert methods.count("compute.instanceGroupManagers.createInstances") == 1, methods
+    assert [k for k in cloud.state.migs if k[2] == SLICE1] == [(PROJECT, ZONE, SLICE1)]
+    assert not cloud.state.violations()
