@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rayslice import catalog
 from rayslice.local.host import tpu_runtime
 from rayslice.local.simulation.simulator import Simulation
 from tests.integration.clusters import on
@@ -80,7 +81,7 @@ def test_two_hosts_worth_of_processes_join_one_jax_program(tmp_path, mode):
     program = tmp_path / "program.py"
     program.write_text(PROGRAM)
     env = {
-        **tpu_runtime.environment(),
+        **tpu_runtime.environment(catalog.generation("v6e")),
         tpu_runtime.COORDINATOR_PORT_VAR: "18476",  # not the port a simulated host may be using
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
