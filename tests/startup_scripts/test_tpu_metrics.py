@@ -241,3 +241,75 @@ def test_the_exporter_module_is_standard_library_only():
     assert spec is not None and spec.origin is not None
     text = Path(spec.origin).read_text()
     assert "import rayslice" not in text and "from rayslice" not in text
+
+
+RAY_DRIVER = """
+import sys, time, urllib.request
+import ray
+
+port = int(sys.argv[1])
+ray.init(address="local", num_cpus=1, _metrics_export_port=port, _temp_dir=sys.argv[2])
+lines = []
+deadline = time.time() + 120
+while time.time() < deadline:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        text = ""
+    lines = [line for line in text.splitlines() if line.startswith("ray_tpu_")]
+    if any(line.startswith("ray_tpu_duty_cycle{") for line in lines):
+        break
+    time.sleep(1)
+print("\\n".join(lines))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_rays_own_metrics_endpoint_serves_the_chips_gauges(tmp_path, monkeypatch):
+    """A real Ray node (its own dashboard agent) started with TPU_DEVICE_PLUGIN_ADDR at the
+    exporter, the exporter on the simulated library: Ray's metrics endpoint serves tpu_duty_cycle,
+    tpu_tensorcore_utilization and tpu_memory_used for every chip, busy chips busy."""
+    runtime, monitoring = _simulated_runtime()
+    monkeypatch.setattr(runtime, "host_chips", lambda: 4)
+    monkeypatch.setenv(runtime.STATE_DIR_VAR, str(tmp_path / "state"))
+    monkeypatch.setenv(runtime.HBM_BYTES_VAR, str(32 * 2**30))
+    (tmp_path / "state").mkdir()
+    record = {"pid": os.getpid(), "chips": [1, 3], "hbm_bytes": [7 * 2**20, 9 * 2**20]}
+    record |= {"duty_cycle_pct": 88.0, "tensorcore_util_pct": 35.0}
+
+    def page() -> str:
+        record["time"] = time.time()  # this process still samples
+        (tmp_path / "state" / f"{os.getpid()}.json").write_text(json.dumps(record))
+        return tpu_metrics.render(tpu_metrics.read_library(monitoring), 4, "77", "tpu-v6e-slice", "2x2")
+
+    port = free_port()
+    with serving(page) as address:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "TPU_DEVICE_PLUGIN_ADDR": address,
+            "REPORTER_UPDATE_INTERVAL_MS": "1000",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        ray_tmp = Path("/tmp") / f"rs-tpu-{os.getpid()}"  # short: Ray's socket paths must fit
+        try:
+            result = subprocess.run(
+                [sys.executable, "-c", RAY_DRIVER, str(port), str(ray_tmp)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        finally:
+            subprocess.run(["rm", "-rf", str(ray_tmp)], check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    gauges: dict[str, dict[str, float]] = {}
+    for line in result.stdout.splitlines():
+        name, labels_value = line.split("{", 1)
+        labels, value = labels_value.rsplit("} ", 1)
+        index = dict(part.split("=", 1) for part in labels.split(","))["TpuIndex"].strip('"')
+        gauges.setdefault(name, {})[index] = float(value)
+    assert gauges["ray_tpu_duty_cycle"] == {"0": 0.0, "1": 88.0, "2": 0.0, "3": 88.0}, result.stdout
+    assert gauges["ray_tpu_tensorcore_utilization"] == {"0": 0.0, "1": 35.0, "2": 0.0, "3": 35.0}
+    assert gauges["ray_tpu_memory_used"] == {"0": 0.0, "1": 7 * 2**20, "2": 0.0, "3": 9 * 2**20}
