@@ -265,8 +265,17 @@ def host():
     return socket.gethostname()
 
 
-strategy = PlacementGroupSchedulingStrategy(placement_group=sg.placement_group)
-hosts = ray.get([host.options(scheduling_strategy=strategy).remote() for _ in range(sg.num_hosts)])
+# One task per bundle: a task left to pick its bundle may reuse one a finished task freed.
+hosts = ray.get(
+    [
+        host.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=sg.placement_group, placement_group_bundle_index=i
+            )
+        ).remote()
+        for i in range(sg.num_hosts)
+    ]
+)
 print("SUBSLICE", sg.parent_topology, sg.subslice_topology, sg.num_hosts, sg.slice_name, sorted(hosts))
 sg.shutdown()
 """
