@@ -12,6 +12,7 @@ import pytest
 
 from rayslice import catalog
 from rayslice.local.host import tpu_runtime
+from tests.local import simulated_libtpu
 
 spec = importlib.util.spec_from_file_location(
     "rayslice_simulated_tpu", tpu_runtime.SITE_DIR / "rayslice_simulated_tpu.py"
@@ -205,7 +206,7 @@ def test_simulated_libtpu_reports_what_a_real_jax_process_runs_on_its_chips(tmp_
     monkeypatch.setattr(runtime, "host_chips", lambda: 4)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monitoring = _libtpu_monitoring()
+    monitoring = simulated_libtpu.sdk(monkeypatch).tpumonitoring
     proc = subprocess.Popen(
         [sys.executable, "-c", BUSY_THEN_IDLE, "6", "30"], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -238,18 +239,8 @@ def test_simulated_libtpu_reports_what_a_real_jax_process_runs_on_its_chips(tmp_
     assert _wait_for(lambda: all(v == "0" for v in monitoring.get_metric("hbm_capacity_usage").data()), 5)
 
 
-def _libtpu_monitoring():
-    """The simulated ``libtpu.sdk.tpumonitoring``, imported as a host's process imports it."""
-    monkeypatch_path = str(tpu_runtime.SITE_DIR)
-    if monkeypatch_path not in sys.path:
-        sys.path.insert(0, monkeypatch_path)
-    from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found]
-
-    return tpumonitoring
-
-
-def test_the_simulated_library_lists_only_what_it_measures_and_refuses_other_names():
-    monitoring = _libtpu_monitoring()
+def test_the_simulated_library_lists_only_what_it_measures_and_refuses_other_names(monkeypatch):
+    monitoring = simulated_libtpu.sdk(monkeypatch).tpumonitoring
     assert set(monitoring.list_supported_metrics()) == {
         "duty_cycle_pct",
         "tensorcore_util",
@@ -290,10 +281,7 @@ def test_get_chip_coordinates_reads_the_hosts_topology_and_worker_id(monkeypatch
     monkeypatch.setenv("TPU_TOPOLOGY", "4x4")
     monkeypatch.setenv("TPU_WORKER_ID", "2")
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "a,b,c,d")
-    _libtpu_monitoring()
-    from libtpu import sdk  # type: ignore[import-not-found]
-
-    chips = sdk.slice.get_chip_coordinates()
+    chips = simulated_libtpu.sdk(monkeypatch).slice.get_chip_coordinates()
     assert [(c.chip_index(), tuple(c.coordinates())) for c in chips] == [
         (0, (0, 2, 0)),
         (1, (1, 2, 0)),

@@ -25,6 +25,7 @@ from rayslice.infra.firewall import firewall_rules
 from rayslice.local.host import tpu_runtime
 from rayslice.startup_scripts import tpu_metrics
 from rayslice.startup_scripts.variables import EXIT_PERMANENT
+from tests.local import simulated_libtpu
 from tests.startup_scripts.sandbox import free_port
 
 
@@ -130,20 +131,11 @@ def test_a_library_that_fails_a_read_costs_that_metric_only():
     assert found["duty_cycle_pct"][1] == [] and found["hbm_capacity_total"][1] == ["7"]
 
 
-def _simulated_runtime() -> Any:
-    site = str(tpu_runtime.SITE_DIR)
-    if site not in sys.path:
-        sys.path.insert(0, site)
-    import rayslice_simulated_tpu  # type: ignore[import-not-found]
-    from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found]
-
-    return rayslice_simulated_tpu, tpumonitoring
-
-
 def test_ray_reads_the_simulated_chips_a_jax_process_recorded(tmp_path, monkeypatch):
     """The simulated library behind the exporter: the record of a live process holding chips 0
     and 2 makes them busy and full in Ray's reading; the others idle and empty."""
-    runtime, monitoring = _simulated_runtime()
+    monitoring = simulated_libtpu.sdk(monkeypatch).tpumonitoring
+    runtime = sys.modules["rayslice_simulated_tpu"]
     monkeypatch.setattr(runtime, "host_chips", lambda: 4)
     monkeypatch.setenv(runtime.STATE_DIR_VAR, str(tmp_path))
     monkeypatch.setenv(runtime.HBM_BYTES_VAR, str(16 * 2**30))
@@ -185,7 +177,12 @@ def _run_exporter(tmp_path: Path, pythonpath: str) -> subprocess.CompletedProces
 
 
 def test_a_host_without_libtpu_serves_nothing_and_says_so_once(tmp_path):
-    result = _run_exporter(tmp_path, pythonpath="")
+    # This machine's venv may hold the libtpu wheel: a package of that name that fails to import
+    # stands for its absence.
+    absent = tmp_path / "absent" / "libtpu"
+    absent.mkdir(parents=True)
+    (absent / "__init__.py").write_text("raise ImportError('No module named libtpu')\n")
+    result = _run_exporter(tmp_path, pythonpath=str(absent.parent))
     assert result.returncode == EXIT_PERMANENT, result.stderr
     lines = (tmp_path / "boot.log").read_text().splitlines()
     assert len(lines) == 1 and "no libtpu here" in lines[0], lines
@@ -270,7 +267,8 @@ def test_rays_own_metrics_endpoint_serves_the_chips_gauges(tmp_path, monkeypatch
     """A real Ray node (its own dashboard agent) started with TPU_DEVICE_PLUGIN_ADDR at the
     exporter, the exporter on the simulated library: Ray's metrics endpoint serves tpu_duty_cycle,
     tpu_tensorcore_utilization and tpu_memory_used for every chip, busy chips busy."""
-    runtime, monitoring = _simulated_runtime()
+    monitoring = simulated_libtpu.sdk(monkeypatch).tpumonitoring
+    runtime = sys.modules["rayslice_simulated_tpu"]
     monkeypatch.setattr(runtime, "host_chips", lambda: 4)
     monkeypatch.setenv(runtime.STATE_DIR_VAR, str(tmp_path / "state"))
     monkeypatch.setenv(runtime.HBM_BYTES_VAR, str(32 * 2**30))
