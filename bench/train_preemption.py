@@ -39,14 +39,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recovery import PREEMPT_AFTER_STEP, RAYSLICE, RESUMED, bring_up, preempt_during_training, stop_job, wait
 
 from rayslice import cli, names
 from rayslice import spec as spec_module
+from rayslice.local.simulation import recording
 from rayslice.local.simulation.simulator import Simulation
+from rayslice.observability import goodput, history, record
 from rayslice.workloads import jax_trainer
 
 SPEC = {"platform": "tpu-vm", "acceleratorType": "v5litepod-8", "slices": 2, "capacity": "spot"}
@@ -69,6 +71,10 @@ class Elastic:
     steps_lost: int
     one_slice_s: float  # the first step trained on the surviving slice
     two_slices_s: float  # the first step trained on both slices again
+    # The run's goodput from the cluster's record (`rayslice goodput`), and the steps its log
+    # says were trained again at every resumption (the shrink's and the grow-back's).
+    goodput: goodput.Report | None = field(default=None, repr=False)  # printed whole by `report`
+    steps_lost_in_log: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,39 @@ def _saved_steps(run: Path) -> list[int]:
     return [jax_trainer.checkpoint_step(p.name) for p in run.glob("step_*") if p.name[5:].isdigit()]
 
 
-def _job_env() -> dict[str, str]:
+def _job_env(sim: Simulation) -> dict[str, str]:
+    """`rayslice run`'s environment: the job is recorded in the simulation's record (`RECORD_ENV`),
+    whose goodput the report shows."""
     env = {"PATH": str(Path(sys.executable).parent), "HOME": os.environ.get("HOME", "/root")}
+    env[record.RECORD_ENV] = recording.location(sim)
     return env | ({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})
+
+
+SUBMITTED = re.compile(r"rayslice: submitted (\S+) to ")
+
+
+def lost_at_every_resumption(lines: Sequence[str]) -> int:
+    """The steps trained again at each resumption of a Ray Train job, summed, from its log."""
+    lost = 0
+    for i, line in enumerate(lines):
+        if (attempt := ATTEMPT.search(line)) and i > 0:
+            lost += steps_lost(lines[:i], int(attempt.group(3)))
+    return lost
+
+
+def recorded_goodput(sim: Simulation, output: str) -> goodput.Report | None:
+    """The goodput of the run whose `rayslice run` output is `output`, from the simulation's
+    record and its controller's event log."""
+    submitted = SUBMITTED.search(output)
+    if submitted is None:
+        return None
+    rec = recording.cluster_record(sim)
+    runs = [
+        r
+        for r in history.training_runs(record.jobs(rec.bucket, rec.prefix))
+        if r.job_id == submitted.group(1)
+    ]
+    return history.run_goodput(runs[0], recording.controller_events(sim)) if runs else None
 
 
 def _preempt(sim: Simulation, victim: str, notice_s: float) -> tuple[float, threading.Thread, list[int]]:
@@ -149,7 +185,9 @@ def elastic_preemption(
     argv += ["--", "--steps", "1000000", "--checkpoint-every", str(CHECKPOINT_EVERY), "--min-slices", "1"]
     argv += ["--max-slices", "2", "--resize-check-s", str(RESIZE_CHECK_S), "--storage-path", str(storage)]
     argv += ["--name", name]
-    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_job_env())
+    job = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_job_env(sim)
+    )
     out = Output(job)
     try:
         wait(
@@ -203,7 +241,9 @@ def elastic_preemption(
     attempt = ATTEMPT.search(out.lines[shrink_at][1])
     assert attempt is not None
     lost = steps_lost([line for _, line in out.lines[:shrink_at]], int(attempt.group(3)))
-    return Elastic(lost, one_slice - start, grown[1] - start)
+    report = recorded_goodput(sim, out.text())
+    in_log = lost_at_every_resumption([line for _, line in out.lines])
+    return Elastic(lost, one_slice - start, grown[1] - start, report, in_log)
 
 
 def restart_preemption(
@@ -254,6 +294,14 @@ def report(
         e.one_slice_s for e in elastic
     )
     lines.append(f"{'training again: whole-job restart / elastic':50} {ratio:8.1f} x")
+    for index, run in enumerate(elastic):
+        if run.goodput is not None:
+            title = f"\nelastic run {index + 1}, from the cluster's record (`rayslice goodput`):"
+            lines.append(goodput.format_report(run.goodput, title))
+            lines.append(
+                f"steps lost: {run.goodput.steps_lost} in the goodput report, {run.steps_lost_in_log} "
+                "in the job's log (every resumption)"
+            )
     return "\n".join(lines)
 
 

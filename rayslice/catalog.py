@@ -40,7 +40,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-from rayslice.errors import CatalogError
+from rayslice.errors import CatalogError, shown
 
 PLATFORMS = ("compute", "tpu-vm", "gke")
 
@@ -599,7 +599,7 @@ def generation(name: str) -> Generation:
         return _BY_PREFIX[name.strip().lower()]
     except KeyError:
         known = ", ".join(g.name for g in GENERATIONS)
-        raise CatalogError(f"unknown TPU generation {name!r}; known generations: {known}") from None
+        raise CatalogError(f"unknown TPU generation {shown(name)}; known generations: {known}") from None
 
 
 _NAME = re.compile(r"(?P<prefix>[a-z0-9-]+?)-(?P<size>[0-9]+(?:x[0-9]+)*)", re.ASCII)
@@ -655,16 +655,27 @@ def _unknown_message(name: str, key: str, platform: str) -> str:
     if gen is not None and platform not in gen.platforms:
         return not_offered_message(gen, platform)
     if match is not None and gen is not None and "x" in match["size"]:
-        ordered = f"{gen.name}-{'x'.join(str(d) for d in sorted(parse_topology(match['size'])))}"
+        ordered = f"{gen.name}-{'x'.join(str(d) for d in sorted(map(_asked, match['size'].split('x'))))}"
         if ordered != key and ordered in table(platform):
             return (
-                f"unknown topology {name!r} on {platform}: write its dimensions in ascending order, {ordered}"
+                f"unknown topology {shown(name)} on {platform}: write its dimensions in ascending "
+                f"order, {ordered}"
             )
     suggestions = closest(key, platform)
     return (
-        f"unknown accelerator type {name!r} on {platform}; closest valid types: "
+        f"unknown accelerator type {shown(name)} on {platform}; closest valid types: "
         f"{', '.join(suggestions)} (run `rayslice catalog --platform {platform}` for all)"
     )
+
+
+# A size or dimension asked for with more digits than this is far beyond any slice; it is compared
+# as 10**_ASKED_DIGITS (int() of a long text costs time, and Python refuses over 4,300 digits).
+_ASKED_DIGITS = 6
+
+
+def _asked(digits: str) -> int:
+    """A size or topology dimension from a name a user gave, as a number to compare."""
+    return int(digits) if len(digits) <= _ASKED_DIGITS else 10**_ASKED_DIGITS
 
 
 def closest(key: str, platform: str, count: int = 3) -> list[str]:
@@ -673,7 +684,7 @@ def closest(key: str, platform: str, count: int = 3) -> list[str]:
     match = _NAME.fullmatch(key)
     gen = _BY_PREFIX.get(match["prefix"]) if match else None
     if match is not None and gen is not None and "x" not in match["size"]:
-        wanted = int(match["size"])
+        wanted = _asked(match["size"])
         sizes = sorted(
             {
                 s.tensorcores if gen.counts_tensorcores else s.chips
@@ -736,20 +747,47 @@ def generation_rows(platform: str) -> list[dict[str, object]]:
 
 # The ways to get TPU capacity, in the order the spec and the catalog's price table show them.
 CAPACITIES = ("on-demand", "spot", "reserved", "flex-start")
-# What rayslice offers per platform (Google's "Cloud TPU consumption options" and each platform's
-# pages): Compute Engine takes flex-start as a FLEX_START MIG grown by a resize request; the TPU VM
-# API only through a queued resource (tpu v2alpha1 QueuedResource.provisioningModel FLEX_START);
-# GKE as a flex-start node pool that the cluster autoscaler grows (GKE, "About flex-start
-# provisioning mode": "with Standard clusters, you configure flex-start on specific node pools").
-PLATFORM_CAPACITIES: dict[str, tuple[str, ...]] = {
-    "compute": CAPACITIES,
-    "tpu-vm": CAPACITIES,
-    "gke": CAPACITIES,
+# ---- flex-start zones (per platform and generation) ------------------------------------------
+
+# Where each platform takes flex-start TPUs, per catalog generation; a generation a platform has
+# no entry for gets no flex-start there. None: the platform's page lists its own zones, which
+# rayslice has not read, so any zone of the generation is passed on to Google.
+# - tpu-vm: Cloud TPU, "Request Cloud TPUs using flex-start"
+#   (https://cloud.google.com/tpu/docs/request-using-flex-start), Limitations: "TPU v6e for
+#   training and serving: asia-northeast1-b, us-east5-a; TPU v5e for training: us-west4-a; TPU v5e
+#   for serving: us-central1-a".
+# - compute: SkyPilot, sky/provision/gcp/mig_utils.py `_TPU_FLEX_START_ZONES` (its Compute Engine
+#   TPU flex-start MIGs): ct6e asia-northeast1-b, us-east5-a, us-south1-ai1b; tpu7x us-central1-c.
+#   The v6e zones are the Cloud TPU page's; us-south1-ai1b is not a zone name the spec takes.
+#   Compute Engine's own pages list none, and no source offers v5p there.
+# - gke: GKE, "About flex-start provisioning mode" (https://cloud.google.com/kubernetes-engine/docs/concepts/dws):
+#   "TPU v3 and v4 are not supported"; its zone list was not read.
+FLEX_START_ZONES: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "tpu-vm": {"v6e": ("asia-northeast1-b", "us-east5-a"), "v5litepod": ("us-west4-a", "us-central1-a")},
+    "compute": {"v6e": ("asia-northeast1-b", "us-east5-a"), "tpu7x": ("us-central1-c",)},
+    "gke": {"v5litepod": None, "v5p": None, "v6e": None, "tpu7x": None},
 }
-# GKE's flex-start for TPUs: "TPU v3 and v4 are not supported" (GKE, "About flex-start
-# provisioning mode", https://cloud.google.com/kubernetes-engine/docs/concepts/dws); of the two
-# only v4 has GKE node pools here.
-GKE_FLEX_START_EXCLUDED = frozenset({"v3", "v4"})
+
+
+def flex_start_zones(platform: str, generation_name: str) -> tuple[str, ...] | None:
+    """The zones where `platform` takes flex-start TPUs of the generation (None: any zone of the
+    generation, the platform's own list not being known); `KeyError` if it takes none."""
+    return FLEX_START_ZONES[platform][generation(generation_name).name]
+
+
+# ---- boot disks -------------------------------------------------------------------------------
+
+# Boot disk type per TPU generation on Compute Engine. "Storage options for Cloud TPU data"
+# (https://docs.cloud.google.com/tpu/docs/storage-options-compute), "TPU generation and
+# supported disk types": TPU7x and v6e Hyperdisk Balanced or Hyperdisk ML, v5p Balanced
+# Persistent Disk or Hyperdisk ML. Hyperdisk ML volumes are read-only data disks, never boot
+# disks, so one boot type is left per generation (the stricter reading).
+BOOT_DISK_TYPES: dict[str, tuple[str, ...]] = {
+    "v5p": ("pd-balanced",),
+    "v6e": ("hyperdisk-balanced",),
+    "tpu7x": ("hyperdisk-balanced",),
+}
+
 # Flex-start capacity runs at most 7 days ("Flex-start VMs: ... for up to 7 days", Google's
 # "Plan your Cloud TPU resources").
 MAX_RUN_HOURS = 7 * 24
@@ -790,6 +828,13 @@ def machine_hour_price(machine_type: str, region: str, capacity: str = "on-deman
     return _price("machine_hour", machine_type, region, capacity)
 
 
+def gke_cluster_hour_price() -> tuple[float, float]:
+    """GKE's cluster management fee: USD per cluster-hour, and the monthly free-tier credit per
+    billing account that zonal clusters may use (prices.json, with its source)."""
+    fee = prices()["gke_cluster_hour"]
+    return float(fee["usd"]), float(fee["free_tier_usd_per_month"])
+
+
 def price_source() -> str:
     """One line naming where and when the prices were read, for output that shows a price."""
     data = prices()
@@ -806,3 +851,83 @@ def slice_prices(tpu: TpuType) -> dict[str, dict[str, float | None]]:
     published price)."""
     regions = sorted({region_of(z) for z in tpu.zones})
     return {region: {c: slice_hour_price(tpu, region, c) for c in CAPACITIES} for region in regions}
+
+
+# --- Chips: memory, peak compute and memory bandwidth per generation --------------------------
+#
+# What one chip of a generation can hold and do, for `rayslice fit` (does a step fit a chip's
+# HBM, how long would it take at peak), the bundled jobs (sizes on a chip; achieved against peak)
+# and the slice check (each chip against its peak). Figures are per chip, dense (no sparsity).
+# Sources, each Google's page for the generation, the "key specifications" table, read 2026-12:
+# v5e cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16; 16 GB; 819 GB/s), v5p /tpu/docs/v5p
+# (459; 95 GB; 2,765 GB/s), v6e /tpu/docs/v6e (918; 32 GB; 1,638 GB/s), v3 /tpu/docs/v3 (123;
+# 32 GiB; 900 GB/s). v2 (45; 16 GiB; 600 GB/s) and v4 (275; 32 GiB; 1,200 GB/s): the pages
+# /tpu/docs/v2 and /v4, as rayslice's benchmark table recorded them before this table existed.
+# TPU7x (Ironwood): Google gives 4,614 TFLOP/s in FP8, 192 GB and 7.37 TB/s per chip
+# (cloud.google.com/tpu/docs/tpu7x); bf16 here is half the FP8 figure, as the MXUs run FP8 at
+# twice the bf16 rate (Google's "Training large models on Ironwood" post); not a published number.
+# Google writes "GB" for HBM where the chips hold GiB: a v5e chip shows 15.75 GiB to JAX
+# (`memory_stats()["bytes_limit"]`, measured 2026-12-06, docs/benchmarks.md), so capacities
+# are taken as GiB.
+
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One chip of a generation, as a job sees it."""
+
+    generation: str  # `Generation.name`
+    device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices (exact strings)
+    topology_prefix: str  # the name libtpu gives `get_topology_desc` ("v5e" in "v5e:2x2")
+    hbm_bytes: int
+    bf16_flops: float  # dense peak, FLOP/s
+    hbm_bytes_per_s: float
+    # JAX devices per chip on a real host: two TensorCores shown apart on v2, v3 and TPU7x, one
+    # (megacore) device on v4 and v5p; from the bench table before (v2, v3) and libtpu
+    # 0.0.42.1's compile-only topologies (tpu7x:2x2x1 has 8 devices for 4 chips).
+    jax_devices_per_chip: int = 1
+
+
+CHIPS: tuple[Chip, ...] = (
+    Chip("v2", ("TPU v2",), "v2", 16 * _GIB, 45e12, 600e9, jax_devices_per_chip=2),
+    Chip("v3", ("TPU v3",), "v3", 32 * _GIB, 123e12, 900e9, jax_devices_per_chip=2),
+    Chip("v4", ("TPU v4",), "v4", 32 * _GIB, 275e12, 1200e9),
+    Chip("v5litepod", ("TPU v5 lite", "TPU v5e"), "v5e", 16 * _GIB, 197e12, 819e9),
+    Chip("v5p", ("TPU v5", "TPU v5p"), "v5p", 95 * _GIB, 459e12, 2765e9),
+    Chip("v6e", ("TPU v6 lite", "TPU v6e"), "v6e", 32 * _GIB, 918e12, 1638e9),
+    Chip("tpu7x", ("TPU7x", "TPU v7x"), "tpu7x", 192 * _GIB, 2307e12, 7370e9, jax_devices_per_chip=2),
+)
+
+_CHIP_BY_GENERATION = {c.generation: c for c in CHIPS}
+_CHIP_BY_KIND = {k: c for c in CHIPS for k in c.device_kinds}
+
+
+def chip(generation_name: str) -> Chip | None:
+    """The chip of a generation (any spelling `generation` takes); None where no public source
+    gives its figures (tpu7)."""
+    return _CHIP_BY_GENERATION.get(generation(generation_name).name)
+
+
+def chip_of_device_kind(device_kind: str) -> Chip | None:
+    """The TPU chip behind a JAX device kind ("TPU v5 lite"), or None (a CPU, a GPU, a TPU kind
+    this table does not know): callers then say the peak is unknown rather than guess."""
+    return _CHIP_BY_KIND.get(device_kind)
+
+
+def device_peak_flops(device_kind: str) -> float | None:
+    """Dense bf16 peak of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.bf16_flops / found.jax_devices_per_chip
+
+
+def device_hbm_bytes(device_kind: str) -> int | None:
+    """HBM of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.hbm_bytes // found.jax_devices_per_chip
+
+
+def device_hbm_bytes_per_s(device_kind: str) -> float | None:
+    """HBM bandwidth of one JAX device of that kind (a chip's share), or None where unknown."""
+    found = chip_of_device_kind(device_kind)
+    return None if found is None else found.hbm_bytes_per_s / found.jax_devices_per_chip

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rayslice import catalog, spec
+from rayslice import capacity_table, catalog, spec
 from rayslice.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, RaysliceError
 
 COMMANDS_GROUP = "rayslice.commands"
@@ -163,6 +163,8 @@ def validate_command(stack_file: str | None, overrides: tuple[str, ...]) -> int:
         f"({t.hosts} host(s) x {t.chips_per_host} chips per slice, topology {t.topology}, "
         f"{head}, preset={cluster.preset})"
     )
+    for line in capacity_table.stack_lines(cluster, controller_runs=cluster.runs_recovery):
+        click.echo(line)
     return EXIT_OK
 
 

@@ -33,7 +33,8 @@ class CloudAccess:
 class FoundCluster:
     """A cluster a finder found: its dashboard and token, the stack config it was made from
     (``rayslice`` keys, with its project and zone), its cloud API (None when that cannot be
-    reached, with `cloud_problem` saying why), and where it was found, for messages."""
+    reached, with `cloud_problem` saying why), where its record is kept, and where it was found, for
+    messages."""
 
     where: str
     dashboard_url: str
@@ -41,6 +42,7 @@ class FoundCluster:
     config: Mapping[str, Any] = field(default_factory=dict)
     cloud: CloudAccess | None = None
     cloud_problem: str = ""
+    record: str | None = None  # the cluster's record (rayslice.observability.record), if it keeps one
 
 
 def find() -> FoundCluster | None:

@@ -91,7 +91,11 @@ def configuration_md() -> str:
         "(`rayslice:acceleratorType: v6e-16`), and any of them can be overridden on the command "
         "line with `--set KEY=VALUE`. `project` and `zone` fall back to `gcp:project` and "
         "`gcp:zone`. Values from Pulumi and `--set` arrive as strings: `true`/`false`, whole "
-        "numbers, and JSON lists or objects (a list may also be one item per line). "
+        "numbers (in decimal: `010` is 10), and JSON lists or objects (a list may also be one item per "
+        "line). A stack file's values reach the program as Pulumi passes them: a scalar as the text "
+        "written (`slices: 010` is 10, `queued: yes` is refused, as `pulumi up` refuses it), a list "
+        f"or mapping as JSON. A value has at most {spec.MAX_TEXT:,} characters, a stack file at most "
+        f"{spec.MAX_STACK_FILE_BYTES >> 20} MiB. "
         "`rayslice validate` checks a configuration and reports every problem at once.",
         "",
         "| key | type | default | description |",
@@ -99,6 +103,8 @@ def configuration_md() -> str:
     ]
     for key in spec.KEYS:
         kind = " \\| ".join(f"`{c}`" for c in key.choices) if key.choices else key.type
+        if key.bounds is not None:
+            kind += f", {key.bounds[0]:,} to {key.bounds[1]:,}"
         out.append(f"| `{key.name}` | {kind} | {_default_text(key)} | {_cell(key.description)} |")
     out += [
         "",

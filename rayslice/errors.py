@@ -18,11 +18,29 @@ code with no import outside the standard library.
 
 from __future__ import annotations
 
+import reprlib
+
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_INVALID = 2
 EXIT_NO_CLUSTER = 3
 EXIT_INTERRUPTED = 130
+
+
+# What a message may echo of one input value, and how many problems one error lists: a message is
+# read on a terminal, so a 1 MB name or 40,000 unknown keys must not become a 1 MB line or 21 MB
+# of output. Past the cut a value ends in "...", and a list of problems says how many it left out.
+SHOWN_CHARS = 80
+SHOWN_PROBLEMS = 20
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = SHOWN_CHARS
+_SHOWN.maxlevel = 2
+
+
+def shown(value: object) -> str:
+    """`value` as a message echoes it: its repr, cut to about `SHOWN_CHARS` characters whatever
+    its size (strings keep their quotes, containers their first items)."""
+    return _SHOWN.repr(value)
 
 
 class RaysliceError(Exception):
@@ -38,11 +56,21 @@ class InvalidInput(RaysliceError):
 
 
 class SpecError(InvalidInput):
-    """One or more invalid config keys; `problems` lists each with what to do."""
+    """One or more invalid config keys; `problems` lists each with what to do.
+
+    One problem reads as one line; several as one line each, the first `SHOWN_PROBLEMS` of them
+    and a line that counts the rest."""
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        super().__init__("invalid rayslice configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        if len(self.problems) == 1:
+            super().__init__(f"invalid rayslice configuration: {self.problems[0]}")
+            return
+        listed = [f"  - {p}" for p in self.problems[:SHOWN_PROBLEMS]]
+        left = len(self.problems) - SHOWN_PROBLEMS
+        if left > 0:
+            listed.append(f"  ... and {left:,} more problem(s): fix these first")
+        super().__init__("invalid rayslice configuration:\n" + "\n".join(listed))
 
 
 class CatalogError(InvalidInput):

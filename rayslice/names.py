@@ -65,6 +65,9 @@ ATTR_TOKEN_SECRET = "rayslice-token-secret"  # Secret Manager secret *name*, nev
 # Secret Manager secret *name* holding the package index's credentials (``USERNAME:PASSWORD``);
 # hosts read it into uv's index credential variables, never into metadata or argv.
 ATTR_INDEX_CREDENTIALS_SECRET = "rayslice-index-credentials-secret"
+# The gs:// location of the cluster's JAX compilation cache (`rayslice.compilation_cache`), in
+# the bucket infra declares; the boot script hands it to Ray's jobs.
+ATTR_COMPILATION_CACHE = "rayslice-compilation-cache"
 # Where Google's attributes do not identify a host's worker (`platforms.VmPlatform`'s
 # `rayslice_names_hosts`: Compute Engine), infra writes the slice's name and its hosts' instance
 # names (comma-separated, in worker order); a host's worker number is the position of its own

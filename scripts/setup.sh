@@ -1,7 +1,7 @@
 #!/bin/bash
 # Sets up everything rayslice needs on a Debian/Ubuntu machine, idempotently: the system
 # packages the simulator and the boot scripts use, and the project venv in .venv with rayslice
-# installed editable plus its test and XLA extras. Sourced by demo.sh and test.sh; safe to rerun.
+# installed editable plus its test, XLA and fit (libtpu) extras. Sourced by demo.sh and test.sh; safe to rerun.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,6 +47,6 @@ want=$(cat "$REPO/pyproject.toml" "$REPO/scripts/setup.sh" | sha256sum | cut -d'
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "setup: installing rayslice and its dependencies into $VENV (first run: several minutes)"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$REPO[dev,xla]"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$REPO[dev,xla,fit]"
   echo "$want" >"$stamp"
 fi

@@ -26,6 +26,9 @@ def test_wheel_has_only_the_rayslice_package(rayslice_wheel):
         "render": "rayslice.startup_scripts.commands:render_command",
         "run": "rayslice.jobs.commands:run_command",
         "status": "rayslice.recovery.commands:status_command",
+        "fit": "rayslice.fit.commands:fit_command",
+        "history": "rayslice.observability.commands:history_command",
+        "goodput": "rayslice.observability.commands:goodput_command",
     }
     for target in registered.values():  # every registered module is in the wheel
         assert target.split(":")[0].replace(".", "/") + ".py" in names

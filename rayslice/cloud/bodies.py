@@ -179,7 +179,7 @@ def _service_accounts(account: Mapping[str, Any] | None) -> list[dict[str, Any]]
 def _scheduling(scheduling: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not scheduling:
         return None
-    return _pick(
+    body = _pick(
         scheduling,
         "automaticRestart",
         "onHostMaintenance",
@@ -188,6 +188,10 @@ def _scheduling(scheduling: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "instanceTerminationAction",
         "minCpuPlatform",
     )
+    duration = scheduling.get("maxRunDuration")
+    if duration:  # a Duration: seconds as an int64 string (compute v1 discovery, Scheduling.maxRunDuration)
+        body["maxRunDuration"] = {"seconds": _int64(duration["seconds"]), **_pick(duration, "nanos")}
+    return body
 
 
 def _reservation_affinity(affinity: Mapping[str, Any] | None) -> dict[str, Any] | None:

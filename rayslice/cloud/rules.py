@@ -1,7 +1,7 @@
 """Google's documented rules for Compute Engine, TPU and GKE node pool resources, over REST
 request bodies.
 
-One definition of each rule, two runners: `rayslice preview` (offline, over what the program
+One definition of each rule, two runners: `rayslice preview` (no cloud API, over what the program
 registered under Pulumi's mocks) and the Pulumi policy pack in ``policy/`` (over a real
 project's resources in ``pulumi preview --policy-pack``). Both turn a resource's Pulumi
 properties into the REST body the provider sends (`rayslice.cloud.bodies`) and hand a `Stack`
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayslice import catalog
+from rayslice import capacity_table, catalog
 from rayslice.cloud import bodies
 from rayslice.cloud.bodies import (
     MIG,
@@ -49,17 +49,6 @@ SPECIFIC_RESERVATION = "SPECIFIC_RESERVATION"
 DELETE = "DELETE"
 STOP = "STOP"
 DO_NOTHING = "DO_NOTHING"
-
-# Boot disk type per TPU generation on Compute Engine. "Storage options for Cloud TPU data"
-# (https://docs.cloud.google.com/tpu/docs/storage-options-compute), "TPU generation and
-# supported disk types": TPU7x and v6e Hyperdisk Balanced or Hyperdisk ML, v5p Balanced
-# Persistent Disk or Hyperdisk ML. Hyperdisk ML volumes are read-only data disks, never boot
-# disks, so one boot type is left per generation (the stricter reading).
-BOOT_DISK_TYPES: dict[str, tuple[str, ...]] = {
-    "v5p": ("pd-balanced",),
-    "v6e": ("hyperdisk-balanced",),
-    "tpu7x": ("hyperdisk-balanced",),
-}
 
 METADATA_VALUE_MAX = 262_144  # bytes, at most
 METADATA_TOTAL_LIMIT = 512 * 1024  # bytes, all keys and values together, less than
@@ -93,8 +82,14 @@ class Violation:
     rule: str
     message: str
     source: str
+    ours: bool = False  # a rule of rayslice's design (`Rule.ours`), not one Google enforces
 
     def __str__(self) -> str:
+        if self.ours:
+            return (
+                f"{self.resource}: {self.message} [rayslice's rule {self.rule}, not Google's: Google "
+                f"would accept this, but the slice would not work; grounds: {self.source}]"
+            )
         return f"{self.resource}: {self.message} [rule {self.rule}; source: {self.source}]"
 
     def as_json(self) -> dict[str, str]:
@@ -139,6 +134,9 @@ class Rule:
     # True: the rule reads the finished deployment (a count over resources created one by one),
     # so the cloud twin checks it once everything is applied, not on each request.
     at_end: bool = False
+    # True: rayslice's own rule, drawn from its sources but not enforced by Google (no source
+    # says Google refuses the request); its violations say so instead of "Google would refuse".
+    ours: bool = False
 
 
 def _provisioning(template: Resource) -> str | None:
@@ -408,7 +406,7 @@ def _labels(stack: Stack) -> Iterator[Finding]:
                 )
 
 
-# (h) See BOOT_DISK_TYPES.
+# (h) See catalog.BOOT_DISK_TYPES.
 _DISK_SOURCE = (
     "Cloud TPU, 'Storage options for Cloud TPU data', "
     "https://docs.cloud.google.com/tpu/docs/storage-options-compute"
@@ -421,7 +419,7 @@ def _boot_disk_per_generation(stack: Stack) -> Iterator[Finding]:
         machine = tpu_machine(holder.get("machineType"))
         if machine is None:
             continue
-        allowed = BOOT_DISK_TYPES.get(machine[0], ())
+        allowed = catalog.BOOT_DISK_TYPES.get(machine[0], ())
         for disk in holder.get("disks", []):
             if not disk.get("boot"):
                 continue
@@ -444,30 +442,38 @@ _SPOT_SOURCE = (
 )
 
 
-def _is_spot_tpu(template: Resource) -> bool:
+def _unrepaired_tpu_cell(template: Resource) -> capacity_table.Cell | None:
+    """The capacity cell of a TPU template whose slices Google does not recover (Spot: the
+    cell's `repaired_by` is rayslice), None for any other template."""
     holder = template.body.get("properties", {})
-    return _provisioning(template) == SPOT and tpu_machine(holder.get("machineType")) is not None
+    if tpu_machine(holder.get("machineType")) is None:
+        return None
+    cell = capacity_table.for_provisioning_model(_provisioning(template))
+    return cell if cell is not None and cell.repaired_by == capacity_table.RAYSLICE else None
 
 
 def _spot_tpu_template_stops(stack: Stack) -> Iterator[Finding]:
     for template in stack.of_type(TEMPLATE):
-        if _is_spot_tpu(template) and _termination(template) != STOP:
+        cell = _unrepaired_tpu_cell(template)
+        if cell is not None and _termination(template) != cell.termination_action:
             yield (
                 template,
-                f"Spot TPU VMs with termination action {_termination(template)}; Google's page uses STOP",
+                f"Spot TPU VMs with termination action {_termination(template)}; Google's page uses "
+                f"{cell.termination_action}",
             )
 
 
 def _spot_tpu_mig_does_nothing(stack: Stack) -> Iterator[Finding]:
     for mig in stack.of_type(MIG):
-        if not any(_is_spot_tpu(t) for t in _templates(stack, mig)):
+        cells = [c for c in map(_unrepaired_tpu_cell, _templates(stack, mig)) if c is not None]
+        if not cells:
             continue
         action = mig.body.get("instanceLifecyclePolicy", {}).get("defaultActionOnFailure", "REPAIR")
-        if action != DO_NOTHING:
+        if action != cells[0].failure_action:
             yield (
                 mig,
                 f"Spot TPU MIG with default action on failure {action}: a repaired host cannot "
-                "rejoin the slice; set DO_NOTHING",
+                f"rejoin the slice; set {cells[0].failure_action}",
             )
 
 
@@ -620,14 +626,16 @@ RULES: tuple[Rule, ...] = (
     Rule("reservation-bound-specific", _RESERVATION_BOUND_PAGE, _reservation_bound_needs_specific, False),
     Rule("bulk-reservation-bound-delete", _BULK_PAGE, _bulk_reservation_bound_deletes, True),
     Rule("topology-machine-type", _TPU_MIG_PAGE, _topology_fits_machine_type, True),
-    Rule("instances-match-topology", _TPU_MIG_PAGE, _instances_match_topology, True, at_end=True),
+    # No source says Google refuses a MIG larger than its topology (rayslice.cloud.twin).
+    Rule("instances-match-topology", _TPU_MIG_PAGE, _instances_match_topology, True, at_end=True, ours=True),
     Rule("tpu-node-exclusive-fields", _TPU_EXCLUSIVE_SOURCE, _tpu_node_exclusive_fields, False),
     Rule("metadata-limits", _METADATA_SOURCE, _metadata_limits, False),
     Rule("resource-name", _NAME_SOURCE, _names, False),
     Rule("labels", _LABELS_SOURCE, _labels, False),
     Rule("tpu-boot-disk", _DISK_SOURCE, _boot_disk_per_generation, False),
     Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False),
-    Rule("spot-tpu-do-nothing", _SPOT_SOURCE, _spot_tpu_mig_does_nothing, True),
+    # REPAIR is the MIG's default: Google accepts it; the repaired host could not rejoin the slice.
+    Rule("spot-tpu-do-nothing", _SPOT_SOURCE, _spot_tpu_mig_does_nothing, True, ours=True),
     Rule("resize-request-run-duration", _RUN_DURATION_SOURCE, _resize_request_run_duration, False),
     Rule("flex-start-pool-autoscaled", _FLEX_POOL_SOURCE, _flex_pool_autoscaled, False),
     Rule("node-pool-autoscaling-limits", _FLEX_POOL_SOURCE, _autoscaling_limits, False),
@@ -639,7 +647,7 @@ RULES: tuple[Rule, ...] = (
 def check(stack: Stack, rules: Iterable[Rule] = RULES) -> list[Violation]:
     """Every violation of `rules` in `stack`, rule by rule."""
     return [
-        Violation(resource.urn, resource.name, rule.id, message, rule.source)
+        Violation(resource.urn, resource.name, rule.id, message, rule.source, rule.ours)
         for rule in rules
         for resource, message in rule.check(stack)
     ]

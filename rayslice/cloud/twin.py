@@ -173,9 +173,12 @@ class CloudRuleError(InvalidInput):
 
     def __init__(self, violations: list[rules.Violation]):
         self.violations = list(violations)
+        theirs = "Google's documented rules; Google would refuse this deployment"
+        if any(v.ours for v in self.violations):  # rayslice's own rules (rules.Rule.ours) too
+            theirs = "Google's documented rules and rayslice's own; this deployment is refused"
         super().__init__(
-            f"{len(self.violations)} violation(s) of Google's documented rules; Google would refuse "
-            "this deployment:\n" + "\n".join(f"  - {v}" for v in self.violations)
+            f"{len(self.violations)} violation(s) of {theirs}:\n"
+            + "\n".join(f"  - {v}" for v in self.violations)
         )
 
 

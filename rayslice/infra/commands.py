@@ -12,12 +12,15 @@ input that Google would refuse, caught before anything is created.
 from __future__ import annotations
 
 import functools
+import shlex
 
 import click
 
+from rayslice import capacity_table
 from rayslice.cli import Group, load_spec, spec_options
 from rayslice.cloud.twin import CloudRuleError
 from rayslice.errors import EXIT_OK, InvalidInput
+from rayslice.fit.plan import Target, check
 from rayslice.infra.cost import render_costs, stack_costs
 from rayslice.infra.image import (
     PHASE_KEY,
@@ -42,8 +45,17 @@ from rayslice.startup_scripts.stack_locks import StackLocks
     help="tree: resources under their components; json: one object per resource; "
     "yaml: platform=gke's Kubernetes manifests for kubectl apply.",
 )
-def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: str) -> int:
-    """Show the cloud resources `pulumi up` would create (offline: no Pulumi CLI, no credentials).
+@click.option(
+    "--fit",
+    "fit_job",
+    metavar="'JOB [ARGS]'",
+    help="First compile this job's step for the stack's slices, as `rayslice fit JOB -- ARGS` "
+    "does (needs rayslice[fit]); exit 2 before the preview if it does not fit.",
+)
+def preview_command(
+    stack_file: str | None, overrides: tuple[str, ...], output: str, fit_job: str | None
+) -> int:
+    """Show the cloud resources `pulumi up` would create (no Pulumi CLI, no credentials, no cloud API).
 
     Resources that a change of requirements, rayVersion, preset or the boot script replaces are
     marked, with the create/delete timeouts Pulumi will wait; the tree ends with the cost per hour
@@ -53,14 +65,23 @@ def preview_command(stack_file: str | None, overrides: tuple[str, ...], output: 
 
     A stack with requirements, or with a rayVersion that has no preset lock, has them locked
     first, into rayslice-locks/<stack>.lock beside Pulumi.yaml (commit it): resolved against the
-    package index when the file is missing or stale, reused as it is otherwise.
+    package index when the file is missing or stale (the one network access), reused as it is
+    otherwise. Only wheels are used: a requirement the index offers only as a source distribution
+    is refused, since building it would run its code here.
     """
     cluster = load_spec(stack_file, overrides)  # every problem at once, before the program runs
+    if fit_job:
+        job, *job_args = shlex.split(fit_job)
+        fitted = check(job, job_args, Target.of(cluster.tpu, cluster.slices))
+        click.echo("\n".join(fitted.lines()), err=output != "tree")  # json and yaml stay parseable
     locks = StackLocks.for_stack_file(stack_file).lock
     found = preview(stack_config(stack_file, list(overrides)), locks=locks)
     click.echo(FORMATS[output](found))
     if output == "tree":  # json and yaml stay what a machine reads
         click.echo("\n" + render_costs(stack_costs(cluster, found.registrations)))
+        click.echo(
+            "\n" + "\n".join(capacity_table.stack_lines(cluster, controller_runs=cluster.runs_recovery))
+        )
     warning = stale_image_warning(cluster, locks(cluster))  # the lock the preview just stored
     if warning:
         click.echo(f"rayslice: warning: {warning}", err=True)

@@ -1,10 +1,14 @@
 """What a stack costs per hour at list prices, before `pulumi up` (`rayslice preview`).
 
-The slices come from the spec (its shape, zone and capacity: `catalog.slice_hour_price`); the CPU
-VMs from what the program registered, so every VM it declares is priced, the head VM and any
-other (a separate controller VM, GKE's CPU node pools), each with the machine type and zone it
-was declared with. A price the catalog's source does not publish is shown as such and left out
-of the total, which then says how many items it lacks, never a guessed number.
+The slices come from the spec (its shape, zone and its capacity cell's price key:
+`catalog.slice_hour_price`, `capacity_table.Cell.price_key`); the CPU VMs from what the program
+registered, so every VM it declares is priced, the head VM and any other (a separate controller
+VM, GKE's CPU node pools), each with the machine type and zone it was declared with; and a GKE
+cluster the program creates, with GKE's cluster management fee (GKE pricing: $0.10 per cluster
+per hour, whatever the cluster's size; `catalog.gke_cluster_hour_price`). The fee of an existing
+cluster (``gkeCluster``) is already being paid and is not the stack's.
+A price the catalog's source does not publish is shown as such and left out of the total,
+which then says how many items it lacks, never a guessed number.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayslice import catalog
+from rayslice.capacity_table import cell_for
 from rayslice.cloud import bodies, rules
 from rayslice.infra.mocks import Registration
 from rayslice.spec import ClusterSpec
 
 NODE_POOL = "gcp:container/nodePool:NodePool"
+GKE_CLUSTER = "gcp:container/cluster:Cluster"
 _TPU_FAMILIES = frozenset(
     family
     for g in catalog.GENERATIONS
@@ -41,11 +47,12 @@ class Cost:
 def stack_costs(spec: ClusterSpec, registrations: Iterable[Registration]) -> list[Cost]:
     """Every slice, then every CPU VM the program declares, with its price per hour."""
     region = catalog.region_of(spec.zone)
+    price_key = cell_for(spec).price_key
     costs = [
         Cost(
             f"slice {spec.slice_name(i)}: {spec.accelerator_type} ({spec.tpu.chips} chips), "
             f"{spec.capacity}{' (queued)' if spec.queued else ''}{', elastic' if elastic else ''}, {region}",
-            catalog.slice_hour_price(spec.tpu, region, spec.capacity),
+            catalog.slice_hour_price(spec.tpu, region, price_key),
             elastic,
         )
         for i in range(spec.slices)
@@ -57,7 +64,21 @@ def stack_costs(spec: ClusterSpec, registrations: Iterable[Registration]) -> lis
         elif r.type == NODE_POOL and not _is_tpu(_machine(r.inputs.get("nodeConfig"))):
             zone = str((r.inputs.get("nodeLocations") or [spec.zone])[0])
             costs.append(_vm_cost(r, zone, int(r.inputs.get("nodeCount") or 1)))
+        elif r.type == GKE_CLUSTER:
+            costs.append(_cluster_fee(r))
     return costs
+
+
+def _cluster_fee(registration: Registration) -> Cost:
+    """GKE's management fee of a cluster the program creates. A zonal cluster (its location a
+    zone) may be covered by the free tier's monthly credit, one cluster's worth per billing
+    account: the line says so, and the total still counts the list fee."""
+    fee, credit = catalog.gke_cluster_hour_price()
+    location = str(registration.inputs.get("location") or "")
+    zonal = location.count("-") == 2  # us-east5-a, not the region us-east5
+    name = registration.inputs.get("name") or registration.name
+    note = f"; zonal: the ${credit:.2f}/month free-tier credit may cover it" if zonal else ""
+    return Cost(f"GKE cluster {name}: management fee (GKE pricing), {location}{note}", fee)
 
 
 def _machine(holder: Any) -> str:

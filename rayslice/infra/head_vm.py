@@ -19,7 +19,7 @@ from rayslice.infra.cpu_vm import cpu_vm
 from rayslice.infra.firewall import cluster_tag, head_tag
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import host_metadata
-from rayslice.names import HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
+from rayslice.names import ATTR_COMPILATION_CACHE, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
 from rayslice.spec import ClusterSpec
 
 HEAD_VM_DISK_GB = 100
@@ -48,6 +48,8 @@ class HostArgs:
     subnetwork: pulumi.Input[str | None]
     service_account_email: pulumi.Input[str]
     token_secret: str | None
+    # The gs:// location of the cluster's compilation cache (`rayslice.infra.compilation_cache`).
+    compilation_cache: pulumi.Input[str] | None = None
     # What the resources that boot hosts must wait for (firewall, IAM wait): a component's
     # depends_on does not reach its children, so each one passes these to its instances.
     depends_on: Sequence[pulumi.Resource] = ()
@@ -62,6 +64,11 @@ class HeadVm(pulumi.ComponentResource):
     def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:HeadVm", name, None, opts)
         spec = args.spec
+        metadata: dict[str, pulumi.Input[str]] = {
+            **host_metadata(spec, args.script, HEAD_VM_SLICE_INDEX, token_secret=args.token_secret)
+        }
+        if args.compilation_cache is not None:  # the bucket's location, known once it exists
+            metadata[ATTR_COMPILATION_CACHE] = args.compilation_cache
         instance = cpu_vm(
             f"{name}-instance",
             spec=spec,
@@ -71,7 +78,7 @@ class HeadVm(pulumi.ComponentResource):
             network=args.network,
             subnetwork=args.subnetwork,
             service_account_email=args.service_account_email,
-            metadata=host_metadata(spec, args.script, HEAD_VM_SLICE_INDEX, token_secret=args.token_secret),
+            metadata=metadata,
             labels=resource_labels(spec, HEAD_VM_ROLE),
             tags=[cluster_tag(spec), head_tag(spec)],
             external_ip=spec.external_ips,

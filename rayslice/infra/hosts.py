@@ -22,6 +22,8 @@ import pulumi
 
 from rayslice.errors import InvalidInput
 from rayslice.infra import access
+from rayslice.infra.compilation_cache import CompilationCacheBucket, CompilationCacheBucketArgs
+from rayslice.infra.compilation_cache import wanted as compilation_cache_wanted
 from rayslice.infra.controller_vm import ControllerVm, ControllerVmArgs
 from rayslice.infra.firewall import ClusterFirewall, ClusterFirewallArgs
 from rayslice.infra.head_vm import HeadVm, HostArgs
@@ -43,9 +45,14 @@ class SliceArgs(HostArgs):
 
     def metadata(self) -> pulumi.Output[dict[str, str]]:
         """The metadata of this slice's hosts, once the head's address (if any) is known."""
-        return pulumi.Output.from_input(self.head_address).apply(
-            lambda head_ip: host_metadata(
-                self.spec, self.script, self.index, head_address=head_ip, token_secret=self.token_secret
+        return pulumi.Output.all(self.head_address, self.compilation_cache).apply(
+            lambda known: host_metadata(
+                self.spec,
+                self.script,
+                self.index,
+                head_address=known[0],
+                token_secret=self.token_secret,
+                compilation_cache=known[1],
             )
         )
 
@@ -102,7 +109,16 @@ class VmSliceCluster(pulumi.ComponentResource):
         firewall = ClusterFirewall(
             f"{name}-firewall", ClusterFirewallArgs(spec=spec, network=network.network), child
         )
-        identity = ClusterIdentity(f"{name}-identity", ClusterIdentityArgs(spec=spec), child)
+        cache = (
+            CompilationCacheBucket(f"{name}-compilation-cache", CompilationCacheBucketArgs(spec=spec), child)
+            if compilation_cache_wanted(spec)
+            else None
+        )
+        identity = ClusterIdentity(
+            f"{name}-identity",
+            ClusterIdentityArgs(spec=spec, compilation_cache_bucket=cache.name if cache else None),
+            child,
+        )
         script = render(spec, lock=args.lock)
         # Hosts boot straight into the script: the rules that let them reach each other and
         # the grants that let them read the token (plus IAM's propagation wait) come first.
@@ -116,6 +132,7 @@ class VmSliceCluster(pulumi.ComponentResource):
             subnetwork=network.subnetwork,
             service_account_email=identity.service_account_email,
             token_secret=identity.token_secret,
+            compilation_cache=cache.location if cache else None,
             depends_on=host_deps,
         )
         head_vm = HeadVm(f"{name}-head", host_args, child) if spec.head == "vm" else None

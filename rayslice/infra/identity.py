@@ -52,6 +52,13 @@ from rayslice.spec import ClusterSpec
 # Project-level roles of the hosts' account: Cloud Logging and Cloud Monitoring writers.
 HOST_PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
+# The hosts' roles on the compilation cache's bucket (`rayslice.infra.compilation_cache`), on
+# that bucket only (Cloud Storage's "IAM roles for Cloud Storage"): JAX's cache checks that an
+# entry exists and reads it (objectViewer: storage.objects.get, and storage.objects.list, which
+# gcsfs uses when an object is absent) and writes a new one (objectCreator: storage.objects.create).
+# It never replaces or deletes one (jax/_src/lru_cache.py: `put` returns when the entry exists,
+# and evicts nothing without a maximum size), so no role that deletes.
+CACHE_BUCKET_ROLES = ("roles/storage.objectViewer", "roles/storage.objectCreator")
 TOKEN_LENGTH = 48
 _ACCOUNT_ID_MAX = 30
 # How long hosts wait after the grants (pulumi-gcp's TPU example waits 60 s after the account).
@@ -108,6 +115,8 @@ def token_secret_id(spec: ClusterSpec) -> str:
 @dataclass(frozen=True)
 class ClusterIdentityArgs:
     spec: ClusterSpec
+    # The compilation cache's bucket (its name), which the hosts' account reads and writes.
+    compilation_cache_bucket: pulumi.Input[str] | None = None
 
 
 class ClusterIdentity(pulumi.ComponentResource):
@@ -136,6 +145,17 @@ class ClusterIdentity(pulumi.ComponentResource):
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
             grants.extend(self._token(name, spec, readers))
+        if args.compilation_cache_bucket is not None:
+            grants.extend(
+                gcp.storage.BucketIAMMember(
+                    f"{name}-compilation-cache-{role.split('.')[-1]}",
+                    bucket=args.compilation_cache_bucket,
+                    role=role,
+                    member=hosts.member,
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+                for role in CACHE_BUCKET_ROLES
+            )
         if spec.package_index_credentials_secret is not None:
             # The user's own secret (rayslice never creates or reads it): readable by its readers only.
             grants.extend(

@@ -38,14 +38,17 @@ def host_metadata(
     slice_index: int,
     head_address: str | None = None,
     token_secret: str | None = None,
+    compilation_cache: str | None = None,
 ) -> dict[str, str]:
     """Metadata of slice `slice_index`'s hosts, or of the head VM (`HEAD_VM_SLICE_INDEX`)."""
-    return {
-        STARTUP_SCRIPT_KEY: script,
-        OS_LOGIN_KEY: "TRUE",
-        GUEST_ATTRIBUTES_KEY: "TRUE",
-        **host_attributes(spec, slice_index, head_address=head_address, token_secret=token_secret),
-    }
+    attributes = host_attributes(
+        spec,
+        slice_index,
+        head_address=head_address,
+        token_secret=token_secret,
+        compilation_cache=compilation_cache,
+    )
+    return {STARTUP_SCRIPT_KEY: script, OS_LOGIN_KEY: "TRUE", GUEST_ATTRIBUTES_KEY: "TRUE", **attributes}
 
 
 def controller_metadata(spec: ClusterSpec, script: str) -> dict[str, str]:

@@ -58,6 +58,7 @@ class Registration:
     dependencies: frozenset[str] = frozenset()  # URNs it waits for (depends_on and inputs)
     # input key -> URNs of the resources whose outputs that input was computed from
     property_dependencies: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    retain_on_delete: bool = False  # `pulumi destroy` leaves it in the cloud
 
 
 @dataclass
@@ -234,6 +235,7 @@ class _RecordingMonitor(MockMonitor):
                     property_dependencies={
                         key: frozenset(deps.urns) for key, deps in request.propertyDependencies.items()
                     },
+                    retain_on_delete=bool(request.retainOnDelete),
                 )
             )
         return response

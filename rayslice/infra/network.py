@@ -12,15 +12,18 @@ names are Pulumi inputs so the cluster waits for that VPC. With an existing GKE 
 
 A created VPC has MTU 8896, the value MaxText's multislice guide recommends for DCN traffic
 between slices (Compute Engine's default is 1460). An existing VPC keeps its MTU, and rayslice
-cannot read it: pulumi-gcp 10.2's `getNetwork` does not return the MTU, and an offline preview
-has no API at all. With multislice on an existing VPC, the program therefore warns (in
+cannot read it: pulumi-gcp 10.2's `getNetwork` does not return the MTU, and `rayslice preview`
+calls no cloud API. With multislice on an existing VPC, the program therefore warns (in
 `pulumi up` and in `rayslice preview`) with the command that shows the MTU and the one that
 raises it.
 
 An existing VPC also keeps its own firewall rules, which rayslice neither reads nor changes;
 the default network's ``default-allow-internal`` opens every port to every VM in it. With
 ``rayAuth: none`` those rules may open Ray's ports to VMs that are not the cluster's, so the
-program warns (`open_ports_warning`).
+program warns (`open_ports_warning`). The same rules may admit other VMs, on a shared VPC those of
+other projects too, to the head's package cache, which fetches from a private index with its
+credentials and serves what it fetched to whoever asks: the program warns about that as well
+(`package_cache_warning`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from rayslice.catalog import region_of
-from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT
+from rayslice.names import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, PACKAGE_CACHE_PORT
 from rayslice.spec import ClusterSpec
 
 # Private range of a created subnet: 4,096 addresses, far more than the largest slice's hosts.
@@ -91,6 +94,19 @@ def open_ports_warning(network: str) -> str:
     )
 
 
+def package_cache_warning(network: str) -> str:
+    """The warning for a package cache that proxies a private index on an existing VPC."""
+    return (
+        f"packageCache with a private index (packageIndexCredentialsSecret) on existing network "
+        f"{network!r}: the head's package cache (port {PACKAGE_CACHE_PORT}) fetches packages from the "
+        "index with its credentials and serves them without asking for any, to every VM the "
+        "network's own firewall rules admit (the default network's default-allow-internal admits "
+        "every VM in it; a shared VPC, the VMs of other projects too). Check: `gcloud compute "
+        f"firewall-rules list --filter=network:{network}`; set packageCache=false, or leave "
+        "`network` unset so rayslice creates one."
+    )
+
+
 @dataclass(frozen=True)
 class ExistingNetwork:
     """A VPC, and optionally a subnetwork of it, that rayslice uses as it is and never modifies.
@@ -139,6 +155,11 @@ class ClusterNetwork(pulumi.ComponentResource):
             if spec.ray_auth == "none" and spec.platform != "gke":
                 self.network.apply(
                     lambda network: pulumi.log.warn(open_ports_warning(network), resource=self)
+                )
+            private_index = spec.package_index_credentials_secret is not None
+            if spec.package_cache and private_index and spec.platform != "gke":
+                self.network.apply(
+                    lambda network: pulumi.log.warn(package_cache_warning(network), resource=self)
                 )
         # Declared as attributes above and repeated here so they appear in the component's
         # state (`pulumi stack --show-urns`) and other programs can depend on them.

@@ -1,13 +1,14 @@
-"""What `pulumi up` would create, computed offline (`rayslice preview`, in `commands`).
+"""What `pulumi up` would create, computed without a cloud (`rayslice preview`, in `commands`).
 
 Runs the real Pulumi program (`rayslice.infra.program.main`) under Pulumi's mocks with the
 stack file's config and ``--set`` overrides, and renders every resource it registers with its
 inputs. No Pulumi CLI, credentials or network are needed, so infrastructure repos can run it in
 CI; the one exception is a stack with `requirements` whose lock (``rayslice-locks/<stack>.lock``,
 `rayslice.startup_scripts.stack_locks`) is missing or stale: it is resolved against the index
-first. Resources that a config change replaces (``replaceOnChanges``) and custom create/delete
-timeouts are shown with them, so a user sees before ``pulumi up`` that changing requirements,
-rayVersion, preset or the boot script recreates the slices.
+first (wheels only: nothing is built). Resources that a config change replaces
+(``replaceOnChanges``) and custom create/delete timeouts are shown with them, so a user sees
+before ``pulumi up`` that changing requirements, rayVersion, preset or the boot script recreates
+the slices.
 
 Output formats live in `FORMATS` (name -> renderer of a `Preview`): ``tree``, ``json``, and
 ``yaml``, the Kubernetes manifests of platform=gke for ``kubectl apply`` users.
@@ -156,7 +157,7 @@ def render_tree(registrations: list[Registration]) -> str:
     custom = sum(r.custom for r in registrations)
     lines.append(
         f"\n{custom} cloud resources in {len(registrations) - custom} components "
-        "(offline preview under Pulumi mocks; names and inputs are real, outputs are fake)"
+        "(preview under Pulumi mocks, no cloud API; names and inputs are real, outputs are fake)"
     )
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ import requests.utils
 from rayslice import addresses, clusters
 from rayslice.errors import InvalidInput, NoCluster, NoCredentials
 from rayslice.names import DASHBOARD_PORT
+from rayslice.observability.record import RECORD_ENV
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -35,6 +36,9 @@ class Target:
     url: str
     token_file: Path | None
     source: str  # "--address", "RAY_ADDRESS" or "simulator"
+    # Where `rayslice run` records the job (rayslice.observability.record): the simulation's
+    # record, else $RAYSLICE_RECORD; None: not recorded.
+    record: str | None = None
 
 
 def jobs_url(address: str) -> str:
@@ -54,16 +58,23 @@ def simulated_cluster() -> tuple[str, Path | None] | None:
     return None if found is None else (found.dashboard_url, found.token_file)
 
 
+def simulated_record() -> str | None:
+    """The simulated cluster's record location, if one is up and keeps one."""
+    found = clusters.find()
+    return None if found is None else found.record
+
+
 def choose_target(address: str | None, token_file: Path | None) -> Target:
     """--address, else RAY_ADDRESS, else the simulated slice; its token only in the last case.
 
     A token never goes over plain http to an address outside the user's own networks
     (`refuse_clear_text_token`).
     """
+    recorded = os.environ.get(RECORD_ENV) or None
     if address:
-        target = Target(jobs_url(address), token_file, "--address")
+        target = Target(jobs_url(address), token_file, "--address", recorded)
     elif os.environ.get("RAY_ADDRESS"):
-        target = Target(jobs_url(os.environ["RAY_ADDRESS"]), token_file, "RAY_ADDRESS")
+        target = Target(jobs_url(os.environ["RAY_ADDRESS"]), token_file, "RAY_ADDRESS", recorded)
     else:
         found = simulated_cluster()
         if found is None:
@@ -72,7 +83,7 @@ def choose_target(address: str | None, token_file: Path | None) -> Target:
                 "or pass --address http://HEAD:8265 (or set RAY_ADDRESS)"
             )
         url, simulator_token = found
-        target = Target(url, token_file or simulator_token, "simulator")
+        target = Target(url, token_file or simulator_token, "simulator", recorded or simulated_record())
     refuse_clear_text_token(target)
     return target
 

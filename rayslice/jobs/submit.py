@@ -17,13 +17,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from rayslice.errors import Interrupted, InvalidInput, JobFailed
 from rayslice.jobs import connection, preflight, restarts, upload, working_dir
+from rayslice.observability import record
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -74,14 +75,18 @@ def submit(
     command = " ".join([job.entrypoint, *map(shlex.quote, job_args)])
     baseline = restarts.cluster_shape(target) if max_restarts > 0 else None
     restarted = 0
+    first_job: str | None = None
     while True:
         with tempfile.TemporaryDirectory(prefix="rayslice-job-") as staging:
             job_id = client.submit_job(entrypoint=command, runtime_env=upload.runtime_env(job, Path(staging)))
         print(f"rayslice: submitted {job_id} to {target.url}: {command}", file=sys.stderr, flush=True)
+        journal = record.open_journal(target.record, job_id, first_job, command)
+        first_job = first_job or job_id
         try:
             with _sigterm_interrupts():
-                return follow(client, job_id)
+                return follow(client, job_id, journal)
         except KeyboardInterrupt:
+            journal.flush()
             raise _interrupted(client, job_id, target, stop=stop_on_interrupt) from None
         except JobFailed as failure:
             if baseline is None or restarted >= max_restarts:
@@ -91,12 +96,14 @@ def submit(
             if reason is None:
                 raise  # the job failed on its own: restarting would fail the same way
             restarted += 1
+            journal.mark(record.MARK_NODE_DIED)
             print(
                 f"rayslice: {failure}\nrayslice: a node died; waiting for every slice to be whole again",
                 file=sys.stderr,
                 flush=True,
             )
             restarts.wait_until_whole(target, baseline, rejoin_timeout_s, dead=restarts.dead_node_ids(text))
+            journal.mark(record.MARK_WHOLE_AGAIN)
             print(f"restart {restarted} of {max_restarts} after {reason}", flush=True)
 
 
@@ -183,22 +190,25 @@ def _size(size: int) -> str:
     return f"{value:.1f} {unit}"
 
 
-def follow(client: JobSubmissionClient, job_id: str) -> str:
-    """Stream a job's logs; return "SUCCEEDED" or raise `JobFailed` with Ray's message."""
+def follow(client: JobSubmissionClient, job_id: str, journal: record.Journal | None = None) -> str:
+    """Stream a job's logs (into `journal` too, each line with the time it came); return
+    "SUCCEEDED" or raise `JobFailed` with Ray's message."""
     from ray.job_submission import JobStatus
 
-    asyncio.run(_stream(client, job_id))
+    journal = journal or record.NO_JOURNAL
+    asyncio.run(_stream(client, job_id, journal.lines))
     status = client.get_job_status(job_id)
     while not status.is_terminal():  # the log stream can close a moment before the status settles
         time.sleep(0.2)
         status = client.get_job_status(job_id)
+    journal.end(str(status.value))
     if status != JobStatus.SUCCEEDED:
         info = client.get_job_info(job_id)
         raise JobFailed(f"job {job_id} {status.value}: {info.message or ''}".rstrip())
     return str(status.value)
 
 
-async def _stream(client: JobSubmissionClient, job_id: str) -> None:
+async def _stream(client: JobSubmissionClient, job_id: str, seen: Callable[[str], None]) -> None:
     """Print the job's log as the dashboard streams it, until the stream ends or the job is over,
     whichever comes first; then what the stream did not bring, from the job's stored log.
 
@@ -212,6 +222,7 @@ async def _stream(client: JobSubmissionClient, job_id: str) -> None:
     async def stream() -> None:
         async for lines in client.tail_job_logs(job_id):
             print(lines, end="", flush=True)
+            seen(lines)
             printed.append(lines)
 
     streaming = asyncio.ensure_future(stream())
@@ -230,23 +241,24 @@ async def _stream(client: JobSubmissionClient, job_id: str) -> None:
                     flush=True,
                 )
             else:
-                _print_rest(logs, "".join(printed))
+                seen(_print_rest(logs, "".join(printed)))
         break
     if streaming.done() and not streaming.cancelled():
         streaming.result()  # the stream's own error, as before
 
 
-def _print_rest(logs: str, printed: str) -> None:
-    """The part of the job's stored log after what the stream printed (the whole log, marked,
-    when the two do not line up)."""
+def _print_rest(logs: str, printed: str) -> str:
+    """Print the part of the job's stored log after what the stream printed (the whole log,
+    marked, when the two do not line up); returns the job's lines it printed."""
     if logs.startswith(printed):
         print(logs[len(printed) :], end="", flush=True)
-    else:
-        print(
-            f"rayslice: the log stream and the job's stored log differ; the stored log:\n{logs}",
-            end="",
-            flush=True,
-        )
+        return logs[len(printed) :]
+    print(
+        f"rayslice: the log stream and the job's stored log differ; the stored log:\n{logs}",
+        end="",
+        flush=True,
+    )
+    return ""
 
 
 def _job_logs(client: JobSubmissionClient, job_id: str) -> str:

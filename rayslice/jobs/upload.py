@@ -41,6 +41,7 @@ SHIPPED = (
     "rayslice/workloads/jax_single_host.py",
     "rayslice/workloads/jax_train.py",
     "rayslice/workloads/jax_trainer.py",
+    "rayslice/workloads/slice_check.py",
     "rayslice/workloads/xla_multi_device.py",
     "rayslice/workloads/xla_multihost.py",
     "rayslice/workloads/xla_single.py",

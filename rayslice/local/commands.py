@@ -25,6 +25,7 @@ from rayslice.cli import Group, load_spec, spec_options
 from rayslice.clusters import FoundCluster
 from rayslice.errors import EXIT_JOB_FAILED, EXIT_OK, SimulatorError
 from rayslice.local.google.cloud_api.emulator import MAX_NOTICE_S
+from rayslice.local.simulation import recording
 from rayslice.local.simulation.cloud_bridge import (
     cloud_access,
     cloud_config,
@@ -63,7 +64,15 @@ def default_cluster() -> FoundCluster | None:
         config=cloud_config(sim.spec()),
         cloud=access,
         cloud_problem=problem,
+        record=recording.location(sim),
     )
+
+
+def default_record_root() -> str | None:
+    """The simulator's record folder in the default state dir (`rayslice history`), which
+    `rayslice local down` keeps; None before any simulation wrote one."""
+    root = recording.record_root(default_state_dir())
+    return str(root) if root.is_dir() else None
 
 
 def state_dir_option(func: F) -> F:
@@ -143,6 +152,7 @@ def up_command(
     )
     for warning in sim.warnings:
         click.echo(f"rayslice: warning: {warning}", err=True)
+    recording.start(sim)
     hosts = sim.plan.hosts
     click.echo(
         f"simulating {spec.slices} x {spec.accelerator_type} ({spec.tpu.hosts} host(s) x "
@@ -229,10 +239,18 @@ def _status_text(where: Path, as_json: bool) -> str:
 @local_group.command("down")
 @state_dir_option
 def down_command(state_dir: Path | None) -> int:
-    """Remove every namespace, veth, bridge, process and file of the simulation."""
+    """Remove every namespace, veth, bridge, process and file of the simulation, except its record.
+
+    First its hosts' boot logs, Ray's job logs and events and the controller's events are copied
+    into the record folder, which stays: `rayslice history` reads it after."""
     sim = _as_root(lambda: _open(state_dir))
+    try:
+        kept = f"kept its record in {recording.collect(sim)}: `rayslice history` shows it"
+    except (SimulatorError, OSError, ValueError) as exc:  # the record never stops a removal
+        kept = f"rayslice: warning: its record could not be completed: {exc}"
     _as_root(sim.destroy)
     click.echo(f"removed simulation {sim.plan.run_id}: {len(sim.plan.hosts)} hosts, bridge {sim.plan.bridge}")
+    click.echo(kept)
     return EXIT_OK
 
 

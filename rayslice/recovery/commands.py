@@ -31,7 +31,7 @@ import click
 from google.auth.transport.requests import AuthorizedSession
 from google.oauth2 import service_account
 
-from rayslice import clusters, names, printable
+from rayslice import capacity_table, clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
 from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
@@ -112,6 +112,9 @@ def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> d
     since = str(queued.get("createTime", ""))
     valid = (queued.get("queueingPolicy") or {}).get("validUntilDuration")
     run = (queued.get("runDuration") or {}).get("maxRunDuration")
+    reason = f"{error.get('code', '')}: {error.get('message', '')}" if error else None
+    if state.get("state") == QUEUED_SUSPENDED:
+        reason = _suspended(queued)
     return {
         "kind": "queued resource",
         "name": str(queued.get("name", "")).rsplit("/", 1)[-1],
@@ -121,8 +124,20 @@ def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> d
         "run_hours": _hours(run) if run else None,
         "hosts_asked": hosts,
         "hosts_joined": joined,
-        "reason": f"{error.get('code', '')}: {error.get('message', '')}" if error else None,
+        "reason": reason,
     }
+
+
+def _suspended(queued: dict[str, Any]) -> str:
+    """What a SUSPENDED request means for its capacity (`capacity_table`), and what happens next:
+    a flex-start run or a calendar-mode reservation that ended is not requested again."""
+    try:
+        reaction = capacity_table.queued_cell(queued).events[capacity_table.SUSPENDED]
+    except (capacity_table.NoSuchCell, KeyError):
+        return "suspended: its node was deleted"
+    if reaction.action == capacity_table.END:
+        return f"{reaction.meaning}; not requested again"
+    return f"{reaction.meaning}; the recovery controller requests it again"
 
 
 def _seconds(duration: str) -> float:
@@ -415,7 +430,7 @@ def _request_line(request: dict[str, Any]) -> str:
         RESIZE_SUCCEEDED: f"fulfilled (asked {request['since']})",
         QUEUED_ACTIVE: f"fulfilled (asked {request['since']})",
         RESIZE_FAILED: f"failed: {request['reason'] or 'no reason given'}",
-        QUEUED_SUSPENDED: "suspended: its node was deleted (a preemption, or by hand)",
+        QUEUED_SUSPENDED: request["reason"] or "suspended: its node was deleted",
     }.get(state, state)
     run = f", run at most {request['run_hours']:g} h" if request["run_hours"] else ""
     hosts = f"{request['hosts_joined']} of {request['hosts_asked']} hosts joined"

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayslice import names
+from rayslice import capacity_table, names
 from rayslice.errors import NoCredentials, RaysliceError
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
 from rayslice.recovery.cloud import (
@@ -136,6 +136,9 @@ QUEUED_CREATE_FIELDS = (
 # QueuedResourceState.state values whose node is gone or going (tpu.v2.json).
 QUEUED_BROKEN_STATES = frozenset({"SUSPENDED", "SUSPENDING"})
 QUEUED_ACTIVE = "ACTIVE"
+# The outcome recorded for a slice whose capacity ended (a flex-start run duration reached, a
+# calendar-mode reservation over): `rayslice status` shows it.
+ENDED_OUTCOME = "ended: not requested again (`pulumi destroy` removes what is left)"
 # Writable InstanceGroupManager fields (compute.v1.json) carried to the recreated MIG. Not
 # targetSizePolicy: bulk mode takes only FLEX_START or RESERVATION_BOUND templates (rule
 # bulk-provisioning-model), and the program sets it only on a flex-start MIG, whose hosts come
@@ -522,10 +525,7 @@ class Controller:
         if node is None:
             return Observation(True, "node missing")
         state = str(node.get("state", "STATE_UNSPECIFIED"))
-        recorded = {key: node[key] for key in TPU_CREATE_FIELDS if key in node}
-        for kept, dropped in TPU_EXCLUSIVE_FIELDS:
-            if recorded.get(kept):
-                recorded.pop(dropped, None)
+        recorded = _node_spec(node)
         return Observation(state in TPU_BROKEN_STATES, f"node state {state}", recorded, state == "READY")
 
     def _observe_queued(self, name: str, queued: Mapping[str, Any]) -> Observation:
@@ -534,6 +534,11 @@ class Controller:
         state = str((queued.get("state") or {}).get("state", "STATE_UNSPECIFIED"))
         seen = f"queued resource {state}"
         if state in QUEUED_BROKEN_STATES:
+            # What SUSPENDED means depends on the capacity (`capacity_table`): a flex-start run or
+            # a calendar-mode reservation that ended is over, and nothing is requested again.
+            reaction = capacity_table.queued_cell(queued).events.get(capacity_table.SUSPENDED)
+            if reaction is not None and reaction.action == capacity_table.END:
+                return self._ended(name, f"{seen}: {reaction.meaning}", recorded)
             return Observation(True, seen, recorded)
         if state != QUEUED_ACTIVE:
             return Observation(False, seen, recorded)  # waiting, provisioning, or failed: left alone
@@ -543,6 +548,13 @@ class Controller:
         node_state = str(node.get("state", "STATE_UNSPECIFIED"))
         broken = node_state in TPU_BROKEN_STATES
         return Observation(broken, f"{seen}, node state {node_state}", recorded, node_state == "READY")
+
+    def _ended(self, name: str, seen: str, recorded: dict[str, Any]) -> Observation:
+        """A slice whose capacity ended: recorded once as an event, left alone (not broken)."""
+        state = self.slices.get(name)
+        if state is None or state.last_seen != seen:
+            self.recorder.record(Event.now(name, seen, "none", ENDED_OUTCOME, 1))
+        return Observation(False, seen, recorded)
 
     def _recreate_queued(self, name: str, recorded: Mapping[str, Any]) -> str:
         request = names.request_name(name)
@@ -656,17 +668,25 @@ class Controller:
             stop.wait(interval_s)
 
 
+def _node_spec(node: Mapping[str, Any]) -> dict[str, Any]:
+    """A node's writable fields (TPU_CREATE_FIELDS), one of each pair the API refuses together
+    (TPU_EXCLUSIVE_FIELDS): what a recreated node, direct or queued, is created from."""
+    spec = {key: node[key] for key in TPU_CREATE_FIELDS if key in node}
+    for kept, dropped in TPU_EXCLUSIVE_FIELDS:
+        if spec.get(kept):
+            spec.pop(dropped, None)
+    return spec
+
+
 def _queued_spec(queued: Mapping[str, Any]) -> dict[str, Any]:
-    """A queued resource's writable fields, its node's too (QUEUED_CREATE_FIELDS, TPU_CREATE_FIELDS)."""
+    """A queued resource's writable fields (QUEUED_CREATE_FIELDS), its node's as `_node_spec`."""
     spec = {key: queued[key] for key in QUEUED_CREATE_FIELDS if key in queued}
     node_specs = (spec.get("tpu") or {}).get("nodeSpec") or []
     spec["tpu"] = {
         "nodeSpec": [
             {
                 **{key: s[key] for key in ("parent", "nodeId", "multiNodeParams") if key in s},
-                "node": {
-                    key: value for key, value in (s.get("node") or {}).items() if key in TPU_CREATE_FIELDS
-                },
+                "node": _node_spec(s.get("node") or {}),
             }
             for s in node_specs
         ]

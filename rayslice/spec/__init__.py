@@ -11,15 +11,32 @@ rest of rayslice uses, so callers import from ``rayslice.spec``.
 """
 
 from rayslice.errors import SpecError
-from rayslice.spec.model import DEFAULT_RAY_VERSION, KEY_NAMES, KEYS, SECONDS_PER_HOUR, ClusterSpec, Key
+from rayslice.spec.model import (
+    DEFAULT_RAY_VERSION,
+    KEY_NAMES,
+    KEYS,
+    MAX_TEXT,
+    SECONDS_PER_HOUR,
+    ClusterSpec,
+    Key,
+)
 from rayslice.spec.rules import GKE_NODE_POOL_NAME_MAX, host_image_link, load
-from rayslice.spec.sources import NAMESPACE, from_namespaced, load_cli, parse_overrides, read_stack_file
+from rayslice.spec.sources import (
+    MAX_STACK_FILE_BYTES,
+    NAMESPACE,
+    from_namespaced,
+    load_cli,
+    parse_overrides,
+    read_stack_file,
+)
 
 __all__ = [
     "DEFAULT_RAY_VERSION",
     "GKE_NODE_POOL_NAME_MAX",
     "KEYS",
     "KEY_NAMES",
+    "MAX_STACK_FILE_BYTES",
+    "MAX_TEXT",
     "NAMESPACE",
     "SECONDS_PER_HOUR",
     "ClusterSpec",

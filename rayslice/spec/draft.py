@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rayslice import catalog
+from rayslice.errors import shown
 from rayslice.spec.model import (
     KEY_NAMES,
     KEYS,
@@ -55,6 +56,7 @@ class Draft:
     runtime_version: Str | None
     capacity: Capacity | None
     reservation: Str | None
+    calendar_mode: Bool | None
     max_run_hours: Int | None
     queued: Bool | None
     queue_deadline_hours: Int | None
@@ -79,6 +81,7 @@ class Draft:
     kuberay: KubeRay | None
     gke_cluster: Str | None
     gke_authorized_networks: Strings | None
+    allow_wide_gke_authorized_networks: Bool | None
     # Fields whose raw value was refused: a derived key refused is not derived (the user's value
     # stands, wrong), and a refused zone is not compared with anything.
     refused: frozenset[str] = frozenset()
@@ -91,7 +94,9 @@ class Draft:
 
 def read(raw: Mapping[str, Any], problems: list[str]) -> Draft:
     """Every key of `raw` coerced to its type; unknown keys and refused values go to `problems`."""
-    problems += [_unknown_key(key) for key in raw if key not in KEY_NAMES]
+    unknown = [key for key in raw if key not in KEY_NAMES]
+    if unknown:
+        problems.append(_unknown_keys(unknown))
     values: dict[str, Any] = {}
     refused = set()
     for key in KEYS:
@@ -107,7 +112,21 @@ def read(raw: Mapping[str, Any], problems: list[str]) -> Draft:
     return Draft(**values, refused=frozenset(refused))
 
 
-def _unknown_key(key: str) -> str:
-    near = difflib.get_close_matches(key, sorted(KEY_NAMES), n=1)
-    hint = f"; did you mean {near[0]!r}?" if near else f"; known keys: {', '.join(sorted(KEY_NAMES))}"
-    return f"unknown config key {key!r}{hint}"
+# How many unknown keys one message names (each with its nearest known key); it counts the rest.
+_UNKNOWN_SHOWN = 5
+# How much of an unknown key is compared with the known ones: difflib's cost grows with the
+# product of the lengths, and no known key is half this long.
+_KEY_MATCHED = 64
+
+
+def _unknown_keys(keys: list[Any]) -> str:
+    """One problem for every unknown key: the first few, each with the known key it is closest
+    to, a count of the others, and the known keys once when some key resembles none of them."""
+    named, far = [], False
+    for key in keys[:_UNKNOWN_SHOWN]:
+        near = difflib.get_close_matches(str(key)[:_KEY_MATCHED], sorted(KEY_NAMES), n=1)
+        far = far or not near
+        named.append(f"{shown(key)}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    more = f" and {len(keys) - _UNKNOWN_SHOWN:,} more" if len(keys) > _UNKNOWN_SHOWN else ""
+    known = f"; known keys: {', '.join(sorted(KEY_NAMES))}" if far or more else ""
+    return f"unknown config key{'s' if len(keys) > 1 else ''} {', '.join(named)}{more}{known}"

@@ -15,22 +15,27 @@ import contextlib
 import dataclasses
 import json
 import re
-import reprlib
 import types
 import typing
 from functools import cache
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
+import annotated_types
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 
 from rayslice import catalog, printable
+from rayslice.errors import shown
 from rayslice.names import slice_name
 
 DEFAULT_RAY_VERSION = "2.60.0"
 SECONDS_PER_HOUR = 3600
+# The most slices one cluster may have (`slices`).
+MAX_SLICES = 64
+# The highest `maxUsdPerHour` ceiling.
+MAX_USD_PER_HOUR = 10_000_000
 
 
 # ---- how raw values are coerced (Pulumi config and --set hand over strings) -------------------
@@ -42,25 +47,28 @@ _SCALARS = (str, int, float)
 
 
 _INTEGER = re.compile(r"-?[0-9]+")
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 80
-_REPR.maxlevel = 2
-
-
-def _shown(value: Any) -> str:
-    """`value` for a message: a repr short enough to print, whatever the value's size."""
-    return _REPR.repr(value)
+# The most digits an integer may be written with before it is read as `_HUGE`: every integer
+# key's upper bound (`Field(le=...)`) has fewer, and int() of a longer text costs time that grows
+# with its length (Python refuses more than 4,300 digits outright).
+_MAX_DIGITS = 18
+_HUGE = 10**_MAX_DIGITS
+# The longest text a key takes. The longest real values (a package index URL, a requirement line
+# with markers) are a few hundred characters; a longer one is a mistake, such as a pasted file.
+MAX_TEXT = 4096
 
 
 def _text(value: Any) -> str:
-    """A scalar as text, refused when it holds a character that is not printable text."""
+    """A scalar as text, refused when it is too long or holds a character that is not printable
+    text."""
     if isinstance(value, bool) or not isinstance(value, _SCALARS):
-        raise ValueError(f"must be a string or a number, got {_shown(value)}")
+        raise ValueError(f"must be a string or a number, got {shown(value)}")
     text = str(value)
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"is {len(text):,} characters long; a value has at most {MAX_TEXT:,}")
     bad = next((c for c in text if printable.unprintable(c)), None)
     if bad is not None:
         raise ValueError(
-            f"must be printable text; {_shown(text)} holds the control or format character "
+            f"must be printable text; {shown(text)} holds the control or format character "
             f"U+{ord(bad):04X}: remove newlines, tabs, escape sequences and invisible characters"
         )
     return text
@@ -68,11 +76,14 @@ def _text(value: Any) -> str:
 
 def _string(value: Any) -> str:
     if isinstance(value, (dict, list, tuple, bool)):
-        raise ValueError(f"must be a string, got {_shown(value)}")
+        raise ValueError(f"must be a string, got {shown(value)}")
     return _text(value)
 
 
 def _integer(value: Any) -> int:
+    """A whole number, read from its decimal text as Pulumi's `Config.get_int` reads it
+    (``"010"`` is 10). A text of more digits than any bound is read as ±`_HUGE`, which the key's
+    bound then refuses, naming the range."""
     if isinstance(value, bool):
         raise ValueError(f"must be a whole number, got {value!r}")
     if isinstance(value, int):
@@ -80,7 +91,9 @@ def _integer(value: Any) -> int:
     text = _text(value)
     # ASCII digits only: int() also reads "٣", "1_0" and surrounding whitespace.
     if not _INTEGER.fullmatch(text):
-        raise ValueError(f"must be a whole number written in ASCII digits, got {_shown(value)}")
+        raise ValueError(f"must be a whole number written in ASCII digits, got {shown(value)}")
+    if len(text.lstrip("-").lstrip("0")) > _MAX_DIGITS:
+        return -_HUGE if text.startswith("-") else _HUGE
     return int(text)
 
 
@@ -90,7 +103,7 @@ def _boolean(value: Any) -> bool:
     text = _text(value)
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    raise ValueError(f"must be true or false, got {_shown(value)}")
+    raise ValueError(f"must be true or false, got {shown(value)}")
 
 
 def _strings(value: Any) -> tuple[str, ...]:
@@ -102,7 +115,7 @@ def _strings(value: Any) -> tuple[str, ...]:
         except json.JSONDecodeError:
             value = [line for line in value.splitlines() if line.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"must be a list of strings, got {_shown(value)}")
+        raise ValueError(f"must be a list of strings, got {shown(value)}")
     return tuple(_text(v) for v in value)
 
 
@@ -112,7 +125,7 @@ def _mapping(value: Any) -> dict[str, str]:
         with contextlib.suppress(json.JSONDecodeError):
             value = json.loads(value)
     if not isinstance(value, dict):
-        raise ValueError(f"must be a mapping of strings, got {_shown(value)}")
+        raise ValueError(f"must be a mapping of strings, got {shown(value)}")
     return {_text(k): "" if v is None else _text(v) for k, v in value.items()}
 
 
@@ -172,25 +185,41 @@ class ClusterSpec:
         "v6e-16",
         description="TPU slice type, e.g. v6e-16, v5p-2x2x2 or tpu-v6e-slice-16 (see `rayslice catalog`).",
     )
+    # Every integer key has bounds (ge, le), checked where its value is read (`coerce`); the reason
+    # for each upper bound is beside it.
+    # 64 slices: rayslice's limit from its first version; no source we read states a multislice
+    # maximum, and no larger cluster has been tried.
     slices: Int = Field(
         1,
+        ge=1,
+        le=MAX_SLICES,
         description="Number of identical slices; more than one is multislice (v4 and newer). With "
         "minSlices, the most slices the cluster may have.",
     )
+    # Below `slices`, checked with it (`rules`).
     min_slices: Int | None = Field(
         None,
+        ge=0,
+        le=MAX_SLICES - 1,
         description="Makes the cluster elastic (platform compute, head=vm): the recovery controller "
         "keeps between minSlices and `slices` slices, adding whole slices when Ray has work no slice "
         "can take and removing a slice idle for idleTimeoutSeconds. 0 or more, below `slices`. "
         "See docs/elastic.md.",
     )
+    # A week: a slice kept idle longer is a fixed slice (raise minSlices instead).
     idle_timeout_seconds: Int = Field(
         600,
+        ge=1,
+        le=7 * 24 * SECONDS_PER_HOUR,
         description="minSlices only: seconds a slice above minSlices may sit with nothing scheduled "
-        "on any of its hosts before the controller removes it (at least 1).",
+        "on any of its hosts before the controller removes it.",
     )
+    # $10M/h: above the list price of 64 of the dearest slices ($2.4M/h), so a higher ceiling
+    # could never bind (a test keeps it above that price).
     max_usd_per_hour: Int | None = Field(
         None,
+        ge=1,
+        le=MAX_USD_PER_HOUR,
         description="minSlices only: ceiling on the TPU slices' list price per hour in USD "
         "(`rayslice catalog` prices): the controller adds no slice that would cross it.",
     )
@@ -216,8 +245,17 @@ class ClusterSpec:
         "RESERVATION_BOUND MIG consumes one named reservation) and gke; on tpu-vm only with "
         "queued=true (a direct create uses any matching reservation).",
     )
+    calendar_mode: Bool = Field(
+        False,
+        description="capacity=reserved with a named reservation only: the reservation is a future "
+        "reservation created in calendar mode (1 to 90 days); its slices are reservation-bound and "
+        "end with it. compute, and tpu-vm with queued=true.",
+    )
+    # Google's limit on a flex-start run (`catalog.MAX_RUN_HOURS`, 7 days).
     max_run_hours: Int | None = Field(
         None,
+        ge=1,
+        le=catalog.MAX_RUN_HOURS,
         description="capacity=flex-start only: hours the slice may run before Google deletes it, "
         "1 to 168 (7 days); default 168.",
     )
@@ -227,8 +265,12 @@ class ClusterSpec:
         "waits for capacity (until queueDeadlineHours) instead of failing; needed for flex-start "
         "on tpu-vm.",
     )
+    # A year: a request still waiting after that is better made again; far inside the range of
+    # the API's google.protobuf.Duration (about 10,000 years).
     queue_deadline_hours: Int | None = Field(
         None,
+        ge=1,
+        le=365 * 24,
         description="queued=true only: hours after which a request still waiting fails "
         "(the queued resource's validUntilDuration); absent: it waits until cancelled.",
     )
@@ -336,7 +378,15 @@ class ClusterSpec:
     gke_authorized_networks: Strings = Field(
         (),
         description="GKE only: CIDR ranges allowed to reach the cluster's control-plane endpoint; "
-        "empty: private endpoint only.",
+        "empty: private endpoint only. Public ranges may cover together at most a /8 of IPv4 "
+        "(a /32 of IPv6) unless allowWideGkeAuthorizedNetworks is set; ranges covering the "
+        "whole internet are refused.",
+    )
+    allow_wide_gke_authorized_networks: Bool = Field(
+        False,
+        description="GKE only: accept public gkeAuthorizedNetworks that together cover more than "
+        "a /8 of IPv4 or a /32 of IPv6. Everyone there can reach the cluster's Kubernetes API and "
+        "try credentials on it.",
     )
 
     @property
@@ -411,6 +461,7 @@ class Key:
     default: Any  # None: no static default (optional, or derived when `derived`)
     derived: bool
     choices: tuple[str, ...]  # allowed values of a Literal key, else ()
+    bounds: tuple[int, int] | None  # (lowest, highest) of an integer key, else None
     info: FieldInfo
 
     @property
@@ -445,6 +496,9 @@ def _keys() -> tuple[Key, ...]:
             None if info.is_required() else info.get_default(call_default_factory=True, validated_data={})
         )
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        # The model gives integer bounds only (`Field(ge=..., le=...)` on integer keys).
+        low = next((cast(int, m.ge) for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
+        high = next((cast(int, m.le) for m in info.metadata if isinstance(m, annotated_types.Le)), None)
         keys.append(
             Key(
                 name=info.alias or field,
@@ -454,6 +508,7 @@ def _keys() -> tuple[Key, ...]:
                 default=default,
                 derived=bool(extra.get(DERIVED)),
                 choices=choices,
+                bounds=(low, high) if low is not None and high is not None else None,
                 info=info,
             )
         )
@@ -480,7 +535,11 @@ def coerce(key: Key, value: Any) -> Any:
         error = exc.errors()[0]
         if error["type"] == "literal_error":
             raise ValueError(
-                f"{key.name}={_shown(value)} is not valid; use one of: {', '.join(key.choices)}"
+                f"{key.name}={shown(value)} is not valid; use one of: {', '.join(key.choices)}"
             ) from None
+        if error["type"] in ("greater_than_equal", "less_than_equal") and key.bounds is not None:
+            low, high = key.bounds
+            given = shown(value).strip("'")  # a number, however it was written: digits only
+            raise ValueError(f"{key.name}={given} is out of range; use {low:,} to {high:,}") from None
         message = str(error["msg"]).removeprefix("Value error, ")
         raise ValueError(f"{key.name} {message}") from None

@@ -2,9 +2,11 @@
 
 Each `_check_*` reads the typed attributes of a `Draft` and appends what it refuses to
 `problems`, each saying what to do; a key that is None (unset, or refused on its own) is left
-alone, so one wrong value never hides another problem. The derived keys are filled here too:
-platform and head before the rules that read them, zone, runtime version and the catalog's name
-of the accelerator type once nothing was refused.
+alone, so one wrong value never hides another problem. A check that refuses a value marks it
+refused too (`_refuse`), and no check complains that a refused key is missing (`_missing`): one
+wrong value gives one problem, not a cascade of others that would vanish once it is fixed. The
+derived keys are filled here too: platform and head before the rules that read them, zone,
+runtime version and the catalog's name of the accelerator type once nothing was refused.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from rayslice import addresses, catalog
-from rayslice.errors import SpecError
+from rayslice import addresses, capacity_table, catalog
+from rayslice.errors import SpecError, shown
 from rayslice.names import slice_name
 from rayslice.spec.draft import Draft, read
 from rayslice.spec.model import DEFAULT_RAY_VERSION, KEYS, ClusterSpec, Platform
@@ -49,9 +51,10 @@ _IMAGE = re.compile(
 )
 # Longest name rayslice derives from `name` is "<name>-slice-NN-fw-internal" (63 max).
 _NAME_MAX = 40
-# The most public address space dashboardSourceRanges may cover together without
-# allowWideDashboardRanges, as a prefix length per IP version: a /8 (16.7 million IPv4 addresses)
-# and a /32 (an ISP's IPv6 allocation) are already far more than any team's offices and VPNs.
+# The most public address space dashboardSourceRanges (and gkeAuthorizedNetworks) may cover
+# together without allowWideDashboardRanges (allowWideGkeAuthorizedNetworks), as a prefix length
+# per IP version: a /8 (16.7 million IPv4 addresses) and a /32 (an ISP's IPv6 allocation) are
+# already far more than any team's offices and VPNs.
 WIDEST_PUBLIC_DASHBOARD = {4: 8, 6: 32}
 # GKE refuses node pool names longer than this; the longest pool is the last slice's.
 GKE_NODE_POOL_NAME_MAX = 40
@@ -79,16 +82,17 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_gke(draft, problems)
     _check_capacity(draft, problems)
     _check_elastic(draft, tpu, problems)
-    _check_gke_flex_start(draft, tpu, problems)
+    _check_flex_start_zone(draft, tpu, problems)
     _check_host_image(draft, problems)
     if problems:
         raise SpecError(problems)
     assert tpu is not None
     draft.accelerator_type = tpu.accelerator_type
-    draft.zone = draft.zone or tpu.zones[0]
+    draft.zone = draft.zone or _default_zone(draft, tpu)
     if draft.platform == "tpu-vm":
         draft.runtime_version = draft.runtime_version or tpu.runtime_version
-    if draft.capacity == "flex-start" and draft.max_run_hours is None:
+    found = _cell(draft)
+    if found is not None and found.run_duration and draft.max_run_hours is None:
         draft.max_run_hours = catalog.MAX_RUN_HOURS
     return draft.spec(tpu)
 
@@ -111,51 +115,67 @@ def _resolve_tpu(draft: Draft, problems: list[str]) -> catalog.TpuType | None:
         return None
 
 
+def _refuse(draft: Draft, field: str) -> None:
+    """Mark a value refused by a rule: no later rule reads it."""
+    setattr(draft, field, None)
+    draft.refused = draft.refused | {field}
+
+
+def _missing(draft: Draft, field: str) -> bool:
+    """Whether a key is left unset (not merely refused, which is reported already)."""
+    return getattr(draft, field) is None and field not in draft.refused
+
+
 def _check_names(draft: Draft, problems: list[str]) -> None:
     name = draft.name
     if name is not None and (not _GCP_NAME.fullmatch(name) or len(name) > _NAME_MAX):
         problems.append(
-            f"name={name!r} breaks GCP naming rules: use 1-{_NAME_MAX} characters, a lowercase "
+            f"name={shown(name)} breaks GCP naming rules: use 1-{_NAME_MAX} characters, a lowercase "
             "letter first, then lowercase letters, digits or hyphens, not ending in a hyphen"
         )
+        _refuse(draft, "name")
     resources = (
-        ("network", draft.network),
-        ("subnetwork", draft.subnetwork),
-        ("reservation", draft.reservation),
-        ("gkeCluster", draft.gke_cluster),
+        ("network", "network"),
+        ("subnetwork", "subnetwork"),
+        ("reservation", "reservation"),
+        ("gkeCluster", "gke_cluster"),
     )
-    for key, value in resources:
+    for key, field in resources:
+        value = getattr(draft, field)
         if value is not None and not _GCP_NAME.fullmatch(value):
             problems.append(
-                f"{key}={value!r} is not a valid GCP resource name: use up to 63 lowercase "
+                f"{key}={shown(value)} is not a valid GCP resource name: use up to 63 lowercase "
                 "letters, digits or hyphens, starting with a letter"
             )
+            _refuse(draft, field)
     if draft.project is not None and not _PROJECT.fullmatch(draft.project):
         problems.append(
-            f"project={draft.project!r} is not a valid GCP project ID: 6-30 lowercase "
+            f"project={shown(draft.project)} is not a valid GCP project ID: 6-30 lowercase "
             "letters, digits or hyphens, starting with a letter"
         )
+        _refuse(draft, "project")
     if draft.head_machine_type is not None and not _MACHINE_TYPE.fullmatch(draft.head_machine_type):
         problems.append(
-            f"headMachineType={draft.head_machine_type!r} is not a machine type name "
+            f"headMachineType={shown(draft.head_machine_type)} is not a machine type name "
             f"(e.g. {catalog.DEFAULT_HEAD_MACHINE_TYPE})"
         )
-        draft.head_machine_type = None  # refused: the zone's machine families are not asked
+        _refuse(draft, "head_machine_type")  # the zone's machine families are not asked
     labels = draft.labels or {}
     if len(labels) > 60:
         problems.append(
-            f"labels: {len(labels)} labels given; GCP allows 64 per resource and rayslice adds 4: "
+            f"labels: {len(labels):,} labels given; GCP allows 64 per resource and rayslice adds 4: "
             "use at most 60"
         )
+        return  # not each of them too
     for key, value in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             problems.append(
-                f"labels: key {key!r} breaks GCP label rules: start with a lowercase letter, "
+                f"labels: key {shown(key)} breaks GCP label rules: start with a lowercase letter, "
                 "then up to 62 lowercase letters, digits, '_' or '-'"
             )
         if not _LABEL_VALUE.fullmatch(value):
             problems.append(
-                f"labels: value {value!r} of {key!r} breaks GCP label rules: up to 63 lowercase "
+                f"labels: value {shown(value)} of {shown(key)} breaks GCP label rules: up to 63 lowercase "
                 "letters, digits, '_' or '-'"
             )
 
@@ -169,9 +189,9 @@ def _check_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str], 
             zones = f" ({tpu.generation} is offered in {', '.join(tpu.zones)})" if tpu else ""
             problems.append(f"zone is not set: set rayslice:zone or gcp:zone{zones}")
             return
-        zone = tpu.zones[0] if tpu is not None else None
+        zone = _default_zone(draft, tpu) if tpu is not None else None
     elif not _ZONE.fullmatch(zone):
-        problems.append(f"zone={zone!r} is not a GCP zone name (e.g. us-central1-b)")
+        problems.append(f"zone={shown(zone)} is not a GCP zone name (e.g. us-central1-b)")
         return
     elif tpu is not None and zone not in tpu.zones:
         problems.append(
@@ -201,7 +221,7 @@ def _check_runtime(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
         return
     if not _RUNTIME.fullmatch(runtime):
         problems.append(
-            f"runtimeVersion={runtime!r} is not a runtime version name (e.g. {tpu.runtime_version})"
+            f"runtimeVersion={shown(runtime)} is not a runtime version name (e.g. {tpu.runtime_version})"
         )
         return
     built_for = catalog.runtime_generations(runtime)
@@ -216,9 +236,7 @@ def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]
     slices = draft.slices
     if slices is None:
         return
-    if not 1 <= slices <= 64:
-        problems.append(f"slices={slices} is out of range; use 1 to 64")
-    elif slices > 1 and tpu is not None and not tpu.multislice:
+    if slices > 1 and tpu is not None and not tpu.multislice:
         capable = ", ".join(g.name for g in catalog.GENERATIONS if g.multislice)
         problems.append(
             f"slices={slices}: {tpu.generation} does not support multislice; use slices=1 or one "
@@ -228,8 +246,11 @@ def _check_slices(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]
 
 def _check_head(draft: Draft, problems: list[str]) -> None:
     """Fill `head` (vm for multislice and spot) and refuse the heads that cannot work."""
-    slices, capacity = draft.slices, draft.capacity
-    waits = capacity == "flex-start" or bool(draft.queued)
+    slices, found = draft.slices, _cell(draft)
+    # The stack's capacity cell: a request that waits for capacity has no hosts to put a head on
+    # meanwhile; a preemptible host takes the head with it. (No cell: refused in _check_capacity.)
+    waits = found is not None and found.action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
+    preemptible = found is not None and capacity_table.PREEMPTION in found.events
     if draft.platform == "gke":
         # KubeRay runs the Ray head as a pod on the CPU node pool (headMachineType,
         # rayslice/infra/gke/kuberay.py), whatever `head` says: vm is what it is, off the slice.
@@ -244,7 +265,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
     if draft.head is None:
         if "head" not in draft.refused:
             elastic = draft.min_slices is not None
-            draft.head = "vm" if (slices or 1) > 1 or capacity == "spot" or waits or elastic else "slice"
+            draft.head = "vm" if (slices or 1) > 1 or preemptible or waits or elastic else "slice"
         return
     if draft.head != "slice":
         return
@@ -259,7 +280,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
         problems.append(
             "head=slice with several slices puts the head on one slice's host; use head=vm for multislice"
         )
-    if capacity == "spot" and draft.recovery:
+    if preemptible and draft.recovery:
         problems.append(
             "head=slice with capacity=spot puts the Ray head on a Spot host: a preemption takes the "
             "head with its jobs and their restart state, and the recreated slice starts an empty "
@@ -272,6 +293,8 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
     """An elastic cluster's range, where its controller runs, and its price ceiling."""
     low, high = draft.min_slices, draft.slices
     if low is None:
+        if "min_slices" in draft.refused:
+            return  # reported above; whether the cluster is elastic is not known
         for field, key in (
             ("idle_timeout_seconds", "idleTimeoutSeconds"),
             ("max_usd_per_hour", "maxUsdPerHour"),
@@ -304,12 +327,10 @@ def _check_elastic(draft: Draft, tpu: catalog.TpuType | None, problems: list[str
         problems.append(
             "minSlices with recovery=false: the recovery controller is what adds and removes slices"
         )
-    if draft.idle_timeout_seconds is not None and draft.idle_timeout_seconds < 1:
-        problems.append(f"idleTimeoutSeconds={draft.idle_timeout_seconds}: use 1 or more")
     ceiling = draft.max_usd_per_hour
     if ceiling is None or tpu is None or draft.capacity is None:
         return
-    region = catalog.region_of(draft.zone or tpu.zones[0])
+    region = catalog.region_of(draft.zone or _default_zone(draft, tpu))
     price = catalog.slice_hour_price(tpu, region, draft.capacity)
     if price is None:
         problems.append(
@@ -333,17 +354,20 @@ def _check_requirements(draft: Draft, problems: list[str]) -> None:
             req = Requirement(line)
         except InvalidRequirement as exc:
             problems.append(
-                f"requirements: {line!r} is not a valid PEP 508 requirement ({exc}); e.g. 'optax>=0.2'"
+                f"requirements: {shown(line)} is not a valid PEP 508 requirement "
+                f"({str(exc).splitlines()[0]}); e.g. 'optax>=0.2'"
             )
             continue
         if req.url:
             problems.append(
-                f"requirements: {line!r} installs from a URL; list a package name and use "
+                f"requirements: {shown(line)} installs from a URL; list a package name and use "
                 "packageIndex for a private index"
             )
     ray_version = draft.ray_version
     if ray_version is not None and not _RAY_VERSION.fullmatch(ray_version):
-        problems.append(f"rayVersion={ray_version!r} is malformed; use a release like {DEFAULT_RAY_VERSION}")
+        problems.append(
+            f"rayVersion={shown(ray_version)} is malformed; use a release like {DEFAULT_RAY_VERSION}"
+        )
 
 
 def _check_package_index(draft: Draft, problems: list[str]) -> None:
@@ -353,10 +377,10 @@ def _check_package_index(draft: Draft, problems: list[str]) -> None:
     if secret is not None:
         if not _SECRET_ID.fullmatch(secret):
             problems.append(
-                f"packageIndexCredentialsSecret={secret!r} is not a Secret Manager secret name: use "
+                f"packageIndexCredentialsSecret={shown(secret)} is not a Secret Manager secret name: use "
                 "up to 255 letters, digits, '-' or '_' (the secret's ID, not its full path)"
             )
-        if index is None:
+        if _missing(draft, "package_index"):
             problems.append(
                 "packageIndexCredentialsSecret is set without packageIndex: set packageIndex to the "
                 "index these credentials are for, or remove packageIndexCredentialsSecret"
@@ -364,189 +388,239 @@ def _check_package_index(draft: Draft, problems: list[str]) -> None:
     if index is None:
         return
     if not _URL.fullmatch(index):
-        problems.append(f"packageIndex={index!r} is not an https:// or file:// URL without quotes or spaces")
+        problems.append(
+            f"packageIndex={shown(index)} is not an https:// or file:// URL without quotes or spaces"
+        )
         return
     parts = urlsplit(index)
     if parts.query or parts.fragment or "?" in index or "#" in index:
         problems.append(
-            f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} has a query "
+            f"packageIndex {shown(_without_credentials(parts))} has a query "
             "or fragment ('?' or '#'); a token there would be readable in instance metadata, the "
             "boot log and uv's command line: remove it, store 'user:password' in a Secret Manager "
             "secret and set packageIndexCredentialsSecret=<secret name>"
         )
     if "@" in parts.netloc:
         problems.append(
-            f"packageIndex {parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path} carries "
+            f"packageIndex {shown(_without_credentials(parts))} carries "
             "credentials in its URL, which would be readable in instance metadata, process lists "
             "and previews: remove them from the URL, store 'user:password' in a Secret Manager "
             "secret and set packageIndexCredentialsSecret=<secret name>"
         )
-    if parts.scheme == "http" and not draft.allow_insecure_package_index:
+    if parts.scheme == "http" and draft.allow_insecure_package_index is False:
         problems.append(
-            f"packageIndex={index!r} uses plain http, so anyone on the network path can change the "
+            f"packageIndex={shown(index)} uses plain http, so anyone on the network path can change the "
             "packages hosts install as root: use https://, or set allowInsecurePackageIndex=true "
             "if the path is trusted"
         )
 
 
+def _without_credentials(parts: SplitResult) -> str:
+    """An index URL as a message may show it: without the user and password before '@'."""
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
 def _networks(
     key: str, ranges: tuple[str, ...] | None, problems: list[str]
 ) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    nets = []
+    nets, bad = [], []
     for cidr in ranges or ():
         try:
             nets.append(ipaddress.ip_network(cidr, strict=False))
         except ValueError:
-            problems.append(f"{key}: {cidr!r} is not a CIDR range (e.g. 10.0.0.0/8)")
+            bad.append(cidr)
+    if bad:
+        verb = "is not a CIDR range" if len(bad) == 1 else "are not CIDR ranges"
+        problems.append(f"{key}: {_listed(bad)} {verb} (e.g. 10.0.0.0/8)")
     return nets
 
 
 def _covers_everything(nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
-    """Whether the ranges together cover all of IPv4 or all of IPv6 (0.0.0.0/1 + 128.0.0.0/1)."""
-    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
-    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    """Whether the ranges together cover all of IPv4 or all of IPv6 (0.0.0.0/1 + 128.0.0.0/1),
+    an IPv4-mapped IPv6 range counted as the IPv4 range it stands for."""
+    unwrapped = [addresses.unwrap(n) for n in nets]
+    v4 = [n for n in unwrapped if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in unwrapped if isinstance(n, ipaddress.IPv6Network)]
     return ipaddress.IPv4Network("0.0.0.0/0") in ipaddress.collapse_addresses(v4) or (
         ipaddress.IPv6Network("::/0") in ipaddress.collapse_addresses(v6)
     )
 
 
-def _check_dashboard(draft: Draft, problems: list[str]) -> None:
-    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host.
+def _listed(items: list[Any], most: int = 5) -> str:
+    """The first few of `items` for a message (a string as the user wrote it, quoted), and how
+    many more there are."""
+    more = f" and {len(items) - most:,} more" if len(items) > most else ""
+    return ", ".join(shown(item) if isinstance(item, str) else str(item) for item in items[:most]) + more
 
-    Public ranges are judged by how much they cover together, not one by one: all the /9s but one
-    are as open as 0.0.0.0/0 less a sliver. Beyond `WIDEST_PUBLIC_DASHBOARD` (more public space
-    than a team plausibly owns) they need allowWideDashboardRanges; the whole space never passes.
-    """
-    key = "dashboardSourceRanges"
-    nets = _networks(key, draft.dashboard_source_ranges, problems)
+
+def _check_width(
+    key: str,
+    nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network],
+    opt_in: tuple[str, bool | None],
+    door: str,
+    exposure: str,
+    problems: list[str],
+) -> None:
+    """The width rule of ranges that open a door to the internet: public ranges are judged by
+    how much they cover together, not one by one (all the /9s but one are as open as 0.0.0.0/0
+    less a sliver). Beyond `WIDEST_PUBLIC_DASHBOARD` (more public space than a team plausibly
+    owns) they need the opt-in key set; the whole address space never passes."""
     if _covers_everything(nets):
         problems.append(
-            f"{key}: {', '.join(map(str, nets))} together cover the whole address space, which opens "
-            "the Ray dashboard and Jobs API to the internet; list only your own ranges"
+            f"{key}: {_listed(nets)} together cover the whole address space, which opens {door} to "
+            "the internet; list only your own ranges"
         )
         return
+    opt_in_key, opted_in = opt_in
+    if opted_in is None:
+        return  # the opt-in was refused, reported above
     for version, prefix in WIDEST_PUBLIC_DASHBOARD.items():
         covered = addresses.public_addresses(nets, version)
         limit = 2 ** ((32 if version == 4 else 128) - prefix)
-        if covered > limit and not draft.allow_wide_dashboard_ranges:
+        if covered > limit and not opted_in:
             problems.append(
                 f"{key}: the public IPv{version} ranges together cover {covered:,} addresses, more "
-                f"than a /{prefix} ({limit:,}), far more than one team's networks: everyone there "
-                "can reach the Jobs API and try the token (over plain http unless you tunnel). List "
-                "only your own ranges, or set allowWideDashboardRanges=true if the cluster must "
-                "really be reachable that widely"
+                f"than a /{prefix} ({limit:,}), far more than one team's networks: {exposure}. List "
+                f"only your own ranges, or set {opt_in_key}=true if {door} must really be reachable "
+                "that widely"
             )
-    public = [str(n) for n in nets if not addresses.is_internal_network(n)]
-    if public and draft.ray_auth == "none":
+
+
+def _check_dashboard(draft: Draft, problems: list[str]) -> None:
+    """The dashboard port is the Ray Jobs API: whoever reaches it runs code on every host. Its
+    ranges keep the width rule (`_check_width`), and public ones need token auth."""
+    key = "dashboardSourceRanges"
+    nets = _networks(key, draft.dashboard_source_ranges, problems)
+    public = [n for n in nets if not addresses.is_internal_network(n)]
+    if public and draft.ray_auth == "none" and not _covers_everything(nets):
         problems.append(
-            f"{key}: {', '.join(public)} {'is a public range' if len(public) == 1 else 'are public ranges'} "
+            f"{key}: {_listed(public)} {'is a public range' if len(public) == 1 else 'are public ranges'} "
             "and rayAuth=none: anyone there could submit jobs through the Ray Jobs API and run code "
             "on every host (remote code execution); set rayAuth=token, or list only private ranges"
         )
+        return  # how wide they are matters once a token guards them
+    _check_width(
+        key,
+        nets,
+        ("allowWideDashboardRanges", draft.allow_wide_dashboard_ranges),
+        "the Ray dashboard and Jobs API",
+        "everyone there can reach the Jobs API and try the token (over plain http unless you tunnel)",
+        problems,
+    )
 
 
 def _check_network(draft: Draft, problems: list[str]) -> None:
     # A subnetwork name alone cannot be used: rayslice would create a new VPC and look for the
     # subnetwork in it.
-    if draft.subnetwork is not None and draft.network is None:
+    if draft.subnetwork is not None and _missing(draft, "network"):
         problems.append(
-            f"subnetwork={draft.subnetwork!r} is set without network: set network to the VPC "
+            f"subnetwork={shown(draft.subnetwork)} is set without network: set network to the VPC "
             "that holds this subnetwork too (or remove subnetwork to let rayslice create both)"
         )
 
 
 def _check_capacity(draft: Draft, problems: list[str]) -> None:
-    """What each platform offers, exactly: reserved with a named reservation where the API
-    consumes one, flex-start where it exists (through a queued resource on tpu-vm), queued
-    requests on tpu-vm, and the durations within Google's limits."""
+    """The stack's capacity must be a cell of `rayslice.capacity_table` (the table says why one
+    is not, and what to set instead), and its durations only where they apply (their ranges are
+    the model's)."""
     platform, capacity = draft.platform, draft.capacity
     if platform is None or capacity is None:
         return  # refused above
-    offered = catalog.PLATFORM_CAPACITIES[platform]
-    if capacity not in offered:
-        problems.append(
-            f"capacity={capacity} is not offered on platform={platform}; it offers: {', '.join(offered)}"
-        )
+    if capacity not in capacity_table.offered(platform):
+        problems.append(capacity_table.why_not(platform, capacity))
         return
-    queued = bool(draft.queued)
-    if queued and platform != "tpu-vm":
-        problems.append(
-            f"queued=true applies to platform=tpu-vm only (queued resources); on {platform} use "
-            + (
-                "capacity=flex-start, whose resize request waits for capacity"
-                if platform == "compute"
-                # GKE's queued provisioning hands nodes out only through ProvisioningRequest
-                # objects (pulumi-gcp NodePool queued_provisioning.enabled: "Makes nodes
-                # obtainable through the ProvisioningRequest API exclusively"), which Kueue or a
-                # job must create; rayslice installs neither, so its RayCluster would never start.
-                else "capacity=flex-start, a node pool that waits for capacity (GKE's queued "
-                "provisioning needs Kueue and ProvisioningRequest objects, which rayslice does not "
-                "install: docs/capacity.md)"
-            )
-        )
-    if capacity == "flex-start" and platform == "tpu-vm" and not queued:
-        problems.append(
-            "capacity=flex-start on platform=tpu-vm is a queued request: set queued=true "
-            "(the TPU API takes flex-start only through a queued resource)"
-        )
-    if capacity == "reserved" and not draft.reservation and platform in ("compute", "gke"):
-        problems.append(
-            f"capacity=reserved on {platform} needs reservation=<name of your reservation>"
-            + (" (a RESERVATION_BOUND MIG consumes one named reservation)" if platform == "compute" else "")
-        )
-    if draft.reservation and capacity != "reserved":
+    if draft.reservation and capacity != capacity_table.RESERVED:
         problems.append(f"reservation is used with capacity=reserved only; remove it for capacity={capacity}")
-    elif draft.reservation and platform == "tpu-vm" and not queued:
-        problems.append(
-            "reservation on platform=tpu-vm is named through a queued resource: set queued=true, "
-            "or remove reservation (a direct create uses any matching reservation)"
-        )
-    hours = draft.max_run_hours
-    if hours is not None:
-        if capacity != "flex-start":
-            problems.append(
-                f"maxRunHours applies to capacity=flex-start only; remove it for capacity={capacity}"
-            )
-        elif not 1 <= hours <= catalog.MAX_RUN_HOURS:
-            problems.append(f"maxRunHours={hours} is out of range; use 1 to {catalog.MAX_RUN_HOURS} (7 days)")
-    deadline = draft.queue_deadline_hours
-    if deadline is not None:
-        if not queued:
-            problems.append(
-                "queueDeadlineHours applies to queued=true (tpu-vm) only; set queued=true or remove it"
-            )
-        elif deadline < 1:
-            problems.append(f"queueDeadlineHours={deadline} must be at least 1")
-
-
-def _check_gke_flex_start(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
-    """The generations GKE's flex-start leaves out (`catalog.GKE_FLEX_START_EXCLUDED`)."""
-    if draft.platform != "gke" or draft.capacity != "flex-start" or tpu is None:
         return
-    if tpu.generation in catalog.GKE_FLEX_START_EXCLUDED:
+    if draft.calendar_mode and _missing(draft, "reservation"):
         problems.append(
-            f"capacity=flex-start on gke does not offer {tpu.generation} (GKE's flex-start leaves "
-            f"out {', '.join(sorted(catalog.GKE_FLEX_START_EXCLUDED))}); use capacity=on-demand, "
-            "spot or reserved, or another generation"
+            "calendarMode applies to capacity=reserved with a named reservation (a future reservation "
+            "created in calendar mode): set reservation=<its name>, or remove calendarMode"
         )
+        return
+    if "queued" in draft.refused or (capacity == capacity_table.RESERVED and "reservation" in draft.refused):
+        return  # refused above: which cell the stack names is not known
+    cell = _cell(draft)
+    if cell is None:
+        key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
+        problems.append(capacity_table.why_not(platform, key, queued=bool(draft.queued)))
+        return
+    # The durations' ranges are the model's; here only whether they apply to the cell.
+    if draft.max_run_hours is not None and not cell.run_duration:
+        problems.append(f"maxRunHours applies to capacity=flex-start only; remove it for capacity={capacity}")
+    if draft.queue_deadline_hours is not None and not cell.queued:
+        problems.append(
+            "queueDeadlineHours applies to queued=true (tpu-vm) only; set queued=true or remove it"
+        )
+
+
+def _default_zone(draft: Draft, tpu: catalog.TpuType) -> str:
+    """The zone `load` fills in when none is set: the generation's first, or on flex-start its
+    first where the platform takes flex-start."""
+    zones = tpu.zones
+    if draft.capacity == capacity_table.FLEX_START and draft.platform is not None:
+        flex = catalog.FLEX_START_ZONES.get(draft.platform, {}).get(tpu.generation)
+        zones = tuple(z for z in flex or () if z in tpu.zones) or zones
+    return zones[0]
+
+
+def _cell(draft: Draft) -> capacity_table.Cell | None:
+    """The draft's cell of `rayslice.capacity_table`, None where its keys name none."""
+    if draft.platform is None or draft.capacity is None:
+        return None
+    key = capacity_table.capacity_of(cast(capacity_table.SpecLike, draft))
+    queued = bool(draft.queued)
+    if not capacity_table.has_cell(draft.platform, key, queued=queued):
+        return None
+    return capacity_table.cell(draft.platform, key, queued=queued)
+
+
+def _check_flex_start_zone(draft: Draft, tpu: catalog.TpuType | None, problems: list[str]) -> None:
+    """Flex-start only for the generations and in the zones each platform takes it
+    (`catalog.FLEX_START_ZONES`, with their sources)."""
+    if draft.capacity != capacity_table.FLEX_START or draft.platform is None or tpu is None:
+        return
+    try:
+        zones = catalog.flex_start_zones(draft.platform, tpu.generation)
+    except KeyError:
+        offered = sorted(catalog.FLEX_START_ZONES.get(draft.platform, {}))
+        problems.append(
+            f"capacity=flex-start on {draft.platform} does not offer {tpu.generation} (its flex-start "
+            f"takes {', '.join(offered)}); use capacity=on-demand, spot or reserved, or another generation"
+        )
+        return
+    zone = draft.zone or _default_zone(draft, tpu)
+    if zones is None or zone in zones:
+        return
+    usable = [z for z in zones if z in tpu.zones]
+    problems.append(
+        f"capacity=flex-start on {draft.platform} is not offered for {tpu.generation} in zone "
+        f"{zone}; use zone={' or zone='.join(usable or zones)} (Google's flex-start zones)"
+    )
 
 
 def _check_gke(draft: Draft, problems: list[str]) -> None:
     """GKE's own limits on what the user chose, so `pulumi up` never fails half-way on them."""
+    if draft.platform is None:
+        return  # refused above: whether these keys apply is not known
     if draft.platform != "gke":
         for key, given in (
             ("gkeCluster", draft.gke_cluster),
             ("gkeAuthorizedNetworks", draft.gke_authorized_networks),
+            ("allowWideGkeAuthorizedNetworks", draft.allow_wide_gke_authorized_networks),
         ):
             if given:
                 problems.append(f"{key} applies to platform=gke only; remove it or set platform=gke")
         return
     key = "gkeAuthorizedNetworks"
-    if _covers_everything(_networks(key, draft.gke_authorized_networks, problems)):
-        problems.append(
-            f"{key} covers the whole address space, which opens the GKE control-plane endpoint to "
-            "the internet; list only your own ranges (empty: private endpoint only)"
-        )
+    _check_width(
+        key,
+        _networks(key, draft.gke_authorized_networks, problems),
+        ("allowWideGkeAuthorizedNetworks", draft.allow_wide_gke_authorized_networks),
+        "the GKE control-plane endpoint",
+        "everyone there can reach the cluster's Kubernetes API and try credentials on it",
+        problems,
+    )
     if draft.gke_cluster is not None:
         for net_key, net in (("network", draft.network), ("subnetwork", draft.subnetwork)):
             if net is not None:
@@ -555,8 +629,8 @@ def _check_gke(draft: Draft, problems: list[str]) -> None:
                     f"network); remove {net_key}, or remove gkeCluster to create a cluster in it"
                 )
     name, slices = draft.name, draft.slices
-    if name is None or slices is None or not 1 <= slices <= 64:
-        return  # reported above
+    if name is None or slices is None:
+        return  # refused above
     longest = slice_name(name, slices - 1)  # "<name>-head" is shorter
     if len(longest) > GKE_NODE_POOL_NAME_MAX:
         room = GKE_NODE_POOL_NAME_MAX - (len(longest) - len(name))
@@ -593,7 +667,7 @@ def _check_host_image(draft: Draft, problems: list[str]) -> None:
     found = _IMAGE.fullmatch(image)
     if found is None:
         problems.append(
-            f"hostImage={image!r} is not a Compute Engine image: give its name (1-63 lowercase "
+            f"hostImage={shown(image)} is not a Compute Engine image: give its name (1-63 lowercase "
             "letters, digits or hyphens, a letter first) or projects/PROJECT/global/images/NAME, "
             "as `rayslice image name` prints it"
         )

@@ -16,6 +16,7 @@ import json
 
 from rayslice.errors import InvalidInput
 from rayslice.names import (
+    ATTR_COMPILATION_CACHE,
     ATTR_CONFIG_HASH,
     ATTR_HEAD_ADDRESS,
     ATTR_HEAD_MODE,
@@ -50,6 +51,7 @@ def host_attributes(
     slice_index: int,
     head_address: str | None = None,
     token_secret: str | None = None,
+    compilation_cache: str | None = None,
 ) -> dict[str, str]:
     """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`).
 
@@ -72,6 +74,8 @@ def host_attributes(
         attributes[ATTR_HEAD_ADDRESS] = head_address
     if token_secret is not None:
         attributes[ATTR_TOKEN_SECRET] = token_secret
+    if compilation_cache is not None:  # the gs:// location of JAX's cache (rayslice.compilation_cache)
+        attributes[ATTR_COMPILATION_CACHE] = compilation_cache
     if spec.package_index_credentials_secret is not None:
         attributes[ATTR_INDEX_CREDENTIALS_SECRET] = spec.package_index_credentials_secret
     platform = VM_PLATFORMS.get(spec.platform)

@@ -3,20 +3,25 @@
 The controller holds project-wide rights on TPU nodes or MIGs (`rayslice.recovery.permissions`),
 so it runs where no Ray process and no user code runs: a small VM of its own, with its own
 service account, that boots this script instead of the hosts' one. The script installs the two
-libraries the controller imports (`bundle.RUNTIME_REQUIREMENTS`) from the cluster's package
-source, writes the controller from metadata (`names.ATTR_RECOVERY_BUNDLE`) and runs it under a
-supervisor. The bundle's sha256 is rendered into the script, and the script refuses a bundle
-whose hash differs: a bundle changed in metadata after deployment never runs.
+libraries the controller imports (`bundle.RUNTIME_REQUIREMENTS`) and theirs from a lock shipped
+with rayslice (`LOCK`: exact versions, the sha256 of each file, installed with pip's
+``--require-hashes --no-deps``, wheels only), writes the controller from metadata
+(`names.ATTR_RECOVERY_BUNDLE`) and runs it under a supervisor. The bundle's sha256 is rendered
+into the script, and the script refuses a bundle whose hash differs: a bundle changed in
+metadata after deployment never runs. So nothing this VM runs, with its project-wide rights, is
+chosen by a package index: every file is named by a hash rendered into its boot script.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 from rayslice import catalog, names
 from rayslice.recovery import bundle
 from rayslice.recovery.scaling import ScalingPolicy
 from rayslice.spec import ClusterSpec
+from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.options import PackageSource, RenderOptions
 from rayslice.startup_scripts.templating import render_template
 from rayslice.startup_scripts.variables import (
@@ -31,6 +36,25 @@ from rayslice.startup_scripts.variables import (
 TEMPLATE = "controller.sh.j2"
 # The supervised service (a systemd unit on a VM, a restart loop on the simulator).
 SERVICE = "rayslice-recovery"
+# The controller's libraries, locked (`scripts/lock_presets.py controller` writes it from PyPI):
+# resolved for the VM's python3 (`bundle.PYTHON`, the oldest of `locks.IMAGE_PYTHONS`), with the
+# wheels of the later ones kept beside, for a simulator whose controller venv is made from its
+# machine's python3.
+LOCK = locks.ShippedLock("controller", bundle.RUNTIME_REQUIREMENTS)
+
+
+def controller_lock() -> locks.Lock:
+    """The shipped lock the controller VM installs."""
+    return LOCK.read()
+
+
+def controller_index(spec: ClusterSpec) -> str:
+    """The index the controller VM installs its lock from: the spec's packageIndex when it is
+    https, else PyPI (empty). Never a plain-http one, even with allowInsecurePackageIndex: the
+    hashes would refuse a changed file, but the VM that holds project-wide rights takes nothing
+    over a connection anyone on the path can read and rewrite."""
+    index = spec.package_index or ""
+    return index if index.startswith("https://") else ""
 
 
 def controller_attributes(spec: ClusterSpec) -> dict[str, str]:
@@ -68,26 +92,29 @@ def scaling_policy(spec: ClusterSpec) -> ScalingPolicy:
     )
 
 
-def install_fingerprint(source: PackageSource, index: str | None) -> str:
+def install_fingerprint(source: PackageSource, index: str, lock: locks.Lock) -> str:
     """Changes whenever the controller VM would install something different."""
-    text = repr((bundle.RUNTIME_REQUIREMENTS, source.mode, source.location, index))
+    text = repr((lock.digest, source.mode, source.location, index))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def controller_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str, object]:
     source = PackageSource.parse(options.package_source)
+    lock = controller_lock()
+    index = controller_index(spec)
     return {
-        # The shared install block, with the controller's own requirements and no TPU find-links.
+        # The shared install block, with the controller's own lock, its index and no TPU find-links.
         **package_variables(spec, source),
+        "package_index": index,
         "find_links": [],
-        "requirements": list(bundle.RUNTIME_REQUIREMENTS),
-        "lock": "",  # the controller's two libraries are not the hosts' set (no preset lock)
-        "lock_digest": "",
-        "lock_python": "",
+        "requirements": list(bundle.RUNTIME_REQUIREMENTS),  # named in the log; the lock is installed
+        "lock": base64.b64encode(lock.text.encode()).decode(),
+        "lock_digest": lock.digest,
+        "lock_python": lock.header["python"],
         "root": options.root,
         "supervisor": options.supervisor,
         "service": SERVICE,
-        "install_fingerprint": install_fingerprint(source, spec.package_index),
+        "install_fingerprint": install_fingerprint(source, index, lock),
         "bundle_sha256": hashlib.sha256(bundle.build()).hexdigest(),
         "metadata_deadline_s": METADATA_DEADLINE_S,
         "retry_max_delay_s": RETRY_MAX_DELAY_S,

@@ -51,6 +51,13 @@ _SEPARATOR = " | "
 _HEADER = re.compile(r"# rayslice-lock (?P<key>[a-z-]+): ?(?P<value>.*)")
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^ ;\\]+)")
 _HASH = re.compile(r"--hash=sha256:(?P<digest>[0-9a-f]{64})")
+# Every line a lock may hold, as uv writes one: a pin (``name==version``, continued when hashes
+# follow), an indented ``--hash=sha256:`` continuation, a comment (the header, uv's ``# via``) or
+# nothing. Anything else (an index or find-links option, a URL, a path, ``-e``, ``-r``, a range)
+# would make a host fetch or run what no hash pins, so a lock holding it is not used.
+_LOCK_LINE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+( \\)?|\s+--hash=sha256:[0-9a-f]{64}( \\)?|\s*(#.*)?"
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,49 @@ def parse(text: str) -> Lock:
     return Lock(found, "".join(lines))
 
 
+# The CPython releases a lock of rayslice's own packages (`ShippedLock`) may be installed with: the
+# python3 of the images rayslice boots (Ubuntu 22.04: 3.10; 24.04: 3.12), the hosts' venv (3.11)
+# and a simulator machine's python3 (3.11 or newer). Resolved for the first, wheels kept for all.
+IMAGE_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+
+
+@dataclass(frozen=True)
+class ShippedLock:
+    """A lock of packages rayslice itself runs on a VM, shipped in `LOCK_DIR` as ``<name>.lock``:
+    the recovery controller's libraries, the head's package cache. Resolved from PyPI, wheels
+    only, by ``scripts/lock_presets.py``; installed with ``--require-hashes --no-deps``."""
+
+    name: str
+    requirements: tuple[str, ...]
+    pythons: tuple[str, ...] = IMAGE_PYTHONS
+
+    @property
+    def path(self) -> Path:
+        return LOCK_DIR / f"{self.name}.lock"
+
+    def header(self) -> dict[str, str]:
+        """What the lock is resolved from: its lines, for its oldest Python, from PyPI."""
+        return header(self.name, self.requirements, self.pythons[0], None, ())
+
+    def read(self) -> Lock:
+        return parse(self.path.read_text())
+
+    def compile(self, uv: str) -> Lock:
+        return compile_lock(uv, self.header(), also_pythons=self.pythons[1:])
+
+
+def foreign_line(text: str) -> str | None:
+    """Why `text` (a lock file, header included) cannot be used as a lock: its first line that is
+    not a pin, a ``--hash=sha256:`` continuation or a comment; None if there is none."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not _LOCK_LINE.fullmatch(line):
+            return (
+                f"line {number} is {line[:80]!r}: a lock holds only name==version lines, "
+                "--hash=sha256: continuations and comments"
+            )
+    return None
+
+
 def preset_lock(preset: str, requirements: Iterable[str]) -> Lock | None:
     """The shipped lock of `preset`, if it was resolved for exactly these requirement lines (the
     preset's and Ray's). A spec with another `rayVersion` has none: its hosts resolve the lines
@@ -154,17 +204,17 @@ def compatible(filename: str, python: str) -> bool:
     return not wheel_tags.isdisjoint(_supported(python))
 
 
-def slim(body: str, files: Mapping[str, Mapping[str, str]], python: str) -> str:
+def slim(body: str, files: Mapping[str, Mapping[str, str]], *pythons: str) -> str:
     """uv's lock body with only the hashes of files a host can install: `files[name]` maps the
-    sha256 of each file the index lists for a project to the file's name. A package with no
-    compatible wheel keeps its sdists' hashes (a host builds it); a hash whose file is not listed
-    is kept, so nothing a host needs is ever dropped."""
+    sha256 of each file the index lists for a project to the file's name, and a host runs one of
+    `pythons`. A package with no compatible wheel keeps its sdists' hashes; a hash whose file is
+    not listed is kept, so nothing a host needs is ever dropped."""
     out: list[str] = []
     for block in _blocks(body):
         pin = _PIN.match(block[0])
         listing = files.get(canonicalize_name(pin["name"]), {}) if pin else {}
         digests = [m["digest"] for m in map(_HASH.search, block) if m]
-        wheels = {d for d in digests if compatible(listing.get(d, ""), python)}
+        wheels = {d for d in digests if any(compatible(listing.get(d, ""), p) for p in pythons)}
         sdists = {d for d in digests if listing.get(d, "").endswith((".tar.gz", ".zip"))}
         unknown = {d for d in digests if d not in listing}
         keep = (wheels or sdists) | unknown
@@ -222,6 +272,9 @@ def uv_binary() -> str:
 
 
 PYPI_SIMPLE = "https://pypi.org/simple"
+# uv's hint when `--no-build` leaves a package without a file to use (uv 0.13: "Wheels are
+# required for `NAME` because building from source is disabled").
+_NEEDS_WHEEL = re.compile(r"Wheels are required for `([^`]+)`")
 
 
 _ANCHOR = re.compile(r'<a [^>]*href="[^"#]*#sha256=(?P<digest>[0-9a-f]{64})"[^>]*>(?P<name>[^<]+)</a>')
@@ -251,15 +304,24 @@ def index_files(names: Iterable[str], index: str | None) -> dict[str, dict[str, 
 
 
 def compile_lock(
-    uv: str, lock_header: Mapping[str, str], constraints: Path | None = None, timeout_s: float = 600
+    uv: str,
+    lock_header: Mapping[str, str],
+    constraints: Path | None = None,
+    timeout_s: float = 600,
+    also_pythons: Iterable[str] = (),
 ) -> Lock:
     """Resolve the header's requirement lines for its Python and platform with uv (hashes of every
-    file), then `slim` the hashes to what a host installs. Raises InvalidInput with uv's reason
-    when they do not resolve or the index does not answer."""
+    file; wheels only, nothing built), then `slim` the hashes to what a host installs: a wheel
+    for the header's Python, or for one of `also_pythons` (a lock installed by several). Raises
+    InvalidInput with uv's reason when they do not resolve or the index does not answer."""
     with tempfile.TemporaryDirectory() as tmp:
         requirements = Path(tmp, "requirements.in")
         requirements.write_text("".join(f"{line}\n" for line in _split(lock_header["requirements"])))
         command = [uv, "pip", "compile", "--quiet", "--no-header", "--generate-hashes", "--no-config"]
+        # Never build: resolving runs on the deployer's machine, and building an sdist runs its
+        # build backend, code from the index (uv docs, "--no-build": "Don't build source
+        # distributions ... only use pre-built wheels").
+        command += ["--no-build"]
         # This interpreter: uv needs one to run, and must not search PATH for it (`rayslice` may
         # run without its venv, or anything, on PATH); --python-version sets the target.
         command += ["--python", sys.executable]
@@ -270,11 +332,27 @@ def compile_lock(
             command += ["--find-links", link]
         if constraints is not None:
             command += ["--constraint", str(constraints)]
+        # From inside the temporary directory, so uv's "# via -r requirements.in" names no
+        # temporary path: the same resolution always writes the same lock, and the same digest.
         result = subprocess.run(
-            [*command, str(requirements)], capture_output=True, text=True, timeout=timeout_s, check=False
+            [*command, requirements.name],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            cwd=tmp,
         )
     if result.returncode != 0:
         reason = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
+        unbuilt = sorted(set(_NEEDS_WHEEL.findall(reason)))
+        if unbuilt:
+            raise InvalidInput(
+                f"the requirements cannot be locked: {', '.join(unbuilt)} has no wheel for Python "
+                f"{lock_header['python']} on {lock_header['platform']} on the index, only a source "
+                "distribution, which is never built here (building runs the package's own code on "
+                "this machine); require a release that has a wheel, or serve a wheel of it from "
+                f"packageIndex ({reason[-400:]})"
+            )
         raise InvalidInput(f"the requirements cannot be locked: {reason[-800:]}")
     body = result.stdout
     pins = [m["name"] for m in map(_PIN.match, body.splitlines()) if m]
@@ -282,4 +360,4 @@ def compile_lock(
         files = index_files(pins, lock_header["index"] or None)
     except (OSError, ValueError) as error:  # requests' errors are OSErrors, a bad page a ValueError
         raise InvalidInput(f"the package index did not list the locked files: {error}") from None
-    return Lock(dict(lock_header), slim(body, files, lock_header["python"]))
+    return Lock(dict(lock_header), slim(body, files, lock_header["python"], *also_pythons))

@@ -44,14 +44,22 @@ class RenderOptions:
     root: prefix of every path the script writes (state, logs, venv, token file, Ray's temp dir).
     object_store_bytes: Ray's object store size per node; 0 lets the script take a quarter of the
         host's memory. Simulated hosts share one /dev/shm, so the simulator sets it small.
+    compilation_cache: where Ray's jobs keep JAX's persistent compilation cache
+        (`rayslice.compilation_cache`), an absolute path every host sees (the simulator's shared
+        folder); empty: the bucket that infra names in the host's metadata, if any.
     """
 
     supervisor: str = "systemd"
     package_source: str | None = None
     root: str = ""
     object_store_bytes: int = 0
+    compilation_cache: str = ""
 
     def __post_init__(self) -> None:
         if self.supervisor not in ("systemd", "process"):
             raise InvalidInput(f"supervisor must be systemd or process, not {self.supervisor!r}")
         PackageSource.parse(self.package_source)  # refuses anything but None, wheels:DIR, venv:DIR
+        if self.compilation_cache and not self.compilation_cache.startswith("/"):
+            raise InvalidInput(
+                f"compilation_cache must be an absolute path every host sees, not {self.compilation_cache!r}"
+            )

@@ -16,7 +16,8 @@ install a lock and resolve nothing.
 The lock is kept beside the Pulumi project as ``rayslice-locks/<stack>.lock`` (users commit it,
 as they commit a uv.lock) and reused while its header matches what it would be resolved from
 now (the preset lock's digest where there is one, the requirement lines, index, find-links,
-Python, platform); otherwise it is resolved again, with a one-line note on stderr.
+Python, platform) and it holds nothing but pins, hashes and comments; otherwise it is resolved
+again, with a one-line note on stderr that says why.
 """
 
 from __future__ import annotations
@@ -68,13 +69,13 @@ class StackLocks:
         if base is not None and not spec.requirements:
             return None
         wanted = _wanted(spec, base)
-        found = self._stored()
+        found, problem = self._stored()
         if found is not None and dict(found.header) == wanted:
             _check_fits(spec, found, self.path)
             return found
         print(
             f"rayslice: resolving {'requirements' if base else 'the whole requirement set'} into "
-            f"{self.path} ({'its header differs from this stack' if found else 'no lock yet'})",
+            f"{self.path} ({'its header differs from this stack' if found else problem})",
             file=sys.stderr,
         )
         lock = resolve_beside(base, wanted) if base is not None else resolve_whole(wanted, spec.ray_version)
@@ -83,13 +84,20 @@ class StackLocks:
         self.path.write_text(lock.text)
         return lock
 
-    def _stored(self) -> locks.Lock | None:
+    def _stored(self) -> tuple[locks.Lock | None, str]:
+        """The committed lock, or None and why it is not used: then it is resolved again and
+        overwritten. A lock is read back only if every line is one uv writes (`locks.foreign_line`):
+        the file is committed, so anyone who can change the repository could add an index, a URL
+        or a path that hosts would install from, past the header check."""
         if not self.path.exists():
-            return None
+            return None, "no lock yet"
+        text = self.path.read_text()
         try:
-            return locks.parse(self.path.read_text())
-        except InvalidInput:
-            return None  # not a lock (any more): resolved again and overwritten
+            lock = locks.parse(text)
+        except InvalidInput as error:
+            return None, str(error)
+        problem = locks.foreign_line(text)
+        return (None, f"refused: {problem}") if problem else (lock, "")
 
 
 def _wanted(spec: ClusterSpec, base: locks.Lock | None) -> dict[str, str]:

@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--host-id must not contain '-': Ray reads the chip after the first '-'")
     chips = host_chips()
     try:
-        from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found]
+        from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         log(args.log_file, f"no libtpu here ({exc}): this host serves no TPU metrics")
         return args.exit_nothing

@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from rayslice import catalog, names
+from rayslice import catalog, compilation_cache, names
 from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
@@ -17,9 +17,18 @@ from rayslice.startup_scripts.options import PackageSource, RenderOptions
 # 2.9.0 (its wheel does not declare it, so `torch~=2.9.0` locked torch 2.9.1); libtpu wheels for
 # torch_xla come from Google's find-links pages, as in the guide. The jax preset also carries
 # what the bundled JAX training jobs import (jax_train, jax_trainer): optax for the optimizer,
-# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with.
+# orbax-checkpoint for their checkpoints, pinned to the minor releases they were tested with; and
+# etils' `epath-gcs` extra, through which JAX reads a compilation cache in a bucket (gs://): JAX's
+# cache opens a non-local directory with etils.epath (jax/_src/lru_cache.py: "Please install the
+# `etils[epath]` package..."), whose gs:// backend is fsspec's gcsfs (etils/epath/backend.py,
+# `_FileSystemSpecBackend`; etils 1.15's extra `epath-gcs` requires gcsfs).
 PRESETS: dict[str, tuple[str, ...]] = {
-    "jax": ("jax[tpu]>=0.10.2,<0.11", "optax>=0.2.8,<0.3", "orbax-checkpoint>=0.12.8,<0.13"),
+    "jax": (
+        "jax[tpu]>=0.10.2,<0.11",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "etils[epath-gcs]>=1.15,<2",
+    ),
     "xla": ("torch==2.9.0", "torch_xla[tpu]==2.9.0"),
 }
 PRESET_FIND_LINKS: dict[str, tuple[str, ...]] = {
@@ -54,6 +63,11 @@ INDEX_NAME = "rayslice"
 # PEP 503 index (github.com/EpicWink/proxpi; its PROXPI_* settings are in its README), served by
 # gunicorn. Installed on the head from the index itself, into a venv of its own.
 CACHE_REQUIREMENTS = ("proxpi==1.3.1", "gunicorn==27.0.1")
+# ... and theirs, each pinned to the sha256 of its wheels (`scripts/lock_presets.py package-cache`
+# writes it from PyPI), installed with --require-hashes --no-deps: the cache holds the index's
+# credentials and serves every host, so no index chooses what it runs. Resolved for the oldest
+# Python the head may make the cache's venv with (an offline head's image python3, `choose_python`).
+CACHE_LOCK = locks.ShippedLock("package-cache", CACHE_REQUIREMENTS)
 # uv's name for the cache as an index: not INDEX_NAME, so the index's credentials are never sent to it.
 CACHE_INDEX_NAME = "rayslice-cache"
 # How long a host waits for the cache to answer before it installs from the index itself (at a
@@ -149,8 +163,12 @@ def whole_lock_header(
 
 
 def _for_the_hosts(lock: locks.Lock, what: str, remedy: str) -> locks.Lock:
-    """`lock`, if it was resolved for the hosts' Python and platform; else refused (exit 2)
-    before anything is rendered, so before anything is created: its files would not install."""
+    """`lock`, if it was resolved for the hosts' Python and platform and holds only pins, hashes
+    and comments (`locks.foreign_line`); else refused (exit 2) before anything is rendered, so
+    before anything is created: its files would not install, or something no hash pins would."""
+    problem = locks.foreign_line(lock.text)
+    if problem:
+        raise InvalidInput(f"{what} cannot be installed: {problem}; {remedy}")
     if (lock.header["python"], lock.header["platform"]) != (PYTHON_VERSION, locks.PLATFORM):
         raise InvalidInput(
             f"{what} is for Python {lock.header['python']} on {lock.header['platform']}, but the hosts "
@@ -231,6 +249,7 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
     """The package cache's variables: on only when hosts install from an index (not from a
     wheelhouse or a prepared venv) and the spec keeps `packageCache` on."""
     cache = spec.package_cache and source.mode == "pypi"
+    lock = CACHE_LOCK.read() if cache else None
     return {
         "package_cache": "1" if cache else "0",
         "package_cache_conf": _carried(PACKAGE_CACHE_CONF) if cache else "",
@@ -238,8 +257,22 @@ def cache_variables(spec: ClusterSpec, source: PackageSource) -> dict[str, objec
         "package_cache_port": names.PACKAGE_CACHE_PORT,
         "cache_index_name": CACHE_INDEX_NAME,
         "cache_requirements": list(CACHE_REQUIREMENTS),
+        "cache_lock": base64.b64encode(lock.text.encode()).decode() if lock else "",
+        "cache_lock_digest": lock.digest if lock else "",
         "cache_wait_s": CACHE_WAIT_S,
         "cache_download_timeout_s": CACHE_DOWNLOAD_TIMEOUT_S,
+    }
+
+
+def compilation_cache_variables(options: RenderOptions) -> dict[str, object]:
+    """JAX's persistent compilation cache for Ray's jobs (`rayslice.compilation_cache`): the
+    rendered location (the simulator's shared folder; empty on the cloud, where the host reads
+    its bucket's from metadata) and the settings beside it."""
+    return {
+        "compilation_cache": options.compilation_cache,
+        "attr_compilation_cache": names.ATTR_COMPILATION_CACHE,
+        "compilation_cache_variable": compilation_cache.CACHE_DIR_VARIABLE,
+        "compilation_cache_settings": [f"{k}={v}" for k, v in compilation_cache.SETTINGS.items()],
     }
 
 
@@ -259,6 +292,7 @@ def script_variables(
         **package_variables(spec, source, stack_lock),
         **cache_variables(spec, source),
         **tpu_metrics_variables(spec),
+        **compilation_cache_variables(options),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
         "platform": spec.platform,

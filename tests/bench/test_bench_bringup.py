@@ -159,6 +159,7 @@ def test_internet_report_gives_medians_ratios_and_bytes_against_the_fewest_hosts
             reboot=floor * 1.5,
             floor=floor,
             fetched=fetched,
+            install_cpu=dict.fromkeys(fetched, 10.0),
             image_boot=floor * 1.1,
             image_floor=floor * 0.9,
             image_fetched={name: size // 100 for name, size in fetched.items()},
@@ -183,6 +184,76 @@ def test_internet_report_gives_medians_ratios_and_bytes_against_the_fewest_hosts
     )
     header, rule = lines[2], lines[3]
     assert header.count("|") == rule.count("|") == one.count("|")  # every row as wide as the header
+
+
+def test_the_physical_floor_is_the_busiest_links_bytes_plus_one_hosts_install_cpu_plus_ray_start():
+    # 500 MB over 200 Mbit/s take 20 s; the busiest host's 12 CPU-s over 4 cores 3 s; ray start 5 s.
+    floor = bringup.physical_floor(
+        {"head": 500_000_000, "w1": 1_000_000}, 200.0, {"head": 12.0, "w1": 9.0}, 4, 5.0
+    )
+    assert (floor.link_s, floor.install_s, floor.ray_floor_s) == pytest.approx((20.0, 3.0, 5.0))
+    assert floor.seconds == pytest.approx(28.0)
+
+
+@pytest.mark.parametrize(
+    "fetched, rate, cpu, cores",
+    [
+        ({"h": 1}, 0.0, {"h": 1.0}, 1),
+        ({"h": 1}, 1.0, {"h": 1.0}, 0),
+        ({}, 1.0, {"h": 1.0}, 1),
+        ({"h": 1}, 1.0, {}, 1),
+    ],
+    ids=["no rate", "no core", "no bytes", "no cpu"],
+)
+def test_a_floor_without_a_rate_a_core_or_figures_is_refused(fetched, rate, cpu, cores):
+    with pytest.raises(ValueError, match="positive rate"):
+        bringup.physical_floor(fetched, rate, cpu, cores, 1.0)
+
+
+def test_floor_report_sets_each_types_median_first_boot_against_its_physical_floor():
+    def run(first: float, head_bytes: int, cpu: float) -> object:
+        return bringup.InternetRun(
+            first_boot=first,
+            reboot=6.0,
+            floor=5.0,
+            fetched={"head": head_bytes, "w1": 0},
+            install_cpu={"head": cpu, "w1": cpu / 2},
+            image_boot=6.0,
+            image_floor=5.0,
+            image_fetched={"head": 0, "w1": 0},
+        )
+
+    # 25 MB over 10 Mbit/s: 20 s; 8 CPU-s over 2 cores: 4 s; ray start 5 s: a floor of 29 s.
+    runs = {"v6e-8": [run(58.0, 25_000_000, 8.0)] * 3}
+    text = bringup.floor_report(runs, bringup.Link(rate_mbit=10, latency_ms=20), 2, {"v6e-8": 2})
+    lines = text.splitlines()
+    assert "goal: 1.3x at most" in lines[0] and "2 cores per host" in lines[0]
+    assert lines[-1] == "| v6e-8 | 2 | 58.0 | 25 | 20.0 | 8.0 | 4.0 | 5.0 | 29.0 | 2.00 | 6.0 |"
+    assert lines[2].count("|") == lines[3].count("|") == lines[-1].count("|")
+
+
+def test_install_cpu_counts_each_hosts_installers_by_its_network_namespace(tmp_path):
+    """A fake /proc: two installers in host a's namespace, one in b's, one other process."""
+
+    def process(pid: int, namespace: Path, comm: str, cmdline: str, utime: int, stime: int) -> None:
+        entry = tmp_path / "proc" / str(pid)
+        (entry / "ns").mkdir(parents=True)
+        fields = ["S"] + ["0"] * 10 + [str(utime), str(stime)] + ["0"] * 6 + [str(1000 + pid)]
+        (entry / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}")
+        (entry / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode())
+        (entry / "ns" / "net").symlink_to(namespace)
+
+    a, b = tmp_path / "ns-a", tmp_path / "ns-b"
+    a.touch()
+    b.touch()
+    ticks = bringup.TICKS_PER_S
+    process(1, a, "uv", "/opt/uv/bin/uv pip install x", ticks * 3, ticks)
+    process(2, a, "python3", "python3 -m pip install uv", ticks, 0)
+    process(3, b, "uv", "/opt/uv/bin/uv pip install x", ticks * 2, 0)
+    process(4, a, "raylet", "raylet --node", ticks * 50, 0)
+    sampler = bringup.InstallCpu({a.stat().st_ino: "a", b.stat().st_ino: "b"}, proc=tmp_path / "proc")
+    sampler.sample()
+    assert sampler.by_host() == {"a": 5.0, "b": 2.0}
 
 
 def test_internet_spec_installs_from_the_simulated_index_with_or_without_the_cache():

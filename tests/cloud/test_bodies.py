@@ -17,7 +17,7 @@ from tests.recovery.discovery import method, problems
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"  # the example stacks, beside the program
 EXAMPLES = sorted(p.name for p in STACKS.glob("Pulumi.example-*.yaml"))
-_QUEUED = ["platform=tpu-vm", "acceleratorType=v6e-4", "zone=us-east5-b", "queued=true", "head=vm"]
+_QUEUED = ["platform=tpu-vm", "acceleratorType=v6e-4", "zone=us-east5-a", "queued=true", "head=vm"]
 # Beyond the examples: the branches that pick other fields (reservations, v5p, tpu7x on a head VM).
 OVERRIDES = {
     "reserved": ["acceleratorType=v6e-16", "zone=us-east5-b", "capacity=reserved", "reservation=r1"],
@@ -25,6 +25,8 @@ OVERRIDES = {
     "external-ips": ["acceleratorType=v6e-4", "zone=us-east5-b", "externalIps=true", "head=vm"],
     "queued-flex": [*_QUEUED, "capacity=flex-start", "queueDeadlineHours=6"],
     "queued-reserved": [*_QUEUED, "capacity=reserved", "reservation=r1"],
+    "queued-reserved-any": [*_QUEUED, "capacity=reserved"],
+    "queued-calendar": [*_QUEUED, "capacity=reserved", "reservation=r1", "calendarMode=true"],
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayslice.cloud import bodies, rules
+from rayslice.cloud.twin import CloudRuleError
 from tests.cloud.stacks import make, rule_ids, slice_stack
 
 SPECIFIC = {
@@ -148,6 +149,19 @@ def test_spot_tpu_slices_stop_and_do_nothing():
     [violation] = found
     assert violation.rule == "spot-tpu-do-nothing" and "REPAIR" in violation.message
     assert "spot-compute" in violation.source
+
+
+def test_rayslices_own_rules_do_not_say_google_would_refuse():
+    """D9: a MIG larger than its topology and a Spot MIG that repairs hosts are rayslice's rules:
+    Google accepts both (no source says otherwise), so their message says whose rule it is."""
+    [do_nothing] = rules.check(slice_stack(model="SPOT", termination="STOP"))
+    [bulk, topology] = rules.check(slice_stack(target=4, configs=4, bulk=True))
+    assert not bulk.ours and "[rule bulk-provisioning-model;" in str(bulk)
+    for ours in (do_nothing, topology):
+        assert ours.ours and f"rayslice's rule {ours.rule}, not Google's" in str(ours)
+    only_ours = str(CloudRuleError([do_nothing]))
+    assert "Google would refuse" not in only_ours and "rayslice's own" in only_ours
+    assert "Google would refuse" in str(CloudRuleError([bulk]))
 
 
 def test_every_rule_has_a_source_and_a_unique_id():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import ipaddress
 import json
@@ -11,6 +12,7 @@ from typing import Any
 import pulumi_gcp as gcp
 import pytest
 
+from rayslice import capacity_table
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.twin import (
     DELETED,
@@ -227,11 +229,16 @@ def test_v5p_boot_disk_reverted_is_refused(monkeypatch):
 
 def test_spot_without_stop_or_do_nothing_reverted_is_refused(monkeypatch):
     """Defect 6 reverted: DELETE termination, and the default lifecycle policy."""
-    monkeypatch.setattr(compute_template, "SPOT_TERMINATION_ACTION", "DELETE")
+    spot = capacity_table.cell("compute", "spot")
+    template, *rest = spot.calls
+    body = copy.deepcopy(dict(template.body))
+    body["properties"]["scheduling"]["instanceTerminationAction"] = "DELETE"
+    deleting = dataclasses.replace(spot, calls=(capacity_table.Call(template.method, body), *rest))
+    monkeypatch.setattr(compute_template, "cell_for", lambda spec: deleting)
     with pytest.raises(CloudRuleError, match="rule spot-tpu-stop"):
         _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
     monkeypatch.undo()
-    monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda capacity: None)
+    monkeypatch.setattr(compute_slice, "lifecycle_policy", lambda spec: None)
     with pytest.raises(CloudRuleError, match="rule spot-tpu-do-nothing"):
         _deploy("Pulumi.example-compute-v6e-16.yaml", "capacity=spot")
 

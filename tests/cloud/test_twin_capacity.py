@@ -15,7 +15,7 @@ from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"
 FLEX = "Pulumi.example-compute-flex-v6e-16.yaml"
-ZONE, HOST_TYPE = "us-east5-b", "ct6e-standard-4t"  # the example's zone and v6e-16's machine type
+ZONE, HOST_TYPE = "us-east5-a", "ct6e-standard-4t"  # the example's zone and v6e-16's machine type
 PROJECT, SLICE = "my-gcp-project", "jax-flex-v6e-16-slice-0"
 
 
@@ -35,7 +35,9 @@ def _slice_hosts(twin: CloudTwin) -> list[TwinHost]:
 def test_a_direct_create_in_an_empty_zone_fails_with_googles_error_naming_the_ways_to_wait():
     twin, _ = _twin(free=0)
     with pytest.raises(CapacityExhausted) as err:
-        preview.deploy(preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), []), twin)
+        preview.deploy(
+            preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), [f"zone={ZONE}"]), twin
+        )
     assert str(err.value).startswith(ZONE_RESOURCE_POOL_EXHAUSTED) and "capacity=flex-start" in str(err.value)
     assert not [h for h in twin.hosts() if h.group is not None]
 
@@ -45,7 +47,9 @@ def test_a_direct_create_takes_what_there_is_host_by_host():
     three are created and the fourth fails (the partial slice that bulk mode avoids)."""
     twin, _ = _twin(free=3)
     with pytest.raises(CapacityExhausted):
-        preview.deploy(preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), []), twin)
+        preview.deploy(
+            preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), [f"zone={ZONE}"]), twin
+        )
     assert len([h for h in twin.hosts() if h.group is not None]) == 3
     assert twin.capacity.free[(ZONE, HOST_TYPE)] == 0
 

@@ -68,7 +68,8 @@ def _flex_config() -> dict[str, str]:
     """The elastic example on flex-start, slice 0 kept (minSlices 1): Pulumi's resize request asks
     for slice 0, the controller's for slice 1. No ceiling: no flex-start list price is published."""
     raw = {k: v for k, v in read_stack_file(EXAMPLE).items() if k != "maxUsdPerHour"}
-    return preview.pulumi_config({**raw, "capacity": "flex-start", "maxRunHours": 24, "minSlices": 1})
+    flex = {"capacity": "flex-start", "maxRunHours": 24, "minSlices": 1, "zone": "us-east5-a"}
+    return preview.pulumi_config({**raw, **flex})
 
 
 def test_an_elastic_flex_start_slice_is_the_controllers_request_and_a_pulumi_up_after_it_changes_nothing():

@@ -18,13 +18,13 @@ from tests.cloud.stacks import make
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"
 FLEX, FIXED = "Pulumi.example-gke-flex-v6e-16.yaml", "Pulumi.example-gke-v6e-16.yaml"
-ZONE, HOST_TYPE, PROJECT = "us-east5-b", "ct6e-standard-4t", "my-gcp-project"
+ZONE, HOST_TYPE, PROJECT = "us-east5-a", "ct6e-standard-4t", "my-gcp-project"
 
 
 def _deploy(example: str, free: int) -> CloudTwin:
     twin = CloudTwin(default_range=SUBNET_CIDR)
     twin.set_capacity(ZONE, HOST_TYPE, free)
-    preview.deploy(preview.stack_config(str(STACKS / example), []), twin)
+    preview.deploy(preview.stack_config(str(STACKS / example), [f"zone={ZONE}"]), twin)
     return twin
 
 
@@ -57,7 +57,7 @@ def test_a_fixed_pool_in_an_empty_zone_ends_in_error_with_gce_stockout_and_no_no
     twin = CloudTwin(default_range=SUBNET_CIDR)
     twin.set_capacity(ZONE, HOST_TYPE, 0)
     with pytest.raises(CapacityExhausted) as err:
-        preview.deploy(preview.stack_config(str(STACKS / FIXED), []), twin)
+        preview.deploy(preview.stack_config(str(STACKS / FIXED), [f"zone={ZONE}"]), twin)
     assert "capacity=flex-start (compute, gke)" in str(err.value)
     pool = _pool(twin, "gke-v6e-16-slice-0")
     [condition] = pool["conditions"]

@@ -22,7 +22,7 @@ from rayslice.names import request_name
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"
 QUEUED = str(STACKS / "Pulumi.example-tpu-vm-queued-v6e-16.yaml")
-PROJECT, ZONE, SLICE = "my-gcp-project", "us-east5-b", "jax-queued-v6e-16-slice-0"
+PROJECT, ZONE, SLICE = "my-gcp-project", "us-east5-a", "jax-queued-v6e-16-slice-0"
 REQUEST = request_name(SLICE)
 KEY = (PROJECT, ZONE, REQUEST)
 
@@ -93,7 +93,7 @@ def test_a_request_still_waiting_at_its_deadline_fails_with_the_reason():
     state = _state(twin)
     assert state["state"] == FAILED
     assert (
-        "deadline passed before zone us-east5-b had 4 free v6e host(s)"
+        "deadline passed before zone us-east5-a had 4 free v6e host(s)"
         in state["failedData"]["error"]["message"]
     )
     twin.set_capacity(ZONE, "v6e", 4)  # too late: a failed request is never fulfilled
@@ -124,6 +124,23 @@ def test_a_preempted_queued_node_suspends_its_request_and_delete_needs_force():
                 "queueingPolicy": {"validUntilDuration": "86400s"},
             },
         ),
+        (  # D6: any matching reservation, as gcloud's --reserved names it
+            ["capacity=reserved"],
+            "tpu",
+            {
+                "reservationName": f"projects/{PROJECT}/locations/{ZONE}/reservations/-",
+                "queueingPolicy": {"validUntilDuration": "86400s"},
+            },
+        ),
+        (  # D6: a calendar-mode reservation is consumed reservation-bound (v2alpha1 only)
+            ["capacity=reserved", "reservation=r1", "calendarMode=true"],
+            "tpu-v2alpha1",
+            {
+                "reservationName": f"projects/{PROJECT}/locations/{ZONE}/reservations/r1",
+                "provisioningModel": "RESERVATION_BOUND",
+                "queueingPolicy": {"validUntilDuration": "86400s"},
+            },
+        ),
         (
             ["capacity=flex-start", "maxRunHours=48"],
             "tpu-v2alpha1",
@@ -144,7 +161,8 @@ def test_each_capacity_is_the_request_googles_api_takes(overrides, api, fields):
     node = spec["node"]
     assert node["acceleratorConfig"] == {"type": "V6E", "topology": "4x4"}
     assert node["serviceAccount"]["scope"] and "startup-script" in node["metadata"]
-    assert node.get("schedulingConfig") == ({"reserved": True} if "reservationName" in fields else None)
+    # The capacity is the request's; gcloud's queued-resources create sets none of it on the node.
+    assert "schedulingConfig" not in node
 
 
 def _violations(body: dict[str, Any], api: str = "tpu") -> list[str]:

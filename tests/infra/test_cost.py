@@ -87,6 +87,23 @@ def test_preview_of_the_gke_flex_start_example_shows_the_flex_pool_and_no_publis
     )
 
 
+def test_a_gke_cluster_the_stack_creates_costs_gkes_management_fee(capsys):
+    """D12: GKE pricing, "a flat cluster management fee of $0.10 per cluster per hour"; a zonal
+    cluster may be covered by the free tier's monthly credit, which the line says. A cluster the
+    stack only adds pools to (gkeCluster) is paid for already: no fee line."""
+    stack = str(STACKS / "Pulumi.example-gke-v6e-16.yaml")
+    assert cli.main(["preview", "--stack-file", stack]) == 0
+    out = capsys.readouterr().out
+    fee = re.search(
+        r"GKE cluster (\S+): management fee \(GKE pricing\), us-east5-[a-z]; zonal: the "
+        r"\$74\.40/month free-tier credit may cover it +\$0\.10/h\n",
+        out,
+    )
+    assert fee, out
+    assert cli.main(["preview", "--stack-file", stack, "--set", "gkeCluster=team"]) == 0
+    assert "management fee" not in capsys.readouterr().out
+
+
 def test_an_elastic_cluster_costs_between_no_elastic_slice_and_every_slice(capsys):
     stack = STACKS / "Pulumi.example-compute-elastic-v6e-16.yaml"  # 0 to 2 on-demand v6e-16 slices
     assert cli.main(["preview", "--stack-file", str(stack)]) == 0

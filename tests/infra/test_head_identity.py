@@ -29,6 +29,7 @@ ACCOUNT_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
 SECRET_MEMBER = "gcp:secretmanager/secretIamMember:SecretIamMember"
 RANDOM_ID = "random:index/randomId:RandomId"
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 INSTANCE = "gcp:compute/instance:Instance"
 V2VM = "gcp:tpu/v2Vm:V2Vm"
 TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
@@ -130,7 +131,7 @@ def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering, extern
         for r in run.of_type("gcp:compute/firewall:Firewall")
         if "train-controller" in r.inputs["targetTags"]
     ]
-    assert [
+    assert sorted(
         (
             r.inputs["name"],
             r.inputs.get("allows"),
@@ -139,7 +140,7 @@ def test_nothing_reaches_the_controller_vm_and_it_runs_no_ray(recovering, extern
             r.inputs["priority"],
         )
         for r in rules
-    ] == [
+    ) == [
         ("train-fw-controller-deny", None, [{"protocol": "all"}], ["0.0.0.0/0"], 0),
         ("train-fw-controller-deny-v6", None, [{"protocol": "all"}], ["::/0"], 0),
     ]
@@ -165,7 +166,7 @@ def test_the_controller_vm_and_its_account_exist_exactly_when_it_runs(platform, 
     assert _instance(run, "head-vm").inputs["serviceAccount"]["email"] == HOSTS_EMAIL
     if not controller:
         assert [a.inputs["accountId"] for a in run.of_type(ACCOUNT)] == ["train-hosts"]
-        assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not run.of_type(RANDOM_ID)
+        assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not _role_suffixes(run)
         assert len(run.of_type(INSTANCE)) == 1
     else:
         assert len(run.of_type(CUSTOM_ROLE)) == len(CONTROLLER_NEEDS[platform])
@@ -181,7 +182,7 @@ def test_no_controller_identity_without_a_head_vm_or_on_gke(platform, overrides)
     run = _run(platform, **overrides)
     assert not run.of_type(INSTANCE)
     assert "train-controller" not in {a.inputs["accountId"] for a in run.of_type(ACCOUNT)}
-    assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not run.of_type(RANDOM_ID)
+    assert not run.of_type(CUSTOM_ROLE) and not run.of_type(ACCOUNT_MEMBER) and not _role_suffixes(run)
 
 
 def test_the_custom_roles_hold_exactly_what_the_controller_needs(recovering):
@@ -190,7 +191,7 @@ def test_the_custom_roles_hold_exactly_what_the_controller_needs(recovering):
     assert {key: set(role.inputs["permissions"]) for key, role in roles.items()} == CONTROLLER_NEEDS[platform]
     granted = [p for r in roles.values() for p in r.inputs["permissions"]]
     assert len(granted) == len(set(granted))
-    (suffix,) = run.of_type(RANDOM_ID)
+    (suffix,) = _role_suffixes(run)
     for key, role in roles.items():
         assert ROLE_ID.fullmatch(role.inputs["roleId"])
         assert re.fullmatch(rf"rayslice_train_{key}_[0-9a-f]{{6}}", role.inputs["roleId"])
@@ -244,8 +245,10 @@ def test_the_head_and_hosts_hold_no_slice_power(recovering):
     _, run = recovering
     held = [r for r in run.registrations if r.inputs.get("member") == _member(HOSTS_EMAIL)]
     assert {r.inputs["role"] for r in held if r.type == PROJECT_MEMBER} == HOSTS_NEED
-    assert [(r.type, r.inputs["role"]) for r in held if r.type != PROJECT_MEMBER] == [
-        (SECRET_MEMBER, "roles/secretmanager.secretAccessor")
+    assert sorted((r.type, r.inputs["role"]) for r in held if r.type != PROJECT_MEMBER) == [
+        (SECRET_MEMBER, "roles/secretmanager.secretAccessor"),
+        (BUCKET_MEMBER, "roles/storage.objectCreator"),
+        (BUCKET_MEMBER, "roles/storage.objectViewer"),
     ]
     custom = {f"projects/{PROJECT}/roles/{r.inputs['roleId']}": r for r in run.of_type(CUSTOM_ROLE)}
     assert not [r for r in held if r.inputs["role"] in custom]
@@ -286,6 +289,11 @@ def test_the_controller_vm_waits_for_every_grant_of_its_account_and_for_the_slic
     assert len(slices) == 2 and held and held <= controller.dependencies
 
 
+def _role_suffixes(run: OfflineRun) -> list:
+    """The random ends of the controller's role IDs (the compilation cache's bucket has its own)."""
+    return [r for r in run.of_type(RANDOM_ID) if "compilation-cache" not in r.name]
+
+
 def _hosts_grants(run: OfflineRun) -> list[tuple[str, str, dict]]:
     """What is granted to the hosts' account, and the account itself, as (type, name, inputs)."""
     member = _member(HOSTS_EMAIL)
@@ -294,6 +302,8 @@ def _hosts_grants(run: OfflineRun) -> list[tuple[str, str, dict]]:
         for r in run.registrations
         if r.inputs.get("member") == member or (r.type == ACCOUNT and r.inputs["accountId"] == "train-hosts")
     ]
+    # The compilation cache's bucket has a random name of its own in every run.
+    found = [(t, n, {**i, "bucket": "<random>"} if t == BUCKET_MEMBER else i) for t, n, i in found]
     return sorted(found, key=lambda t: t[1])
 
 
@@ -306,6 +316,8 @@ def test_the_hosts_identity_does_not_change(platform):
         (PROJECT_MEMBER, "roles/logging.logWriter"),
         (PROJECT_MEMBER, "roles/monitoring.metricWriter"),
         (SECRET_MEMBER, "roles/secretmanager.secretAccessor"),
+        (BUCKET_MEMBER, "roles/storage.objectCreator"),
+        (BUCKET_MEMBER, "roles/storage.objectViewer"),
     ]
 
 

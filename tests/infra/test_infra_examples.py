@@ -173,6 +173,22 @@ EXAMPLES = {
     ),
 }
 
+# Every jax-preset cluster on a VM platform also has its compilation cache: the bucket, its name's
+# random part and the hosts' two roles on it (rayslice.infra.compilation_cache); the xla preset's
+# has none.
+BUCKET = "gcp:storage/bucket:Bucket"
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+RANDOM_ID = "random:index/randomId:RandomId"
+for _name, _expected in EXAMPLES.items():
+    if not _name.endswith("-xla.yaml"):
+        _counts = _expected["counts"]
+        _expected["counts"] = {
+            **_counts,
+            BUCKET: 1,
+            BUCKET_MEMBER: 2,
+            RANDOM_ID: _counts.get(RANDOM_ID, 0) + 1,
+        }
+
 
 TPU_VM_EXAMPLES = sorted(name for name, e in EXAMPLES.items() if "runtime" in e)
 COMPUTE_EXAMPLES = sorted(name for name, e in EXAMPLES.items() if "machine_type" in e)

@@ -89,9 +89,12 @@ def test_labels_keep_the_users_and_add_rayslice_ones():
 
 
 def test_scheduling_per_capacity():
-    assert scheduling("on-demand") is None
-    assert scheduling("spot").spot is True
-    assert scheduling("reserved").reserved is True
+    def tpu_vm(**keys: str):
+        return scheduling(_spec(platform="tpu-vm", **keys))
+
+    assert tpu_vm() is None
+    assert tpu_vm(capacity="spot").spot is True
+    assert tpu_vm(capacity="reserved").reserved is True
 
 
 def test_region_of_zone():
@@ -189,22 +192,33 @@ def test_topology_names_reach_the_tpu_api_as_type_and_topology():
 
 
 def test_compute_scheduling_per_capacity():
-    spot = compute_template.scheduling("spot")
+    """The template's scheduling is the stack's capacity cell, field for field."""
+    spot = compute_template.scheduling(_spec(capacity="spot"))
     assert (spot.provisioning_model, spot.instance_termination_action, spot.preemptible) == (
         "SPOT",
         "STOP",
         True,
     )
     assert spot.automatic_restart is False and spot.on_host_maintenance == "TERMINATE"
-    standard = compute_template.scheduling("on-demand")
+    standard = compute_template.scheduling(_spec())
     assert (standard.provisioning_model, standard.on_host_maintenance) == ("STANDARD", "TERMINATE")
     assert standard.instance_termination_action is None and standard.automatic_restart is True
-    reserved = compute_template.scheduling("reserved")
+    reserved = compute_template.scheduling(_spec(capacity="reserved", reservation="r"))
     assert (reserved.provisioning_model, reserved.instance_termination_action) == (
         "RESERVATION_BOUND",
         "DELETE",
     )
     assert reserved.on_host_maintenance == "TERMINATE" and reserved.automatic_restart is True
+    flex = compute_template.scheduling(_spec(capacity="flex-start", maxRunHours=2, zone="us-east5-a"))
+    assert (flex.provisioning_model, flex.instance_termination_action) == ("FLEX_START", "DELETE")
+    assert flex.max_run_duration.seconds == 7200 and flex.automatic_restart is False
+
+
+def test_every_compute_mig_does_nothing_on_a_failed_host():
+    """D3: a MIG's REPAIR recreates one host, which cannot rejoin the slice's ICI domain."""
+    for keys in ({}, {"capacity": "spot"}, {"capacity": "reserved", "reservation": "r"}):
+        policy = compute_template.lifecycle_policy(_spec(**keys))
+        assert policy.default_action_on_failure == "DO_NOTHING"
 
 
 def test_compute_reservation_affinity_and_image():

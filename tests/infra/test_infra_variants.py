@@ -72,7 +72,12 @@ def test_secure_boot_where_the_generation_allows(overrides, secure_boot):
 
 def test_without_token_auth_there_is_no_secret_at_all():
     run = _run(rayAuth="none")
-    assert not [r for r in run.registrations if r.type.startswith(("gcp:secretmanager", "random:"))]
+    secrets = [
+        r
+        for r in run.registrations
+        if r.type.startswith(("gcp:secretmanager", "random:index/randomPassword"))
+    ]
+    assert not secrets
     (vm,) = run.of_type("gcp:tpu/v2Vm:V2Vm")
     assert ATTR_TOKEN_SECRET not in vm.inputs["metadata"]
     assert run.value["ray_token_command"] is None

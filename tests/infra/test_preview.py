@@ -77,6 +77,8 @@ def _tree_resources(text: str) -> list[tuple[str, dict]]:
     """(display type, inputs) of every resource in a printed tree, in order."""
     found: list[tuple[str, dict]] = []
     for line in text.splitlines():
+        if " cloud resources in " in line:
+            break  # the tree's summary: costs and the capacity cell follow
         if resource := re.search(r"(?:^|── )(\S+)  \S+$", line):
             found.append((resource[1], {}))
         elif (value := re.match(r"^[│ ]*(\w+): (.*)$", line)) and found:
@@ -290,3 +292,15 @@ def test_every_example_passes_every_rule(capsys):
     for name in names:
         assert cli.main(["preview", "--stack-file", str(STACKS / name), "--output", "json"]) == 0, name
         assert all(not r["violations"] for r in json.loads(capsys.readouterr().out)), name
+
+
+def test_preview_ends_with_the_stacks_capacity_cell(capsys):
+    """The tree's last lines: the stack's cell of the capacity table (how its slices are made,
+    who repairs them, what the controller does), as `validate` prints it."""
+    stack = str(Path(__file__).resolve().parents[2] / "infra" / "Pulumi.example-v6e-16.yaml")
+    assert cli.main(["preview", "--stack-file", stack]) == 0
+    out = capsys.readouterr().out
+    tail = out[out.index("capacity tpu-vm/spot:") :]
+    assert "slices made by: nodes.create" in tail
+    assert "repaired: not by Google: rayslice's recovery controller recreates the slice whole" in tail
+    assert "on spot-preemption, host-maintenance, host-error, slice-gone: the controller recreates" in tail

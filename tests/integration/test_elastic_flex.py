@@ -32,6 +32,7 @@ def test_an_elastic_flex_start_slice_waits_for_capacity_runs_the_job_and_goes_wi
         "acceleratorType=v6e-4",
         "slices=1",
         "capacity=flex-start",
+        "zone=us-east5-a",  # a zone that takes v6e flex-start (catalog.FLEX_START_ZONES)
         "maxRunHours=1",
         f"idleTimeoutSeconds={IDLE_S}",
     ]

@@ -99,6 +99,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         "HOME": os.environ.get("HOME", "/root"),
         "RAYSLICE_STATE_DIR": str(state_dir),
     }
+    if "PYTHONPATH" in os.environ:  # a checkout's own code, as the tests import it
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     try:
         yield Demo(state_dir, env, _rayslice(["local", "up"], env, timeout=900))
     finally:
@@ -167,3 +169,24 @@ def test_every_quick_start_command_runs_as_printed(demo):
         assert not any(is_alive(ref) for ref in refs)
         assert not any(netns.netns_exists(h.netns) for h in sim.plan.hosts)
         assert not demo.state_dir.exists()
+        _the_record_outlives_the_slice(demo, sim)
+
+
+def _the_record_outlives_the_slice(demo: Demo, sim: Simulation) -> None:
+    """After `local down`, `rayslice history` shows the quick start's job (its status and log),
+    the cluster's events and boot logs, and the job's goodput (issue 42)."""
+    listed = _rayslice(["history", "--json"], demo.env, timeout=120)
+    assert listed.returncode == 0
+    [cluster] = [c for c in json.loads(listed.stdout) if c["cluster"].endswith("/" + sim.plan.run_id)]
+    [job] = [j for j in cluster["jobs"] if "jax_train" in j["entrypoint"]]
+    assert job["status"] == "SUCCEEDED" and cluster["info"]["ended"]
+    log = _rayslice(["history", "--job", job["job_id"]], demo.env, timeout=120)
+    assert log.returncode == 0 and re.search(r"step +19 +loss", log.stdout)
+    shown = _rayslice(["history", sim.plan.run_id], demo.env, timeout=120)
+    assert shown.returncode == 0
+    assert "events (" in shown.stdout and f"goodput of {job['job_id']}" in shown.stdout
+    assert f"boot logs of {len(sim.plan.hosts)} host(s)" in shown.stdout
+    report = _rayslice(["goodput", "--json", job["job_id"]], demo.env, timeout=120)
+    assert report.returncode == 0
+    figures = json.loads(report.stdout)
+    assert figures["steps_lost"] == 0 and figures["last_step"] == 19 and figures["productive_s"] > 0

@@ -379,14 +379,14 @@ def _up_in_an_empty_zone(
 
 
 def test_a_flex_start_slice_waits_for_capacity_then_its_hosts_boot_and_join(simulation_dir):
-    """Issue 21's acceptance on the simulator: the flex-start example (v5p-16: two hosts, the
+    """Issue 21's acceptance on the simulator: the flex-start example (tpu7x-16: two hosts, the
     smallest multi-host shape) in a zone with no capacity. The program's part returns with the
     resize request waiting and no slice host; status shows it waiting. `rayslice local capacity`
     gives the zone room: the request is fulfilled whole, the MIG names the hosts
     ``<slice>-<4 characters>``, the simulation makes and boots them, each finds its worker and
     its peers from Google's attributes alone (rayslice wrote no host list), and both join Ray;
     status shows the request fulfilled with both hosts joined."""
-    overrides = ["acceleratorType=v5p-16", "zone=us-east5-a", "recovery=false"]
+    overrides = ["acceleratorType=tpu7x-16", "zone=us-central1-c", "recovery=false"]
     cluster, sim, slices = _up_in_an_empty_zone(FLEX_EXAMPLE, overrides, simulation_dir)
     [waiting] = slices()
     assert waiting["state"] == "REQUEST ACCEPTED" and waiting["hosts"] == []

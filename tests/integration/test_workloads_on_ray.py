@@ -53,6 +53,20 @@ def test_jax_multihost_sees_every_chip_of_the_slice_on_every_host(cluster):
     assert str([tpu.chips] * tpu.hosts) in result.stdout.splitlines()
 
 
+@MULTISLICE
+def test_slice_check_reports_every_chip_and_both_links_of_two_slices(cluster):
+    """CPU devices: every figure is printed, none is judged (the catalog has no CPU peak)."""
+    result = rayslice_run(cluster, "slice_check")
+    assert result.returncode == 0
+    spec = cluster.spec()
+    hosts = re.findall(r"^host (\S+/\d) \((\d+) x cpu\)$", result.stdout, re.M)
+    assert len(hosts) == spec.total_hosts
+    assert {int(chips) for _, chips in hosts} == {spec.tpu.chips_per_host}
+    links = re.findall(r"^  (\S+/\d) +([0-9.]+) +([0-9.]+)  -$", result.stdout, re.M)  # ICI and DCN
+    assert sorted(h for h, _, _ in links) == sorted(h for h, _ in hosts)
+    assert "not judged" in result.stdout
+
+
 @SINGLE
 def test_jax_single_host_returns_the_hosts_chips(cluster):
     result = rayslice_run(cluster, "jax_single_host")
@@ -199,6 +213,10 @@ RUN_ELSEWHERE = {
     ),
     "jax_trainer": (
         "test_recovery.py::test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train_shrinks_and_grows_back",
+        lambda tpu: tpu.hosts > 1,
+    ),
+    "slice_check": (
+        "test_slice_check_reports_every_chip_and_both_links_of_two_slices",
         lambda tpu: tpu.hosts > 1,
     ),
     "xla_single": ("test_xla_single_prints_a_tensor_on_an_xla_device", lambda tpu: tpu.chips_per_host >= 1),

@@ -28,6 +28,7 @@ ALL = [
     "jax_single_host",
     "jax_train",
     "jax_trainer",
+    "slice_check",
     "xla_multi_device",
     "xla_multihost",
     "xla_single",

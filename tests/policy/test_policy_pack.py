@@ -9,6 +9,7 @@ request (`ResourceValidationArgs` with the unknown-checking proxy over the input
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,8 @@ def test_stack_policy_reports_bulk_with_spot_and_twice_the_hosts():
         target=4, configs=4, bulk=True, model="SPOT", termination="STOP", lifecycle="DO_NOTHING"
     )
     reported = _validate(PACK.STACK_POLICY, pulumi_policy.StackValidationArgs(_policy_resources(old)))
-    rules_reported = sorted(m.split("[rule ")[1].split(";")[0] for m, _ in reported)
+    # Google's rules read "[rule ID; ...", rayslice's own "[rayslice's rule ID, not Google's: ...".
+    rules_reported = sorted(re.search(r"rule ([a-z0-9-]+)[;,]", m).group(1) for m, _ in reported)
     assert rules_reported == ["bulk-provisioning-model", "instances-match-topology"]
     assert {u for _, u in reported} == {urn(bodies.MIG, "s-0-mig")}
     good = slice_entries(model="SPOT", termination="STOP", lifecycle="DO_NOTHING")

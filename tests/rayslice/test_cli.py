@@ -143,7 +143,7 @@ def test_bad_arguments_exit_2(argv, capsys):
 
 # ---- commands registered by entry point, help, and the one exit-code table ------------------------
 
-REGISTERED = {"render", "preview", "image", "local", "run", "status"}
+REGISTERED = {"render", "preview", "image", "local", "run", "status", "history", "goodput"}
 
 
 def test_every_registered_command_loads_under_its_own_name():

@@ -12,15 +12,19 @@ import pytest
 
 from tests.imports import PACKAGE, imported_modules, module_name
 
-PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery")
-# Packages that are part of the core: their modules follow the core's rules.
-CORE_PACKAGES = ("spec", "cloud")
+PLATFORMS = ("infra", "local", "workloads", "jobs", "startup_scripts", "recovery", "fit")
+# Packages that are part of the core: their modules follow the core's rules. (compilation_cache:
+# JAX's cache settings, which the boot script, infra and the simulator read, and `fill`;
+# observability: the record and goodput, which the client `rayslice run` and the simulator both
+# write.)
+CORE_PACKAGES = ("spec", "cloud", "compilation_cache", "observability")
 # rayslice.cloud (Google's rules, run by `rayslice preview` and by the policy pack in policy/,
 # which imports it alone) may import only these of rayslice's modules.
 CLOUD_ALLOWED = (
     "rayslice.catalog",
     "rayslice.errors",
     "rayslice.platforms",
+    "rayslice.capacity_table",
     "rayslice.names",
     "rayslice.cloud",
 )
@@ -34,6 +38,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # jobs run on cluster hosts: no simulator there, and not the client that submitted them
     "workloads": ("local", "infra", "startup_scripts", "jobs", "recovery"),
     "jobs": ("local", "infra", "startup_scripts", "recovery"),  # the client: core and the jobs it ships
+    # compiles the jobs' steps on the deployer's machine (`rayslice fit`, `preview --fit`)
+    "fit": ("local", "infra", "startup_scripts", "jobs", "recovery"),
     "infra": ("local", "workloads", "jobs"),
     "startup_scripts": ("infra", "local", "workloads", "jobs"),
     "recovery": (

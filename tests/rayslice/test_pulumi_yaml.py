@@ -49,6 +49,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "slices",
             "idleTimeoutSeconds",
             "capacity",
+            "calendarMode",
             "queued",
             "headMachineType",
             "externalIps",
@@ -63,6 +64,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "recovery",
             "kuberay",
             "gkeAuthorizedNetworks",
+            "allowWideGkeAuthorizedNetworks",
         )
     }
     assert declared["rayslice:headMachineType"]["default"] == "n2-standard-16"

@@ -181,7 +181,7 @@ def test_an_elastic_cluster_keeps_slices_as_its_most_and_a_ceiling_it_can_pay():
 
 
 def test_an_elastic_cluster_on_flex_start_asks_for_its_slices_for_max_run_hours():
-    s = load(slices="2", minSlices="0", capacity="flex-start", maxRunHours="24")
+    s = load(slices="2", minSlices="0", capacity="flex-start", maxRunHours="24", zone="us-east5-a")
     assert (s.elastic, s.waits_for_capacity, s.max_run_seconds) == (True, True, 86400)
     assert load().max_run_seconds is None
 
@@ -353,7 +353,7 @@ ERRORS = [
     (
         "gke-authorized-networks-everything",
         {"platform": "gke", "gkeAuthorizedNetworks": ["0.0.0.0/0"]},
-        ["whole address space", "private endpoint only"],
+        ["whole address space", "GKE control-plane endpoint"],
     ),
     (
         "gke-authorized-networks-not-cidr",
@@ -377,6 +377,36 @@ ERRORS = [
         {"platform": "gke", "acceleratorType": "v4-16", "zone": "us-central2-b", "capacity": "flex-start"},
         ["capacity=flex-start on gke does not offer v4"],
     ),
+    (  # D7: flex-start only where Google takes it (catalog.FLEX_START_ZONES)
+        "flex-start-zone-compute",
+        {"platform": "compute", "capacity": "flex-start", "zone": "us-east5-b"},
+        ["capacity=flex-start on compute is not offered for v6e in zone us-east5-b", "use zone=us-east5-a"],
+    ),
+    (
+        "flex-start-zone-tpu-vm",
+        {"platform": "tpu-vm", "capacity": "flex-start", "queued": "true", "zone": "us-east5-b"},
+        ["capacity=flex-start on tpu-vm is not offered for v6e in zone us-east5-b", "use zone=us-east5-a"],
+    ),
+    (
+        "flex-start-generation-compute",
+        {"platform": "compute", "acceleratorType": "v5p-16", "zone": "us-east5-a", "capacity": "flex-start"},
+        ["capacity=flex-start on compute does not offer v5p", "takes tpu7x, v6e"],
+    ),
+    (  # D6: a calendar-mode reservation is named, and consumed through a queued resource on tpu-vm
+        "calendar-needs-a-reservation",
+        {"platform": "tpu-vm", "capacity": "reserved", "queued": "true", "calendarMode": "true"},
+        ["calendarMode applies to capacity=reserved with a named reservation"],
+    ),
+    (
+        "calendar-tpu-vm-is-queued",
+        {"platform": "tpu-vm", "capacity": "reserved", "reservation": "r1", "calendarMode": "true"},
+        ["calendarMode on platform=tpu-vm is consumed through a queued resource", "set queued=true"],
+    ),
+    (
+        "calendar-not-on-gke",
+        {"platform": "gke", "capacity": "reserved", "reservation": "r1", "calendarMode": "true"},
+        ["calendarMode is not offered on platform=gke"],
+    ),
     (
         "compute-reserved-needs-reservation",
         {"platform": "compute", "capacity": "reserved"},
@@ -384,7 +414,7 @@ ERRORS = [
     ),
     (
         "tpu-vm-flex-start-is-queued",
-        {"platform": "tpu-vm", "capacity": "flex-start"},
+        {"platform": "tpu-vm", "capacity": "flex-start", "zone": "us-east5-a"},
         ["capacity=flex-start on platform=tpu-vm is a queued request: set queued=true"],
     ),
     (
@@ -404,7 +434,7 @@ ERRORS = [
     ),
     (
         "max-run-hours-out-of-range",
-        {"platform": "compute", "capacity": "flex-start", "maxRunHours": "169"},
+        {"platform": "compute", "capacity": "flex-start", "maxRunHours": "169", "zone": "us-east5-a"},
         ["maxRunHours=169 is out of range; use 1 to 168"],
     ),
     (
@@ -492,10 +522,20 @@ ERRORS = [
     ),
     (
         "elastic-flex-start-ceiling-without-a-price",
-        {"slices": "2", "minSlices": "0", "capacity": "flex-start", "maxUsdPerHour": "100"},
+        {
+            "slices": "2",
+            "minSlices": "0",
+            "capacity": "flex-start",
+            "maxUsdPerHour": "100",
+            "zone": "us-east5-a",
+        },
         ["no list price of v6e-16 on flex-start", "remove maxUsdPerHour"],
     ),
-    ("elastic-idle-zero", {"slices": "2", "minSlices": "0", "idleTimeoutSeconds": "0"}, ["use 1 or more"]),
+    (
+        "elastic-idle-zero",
+        {"slices": "2", "minSlices": "0", "idleTimeoutSeconds": "0"},
+        ["idleTimeoutSeconds=0 is out of range; use 1 to 604,800"],
+    ),
     ("idle-without-elastic", {"idleTimeoutSeconds": "60"}, ["elastic clusters only", "set minSlices"]),
     ("ceiling-without-elastic", {"maxUsdPerHour": "60"}, ["maxUsdPerHour applies to elastic"]),
     (
@@ -732,13 +772,22 @@ def test_requirements_with_markers_are_kept_literally():
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        ({"platform": "compute", "capacity": "flex-start"}, ("flex-start", 168, False, None)),
         (
-            {"platform": "compute", "capacity": "flex-start", "maxRunHours": "24"},
+            {"platform": "compute", "capacity": "flex-start", "zone": "us-east5-a"},
+            ("flex-start", 168, False, None),
+        ),
+        (
+            {"platform": "compute", "capacity": "flex-start", "maxRunHours": "24", "zone": "us-east5-a"},
             ("flex-start", 24, False, None),
         ),
         (
-            {"platform": "tpu-vm", "capacity": "flex-start", "queued": "true", "queueDeadlineHours": "6"},
+            {
+                "platform": "tpu-vm",
+                "capacity": "flex-start",
+                "queued": "true",
+                "queueDeadlineHours": "6",
+                "zone": "us-east5-a",
+            },
             ("flex-start", 168, True, 6),
         ),
         ({"platform": "tpu-vm", "capacity": "spot", "queued": "true"}, ("spot", None, True, None)),

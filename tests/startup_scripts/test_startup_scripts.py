@@ -40,8 +40,9 @@ VARIANTS = {
 }
 OPTIONS = {
     "real host": ss.RenderOptions(),
+    # Paths with a space: shellcheck then sees that every use of them must be quoted.
     "simulated, venv": ss.RenderOptions(
-        supervisor="process", package_source="venv:/opt/prepared venv", root="/tmp/sim/h0"
+        supervisor="process", package_source="venv:/opt/prepared venv", root="/tmp/sim state/h0"
     ),
     "simulated, wheels": ss.RenderOptions(
         supervisor="process",
@@ -56,20 +57,13 @@ def _spec(raw):
     return spec.load(raw, require_zone=False)
 
 
-@pytest.mark.parametrize("option", OPTIONS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_passes_bash_n_and_shellcheck(tmp_path, variant, option):
-    script = ss.render(_spec(VARIANTS[variant]), OPTIONS[option])
-    path = tmp_path / "boot.sh"
-    path.write_text(script)
-    subprocess.run(["bash", "-n", str(path)], check=True)
-    result = subprocess.run([SHELLCHECK, "--severity=style", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
-    assert len(script.encode()) < ss.METADATA_VALUE_LIMIT
+# Every variant, under every option, passes bash -n and shellcheck: test_templating.py renders them
+# with every other template.
 
 
-def _assignments(script: str) -> dict[str, str]:
-    """The rendered values, as bash itself reads them."""
+def rendered_values(script: str) -> dict[str, str]:
+    """The rendered values (everything above ``# ---- paths``), as bash itself reads them; arrays
+    joined by spaces."""
     header = script.split("# ---- paths")[0]
     lines = [line for line in header.splitlines() if re.match("[A-Z_]+=", line)]
     names = [line.split("=", 1)[0] for line in lines]
@@ -79,7 +73,7 @@ def _assignments(script: str) -> dict[str, str]:
 
 
 def test_rendered_values():
-    values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
+    values = rendered_values(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"])))
     assert values["TPU_RESOURCES"] == '{"TPU": 4}'
     lock = variables.preset_lock(_spec(VARIANTS["v6e-16 jax head=slice"]))
     assert lock is not None
@@ -93,7 +87,7 @@ def test_rendered_values():
 
 def test_xla_preset_is_locked_from_pypi_without_the_guides_find_links():
     spec = _spec(VARIANTS["v5p-16 xla"])
-    values = _assignments(ss.render(spec))
+    values = rendered_values(ss.render(spec))
     lock = variables.preset_lock(spec)
     assert lock is not None and lock.requirements[:2] == ["torch==2.9.0", "torch_xla[tpu]==2.9.0"]
     assert values["FIND_LINKS"] == "" and lock.find_links == []
@@ -115,23 +109,25 @@ def test_a_lock_for_another_python_or_platform_is_refused_before_rendering(tmp_p
 
 def test_another_ray_release_has_no_lock_and_resolves_on_the_host():
     spec = _spec({"acceleratorType": "v5p-16", "preset": "xla", "rayVersion": "2.59.0"})
-    values = _assignments(ss.render(spec))
+    values = rendered_values(ss.render(spec))
     assert values["LOCK"] == "" and values["REQUIREMENTS"].startswith("torch==2.9.0 torch_xla[tpu]==2.9.0")
     assert "libtpu-releases" in values["FIND_LINKS"]
 
 
 def test_single_host_8_chip_type_gets_8_tpus():
-    assert _assignments(ss.render(_spec({"acceleratorType": "v6e-8"})))["TPU_RESOURCES"] == '{"TPU": 8}'
+    assert rendered_values(ss.render(_spec({"acceleratorType": "v6e-8"})))["TPU_RESOURCES"] == '{"TPU": 8}'
 
 
 def test_no_auth_disables_ray_auth_explicitly():
-    values = _assignments(ss.render(_spec(VARIANTS["no auth, index, extras"])))
+    values = rendered_values(ss.render(_spec(VARIANTS["no auth, index, extras"])))
     assert values["RAY_AUTH_MODE_VALUE"] == "disabled"
     assert values["PACKAGE_INDEX"] == "https://pypi.example.internal/simple"
 
 
 def test_simulator_knobs_are_rendered():
-    values = _assignments(ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]), OPTIONS["simulated, wheels"]))
+    values = rendered_values(
+        ss.render(_spec(VARIANTS["v6e-16 jax head=slice"]), OPTIONS["simulated, wheels"])
+    )
     assert (
         values["SUPERVISOR"],
         values["PACKAGE_MODE"],
@@ -215,7 +211,7 @@ TOKEN_READS = {"instance/service-accounts/default/token", f"instance/attributes/
 def _metadata_reads(script: str) -> set[str]:
     """Every metadata path the script names, outside comments, with each ``$NAME`` resolved
     from the rendered values; a path that cannot be resolved keeps its ``$``."""
-    values = _assignments(script)
+    values = rendered_values(script)
     code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
 
     def resolve(path: str) -> str:
@@ -307,7 +303,7 @@ def test_only_the_head_vm_carries_the_head_vm_role():
     s = _spec({"acceleratorType": "v6e-16", "slices": 2})
     assert ss.host_attributes(s, ss.HEAD_VM_SLICE_INDEX)[ss.ATTR_ROLE] == ss.HEAD_VM_ROLE
     assert ss.ATTR_ROLE not in ss.host_attributes(s, 0, head_address="10.0.0.2")
-    assert _assignments(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE
+    assert rendered_values(ss.render(s))["HEAD_VM_ROLE"] == ss.HEAD_VM_ROLE
 
 
 def test_the_identity_boot_hands_to_the_ray_service_is_every_global_read_identity_sets():
@@ -327,3 +323,31 @@ def test_the_identity_boot_hands_to_the_ray_service_is_every_global_read_identit
     assigned |= set(re.findall(r"\bfor (\w+) in\b", code))
     assert "WORKER_LIST" in assigned and "ROLE" in assigned  # the patterns find what they should
     assert assigned - local - {"IFS"} == set(listed.group(1).split())
+
+
+def test_the_heads_package_cache_installs_its_own_hashed_lock_alone():
+    """The head's package cache (proxpi, gunicorn and theirs) holds the index's credentials and
+    serves every host: it installs its shipped lock, every file checked against its hashes,
+    nothing resolved or built, and no requirement name reaches uv."""
+    shipped = variables.CACHE_LOCK.read()
+    assert dict(shipped.header) == variables.CACHE_LOCK.header(), (
+        "regenerate: scripts/lock_presets.py package-cache"
+    )
+    assert locks.foreign_line(shipped.text) is None
+    assert set(variables.CACHE_REQUIREMENTS) <= set(shipped.pins())
+    assert all("--hash=sha256:" in block for block in shipped.body.split("==")[1:])
+    script = ss.render(_spec(VARIANTS["2 x v6e-16 head=vm"]))
+    values = rendered_values(script)
+    assert base64.b64decode(values["CACHE_LOCK"]).decode() == shipped.text
+    assert values["CACHE_LOCK_DIGEST"] == shipped.digest
+    install = script[
+        script.index("\ninstall_cache() {") : script.index("\n}\n", script.index("\ninstall_cache() {"))
+    ]
+    [call] = re.findall(r'uv_install --quiet --python "\$CACHE_VENV/bin/python" ([^>]*)>>', install)
+    assert call.split() == [
+        *['"${SOURCE_ARGS[@]}"', "--require-hashes", "--no-deps", "--no-build", "\\"],
+        *["-r", '"$lock"'],
+    ]
+    # Without the cache (a wheelhouse), nothing of it is carried.
+    wheels = ss.RenderOptions(supervisor="process", package_source="wheels:/w", root="/r")
+    assert rendered_values(ss.render(_spec(VARIANTS["2 x v6e-16 head=vm"]), wheels))["CACHE_LOCK"] == ""

@@ -1,14 +1,30 @@
-"""The one Jinja environment: strict variables and the quoting rule."""
+"""The one Jinja environment: strict variables, the quoting rule, and every shipped template
+rendered and checked by bash -n and shellcheck."""
 
 from __future__ import annotations
 
+import functools
+import shutil
 import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import jinja2
+import jinja2.meta
 import pytest
 
+from rayslice import spec
+from rayslice import startup_scripts as ss
 from rayslice.errors import InvalidInput
-from rayslice.startup_scripts import templating
+from rayslice.startup_scripts import pod, templating
+from rayslice.startup_scripts.controller import render_controller
+from tests.startup_scripts.test_startup_scripts import OPTIONS, VARIANTS
+
+SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+# Every template rayslice ships, by glob: a new one is checked without being listed anywhere.
+TEMPLATES = sorted(path.name for path in templating.TEMPLATE_DIR.glob("*.sh.j2"))
 
 HOSTILE = [
     "$(touch {marker})",
@@ -122,9 +138,7 @@ def test_quoted_values_in_plain_context_are_accepted(source):
     templating.check_template("ok.sh.j2", source, templating.environment())
 
 
-@pytest.mark.parametrize(
-    "name", ["startup.sh.j2", "pod_start.sh.j2", "_install.sh.j2", "_numbers.sh.j2", "_metadata.sh.j2"]
-)
+@pytest.mark.parametrize("name", TEMPLATES)
 def test_shipped_templates_pass_the_check_and_keep_values_out_of_comments(name):
     source = (templating.TEMPLATE_DIR / name).read_text()
     templating.check_template(name, source, templating.environment())
@@ -151,3 +165,116 @@ def test_the_refused_contexts_execute_a_quoted_value(tmp_path, script):
     quoted = _render_source("{{ v | q }}", v=value)
     subprocess.run(["bash", "-c", script.format(value=quoted)], capture_output=True, text=True)
     assert marker.exists()
+
+
+# ---- every template, rendered in every variant the tests use, through bash -n and shellcheck ----
+
+_SPOT = {"acceleratorType": "v6e-16", "capacity": "spot", "slices": 2}
+# The controller VM's script: Spot (the default with a controller), elastic, and each kind of index.
+CONTROLLER_VARIANTS = {
+    "spot": _SPOT,
+    "elastic": VARIANTS["elastic 0 to 2 x v6e-16"],
+    "https index": {**_SPOT, "packageIndex": "https://pypi.example.internal/simple"},
+    "http index": {**_SPOT, "packageIndex": "http://pypi.internal/simple", "allowInsecurePackageIndex": True},
+}
+# The GKE pod start script, as tests/startup_scripts/test_pod.py renders it.
+POD_VARIANTS = {
+    "v6e-4": ("v6e-4", "us-east5-b", 1, None),
+    "2 x v6e-16": ("v6e-16", "us-east5-b", 2, None),
+    "v5p-16 wheels": ("v5p-16", "us-east5-a", 1, "wheels:/srv/wheels"),
+    "3 x tpu7x-16 venv": ("tpu7x-16", "us-central1-c", 3, "venv:/opt/ray venv"),
+}
+
+
+def _pod(accelerator: str, zone: str, slices: int, source: str | None) -> str:
+    raw = {"platform": "gke", "acceleratorType": accelerator, "zone": zone, "slices": slices, "name": "demo"}
+    return pod.render_pod_start(spec.load({**raw, "preset": "xla"}), source)
+
+
+def _renderers() -> dict[str, Callable[[], str]]:
+    """Every render the tests use, by name: the hosts' boot script, the controller VM's, the pod's."""
+    out: dict[str, Callable[[], str]] = {}
+    for variant, raw in VARIANTS.items():
+        for option, options in OPTIONS.items():
+            out[f"boot {variant}, {option}"] = functools.partial(
+                ss.render, spec.load(raw, require_zone=False), options
+            )
+    for variant, raw in CONTROLLER_VARIANTS.items():
+        for option, options in OPTIONS.items():
+            out[f"controller {variant}, {option}"] = functools.partial(
+                render_controller, spec.load(raw, require_zone=False), options
+            )
+    for variant, args in POD_VARIANTS.items():
+        out[f"pod {variant}"] = functools.partial(_pod, *args)
+    return out
+
+
+@contextmanager
+def _recording(names: list[str]) -> Iterator[None]:
+    """Records the name of every template the environment loads (a render loads its own first,
+    then the ones it includes)."""
+    env = templating.environment()
+    original = env.get_template
+
+    def get_template(name: str | jinja2.Template, *args: object, **kwargs: object) -> jinja2.Template:
+        names.append(name if isinstance(name, str) else str(name.name))
+        return original(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    env.get_template = get_template  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del env.get_template
+
+
+@functools.cache
+def _rendered() -> dict[str, list[tuple[str, str]]]:
+    """template -> [(render name, script)] over every render of `_renderers`."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, render in _renderers().items():
+        loaded: list[str] = []
+        with _recording(loaded):
+            script = render()
+        out.setdefault(loaded[0], []).append((name, script))
+    return out
+
+
+def _included(name: str) -> set[str]:
+    source = (templating.TEMPLATE_DIR / name).read_text()
+    return set(jinja2.meta.find_referenced_templates(templating.environment().parse(source)))
+
+
+def _shell_problems(script: str, path: Path) -> str:
+    """What bash -n and shellcheck (every severity down to style) say about `script`; empty if nothing."""
+    path.write_text(script)
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    check = subprocess.run([SHELLCHECK, "--severity=style", str(path)], capture_output=True, text=True)
+    return syntax.stderr + (check.stdout if check.returncode else "")
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_every_template_renders_and_passes_bash_n_and_shellcheck(tmp_path, name):
+    """A partial (``_*.sh.j2``) is checked inside each template that includes it; every other
+    template is rendered by at least one of the tests' renders, and each of its renders passes."""
+    if name.startswith("_"):
+        assert any(name in _included(other) for other in TEMPLATES if other != name), (
+            f"nothing includes {name}"
+        )
+        return
+    renders = _rendered().get(name, [])
+    assert renders, f"no test renders {name}: add its renderer to _renderers"
+    for render, script in renders:
+        assert len(script.encode()) < ss.METADATA_VALUE_LIMIT, render
+        problems = _shell_problems(script, tmp_path / "script.sh")
+        assert not problems, f"{render}:\n{problems}"
+
+
+def test_shellcheck_catches_an_unquoted_path_in_the_controller_script(tmp_path):
+    """The check above is not blind to the controller script: an unquoted ``$STATE_DIR`` (split
+    and globbed by bash) fails it, in the render whose root holds a space (shellcheck passes an
+    unquoted variable that it can see holds no space)."""
+    script = dict(_rendered()["controller.sh.j2"])["controller spot, simulated, venv"]
+    assert not _shell_problems(script, tmp_path / "ok.sh")
+    mutated = script.replace('mkdir -p "$STATE_DIR"', "mkdir -p $STATE_DIR", 1)
+    assert mutated != script
+    assert "SC2086" in _shell_problems(mutated, tmp_path / "mutated.sh")

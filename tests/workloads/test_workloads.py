@@ -281,3 +281,43 @@ def test_jax_train_resumes_from_its_latest_checkpoint_and_the_loss_continues(tmp
     # It continues where the first run stopped, far below where a fresh run starts.
     assert resumed.losses[0] < first.losses[0] / 2
     assert resumed.losses[0] < 2 * first.losses[-1]
+
+
+def test_jax_train_sizes_come_from_the_device_kind():
+    from rayslice.workloads.jax_train import SMALL, sizes_for
+
+    assert sizes_for("cpu") == SMALL and not SMALL.bf16
+    v5e = sizes_for("TPU v5 lite")  # 64 x 197 TFLOP/s / 819 GB/s ~ 15,400: batch 16384
+    assert (v5e.hidden, v5e.layers, v5e.batch_per_device, v5e.bf16) == (8192, 8, 16384, True)
+    assert sizes_for("TPU v2").layers == 4  # a v2 TensorCore has 8 GiB: 4 layers of 2 GiB
+    assert sizes_for("TPU v5 lite", hidden=1024, layers=2, batch_per_device=64).batch_per_device == 64
+    # Wider and deeper layers take smaller steps; a given learning rate is kept.
+    assert v5e.learning_rate == pytest.approx(3e-3 * 256 / 8192 / 8)
+    assert sizes_for("TPU v5 lite", learning_rate=1e-4).learning_rate == 1e-4
+
+
+def test_jax_train_on_cpu_says_the_peak_is_unknown():
+    from rayslice.workloads.jax_train import train
+
+    report = train(steps=2, batch_per_device=8, hidden=32, progress=lambda line: None)
+    assert report.peak_flops is None
+    assert "peak unknown for device kind 'cpu'" in report.summary()
+    assert "hidden 32 x 1 layers, batch 8 per device, f32 matmuls" in report.summary()
+
+
+def test_jax_train_fit_step_describes_the_arrays_build_model_makes():
+    import jax
+    import numpy as np
+
+    from rayslice.workloads.jax_train import build_model, fit_step
+
+    def shapes(tree):
+        return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
+
+    model = build_model(batch_per_device=4, hidden=16, layers=2)
+    argv = ["--hidden", "16", "--layers", "2", "--batch-per-device", "4"]
+    _step, (params, opt_state, x, y) = fit_step(jax.devices(), argv)
+    assert shapes(params) == shapes(model.params)
+    assert shapes(opt_state) == shapes(model.opt_state)
+    real_x, real_y = model.batch(np.random.default_rng(0))
+    assert (x.shape, x.dtype, y.shape) == (real_x.shape, real_x.dtype, real_y.shape)

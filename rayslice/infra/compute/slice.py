@@ -144,7 +144,7 @@ class ComputeSlice(pulumi.ComponentResource):
             service_account=gcp.compute.InstanceTemplateServiceAccountArgs(
                 email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
             ),
-            scheduling=scheduling(spec.capacity),
+            scheduling=scheduling(spec),
             reservation_affinity=reservation_affinity(spec),
             metadata=metadata,
             labels=labels,
@@ -167,7 +167,7 @@ class ComputeSlice(pulumi.ComponentResource):
             target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=BULK_MODE)]
             if spec.waits_for_capacity
             else None,
-            instance_lifecycle_policy=lifecycle_policy(spec.capacity),
+            instance_lifecycle_policy=lifecycle_policy(spec),
             resource_policies=gcp.compute.InstanceGroupManagerResourcePoliciesArgs(
                 workload_policy=policy.self_link
             ),

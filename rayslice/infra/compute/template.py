@@ -5,39 +5,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_gcp as gcp
 
-from rayslice.cloud import rules
+from rayslice import capacity_table, catalog
+from rayslice.capacity_table import cell_for
 from rayslice.spec import ClusterSpec, host_image_link
 
-# Values below are Compute Engine API enums; tests/infra/test_api_enums.py checks each against
-# the compute v1 discovery document google-api-python-client ships. The rules they satisfy, each
-# with its source, are in `rayslice.cloud.rules` (docs/deploy-compute.md lists them).
+# What differs per capacity (provisioning model, termination action, reservation, the MIG's
+# mode and failure action) comes from the stack's cell of `rayslice.capacity_table`, each value
+# with its source there; the values are Compute Engine API enums, which
+# tests/infra/test_api_enums.py checks against the compute v1 discovery document. The rules they
+# satisfy are in `rayslice.cloud.rules` (docs/deploy-compute.md lists them).
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"  # place the hosts as close as possible (one ICI domain)
-# TPU hosts cannot live-migrate: Compute Engine's TPU docs require TERMINATE on host maintenance.
-ON_HOST_MAINTENANCE = "TERMINATE"
-# Spot: Google's "Request TPU Spot VMs" page stops preempted TPU VMs (rule spot-tpu-stop); the
-# MIG does not repair them one by one (`lifecycle_policy`), the recovery controller recreates the
-# slice whole.
-SPOT_TERMINATION_ACTION = rules.STOP
-# Reserved: the reservation-bound provisioning model consumes a named (specific) reservation and
-# deletes its instances when the reservation ends (rules reservation-bound-specific and
-# bulk-reservation-bound-delete).
-RESERVED_TERMINATION_ACTION = rules.DELETE
-RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"  # SPECIFIC_RESERVATION by name
-# Flex-start: Compute Engine deletes the hosts at the end of their run duration ("About resize
-# requests in a MIG": "Compute Engine deletes the Flex-start VMs at the end of their run
-# duration"), so their termination action is DELETE; they consume no reservation and do not
-# restart by themselves (pulumi-gcp's ResizeRequest example, from the provider's docs: template
-# ``automatic_restart: False``, ``reservation_affinity: NO_RESERVATION``, MIG
-# ``default_action_on_failure: DO_NOTHING``).
-FLEX_START_TERMINATION_ACTION = rules.DELETE
-NO_RESERVATION = "NO_RESERVATION"
-# The MIG creates a flex-start slice's hosts all at once or none (compute v1 discovery,
-# InstanceGroupManagerTargetSizePolicy.mode BULK: "if the MIG is unable to create even one VM,
-# the MIG waits until all VMs can be created at the same time").
-BULK_MODE = rules.BULK
+BULK_MODE = capacity_table.BULK
 BOOT_DISK_GB = 100
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
 
@@ -49,70 +32,70 @@ def template_name_prefix(slice_name: str) -> str:
     return f"{slice_name}-"
 
 
-def scheduling(capacity: str) -> gcp.compute.InstanceTemplateSchedulingArgs:
-    """Provisioning per capacity. pulumi-gcp requires preemptible and no automatic restart
-    with SPOT; reservation-bound and on-demand hosts restart after a host error."""
-    if capacity == "spot":
-        return gcp.compute.InstanceTemplateSchedulingArgs(
-            provisioning_model=rules.SPOT,
-            preemptible=True,
-            automatic_restart=False,
-            instance_termination_action=SPOT_TERMINATION_ACTION,
-            on_host_maintenance=ON_HOST_MAINTENANCE,
-        )
-    if capacity == "flex-start":
-        return gcp.compute.InstanceTemplateSchedulingArgs(
-            provisioning_model=rules.FLEX_START,
-            automatic_restart=False,
-            instance_termination_action=FLEX_START_TERMINATION_ACTION,
-            on_host_maintenance=ON_HOST_MAINTENANCE,
-        )
-    if capacity == "reserved":
-        return gcp.compute.InstanceTemplateSchedulingArgs(
-            provisioning_model=rules.RESERVATION_BOUND,
-            automatic_restart=True,
-            instance_termination_action=RESERVED_TERMINATION_ACTION,
-            on_host_maintenance=ON_HOST_MAINTENANCE,
-        )
+def _template_properties(spec: ClusterSpec) -> dict[str, Any]:
+    """The capacity's part of the instance template (`capacity_table.Cell.calls`), filled in."""
+    call = next(c for c in cell_for(spec).calls if c.method.endswith("nstanceTemplates.insert"))
+    values = {
+        capacity_table.RESERVATION_NAME: spec.reservation,
+        capacity_table.MAX_RUN_SECONDS: spec.max_run_seconds,
+    }
+    filled: dict[str, Any] = capacity_table.fill(call.body, values)["properties"]
+    return filled
+
+
+def scheduling(spec: ClusterSpec) -> gcp.compute.InstanceTemplateSchedulingArgs:
+    """The template's scheduling, exactly as the stack's capacity cell writes it."""
+    body = dict(_template_properties(spec)["scheduling"])
+    run = body.pop("maxRunDuration", None)
     return gcp.compute.InstanceTemplateSchedulingArgs(
-        provisioning_model="STANDARD",
-        automatic_restart=True,
-        on_host_maintenance=ON_HOST_MAINTENANCE,
+        provisioning_model=body.pop("provisioningModel"),
+        on_host_maintenance=body.pop("onHostMaintenance"),
+        automatic_restart=body.pop("automaticRestart"),
+        preemptible=body.pop("preemptible", None),
+        instance_termination_action=body.pop("instanceTerminationAction", None),
+        max_run_duration=None
+        if run is None
+        else gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=int(run["seconds"])),
+        **_nothing_left(body),
     )
 
 
 def reservation_affinity(spec: ClusterSpec) -> gcp.compute.InstanceTemplateReservationAffinityArgs | None:
-    """reserved: the named reservation (``SPECIFIC_RESERVATION``, rule
-    reservation-bound-specific; the spec requires the name on compute); other capacities: the
-    default; flex-start: none (``NO_RESERVATION``)."""
-    if spec.capacity == "flex-start":
-        return gcp.compute.InstanceTemplateReservationAffinityArgs(type=NO_RESERVATION)
-    if spec.capacity != "reserved":
+    """The cell's reservation affinity: a named reservation (``SPECIFIC_RESERVATION``, rule
+    reservation-bound-specific), none (``NO_RESERVATION``, flex-start), or the API's default."""
+    body = dict(_template_properties(spec).get("reservationAffinity") or {})
+    if not body:
         return None
+    kind = body.pop("consumeReservationType")
+    key, values = body.pop("key", None), body.pop("values", None)
+    _nothing_left(body)
     return gcp.compute.InstanceTemplateReservationAffinityArgs(
-        type=rules.SPECIFIC_RESERVATION,
-        specific_reservation=gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(
-            key=RESERVATION_NAME_KEY, values=[str(spec.reservation)]
-        ),
+        type=kind,
+        specific_reservation=None
+        if key is None
+        else gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(key=key, values=values),
     )
 
 
-def lifecycle_policy(capacity: str) -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs | None:
-    """Spot: ``DO_NOTHING`` on a failed host (rule spot-tpu-do-nothing): a MIG's default,
-    ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice. Flex-start: the same
-    (its hosts come only through a resize request; the recovery controller makes a new one).
-    Other capacities keep the default: Compute Engine repairs on-demand and reserved slices as a
-    whole."""
-    if capacity not in ("spot", "flex-start"):
-        return None
-    return gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(
-        default_action_on_failure=rules.DO_NOTHING
-    )
+def lifecycle_policy(spec: ClusterSpec) -> gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs:
+    """The MIG's action on a failed host, from the cell: ``DO_NOTHING`` on every TPU MIG (a
+    MIG's default, ``REPAIR``, recreates single hosts, which cannot rejoin an ICI slice; rule
+    tpu-mig-do-nothing). Compute Engine recovers on-demand, reserved and flex-start slices whole
+    on its own; the recovery controller recreates Spot slices whole."""
+    action = cell_for(spec).failure_action
+    assert action is not None, "every compute cell names its MIG's failure action"
+    return gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(default_action_on_failure=action)
+
+
+def _nothing_left(body: dict[str, Any]) -> dict[str, Any]:
+    """Every field of the cell's body has become an argument above: none is dropped unseen."""
+    assert not body, f"capacity table fields without a pulumi-gcp argument here: {sorted(body)}"
+    return {}
 
 
 def boot_disk_type(spec: ClusterSpec) -> str:
     """The boot disk type Google lists for the generation's TPU VMs (rule tpu-boot-disk)."""
-    return rules.BOOT_DISK_TYPES[spec.tpu.generation][0]
+    return catalog.BOOT_DISK_TYPES[spec.tpu.generation][0]
 
 
 def base_image(spec: ClusterSpec) -> str:

@@ -9,19 +9,17 @@ node a direct create (`gcp.tpu.V2Vm`) would send: its inputs are the QueuedResou
 fields plus the node in V2Vm's properties, which `rayslice.cloud.bodies` turns into the REST body
 with the V2Vm converter, the same function the cloud twin and `rayslice preview` apply.
 
-What the request carries per capacity (tpu v2 discovery document, QueuedResource, unless said):
-
-- ``on-demand``: no tier.
-- ``spot``: the Spot tier, ``spot: {}`` ("Optional. The Spot tier.").
-- ``reserved``: the node's ``schedulingConfig.reserved`` ("Whether the node is created under a
-  reservation") and, when the stack names one, ``reservationName``
-  ("projects/{project}/locations/{zone}/reservations/{reservation}").
-- ``flex-start``: sent to v2alpha1, the only version with ``provisioningModel: FLEX_START`` and
-  ``runDuration.maxRunDuration`` ("The maximum duration of the requested resource"), from
-  ``maxRunHours``.
-- ``queueDeadlineHours``: ``queueingPolicy.validUntilDuration`` ("A relative time after which
-  resources should not be created. If the request cannot be fulfilled by this time the request
-  will be failed"), a google-duration of seconds.
+What the request carries per capacity is the stack's cell of `rayslice.capacity_table`
+(``queuedResources.create``'s body there, each field with its source): the Spot tier
+(``spot: {}``), a reservation (``reservationName``: the named one, or ``.../reservations/-`` for
+any matching one, as gcloud's ``--reserved`` sends it), ``provisioningModel: RESERVATION_BOUND``
+for a calendar-mode reservation, and ``provisioningModel: FLEX_START`` with
+``runDuration.maxRunDuration`` from ``maxRunHours``. A request with a provisioning model or a
+run duration goes to v2alpha1, the only version that has them (tpu v2alpha1 discovery document,
+QueuedResource); any other to v2. ``queueDeadlineHours`` becomes
+``queueingPolicy.validUntilDuration`` ("A relative time after which resources should not be
+created. If the request cannot be fulfilled by this time the request will be failed"), a
+google-duration of seconds.
 
 The node is named by ``nodeId`` (the slice's name, so the recovery controller and `rayslice
 status` find it as they find a directly created one); the request itself is
@@ -46,14 +44,15 @@ import pulumi
 import pulumi.dynamic
 import pulumi_gcp as gcp
 
-from rayslice.cloud import bodies
+from rayslice import capacity_table
+from rayslice.capacity_table import cell_for
+from rayslice.cloud import bodies, rules
 from rayslice.errors import CloudError
 from rayslice.names import request_name
 from rayslice.recovery.cloud import CloudClient, Location, default_session, operation_error
 from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 
 ACCEPT_TIMEOUT_S = 600.0  # how long `pulumi up` waits for Google to accept a request
-FLEX_START = "FLEX_START"  # tpu v2alpha1 QueuedResource.provisioningModel
 # The inputs a change of which replaces the request (every input Google receives).
 _COMPARED = sorted(bodies.consumed(bodies.QUEUED_RESOURCE) | {"project", "zone"})
 
@@ -66,23 +65,28 @@ def _duration(hours: int) -> str:
 def request_fields(spec: ClusterSpec, project: pulumi.Input[str]) -> dict[str, Any]:
     """The QueuedResource fields that depend on the capacity and the deadline (module docstring);
     ``apiVersion`` says which version of the API takes them."""
-    fields: dict[str, Any] = {"apiVersion": "v2"}
-    if spec.capacity == "spot":
-        fields["spot"] = {}
-    elif spec.capacity == "reserved" and spec.reservation:
-        fields["reservationName"] = pulumi.Output.concat(
-            "projects/", project, f"/locations/{spec.zone}/reservations/{spec.reservation}"
-        )
-    elif spec.capacity == "flex-start":
-        assert spec.max_run_hours is not None  # the spec fills it for flex-start
-        fields.update(
-            apiVersion="v2alpha1",
-            provisioningModel=FLEX_START,
-            runDuration={"maxRunDuration": _duration(spec.max_run_hours)},
-        )
+    (call,) = cell_for(spec).calls
+    values = {
+        capacity_table.ZONE: spec.zone,
+        capacity_table.RESERVATION_NAME: spec.reservation,
+        capacity_table.MAX_RUN_SECONDS: spec.max_run_seconds,
+    }
+    fields: dict[str, Any] = {
+        key: _in_project(value, project) for key, value in capacity_table.fill(call.body, values).items()
+    }
+    alpha = any(key in fields for key in rules.ALPHA_ONLY_QUEUED_FIELDS)
+    fields["apiVersion"] = "v2alpha1" if alpha else "v2"
     if spec.queue_deadline_hours is not None:
         fields["queueingPolicy"] = {"validUntilDuration": _duration(spec.queue_deadline_hours)}
     return fields
+
+
+def _in_project(value: Any, project: pulumi.Input[str]) -> Any:
+    """A reservation path with the project filled in (the project may be known only to Pulumi)."""
+    if not isinstance(value, str) or capacity_table.PROJECT not in value:
+        return value
+    head, tail = value.split(capacity_table.PROJECT, 1)
+    return pulumi.Output.concat(head, project, tail)
 
 
 class QueuedResourceProvider(pulumi.dynamic.ResourceProvider):

@@ -29,6 +29,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from rayslice import catalog
+from rayslice.capacity_table import cell_for
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES
 from rayslice.infra.firewall import slice_tags
 from rayslice.infra.hosts import SliceArgs
@@ -51,13 +52,18 @@ def accelerator_config(spec: ClusterSpec) -> gcp.tpu.V2VmAcceleratorConfigArgs:
     )
 
 
-def scheduling(capacity: str) -> gcp.tpu.V2VmSchedulingConfigArgs | None:
-    """The V2Vm scheduling config of a capacity: spot, any matching reservation, or none."""
-    if capacity == "spot":
-        return gcp.tpu.V2VmSchedulingConfigArgs(spot=True)
-    if capacity == "reserved":
-        return gcp.tpu.V2VmSchedulingConfigArgs(reserved=True)
-    return None
+def scheduling(spec: ClusterSpec) -> gcp.tpu.V2VmSchedulingConfigArgs | None:
+    """The V2Vm scheduling config of a direct create, as the stack's capacity cell writes it
+    (``nodes.create``'s ``schedulingConfig``: spot, any matching reservation, or none)."""
+    (call,) = cell_for(spec).calls
+    config = dict(call.body.get("schedulingConfig") or {})
+    if not config:
+        return None
+    args = gcp.tpu.V2VmSchedulingConfigArgs(
+        spot=config.pop("spot", None), reserved=config.pop("reserved", None)
+    )
+    assert not config, f"capacity table fields without a V2Vm argument here: {sorted(config)}"
+    return args
 
 
 def shielded_instance_config(spec: ClusterSpec) -> gcp.tpu.V2VmShieldedInstanceConfigArgs | None:
@@ -70,13 +76,13 @@ def shielded_instance_config(spec: ClusterSpec) -> gcp.tpu.V2VmShieldedInstanceC
 def node_properties(spec: ClusterSpec, args: SliceArgs, index: int) -> dict[str, Any]:
     """A queued slice's node as V2Vm's properties (camelCase, as the engine hands them to
     `rayslice.cloud.bodies`): the fields `TpuVmSlice` gives its V2Vm, from the same helpers.
-    Spot and flex-start are the request's tier or provisioning model, not the node's."""
+    The capacity is the request's (its tier, reservation or provisioning model: gcloud's
+    queued-resources create sets none of it on the node), so the node carries none."""
     accelerator = accelerator_config(spec)
     shielded = shielded_instance_config(spec)
     return {
         "acceleratorConfig": {"type": accelerator.type, "topology": accelerator.topology},
         "runtimeVersion": spec.runtime_version,
-        **({"schedulingConfig": {"reserved": True}} if spec.capacity == "reserved" else {}),
         **({"shieldedInstanceConfig": {"enableSecureBoot": True}} if shielded else {}),
         "networkConfig": {
             "network": args.network,
@@ -132,7 +138,7 @@ class TpuVmSlice(pulumi.ComponentResource):
             zone=spec.zone,
             accelerator_config=accelerator_config(spec),
             runtime_version=spec.runtime_version,
-            scheduling_config=scheduling(spec.capacity),
+            scheduling_config=scheduling(spec),
             shielded_instance_config=shielded_instance_config(spec),
             network_config=gcp.tpu.V2VmNetworkConfigArgs(
                 network=args.network,

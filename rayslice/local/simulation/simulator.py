@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import rayslice
+from rayslice import compilation_cache
 from rayslice import spec as spec_module
 from rayslice.errors import InvalidInput, SimulatorError
 from rayslice.local.google.host_metadata import instance_tree
@@ -214,8 +215,13 @@ class Simulation(HostPower, HostProgress, SimulationServices):
                 "no nft or iptables on this machine: the bridge subnet is not filtered, so other local "
                 "users can reach the hosts' ports (Ray token auth still applies); install nftables"
             )
+        # Every host's jobs cache their compiled steps in the shared folder, as a real cluster's
+        # do in its bucket (`rayslice.compilation_cache`).
         options = RenderOptions(
-            supervisor="process", package_source=None if from_index else source, root=plan.root
+            supervisor="process",
+            package_source=None if from_index else source,
+            root=plan.root,
+            compilation_cache=compilation_cache.folder_location(plan.shared_dir),
         )
         netns.create_bridge(plan.bridge, plan.gateway, network.prefixlen)  # the emulation listens on it
         if zone_capacity is not None:

@@ -93,7 +93,8 @@ def test_ironwood_example(capsys):
     (mig,) = _of(resources, MIG)
     assert (mig["inputs"]["targetSize"], len(_of(resources, PER_INSTANCE))) == (0, 2)
     assert "targetSizePolicies" not in mig["inputs"]  # bulk mode refuses STANDARD templates
-    assert "instanceLifecyclePolicy" not in mig["inputs"]  # on-demand: Compute Engine repairs the slice
+    # On-demand too: Compute Engine recovers the slice whole; the MIG's REPAIR would recreate one host.
+    assert mig["inputs"]["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
 
 
 RESERVED = ["--set", "acceleratorType=v6e-16", "--set", "zone=us-east5-b", "--set", "capacity=reserved"]

@@ -1,0 +1,409 @@
+"""The record that outlives a cluster: its events, boot logs, jobs and their logs, in a bucket.
+
+A cluster's record lives under one prefix, ``clusters/<cluster name>/<run id>/`` of the record
+root (a GCS bucket on the cloud; on the simulator a folder beside its state dir, which `rayslice
+local down` keeps: `rayslice.local.simulation.recording`):
+
+- ``cluster.json``: the cluster's name, run id, accelerator type, when it started, and its stack
+  config; ``ended.json``: when it was taken down;
+- ``events/<name>.jsonl``: the recovery controller's events (`rayslice.recovery.events.Event`),
+  one JSON object a line;
+- ``hosts/<host>/<log>``: each host's boot log and console;
+- ``ray/<file>``: Ray's own job-driver logs and Ray events from the head;
+- ``jobs/<job id>/submitted.json``: a Ray job's entrypoint, submission time and ``restart_of``
+  (the first job of its `rayslice run`, for a job submitted again); ``ended.json``: its final
+  status and when; ``mark-<name>.json``: a moment `rayslice run` saw (a node's death, the
+  cluster whole again);
+- ``jobs/<job id>/log-<n>.jsonl``: its log as `rayslice run` streamed it, ``{"t": unix s,
+  "line": text}`` a line, one object per flush (a bucket has no append, so each flush is a new
+  object, written as the job runs);
+- ``jobs/<job id>/goodput.json``: the run's goodput report (`rayslice.observability.goodput`).
+
+Every object is written whole and exactly once: a bucket has no append, and one with a retention
+policy refuses to overwrite an object younger than its period, so nothing here ever rewrites one
+(`FolderBucket` refuses as such a bucket would).
+
+Nothing secret goes in: every text passes `redact` first, which removes the values of
+``Authorization`` headers, credentials in URLs, OAuth access tokens (the metadata server's
+``access_token``), private keys, ``RAY_AUTH_TOKEN`` and ``token=`` / ``password=`` style assignments, and any
+secret the writer knows by value (the cluster's Ray token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rayslice.errors import InvalidInput
+
+CLUSTERS_PREFIX = "clusters"
+CLUSTER_INFO = "cluster.json"
+EVENTS_DIR = "events"
+HOSTS_DIR = "hosts"
+RAY_DIR = "ray"
+JOBS_DIR = "jobs"
+JOB_SUBMITTED = "submitted.json"
+JOB_ENDED = "ended.json"
+JOB_LOG_PREFIX = "log-"
+MARK_PREFIX = "mark-"
+MARK_NODE_DIED = "node_died"
+MARK_WHOLE_AGAIN = "whole_again"
+CLUSTER_ENDED = "ended.json"
+GOODPUT = "goodput.json"
+# Where `rayslice run` writes a job's record when its cluster is not the simulator's: a cluster
+# record's location, a folder or gs://BUCKET/clusters/NAME/RUN.
+RECORD_ENV = "RAYSLICE_RECORD"
+REDACTED = "[redacted]"
+# A key part: what a GCE instance name, a Ray job id or a run id may hold; never "/" or "..".
+KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+# What `redact` removes. Each keeps what names the secret and drops its value.
+_SECRET_PATTERNS = (
+    # An Authorization header (HTTP request dumps, curl -v, Ray's client errors), any scheme.
+    (
+        re.compile(r"(?i)(\bauthorization\s*[:=]\s*)(?:(?:bearer|basic|token)\s+)?[^\s'\",]+"),
+        rf"\1{REDACTED}",
+    ),
+    # Credentials in a URL: https://user:password@host (a private index's URL) or https://token@host.
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/\s@:'\"]+(?::[^/\s@'\"]*)?@"), rf"\1{REDACTED}@"),
+    # The metadata server's token answer and OAuth forms: "access_token": "ya29...".
+    (
+        re.compile(r"(?i)(\"?(?:access_token|refresh_token|id_token)\"?\s*[:=]\s*\"?)[^\s\"',&]+"),
+        rf"\1{REDACTED}",
+    ),
+    # A Google OAuth access token by its own prefix, wherever it stands.
+    (re.compile(r"\bya29\.[A-Za-z0-9_\-.]+"), REDACTED),
+    # A PEM private key (a service-account key file's "private_key"), whole.
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S), REDACTED),
+    (re.compile(r"(?i)(\"private_key\"\s*:\s*\")[^\"]+"), rf"\1{REDACTED}"),
+    # Environment and query assignments: RAY_AUTH_TOKEN=..., ?token=..., password: ...
+    (
+        re.compile(r"(?i)(\b[A-Z0-9_]*(?:TOKEN|PASSWORD|SECRET|PASSWD|API_KEY)\b\s*[=:]\s*)[^\s&'\",]+"),
+        rf"\1{REDACTED}",
+    ),
+)
+
+
+def redact(text: str, known: Iterable[str] = ()) -> str:
+    """`text` without the secrets it holds (see the module docstring); `known`: secret values to
+    remove wherever they appear (shorter than 8 characters is too likely to be a word: ignored)."""
+    for value in known:
+        if len(value) >= 8:
+            text = text.replace(value, REDACTED)
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class Bucket(Protocol):
+    """Objects by key under a prefix: written whole, listed, read."""
+
+    def write(self, key: str, data: bytes) -> None: ...
+
+    def read(self, key: str) -> bytes: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+
+def join(*parts: str) -> str:
+    """A key from a prefix (possibly empty) and names."""
+    return "/".join(p for p in parts if p)
+
+
+def check_key(key: str) -> str:
+    """`key` if every part of it is a plain name (no "..", no empty part, no absolute path)."""
+    parts = key.split("/")
+    if not parts or not all(KEY_PART.fullmatch(p) for p in parts):
+        raise InvalidInput(f"{key[:120]!r} is not a record key")
+    return key
+
+
+@dataclass(frozen=True)
+class FolderBucket:
+    """A folder that plays the bucket: objects are files (0600) under `root`, each written
+    atomically and once (`FileExistsError` for a key that exists, as a retention policy refuses)."""
+
+    root: Path
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self.root / check_key(key)
+        _private_dirs(path.parent)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.link(tmp, path)  # fails if the object exists: never replaced
+        finally:
+            tmp.unlink()
+
+    def read(self, key: str) -> bytes:
+        return (self.root / check_key(key)).read_bytes()
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self.root / prefix if prefix else self.root
+        if not base.is_dir():
+            return []
+        found = []
+        for path in base.rglob("*"):
+            if path.is_file() and not path.name.startswith("."):
+                found.append(path.relative_to(self.root).as_posix())
+        return sorted(found)
+
+
+def _private_dirs(path: Path) -> None:
+    """mkdir -p, every level it creates 0700 (a record holds logs: private like the state dir)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for level in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(level, 0o700)
+
+
+def open_location(location: str) -> tuple[Bucket, str]:
+    """The bucket and key prefix of a record location: a folder, or gs://BUCKET/PREFIX."""
+    if location.startswith("gs://"):
+        from rayslice.observability.gcs import GcsBucket  # needs google-auth, not every reader does
+
+        name, _, prefix = location[len("gs://") :].partition("/")
+        return GcsBucket.default(name), prefix.strip("/")
+    if "://" in location:
+        raise InvalidInput(f"{location!r}: a record location is a folder or gs://BUCKET/PREFIX")
+    return FolderBucket(Path(location)), ""
+
+
+def cluster_prefix(cluster: str, run_id: str) -> str:
+    return check_key(f"{CLUSTERS_PREFIX}/{cluster}/{run_id}")
+
+
+@dataclass
+class ClusterRecord:
+    """One cluster's record: writes its objects under `prefix`, every text redacted first."""
+
+    bucket: Bucket
+    prefix: str
+    known_secrets: tuple[str, ...] = ()
+
+    def key(self, *parts: str) -> str:
+        return check_key(join(self.prefix, *parts))
+
+    def write_text(self, key: str, text: str) -> None:
+        self.bucket.write(self.key(key), redact(text, self.known_secrets).encode())
+
+    def write_json(self, key: str, value: Mapping[str, Any]) -> None:
+        self.write_text(key, json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+
+class Journal(Protocol):
+    """What `rayslice run` tells the record about a job as it follows it."""
+
+    def lines(self, text: str) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def mark(self, name: str) -> None: ...
+
+    def end(self, status: str) -> None: ...
+
+
+class NullJournal:
+    """A job that is not recorded (no record location)."""
+
+    def lines(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def mark(self, name: str) -> None:
+        pass
+
+    def end(self, status: str) -> None:
+        pass
+
+
+NO_JOURNAL = NullJournal()
+
+
+@dataclass
+class JobJournal:
+    """One Ray job's record as `rayslice run` follows it, in objects each written once: its
+    submission, its log in timed chunks, the moments `rayslice run` saw, and its end.
+
+    Recording never fails the job: the first write that fails is reported once on stderr, and
+    the journal writes nothing more."""
+
+    record: ClusterRecord
+    job_id: str
+    restart_of: str | None
+    entrypoint: str
+    submitted: float
+    flush_s: float = 5.0
+    broken: bool = False
+    _pending: list[tuple[float, str]] = field(default_factory=list)
+    _chunks: int = 0
+    _last_flush: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._last_flush = self.submitted
+        submitted = {
+            "job_id": self.job_id,
+            "entrypoint": self.entrypoint,
+            "submitted": self.submitted,
+            "restart_of": self.restart_of,
+        }
+        self._put(JOB_SUBMITTED, json.dumps(submitted))
+
+    def _put(self, name: str, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            self.record.write_text(f"{JOBS_DIR}/{self.job_id}/{name}", text)
+        except OSError as exc:
+            self.broken = True
+            print(f"rayslice: not recording job {self.job_id} any more: {exc}", file=sys.stderr, flush=True)
+
+    def lines(self, text: str, now: float | None = None) -> None:
+        """Lines as they arrived (a chunk of the stream may hold several); flushed every `flush_s`."""
+        at = time.time() if now is None else now
+        self._pending += [(at, line) for line in text.splitlines()]
+        if at - self._last_flush >= self.flush_s:
+            self.flush(at)
+
+    def flush(self, now: float | None = None) -> None:
+        if self._pending:
+            self._chunks += 1
+            body = "".join(json.dumps({"t": t, "line": line}) + "\n" for t, line in self._pending)
+            self._put(f"{JOB_LOG_PREFIX}{self._chunks:06d}.jsonl", body)
+            self._pending.clear()
+        self._last_flush = time.time() if now is None else now
+
+    def mark(self, name: str, now: float | None = None) -> None:
+        """A moment `rayslice run` saw: `MARK_NODE_DIED`, `MARK_WHOLE_AGAIN`."""
+        self._put(
+            f"{MARK_PREFIX}{check_key(name)}.json", json.dumps({name: time.time() if now is None else now})
+        )
+
+    def end(self, status: str, now: float | None = None) -> None:
+        self.flush(now)
+        self._put(JOB_ENDED, json.dumps({"status": status, "ended": time.time() if now is None else now}))
+
+
+def open_journal(
+    location: str | None, job_id: str, restart_of: str | None, entrypoint: str, now: float | None = None
+) -> Journal:
+    """The journal of a job submitted to a cluster whose record is at `location` (a cluster
+    record's folder or gs://BUCKET/PREFIX); `NO_JOURNAL` without one, or when it cannot be opened
+    (said once on stderr: recording never fails the job)."""
+    if not location:
+        return NO_JOURNAL
+    try:
+        bucket, prefix = open_location(location)
+        submitted = time.time() if now is None else now
+        journal = JobJournal(
+            ClusterRecord(bucket, prefix), check_key(job_id), restart_of, entrypoint, submitted
+        )
+    except (OSError, InvalidInput) as exc:
+        print(f"rayslice: not recording job {job_id} in {location}: {exc}", file=sys.stderr, flush=True)
+        return NO_JOURNAL
+    return journal
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    info: dict[str, Any]
+    lines: tuple[tuple[float | None, str], ...]
+
+    @property
+    def job_id(self) -> str:
+        return str(self.info.get("job_id", ""))
+
+
+def clusters(bucket: Bucket, root_prefix: str = "") -> list[str]:
+    """Every cluster record's prefix under `root_prefix`, oldest first (by their cluster.json)."""
+    base = join(root_prefix, CLUSTERS_PREFIX)
+    found = {k.rsplit("/", 1)[0] for k in bucket.list(base) if k.endswith("/" + CLUSTER_INFO)}
+    return sorted(found, key=lambda prefix: _recorded_at(bucket, prefix))
+
+
+def _recorded_at(bucket: Bucket, prefix: str) -> float:
+    try:
+        return float(json.loads(bucket.read(join(prefix, CLUSTER_INFO))).get("started", 0.0))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def cluster_info(bucket: Bucket, prefix: str) -> dict[str, Any]:
+    """The cluster's ``cluster.json``, with ``ended`` once it was taken down."""
+    info = read_json(bucket, join(prefix, CLUSTER_INFO))
+    if join(prefix, CLUSTER_ENDED) in bucket.list(prefix):
+        info |= read_json(bucket, join(prefix, CLUSTER_ENDED))
+    return info
+
+
+def untimed_log(text: str) -> str:
+    """A log whose lines' times are unknown (Ray's stored job log), as a log object's body."""
+    return "".join(json.dumps({"t": None, "line": line}) + "\n" for line in text.splitlines())
+
+
+def read_json(bucket: Bucket, key: str) -> dict[str, Any]:
+    value = json.loads(bucket.read(key))
+    return value if isinstance(value, dict) else {}
+
+
+def jobs(bucket: Bucket, prefix: str) -> list[JobRecord]:
+    """The cluster's jobs, oldest first: each job's objects merged into one info dict (its
+    submission, its end once it ended, and ``marks``)."""
+    keys = bucket.list(join(prefix, JOBS_DIR))
+    found = []
+    for key in keys:
+        if key.endswith("/" + JOB_SUBMITTED):
+            job_dir = key.rsplit("/", 1)[0]
+            info = read_json(bucket, key) | {"status": "RUNNING", "ended": None, "marks": {}}
+            for other in keys:
+                name = other.rsplit("/", 1)[-1]
+                if not other.startswith(job_dir + "/"):
+                    continue
+                if name == JOB_ENDED:
+                    info |= read_json(bucket, other)
+                elif name.startswith(MARK_PREFIX):
+                    info["marks"] |= read_json(bucket, other)
+            found.append(JobRecord(info, tuple(_job_lines(bucket, keys, job_dir))))
+    return sorted(found, key=lambda j: float(j.info.get("submitted") or 0.0))
+
+
+def _job_lines(bucket: Bucket, keys: list[str], job_dir: str) -> Iterator[tuple[float | None, str]]:
+    for key in keys:
+        if key.startswith(job_dir + "/") and key.rsplit("/", 1)[-1].startswith(JOB_LOG_PREFIX):
+            for raw in bucket.read(key).decode().splitlines():
+                entry = json.loads(raw)
+                stamp = entry.get("t")  # None: a line copied from Ray's stored log, time unknown
+                yield (float(stamp) if stamp is not None else None), str(entry["line"])
+
+
+def events(bucket: Bucket, prefix: str) -> list[dict[str, Any]]:
+    """The controller's events in the record, oldest first."""
+    found = []
+    for key in bucket.list(join(prefix, EVENTS_DIR)):
+        for raw in bucket.read(key).decode().splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "time" in entry:
+                found.append(entry)
+    return sorted(found, key=lambda e: str(e["time"]))

@@ -1,0 +1,126 @@
+"""The record: what is filtered out of it, objects written once, and a job's journal read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rayslice.errors import InvalidInput
+from rayslice.observability import history, record
+
+RAY_TOKEN = "f3a9c1d27b8e4f60a1b2c3d4e5f60718"
+SECRET_TEXT = f"""\
++ curl -H 'Authorization: Bearer {RAY_TOKEN}' http://10.0.0.2:8265/api/jobs/
+> GET /computeMetadata/v1/instance/service-accounts/default/token
+< {{"access_token":"ya29.a0AfB_byC-secret_value","expires_in":3599,"token_type":"Bearer"}}
+pip install --index-url https://deploy:s3cr3t-pass@pypi.corp.example/simple ray
+pip install --extra-index-url https://oauth2accesstoken@europe-python.pkg.dev/p/r/simple x
+export RAY_AUTH_TOKEN={RAY_TOKEN}
+GET /wheels?token=abcdef123456&name=x
+authorization: Basic dXNlcjpwYXNz
+{{"type": "service_account",
+  "private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEv\\n-----END PRIVATE KEY-----\\n"}}
+the token {RAY_TOKEN} again
+step  12  loss 0.51234
+"""
+SECRETS = (
+    RAY_TOKEN,
+    "ya29.a0AfB_byC-secret_value",
+    "s3cr3t-pass",
+    "deploy:",
+    "oauth2accesstoken",
+    "abcdef123456",
+    "dXNlcjpwYXNz",
+    "MIIEv",
+)
+
+
+def test_redact_removes_every_kind_of_secret_and_keeps_the_rest() -> None:
+    clean = record.redact(SECRET_TEXT, known=[RAY_TOKEN])
+    for secret in SECRETS:
+        assert secret not in clean
+    assert "pypi.corp.example/simple" in clean and "step  12  loss 0.51234" in clean
+    assert "Authorization: [redacted]" in clean and "RAY_AUTH_TOKEN=[redacted]" in clean
+
+
+def test_a_record_written_through_a_cluster_record_holds_no_secret(tmp_path: Path) -> None:
+    rec = record.ClusterRecord(record.FolderBucket(tmp_path), "clusters/c/r1", known_secrets=(RAY_TOKEN,))
+    rec.write_text("hosts/rayslice-head/boot.log", SECRET_TEXT)
+    journal = record.open_journal(str(tmp_path / "clusters/c/r2"), "raysubmit_1", None, "python -m x")
+    journal.lines(SECRET_TEXT)
+    journal.end("SUCCEEDED")
+    written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    for secret in SECRETS[1:]:  # the journal knows no token by value: the patterns alone hold it back
+        assert secret not in written
+    assert "step  12  loss 0.51234" in written
+
+
+def test_objects_are_written_once_and_private(tmp_path: Path) -> None:
+    bucket = record.FolderBucket(tmp_path)
+    bucket.write("clusters/c/r/cluster.json", b"{}")
+    with pytest.raises(FileExistsError):
+        bucket.write("clusters/c/r/cluster.json", b"{}")
+    assert (tmp_path / "clusters/c/r/cluster.json").stat().st_mode & 0o777 == 0o600
+    for level in ("clusters", "clusters/c", "clusters/c/r"):  # every folder it made is private too
+        assert (tmp_path / level).stat().st_mode & 0o777 == 0o700
+    assert bucket.list("clusters") == ["clusters/c/r/cluster.json"]
+    assert not list(tmp_path.rglob(".*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("key", ["../x", "a//b", "/etc/passwd", "a/../b", ""])
+def test_a_key_never_leaves_the_bucket(tmp_path: Path, key: str) -> None:
+    with pytest.raises(InvalidInput):
+        record.FolderBucket(tmp_path).write(key, b"x")
+
+
+def test_a_journal_reads_back_as_the_runs_attempts(tmp_path: Path) -> None:
+    where = str(tmp_path / "clusters/c/r")
+    first = record.open_journal(where, "raysubmit_1", None, "python -m rayslice.workloads.jax_train", now=0.0)
+    first.lines("slice s\nstep   0  loss 1.0\n", now=2.0)
+    first.lines("step   1  loss 0.9\n", now=3.0)
+    first.mark(record.MARK_NODE_DIED, now=5.0)
+    first.end("FAILED", now=4.0)
+    first.mark(record.MARK_WHOLE_AGAIN, now=8.0)
+    second = record.open_journal(
+        where, "raysubmit_2", "raysubmit_1", "python -m rayslice.workloads.jax_train", now=10.0
+    )
+    second.lines("resumed from step 1\nstep   1  loss 0.9\n", now=12.0)
+    second.end("SUCCEEDED", now=13.0)
+    bucket = record.FolderBucket(tmp_path / "clusters/c/r")
+    [run] = history.training_runs(record.jobs(bucket, ""))
+    assert [a.job_id for a in run.attempts] == ["raysubmit_1", "raysubmit_2"] and run.status == "SUCCEEDED"
+    attempts = history.attempts(run)
+    assert attempts[0].lines[1] == history.goodput.Line(2.0, "step   0  loss 1.0")
+    assert (attempts[0].submitted, attempts[1].submitted) == (0.0, 10.0)
+    assert (attempts[0].status, attempts[0].node_died, attempts[0].whole_again) == ("FAILED", 5.0, 8.0)
+    assert history.run_goodput(run, []).steps_lost == 1
+
+
+def test_recording_never_fails_the_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    journal = record.open_journal(str(blocked / "clusters/c/r"), "raysubmit_1", None, "x")
+    journal.lines("step   0  loss 1.0\n")
+    journal.end("SUCCEEDED")
+    assert capsys.readouterr().err.count("not recording job raysubmit_1") == 1
+    assert record.open_journal(None, "raysubmit_1", None, "x") is record.NO_JOURNAL
+
+
+def test_controller_events_are_read_from_every_events_object(tmp_path: Path) -> None:
+    bucket = record.FolderBucket(tmp_path)
+    late = {
+        "time": "2026-12-06T10:00:05+00:00",
+        "slice": "s",
+        "seen": "x",
+        "action": "recreate",
+        "outcome": "ok",
+    }
+    early = late | {"time": "2026-12-06T10:00:01+00:00"}
+    bucket.write("c/events/controller.jsonl", (json.dumps(late) + "\nnot json\n").encode())
+    bucket.write("c/events/1.json", json.dumps(early).encode())
+    found = record.events(bucket, "c")
+    assert [e["time"] for e in found] == [early["time"], late["time"]]
+    [event, _] = history.controller_events(found)
+    assert event.time == history.unix_time("2026-12-06T10:00:01+00:00")
