@@ -94,13 +94,20 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def per_chip(values: list[float], chips: int) -> list[float]:
-    """Figures per chip: libtpu reports tensorcore_util per TensorCore, so a chip of two cores
-    (v4, v5p, TPU7x) gets their mean; a list that does not divide into the chips is dropped."""
+# How a chip's several entries combine: libtpu reports tensorcore_util per TensorCore, and HBM
+# per device where a chip is two (tpu-info's get_chip_usage repeats the per-chip duty cycle to
+# match the per-device memory); a chip's utilization is its entries' mean, its HBM their sum.
+SUMMED = {"hbm_capacity_usage", "hbm_capacity_total"}
+
+
+def per_chip(values: list[float], chips: int, summed: bool = False) -> list[float]:
+    """Figures per chip from per-chip or per-core/per-device entries; a list that does not divide
+    into the chips is dropped."""
     if chips <= 0 or not values or len(values) % chips:
         return []
     per = len(values) // chips
-    return [sum(values[i * per : (i + 1) * per]) / per for i in range(chips)]
+    groups = [values[i * per : (i + 1) * per] for i in range(chips)]
+    return [sum(g) if summed else sum(g) / per for g in groups]
 
 
 def _value(number: float) -> str:
@@ -121,7 +128,7 @@ def render(
         numbers = [_number(v) for v in metrics.get(libtpu_name, ("", []))[1]]
         if any(n is None for n in numbers):
             continue
-        values = per_chip([n for n in numbers if n is not None], chips)
+        values = per_chip([n for n in numbers if n is not None], chips, libtpu_name in SUMMED)
         if not values:
             continue
         lines += [f"# HELP {ray_name} {RAY_HELP[ray_name]}", f"# TYPE {ray_name} gauge"]
@@ -180,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host-id", required=True, help="accelerator_id prefix: no '-' in it")
     parser.add_argument("--model", required=True, help="the model label (GKE's accelerator name)")
     parser.add_argument("--topology", required=True)
+    parser.add_argument("--chips", type=int, required=True, help="the host's chips (the catalog's)")
     parser.add_argument(
         "--exit-nothing", type=int, required=True, help="status when there is nothing to serve"
     )
@@ -187,22 +195,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if "-" in args.host_id:
         parser.error("--host-id must not contain '-': Ray reads the chip after the first '-'")
-    chips = host_chips()
     try:
         from libtpu.sdk import tpumonitoring  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         log(args.log_file, f"no libtpu here ({exc}): this host serves no TPU metrics")
         return args.exit_nothing
-    if chips == 0:
+    if host_chips() == 0:
         log(args.log_file, "no TPU chips here (/dev/accel*, /dev/vfio): this host serves no TPU metrics")
         return args.exit_nothing
 
     def page() -> str:
-        return render(read_library(tpumonitoring), chips, args.host_id, args.model, args.topology)
+        return render(read_library(tpumonitoring), args.chips, args.host_id, args.model, args.topology)
 
     server = http.server.ThreadingHTTPServer((args.bind, args.port), handler(page))
     server.daemon_threads = True
-    log(args.log_file, f"serving {chips} chip(s) at http://{args.bind}:{args.port}/metrics")
+    log(args.log_file, f"serving {args.chips} chip(s) at http://{args.bind}:{args.port}/metrics")
     server.serve_forever()
     return 0
 

@@ -112,6 +112,23 @@ def test_two_tensorcores_of_a_chip_make_its_mean_and_the_other_numeric_metrics_g
     assert not any("collective" in line or "ici_link_health" in line for line in lines)
 
 
+def test_a_chip_of_two_devices_sums_their_hbm_and_ray_still_sees_one_row_per_chip(monkeypatch):
+    """TPU7x: a chip is two devices; libtpu's memory may come per device, its duty cycle per chip
+    (tpu-info's get_chip_usage repeats the duty cycle to match). Ray gets one row per chip."""
+    table = {
+        "tensorcore_util": ["10", "30", "50", "70", "0", "0", "0", "0"],
+        "duty_cycle_pct": ["90", "80", "0", "0"],
+        "hbm_capacity_usage": ["1", "2", "3", "4", "0", "0", "0", "0"],
+        "hbm_capacity_total": ["96"] * 8,
+    }
+    with serving(page_of(table, chips=4)) as address:
+        chips = rays_reading(address, monkeypatch)
+    assert [c["memory_used"] for c in chips] == [3, 7, 0, 0]
+    assert {c["memory_total"] for c in chips} == {192}
+    assert [c["tensorcore_utilization"] for c in chips] == [20.0, 60.0, 0.0, 0.0]
+    assert [c["duty_cycle"] for c in chips] == [90.0, 80.0, 0.0, 0.0]
+
+
 def test_nothing_to_read_serves_an_empty_page_that_ray_reads_as_no_chips(monkeypatch):
     """libtpu returns empty lists while no workload runs: the page is empty, and Ray reads it."""
     table: dict[str, list[str]] = {name: [] for name in tpu_metrics.RAY_NAMES}
@@ -169,6 +186,7 @@ def _run_exporter(tmp_path: Path, pythonpath: str) -> subprocess.CompletedProces
         "--host-id=1",
         "--model=tpu-v6e-slice",
         "--topology=4x4",
+        "--chips=4",
         f"--exit-nothing={EXIT_PERMANENT}",
         f"--log-file={log}",
     ]
@@ -200,8 +218,10 @@ def test_a_host_with_libtpu_but_no_chips_serves_nothing_and_says_so_once(tmp_pat
 
 def test_an_accelerator_id_with_a_dash_is_refused(tmp_path):
     with pytest.raises(SystemExit):
-        tpu_metrics.main(["--bind=127.0.0.1", "--port=1", "--host-id=a-b", "--model=m", "--topology=t",
-                          "--exit-nothing=78"])  # fmt: skip
+        tpu_metrics.main(
+            ["--bind=127.0.0.1", "--port=1", "--host-id=a-b", "--model=m", "--topology=t", "--chips=4"]
+            + ["--exit-nothing=78"]
+        )
 
 
 def test_only_the_hosts_of_the_cluster_reach_the_metrics_port():
