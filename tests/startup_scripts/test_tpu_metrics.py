@@ -218,10 +218,8 @@ def test_a_host_with_libtpu_but_no_chips_serves_nothing_and_says_so_once(tmp_pat
 
 def test_an_accelerator_id_with_a_dash_is_refused(tmp_path):
     with pytest.raises(SystemExit):
-        tpu_metrics.main(
-            ["--bind=127.0.0.1", "--port=1", "--host-id=a-b", "--model=m", "--topology=t", "--chips=4"]
-            + ["--exit-nothing=78"]
-        )
+        argv = ["--bind=127.0.0.1", "--port=1", "--host-id=a-b", "--model=m", "--topology=t"]
+        tpu_metrics.main([*argv, "--chips=4", "--exit-nothing=78"])
 
 
 def test_only_the_hosts_of_the_cluster_reach_the_metrics_port():
