@@ -77,6 +77,10 @@ class Generation:
     runtime_marker: str  # substring that marks a runtime version as this generation's
     zones: tuple[str, ...]  # documented zones (docs snapshot; may be stale)
     multislice: bool
+    # HBM per chip, GiB (Google's Cloud TPU pages, "System architecture" of each version: v2 16,
+    # v3 32, v4 32, v5e 16, v5p 95, v6e 32, Ironwood 192). The simulated chips report it as
+    # their total memory (`rayslice.local.host.tpu_runtime`).
+    hbm_gib: int
     # xpk's choice of which topology owns "<gen>-<N>" when several have N chips: the most
     # cube-like one for up to `cubic_alias_max_cubes` 4x4x4 cubes, otherwise the first one
     # generated, except for the documented shapes in `cubic_alias_shapes`.
@@ -152,6 +156,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version=_UBUNTU_BASE,
         runtime_marker="",
         multislice=False,
+        hbm_gib=16,
         zones=("us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "asia-east1-c"),
         shielded_vm=True,
         # Google's "TPU v2" page lists v2-8, v2-32, v2-128, v2-256 and v2-512 as the supported
@@ -169,6 +174,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version=_UBUNTU_BASE,
         runtime_marker="",
         multislice=False,
+        hbm_gib=32,
         zones=("us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"),
         # Google's TPU regions-and-zones table lists v3-8, 32, 64, 128, 256, 512, 1024 and 2048
         # (cloud.google.com/tpu/docs/regions-zones, read 2026-12): no 2x4 (v3-16).
@@ -185,6 +191,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version=_UBUNTU_BASE,
         runtime_marker="",
         multislice=True,
+        hbm_gib=32,
         zones=("us-central2-b",),
         nondecreasing=False,
         cubic_alias_shapes=("4x8x8", "8x8x8", "8x8x12", "8x8x16", "8x16x16"),
@@ -200,6 +207,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version="v2-alpha-tpuv5-lite",
         runtime_marker="tpuv5-lite",
         multislice=True,
+        hbm_gib=16,
         tpu_vm_single_host_8=True,
         tpu_vm_min_chips=1,
         gke_min_chips=8,
@@ -219,6 +227,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version="v2-alpha-tpuv5",
         runtime_marker="tpuv5",
         multislice=True,
+        hbm_gib=95,
         zones=("us-central1-a", "us-east5-a"),
         cubic_alias_max_cubes=96,
         cubic_alias_shapes=("12x24x24", "16x20x28"),
@@ -241,6 +250,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version="v2-alpha-tpuv6e",
         runtime_marker="tpuv6e",
         multislice=True,
+        hbm_gib=32,
         tpu_vm_single_host_8=True,
         tpu_vm_min_chips=1,
         gke_min_chips=1,
@@ -265,6 +275,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version=None,
         runtime_marker="tpu7x",
         multislice=True,
+        hbm_gib=192,
         zones=("us-central1-c",),
         gke_workload_policy=True,
         gke_min_chips=1,
@@ -298,6 +309,7 @@ GENERATIONS: tuple[Generation, ...] = (
         runtime_version=None,
         runtime_marker="tpu7-",
         multislice=True,
+        hbm_gib=192,
         zones=("us-central1-c",),
         gke_workload_policy=True,
         gke_min_chips=1,

@@ -16,6 +16,12 @@ JAX_COORDINATOR_PORT = 8476
 # Multislice (megascale) DCN traffic, the port MEGASCALE_PORT names.
 MEGASCALE_PORT = 8081
 
+# Each TPU host's metrics endpoint (`rayslice.startup_scripts.tpu_metrics`): 2112 is the port of
+# GKE's TPU device plugin, the one Ray's reporter agent expects in TPU_DEVICE_PLUGIN_ADDR (Ray 2.60
+# reporter_agent.py: "{HOST_IP}:2112"). Bound to the host's own address; only the firewall's
+# internal rule (between the cluster's hosts) reaches it, never a source range outside.
+TPU_METRICS_PORT = 2112
+
 # The head's package cache (proxpi, `startup.sh.j2` run-cache): every host of the cluster installs
 # through it. 3141 is devpi-server's default port, the one PyPI mirrors usually take.
 PACKAGE_CACHE_PORT = 3141

@@ -38,6 +38,7 @@ from rayslice.local.simulation.status import format_report, status_report
 from rayslice.names import PREEMPTION_NOTICE_S, STATE_FAILED_PREFIX, STATE_JOINED
 
 F = TypeVar("F", bound=Callable[..., Any])
+WATCH_S = 2.0  # `local status --watch` refreshes this often unless told
 T = TypeVar("T")
 
 
@@ -198,9 +199,33 @@ def up_command(
 @local_group.command("status")
 @state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status_command(state_dir: Path | None, as_json: bool) -> int:
-    """Hosts, roles, boot states, each host's Ray node(s) and the cluster's resources (no root needed)."""
+@click.option(
+    "--watch",
+    "watch_s",
+    type=click.FloatRange(min=0.5),
+    is_flag=False,
+    flag_value=WATCH_S,
+    default=None,
+    help=f"Show it again every N seconds (default {WATCH_S:g}) until Ctrl-C.",
+)
+def status_command(state_dir: Path | None, as_json: bool, watch_s: float | None) -> int:
+    """Hosts, roles, boot states, each host's Ray node(s) and chips (duty cycle, HBM), and the
+    cluster's resources (no root needed)."""
     where = state_dir or default_state_dir()
+    try:
+        while True:
+            text = _status_text(where, as_json)
+            if watch_s is None:
+                click.echo(text)
+                return EXIT_OK
+            click.clear()
+            click.echo(f"{time.strftime('%H:%M:%S')}, again every {watch_s:g} s (Ctrl-C stops)\n{text}")
+            time.sleep(watch_s)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _status_text(where: Path, as_json: bool) -> str:
     try:
         report = status_report(Simulation.open(where))
     except PermissionError as exc:
@@ -208,8 +233,7 @@ def status_command(state_dir: Path | None, as_json: bool) -> int:
             f"cannot read {exc.filename or where}: the simulation's state belongs to the user who ran "
             "`rayslice local up` (root); run status as that user, or make the state dir readable to you"
         ) from None
-    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
-    return EXIT_OK
+    return json.dumps(report, indent=2) if as_json else format_report(report)
 
 
 @local_group.command("down")

@@ -99,6 +99,11 @@ PREEMPTION_WATCHER = Path(__file__).with_name("preemption_watcher.py")
 # (RAYSLICE_DEMAND_INTERVAL_S overrides it on the host).
 DEMAND_PUBLISHER = Path(__file__).with_name("demand_publisher.py")
 DEMAND_INTERVAL_S = 5
+# The TPU metrics exporter every host runs (`tpu_metrics`; on a host without chips it exits).
+TPU_METRICS = Path(__file__).with_name("tpu_metrics.py")
+# How long a TPU host's run_ray waits for its exporter before starting Ray without
+# TPU_DEVICE_PLUGIN_ADDR: Ray's agent gives the endpoint one try and stops asking if it fails.
+TPU_METRICS_WAIT_S = 30
 
 
 def _carried(script: Path) -> str:
@@ -115,6 +120,18 @@ def demand_publisher(spec: ClusterSpec) -> str:
     """The demand publisher as the boot script carries it: only an elastic cluster's controller
     reads the demand, so only its head has one to start (empty otherwise)."""
     return _carried(DEMAND_PUBLISHER) if spec.elastic else ""
+
+
+def tpu_metrics_variables(spec: ClusterSpec) -> dict[str, object]:
+    """The exporter and what it labels its samples with: `model` as GKE's device plugin names
+    the accelerator (Ray shows it as the TPU type), the generation's name where GKE has none."""
+    generation = catalog.generation(spec.tpu.generation)
+    return {
+        "tpu_metrics": _carried(TPU_METRICS),
+        "tpu_metrics_port": names.TPU_METRICS_PORT,
+        "tpu_metrics_model": generation.gke_accelerator or generation.name,
+        "tpu_metrics_wait_s": TPU_METRICS_WAIT_S,
+    }
 
 
 # Ray's extras every host installs: `default` for the dashboard, the Jobs API and the autoscaler
@@ -274,6 +291,7 @@ def script_variables(
     return {
         **package_variables(spec, source, stack_lock),
         **cache_variables(spec, source),
+        **tpu_metrics_variables(spec),
         **compilation_cache_variables(options),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),

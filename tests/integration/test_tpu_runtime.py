@@ -10,18 +10,23 @@ JAX program by themselves.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from rayslice import catalog, chip_metrics
 from rayslice.local.host import tpu_runtime
+from rayslice.local.simulation import status
 from rayslice.local.simulation.simulator import Simulation
-from tests.integration.clusters import on
+from rayslice.local.simulation.state import ROLE_HEAD, ROLE_WORKER
+from tests.integration.clusters import on, raylet_environment, run_command
 from tests.integration.test_workloads_on_ray import rayslice_run
 
 
@@ -80,7 +85,7 @@ def test_two_hosts_worth_of_processes_join_one_jax_program(tmp_path, mode):
     program = tmp_path / "program.py"
     program.write_text(PROGRAM)
     env = {
-        **tpu_runtime.environment(),
+        **tpu_runtime.environment(catalog.generation("v6e")),
         tpu_runtime.COORDINATOR_PORT_VAR: "18476",  # not the port a simulated host may be using
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
@@ -174,3 +179,121 @@ def test_guide_torch_xla_launch_runs_on_every_chip_of_the_host(cluster, fixtures
     devices = re.findall(r"(?<!')xla:(\d+)", result.stdout)
     assert sorted(devices) == chips
     assert sorted(re.findall(r"device='xla:(\d+)'", result.stdout)) == chips
+
+
+# ---- the chips' figures and coordinates (issue 42) --------------------------------------------------
+
+
+def _duty(sim: Simulation) -> dict[str, list[float]]:
+    """Each TPU host's chips' duty cycle as `rayslice local status` reads them; {} while unreadable."""
+    hosts = {h.name: h.ip for h in sim.plan.hosts if h.role in (ROLE_HEAD, ROLE_WORKER)}
+    answers = chip_metrics.read_hosts(hosts)
+    if any("error" in a or not a["chips"] for a in answers.values()):
+        return {}
+    return {name: [c["duty_cycle_pct"] for c in a["chips"]] for name, a in answers.items()}
+
+
+def _rays_reading(sim: Simulation, host: str) -> list[dict]:
+    """Ray 2.60's reporter agent's own reading of the host's endpoint, run inside the host with the
+    address its raylet (and so its agent) was given."""
+    address = raylet_environment(sim, host)["TPU_DEVICE_PLUGIN_ADDR"]
+    probe = (
+        "import json; from ray.dashboard.modules.reporter import reporter_agent as r; "
+        "print(json.dumps(r.ReporterAgent._get_tpu_usage()))"
+    )
+    result = sim.exec_in(host, [sys.executable, "-c", probe], env={"TPU_DEVICE_PLUGIN_ADDR": address})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@on("v6e-4")
+def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(cluster):
+    """The done-when of issue 42 on a simulated slice: while `jax_train` runs, every chip reads busy
+    in Ray's own reading of the host's endpoint (the figures its tpu_* gauges get) and in `status`;
+    the idle cluster reads idle before and after, HBM following the arrays the job held."""
+    [host] = [h.name for h in cluster.plan.hosts if h.role in (ROLE_HEAD, ROLE_WORKER)]
+    idle = _wait(lambda: (d := _duty(cluster)) and all(v < 5 for v in d[host]) and d, 60)
+    assert idle, _duty(cluster)
+    before = _rays_reading(cluster, host)
+    assert [c["index"] for c in before] == [0, 1, 2, 3] and all(c["duty_cycle"] < 5 for c in before)
+    assert {c["tpu_type"] for c in before} == {"tpu-v6e-slice"} and {c["memory_total"] for c in before} == {
+        32 * 2**30
+    }
+    # Long enough to be seen busy (a step takes a fraction of a second here), short enough to end
+    # by itself: `rayslice run` stopped early would leave its Ray job running (issue 42, item 7).
+    argv, env = run_command(cluster, "jax_train", "--steps", "400", "--batch-per-device", "32")
+    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        busy = _wait(lambda: (d := _duty(cluster)) and all(v > 50 for v in d[host]) and d, 300)
+        assert busy, _duty(cluster)
+        during = _rays_reading(cluster, host)
+        assert all(c["duty_cycle"] > 50 and c["memory_used"] > 0 for c in during), during
+        text = status.format_report(status.status_report(cluster))
+        assert re.search(rf"^  {host}: 0: \d+% \d+\.\d/32\.0", text, re.M), text
+        assert run.wait(timeout=600) == 0
+    finally:
+        run.kill()
+    after = _wait(lambda: (d := _duty(cluster)) and all(v < 5 for v in d[host]) and d, 180)
+    assert after, _duty(cluster)
+
+
+def _wait(probe, timeout_s: float):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        found = probe()
+        if found:
+            return found
+        time.sleep(1)
+    return None
+
+
+SUBSLICE_SCRIPT = """
+import socket
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.tpu import SubslicePlacementGroup, subslice_placement_group
+
+# Half of a v6e-16 (4x4, four 4-chip hosts): a 2x4 subslice of two hosts, ICI-connected.
+sg = subslice_placement_group(subslice_topology="2x4", accelerator_version="v6e", chips_per_vm=4)
+assert isinstance(sg, SubslicePlacementGroup)
+ray.get(sg.placement_group.ready(), timeout=300)
+
+
+@ray.remote(num_cpus=0, resources={"TPU": 4})
+def host():
+    return socket.gethostname()
+
+
+# One task per bundle: a task left to pick its bundle may reuse one a finished task freed.
+hosts = ray.get(
+    [
+        host.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=sg.placement_group, placement_group_bundle_index=i
+            )
+        ).remote()
+        for i in range(sg.num_hosts)
+    ]
+)
+print("SUBSLICE", sg.parent_topology, sg.subslice_topology, sg.num_hosts, sg.slice_name, sorted(hosts))
+sg.shutdown()
+"""
+
+
+@on("2 x v6e-16 spot")
+def test_a_subslice_placement_group_script_runs_unmodified_on_a_v6e_16(cluster, tmp_path):
+    """Ray's SubslicePlacementGroup reserves a full slice, asks libtpu on every host for its chips'
+    coordinates (the simulated libtpu.sdk.slice) and places a 2x4 subslice on two hosts that are
+    neighbours in the slice's 2x2 grid of hosts."""
+    folder = tmp_path / "subslice"
+    folder.mkdir()
+    (folder / "subslice.py").write_text(SUBSLICE_SCRIPT)
+    result = run_script(cluster, folder / "subslice.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("SUBSLICE ")]
+    parent, sub, hosts, slice_name, names = line.split(" ", 5)[1:]
+    assert (parent, sub, hosts) == ("4x4", "2x4", "2")
+    workers = sorted(int(n.rsplit("-w", 1)[1]) for n in ast.literal_eval(names))
+    assert all(n.startswith(f"{slice_name}-w") for n in ast.literal_eval(names)), names
+    assert workers in ([0, 1], [2, 3], [0, 2], [1, 3]), workers  # a row or a column of the grid

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
+from rayslice import catalog
 from rayslice.local.host import tpu_runtime
+from tests.local import simulated_libtpu
 
 spec = importlib.util.spec_from_file_location(
     "rayslice_simulated_tpu", tpu_runtime.SITE_DIR / "rayslice_simulated_tpu.py"
@@ -136,7 +140,8 @@ def test_a_vfio_group_of_another_vendor_is_not_a_chip(tmp_path, monkeypatch):
 
 def test_the_hook_loads_only_where_the_host_enables_it(tmp_path):
     probe = "import sys; print('rayslice_simulated_tpu' in sys.modules)"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **tpu_runtime.environment()}
+    v6e = tpu_runtime.environment(catalog.generation("v6e"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **v6e}
     on = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     env[tpu_runtime.ENABLE_VAR] = "0"
     off = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
@@ -148,7 +153,7 @@ def test_jax_in_a_task_holding_two_chips_sees_two_devices(tmp_path):
         "PATH": "/usr/bin:/bin",
         "HOME": str(tmp_path),
         "TPU_VISIBLE_CHIPS": "2,3",
-        **tpu_runtime.environment(),
+        **tpu_runtime.environment(catalog.generation("v6e")),
     }
     result = subprocess.run(
         [sys.executable, "-c", "import jax; print(jax.device_count(), jax.devices()[0].platform)"],
@@ -158,3 +163,129 @@ def test_jax_in_a_task_holding_two_chips_sees_two_devices(tmp_path):
         timeout=120,
     )
     assert result.stdout.split() == ["2", "cpu"], result.stderr
+
+
+# ---- the simulated libtpu.sdk: what the chips run, where they sit ---------------------------------
+
+BUSY_THEN_IDLE = """
+import sys, time
+import jax, jax.numpy as jnp
+held = jnp.ones((1024, 1024), jnp.float32)  # 4 MiB on each of the two devices
+held = jax.device_put(held, jax.sharding.NamedSharding(jax.make_mesh((2,), ("d",)), jax.P()))
+x = jnp.ones((512, 512))
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    x = (x @ x) / 512.0
+    x.block_until_ready()
+print("idle", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _wait_for(predicate, timeout_s: float):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    return predicate()
+
+
+def test_simulated_libtpu_reports_what_a_real_jax_process_runs_on_its_chips(tmp_path, monkeypatch):
+    """A JAX process holding chips 1 and 3 of a 4-chip host: while it computes those chips read busy
+    and hold its arrays, the others idle and empty; once it stops computing they read idle."""
+    state = tmp_path / "state"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "TPU_VISIBLE_CHIPS": "1,3",
+        **tpu_runtime.environment(catalog.generation("v6e")),
+        runtime.STATE_DIR_VAR: str(state),
+    }
+    monkeypatch.setattr(runtime, "host_chips", lambda: 4)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monitoring = simulated_libtpu.sdk(monkeypatch).tpumonitoring
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUSY_THEN_IDLE, "6", "30"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+
+        def busy() -> list[float] | None:  # computing, and the held array in place
+            duty = [float(v) for v in monitoring.get_metric("duty_cycle_pct").data()]
+            used = [int(v) for v in monitoring.get_metric("hbm_capacity_usage").data()]
+            return duty if duty[1] > 50 and duty[3] > 50 and min(used[1], used[3]) >= 4 * 2**20 else None
+
+        duty = _wait_for(busy, 60)
+        assert duty is not None and duty[0] == duty[2] == 0.0, duty
+        util = [float(v) for v in monitoring.get_metric("tensorcore_util").data()]
+        assert util[1] > 0 and util[3] > 0 and util[0] == util[2] == 0.0, util
+        used = [int(v) for v in monitoring.get_metric("hbm_capacity_usage").data()]
+        assert used[1] >= 4 * 2**20 and used[3] >= 4 * 2**20 and used[0] == used[2] == 0, used
+        total = {int(v) for v in monitoring.get_metric("hbm_capacity_total").data()}
+        assert total == {32 * 2**30}  # a v6e chip's, from the catalog
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "idle"
+        idle = _wait_for(
+            lambda: all(float(v) < 5 for v in monitoring.get_metric("duty_cycle_pct").data()),
+            runtime.WINDOW_S + 10,
+        )
+        assert idle, monitoring.get_metric("duty_cycle_pct").data()
+        still_held = [int(v) for v in monitoring.get_metric("hbm_capacity_usage").data()]
+        assert still_held[1] >= 4 * 2**20, still_held  # idle, the arrays still held
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _wait_for(lambda: all(v == "0" for v in monitoring.get_metric("hbm_capacity_usage").data()), 5)
+
+
+def test_the_simulated_library_lists_only_what_it_measures_and_refuses_other_names(monkeypatch):
+    monitoring = simulated_libtpu.sdk(monkeypatch).tpumonitoring
+    assert set(monitoring.list_supported_metrics()) == {
+        "duty_cycle_pct",
+        "tensorcore_util",
+        "hbm_capacity_usage",
+        "hbm_capacity_total",
+    }
+    assert "duty cycle" in monitoring.get_metric("duty_cycle_pct").description().lower()
+    with pytest.raises(ValueError, match="ici_link_health"):
+        monitoring.get_metric("ici_link_health")
+
+
+@pytest.mark.parametrize(("topology", "hosts"), [("4x4", 4), ("8x8", 16), ("2x2", 1)])
+def test_chip_coordinates_put_each_worker_where_rays_subslice_discovery_finds_it(topology, hosts):
+    """Ray 2.60's own arithmetic (`_get_physical_worker_id_from_coords`) maps each host's
+    coordinates back to its worker id, and the chips of a slice are each at one place."""
+    from ray._private.accelerators.tpu import _get_physical_worker_id_from_coords
+
+    seen = set()
+    for worker in range(hosts):
+        coords = runtime.chip_coordinates(topology, worker, 4)
+        assert _get_physical_worker_id_from_coords([list(c) for c in coords], topology) == worker
+        seen.update(coords)
+    dims = [int(d) for d in topology.split("x")]
+    assert seen == {(x, y, 0) for x in range(dims[0]) for y in range(dims[1])}
+
+
+def test_a_v6e_16_hosts_chips_lie_in_2x2_blocks_and_a_3d_slice_stacks_hosts_along_z():
+    assert runtime.chip_coordinates("4x4", 3, 4) == [(2, 2, 0), (3, 2, 0), (2, 3, 0), (3, 3, 0)]
+    assert runtime.chip_coordinates("2x4", 0, 8) == [(x, y, 0) for y in range(4) for x in range(2)]
+    # v5p-16 (2x2x2, two 4-chip hosts): host bounds 1,1,2
+    assert runtime.chip_coordinates("2x2x2", 1, 4) == [(0, 0, 1), (1, 0, 1), (0, 1, 1), (1, 1, 1)]
+    with pytest.raises(ValueError, match="no worker 4"):
+        runtime.chip_coordinates("4x4", 4, 4)
+
+
+def test_get_chip_coordinates_reads_the_hosts_topology_and_worker_id(monkeypatch):
+    monkeypatch.setattr(runtime, "host_chips", lambda: 4)
+    monkeypatch.setenv("TPU_TOPOLOGY", "4x4")
+    monkeypatch.setenv("TPU_WORKER_ID", "2")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "a,b,c,d")
+    chips = simulated_libtpu.sdk(monkeypatch).slice.get_chip_coordinates()
+    assert [(c.chip_index(), tuple(c.coordinates())) for c in chips] == [
+        (0, (0, 2, 0)),
+        (1, (1, 2, 0)),
+        (2, (0, 3, 0)),
+        (3, (1, 3, 0)),
+    ]
+    assert {c.hostname() for c in chips} == {socket.gethostname()}

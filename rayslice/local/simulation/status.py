@@ -8,6 +8,9 @@ simulation's cloud API emulation, read with the credentials it made for the simu
 (`cloud_bridge.cloud_access`) through `rayslice status`'s own `gather`, so a preemption and the
 controller's recreation show here as they do there.
 
+Each running TPU host's chips (duty cycle, HBM) come from its metrics endpoint, every host asked
+at once with a time-out (`rayslice.chip_metrics`).
+
 Ray nodes are shown per host, matched by IP. A host that was rebooted comes back as a new Ray
 node while Ray still lists the old one as alive until its heartbeats time out; on one host only
 the newest node (by its start time) is current, and only while the host runs. Every other node
@@ -20,10 +23,12 @@ import urllib.error
 from collections import Counter
 from typing import Any
 
+from rayslice import chip_metrics
 from rayslice import spec as spec_module
 from rayslice.errors import RaysliceError
 from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config
 from rayslice.local.simulation.simulator import Simulation
+from rayslice.local.simulation.state import ROLE_HEAD, ROLE_WORKER
 from rayslice.recovery.commands import client_for, gather, render_text
 
 CURRENT = "current"
@@ -82,6 +87,9 @@ def status_report(sim: Simulation) -> dict:
         "state_dir": str(sim.state_dir),
         "hosts": hosts,
         "cloud": cloud_report(sim),
+        "chips": chip_metrics.read_hosts(
+            {h["name"]: h["ip"] for h in hosts if h["running"] and h["role"] in (ROLE_HEAD, ROLE_WORKER)}
+        ),
     }
     try:
         nodes = sim.ray_nodes()
@@ -136,6 +144,8 @@ def format_report(report: dict) -> str:
         rows.append(row)
     lines += _table(rows)
     lines += _ray_lines(report) if reachable else [f"Ray: {ray['error']}"]
+    if report.get("chips"):
+        lines += chip_metrics.chip_lines(report["chips"])
     cloud = report["cloud"]
     lines.append(f"cloud API: {cloud['error']}" if "error" in cloud else render_text(cloud))
     return "\n".join(lines)

@@ -14,7 +14,8 @@ host's private mount namespace) gives it both edges:
   the chips on TPU7x);
 - an environment (`environment`) that puts ``site/`` on PYTHONPATH: its ``sitecustomize`` loads
   ``rayslice_simulated_tpu`` in every Python process the host starts (Ray's raylet and workers
-  included), which maps chips onto CPU devices for JAX and torch_xla (see that module).
+  included), which maps chips onto CPU devices for JAX and torch_xla (see that module), and a
+  simulated ``libtpu`` package whose ``sdk`` reports what the chips run and where they sit.
 
 The head VM and anything outside a simulated host get neither. Nothing in `rayslice.workloads`
 knows about it.
@@ -32,18 +33,20 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 ENABLE_VAR = "RAYSLICE_SIMULATED_TPU"
 COORDINATOR_PORT_VAR = "RAYSLICE_SIMULATED_TPU_COORDINATOR_PORT"
 DEVICES_PER_CHIP_VAR = "RAYSLICE_SIMULATED_TPU_DEVICES_PER_CHIP"
+HBM_BYTES_VAR = "RAYSLICE_SIMULATED_TPU_HBM_BYTES"
 IOMMU_GROUPS = Path("/sys/kernel/iommu_groups")
 GOOGLE_PCI_VENDOR = "0x1ae0"
 VFIO_CONTAINER = "vfio"  # /dev/vfio/vfio, beside the groups on every VFIO host
 
 
-def environment(devices_per_chip: int = 1) -> dict[str, str]:
+def environment(generation: catalog.Generation) -> dict[str, str]:
     """What a simulated TPU host's processes inherit so that the runtime loads in each of them."""
     return {
         "PYTHONPATH": str(SITE_DIR),
         ENABLE_VAR: "1",
         COORDINATOR_PORT_VAR: str(names.JAX_COORDINATOR_PORT),
-        DEVICES_PER_CHIP_VAR: str(devices_per_chip),
+        DEVICES_PER_CHIP_VAR: str(generation.devices_per_chip),
+        HBM_BYTES_VAR: str(generation.hbm_gib * 2**30),
     }
 
 
@@ -93,7 +96,7 @@ def install(tree: dict[str, Any], dev: Path = Path("/dev"), groups: Path = IOMMU
     if generation.chip_devices == "accel":
         for chip in range(chips):
             (dev / f"accel{chip}").touch(mode=0o666)
-        return environment()
+        return environment(generation)
     if groups == IOMMU_GROUPS:
         if not groups.is_dir():  # sysfs is not writable: there is nowhere else to put the groups
             raise RuntimeError(
@@ -109,4 +112,4 @@ def install(tree: dict[str, Any], dev: Path = Path("/dev"), groups: Path = IOMMU
         device = groups / str(group) / "devices" / f"0000:00:{4 + group:02x}.0"  # one PCI function each
         device.mkdir(parents=True)
         (device / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
-    return environment(generation.devices_per_chip)
+    return environment(generation)

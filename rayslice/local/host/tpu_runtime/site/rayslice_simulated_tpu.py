@@ -12,7 +12,12 @@ PyTorch/XLA programs see the host's chips:
   worker 0 of the slice, the process id from the host's TPU worker id, and gloo collectives; a
   user's own ``jax.distributed.initialize()`` finds the same values through a JAX cluster
   environment;
-- torch_xla runs on its CPU PJRT client with one device per chip held.
+- torch_xla runs on its CPU PJRT client with one device per chip held;
+- a JAX process that holds chips records what they run (`Recorder`): per chip, the bytes of the
+  live arrays it holds and how busy the process was, in a small file per process in the host's
+  state dir; the simulated ``libtpu.sdk`` beside this module (``tpumonitoring``, ``slice``) reads
+  those files in any process of the host, and gives the chips' coordinates as a real slice of the
+  host's topology has them (`chip_coordinates`).
 
 The host's identity comes from where a TPU VM has it: ``TPU_WORKER_ID`` /
 ``TPU_WORKER_HOSTNAMES`` / ``MEGASCALE_*`` when set, else the metadata server
@@ -23,12 +28,20 @@ have; it imports nothing outside the standard library until JAX or torch_xla is 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import glob
 import importlib.abc
 import importlib.machinery
+import json
+import math
 import os
+import socket
 import sys
+import threading
+import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -42,6 +55,17 @@ GOOGLE_PCI_VENDOR = "0x1ae0"
 VISIBLE_CHIPS_VAR = "TPU_VISIBLE_CHIPS"  # what Ray sets for a task holding part of a host
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
 METADATA_TIMEOUT_S = 5.0
+HBM_BYTES_VAR = "RAYSLICE_SIMULATED_TPU_HBM_BYTES"  # per chip, from the catalog
+STATE_DIR_VAR = "RAYSLICE_SIMULATED_TPU_STATE_DIR"
+# The host's private /dev/shm (`rayslice.local.host.boot` gives each host its own): what the
+# chips run, one file per JAX process that holds chips, gone with the host.
+DEFAULT_STATE_DIR = "/dev/shm/rayslice-simulated-tpu"
+SAMPLE_S = 0.25  # how often a JAX process samples its own CPU time and live arrays
+WINDOW_S = 5.0  # duty cycle and utilization are over this last stretch, as libtpu's are recent figures
+# A sample counts as busy when the process used at least this share of one CPU during it: an idle
+# JAX process (arrays held, nothing running) uses next to none; one that runs steps, far more.
+BUSY_CPU_SHARE = 0.05
+STALE_S = 15.0  # a record older than this is from a process that no longer samples: its chips idle
 
 
 def host_chips(dev: str = "/dev", groups: str = "/sys/kernel/iommu_groups") -> int:
@@ -77,11 +101,16 @@ def _google_group(devices: str) -> bool:
 
 def chips_held(environ: dict[str, str] | None = None) -> int:
     """The chips this process may use: ``TPU_VISIBLE_CHIPS`` if set, else all of the host's."""
+    return len(chip_indices(environ))
+
+
+def chip_indices(environ: dict[str, str] | None = None) -> list[int]:
+    """The host chip indices this process holds, in the order its devices come."""
     env = os.environ if environ is None else environ
     visible = env.get(VISIBLE_CHIPS_VAR, "").strip()
     if visible:
-        return len([c for c in visible.split(",") if c.strip()])
-    return host_chips()
+        return [int(c) for c in visible.split(",") if c.strip()]
+    return list(range(host_chips()))
 
 
 def metadata(key: str) -> str | None:
@@ -157,6 +186,209 @@ def joins_slice(held: int, on_host: int, ident: SliceIdentity | None) -> bool:
     return ident is not None and held == on_host > 0 and ident.process_count > 1
 
 
+# ---- what the chips run (read by the simulated libtpu.sdk) ---------------------------------------
+
+
+def state_dir(environ: dict[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(STATE_DIR_VAR) or DEFAULT_STATE_DIR
+
+
+class Recorder:
+    """Samples, in a JAX process that holds chips, what those chips run, and writes it for the host.
+
+    Every `SAMPLE_S` it reads the process's CPU time and the live arrays' bytes per device. A chip
+    is a CPU device here, so the process's CPU time is what its chips computed: the duty cycle is
+    the share of the last `WINDOW_S` in samples where the process used at least `BUSY_CPU_SHARE`
+    of a CPU, the TensorCore utilization the CPU seconds used per chip held over the wall seconds,
+    and a chip's HBM the bytes of the live array shards on its device. The record is one JSON file
+    per process (``<pid>.json``), replaced whole each time, removed at exit.
+    """
+
+    def __init__(self, chips: list[int], directory: str, live_bytes: Callable[[], list[int]]):
+        self.chips = chips
+        self.path = os.path.join(directory, f"{os.getpid()}.json")
+        self.live_bytes = live_bytes
+        self.samples: deque[tuple[float, float, bool]] = deque()  # (wall s, CPU s, busy)
+        self.last = (time.monotonic(), time.process_time())
+        self.stopping = threading.Event()
+        os.makedirs(directory, exist_ok=True)
+
+    def sample(self) -> dict[str, Any]:
+        """Take one sample, write the record, and return it."""
+        now, cpu = time.monotonic(), time.process_time()
+        wall, used = now - self.last[0], cpu - self.last[1]
+        self.last = (now, cpu)
+        self.samples.append((wall, used, used >= BUSY_CPU_SHARE * wall))
+        while sum(w for w, _, _ in self.samples) > WINDOW_S and len(self.samples) > 1:
+            self.samples.popleft()
+        span = sum(w for w, _, _ in self.samples) or 1.0
+        duty = 100.0 * sum(w for w, _, busy in self.samples if busy) / span
+        util = 100.0 * sum(u for _, u, _ in self.samples) / span / max(1, len(self.chips))
+        record = {
+            "pid": os.getpid(),
+            "time": time.time(),
+            "chips": self.chips,
+            "hbm_bytes": self.live_bytes(),
+            "duty_cycle_pct": round(min(100.0, duty), 2),
+            "tensorcore_util_pct": round(min(100.0, util), 2),
+        }
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, self.path)
+        return record
+
+    def stop(self, thread: threading.Thread) -> None:
+        """At exit, before JAX tears its backends down (atexit runs this first: it was registered
+        after JAX's own): no sample may reach into a backend that is going away."""
+        self.stopping.set()
+        thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def run(self) -> None:
+        while not self.stopping.wait(SAMPLE_S):
+            try:
+                self.sample()
+            except Exception:  # a sample that fails (an array freed mid-read) is only skipped
+                continue
+
+
+def _jax_live_bytes() -> list[int]:
+    """Bytes of the live arrays' shards on each of this process's devices, in device order."""
+    import jax
+
+    local = {d: i for i, d in enumerate(jax.local_devices())}
+    held = [0] * len(local)
+    for array in jax.live_arrays():
+        try:
+            shard = math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize
+            for device in array.sharding.addressable_devices:
+                if device in local:
+                    held[local[device]] += shard
+        except Exception:  # deleted between the listing and the read
+            continue
+    return held
+
+
+def _start_recorder() -> None:
+    """Record what this JAX process's chips run, in a daemon thread, until the process exits."""
+    chips = chip_indices()
+    if not chips:
+        return
+    recorder = Recorder(chips, state_dir(), _jax_live_bytes)
+    thread = threading.Thread(target=recorder.run, name="rayslice-simulated-tpu-recorder", daemon=True)
+    thread.start()
+    atexit.register(recorder.stop, thread)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def read_records(environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The records of this host's JAX processes that still run and still sample."""
+    directory = state_dir(environ)
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".json")]
+    except OSError:
+        return []
+    records = []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if _alive(int(record.get("pid", 0))) and time.time() - float(record.get("time", 0)) < STALE_S:
+            records.append(record)
+    return records
+
+
+@dataclass(frozen=True)
+class ChipFigures:
+    """What libtpu reports for one chip: duty cycle, TensorCore utilization, HBM used and total."""
+
+    duty_cycle_pct: float
+    tensorcore_util_pct: float
+    hbm_used: int
+    hbm_total: int
+
+
+def chip_figures(environ: dict[str, str] | None = None) -> list[ChipFigures]:
+    """Each of the host's chips, from what its JAX processes recorded; a chip no process holds is
+    idle and holds nothing."""
+    env = os.environ if environ is None else environ
+    total = int(env.get(HBM_BYTES_VAR) or 0)
+    chips = host_chips()
+    duty, util, used = [0.0] * chips, [0.0] * chips, [0] * chips
+    for record in read_records(environ):
+        for position, chip in enumerate(record.get("chips", [])):
+            if 0 <= chip < chips:
+                duty[chip] = max(duty[chip], float(record.get("duty_cycle_pct", 0.0)))
+                util[chip] = max(util[chip], float(record.get("tensorcore_util_pct", 0.0)))
+                hbm = record.get("hbm_bytes", [])
+                used[chip] += int(hbm[position]) if position < len(hbm) else 0
+    return [ChipFigures(duty[c], util[c], used[c], total) for c in range(chips)]
+
+
+# ---- chip coordinates (read by the simulated libtpu.sdk.slice) ----------------------------------
+
+
+def chips_per_host_bounds(chips: int, rank: int) -> tuple[int, ...]:
+    """How a host's chips lie in the slice, as libtpu's TPU_CHIPS_PER_HOST_BOUNDS says: 1 chip
+    1x1(x1), 4 chips 2x2(x1), an 8-chip v5e/v6e host 2x4."""
+    shape = {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)}[chips]
+    return shape if rank == 2 else (*shape, 1)
+
+
+def chip_coordinates(topology: str, worker: int, chips: int) -> list[tuple[int, ...]]:
+    """The (x, y, z) of each chip of worker `worker` of a slice of `topology` (``AxB`` or
+    ``AxBxC``: x, y[, z] chips), `chips` chips to a host: hosts tile the slice x first, then y,
+    then z (TPU_HOST_BOUNDS = topology / chips-per-host bounds), and a host's chips are x first
+    within its block. A 2-D slice's chips have z 0."""
+    dims = tuple(int(d) for d in topology.lower().split("x"))
+    block = chips_per_host_bounds(chips, len(dims))
+    hosts = tuple(d // b for d, b in zip(dims, block, strict=True))
+    dims3, block3, hosts3 = (*dims, 1)[:3], (*block, 1)[:3], (*hosts, 1)[:3]
+    if not 0 <= worker < math.prod(hosts3) or any(d % b for d, b in zip(dims3, block3, strict=True)):
+        raise ValueError(f"no worker {worker} of {chips} chips in a {topology} slice")
+    origin = (
+        worker % hosts3[0] * block3[0],
+        worker // hosts3[0] % hosts3[1] * block3[1],
+        worker // (hosts3[0] * hosts3[1]) * block3[2],
+    )
+    return [
+        (
+            origin[0] + i % block3[0],
+            origin[1] + i // block3[0] % block3[1],
+            origin[2] + i // (block3[0] * block3[1]),
+        )
+        for i in range(chips)
+    ]
+
+
+def host_chip_coordinates(environ: dict[str, str] | None = None) -> list[tuple[str, int, tuple[int, ...]]]:
+    """This host's chips as ``(hostname, chip index, coordinates)``, from its topology
+    (``TPU_TOPOLOGY``, which the boot script gives Ray and its workers) and worker id."""
+    env = os.environ if environ is None else environ
+    topology = env.get("TPU_TOPOLOGY") or ""
+    ident = identity(environ)
+    chips = host_chips()
+    if not topology or ident is None or chips == 0:
+        raise RuntimeError("no TPU slice here: TPU_TOPOLOGY or the host's worker id is unknown")
+    hostname = socket.gethostname()
+    coords = chip_coordinates(topology, ident.worker_id, chips)
+    return [(hostname, index, xyz) for index, xyz in enumerate(coords)]
+
+
 # ---- JAX ----------------------------------------------------------------------------------------
 
 
@@ -216,6 +448,7 @@ def _configure_jax_backend() -> None:
         jax.config.update("jax_platforms", "cpu")
     if held > 0:
         jax.config.update("jax_num_cpu_devices", held)
+    _start_recorder()
     ident = identity()
     if joins_slice(held, host_chips(), ident) and not _distributed_initialized():
         assert ident is not None
