@@ -79,7 +79,7 @@ class Generation:
     multislice: bool
     # HBM per chip, GiB (Google's Cloud TPU pages, "System architecture" of each version: v2 16,
     # v3 32, v4 32, v5e 16, v5p 95, v6e 32, Ironwood 192). The simulated chips report it as
-    # their total memory (`rayslice.local.host.tpu_runtime`).
+    # their total memory (`rayslice.local.host.tpu_runtime`), and `Chip.hbm_bytes` is read from it.
     hbm_gib: int
     # xpk's choice of which topology owns "<gen>-<N>" when several have N chips: the most
     # cube-like one for up to `cubic_alias_max_cubes` 4x4x4 cubes, otherwise the first one
@@ -868,7 +868,7 @@ def slice_prices(tpu: TpuType) -> dict[str, dict[str, float | None]]:
 # twice the bf16 rate (Google's "Training large models on Ironwood" post); not a published number.
 # Google writes "GB" for HBM where the chips hold GiB: a v5e chip shows 15.75 GiB to JAX
 # (`memory_stats()["bytes_limit"]`, measured 2026-12-06, docs/benchmarks.md), so capacities
-# are taken as GiB.
+# are taken as GiB. The capacity itself is the generation's `hbm_gib`, the one record of it.
 
 _GIB = 2**30
 
@@ -880,7 +880,6 @@ class Chip:
     generation: str  # `Generation.name`
     device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices (exact strings)
     topology_prefix: str  # the name libtpu gives `get_topology_desc` ("v5e" in "v5e:2x2")
-    hbm_bytes: int
     bf16_flops: float  # dense peak, FLOP/s
     hbm_bytes_per_s: float
     # JAX devices per chip on a real host: two TensorCores shown apart on v2, v3 and TPU7x, one
@@ -888,15 +887,19 @@ class Chip:
     # 0.0.42.1's compile-only topologies (tpu7x:2x2x1 has 8 devices for 4 chips).
     jax_devices_per_chip: int = 1
 
+    @property
+    def hbm_bytes(self) -> int:
+        return generation(self.generation).hbm_gib * _GIB
+
 
 CHIPS: tuple[Chip, ...] = (
-    Chip("v2", ("TPU v2",), "v2", 16 * _GIB, 45e12, 600e9, jax_devices_per_chip=2),
-    Chip("v3", ("TPU v3",), "v3", 32 * _GIB, 123e12, 900e9, jax_devices_per_chip=2),
-    Chip("v4", ("TPU v4",), "v4", 32 * _GIB, 275e12, 1200e9),
-    Chip("v5litepod", ("TPU v5 lite", "TPU v5e"), "v5e", 16 * _GIB, 197e12, 819e9),
-    Chip("v5p", ("TPU v5", "TPU v5p"), "v5p", 95 * _GIB, 459e12, 2765e9),
-    Chip("v6e", ("TPU v6 lite", "TPU v6e"), "v6e", 32 * _GIB, 918e12, 1638e9),
-    Chip("tpu7x", ("TPU7x", "TPU v7x"), "tpu7x", 192 * _GIB, 2307e12, 7370e9, jax_devices_per_chip=2),
+    Chip("v2", ("TPU v2",), "v2", 45e12, 600e9, jax_devices_per_chip=2),
+    Chip("v3", ("TPU v3",), "v3", 123e12, 900e9, jax_devices_per_chip=2),
+    Chip("v4", ("TPU v4",), "v4", 275e12, 1200e9),
+    Chip("v5litepod", ("TPU v5 lite", "TPU v5e"), "v5e", 197e12, 819e9),
+    Chip("v5p", ("TPU v5", "TPU v5p"), "v5p", 459e12, 2765e9),
+    Chip("v6e", ("TPU v6 lite", "TPU v6e"), "v6e", 918e12, 1638e9),
+    Chip("tpu7x", ("TPU7x", "TPU v7x"), "tpu7x", 2307e12, 7370e9, jax_devices_per_chip=2),
 )
 
 _CHIP_BY_GENERATION = {c.generation: c for c in CHIPS}
