@@ -343,8 +343,13 @@ esac
             time.sleep(0.2)
 
     def stop(self) -> None:
-        pid = self.supervisor_pid()
-        if pid is not None:
+        """Power off: every supervisor the boot started (Ray's, the TPU metrics endpoint's, the
+        package cache's, ...) is killed with its process group, as a VM's processes all go."""
+        for pidfile in (self.root / "var/lib/rayslice").glob("*.pid"):
+            try:
+                pid = int(pidfile.read_text())
+            except (OSError, ValueError):
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
 
