@@ -12,7 +12,8 @@ import pytest
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.states import GCE_STOCKOUT, POOL_ERROR, POOL_RUNNING
-from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.infra import preview
 from rayslice.infra.network import SUBNET_CIDR
 from tests.cloud.stacks import make

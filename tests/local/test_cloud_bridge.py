@@ -17,7 +17,8 @@ import pytest
 from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.cloud.rules import Violation
-from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.errors import EXIT_INVALID, InvalidInput, SimulatorError
 from rayslice.infra.controller_vm import CONTROLLER_MACHINE_TYPE
 from rayslice.infra.preview import deploy, stack_config

@@ -1,7 +1,7 @@
 """Removing a whole Compute Engine slice while its MIG stays (elastic clusters' scale-down):
 instanceGroupManagers.deleteInstances and .deletePerInstanceConfigs as the emulation and its
 twin answer them (target size, validation, the per-instance configs), and the client's guards.
-Sources of each rule: `rayslice.cloud.twin`'s docstring."""
+Sources of each rule: `rayslice.cloud.twin.compute`'s docstring."""
 
 from __future__ import annotations
 
