@@ -38,23 +38,21 @@ from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
 from rayslice.cloud.capacity import FAILED as QUEUED_FAILED
 from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
 from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
-from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
-from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE
-from rayslice.platforms import TPU_NODE, VM_PLATFORMS
-from rayslice.recovery.cloud import (
+from rayslice.cloud.rest import (
     COMPUTE_DEFAULT,
     COMPUTE_ENDPOINT_ENV,
     CONTAINER_DEFAULT,
     CONTAINER_ENDPOINT_ENV,
     TPU_DEFAULT,
     TPU_ENDPOINT_ENV,
-    CloudClient,
-    Location,
     default_session,
     endpoint,
-    managed_instance_name,
 )
+from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
+from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
+from rayslice.names import CLOUD_PLATFORM_SCOPE
+from rayslice.platforms import TPU_NODE, VM_PLATFORMS
+from rayslice.recovery.cloud import CloudClient, Location, managed_instance_name
 from rayslice.recovery.events import events_from_guest_attributes
 from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 

@@ -16,6 +16,7 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
+from rayslice.cloud.rest import default_session
 from rayslice.cloud.rules import Violation
 from rayslice.cloud.twin import CloudTwin
 from rayslice.cloud.twin.state import CloudRuleError
@@ -38,7 +39,7 @@ from rayslice.local.simulation.state import (
     read_deployed,
     write_deployed,
 )
-from rayslice.recovery.cloud import CloudClient, Location, default_session
+from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.commands import gather
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import Recorder

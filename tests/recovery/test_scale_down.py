@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from rayslice import names
+from rayslice.cloud.rest import operation_error
 from rayslice.errors import CloudError, InvalidInput
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
-from rayslice.recovery.cloud import CloudClient, RefusedResource, operation_error
+from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
 
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -29,7 +30,7 @@ def _done(client: CloudClient, operation: dict[str, Any]) -> dict[str, Any]:
 
 def _post(client: CloudClient, mig: str, verb: str, body: dict[str, Any]) -> dict[str, Any]:
     """A request the client's guards would not send: what the emulation itself does with it."""
-    return client._request("POST", client._compute(f"instanceGroupManagers/{mig}/{verb}"), body=body)
+    return client.request("POST", client._compute(f"instanceGroupManagers/{mig}/{verb}"), body=body)
 
 
 def test_deleting_a_slices_hosts_lowers_the_target_size_and_keeps_the_mig(
