@@ -33,12 +33,14 @@ import os
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import google.auth
 import google.auth.exceptions
 import requests
 from google.auth.transport.requests import AuthorizedSession
+from google.oauth2 import service_account
 
 from rayslice.errors import CloudError, InvalidInput, NoCredentials
 from rayslice.names import CLOUD_PLATFORM_SCOPE
@@ -90,6 +92,19 @@ def default_session() -> AuthorizedSession:
             "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
             f"credentials file ({exc})"
         ) from exc
+    return AuthorizedSession(credentials)
+
+
+def key_file_session(path: Path) -> AuthorizedSession:
+    """A session with the service-account key at `path` (a found cluster's, `rayslice.clusters`):
+    only a service-account key is loaded from the file, whatever else it may claim to be;
+    `NoCredentials` (exit 3) if it cannot be used."""
+    try:
+        credentials = service_account.Credentials.from_service_account_file(
+            str(path), scopes=[CLOUD_PLATFORM_SCOPE]
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoCredentials(f"cannot use the service-account key {path}: {exc!r}") from None
     return AuthorizedSession(credentials)
 
 

@@ -63,14 +63,18 @@ class CloudClient(RestClient):
         tpu_base: str | None = None,
         compute_base: str | None = None,
         container_base: str | None = None,
+        environ: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         poll_interval_s: float = 5.0,
     ):
+        """Each API's base URL: the one given, else the endpoint override in `environ` (this
+        process's environment when None; a found cluster's, `rayslice.clusters.CloudAccess`),
+        else Google's (`rayslice.cloud.rest.endpoint`)."""
         super().__init__(session, sleep=sleep, poll_interval_s=poll_interval_s)
         self.location = location
-        self.tpu_base = tpu_base or endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT)
-        self.compute_base = compute_base or endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT)
-        self.container_base = container_base or endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT)
+        self.tpu_base = tpu_base or endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, environ)
+        self.compute_base = compute_base or endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, environ)
+        self.container_base = container_base or endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT, environ)
 
     # ---- plumbing ----------------------------------------------------------------------------
 

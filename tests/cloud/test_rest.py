@@ -3,7 +3,9 @@ overrides, and failures that leave as rayslice errors (the CLI's exit 3), transl
 
 from __future__ import annotations
 
+import ast
 import socket
+from pathlib import Path
 
 import pytest
 import requests
@@ -18,6 +20,7 @@ from rayslice.cloud.rest import (
     endpoint,
 )
 from rayslice.errors import EXIT_NO_CLUSTER, CloudError, InvalidInput, RaysliceError
+from tests.conftest import REPO
 
 
 def test_endpoints_default_to_googles_and_follow_gclouds_override_variables() -> None:
@@ -53,3 +56,32 @@ def test_a_call_that_gets_no_answer_in_time_is_a_cloud_error_naming_the_call(
     assert isinstance(error, RaysliceError) and error.exit_code == EXIT_NO_CLUSTER
     assert error.status is None and error.call == f"GET {url}"
     assert str(error) == f"{error.call} failed: no answer: no answer within 0.3 s"
+
+
+# Who else may build a session: the clients of Google's other APIs (Cloud Storage and Monitoring),
+# which import google-auth only when called, for readers of a record that may lack it.
+OTHER_APIS = ("rayslice/observability/gcs.py", "rayslice/observability/monitoring.py")
+SESSION_MAKERS = ("AuthorizedSession", "from_service_account_file", "from_service_account_info")
+
+
+def _session_calls(path: Path) -> list[int]:
+    """The lines of `path` that build a session or load credentials."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            called = ast.unparse(node.func)
+            if called.rsplit(".", 1)[-1] in SESSION_MAKERS or called == "google.auth.default":
+                found.append(node.lineno)
+    return found
+
+
+def test_the_tpu_compute_and_gke_clients_get_their_sessions_here_only() -> None:
+    """The controller, `rayslice status` and the providers share one way to authenticate (this
+    module): none of rayslice's other modules builds a session or loads credentials."""
+    package = REPO / "rayslice"
+    made = {
+        str(path.relative_to(REPO)): lines
+        for path in sorted(package.rglob("*.py"))
+        if (lines := _session_calls(path))
+    }
+    assert set(made) - set(OTHER_APIS) == {"rayslice/cloud/rest.py"}, made
