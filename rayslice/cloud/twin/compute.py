@@ -751,11 +751,12 @@ class ComputeTwin(TwinState):
         prefix = f"{API_ROOT}projects/{project}/zones/{zone}"
         return [copy.deepcopy(o) for o in self.operations if o["zone"] == prefix]
 
-    def host_error(self, project: str, zone: str, group: str) -> list[TwinHost]:
+    def host_error(self, project: str, zone: str, group: str, *, repair: bool = True) -> list[TwinHost]:
         """A host error or a host maintenance event on a MIG's slice: every host stops
-        (TERMINATED, its disks kept) and the MIG's lifecycle policy applies; no preemption is
-        recorded. Compute Engine then recovers a slice of managed capacity whole (`recover`);
-        Cloud TPU, "Failure recovery of TPU instances". The hosts it hit, as they were."""
+        (TERMINATED, its disks kept) and the MIG's lifecycle policy applies unless `repair` is
+        False; no preemption is recorded. Compute Engine then recovers a slice of managed
+        capacity whole (`recover`); Cloud TPU, "Failure recovery of TPU instances". The hosts it
+        hit, as they were."""
         key = (project, zone, group)
         hit = [
             v
@@ -764,7 +765,7 @@ class ComputeTwin(TwinState):
         ]
         before = [self._vm_host(v) for v in hit]
         for vm in hit:
-            self.lose(vm, deleted=False)
+            self.lose(vm, deleted=False, repair=repair)
         return before
 
     def recover(self, project: str, zone: str, group: str) -> None:

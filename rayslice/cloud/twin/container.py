@@ -17,6 +17,28 @@ MIG each (`rayslice.cloud.twin.compute`).
   flex-start provisioning mode": GKE "provisions VMs ... when capacity becomes available"; the
   twin stands in for the cluster autoscaler, which grows the pool for the RayCluster's pending
   TPU pods). Deleting a pool deletes its MIG, gives its nodes back and withdraws its wait.
+
+What happens to a pool's nodes (the events of the capacity table's gke cells):
+
+- A node that fails, or whose host goes into maintenance (`fail_node_pool`): a multi-host TPU
+  slice node pool is one atomic unit, and "when one node needs repair GKE shuts down every TPU VM
+  of the slice" (Cloud TPU, "Introduction to TPUs in GKE",
+  https://cloud.google.com/tpu/docs/tpus-in-gke): every node of the pool stops (TERMINATED),
+  and the nodes' MIG does not recreate them one by one. GKE's auto-repair then brings the slice
+  back whole (`repair_node_pool`), only where the pool has it on (container v1 discovery,
+  NodeManagement.autoRepair: "If enabled, the nodes in this node pool will be monitored and, if
+  they fail health checks too many times, an automatic repair action will be triggered"), which is
+  on unless the pool's create turned it off (GKE, "Auto-repair nodes",
+  https://cloud.google.com/kubernetes-engine/docs/how-to/node-auto-repair: "In Standard clusters,
+  node auto-repair is enabled by default for new node pools"); with it off (flex-start pools, as
+  xpk makes them: ``--no-enable-autorepair``) the nodes stay down.
+- A Spot preemption (`preempt_node_pool`): the twin's preemption of the pool's MIG
+  (`rayslice.cloud.twin.compute`: recorded as a ``compute.instances.preempted`` operation), whose
+  lifecycle policy recreates the nodes (the twin's pool MIGs keep the default, REPAIR; no source
+  read says which policy GKE gives the MIGs of its TPU node pools).
+- The end of a flex-start run (`end_node_pool_run`): "The maximum duration for the nodes to
+  exist" (container v1 discovery, NodeConfig.maxRunDuration) has passed: the pool's nodes are
+  deleted (its MIG resized to 0, the hosts given back); the pool stays.
 """
 
 from __future__ import annotations
@@ -29,7 +51,7 @@ from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.capacity import Request as CapacityRequest
 from rayslice.cloud.states import GCE_STOCKOUT, POOL_ERROR, POOL_RUNNING
 from rayslice.cloud.twin.compute import API_ROOT, ComputeTwin
-from rayslice.cloud.twin.state import Create, rfc3339, short_name
+from rayslice.cloud.twin.state import Create, TwinHost, rfc3339, short_name
 
 CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
 
@@ -136,9 +158,8 @@ class ContainerTwin(ComputeTwin):
         wait = self._pool_waits.pop(key, None)
         if wait is not None:
             self.capacity.cancel(wait)
-        for url in (pool or {}).get("instanceGroupUrls", []):
-            parts = str(url).split("/")
-            self.delete_mig(project, parts[parts.index("zones") + 1], short_name(url))
+        for zone, mig in _migs_of(pool or {}):
+            self.delete_mig(project, zone, mig)
 
     def node_pools_of(self, project: str, location: str, cluster: str) -> list[dict[str, Any]]:
         """nodePools.list: the cluster's pools, by name."""
@@ -147,3 +168,43 @@ class ContainerTwin(ComputeTwin):
             for (p, loc, c, _), pool in sorted(self.node_pools.items())
             if (p, loc, c) == (project, location, cluster)
         ]
+
+    # ---- what happens to a pool's nodes ----------------------------------------------------------
+
+    def fail_node_pool(self, project: str, location: str, cluster: str, name: str) -> list[TwinHost]:
+        """A node of pool `name` failed, or its host went into maintenance: GKE shuts the whole
+        slice down, every node TERMINATED (module docstring). The nodes it hit, as they were."""
+        pool = self.node_pools[(project, location, cluster, name)]
+        return [h for zone, mig in _migs_of(pool) for h in self.host_error(project, zone, mig, repair=False)]
+
+    def repair_node_pool(self, project: str, location: str, cluster: str, name: str) -> bool:
+        """GKE's auto-repair of pool `name`: its stopped nodes run again, whole, where the pool
+        has auto-repair on (module docstring); whether it did."""
+        pool = self.node_pools[(project, location, cluster, name)]
+        if not (pool.get("management") or {}).get("autoRepair", True):
+            return False
+        for zone, mig in _migs_of(pool):
+            self.recover(project, zone, mig)
+        return True
+
+    def preempt_node_pool(self, project: str, location: str, cluster: str, name: str) -> list[TwinHost]:
+        """A Spot preemption of pool `name`'s nodes (module docstring); the nodes it hit, as they
+        were."""
+        pool = self.node_pools[(project, location, cluster, name)]
+        return [h for zone, mig in _migs_of(pool) for h in self.preempt(project, zone, mig)]
+
+    def end_node_pool_run(self, project: str, location: str, cluster: str, name: str) -> None:
+        """Pool `name`'s nodes reached their ``maxRunDuration``: they are deleted, the pool stays
+        (module docstring)."""
+        pool = self.node_pools[(project, location, cluster, name)]
+        for zone, mig in _migs_of(pool):
+            self.resize_mig(project, zone, mig, 0)
+
+
+def _migs_of(pool: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (zone, name) of each MIG a node pool names in ``instanceGroupUrls``."""
+    found = []
+    for url in pool.get("instanceGroupUrls", []):
+        parts = str(url).split("/")
+        found.append((parts[parts.index("zones") + 1], short_name(url)))
+    return found
