@@ -31,6 +31,7 @@ MODULES = (
     "rayslice/__init__.py",
     "rayslice/capacity_table.py",
     "rayslice/cloud/__init__.py",
+    "rayslice/cloud/rest.py",
     "rayslice/cloud/states.py",
     "rayslice/errors.py",
     "rayslice/names.py",

@@ -62,17 +62,10 @@ from pathlib import Path
 from typing import Any
 
 from rayslice import capacity_table, names
-from rayslice.errors import NoCredentials, RaysliceError
+from rayslice.cloud.rest import default_session, operation_error
+from rayslice.errors import CloudError, NoCredentials, RaysliceError
 from rayslice.platforms import TPU_NODE, VM_PLATFORMS
-from rayslice.recovery.cloud import (
-    CloudClient,
-    CloudError,
-    Location,
-    RefusedResource,
-    default_session,
-    managed_instance_name,
-    operation_error,
-)
+from rayslice.recovery.cloud import CloudClient, Location, RefusedResource, managed_instance_name
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
 from rayslice.recovery.scaling import Decision, ScalingPolicy, decide, instances_of
