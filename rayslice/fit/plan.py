@@ -8,12 +8,14 @@ line that says what to do.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import math
+import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,11 @@ ENTRY_POINT = "fit_step"
 # many chips a host of the shape has. Without it, libtpu assumes 4-chip hosts and a 1x1 topology
 # does not build.
 _HOST_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
+# Where libtpu's own logs go unless TPU_LOG_DIR says otherwise. Its default, /tmp/tpu_logs, is
+# streamed by every Ray node of the same machine into its jobs' output (Ray 2.60's node.py links
+# it into each session's logs, log_monitor.py tails it): a compile-only libtpu here holds no chip,
+# and its compile errors (a whole HBM listing) must not turn up in some local Ray job's log.
+LIBTPU_LOG_DIR = Path("~/.cache/rayslice/tpu_logs")
 
 
 def _require_libtpu() -> None:
@@ -101,9 +108,26 @@ def topology_devices(target: Target) -> list[Any]:
     if target.slices > 1:
         options["num_slices"] = target.slices
     try:
-        return list(topologies.get_topology_desc(topology_name=name, platform="tpu", **options).devices)
+        with _libtpu_logs_out_of_tmp():
+            return list(topologies.get_topology_desc(topology_name=name, platform="tpu", **options).devices)
     except Exception as exc:  # libtpu's own error type varies: any failure means no such topology
         raise InvalidInput(f"libtpu cannot build topology {target.name}: {_first_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def _libtpu_logs_out_of_tmp() -> Iterator[None]:
+    """`TPU_LOG_DIR` at `LIBTPU_LOG_DIR` while libtpu loads (the first topology loads it, and it
+    reads the variable then), unless the user set one; nothing else of this process sees it."""
+    if "TPU_LOG_DIR" in os.environ:
+        yield
+        return
+    log_dir = LIBTPU_LOG_DIR.expanduser()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["TPU_LOG_DIR"] = str(log_dir)
+    try:
+        yield
+    finally:
+        del os.environ["TPU_LOG_DIR"]
 
 
 FitEntry = Callable[[Sequence[Any], Sequence[str]], tuple[Any, tuple[Any, ...]]]

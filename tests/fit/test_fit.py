@@ -4,6 +4,8 @@ does, and fail rather than skip where libtpu is missing)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import tomllib
 from importlib.metadata import EntryPoint
@@ -174,3 +176,28 @@ def test_without_fill_cache_fit_writes_no_cache_and_says_nothing_of_one(tmp_path
     assert cli.main(["fit", "jax_train", "--topology", "v5e:1x1", *SMALL]) == EXIT_OK
     assert "compilation cache" not in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_libtpus_own_logs_stay_out_of_the_tmp_folder_every_local_ray_node_streams(tmp_path):
+    """libtpu logs to /tmp/tpu_logs by default, and every Ray node of the machine streams that
+    folder into its jobs' output (a compile error's whole HBM listing turned up in another test's
+    Ray job): fit's libtpu logs under ~/.cache/rayslice/tpu_logs instead, and its own process
+    keeps no TPU_LOG_DIR for what it starts after."""
+    env = {k: v for k, v in os.environ.items() if k != "TPU_LOG_DIR"} | {"HOME": str(tmp_path)}
+    script = (
+        "import os, sys\nfrom rayslice import cli\n"
+        "code = cli.main(sys.argv[1:])\nprint('TPU_LOG_DIR' in os.environ)\nsys.exit(code)\n"
+    )
+    argv = [sys.executable, "-c", script, "fit", "jax_train", "--topology", "v5e:1x1", *SMALL]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == EXIT_OK, result.stderr
+    assert result.stdout.splitlines()[-1] == "False"
+    pids = _pids_in(tmp_path / ".cache/rayslice/tpu_logs")
+    assert pids, "libtpu wrote no log where fit sent it"
+    assert not [p for p in Path("/tmp/tpu_logs").glob("*") if p.name.rsplit(".", 1)[-1] in pids]
+
+
+def _pids_in(folder: Path) -> set[str]:
+    """The process ids in libtpu's log names (``tpu_driver.vm.USER.log.LEVEL.DATE-TIME.PID``)."""
+    suffixes = {p.name.rsplit(".", 1)[-1] for p in folder.glob("*")}
+    return {s for s in suffixes if s.isdigit()}
