@@ -172,7 +172,7 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
             hostname="probe-host",
             host_dir=paths.dir,
             root=root,
-            shares=[str(wheels)],
+            shares=[str(wheels), sys.prefix],  # the venv too, as the simulator shares it (it may lie in /tmp)
             shared_writable=str(shared),
             env={},
         )
