@@ -276,7 +276,10 @@ def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_the_multi_host_jobs(si
         assert (attributes["accelerator-type"], attributes["worker-id"]) == ("v7x-16", str(host.worker))
         assert attributes["worker-network-endpoints"].split(",")[host.worker].endswith(f":{host.ip}")
     bring_up(sim)
-    assert [n["resources"].get("TPU-v7x-16-head") for n in tpu_nodes(sim) if n["head"]] == [1.0]
+    nodes = tpu_nodes(sim)
+    seen = [(n["ip"], n["head"], n["resources"], n["labels"]) for n in nodes]  # said when it fails
+    heads = [n["resources"].get("TPU-v7x-16-head") for n in nodes if n["head"]]
+    assert heads == [1.0], f"{seen}\n{sim.report()}"
     # Each host shows Ray 8 VFIO devices, two per chip, as a TPU7x host does: the chips Ray offers
     # are the boot script's explicit count.
     assert [n["resources"]["TPU"] for n in tpu_nodes(sim)] == [tpu.chips_per_host] * tpu.hosts
