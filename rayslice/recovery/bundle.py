@@ -40,6 +40,7 @@ MODULES = (
     "rayslice/recovery/controller.py",
     "rayslice/recovery/demand.py",
     "rayslice/recovery/events.py",
+    "rayslice/recovery/journal.py",
     "rayslice/recovery/scaling.py",
 )
 # The module whose `main` the zipapp runs; MODULES is its closure.

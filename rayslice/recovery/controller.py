@@ -36,6 +36,11 @@ On an elastic cluster (`rayslice.recovery.scaling`) it then adds and removes who
 by resizing the slice's bulk MIG from 0 to its hosts (it waits for capacity) and back to 0, which
 deletes the hosts or withdraws the wait if the demand goes before capacity comes (docs/elastic.md).
 
+A recreation is several calls (delete, insert, createInstances); each step is written to the
+controller's state directory before its call is sent, with the spec the slice is recreated from
+(`rayslice.recovery.journal`), so a controller killed between two calls is succeeded by one that
+finishes the recreation from that step, and says so in its event.
+
 A slice not yet seen whole (a node CREATING, instances being created) is left alone, and so is
 one the controller has just recreated, until it is whole again. After a failed recreation the
 next try waits `base_backoff_s * 2**(failures-1)`, capped at `max_backoff_s`; a healthy
@@ -75,6 +80,7 @@ from rayslice.recovery.cloud import (
 )
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
+from rayslice.recovery.journal import CREATE_HOSTS, DELETE, INSERT, STEPS, Entry, Journal, Recreation
 from rayslice.recovery.scaling import Decision, ScalingPolicy, decide, instances_of
 
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
@@ -158,6 +164,8 @@ MIG_INSERT_FIELDS = (
     "updatePolicy",
     "versions",
 )
+# Called with a recreation's step before its call is sent (`Controller.recreate`).
+Begin = Callable[[str], None]
 DEFAULT_INTERVAL_S = 30.0
 DEFAULT_BASE_BACKOFF_S = 30.0
 DEFAULT_MAX_BACKOFF_S = 900.0
@@ -221,6 +229,10 @@ class SliceState:
     was_whole: bool = False
     # When the controller first saw the slice broken while Google recovers it (`Controller.clock`).
     broken_since: float | None = None
+    # The recreation under way (`rayslice.recovery.journal`), and whether an earlier controller
+    # process began it.
+    recreation: Recreation | None = None
+    inherited: bool = False
 
 
 @dataclass
@@ -239,6 +251,8 @@ class Controller:
     removing: set[str] = field(default_factory=set)
     missing_before: bool = False  # the last reading found slices missing (`scaling.decide`)
     last_wait: str = ""  # what unmet demand waited on, recorded once per change
+    # Each slice's spec and the recreation under way, where a restarted controller finds them.
+    journal: Journal = field(default_factory=Journal)
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after `failures` failed recreations in a row (exponential, capped)."""
@@ -265,15 +279,26 @@ class Controller:
                 f"refusing to act on {name!r}: not one of cluster {self.target.cluster!r}'s slices "
                 f"({', '.join(self.target.slice_names)})"
             )
-        state = self.slices.setdefault(name, SliceState())
+        state = self.slices.get(name)
+        if state is None:  # first look since the controller started: what an earlier one kept
+            entry = self.journal.load(name)
+            state = SliceState(recorded=entry.spec, recreation=entry.recreation)
+            state.inherited = entry.recreation is not None
+            self.slices[name] = state
         try:
             observation = self.observe(name, state.was_whole)
         except (CloudError, OSError) as exc:
             # A transient API or network failure: nothing was seen, so nothing is recorded.
             print(f"rayslice-recovery: could not read {name}: {exc}", file=sys.stderr)
             return
+        if state.recreation is not None:
+            # Finished before anything else: what is seen now is the half-made slice, not its spec.
+            if self.clock() >= state.next_try:
+                attempt = max(state.failures + 1, state.recreation.attempt)
+                self._recreate(name, state, observation.seen, attempt)
+            return
         if observation.recorded is not None and not observation.broken:
-            state.recorded = observation.recorded
+            self._remember(name, state, observation.recorded)
         state.was_whole = state.was_whole or observation.whole
         if not observation.broken:
             if state.broken_since is not None:  # Google's recovery brought it back
@@ -285,7 +310,7 @@ class Controller:
             state.failures, state.next_try, state.last_seen = 0, 0.0, observation.seen
             return
         if observation.recorded is not None and state.recorded is None:
-            state.recorded = observation.recorded  # e.g. a MIG whose hosts were preempted
+            self._remember(name, state, observation.recorded)  # e.g. a MIG whose hosts were preempted
         waited = self._google_recovers(name, state, observation)
         if waited is None:
             return  # left to Google for now
@@ -305,10 +330,43 @@ class Controller:
                 )
             )
             return
+        self._recreate(name, state, observation.seen, attempt, waited)
+
+    def _remember(
+        self, name: str, state: SliceState, recorded: dict[str, Any], *, force: bool = False
+    ) -> None:
+        """Keeps `recorded` as the slice's spec, in the journal too when it changed (or `force`:
+        a recreation just ended). A journal that cannot be written is said on stderr; the
+        controller goes on with its memory."""
+        if recorded == state.recorded and not force:
+            return
+        state.recorded = recorded
         try:
-            outcome = self.recreate(name, state.recorded)
+            self.journal.save(name, Entry(recorded))
+        except OSError as exc:
+            print(f"rayslice-recovery: could not keep {name}'s spec: {exc}", file=sys.stderr)
+
+    def _recreate(self, name: str, state: SliceState, seen: str, attempt: int, waited: str = "") -> None:
+        """Recreates the slice from its recorded spec, or finishes the recreation under way from
+        the step it reached; each step is journaled before its call is sent."""
+        spec = state.recorded
+        assert spec is not None  # a recreation begins only from a recorded spec
+        recreation = state.recreation or Recreation(DELETE, seen, attempt)
+        recreation.attempt = attempt
+        state.recreation = recreation
+        inherited, start = state.inherited, recreation.step
+
+        def begin(step: str) -> None:
+            recreation.step = step
+            self.journal.save(name, Entry(spec, recreation))
+
+        try:
+            outcome = self.recreate(name, spec, start, begin)
         except (CloudError, OSError) as exc:
             outcome = f"failed: {exc}"
+        if not outcome.startswith("failed"):
+            state.recreation, state.inherited = None, False
+            self._remember(name, state, spec, force=True)
         if outcome.startswith("failed"):
             self._failed(state, attempt)
             outcome += f"; next try in {self.backoff(state.failures):.0f}s"
@@ -316,7 +374,12 @@ class Controller:
             # New hosts are being created: the slice is not broken again until it was whole.
             state.failures, state.next_try, state.was_whole = 0, 0.0, False
             state.broken_since = None
-        self.recorder.record(Event.now(name, observation.seen, "recreate", waited + outcome, attempt))
+        if inherited:
+            waited = (
+                f"finished the recreation an earlier controller began (it saw {recreation.seen}) "
+                f"from its step {start}: " + waited
+            )
+        self.recorder.record(Event.now(name, seen, "recreate", waited + outcome, attempt))
 
     def _google_recovers(self, name: str, state: SliceState, observation: Observation) -> str | None:
         """Whether a broken slice is left to Google (None) or acted on now (what to say first).
@@ -499,10 +562,15 @@ class Controller:
             return self._observe_node(name)
         return self._observe_mig(name, was_whole)
 
-    def recreate(self, name: str, recorded: Mapping[str, Any]) -> str:
+    def recreate(
+        self, name: str, recorded: Mapping[str, Any], step: str = DELETE, begin: Begin = lambda _: None
+    ) -> str:
+        """Recreates slice `name` from `recorded`, from `step` on (`rayslice.recovery.journal`);
+        `begin(step)` is called before each step's call is sent. Every step looks first, so one
+        a killed controller already sent is not sent again."""
         if self.target.slice_resource == TPU_NODE:
-            return self._recreate_node(name, recorded)
-        return self._recreate_mig(name, recorded)
+            return self._recreate_node(name, recorded, STEPS.index(step), begin)
+        return self._recreate_mig(name, recorded, STEPS.index(step), begin)
 
     def _observe_node(self, name: str) -> Observation:
         queued = self.client.get_queued_resource(names.request_name(name))
@@ -553,31 +621,42 @@ class Controller:
             self.recorder.record(Event.now(name, seen, "none", ENDED_OUTCOME, 1))
         return Observation(False, seen, recorded)
 
-    def _recreate_queued(self, name: str, recorded: Mapping[str, Any]) -> str:
+    def _recreate_queued(self, name: str, recorded: Mapping[str, Any], start: int, begin: Begin) -> str:
         request = names.request_name(name)
         allowed = {names.request_name(s) for s in self.target.slice_names}
         wait = self.client.wait_tpu_operation
-        if self.client.get_queued_resource(request) is not None:
+        if start <= STEPS.index(DELETE):
+            begin(DELETE)
+            if self.client.get_queued_resource(request) is not None:
+                done = wait(
+                    self.client.delete_queued_resource(request, allowed, force=True), self.operation_timeout_s
+                )
+                if not done.get("done") or operation_error(done):
+                    return f"failed: delete request: {operation_error(done) or 'did not finish'}"
+        begin(INSERT)
+        if self.client.get_queued_resource(request) is None:  # else a killed controller made it
             done = wait(
-                self.client.delete_queued_resource(request, allowed, force=True), self.operation_timeout_s
+                self.client.create_queued_resource(request, recorded, allowed), self.operation_timeout_s
             )
             if not done.get("done") or operation_error(done):
-                return f"failed: delete request: {operation_error(done) or 'did not finish'}"
-        done = wait(self.client.create_queued_resource(request, recorded, allowed), self.operation_timeout_s)
-        if not done.get("done") or operation_error(done):
-            return f"failed: queued resource: {operation_error(done) or 'did not finish'}"
+                return f"failed: queued resource: {operation_error(done) or 'did not finish'}"
         return f"recreated; queued resource {request} waits for capacity"
 
-    def _recreate_node(self, name: str, recorded: Mapping[str, Any]) -> str:
+    def _recreate_node(self, name: str, recorded: Mapping[str, Any], start: int, begin: Begin) -> str:
         if "queued" in recorded:
-            return self._recreate_queued(name, recorded["queued"])
+            return self._recreate_queued(name, recorded["queued"], start, begin)
         allowed = self.target.slice_names
+        if start <= STEPS.index(DELETE):
+            begin(DELETE)
+            if self.client.get_node(name) is not None:
+                done = self.client.wait_tpu_operation(
+                    self.client.delete_node(name, allowed), self.operation_timeout_s
+                )
+                if not done.get("done") or operation_error(done):
+                    return f"failed: delete: {operation_error(done) or 'did not finish'}"
+        begin(INSERT)
         if self.client.get_node(name) is not None:
-            done = self.client.wait_tpu_operation(
-                self.client.delete_node(name, allowed), self.operation_timeout_s
-            )
-            if not done.get("done") or operation_error(done):
-                return f"failed: delete: {operation_error(done) or 'did not finish'}"
+            return "recreated"  # a killed controller's create was accepted: the node is there
         done = self.client.wait_tpu_operation(
             self.client.create_node(name, recorded, allowed), self.operation_timeout_s
         )
@@ -649,13 +728,15 @@ class Controller:
             return set()
         return {str(o.get("targetLink", "")).rsplit("/", 1)[-1] for o in operations} & hosts
 
-    def _recreate_mig(self, name: str, recorded: Mapping[str, Any]) -> str:
+    def _recreate_mig(self, name: str, recorded: Mapping[str, Any], start: int, begin: Begin) -> str:
         allowed = self.target.slice_names
         wait = self.client.wait_zone_operation
-        if self.client.get_mig(name) is not None:
-            done = wait(self.client.delete_mig(name, allowed), self.operation_timeout_s)
-            if done.get("status") != "DONE" or operation_error(done):
-                return f"failed: delete: {operation_error(done) or 'did not finish'}"
+        if start <= STEPS.index(DELETE):
+            begin(DELETE)
+            if self.client.get_mig(name) is not None:
+                done = wait(self.client.delete_mig(name, allowed), self.operation_timeout_s)
+                if done.get("status") != "DONE" or operation_error(done):
+                    return f"failed: delete: {operation_error(done) or 'did not finish'}"
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
         if instances:
@@ -666,11 +747,21 @@ class Controller:
         # else a bulk MIG (flex-start): inserted with its target size, it waits for every host.
         policy = dict(body.get("instanceLifecyclePolicy") or {})
         body["instanceLifecyclePolicy"] = {**policy, "defaultActionOnFailure": MIG_ACTION_ON_FAILURE}
-        done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
-        if done.get("status") != "DONE" or operation_error(done):
-            return f"failed: insert: {operation_error(done) or 'did not finish'}"
+        if start <= STEPS.index(INSERT):
+            begin(INSERT)
+            if self.client.get_mig(name) is None:  # else a killed controller's insert was accepted
+                done = wait(self.client.insert_mig(body, allowed), self.operation_timeout_s)
+                if done.get("status") != "DONE" or operation_error(done):
+                    return f"failed: insert: {operation_error(done) or 'did not finish'}"
         if instances:
-            done = wait(self.client.create_instances(name, instances, allowed), self.operation_timeout_s)
+            begin(CREATE_HOSTS)
+            # Only the hosts not there yet: a name that exists is refused (an instance name is
+            # unique in its zone), and a killed controller may have asked for them already.
+            there = {managed_instance_name(i) for i in self.client.list_managed_instances(name)}
+            missing = [i for i in instances if i.get("name") not in there]
+            if not missing:
+                return "recreated"
+            done = wait(self.client.create_instances(name, missing, allowed), self.operation_timeout_s)
             if done.get("status") != "DONE":
                 return "hosts requested, still in progress"
             if operation_error(done):
@@ -732,6 +823,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-backoff", type=float, default=DEFAULT_MAX_BACKOFF_S)
     parser.add_argument("--event-log", type=Path, help="also append events to this JSON-lines file")
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        required=True,
+        help="where each slice's spec and the recreation under way are kept for a restarted "
+        "controller (rayslice.recovery.journal)",
+    )
+    parser.add_argument(
         "--no-guest-attributes", action="store_true", help="do not publish events as guest attributes"
     )
     parser.add_argument(
@@ -769,6 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base_backoff_s=args.base_backoff,
             max_backoff_s=args.max_backoff,
             scaling=scaling,
+            journal=Journal(args.state_dir),
         )
         if args.once:
             controller.step()
