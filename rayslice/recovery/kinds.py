@@ -199,22 +199,27 @@ class SliceKind(ABC):
     def capacity_kind(self, machine_type: str | None, generation: str) -> str:
         """What a zone's capacity counts for these slices (`rayslice.cloud.capacity`)."""
 
+    def _not_elastic(self) -> InvalidInput:
+        """What the elastic methods raise on a kind that does not scale (the capacity table
+        allows ``minSlices`` on compute only, and the spec refuses it elsewhere)."""
+        return InvalidInput(f"{self.resource} slices are not elastic (minSlices is for compute)")
+
     def hosts_held(self, client: CloudClient, name: str) -> tuple[int, int]:
         """The slice's target size and the hosts it holds (being deleted included), for elastic
         scaling; (0, 0) when it is missing. Only MIG slices scale."""
-        raise InvalidInput(f"{self.resource} slices are not elastic (minSlices is for compute)")
+        raise self._not_elastic()
 
     def add_hosts(
         self, op: Operation, name: str, instances: Sequence[Mapping[str, Any]], *, bulk: int | None
     ) -> str:
         """Gives the empty slice `name` its hosts: `instances` by name, or with `bulk`, that many
         hosts the MIG names when the zone has them all. Only MIG slices scale."""
-        raise InvalidInput(f"{self.resource} slices are not elastic (minSlices is for compute)")
+        raise self._not_elastic()
 
     def remove_hosts(self, op: Operation, name: str, hosts: Sequence[str], *, bulk: bool, why: str) -> str:
         """Deletes the slice's `hosts` (with `bulk`, every host by a resize to 0) and keeps the
         slice, empty; `why` ends the outcome. Only MIG slices scale."""
-        raise InvalidInput(f"{self.resource} slices are not elastic (minSlices is for compute)")
+        raise self._not_elastic()
 
 
 def _failed_op(verb: str, done: Mapping[str, Any]) -> str:
