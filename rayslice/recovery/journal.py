@@ -79,7 +79,7 @@ class Journal:
             return self._memory.get(name, Entry())
         try:
             return Entry.from_json(json.loads((self.directory / f"{name}.json").read_text()))
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, AttributeError):
             return Entry()
 
     def save(self, name: str, entry: Entry) -> None:
