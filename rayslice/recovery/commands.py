@@ -50,25 +50,12 @@ from rayslice.recovery.cloud import (
     Location,
     default_session,
     endpoint,
-    managed_instance_name,
 )
 from rayslice.recovery.events import events_from_guest_attributes
-from rayslice.recovery.kinds import STATE_QUERY, boot_state
-from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
+from rayslice.recovery.kinds import STATE_QUERY, boot_state, hours, managed_status
+from rayslice.spec import ClusterSpec
 
 NAMESPACE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/"
-
-
-def _hours(duration: str) -> float:
-    """A google-duration (``"3600s"``) in hours."""
-    return float(str(duration).removesuffix("s")) / SECONDS_PER_HOUR
-
-
-def _managed(instance: dict[str, Any]) -> tuple[str, str]:
-    """A MIG's managed instance: its name, and its status (or, while it is made, its action)."""
-    return managed_instance_name(instance), str(
-        instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN"
-    )
 
 
 # A GKE slice's phase, read from its node pool (container v1 NodePool.status) and the nodes of its
@@ -115,7 +102,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
             continue
         since = since or mig.get("creationTimestamp")
         for instance in client.list_managed_instances(group):
-            host, status = _managed(instance)
+            host, status = managed_status(instance)
             nodes.append({"worker": len(nodes), "name": host, "instance": status})
     running = sum(1 for n in nodes if n["instance"] == "RUNNING")
     conditions = pool.get("conditions") or []
@@ -130,7 +117,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
         "nodes_running": running,
         "hosts_asked": spec.tpu.hosts,
         "since": since,
-        "run_hours": _hours(duration) if duration else None,
+        "run_hours": hours(duration) if duration else None,
         "flex_start": bool((pool.get("config") or {}).get("flexStart")),
         "reason": reason or None,
         "hosts": nodes,

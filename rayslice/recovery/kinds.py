@@ -368,7 +368,7 @@ class MigSlices(SliceKind):
         target = int(mig.get("targetSize", 0))
         rows = []
         for position, (host, status) in enumerate(
-            sorted(map(_managed, client.list_managed_instances(name)), key=_by_worker(name))
+            sorted(map(managed_status, client.list_managed_instances(name)), key=_by_worker(name))
         ):
             boot = (
                 boot_state(client.instance_guest_attributes(host, STATE_QUERY))
@@ -669,7 +669,7 @@ def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> d
         "state": str(state.get("state", "STATE_UNSPECIFIED")),
         "since": since,
         "deadline": _after(since, _seconds(valid)) if valid and since else None,
-        "run_hours": _seconds(run) / HOUR_S if run else None,
+        "run_hours": hours(run) if run else None,
         "hosts_asked": hosts,
         "hosts_joined": joined,
         "reason": reason,
@@ -691,6 +691,11 @@ def _suspended(queued: dict[str, Any]) -> str:
 def _seconds(duration: str) -> float:
     """A google-duration (``"3600s"``) in seconds."""
     return float(str(duration).removesuffix("s"))
+
+
+def hours(duration: str) -> float:
+    """A google-duration in hours."""
+    return _seconds(duration) / HOUR_S
 
 
 def _after(timestamp: str, seconds: float) -> str:
@@ -718,7 +723,7 @@ def bulk_wait_status(mig: dict[str, Any], running: int, joined: int) -> dict[str
     }
 
 
-def _managed(instance: dict[str, Any]) -> tuple[str, str]:
+def managed_status(instance: dict[str, Any]) -> tuple[str, str]:
     """A MIG's managed instance: its name, and its status (or, while it is made, its action)."""
     return managed_instance_name(instance), str(
         instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN"
