@@ -2,6 +2,11 @@
 them), the recovery controller and `rayslice status` (which read them): one spelling, and no
 reader imports the emulator to get it.
 
+- Compute Engine's Instance.status (compute v1 discovery document): ``RUNNING``; ``TERMINATED``
+  "The instance has stopped (either by explicit action or underlying failure)".
+
+- Cloud TPU's Node.state (tpu v2 discovery document): ``READY``, ``PREEMPTED``.
+
 - GKE's NodePool.status and StatusCondition.code (container v1 discovery document):
   ``PROVISIONING``, ``RUNNING``, ``ERROR``, ``STOPPING``; ``GCE_STOCKOUT`` "indicates that Google
   Compute Engine resources are temporarily unavailable".
@@ -17,3 +22,5 @@ from __future__ import annotations
 PREEMPTED_OPERATION = "compute.instances.preempted"
 POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RUNNING", "ERROR", "STOPPING"
 GCE_STOCKOUT = "GCE_STOCKOUT"
+INSTANCE_RUNNING, INSTANCE_TERMINATED = "RUNNING", "TERMINATED"
+NODE_READY, NODE_PREEMPTED = "READY", "PREEMPTED"

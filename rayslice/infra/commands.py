@@ -18,7 +18,7 @@ import click
 
 from rayslice import capacity_table
 from rayslice.cli import Group, load_spec, spec_options
-from rayslice.cloud.twin import CloudRuleError
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.errors import EXIT_OK, InvalidInput
 from rayslice.fit.plan import Target, check
 from rayslice.infra.cost import render_costs, stack_costs

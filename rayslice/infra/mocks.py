@@ -32,7 +32,9 @@ from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
 from rayslice.cloud import bodies
-from rayslice.cloud.twin import TERMINATED, CloudRuleError, CloudTwin
+from rayslice.cloud.states import INSTANCE_TERMINATED
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.errors import InvalidInput
 from rayslice.infra.network import SUBNET_CIDR
 
@@ -140,7 +142,7 @@ class FakeGcp(pulumi.runtime.Mocks):
                 {**nic, "networkIp": ips[i]} if i < len(ips) else dict(nic)
                 for i, nic in enumerate(inputs["networkInterfaces"])
             ]
-            if applied and inputs.get("desiredStatus") == TERMINATED:  # stopped once created
+            if applied and inputs.get("desiredStatus") == INSTANCE_TERMINATED:  # stopped once created
                 with self._twin_lock:
                     self.twin.stop_instance(project, str(inputs["zone"]), str(inputs["name"]))
         elif args.typ in _SELF_LINKED:

@@ -34,7 +34,8 @@ from typing import Any
 
 from rayslice import spec
 from rayslice.cloud import rules
-from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.errors import InvalidInput
 from rayslice.infra.gke.kuberay import APPLY_ORDER, manifests_yaml
 from rayslice.infra.mocks import Registration, run_offline

@@ -134,13 +134,23 @@ def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM (a scheduler or `kill` ending `rayslice run`) interrupts as Ctrl-C does, so that both
     reach the code that says what keeps running; the previous handler is restored after. Python
     lets only the main thread set a handler: elsewhere (a library caller's thread) SIGTERM keeps
-    its handler."""
+    its handler.
+
+    It goes through whatever handles SIGINT at that moment rather than raising KeyboardInterrupt
+    itself: while the log streams, `asyncio.run`'s handler cancels its main task and raises
+    KeyboardInterrupt once the loop has wound down. Raised from here instead, it landed inside
+    the streaming task (mid-write of the job's record) and asyncio printed that task's traceback
+    ("Task exception was never retrieved") under the interrupt message."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint):  # Python's default_int_handler, or asyncio.run's while it runs
+            on_sigint(signal.SIGINT, frame)
+        else:  # SIGINT ignored (started in the background by a shell) or left to the system
+            raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

@@ -32,6 +32,7 @@ MODULES = (
     "rayslice/capacity_table.py",
     "rayslice/cloud/__init__.py",
     "rayslice/cloud/capacity.py",
+    "rayslice/cloud/rest.py",
     "rayslice/cloud/states.py",
     "rayslice/errors.py",
     "rayslice/names.py",

@@ -1,101 +1,46 @@
-"""A small REST client for the few Cloud TPU v2, Compute Engine v1 and GKE (container v1) calls
-recovery and `rayslice status` make.
-
-Why not google-api-python-client: the controller and `rayslice status` make about ten calls,
-and a plain `AuthorizedSession` keeps every request visible (and testable against the discovery
-documents in tests/recovery/test_api_shapes.py) without building a discovery client at start.
-
-Endpoints. The base URLs are Google's (the discovery documents' ``rootUrl`` + ``servicePath``)
-unless overridden with the variables gcloud itself reads for its ``api_endpoint_overrides``
-properties, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU``, ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE`` and
-``CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER``.
-The simulator's emulation (`rayslice.local.google.cloud_api.emulator`) is reached only through these: there is
-no second code path. An override that is not https is accepted only for a loopback, private or
-RFC 6598 shared IP address, so a bearer token never crosses the internet in clear.
+"""The Cloud TPU v2, Compute Engine v1 and GKE (container v1) calls that the recovery controller,
+`rayslice status` and the program's dynamic providers (`rayslice.infra.tpu_vm.queued`) make,
+each one method of `CloudClient`, on the REST plumbing of `rayslice.cloud.rest` (session, base
+URLs and their overrides, errors mapped to `rayslice.errors`, paging, operation polling).
 
 Every mutating call takes the set of names it may touch and refuses any other
 (`RefusedResource`): the controller's own check is the first guard, this is the second.
-
-Failures leave this module as `rayslice.errors` classes, translated once in `_request`: 401/403
-and refused credentials as `NoCredentials`, any other error status, a connection that fails or
-times out and an answer that is not JSON as `CloudError` naming the call (exit 3 from the CLI).
 """
 
 from __future__ import annotations
 
-import ipaddress
-import os
 import time
-import urllib.parse
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google.auth
-import google.auth.exceptions
 import requests
-from google.auth.transport.requests import AuthorizedSession
 
+from rayslice.cloud.rest import (
+    COMPUTE_DEFAULT,
+    COMPUTE_ENDPOINT_ENV,
+    CONTAINER_DEFAULT,
+    CONTAINER_ENDPOINT_ENV,
+    TPU_DEFAULT,
+    TPU_ENDPOINT_ENV,
+    RestClient,
+    endpoint,
+    quote,
+    tpu_operation_done,
+    zone_operation_done,
+)
 from rayslice.cloud.states import PREEMPTED_OPERATION
-from rayslice.errors import CloudError, InvalidInput, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE, host_name, host_worker
+from rayslice.errors import CloudError, InvalidInput
+from rayslice.names import host_name, host_worker
 
-# Discovery documents: tpu.v2 rootUrl "https://tpu.googleapis.com/" (paths start with "v2/"),
-# compute.v1 rootUrl "https://compute.googleapis.com/" + servicePath "compute/v1/", container.v1
-# rootUrl "https://container.googleapis.com/" (paths start with "v1/").
-TPU_DEFAULT = "https://tpu.googleapis.com/"
-COMPUTE_DEFAULT = "https://compute.googleapis.com/compute/v1/"
-CONTAINER_DEFAULT = "https://container.googleapis.com/"
-TPU_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU"
-COMPUTE_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
-CONTAINER_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER"
-REQUEST_TIMEOUT_S = 30.0
 # The Cloud TPU API version that reads, deletes and recreates queued resources: v2alpha1's
 # QueuedResource is v2's plus the flex-start fields (provisioningModel, runDuration), so a
 # request made through either reads back whole, and one recreated from it keeps its capacity.
 QUEUED_VERSION = "v2alpha1"
-# RFC 6598 shared address space: not routed on the internet (the simulator's bridges use it).
-SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
 
 
 class RefusedResource(InvalidInput):
     """A call would touch a resource that is not one of this cluster's slices: never sent."""
-
-
-def endpoint(env: str, default: str, environ: Mapping[str, str] | None = None) -> str:
-    """The base URL for one API: the override in `env` if set, else Google's. Ends with '/'."""
-    value = (environ if environ is not None else os.environ).get(env, "").strip()
-    if not value:
-        return default
-    url = urllib.parse.urlsplit(value)
-    if url.scheme not in ("https", "http") or not url.hostname:
-        raise InvalidInput(f"{env}={value!r} is not an http(s) URL")
-    if url.scheme == "http":
-        try:
-            address = ipaddress.ip_address(url.hostname)
-        except ValueError:
-            address = None
-        if address is None or not (
-            address.is_loopback or address.is_private or address in SHARED_ADDRESS_SPACE
-        ):
-            raise InvalidInput(
-                f"{env}={value!r}: plain http is allowed only to a loopback or private IP address "
-                "(credentials would cross the network in clear); use https"
-            )
-    return value if value.endswith("/") else value + "/"
-
-
-def default_session() -> AuthorizedSession:
-    """A session with Application Default Credentials; `NoCredentials` (exit 3) if there are none."""
-    try:
-        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
-    except google.auth.exceptions.DefaultCredentialsError as exc:
-        raise NoCredentials(
-            "no Google Cloud credentials found (Application Default Credentials): run "
-            "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
-            f"credentials file ({exc})"
-        ) from exc
-    return AuthorizedSession(credentials)
 
 
 @dataclass(frozen=True)
@@ -106,8 +51,9 @@ class Location:
     zone: str
 
 
-class CloudClient:
-    """The calls recovery and status make, each one method; responses are the API's JSON."""
+class CloudClient(RestClient):
+    """The calls recovery, status and the providers make, each one method; responses are the
+    API's JSON."""
 
     def __init__(
         self,
@@ -117,63 +63,34 @@ class CloudClient:
         tpu_base: str | None = None,
         compute_base: str | None = None,
         container_base: str | None = None,
+        environ: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         poll_interval_s: float = 5.0,
     ):
-        self.session = session
+        """Each API's base URL: the one given, else the endpoint override in `environ` (this
+        process's environment when None; a found cluster's, `rayslice.clusters.CloudAccess`),
+        else Google's (`rayslice.cloud.rest.endpoint`)."""
+        super().__init__(session, sleep=sleep, poll_interval_s=poll_interval_s)
         self.location = location
-        self.tpu_base = tpu_base or endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT)
-        self.compute_base = compute_base or endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT)
-        self.container_base = container_base or endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT)
-        self.sleep = sleep
-        self.poll_interval_s = poll_interval_s
+        self.tpu_base = tpu_base or endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, environ)
+        self.compute_base = compute_base or endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, environ)
+        self.container_base = container_base or endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT, environ)
 
     # ---- plumbing ----------------------------------------------------------------------------
 
-    def _request(
-        self, method: str, url: str, *, params: Mapping[str, str] | None = None, body: Any = None
-    ) -> dict[str, Any]:
-        """One API call; every way it can fail leaves as a `rayslice.errors` class (see above)."""
-        call = f"{method} {url}"
-        try:
-            response = self.session.request(method, url, params=params, json=body, timeout=REQUEST_TIMEOUT_S)
-        except google.auth.exceptions.RefreshError as exc:
-            raise NoCredentials(
-                f"Google Cloud rejected the credentials ({exc}): run "
-                "`gcloud auth application-default login` again"
-            ) from exc
-        except (requests.RequestException, google.auth.exceptions.TransportError) as exc:
-            raise CloudError(call, None, _reason(exc)) from exc
-        if response.status_code in (401, 403):
-            raise NoCredentials(
-                f"{call} was refused (HTTP {response.status_code}: {_message(response)}); "
-                "check that your Application Default Credentials may read this project"
-            )
-        if response.status_code >= 400:
-            raise CloudError(call, response.status_code, _message(response))
-        if not response.content:
-            return {}
-        try:
-            answer = response.json()
-        except ValueError:  # requests' JSONDecodeError
-            answer = None
-        if not isinstance(answer, dict):
-            raise CloudError(call, response.status_code, f"not a JSON object: {response.text[:200]}")
-        return answer
-
     def _tpu(self, path: str, version: str = "v2") -> str:
         loc = self.location
-        return f"{self.tpu_base}{version}/projects/{_q(loc.project)}/locations/{_q(loc.zone)}/{path}"
+        return f"{self.tpu_base}{version}/projects/{quote(loc.project)}/locations/{quote(loc.zone)}/{path}"
 
     def _compute(self, path: str) -> str:
         loc = self.location
-        return f"{self.compute_base}projects/{_q(loc.project)}/zones/{_q(loc.zone)}/{path}"
+        return f"{self.compute_base}projects/{quote(loc.project)}/zones/{quote(loc.zone)}/{path}"
 
     def _container(self, cluster: str, path: str) -> str:
         loc = self.location
         return (
-            f"{self.container_base}v1/projects/{_q(loc.project)}/locations/{_q(loc.zone)}"
-            f"/clusters/{_q(cluster)}/{path}"
+            f"{self.container_base}v1/projects/{quote(loc.project)}/locations/{quote(loc.zone)}"
+            f"/clusters/{quote(cluster)}/{path}"
         )
 
     @staticmethod
@@ -202,37 +119,25 @@ class CloudClient:
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         """The node, or None when it does not exist."""
-        try:
-            return self._request("GET", self._tpu(f"nodes/{_q(name)}"))
-        except CloudError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.get_or_none(self._tpu(f"nodes/{quote(name)}"))
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        nodes: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            page = self._request("GET", self._tpu("nodes"), params={"pageToken": token} if token else None)
-            nodes.extend(page.get("nodes", []))
-            token = page.get("nextPageToken", "")
-            if not token:
-                return nodes
+        return self.pages("GET", self._tpu("nodes"), "nodes")
 
     def delete_node(self, name: str, allowed: Collection[str]) -> dict[str, Any]:
         self._guard(name, allowed)
-        return self._request("DELETE", self._tpu(f"nodes/{_q(name)}"))
+        return self.request("DELETE", self._tpu(f"nodes/{quote(name)}"))
 
     def create_node(self, name: str, body: Mapping[str, Any], allowed: Collection[str]) -> dict[str, Any]:
         self._guard(name, allowed)
-        return self._request("POST", self._tpu("nodes"), params={"nodeId": name}, body=dict(body))
+        return self.request("POST", self._tpu("nodes"), params={"nodeId": name}, body=dict(body))
 
     def node_guest_attributes(self, name: str, query_path: str, worker: int) -> list[dict[str, str]]:
         """One worker's guest attribute entries under `query_path` (namespace/key/value)."""
         try:
-            answer = self._request(
+            answer = self.request(
                 "POST",
-                self._tpu(f"nodes/{_q(name)}:getGuestAttributes"),
+                self._tpu(f"nodes/{quote(name)}:getGuestAttributes"),
                 body={"queryPath": query_path, "workerIds": [str(worker)]},
             )
         except CloudError as exc:
@@ -248,12 +153,7 @@ class CloudClient:
 
     def get_queued_resource(self, name: str) -> dict[str, Any] | None:
         """The queued resource (read through `QUEUED_VERSION`), or None when it does not exist."""
-        try:
-            return self._request("GET", self._tpu(f"queuedResources/{_q(name)}", QUEUED_VERSION))
-        except CloudError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.get_or_none(self._tpu(f"queuedResources/{quote(name)}", QUEUED_VERSION))
 
     def create_queued_resource(
         self, name: str, body: Mapping[str, Any], allowed: Collection[str], *, version: str = QUEUED_VERSION
@@ -262,7 +162,7 @@ class CloudClient:
         v2 unless the request needs v2alpha1's fields (`rayslice.infra.tpu_vm.queued`); the
         controller recreates through `QUEUED_VERSION`, the version it read the request with."""
         self._guard(name, allowed)
-        return self._request(
+        return self.request(
             "POST", self._tpu("queuedResources", version), params={"queuedResourceId": name}, body=dict(body)
         )
 
@@ -270,51 +170,36 @@ class CloudClient:
         """queuedResources.delete; `force` deletes its node first."""
         self._guard(name, allowed)
         params = {"force": "true"} if force else None
-        return self._request(
-            "DELETE", self._tpu(f"queuedResources/{_q(name)}", QUEUED_VERSION), params=params
+        return self.request(
+            "DELETE", self._tpu(f"queuedResources/{quote(name)}", QUEUED_VERSION), params=params
         )
 
     def wait_tpu_operation(self, operation: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """Polls a TPU long-running operation until done or `timeout_s`; returns its last state."""
-        deadline = time.monotonic() + timeout_s
-        current = dict(operation)
-        while not current.get("done"):
-            if time.monotonic() >= deadline:
-                return current
-            self.sleep(self.poll_interval_s)
-            current = self._request("GET", f"{self.tpu_base}v2/{current['name']}")
-        return current
+        return self.wait(
+            operation, timeout_s, done=tpu_operation_done, url=lambda op: f"{self.tpu_base}v2/{op['name']}"
+        )
 
     # ---- GKE (container.v1.json: projects.locations.clusters.nodePools) ----------------------
 
     def get_node_pool(self, cluster: str, name: str) -> dict[str, Any] | None:
         """The node pool of the zonal cluster `cluster`, or None when it does not exist."""
-        try:
-            return self._request("GET", self._container(cluster, f"nodePools/{_q(name)}"))
-        except CloudError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.get_or_none(self._container(cluster, f"nodePools/{quote(name)}"))
 
     # ---- Compute Engine v1 (compute.v1.json: instanceGroupManagers, zoneOperations, instances) -
 
     def get_mig(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self._request("GET", self._compute(f"instanceGroupManagers/{_q(name)}"))
-        except CloudError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.get_or_none(self._compute(f"instanceGroupManagers/{quote(name)}"))
 
     def list_managed_instances(self, name: str) -> list[dict[str, Any]]:
-        return self._paged(f"instanceGroupManagers/{_q(name)}/listManagedInstances", "managedInstances")
+        return self._paged(f"instanceGroupManagers/{quote(name)}/listManagedInstances", "managedInstances")
 
     def list_per_instance_configs(self, name: str) -> list[dict[str, Any]]:
-        return self._paged(f"instanceGroupManagers/{_q(name)}/listPerInstanceConfigs", "items")
+        return self._paged(f"instanceGroupManagers/{quote(name)}/listPerInstanceConfigs", "items")
 
     def list_resize_requests(self, name: str) -> list[dict[str, Any]]:
         """instanceGroupManagerResizeRequests.list: the MIG's resize requests."""
-        return self._paged(f"instanceGroupManagers/{_q(name)}/resizeRequests", "items", method="GET")
+        return self._paged(f"instanceGroupManagers/{quote(name)}/resizeRequests", "items", method="GET")
 
     def resize_mig(self, name: str, size: int, allowed: Collection[str]) -> dict[str, Any]:
         """instanceGroupManagers.resize (``size``, a query parameter: "The number of running
@@ -322,51 +207,35 @@ class CloudClient:
         discovery). A bulk MIG (flex-start) grows only from 0 and shrinks by a resize to 0
         (Compute Engine, "About bulk mode")."""
         self._guard(name, allowed)
-        return self._request(
-            "POST", self._compute(f"instanceGroupManagers/{_q(name)}/resize"), params={"size": str(size)}
+        return self.request(
+            "POST", self._compute(f"instanceGroupManagers/{quote(name)}/resize"), params={"size": str(size)}
         )
 
     def list_preemptions(self) -> list[dict[str, Any]]:
         """zoneOperations.list of the zone's Spot preemptions (``operationType =
         "compute.instances.preempted"``, the filter of Google's sample "List preemption history",
         compute_preemptible_history), oldest first: each names the instance in ``targetLink``."""
-        items: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            params = {"filter": f'operationType="{PREEMPTED_OPERATION}"'}
-            if token:
-                params["pageToken"] = token
-            page = self._request("GET", self._compute("operations"), params=params)
-            items.extend(page.get("items", []))
-            token = page.get("nextPageToken", "")
-            if not token:
-                return items
+        params = {"filter": f'operationType="{PREEMPTED_OPERATION}"'}
+        return self.pages("GET", self._compute("operations"), "items", params)
 
     def _paged(self, path: str, field: str, method: str = "POST") -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            page = self._request(method, self._compute(path), params={"pageToken": token} if token else None)
-            items.extend(page.get(field, []))
-            token = page.get("nextPageToken", "")
-            if not token:
-                return items
+        return self.pages(method, self._compute(path), field)
 
     def delete_mig(self, name: str, allowed: Collection[str]) -> dict[str, Any]:
         self._guard(name, allowed)
-        return self._request("DELETE", self._compute(f"instanceGroupManagers/{_q(name)}"))
+        return self.request("DELETE", self._compute(f"instanceGroupManagers/{quote(name)}"))
 
     def insert_mig(self, body: Mapping[str, Any], allowed: Collection[str]) -> dict[str, Any]:
         self._guard(str(body.get("name")), allowed)
-        return self._request("POST", self._compute("instanceGroupManagers"), body=dict(body))
+        return self.request("POST", self._compute("instanceGroupManagers"), body=dict(body))
 
     def create_instances(
         self, name: str, instances: list[Mapping[str, Any]], allowed: Collection[str]
     ) -> dict[str, Any]:
         self._guard(name, allowed)
-        return self._request(
+        return self.request(
             "POST",
-            self._compute(f"instanceGroupManagers/{_q(name)}/createInstances"),
+            self._compute(f"instanceGroupManagers/{quote(name)}/createInstances"),
             body={"instances": [dict(i) for i in instances]},
         )
 
@@ -380,7 +249,7 @@ class CloudClient:
         than failing the operation, so a scale-down retried after a partial one completes.
 
         Whether Google deletes the hosts' per-instance configs with them is not settled by the
-        sources (`rayslice.cloud.twin`'s docstring): after the operation, list the MIG's configs and
+        sources (`rayslice.cloud.twin.compute`'s docstring): after the operation, list the MIG's configs and
         pass any of these names still there to `delete_per_instance_configs`."""
         self._guard_hosts(mig, instance_names, allowed)
         return self._delete_instances(mig, instance_names, skip_missing)
@@ -390,11 +259,11 @@ class CloudClient:
     ) -> dict[str, Any]:
         zone = self.location.zone
         body = {
-            "instances": [f"zones/{_q(zone)}/instances/{name}" for name in instance_names],
+            "instances": [f"zones/{quote(zone)}/instances/{name}" for name in instance_names],
             "skipInstancesOnValidationError": skip_missing,
         }
-        return self._request(
-            "POST", self._compute(f"instanceGroupManagers/{_q(mig)}/deleteInstances"), body=body
+        return self.request(
+            "POST", self._compute(f"instanceGroupManagers/{quote(mig)}/deleteInstances"), body=body
         )
 
     def delete_per_instance_configs(
@@ -405,18 +274,18 @@ class CloudClient:
         `list_per_instance_configs` returned: what Google answers for a name without one is not
         documented (the twin fails the operation)."""
         self._guard_hosts(mig, instance_names, allowed)
-        return self._request(
+        return self.request(
             "POST",
-            self._compute(f"instanceGroupManagers/{_q(mig)}/deletePerInstanceConfigs"),
+            self._compute(f"instanceGroupManagers/{quote(mig)}/deletePerInstanceConfigs"),
             body={"names": list(instance_names)},
         )
 
     def instance_guest_attributes(self, instance: str, query_path: str) -> list[dict[str, str]]:
         """An instance's guest attribute entries under `query_path`; [] when there are none."""
         try:
-            answer = self._request(
+            answer = self.request(
                 "GET",
-                self._compute(f"instances/{_q(instance)}/getGuestAttributes"),
+                self._compute(f"instances/{quote(instance)}/getGuestAttributes"),
                 params={"queryPath": query_path},
             )
         except CloudError as exc:
@@ -427,51 +296,15 @@ class CloudClient:
 
     def wait_zone_operation(self, operation: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """Polls a zonal Compute operation until status DONE or `timeout_s`; returns its last state."""
-        deadline = time.monotonic() + timeout_s
-        current = dict(operation)
-        while current.get("status") != "DONE":
-            if time.monotonic() >= deadline:
-                return current
-            self.sleep(self.poll_interval_s)
-            current = self._request("GET", self._compute(f"operations/{_q(current['name'])}"))
-        return current
-
-
-def operation_error(operation: Mapping[str, Any]) -> str | None:
-    """The error of a finished operation (either API's shape), or None if it succeeded."""
-    error = operation.get("error")
-    if not error:
-        return None
-    if "errors" in error:  # Compute: {"errors": [{"code", "message"}]}
-        return "; ".join(f"{e.get('code', '')}: {e.get('message', '')}" for e in error["errors"])
-    return f"{error.get('code', '')}: {error.get('message', '')}"  # google.rpc.Status
+        return self.wait(
+            operation,
+            timeout_s,
+            done=zone_operation_done,
+            url=lambda op: self._compute(f"operations/{quote(op['name'])}"),
+        )
 
 
 def managed_instance_name(instance: Mapping[str, Any]) -> str:
     """A MIG's managed instance's name: ``name`` where the answer has it, else the last part of its
     ``instance`` URL (compute v1 ManagedInstance); "" when it has neither."""
     return str(instance.get("name") or str(instance.get("instance", "")).rsplit("/", 1)[-1])
-
-
-def _q(segment: str) -> str:
-    return urllib.parse.quote(segment, safe="")
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a request got no answer, in a few words: the operating system's reason (e.g.
-    "Connection refused") found under requests' and urllib3's wrappers, else the error itself."""
-    if isinstance(exc, requests.Timeout):
-        return f"no answer within {REQUEST_TIMEOUT_S:g} s"
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror
-        cause = getattr(cause, "reason", None) or cause.__cause__ or cause.__context__
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
-def _message(response: requests.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]

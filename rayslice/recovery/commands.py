@@ -25,8 +25,6 @@ import shlex
 from typing import Any
 
 import click
-from google.auth.transport.requests import AuthorizedSession
-from google.oauth2 import service_account
 
 from rayslice import clusters, names, printable
 from rayslice import spec as spec_module
@@ -35,22 +33,11 @@ from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
 from rayslice.cloud.capacity import FAILED as QUEUED_FAILED
 from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
 from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
+from rayslice.cloud.rest import default_session, key_file_session
 from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
-from rayslice.errors import EXIT_OK, InvalidInput, NoCluster, NoCredentials
-from rayslice.names import CLOUD_PLATFORM_SCOPE
+from rayslice.errors import EXIT_OK, InvalidInput, NoCluster
 from rayslice.recovery import kinds
-from rayslice.recovery.cloud import (
-    COMPUTE_DEFAULT,
-    COMPUTE_ENDPOINT_ENV,
-    CONTAINER_DEFAULT,
-    CONTAINER_ENDPOINT_ENV,
-    TPU_DEFAULT,
-    TPU_ENDPOINT_ENV,
-    CloudClient,
-    Location,
-    default_session,
-    endpoint,
-)
+from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.events import events_from_guest_attributes
 from rayslice.recovery.kinds import STATE_QUERY, boot_state, hours, managed_status
 from rayslice.spec import ClusterSpec
@@ -263,24 +250,10 @@ def _request_line(request: dict[str, Any]) -> str:
 
 def client_for(spec: ClusterSpec, access: clusters.CloudAccess) -> CloudClient:
     """A client for the cloud API `access` names, with its service-account key, at the spec's
-    project and zone (a found cluster's: `rayslice.clusters`). Only a service-account key is
-    loaded from the file, whatever else it may claim to be."""
-    try:
-        credentials = service_account.Credentials.from_service_account_file(
-            str(access.credentials_file), scopes=[CLOUD_PLATFORM_SCOPE]
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        raise NoCredentials(
-            f"cannot use the service-account key {access.credentials_file}: {exc!r}"
-        ) from None
+    project and zone (a found cluster's: `rayslice.clusters`)."""
+    session = key_file_session(access.credentials_file)
     assert spec.project is not None and spec.zone is not None  # a found cluster's config has both
-    return CloudClient(
-        AuthorizedSession(credentials),
-        Location(spec.project, spec.zone),
-        tpu_base=endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, access.endpoints),
-        compute_base=endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, access.endpoints),
-        container_base=endpoint(CONTAINER_ENDPOINT_ENV, CONTAINER_DEFAULT, access.endpoints),
-    )
+    return CloudClient(session, Location(spec.project, spec.zone), environ=access.endpoints)
 
 
 def _found_cluster() -> tuple[ClusterSpec, CloudClient] | None:

@@ -57,10 +57,11 @@ from pathlib import Path
 from typing import Any
 
 from rayslice import capacity_table, names
+from rayslice.cloud.rest import default_session
 from rayslice.errors import CloudError, NoCredentials, RaysliceError
 from rayslice.platforms import VM_PLATFORMS
 from rayslice.recovery import kinds
-from rayslice.recovery.cloud import CloudClient, Location, RefusedResource, default_session
+from rayslice.recovery.cloud import CloudClient, Location, RefusedResource
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
 from rayslice.recovery.journal import DELETE, Entry, Journal, Recreation

@@ -41,10 +41,11 @@ from rayslice import capacity_table, names
 from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
 from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
 from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
+from rayslice.cloud.rest import operation_error
 from rayslice.errors import CloudError, InvalidInput
 from rayslice.platforms import MIG, TPU_NODE, VM_PLATFORMS
 from rayslice.recovery import permissions
-from rayslice.recovery.cloud import CloudClient, managed_instance_name, operation_error
+from rayslice.recovery.cloud import CloudClient, managed_instance_name
 from rayslice.recovery.journal import CREATE_HOSTS, DELETE, INSERT, STEPS
 from rayslice.recovery.permissions import RolePart
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayslice.cloud import bodies, rules
-from rayslice.cloud.twin import CloudRuleError
+from rayslice.cloud.twin.state import CloudRuleError
 from tests.cloud.stacks import make, rule_ids, slice_entries, slice_stack, urn
 
 SPECIFIC = {

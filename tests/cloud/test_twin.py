@@ -14,17 +14,10 @@ import pytest
 
 from rayslice import capacity_table
 from rayslice.cloud import bodies, rules
-from rayslice.cloud.twin import (
-    DELETED,
-    MIG_HOST,
-    RUNNING,
-    TERMINATED,
-    BulkModeError,
-    CloudRuleError,
-    CloudTwin,
-    DuplicateInstanceError,
-    TwinHost,
-)
+from rayslice.cloud.states import INSTANCE_RUNNING, INSTANCE_TERMINATED
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.compute import BulkModeError, DuplicateInstanceError
+from rayslice.cloud.twin.state import DELETED, MIG_HOST, CloudRuleError, TwinHost
 from rayslice.errors import SpecError
 from rayslice.infra import preview
 from rayslice.infra.compute import slice as compute_slice
@@ -176,11 +169,11 @@ def test_tpu7x_hosts_serve_what_a_real_compute_engine_tpu_host_serves():
 @pytest.mark.parametrize(
     "model, termination, lifecycle, left",
     [
-        ("SPOT", "STOP", "DO_NOTHING", TERMINATED),
+        ("SPOT", "STOP", "DO_NOTHING", INSTANCE_TERMINATED),
         ("STANDARD", "DELETE", "DO_NOTHING", None),
         # REPAIR, the default, brings the host back alone: only a one-host slice may keep it
         # (rule tpu-mig-do-nothing).
-        ("STANDARD", "STOP", None, RUNNING),
+        ("STANDARD", "STOP", None, INSTANCE_RUNNING),
     ],
 )
 def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
@@ -201,7 +194,9 @@ def test_preemption_follows_the_termination_action_and_the_lifecycle_policy(
         assert statuses == {} and {s for _, s in events} == {DELETED}
     else:
         assert set(statuses.values()) == {left}
-        assert len(events) == (hosts if left == TERMINATED else 2 * hosts)  # down, and up again when repaired
+        assert len(events) == (
+            hosts if left == INSTANCE_TERMINATED else 2 * hosts
+        )  # down, and up again when repaired
 
 
 def test_tpu_nodes_refuse_exclusive_pairs_big_metadata_bad_names_and_labels():
@@ -289,9 +284,9 @@ def test_the_emulators_spot_preemption_returns_the_hosts_it_hit_each_reported_do
     finally:
         emulator.server_close()
     assert sorted(h.name for h in hit) == ["jax-ironwood-slice-0-w0", "jax-ironwood-slice-0-w1"]
-    assert all(h.status == RUNNING for h in hit)  # as they were when hit
-    assert [(h.name, h.status) for h in down] == [(h.name, TERMINATED) for h in hit]
-    assert {h.status for h in emulator.twin.hosts() if h.group == host.group} == {TERMINATED}
+    assert all(h.status == INSTANCE_RUNNING for h in hit)  # as they were when hit
+    assert [(h.name, h.status) for h in down] == [(h.name, INSTANCE_TERMINATED) for h in hit]
+    assert {h.status for h in emulator.twin.hosts() if h.group == host.group} == {INSTANCE_TERMINATED}
 
 
 def _bulk_mig(twin: CloudTwin, target: int) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rayslice.cloud.capacity import CANCELLED, ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
-from rayslice.cloud.twin import CloudTwin, TwinHost
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import TwinHost
 from rayslice.infra import preview
 from rayslice.infra.network import SUBNET_CIDR
 from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME

@@ -10,7 +10,8 @@ import pytest
 
 from rayslice import names
 from rayslice.cloud import bodies
-from rayslice.cloud.twin import AddressInUseError, BulkModeError, CloudTwin
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.compute import AddressInUseError, BulkModeError
 from rayslice.infra import preview
 from rayslice.infra.mocks import run_offline
 from rayslice.infra.program import main

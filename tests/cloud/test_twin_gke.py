@@ -1,6 +1,8 @@
 """GKE node pools in the twin, applied from what the program declares: a flex-start pool waits in
 an empty zone and gets all its nodes at once, a fixed pool in an empty zone ends in ERROR with
-GKE's stockout condition, and the rules on flex-start pools refuse what breaks them."""
+GKE's stockout condition, and the rules on flex-start pools refuse what breaks them; what GKE does
+to a pool's nodes on a failure (the whole slice down, auto-repair where the pool has it) and at
+the end of a flex-start run."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import pytest
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.states import GCE_STOCKOUT, POOL_ERROR, POOL_RUNNING
-from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.infra import preview
 from rayslice.infra.network import SUBNET_CIDR
 from tests.cloud.stacks import make
@@ -138,3 +141,33 @@ def test_a_node_pool_body_is_what_the_provider_sends():
         "locationPolicy": "ANY",
     }
     assert pool["locations"] == [ZONE] and "cluster" not in pool and "project" not in pool
+
+
+def test_a_failed_node_takes_the_whole_slice_down_and_auto_repair_brings_it_back_whole():
+    """The program's fixed pool asks for no ``management``: GKE's default, auto-repair on."""
+    twin = _deploy(FIXED, free=8)
+    pool = _pool(twin, "gke-v6e-16-slice-0")
+    assert "management" not in pool
+    before = {n: twin.host(n).ip for n in _nodes(twin, pool)}
+    down: list[str] = []
+    twin.on_host_down = lambda host: down.append(host.name)
+    hit = twin.fail_node_pool(PROJECT, ZONE, "gke-v6e-16", "gke-v6e-16-slice-0")
+    assert sorted(h.name for h in hit) == sorted(down) == sorted(before)
+    assert {twin.host(n).status for n in before} == {"TERMINATED"}  # not repaired one by one
+    assert twin.repair_node_pool(PROJECT, ZONE, "gke-v6e-16", "gke-v6e-16-slice-0") is True
+    assert {n: (twin.host(n).status, twin.host(n).ip) for n in _nodes(twin, pool)} == {
+        n: ("RUNNING", ip) for n, ip in before.items()
+    }
+
+
+def test_a_flex_start_pool_without_auto_repair_stays_down_and_its_run_end_deletes_its_nodes():
+    twin = _deploy(FLEX, free=4)
+    cluster, name = "gke-flex-v6e-16", "gke-flex-v6e-16-slice-0"
+    pool = _pool(twin, name)
+    assert pool["management"] == {"autoRepair": False} and len(_nodes(twin, pool)) == 4
+    twin.fail_node_pool(PROJECT, ZONE, cluster, name)
+    assert twin.repair_node_pool(PROJECT, ZONE, cluster, name) is False
+    assert {twin.host(n).status for n in _nodes(twin, pool)} == {"TERMINATED"}
+    twin.end_node_pool_run(PROJECT, ZONE, cluster, name)
+    assert _nodes(twin, pool) == [] and _pool(twin, name) is pool  # the pool stays, empty
+    assert twin.capacity.free[(ZONE, HOST_TYPE)] == 4  # its hosts went back to the zone

@@ -12,7 +12,8 @@ import pytest
 
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING
-from rayslice.cloud.twin import CloudRuleError, CloudTwin, TwinHost
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError, TwinHost
 from rayslice.errors import InvalidInput
 from rayslice.infra import preview
 from rayslice.infra.mocks import run_offline

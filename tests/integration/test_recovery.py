@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from rayslice import cli, names, spec
+from rayslice.cloud.rest import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
 from rayslice.local.host.processes import is_alive
 from rayslice.local.simulation import cloud_bridge, state
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
 from rayslice.workloads import jax_trainer
 from tests.bench import BENCH, load
 from tests.integration.clusters import RECOVERY_INTERVAL_S, bring_up, on, run_command, tpu_nodes, wait_nodes

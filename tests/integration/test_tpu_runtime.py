@@ -28,6 +28,7 @@ from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import ROLE_HEAD, ROLE_WORKER
 from tests.integration.clusters import on, raylet_environment, run_command
 from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.startup_scripts.sandbox import free_port
 
 
 def run_script(sim: Simulation, script: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -86,7 +87,9 @@ def test_two_hosts_worth_of_processes_join_one_jax_program(tmp_path, mode):
     program.write_text(PROGRAM)
     env = {
         **tpu_runtime.environment(catalog.generation("v6e")),
-        tpu_runtime.COORDINATOR_PORT_VAR: "18476",  # not the port a simulated host may be using
+        # A port of its own: the two parametrizations may run at once on two xdist workers, and a
+        # process that found the other test's coordinator on a shared port would wait for ever.
+        tpu_runtime.COORDINATOR_PORT_VAR: str(free_port()),
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
         "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1",
@@ -96,13 +99,17 @@ def test_two_hosts_worth_of_processes_join_one_jax_program(tmp_path, mode):
         "PROGRAM": str(program),
         "MODE": mode,
     }
-    subprocess.run(
-        ["unshare", "--mount", "--fork", "bash", "-c", textwrap.dedent(TWO_PROCESSES)],
-        env=env,
-        timeout=300,
-        check=True,
-    )
-    outputs = [(tmp_path / "out" / str(i)).read_text() for i in (0, 1)]
+    try:
+        subprocess.run(
+            ["unshare", "--mount", "--fork", "bash", "-c", textwrap.dedent(TWO_PROCESSES)],
+            env=env,
+            timeout=300,
+            check=True,
+        )
+    finally:
+        files = [tmp_path / "out" / str(i) for i in (0, 1)]
+        outputs = [f.read_text() if f.exists() else "" for f in files]
+        print(*outputs, sep="\n----\n")  # pytest shows it when the run fails or hangs
     results = sorted(re.findall(r"^RESULT .*$", "\n".join(outputs), re.M))
     assert results == ["RESULT 0 8 4 8", "RESULT 1 8 4 8"], outputs
     assert not Path("/dev/accel0").exists()  # the chips stayed inside the namespace

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -769,3 +771,36 @@ def test_an_interrupt_names_the_command_that_stops_the_job_on_the_same_cluster(t
 def test_stop_refuses_what_is_not_a_job_id_before_any_request(job_id, capsys):
     assert cli.main(["run", "--stop", job_id]) == EXIT_INVALID
     assert "is not a Ray job ID" in capsys.readouterr().err
+
+
+SIGTERM_IN_A_TASK = r"""
+import asyncio, os, signal, sys, time
+from rayslice.jobs.submit import _sigterm_interrupts
+
+async def main():
+    async def busy():  # synchronous work inside a task, as the log stream's record writes are
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            sum(range(1000))
+    task = asyncio.ensure_future(busy())
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.1)
+
+try:
+    with _sigterm_interrupts():
+        asyncio.run(main())
+except KeyboardInterrupt:
+    print("INTERRUPTED")
+"""
+
+
+def test_a_sigterm_while_the_log_streams_interrupts_without_a_tasks_traceback():
+    """SIGTERM that arrives while a task of `asyncio.run` runs synchronous code ends the run as
+    Ctrl-C does (KeyboardInterrupt out of `asyncio.run`), with no "Task exception was never
+    retrieved" traceback printed under `rayslice run`'s interrupt message."""
+    result = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_A_TASK], capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip() == "INTERRUPTED", result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

@@ -16,8 +16,10 @@ import pytest
 
 from rayslice import names
 from rayslice import spec as spec_module
+from rayslice.cloud.rest import default_session
 from rayslice.cloud.rules import Violation
-from rayslice.cloud.twin import CloudRuleError, CloudTwin
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.errors import EXIT_INVALID, InvalidInput, SimulatorError
 from rayslice.infra.controller_vm import CONTROLLER_MACHINE_TYPE
 from rayslice.infra.preview import deploy, stack_config
@@ -37,7 +39,7 @@ from rayslice.local.simulation.state import (
     read_deployed,
     write_deployed,
 )
-from rayslice.recovery.cloud import CloudClient, Location, default_session
+from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.commands import gather
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import Recorder

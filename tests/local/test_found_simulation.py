@@ -16,11 +16,12 @@ import pytest
 
 from rayslice import cli, names
 from rayslice import spec as spec_module
+from rayslice.cloud.rest import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
 from rayslice.errors import EXIT_NO_CLUSTER
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.simulation import cloud_bridge
 from rayslice.local.simulation.state import STATE_DIR_ENV, SimulationState, make_plan
-from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, Location
+from rayslice.recovery.cloud import Location
 from rayslice.recovery.commands import client_for
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import EVENT_KEY_PREFIX, Event, Recorder

@@ -14,9 +14,10 @@ import pytest
 
 from rayslice import names
 from rayslice.cloud import bodies, rules
+from rayslice.cloud.rest import default_session
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
-from rayslice.recovery.cloud import CloudClient, Location, default_session
+from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import GuestAttributeSink, Recorder, StreamSink
 from rayslice.recovery.journal import Journal

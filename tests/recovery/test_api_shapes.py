@@ -126,7 +126,7 @@ def _exercise_gke(cloud: CloudApiEmulator, client: CloudClient) -> None:
             )
     args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "platform=gke"]
     assert cli.main([*args, "--set", "slices=3", "--json"]) == 0
-    client._request(
+    client.request(
         "GET", client._container(CLUSTER, "nodePools")
     )  # nodePools.list, which status need not call
 

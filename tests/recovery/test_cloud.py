@@ -1,4 +1,5 @@
-"""Endpoint overrides, and the controller's own entry point run once against the emulation."""
+"""The controller's own entry point run once against the emulation, and what it does when the
+API cannot be reached (the endpoints and the error mapping: tests/cloud/test_rest.py)."""
 
 from __future__ import annotations
 
@@ -7,41 +8,12 @@ import socket
 from pathlib import Path
 
 import pytest
-import requests
 
 from rayslice import names
-from rayslice.errors import EXIT_NO_CLUSTER, CloudError, InvalidInput, RaysliceError
+from rayslice.cloud.rest import TPU_ENDPOINT_ENV
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
-from rayslice.recovery import cloud as cloud_module
 from rayslice.recovery import controller
-from rayslice.recovery.cloud import (
-    COMPUTE_DEFAULT,
-    COMPUTE_ENDPOINT_ENV,
-    TPU_DEFAULT,
-    TPU_ENDPOINT_ENV,
-    CloudClient,
-    endpoint,
-)
-from tests.recovery.conftest import CLUSTER, LOCATION, PROJECT, ZONE, seed
-
-
-def test_endpoints_default_to_googles_and_follow_gclouds_override_variables() -> None:
-    assert endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {}) == "https://tpu.googleapis.com/"
-    assert endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, {}) == "https://compute.googleapis.com/compute/v1/"
-    env = {COMPUTE_ENDPOINT_ENV: "https://compute.example.internal/compute/v1"}
-    assert (
-        endpoint(COMPUTE_ENDPOINT_ENV, COMPUTE_DEFAULT, env) == "https://compute.example.internal/compute/v1/"
-    )
-    for allowed in ("http://127.0.0.1:9000/", "http://10.88.0.1:8080/", "http://100.71.76.1:8780/"):
-        assert endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {TPU_ENDPOINT_ENV: allowed}) == allowed
-
-
-@pytest.mark.parametrize(
-    "value", ["http://tpu.example.com/", "http://8.8.8.8/", "http://100.128.0.1/", "ftp://10.0.0.1/", "tpu"]
-)
-def test_an_override_that_would_send_the_token_in_clear_over_the_internet_is_refused(value: str) -> None:
-    with pytest.raises(InvalidInput, match=TPU_ENDPOINT_ENV):
-        endpoint(TPU_ENDPOINT_ENV, TPU_DEFAULT, {TPU_ENDPOINT_ENV: value})
+from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
 
 
 def test_the_service_entry_point_recovers_once_and_logs_json_lines(
@@ -78,23 +50,6 @@ def test_the_service_entry_point_recovers_once_and_logs_json_lines(
 
 
 # ---- failures leave the client as rayslice errors (the CLI's exit 3), translated once -----------
-
-
-def test_a_call_that_gets_no_answer_in_time_is_a_cloud_error_naming_the_call(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(cloud_module, "REQUEST_TIMEOUT_S", 0.3)
-    with socket.socket() as silent:  # accepts the connection (backlog) and never answers
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()
-        base = f"http://127.0.0.1:{silent.getsockname()[1]}/"
-        client = CloudClient(requests.Session(), LOCATION, tpu_base=base, compute_base=base)
-        with pytest.raises(CloudError) as caught:
-            client.list_nodes()
-    error = caught.value
-    assert isinstance(error, RaysliceError) and error.exit_code == EXIT_NO_CLUSTER
-    assert error.status is None and error.call == f"GET {base}v2/projects/{PROJECT}/locations/{ZONE}/nodes"
-    assert str(error) == f"{error.call} failed: no answer: no answer within 0.3 s"
 
 
 def test_a_refused_connection_is_a_transient_failure_for_the_controller(

@@ -10,10 +10,11 @@ import json
 import pytest
 
 from rayslice import names
+from rayslice.cloud.rest import operation_error
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import controller as controller_module
-from rayslice.recovery.cloud import CloudClient, operation_error
+from rayslice.recovery.cloud import CloudClient
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, mig_fields
 from tests.recovery.test_scaling import POLICY as SCALING
 

@@ -1,8 +1,10 @@
-"""Issue 40's fault matrix for the recovery controller: for every compute and tpu-vm cell of the
-capacity table and every event it lists whose action is the controller's (recreate, wait for
-Google's repair, end), inject the event in the cloud twin and check that the controller does what
-the cell says. The table of outcomes is published in docs/recovery.md ("Fault matrix"), which
-`test_the_docs_list_every_row` keeps in step with the capacity table.
+"""Issue 40's fault matrix: for every compute and tpu-vm cell of the capacity table and every
+event it lists whose action is the controller's (recreate, wait for Google's repair, end), inject
+the event in the cloud twin and check that the controller does what the cell says; for every gke
+cell and every event it lists (all left to GKE and KubeRay), inject it in the twin's container API
+and check that GKE does what the cell says and rayslice sends nothing. The tables of outcomes are
+published in docs/recovery.md ("Fault matrix"), which `test_the_docs_list_every_row` keeps in step
+with the capacity table.
 
 Then the controller is killed mid-recreation, after each call of it, on every cell where it
 recreates, and a fresh controller on the same state directory must finish the slice with nothing
@@ -13,20 +15,25 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rayslice import capacity_table as table
-from rayslice import names
+from rayslice import cli, names
+from rayslice import spec as spec_module
+from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient
 from tests.recovery.conftest import (
     CLUSTER,
+    GKE_MACHINE,
     NODE_FIELDS,
     PROJECT,
     ZONE,
     Clock,
+    gke_pool,
     make_controller,
     queued_body,
     seed,
@@ -182,10 +189,142 @@ def test_the_controller_does_what_the_tpu_vm_cell_says(
         assert not seen["outcome"].startswith("failed"), seen
 
 
+# ---- gke: GKE and KubeRay act, rayslice sends nothing -----------------------------------------
+
+GKE_HOSTS = 4  # the default v6e-16: four nodes per slice (`GKE_MACHINE`)
+# What GKE does, in the twin, after each event: the phase and running nodes `rayslice status`
+# then shows for the slice it hit, and the docs' words for it (by event; host errors and
+# maintenance by whether the cell's pool has auto-repair on).
+REPAIRED = "every node stops; auto-repair brings the slice back whole"
+LEFT_DOWN = "every node stops and stays down (auto-repair off)"
+GKE_OUTCOMES: dict[tuple[str, bool | None], tuple[str, int, str]] = {
+    (table.PREEMPTION, None): ("running", GKE_HOSTS, "recorded; the pool's MIG recreates the nodes"),
+    (table.HOST_ERROR, True): ("running", GKE_HOSTS, REPAIRED),
+    (table.MAINTENANCE, True): ("running", GKE_HOSTS, REPAIRED),
+    (table.HOST_ERROR, False): ("waiting", 0, LEFT_DOWN),
+    (table.MAINTENANCE, False): ("waiting", 0, LEFT_DOWN),
+    (table.RUN_DURATION, None): ("waiting", 0, "the nodes are deleted; the pool stays"),
+    (table.GONE, None): ("missing", 0, "the pool is gone; `pulumi up` makes it again"),
+}
+NO_CAPACITY_OUTCOMES = {  # by whether the pool is flex-start
+    False: ("failed", 0, "the pool's create fails; the pool is kept in ERROR (GCE_STOCKOUT)"),
+    True: ("running", GKE_HOSTS, "the pool waits with no node; its nodes come whole with the capacity"),
+}
+
+
+def _gke_cases() -> list[tuple[table.Cell, str, str]]:
+    return [
+        (cell, event, reaction.action)
+        for cell in table.CELLS
+        if cell.platform == table.GKE
+        for event, reaction in cell.events.items()
+    ]
+
+
+def _auto_repair(cell: table.Cell) -> bool:
+    return bool(cell.calls[0].body["management"]["autoRepair"])
+
+
+def _gke_outcome(cell: table.Cell, event: str) -> tuple[str, int, str]:
+    if event == table.NO_CAPACITY:
+        return NO_CAPACITY_OUTCOMES[cell.run_duration]
+    repairs = event in (table.HOST_ERROR, table.MAINTENANCE)
+    return GKE_OUTCOMES[(event, _auto_repair(cell) if repairs else None)]
+
+
+def _gke_row(cell: table.Cell, event: str, action: str) -> str:
+    return f"{_row(cell, event, action)} {_gke_outcome(cell, event)[2]} |"
+
+
+def _gke_pool(cell: table.Cell, name: str) -> dict[str, Any]:
+    """Slice `name`'s node pool as the program makes it for `cell`: the cell's nodePools.create
+    fields over the shape's (`gke_pool`)."""
+    values = {table.RESERVATION_NAME: "r1", table.MAX_RUN_SECONDS: 86400}
+    fields = table.fill(cell.calls[0].body, values)
+    pool = gke_pool(name, flex=cell.run_duration, hosts=GKE_HOSTS)
+    for key, value in fields.items():
+        pool[key] = {**pool.get(key, {}), **value} if isinstance(value, dict) else value
+    return pool
+
+
+def _gke_status(cell: table.Cell, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    """Each slice as `rayslice status` shows it for the cell's stack (the one rayslice client
+    that calls the cloud on gke)."""
+    args = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "platform=gke"]
+    for key, value in _gke_config(cell).items():
+        args += ["--set", f"{key}={value}"]
+    assert cli.main([*args, "--json"]) == 0
+    return list(json.loads(capsys.readouterr().out)["slices"])
+
+
+def _gke_config(cell: table.Cell) -> dict[str, str]:
+    config = {"slices": "2", "capacity": table.SPEC_CAPACITY.get(cell.capacity, cell.capacity)}
+    if cell.capacity == table.RESERVED:
+        config["reservation"] = "r1"
+    if cell.run_duration:
+        config["maxRunHours"] = "24"
+    return config
+
+
+def _seen(item: dict[str, Any]) -> tuple[str, int]:
+    return str(item["phase"]), int(item.get("nodes_running", 0))
+
+
+@pytest.mark.parametrize("cell, event, action", _gke_cases(), ids=lambda v: getattr(v, "key", v))
+def test_gke_repairs_what_the_gke_cell_says_and_rayslice_sends_nothing(
+    cloud: CloudApiEmulator,
+    adc: Path,
+    capsys: pytest.CaptureFixture[str],
+    cell: table.Cell,
+    event: str,
+    action: str,
+) -> None:
+    """No recovery controller runs on gke (the stack deploys none); each event is GKE's to
+    handle, the twin's container API does what the cell's pool makes GKE do, and `rayslice
+    status`, which reads the pools, sends no mutating call."""
+    assert action == table.LEFT_TO_GKE
+    spec = spec_module.load({"project": PROJECT, "zone": ZONE, "platform": "gke", **_gke_config(cell)})
+    assert not spec.runs_recovery and table.cell_for(spec) == cell
+    twin = cloud.state
+    twin.set_capacity(ZONE, GKE_MACHINE, 2 * GKE_HOSTS)
+    slice0, slice1 = (names.slice_name(CLUSTER, i) for i in range(2))
+    twin.create_node_pool(PROJECT, ZONE, CLUSTER, _gke_pool(cell, slice0))
+    if event == table.NO_CAPACITY:  # the program creates slice 1's pool in a zone with no room
+        twin.set_capacity(ZONE, GKE_MACHINE, 0)
+        if cell.run_duration:
+            twin.create_node_pool(PROJECT, ZONE, CLUSTER, _gke_pool(cell, slice1))
+            assert [_seen(s) for s in _gke_status(cell, capsys)][1] == ("waiting", 0)
+            twin.set_capacity(ZONE, GKE_MACHINE, GKE_HOSTS)  # the capacity comes
+        else:
+            with pytest.raises(CapacityExhausted):
+                twin.create_node_pool(PROJECT, ZONE, CLUSTER, _gke_pool(cell, slice1))
+    else:
+        twin.create_node_pool(PROJECT, ZONE, CLUSTER, _gke_pool(cell, slice1))
+        assert [_seen(s) for s in _gke_status(cell, capsys)] == [("running", GKE_HOSTS)] * 2
+        if event == table.PREEMPTION:
+            assert len(twin.preempt_node_pool(PROJECT, ZONE, CLUSTER, slice1)) == GKE_HOSTS
+            assert len(twin.preemptions(PROJECT, ZONE)) == GKE_HOSTS
+        elif event in (table.HOST_ERROR, table.MAINTENANCE):
+            assert len(twin.fail_node_pool(PROJECT, ZONE, CLUSTER, slice1)) == GKE_HOSTS
+            assert _gke_status(cell, capsys)[1]["nodes_running"] == 0  # the whole slice is down
+            assert twin.repair_node_pool(PROJECT, ZONE, CLUSTER, slice1) == _auto_repair(cell)
+        elif event == table.RUN_DURATION:
+            twin.end_node_pool_run(PROJECT, ZONE, CLUSTER, slice1)
+        else:
+            assert event == table.GONE
+            twin.delete_node_pool(PROJECT, ZONE, CLUSTER, slice1)
+    phase, running, _ = _gke_outcome(cell, event)
+    first, second = _gke_status(cell, capsys)
+    assert _seen(first) == ("running", GKE_HOSTS), first  # the other slice is untouched
+    assert _seen(second) == (phase, running), second
+    assert cloud.mutations() == []  # nothing deleted, created or resized by rayslice
+
+
 def test_the_docs_list_every_row() -> None:
     text = DOCS.read_text()
     cases = [*_cases(), *_cases(table.TPU_VM)]
     missing = [_row(*case) for case in cases if _row(*case) not in text]
+    missing += [_gke_row(*case) for case in _gke_cases() if _gke_row(*case) not in text]
     assert not missing, "docs/recovery.md's fault matrix lacks:\n" + "\n".join(missing)
 
 

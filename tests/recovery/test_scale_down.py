@@ -1,7 +1,7 @@
 """Removing a whole Compute Engine slice while its MIG stays (elastic clusters' scale-down):
 instanceGroupManagers.deleteInstances and .deletePerInstanceConfigs as the emulation and its
 twin answer them (target size, validation, the per-instance configs), and the client's guards.
-Sources of each rule: `rayslice.cloud.twin`'s docstring."""
+Sources of each rule: `rayslice.cloud.twin.compute`'s docstring."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from rayslice import names
+from rayslice.cloud.rest import operation_error
 from rayslice.errors import CloudError, InvalidInput
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
-from rayslice.recovery.cloud import CloudClient, RefusedResource, operation_error
+from rayslice.recovery.cloud import CloudClient, RefusedResource
 from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, seed
 
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -29,7 +30,7 @@ def _done(client: CloudClient, operation: dict[str, Any]) -> dict[str, Any]:
 
 def _post(client: CloudClient, mig: str, verb: str, body: dict[str, Any]) -> dict[str, Any]:
     """A request the client's guards would not send: what the emulation itself does with it."""
-    return client._request("POST", client._compute(f"instanceGroupManagers/{mig}/{verb}"), body=body)
+    return client.request("POST", client._compute(f"instanceGroupManagers/{mig}/{verb}"), body=body)
 
 
 def test_deleting_a_slices_hosts_lowers_the_target_size_and_keeps_the_mig(

@@ -13,11 +13,12 @@ import pytest
 import requests
 
 from rayslice import cli, names
+from rayslice.cloud.rest import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV
 from rayslice.errors import EXIT_NO_CLUSTER, NoCredentials
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import commands as commands_module
-from rayslice.recovery.cloud import COMPUTE_ENDPOINT_ENV, TPU_ENDPOINT_ENV, CloudClient
+from rayslice.recovery.cloud import CloudClient
 from rayslice.recovery.commands import render_text
 from tests.imports import imported_modules
 from tests.recovery.conftest import (

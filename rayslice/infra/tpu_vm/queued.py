@@ -47,9 +47,10 @@ import pulumi_gcp as gcp
 from rayslice import capacity_table
 from rayslice.capacity_table import cell_for
 from rayslice.cloud import bodies, rules
+from rayslice.cloud.rest import default_session, operation_error
 from rayslice.errors import CloudError
 from rayslice.names import request_name
-from rayslice.recovery.cloud import CloudClient, Location, default_session, operation_error
+from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 
 ACCEPT_TIMEOUT_S = 600.0  # how long `pulumi up` waits for Google to accept a request

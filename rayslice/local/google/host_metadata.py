@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from ipaddress import IPv4Network
 from typing import cast
 
-from rayslice.cloud import twin
+from rayslice.cloud.twin import state as twin_state
 from rayslice.local.google.metadata_server import FALSE, Json, Tree
 from rayslice.names import CLOUD_PLATFORM_SCOPE, HEAD_VM_SLICE_INDEX
 from rayslice.platforms import VM_PLATFORMS
@@ -49,7 +49,7 @@ def google_attributes(
     """The attributes Google's API gives host `worker` of slice `slice_index` (`slice_ips` in worker
     order): those its platform lists, valued as a real host of that platform serves them."""
     tpu = spec.tpu
-    return twin.google_attributes(
+    return twin_state.google_attributes(
         VM_PLATFORMS[spec.platform].google_attributes,
         accelerator_type=tpu.accelerator_type,
         topology=tpu.topology,

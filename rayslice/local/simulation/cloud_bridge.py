@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rayslice.cloud.twin import CloudRuleError, CloudTwin, TwinHost
+from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.state import CloudRuleError, TwinHost
 from rayslice.clusters import CloudAccess
 from rayslice.errors import RaysliceError, SimulatorError
 from rayslice.infra.identity import CONTROLLER, account_id
@@ -232,7 +233,7 @@ def preempt(
 def capacity_kind(spec: ClusterSpec) -> str:
     """What the zone's capacity counts for this spec's slices (`rayslice.cloud.capacity`), as
     their kind says (`rayslice.recovery.kinds`): the hosts' machine type on Compute Engine, the
-    TPU generation on the TPU API (`twin.node_kind`)."""
+    TPU generation on the TPU API (`twin.tpu.node_kind`)."""
     kind = kinds.of(spec.platform)
     if kind is None:
         raise SimulatorError(f"the simulator simulates the VM platforms, not {spec.platform}")

@@ -20,12 +20,8 @@ from typing import Any
 from rayslice.cloud.bodies import MIG, Request
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
 from rayslice.cloud.states import PREEMPTED_OPERATION
-from rayslice.cloud.twin import (
-    BulkModeError,
-    CloudRuleError,
-    DuplicateInstanceError,
-    InstanceValidationError,
-)
+from rayslice.cloud.twin.compute import BulkModeError, DuplicateInstanceError, InstanceValidationError
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 

@@ -57,7 +57,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rayslice.cloud.rules import DELETE, STOP
-from rayslice.cloud.twin import TwinHost
+from rayslice.cloud.twin.state import TwinHost
 from rayslice.local.google.cloud_api.compute import ComputeApi
 from rayslice.local.google.cloud_api.container import ContainerApi
 from rayslice.local.google.cloud_api.iam import EmulatedIam

@@ -23,7 +23,7 @@ from typing import Any
 
 from rayslice.cloud.bodies import QUEUED_RESOURCE, TPU_NODE, Request
 from rayslice.cloud.capacity import CapacityExhausted
-from rayslice.cloud.twin import CloudRuleError
+from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 

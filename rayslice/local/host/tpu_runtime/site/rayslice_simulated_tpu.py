@@ -256,9 +256,18 @@ class Recorder:
 
 
 def _jax_live_bytes() -> list[int]:
-    """Bytes of the live arrays' shards on each of this process's devices, in device order."""
-    import jax
+    """Bytes of the live arrays' shards on each of this process's devices, in device order; none
+    before the process's backends exist.
 
+    The recorder starts before the process joins its slice, and `jax.local_devices()` would
+    create the backends from this thread while the main thread is still in
+    ``jax.distributed.initialize()``: the backend then comes up half joined, and the coordination
+    service aborts the process ("wrong service incarnation")."""
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return []
     local = {d: i for i, d in enumerate(jax.local_devices())}
     held = [0] * len(local)
     for array in jax.live_arrays():

@@ -1,12 +1,6 @@
-"""A stateful twin of one Google Cloud project's Compute Engine and TPU resources.
-
-The Pulumi program's resources are applied to it (`rayslice.infra.mocks`, through the REST
-bodies of `rayslice.cloud.bodies`), and the emulated HTTP APIs of the simulator
-(`rayslice.local.google.cloud_api`) act on the same instance, so what `rayslice preview` checks,
-what the simulator boots and what recovery recreates is one state. It keeps Google's documented
-behaviour, each with its source beside the code, and refuses a request that breaks one of the
-rules of `rayslice.cloud.rules` (the same functions the policy pack runs) with a
-`CloudRuleError` naming the resource, the rule and the source.
+"""The twin's Compute Engine: instances, MIGs and their per-instance configs, resize requests,
+addresses, images, and what happens to a MIG's hosts (preemption, host error, Compute Engine's
+recovery).
 
 Behaviour, by source:
 
@@ -53,8 +47,8 @@ Behaviour, by source:
   it TERMINATED (discovery, Instance.status TERMINATED "The instance has stopped (either by
   explicit action or underlying failure)"), DELETE removes it ("Delete the VM."). Nothing comes
   back unless the lifecycle policy repairs it or someone recreates it ("Request TPU Spot VMs":
-  "To restart a Spot VMs instance or MIG, you must delete and then recreate it"). A TPU node
-  turns PREEMPTED (tpu v2 discovery document, Node.state).
+  "To restart a Spot VMs instance or MIG, you must delete and then recreate it"). (A TPU node's
+  preemption: `rayslice.cloud.twin.tpu`.)
 - An image is made from a disk (images.insert ``sourceDisk``) only while no running instance
   uses it: Google's sample "Create a disk image"
   (https://cloud.google.com/compute/docs/samples/compute-images-create) refuses a disk attached
@@ -65,15 +59,6 @@ Behaviour, by source:
   "If not specified, the default is to use the name of the instance"). An instance declared with
   ``desiredStatus: TERMINATED`` is stopped after its insert (`stop_instance`), as the provider
   does.
-- Internal IPs come from the declared subnetwork's ``ipCidrRange``, the first address being the
-  gateway (Compute Engine, "Subnets": "the first two ... in the primary IPv4 range are reserved"
-  -- .0 network and .1 gateway); a reserved INTERNAL address keeps its IP for the instance that
-  names it (per-instance config ``preservedState.internalIPs``, Instance ``networkIP``).
-- A Compute Engine TPU host serves ``accelerator-type`` as the host reports it (``v7x-16`` on
-  TPU7x), ``worker-id``, ``worker-network-endpoints`` and ``tpu-env``
-  (`rayslice.platforms.COMPUTE_TPU_ATTRIBUTES`, whose comment gives the published log); a
-  Cloud TPU API worker the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`. Where no
-  source gives an order, the worker id of a MIG's instance is its creation order.
 
 - Bulk mode (Compute Engine, "About bulk mode",
   https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode; the MIG's
@@ -102,14 +87,7 @@ Behaviour, by source:
   in GoogleCloudPlatform/python-docs-samples, filters zoneOperations.list on
   ``operationType="compute.instances.preempted"``), shaped as the compute v1 discovery document's
   Operation (`preemptions`).
-- A flex-start queued resource whose run duration ends: its node is deleted and the request turns
-  SUSPENDED (Cloud TPU, "Request Cloud TPUs using flex-start": when the run duration ends "the
-  TPU VMs are deleted and the queued resource moves to the SUSPENDED state"; `end_run`).
-
-- Capacity (`rayslice.cloud.capacity`, sources there): every direct create (a MIG's target
-  size, ``createInstances``, an instance, a TPU node) takes its hosts from the zone's capacity or
-  fails with ``ZONE_RESOURCE_POOL_EXHAUSTED`` and creates nothing; a zone never given a number
-  has room for everything. A MIG resize request (compute v1 discovery,
+- Capacity (`rayslice.cloud.twin.state`): a MIG resize request (compute v1 discovery,
   instanceGroupManagerResizeRequests.insert; "About resize requests in a MIG") is ACCEPTED at
   once and waits while the zone lacks hosts for all of it; when they come, the MIG creates all
   ``resizeBy`` instances at once, auto-named ``<baseInstanceName>-<4 characters>`` ("resizeBy:
@@ -126,28 +104,7 @@ Behaviour, by source:
   discovery; gcloud's ``resize-requests delete``: "You can only delete a request when it is in a
   state SUCCEEDED, FAILED, or CANCELLED"). How Google answers either call for a request in
   another state is not documented: the twin refuses it (`ResizeRequestStateError`), changing
-  nothing. Deleting a
-  slice (MIG or TPU node) gives its hosts back to the zone; a preempted host's capacity stays
-  with Google.
-
-- GKE node pools (container v1 discovery document, NodePool): each pool's nodes are Compute
-  Engine instances of one MIG, which the pool names in ``instanceGroupUrls`` ("The resource URLs
-  of the managed instance groups associated with this node pool"), made from an instance
-  template of the pool's machine type (both named ``gke-<cluster>-<pool>`` by the twin; GKE adds
-  a hash, and nothing reads the names, only the URLs). A pool of ``initialNodeCount`` nodes is a
-  direct create: in a zone without room for all of them it is kept in ERROR with a
-  ``GCE_STOCKOUT`` condition, creates no node, and its create fails with the message GKE gives
-  ("Not all instances running in IGM ... [GCE_STOCKOUT] ... does not have enough resources
-  available to fulfill the request"; "GCP behavior is to create a node pool in error state",
-  magic-modules pull request 5225, which is why the provider records such a pool). Google's MIG
-  goes on retrying; the twin does not. A flex-start pool (``config.flexStart``) is RUNNING with
-  no node and waits, as a resize request does, for the zone to have all
-  ``autoscaling.totalMaxNodeCount`` nodes; then its MIG creates them at once (GKE, "About
-  flex-start provisioning mode": GKE "provisions VMs ... when capacity becomes available"; the
-  twin stands in for the cluster autoscaler, which grows the pool for the RayCluster's pending
-  TPU pods). Deleting a pool deletes its MIG, gives its nodes back and withdraws its wait.
-
-Core-level (no platform code): `rayslice preview` (infra) and the simulator (local) both use it.
+  nothing.
 """
 
 from __future__ import annotations
@@ -157,24 +114,31 @@ import ipaddress
 import itertools
 import re
 import secrets
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rayslice import catalog
 from rayslice.cloud import bodies, rules
-from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES, Request
-from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING, Capacity, CapacityExhausted
+from rayslice.cloud.bodies import Request
 from rayslice.cloud.capacity import Request as CapacityRequest
-from rayslice.cloud.states import (
-    GCE_STOCKOUT,
-    POOL_ERROR,
-    POOL_RUNNING,
-    PREEMPTED_OPERATION,
+from rayslice.cloud.states import INSTANCE_RUNNING, INSTANCE_TERMINATED, PREEMPTED_OPERATION
+from rayslice.cloud.twin.state import (
+    DELETED,
+    LONE_VM,
+    MIG_HOST,
+    CloudRuleError,
+    Create,
+    Hook,
+    Subnet,
+    TwinHost,
+    TwinState,
+    google_attributes,
+    metadata_of,
+    rfc3339,
+    short_name,
 )
 from rayslice.errors import InvalidInput
-from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES, TPU_API_ATTRIBUTES
+from rayslice.platforms import COMPUTE_TPU_ATTRIBUTES
 
 API_ROOT = "https://www.googleapis.com/compute/v1/"
 IMAGE_DISK_SOURCE = (
@@ -182,38 +146,19 @@ IMAGE_DISK_SOURCE = (
     "compute-images-create): forceCreate 'proceeds even if the disk is attached to a running "
     "instance'; without it images.insert refuses such a disk"
 )
-RUNNING, TERMINATED, DELETED = "RUNNING", "TERMINATED", "DELETED"
 REPAIR = "REPAIR"
-MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
-TPU_READY, TPU_PREEMPTED = "READY", "PREEMPTED"
 # InstanceGroupManagerResizeRequest.state (compute v1 discovery document).
 RESIZE_ACCEPTED, RESIZE_SUCCEEDED, RESIZE_FAILED = "ACCEPTED", "SUCCEEDED", "FAILED"
 RESIZE_CANCELLED = "CANCELLED"
 # The states in which a resize request may be cancelled, and deleted (module docstring, sources).
 RESIZE_CANCELLABLE = frozenset({RESIZE_ACCEPTED})
 RESIZE_DELETABLE = frozenset({RESIZE_SUCCEEDED, RESIZE_FAILED, RESIZE_CANCELLED})
-CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
-DEADLINE_EXCEEDED = 4  # google.rpc.Code of a queued resource whose deadline passed (the twin's choice)
 # An instance as deleteInstances names it: a full URL or a partial one, "such as
 # zones/[ZONE]/instances/[INSTANCE_NAME]" (compute v1 discovery, InstanceGroupManagersDeleteInstancesRequest).
 _INSTANCE_URL = re.compile(
     r"^(?:https?://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$"
 )
 UNAPPLIED_DELETION = "UNAPPLIED_DELETION"  # PerInstanceConfig.status (compute v1 discovery)
-
-
-class CloudRuleError(InvalidInput):
-    """Requests the twin refused, as Google would: each names the resource, rule and source."""
-
-    def __init__(self, violations: list[rules.Violation]):
-        self.violations = list(violations)
-        theirs = "Google's documented rules; Google would refuse this deployment"
-        if any(v.ours for v in self.violations):  # rayslice's own rules (rules.Rule.ours) too
-            theirs = "Google's documented rules and rayslice's own; this deployment is refused"
-        super().__init__(
-            f"{len(self.violations)} violation(s) of {theirs}:\n"
-            + "\n".join(f"  - {v}" for v in self.violations)
-        )
 
 
 class InstanceValidationError(InvalidInput):
@@ -237,23 +182,6 @@ class AddressInUseError(InvalidInput):
     """An address deleted while an instance uses it; nothing changed."""
 
 
-@dataclass(frozen=True)
-class TwinHost:
-    """One host as the twin holds it and as a real one of its kind presents itself."""
-
-    name: str
-    project: str
-    zone: str
-    group: str | None  # MIG or TPU node; None for a lone VM
-    kind: str  # MIG_HOST, LONE_VM or TPU_WORKER
-    worker: int
-    status: str
-    ip: str
-    machine_type: str | None
-    metadata: dict[str, str]  # instance/attributes/: user metadata and Google's attributes
-    labels: dict[str, str]
-
-
 @dataclass
 class _Vm:
     """A Compute Engine instance."""
@@ -265,174 +193,61 @@ class _Vm:
     worker: int
     ip: str
     properties: dict[str, Any]  # the instance's properties (machineType, metadata, scheduling, ...)
-    status: str = RUNNING
+    status: str = INSTANCE_RUNNING
 
 
-@dataclass
-class _Subnet:
-    network: ipaddress.IPv4Network
-    used: set[str] = field(default_factory=set)
-
-    def take(self, wanted: str | None = None) -> str:
-        if wanted:
-            self.used.add(wanted)
-            return wanted
-        for address in itertools.islice(self.network.hosts(), 1, None):  # .1 is the gateway
-            if str(address) not in self.used:
-                self.used.add(str(address))
-                return str(address)
-        raise InvalidInput(f"subnetwork {self.network} has no free address")
-
-
-Hook = Callable[[TwinHost], None]
-
-
-def _short(link: Any) -> str:
-    """The name at the end of a self link (``...?uniqueId=`` dropped)."""
-    return str(link).split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-
-
-def _metadata(holder: dict[str, Any]) -> dict[str, str]:
-    return {i["key"]: str(i["value"]) for i in holder.get("metadata", {}).get("items", [])}
-
-
-class CloudTwin:
-    """The project's resources. Keyed by (project, zone or region or "global", name)."""
+class ComputeTwin(TwinState):
+    """The project's Compute Engine resources (see the module docstring)."""
 
     def __init__(self, default_range: str | None = None, address_range: str | None = None) -> None:
-        """`default_range`: where a subnetwork the twin never saw created (an existing one)
-        takes its addresses. `address_range`: where every subnetwork, declared or existing,
-        takes them (the simulator's free range; a declared ``ipCidrRange`` still goes through
-        the rules but hands out none); its first address is the gateway, as in a subnetwork."""
+        super().__init__(default_range, address_range)
         # What the recovery controller reads through the emulated APIs (shared with them).
-        self.nodes: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.migs: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.instances: dict[tuple[str, str, str], list[dict[str, Any]]] = {}  # managed instances
         self.configs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self.vms: dict[tuple[str, str, str], _Vm] = {}
-        self.resources: dict[str, rules.Resource] = {}  # self link -> what the rules read
-        self.subnets: dict[str, _Subnet] = {}  # subnetwork name -> its range
         self.addresses: dict[str, str] = {}  # address name -> IP
-        # Where a subnetwork the twin never saw created (an existing one) takes its addresses.
-        self.default_subnet = _Subnet(ipaddress.IPv4Network(default_range)) if default_range else None
-        # One pool for every subnetwork when the addresses must come from a given range.
-        self.address_pool = _Subnet(ipaddress.IPv4Network(address_range)) if address_range else None
-        self.refused: list[rules.Violation] = []
-        self.on_host_up: Hook | None = None
-        self.on_host_down: Hook | None = None
-        # Free hosts per zone and type, and the requests that wait for them (`capacity`); the
-        # clock dates requests and decides deadlines (tests set it).
-        self.capacity = Capacity()
-        self.clock: Callable[[], float] = time.time
         # A MIG's resize requests as Google returns them, and what each waits on.
         self.resize_requests: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-        self._waits: dict[
-            int, CapacityRequest
-        ] = {}  # id(resize request / queued resource record) -> its wait
-        # TPU queued resources as Google returns them, by (project, zone, queued resource id).
-        self.queued: dict[tuple[str, str, str], dict[str, Any]] = {}
-        # GKE node pools by (project, location, cluster, pool), as nodePools.get returns them;
-        # the instance templates the twin makes for their MIGs (by link), and each flex-start
-        # pool's wait for capacity.
-        self.node_pools: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-        self.pool_templates: dict[str, dict[str, Any]] = {}
-        self._pool_waits: dict[tuple[str, str, str, str], CapacityRequest] = {}
+        self._resize_waits: dict[int, CapacityRequest] = {}  # id(resize request record) -> its wait
         # A bulk MIG's wait for all its hosts (module docstring, bulk mode), by MIG key.
         self._mig_waits: dict[tuple[str, str, str], CapacityRequest] = {}
         # Zone operations Google records by itself (a Spot preemption), oldest first.
         self.operations: list[dict[str, Any]] = []
-        self._ids = itertools.count(1)
 
     # ---- applying the program's resources ------------------------------------------------------
 
-    def apply(
-        self,
-        type_token: str,
-        name: str,
-        request: Request,
-        *,
-        project: str,
-        zone: str | None = None,
-        region: str | None = None,
-        target: str | None = None,
-        urn: str | None = None,
-    ) -> dict[str, Any]:
-        """One create call for Pulumi resource `name`; the outputs Google returns for it.
-        `target` is the resource the call's URL names besides the project and zone (a
-        per-instance config's MIG); `urn` the Pulumi URN a violation names (see `admit`).
+    def _precheck(self, call: Create, urn: str | None) -> None:
+        if call.type_token == bodies.IMAGE:
+            self._check_source_disk(call.name, call.request, project=call.project, urn=urn)
+        super()._precheck(call, urn)
 
-        A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
-        if type_token == bodies.IMAGE:
-            self._check_source_disk(name, request, project=project, urn=urn)
-        link = self.admit(
-            type_token, name, request, project=project, zone=zone, region=region, target=target, urn=urn
-        )
-        resource_name = request.name or name
+    def _create(self, call: Create) -> dict[str, Any]:
+        """Subnetworks, addresses, MIGs, per-instance configs, resize requests and instances."""
+        body, project, zone = call.request.body, call.project, str(call.zone)
         outputs: dict[str, Any] = {}
-        if _COLLECTIONS.get(type_token):
-            outputs = {"selfLink": link, "selfLinkUnique": f"{link}?uniqueId={next(self._ids)}"}
-        if type_token == bodies.SUBNETWORK:
-            self.subnets[resource_name] = _Subnet(ipaddress.IPv4Network(request.body["ipCidrRange"]))
-        elif type_token == bodies.ADDRESS:
-            subnet = self._subnet(request.body.get("subnetwork"))
-            wanted = request.body.get("address")
-            outputs["address"] = self.addresses[resource_name] = (
+        if call.type_token == bodies.SUBNETWORK:
+            self.subnets[call.resource_name] = Subnet(ipaddress.IPv4Network(body["ipCidrRange"]))
+        elif call.type_token == bodies.ADDRESS:
+            subnet = self._subnet(body.get("subnetwork"))
+            wanted = body.get("address")
+            outputs["address"] = self.addresses[call.resource_name] = (
                 subnet.take(wanted) if subnet else str(wanted or "")
             )
-        elif type_token == bodies.MIG:
-            self.insert_mig(project, str(zone), request.body)
-        elif type_token == bodies.PER_INSTANCE_CONFIG:
-            mig = self._mig_named(project, str(zone), str(target), name)
-            self.create_instances(project, str(zone), mig, request.body["instances"])
-        elif type_token == bodies.RESIZE_REQUEST:
-            self.insert_resize_request(project, str(zone), _short(target), request.body)
-        elif type_token == bodies.INSTANCE:
-            self.capacity.take(str(zone), _short(request.body.get("machineType", "")), 1)
-            vm = self._new_vm(project, str(zone), resource_name, None, 0, request.body)
+        elif call.type_token == bodies.MIG:
+            self.insert_mig(project, zone, body)
+        elif call.type_token == bodies.PER_INSTANCE_CONFIG:
+            mig = self._mig_named(project, zone, str(call.target), call.name)
+            self.create_instances(project, zone, mig, body["instances"])
+        elif call.type_token == bodies.RESIZE_REQUEST:
+            self.insert_resize_request(project, zone, short_name(call.target), body)
+        elif call.type_token == bodies.INSTANCE:
+            self.capacity.take(zone, short_name(body.get("machineType", "")), 1)
+            vm = self._new_vm(project, zone, call.resource_name, None, 0, body)
             outputs["networkInterfaces"] = [{"networkIp": vm.ip}]
-        elif type_token == bodies.NODE_POOL:
-            self.create_node_pool(project, str(zone), _short(target), request.body["nodePool"])
-        elif type_token == bodies.QUEUED_RESOURCE:
-            outputs["state"] = self.create_queued_resource(project, str(zone), resource_name, request.body)[
-                "state"
-            ]["state"]
-        elif type_token == bodies.TPU_NODE:
-            node = self.create_node(project, str(zone), resource_name, request.body)
-            outputs["networkEndpoints"] = [
-                {"ipAddress": e["ipAddress"], "port": e.get("port", 8470)} for e in node["networkEndpoints"]
-            ]
+        else:
+            return super()._create(call)
         return outputs
-
-    def admit(
-        self,
-        type_token: str,
-        name: str,
-        request: Request,
-        *,
-        project: str,
-        zone: str | None = None,
-        region: str | None = None,
-        target: str | None = None,
-        urn: str | None = None,
-    ) -> str:
-        """Check a create call against the rules and, if none is broken, record what it
-        declares for later references; the resource's self link. A broken rule raises
-        `CloudRuleError` (kept in `refused` too) and records nothing.
-
-        Violations name the resource by `urn` (the Pulumi URN, so `rayslice preview` shows them
-        beside the resource) or, for a call that has none (the HTTP APIs), its self link."""
-        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
-        collection = _COLLECTIONS.get(type_token, "other")
-        link = f"projects/{project}/{scope}/{collection}/{request.name or name}"
-        refs = self._refs(type_token, request, target)
-        resource = rules.Resource(type_token, urn or link, name, request, refs)
-        try:
-            self._check(resource)
-        except CloudRuleError as exc:
-            self.refused.extend(exc.violations)
-            raise
-        self.resources[link] = resource
-        return link
 
     def _check_source_disk(self, name: str, request: Request, *, project: str, urn: str | None) -> None:
         """Refuse an image of a disk that a running instance this twin holds still uses."""
@@ -447,7 +262,7 @@ class CloudTwin:
             if (
                 (vm.project, disk_name) == (project, parts[-1])
                 and zone in (None, vm.zone)
-                and vm.status == RUNNING
+                and vm.status == INSTANCE_RUNNING
             ):
                 violation = rules.Violation(
                     urn=urn or f"projects/{project}/global/images/{request.name or name}",
@@ -480,7 +295,7 @@ class CloudTwin:
         """instances.stop: the instance is TERMINATED, its disks stay (discovery, Instance.status
         TERMINATED "The instance has stopped (either by explicit action or underlying failure)")."""
         vm = self.vms[(project, zone, name)]
-        vm.status = TERMINATED
+        vm.status = INSTANCE_TERMINATED
         self._hook(self.on_host_down, vm)
 
     def delete_instance(self, project: str, zone: str, name: str) -> None:
@@ -488,61 +303,9 @@ class CloudTwin:
         deleteInstances): the instance goes and its machine returns to the zone."""
         vm = self.vms[(project, zone, name)]
         self._remove_vm(vm)
-        self.capacity.give_back(zone, _short(vm.properties.get("machineType", "")), 1, self.clock())
+        self.capacity.give_back(zone, short_name(vm.properties.get("machineType", "")), 1, self.clock())
 
-    def audit(self) -> list[rules.Violation]:
-        """The rules that read the finished deployment (a MIG's final size, rules.Rule.at_end)."""
-        stack = rules.Stack(self.resources.values())
-        return rules.check(stack, [r for r in rules.RULES if r.at_end])
-
-    def violations(self) -> list[rules.Violation]:
-        """What Google would refuse of everything applied so far: each refused request, then the
-        rules on the finished deployment (`audit`)."""
-        return [*self.refused, *self.audit()]
-
-    def _refs(self, type_token: str, request: Request, target: str | None) -> dict[str, frozenset[str]]:
-        """What a request refers to, as Google resolves it: the `rules.Resource.urn` of each
-        resource this twin holds (or the reference as given)."""
-        body = request.body
-        refs: dict[str, set[str]] = {}
-        if type_token in (bodies.PER_INSTANCE_CONFIG, bodies.RESIZE_REQUEST) and target:
-            refs["instanceGroupManager"] = {self._link(f"instanceGroupManagers/{_short(target)}")}
-        if type_token == bodies.MIG:
-            refs["versions"] = {self._link(v.get("instanceTemplate")) for v in body.get("versions", [])}
-            policy = body.get("resourcePolicies", {}).get("workloadPolicy")
-            if policy:
-                refs["resourcePolicies"] = {self._link(policy)}
-        return {
-            k: frozenset(self.resources[u].urn if u in self.resources else u for u in v)
-            for k, v in refs.items()
-        }
-
-    def _link(self, reference: Any) -> str:
-        """The self link of a referenced resource this twin holds (or the reference as given)."""
-        text = str(reference).split("?", 1)[0]
-        for link in self.resources:
-            if text == link or text.endswith(f"/{link}") or link.endswith(f"/{text}"):
-                return link
-        return text
-
-    def _check(self, resource: rules.Resource) -> None:
-        """Refuse `resource` if a rule finds fault with it or with it beside what it refers to."""
-        wanted = {u for urns in resource.refs.values() for u in urns}
-        related = [r for r in self.resources.values() if r.urn in wanted]
-        stack = rules.Stack([resource, *related])
-        found = [
-            v for v in rules.check(stack, [r for r in rules.RULES if not r.at_end]) if v.urn == resource.urn
-        ]
-        if found:
-            raise CloudRuleError(found)
-
-    def _subnet(self, reference: Any) -> _Subnet | None:
-        if self.address_pool is not None:
-            return self.address_pool
-        found = self.subnets.get(_short(reference)) if reference else None
-        return found if found is not None else self.default_subnet
-
-    # ---- Compute Engine ------------------------------------------------------------------------
+    # ---- MIGs ----------------------------------------------------------------------------------
 
     def insert_mig(self, project: str, zone: str, body: dict[str, Any]) -> dict[str, Any]:
         """instanceGroupManagers.insert: the MIG and its target size of auto-named instances."""
@@ -656,7 +419,7 @@ class CloudTwin:
     def _machine_of(self, mig: dict[str, Any]) -> str:
         """The machine type of a MIG's hosts (its template's), the kind its capacity counts."""
         template = self._template_of(mig)
-        return _short((template or {}).get("properties", {}).get("machineType", ""))
+        return short_name((template or {}).get("properties", {}).get("machineType", ""))
 
     def insert_resize_request(
         self, project: str, zone: str, mig_name: str, body: dict[str, Any]
@@ -673,7 +436,7 @@ class CloudTwin:
             **copy.deepcopy(body),
             "kind": "compute#instanceGroupManagerResizeRequest",
             "id": str(next(self._ids)),
-            "creationTimestamp": _rfc3339(self.clock()),
+            "creationTimestamp": rfc3339(self.clock()),
             "zone": f"{API_ROOT}projects/{project}/zones/{zone}",
             "selfLink": f"{API_ROOT}{base}/resizeRequests/{name}",
             "state": RESIZE_ACCEPTED,
@@ -686,14 +449,9 @@ class CloudTwin:
 
         self.resize_requests[key].append(record)
         wait = CapacityRequest(f"{mig_name}/{name}", zone, self._machine_of(mig), hosts, None, fulfil)
-        self._waits[id(record)] = wait
+        self._resize_waits[id(record)] = wait
         self.capacity.submit(wait, self.clock())
         return record
-
-    def set_capacity(self, zone: str, kind: str, hosts: int) -> None:
-        """The zone now has `hosts` free hosts of `kind` (a machine type, or a TPU generation on
-        the TPU API): requests that now fit are fulfilled, in order."""
-        self.capacity.set(zone, kind, hosts, self.clock())
 
     def resize_requests_of(self, project: str, zone: str, mig: str) -> list[dict[str, Any]]:
         """instanceGroupManagerResizeRequests.list: the MIG's requests, oldest first."""
@@ -703,7 +461,7 @@ class CloudTwin:
         """instanceGroupManagerResizeRequests.cancel: an ACCEPTED request turns CANCELLED and
         stops waiting for capacity (module docstring); the request as Google returns it."""
         record = self._resize_request(project, zone, mig, name, RESIZE_CANCELLABLE, "cancelled")
-        wait = self._waits.pop(id(record), None)
+        wait = self._resize_waits.pop(id(record), None)
         if wait is not None:
             self.capacity.cancel(wait)
         record["state"] = RESIZE_CANCELLED
@@ -713,7 +471,7 @@ class CloudTwin:
         """instanceGroupManagerResizeRequests.delete: an inactive request goes; the hosts it
         made stay in the MIG (module docstring)."""
         record = self._resize_request(project, zone, mig, name, RESIZE_DELETABLE, "deleted")
-        self._waits.pop(id(record), None)
+        self._resize_waits.pop(id(record), None)
         self.resize_requests[(project, zone, mig)].remove(record)
 
     def _resize_request(
@@ -850,11 +608,11 @@ class CloudTwin:
         properties = copy.deepcopy(template.get("properties", {})) if template else {}
         preserved = config.get("preservedState", {})
         if preserved.get("metadata"):
-            items = {**_metadata(properties), **preserved["metadata"]}
+            items = {**metadata_of(properties), **preserved["metadata"]}
             properties["metadata"] = {"items": [{"key": k, "value": v} for k, v in items.items()]}
         ip = next(
             (
-                self.addresses.get(_short(ip["ipAddress"].get("address")), ip["ipAddress"].get("literal"))
+                self.addresses.get(short_name(ip["ipAddress"].get("address")), ip["ipAddress"].get("literal"))
                 for ip in preserved.get("internalIPs", {}).values()
                 if ip.get("ipAddress")
             ),
@@ -870,23 +628,21 @@ class CloudTwin:
             "name": name,
             "id": str(next(self._ids)),
             "currentAction": "NONE",
-            "instanceStatus": RUNNING,
+            "instanceStatus": INSTANCE_RUNNING,
         }
         self.instances[key].append(record)
         return record
 
     def _template_of(self, mig: dict[str, Any]) -> dict[str, Any] | None:
+        """The body of the instance template a MIG's versions name, if the twin holds it."""
         for version in mig.get("versions", []):
             found = self.resources.get(self._link(version.get("instanceTemplate")))
             if found is not None:
                 return found.body
-            made = self.pool_templates.get(str(version.get("instanceTemplate")))
-            if made is not None:  # a GKE node pool's, made by the twin
-                return made
         return None
 
     def _mig_named(self, project: str, zone: str, mig: str, config: str) -> dict[str, Any]:
-        found = self.migs.get((project, zone, _short(mig)))
+        found = self.migs.get((project, zone, short_name(mig)))
         if found is None:
             raise InvalidInput(f"per-instance config {config}: no MIG {mig!r} in {project}/{zone}")
         return found
@@ -927,7 +683,7 @@ class CloudTwin:
         if bulk is not None:
             self.capacity.cancel(bulk)
         for record in self.resize_requests.pop(key, []):  # a MIG's requests go with it
-            wait = self._waits.pop(id(record), None)
+            wait = self._resize_waits.pop(id(record), None)
             if wait is not None:
                 self.capacity.cancel(wait)
         for table in (self.migs, self.instances, self.configs):
@@ -940,232 +696,23 @@ class CloudTwin:
         vm.status = DELETED
         self._hook(self.on_host_down, vm)
 
-    # ---- GKE node pools ------------------------------------------------------------------------
-
-    def create_node_pool(
-        self, project: str, location: str, cluster: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """nodePools.create: the pool, its instance template and its MIG, then its nodes (see the
-        module docstring). A fixed pool the zone has no room for is kept in ERROR and
-        `CapacityExhausted` is raised, as the create's operation fails."""
-        pool = copy.deepcopy(body)
-        name = str(pool["name"])
-        key = (project, location, cluster, name)
-        zone = str((pool.get("locations") or [location])[0])
-        config = pool.get("config") or {}
-        base = f"gke-{cluster}-{name}"
-        template = f"{API_ROOT}projects/{project}/global/instanceTemplates/{base}"
-        self.pool_templates[template] = {
-            "properties": {
-                "machineType": config.get("machineType", ""),
-                "labels": dict(config.get("resourceLabels") or {}),
-            }
-        }
-        mig = self.insert_mig(
-            project,
-            zone,
-            {"name": f"{base}-grp", "baseInstanceName": base, "versions": [{"instanceTemplate": template}]},
-        )
-        mig["creationTimestamp"] = _rfc3339(self.clock())
-        pool.update(
-            selfLink=f"{CONTAINER_API_ROOT}projects/{project}/locations/{location}/clusters/{cluster}"
-            f"/nodePools/{name}",
-            instanceGroupUrls=[mig["selfLink"]],
-            status=POOL_RUNNING,
-        )
-        self.node_pools[key] = pool
-
-        def grow(count: int) -> None:
-            self._add_auto_named(project, zone, mig, count)
-            mig["targetSize"] = int(mig.get("targetSize", 0)) + count
-
-        if config.get("flexStart"):
-            scaling = pool.get("autoscaling") or {}
-            hosts = int(scaling.get("totalMaxNodeCount") or scaling.get("maxNodeCount") or 0)
-            wait = CapacityRequest(
-                f"{cluster}/{name}", zone, self._machine_of(mig), hosts, None, lambda: grow(hosts)
-            )
-            self._pool_waits[key] = wait
-            self.capacity.submit(wait, self.clock())
-            return pool
-        count = int(pool.get("initialNodeCount") or 0)
-        try:
-            self.capacity.take(zone, self._machine_of(mig), count)
-        except CapacityExhausted:
-            message = (
-                f"Google Compute Engine: Not all instances running in IGM. Expected {count}, running 0. "
-                f"Current errors: [{GCE_STOCKOUT}]: The zone 'projects/{project}/zones/{zone}' does not "
-                "have enough resources available to fulfill the request. Try a different zone, or try "
-                "again later"
-            )
-            pool.update(
-                status=POOL_ERROR,
-                statusMessage=message,
-                conditions=[
-                    {"code": GCE_STOCKOUT, "canonicalCode": "RESOURCE_EXHAUSTED", "message": message}
-                ],
-            )
-            raise
-        grow(count)
-        return pool
-
-    def delete_node_pool(self, project: str, location: str, cluster: str, name: str) -> None:
-        """nodePools.delete: its MIG and nodes (capacity given back), its wait withdrawn."""
-        key = (project, location, cluster, name)
-        pool = self.node_pools.pop(key, None)
-        wait = self._pool_waits.pop(key, None)
-        if wait is not None:
-            self.capacity.cancel(wait)
-        for url in (pool or {}).get("instanceGroupUrls", []):
-            parts = str(url).split("/")
-            self.delete_mig(project, parts[parts.index("zones") + 1], _short(url))
-
-    def node_pools_of(self, project: str, location: str, cluster: str) -> list[dict[str, Any]]:
-        """nodePools.list: the cluster's pools, by name."""
-        return [
-            copy.deepcopy(pool)
-            for (p, loc, c, _), pool in sorted(self.node_pools.items())
-            if (p, loc, c) == (project, location, cluster)
-        ]
-
-    # ---- Cloud TPU API -------------------------------------------------------------------------
-
-    def create_node(
-        self, project: str, zone: str, name: str, body: dict[str, Any], *, taken: bool = False
-    ) -> dict[str, Any]:
-        """nodes.create: a node with one network endpoint per host of its shape. `taken`: its
-        hosts were already taken from the zone (by the queued resource that creates it)."""
-        node = copy.deepcopy(body)
-        node.update(
-            name=f"projects/{project}/locations/{zone}/nodes/{name}",
-            id=str(next(self._ids)),
-            createTime="2026-01-01T00:00:00Z",
-            apiVersion="V2",
-            state=TPU_READY,
-        )
-        config = body.get("networkConfig") or (body.get("networkConfigs") or [{}])[0]
-        subnet = self._subnet(config.get("subnetwork"))
-        hosts = node_hosts(body)
-        if not taken:
-            self.capacity.take(zone, node_kind(body), hosts)
-        if "networkEndpoints" not in node:
-            node["networkEndpoints"] = [
-                {"ipAddress": subnet.take() if subnet else "", "port": 8470} for _ in range(hosts)
-            ]
-        self.nodes[(project, zone, name)] = node
-        for host in self._node_hosts((project, zone, name)):
-            self._call(self.on_host_up, host)
-        return node
-
-    def delete_node(self, project: str, zone: str, name: str) -> None:
-        hosts = self._node_hosts((project, zone, name))
-        node = self.nodes.pop((project, zone, name), None)
-        for host in hosts:
-            self._call(self.on_host_down, replace(host, status=DELETED))
-        if node is not None and node.get("state") != TPU_PREEMPTED:  # a preempted node's stay with Google
-            self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock())
-
-    def create_queued_resource(
-        self, project: str, zone: str, name: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        """queuedResources.create: accepted at once, fulfilled whole when the zone has room for
-        its node, FAILED past its deadline (see the module docstring). Returns the request as
-        Google does."""
-        now = self.clock()
-        path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
-        record = {
-            **copy.deepcopy(body),
-            "name": path,
-            "createTime": _rfc3339(now),
-            "state": {"state": WAITING},
-        }
-        node = bodies.queued_node(body)
-        node_id = str(((body.get("tpu") or {}).get("nodeSpec") or [{}])[0].get("nodeId") or name)
-        duration = (body.get("queueingPolicy") or {}).get("validUntilDuration")
-        deadline = now + float(str(duration).removesuffix("s")) if duration else None
-
-        def fulfil() -> None:
-            self.create_node(project, zone, node_id, {**node, "queuedResource": path}, taken=True)
-            record["state"] = {"state": ACTIVE}
-
-        wait = CapacityRequest(
-            f"queuedResources/{name}", zone, node_kind(node), node_hosts(node), deadline, fulfil
-        )
-        self.queued[(project, zone, name)] = record
-        self._waits[id(record)] = wait
-        self.capacity.submit(wait, now)
-        self._sync(record)
-        return record
-
-    def _sync(self, record: dict[str, Any]) -> None:
-        """A waiting queued resource whose request failed (its deadline passed) turns FAILED."""
-        wait = self._waits.get(id(record))
-        if wait is not None and wait.state == FAILED and record["state"]["state"] == WAITING:
-            message = f"the queued resource could not be provisioned in time: {wait.reason}"
-            record["state"] = {
-                "state": FAILED,
-                "failedData": {"error": {"code": DEADLINE_EXCEEDED, "message": message}},
-            }
-
-    def queued_resource(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
-        """queuedResources.get at the twin's clock; None when there is no such request."""
-        if (project, zone, name) not in self.queued:
-            return None
-        self.capacity.advance(self.clock())
-        record = self.queued[(project, zone, name)]
-        self._sync(record)
-        return copy.deepcopy(record)
-
-    def delete_queued_resource(self, project: str, zone: str, name: str, *, force: bool = False) -> None:
-        """queuedResources.delete: a waiting request is withdrawn; one whose node exists needs
-        `force`, which deletes the node first (InvalidInput otherwise, nothing deleted)."""
-        key = (project, zone, name)
-        record = self.queued.get(key)
-        if record is None:
-            raise KeyError(f"no queued resource {name} in {project}/{zone}")
-        node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
-        if node_key is not None and not force:
-            raise InvalidInput(
-                f"queued resource {name} still has node {node_key[2]}: delete it first, or delete with force"
-            )
-        if node_key is not None:
-            self.delete_node(*node_key)
-        wait = self._waits.pop(id(record), None)
-        if wait is not None:
-            self.capacity.cancel(wait)
-        del self.queued[key]
-
-    def _suspend_queued(self, node: dict[str, Any]) -> None:
-        """A queued node's hosts were lost to the service: its request is SUSPENDED (see above)."""
-        for record in self.queued.values():
-            if record["name"] == node.get("queuedResource"):
-                record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
-
-    @staticmethod
-    def _call(hook: Hook | None, host: TwinHost) -> None:
-        if hook is not None:
-            hook(host)
-
     # ---- failures ------------------------------------------------------------------------------
 
     def preempt(
         self, project: str, zone: str, group: str, *, action: str | None = None, repair: bool = True
     ) -> list[TwinHost]:
-        """A Spot preemption of slice `group` (MIG or TPU node); the hosts it hit, as they were.
+        """A Spot preemption of MIG `group`'s slice; the hosts it hit, as they were.
 
         Each MIG host is stopped or deleted per its termination action (or `action`, STOP or
         DELETE, when given); then its MIG's lifecycle policy applies unless `repair` is False."""
         key = (project, zone, group)
-        if key in self.nodes:
-            hosts = self._node_hosts(key)
-            self.nodes[key]["state"] = TPU_PREEMPTED
-            self._suspend_queued(self.nodes[key])
-            for host in hosts:
-                self._call(self.on_host_down, replace(host, status=TPU_PREEMPTED))
-            return hosts
         if key not in self.migs:
-            raise KeyError(f"no slice {group} in {project}/{zone}")
-        hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
+            return super().preempt(project, zone, group, action=action, repair=repair)
+        hit = [
+            v
+            for v in self.vms.values()
+            if (v.project, v.zone, v.group) == key and v.status == INSTANCE_RUNNING
+        ]
         before = [self._vm_host(v) for v in hit]
         for vm in hit:
             self._record_preemption(vm)
@@ -1176,7 +723,7 @@ class CloudTwin:
         """The zone operation Compute Engine records for a preempted instance (compute v1
         discovery, Operation: operationType, targetLink, targetId, status DONE, user "system",
         statusMessage; the type and message as Google's preemption-history sample reads them)."""
-        now = _rfc3339(self.clock())
+        now = rfc3339(self.clock())
         number = next(self._ids)
         zone = f"{API_ROOT}projects/{vm.project}/zones/{vm.zone}"
         self.operations.append(
@@ -1204,25 +751,21 @@ class CloudTwin:
         prefix = f"{API_ROOT}projects/{project}/zones/{zone}"
         return [copy.deepcopy(o) for o in self.operations if o["zone"] == prefix]
 
-    def end_run(self, project: str, zone: str, queued: str) -> None:
-        """A flex-start queued resource's run duration ended: its node is deleted and the
-        request turns SUSPENDED (module docstring)."""
-        record = self.queued[(project, zone, queued)]
-        node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
-        if node_key is not None:
-            self.delete_node(*node_key)
-        record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
-
-    def host_error(self, project: str, zone: str, group: str) -> list[TwinHost]:
+    def host_error(self, project: str, zone: str, group: str, *, repair: bool = True) -> list[TwinHost]:
         """A host error or a host maintenance event on a MIG's slice: every host stops
-        (TERMINATED, its disks kept) and the MIG's lifecycle policy applies; no preemption is
-        recorded. Compute Engine then recovers a slice of managed capacity whole (`recover`);
-        Cloud TPU, "Failure recovery of TPU instances". The hosts it hit, as they were."""
+        (TERMINATED, its disks kept) and the MIG's lifecycle policy applies unless `repair` is
+        False; no preemption is recorded. Compute Engine then recovers a slice of managed
+        capacity whole (`recover`); Cloud TPU, "Failure recovery of TPU instances". The hosts it
+        hit, as they were."""
         key = (project, zone, group)
-        hit = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.status == RUNNING]
+        hit = [
+            v
+            for v in self.vms.values()
+            if (v.project, v.zone, v.group) == key and v.status == INSTANCE_RUNNING
+        ]
         before = [self._vm_host(v) for v in hit]
         for vm in hit:
-            self.lose(vm, deleted=False)
+            self.lose(vm, deleted=False, repair=repair)
         return before
 
     def recover(self, project: str, zone: str, group: str) -> None:
@@ -1231,11 +774,11 @@ class CloudTwin:
         flex-start and reserved slices are restarted on healthy hardware, together)."""
         key = (project, zone, group)
         for vm in [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]:
-            if vm.status == TERMINATED:
-                vm.status = RUNNING
+            if vm.status == INSTANCE_TERMINATED:
+                vm.status = INSTANCE_RUNNING
                 for record in self.instances.get(key, []):
                     if record["name"] == vm.name:
-                        record["instanceStatus"] = RUNNING
+                        record["instanceStatus"] = INSTANCE_RUNNING
                 self._hook(self.on_host_up, vm)
 
     def lose(self, vm: _Vm, *, deleted: bool, repair: bool = True) -> None:
@@ -1247,42 +790,32 @@ class CloudTwin:
             self._remove_vm(vm)
             self.instances[key] = [r for r in self.instances.get(key, []) if r["name"] != vm.name]
         else:
-            vm.status = TERMINATED
+            vm.status = INSTANCE_TERMINATED
             for record in records:
-                record["instanceStatus"] = TERMINATED
+                record["instanceStatus"] = INSTANCE_TERMINATED
             self._hook(self.on_host_down, vm)
         mig = self.migs.get(key, {})
         action = mig.get("instanceLifecyclePolicy", {}).get("defaultActionOnFailure", REPAIR)
         if action == REPAIR and repair:
             self.vms[(vm.project, vm.zone, vm.name)] = vm
-            vm.status = RUNNING
+            vm.status = INSTANCE_RUNNING
             if deleted and records:
                 self.instances[key].append(
-                    {**records[0], "id": str(next(self._ids)), "instanceStatus": RUNNING}
+                    {**records[0], "id": str(next(self._ids)), "instanceStatus": INSTANCE_RUNNING}
                 )
             for record in records:
-                record["instanceStatus"] = RUNNING
+                record["instanceStatus"] = INSTANCE_RUNNING
             self._hook(self.on_host_up, vm)
 
     # ---- what the hosts see --------------------------------------------------------------------
 
-    def hosts(self, project: str | None = None, zone: str | None = None) -> list[TwinHost]:
-        """Every instance and TPU worker that exists, by group and worker."""
-        found = [self._vm_host(v) for v in self.vms.values()]
-        for key in self.nodes:
-            found += self._node_hosts(key)
-        return sorted(
-            (h for h in found if project in (None, h.project) and zone in (None, h.zone)),
-            key=lambda h: (h.group or "", h.worker, h.name),
-        )
-
-    def host(self, name: str) -> TwinHost | None:
-        return next((h for h in self.hosts() if h.name == name), None)
+    def _all_hosts(self) -> list[TwinHost]:
+        return [*(self._vm_host(v) for v in self.vms.values()), *super()._all_hosts()]
 
     def _vm_host(self, vm: _Vm) -> TwinHost:
         properties = vm.properties
-        machine = _short(properties.get("machineType", "")) or None
-        metadata = _metadata(properties)
+        machine = short_name(properties.get("machineType", "")) or None
+        metadata = metadata_of(properties)
         if vm.group is not None:
             metadata.update(self._compute_tpu_attributes(vm, machine))
         return TwinHost(
@@ -1327,131 +860,6 @@ class CloudTwin:
             zone=vm.zone,
             runtime_version="",
         )
-
-    def _node_hosts(self, key: tuple[str, str, str]) -> list[TwinHost]:
-        node = self.nodes.get(key)
-        if node is None:
-            return []
-        project, zone, name = key
-        ips = [e.get("ipAddress", "") for e in node.get("networkEndpoints", [])]
-        config = node.get("acceleratorConfig") or {}
-        accelerator = node.get("acceleratorType") or _tpu_api_type(config)
-        topology = config.get("topology") or (catalog.lookup(accelerator).topology if accelerator else "")
-        metadata = {str(k): str(v) for k, v in (node.get("metadata") or {}).items()}
-        return [
-            TwinHost(
-                name=f"{name}-w{worker}",
-                project=project,
-                zone=zone,
-                group=name,
-                kind=TPU_WORKER,
-                worker=worker,
-                status=str(node.get("state", TPU_READY)),
-                ip=ip,
-                machine_type=None,
-                metadata={
-                    **metadata,
-                    **google_attributes(
-                        TPU_API_ATTRIBUTES,
-                        accelerator_type=accelerator,
-                        topology=topology,
-                        worker=worker,
-                        ips=ips,
-                        node_id=name,
-                        project=project,
-                        zone=zone,
-                        runtime_version=str(node.get("runtimeVersion", "")),
-                    ),
-                },
-                labels=dict(node.get("labels") or {}),
-            )
-            for worker, ip in enumerate(ips)
-        ]
-
-
-def google_attributes(
-    names: tuple[str, ...],
-    *,
-    accelerator_type: str,
-    topology: str,
-    worker: int,
-    ips: list[str],
-    node_id: str,
-    project: str,
-    zone: str,
-    runtime_version: str,
-) -> dict[str, str]:
-    """The identity attributes `names` a TPU host of `accelerator_type` serves, valued as a real
-    host serves them: the accelerator type as the host reports it (`catalog.reported_name`),
-    endpoints as ``unknown:unknown:<ip>`` entries, `tpu-env` as ``KEY: 'value'`` lines."""
-    reported = catalog.reported_name(accelerator_type) if accelerator_type else ""
-    tpu_env = {
-        "ACCELERATOR_TYPE": reported,
-        "CONSUMER_PROJECT_ID": project,
-        "NODE_ID": node_id,
-        "RUNTIME_VERSION": runtime_version,
-        "TOPOLOGY": topology,
-        "WORKER_ID": str(worker),
-        "ZONE": zone,
-    }
-    served = {
-        "accelerator-type": reported,
-        "agent-worker-number": str(worker),
-        "worker-id": str(worker),
-        "instance-id": node_id,
-        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in ips),
-        "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),
-    }
-    return {key: served[key] for key in names}
-
-
-def node_hosts(body: dict[str, Any]) -> int:
-    """How many hosts a Node of `body`'s shape has (the catalog's, on the TPU API)."""
-    config = body.get("acceleratorConfig")
-    if config:
-        return catalog.lookup(f"{_API_GENERATIONS[config['type']]}-{config['topology']}").hosts
-    if body.get("acceleratorType"):
-        return catalog.lookup(str(body["acceleratorType"])).hosts
-    return 1
-
-
-def node_kind(body: dict[str, Any]) -> str:
-    """What a TPU node's hosts count against in a zone's capacity: its generation (``v6e``)."""
-    config = body.get("acceleratorConfig")
-    if config:
-        return _API_GENERATIONS[config["type"]]
-    if body.get("acceleratorType"):
-        return catalog.lookup(str(body["acceleratorType"])).generation
-    return ""  # no type (the emulation's bare test nodes): a kind no zone limits
-
-
-def _rfc3339(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def _tpu_api_type(config: dict[str, Any]) -> str:
-    if not config:
-        return ""
-    return catalog.lookup(f"{_API_GENERATIONS[config['type']]}-{config['topology']}").accelerator_type
-
-
-_API_GENERATIONS = {api: generation for generation, api in TPU_ACCELERATOR_TYPES.items()}
-_COLLECTIONS = {
-    bodies.TEMPLATE: "instanceTemplates",
-    bodies.MIG: "instanceGroupManagers",
-    bodies.RESOURCE_POLICY: "resourcePolicies",
-    bodies.INSTANCE: "instances",
-    bodies.ADDRESS: "addresses",
-    bodies.FIREWALL: "firewalls",
-    bodies.NETWORK: "networks",
-    bodies.SUBNETWORK: "subnetworks",
-    bodies.ROUTER: "routers",
-    bodies.PER_INSTANCE_CONFIG: "perInstanceConfigs",
-    bodies.TPU_NODE: "nodes",
-    bodies.IMAGE: "images",
-    bodies.RESIZE_REQUEST: "resizeRequests",
-    bodies.QUEUED_RESOURCE: "queuedResources",
-}
 
 
 def _termination(vm: _Vm) -> str | None:

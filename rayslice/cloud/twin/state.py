@@ -1,0 +1,362 @@
+"""What the twin's three APIs share: the project's resources as the rules read them, its
+subnetworks' addresses, the zones' capacity, the clock, the simulator's hooks and the hosts.
+
+`TwinState` is the base of the API mixins (`rayslice.cloud.twin.compute`, `.tpu`, `.container`):
+`apply` checks a create call against the rules of `rayslice.cloud.rules` (`admit`, refusing with
+`CloudRuleError`) and hands it to the API whose resource it is (`_create`, which each mixin
+extends for its own type tokens); `hosts` lists what every API holds (`_all_hosts`, extended the
+same way).
+
+- Internal IPs come from the declared subnetwork's ``ipCidrRange``, the first address being the
+  gateway (Compute Engine, "Subnets": "the first two ... in the primary IPv4 range are reserved"
+  -- .0 network and .1 gateway); a reserved INTERNAL address keeps its IP for the instance that
+  names it (per-instance config ``preservedState.internalIPs``, Instance ``networkIP``).
+- A Compute Engine TPU host serves ``accelerator-type`` as the host reports it (``v7x-16`` on
+  TPU7x), ``worker-id``, ``worker-network-endpoints`` and ``tpu-env``
+  (`rayslice.platforms.COMPUTE_TPU_ATTRIBUTES`, whose comment gives the published log); a
+  Cloud TPU API worker the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`. Where no
+  source gives an order, the worker id of a MIG's instance is its creation order.
+- Capacity (`rayslice.cloud.capacity`, sources there): every direct create (a MIG's target
+  size, ``createInstances``, an instance, a TPU node) takes its hosts from the zone's capacity or
+  fails with ``ZONE_RESOURCE_POOL_EXHAUSTED`` and creates nothing; a zone never given a number
+  has room for everything. Deleting a slice (MIG or TPU node) gives its hosts back to the zone; a
+  preempted host's capacity stays with Google. What waits for capacity, and how, is each API's
+  (a bulk MIG, a resize request, a queued resource, a flex-start node pool).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayslice import catalog
+from rayslice.cloud import bodies, rules
+from rayslice.cloud.bodies import Request
+from rayslice.cloud.capacity import Capacity
+from rayslice.errors import InvalidInput
+
+DELETED = "DELETED"  # a host the twin no longer holds (the status its last hook call carries)
+MIG_HOST, LONE_VM, TPU_WORKER = "mig", "vm", "tpu-node"
+# The collection of a resource's self link, by the Pulumi type token the program declares it with.
+COLLECTIONS = {
+    bodies.TEMPLATE: "instanceTemplates",
+    bodies.MIG: "instanceGroupManagers",
+    bodies.RESOURCE_POLICY: "resourcePolicies",
+    bodies.INSTANCE: "instances",
+    bodies.ADDRESS: "addresses",
+    bodies.FIREWALL: "firewalls",
+    bodies.NETWORK: "networks",
+    bodies.SUBNETWORK: "subnetworks",
+    bodies.ROUTER: "routers",
+    bodies.PER_INSTANCE_CONFIG: "perInstanceConfigs",
+    bodies.TPU_NODE: "nodes",
+    bodies.IMAGE: "images",
+    bodies.RESIZE_REQUEST: "resizeRequests",
+    bodies.QUEUED_RESOURCE: "queuedResources",
+}
+
+
+class CloudRuleError(InvalidInput):
+    """Requests the twin refused, as Google would: each names the resource, rule and source."""
+
+    def __init__(self, violations: list[rules.Violation]):
+        self.violations = list(violations)
+        theirs = "Google's documented rules; Google would refuse this deployment"
+        if any(v.ours for v in self.violations):  # rayslice's own rules (rules.Rule.ours) too
+            theirs = "Google's documented rules and rayslice's own; this deployment is refused"
+        super().__init__(
+            f"{len(self.violations)} violation(s) of {theirs}:\n"
+            + "\n".join(f"  - {v}" for v in self.violations)
+        )
+
+
+@dataclass(frozen=True)
+class TwinHost:
+    """One host as the twin holds it and as a real one of its kind presents itself."""
+
+    name: str
+    project: str
+    zone: str
+    group: str | None  # MIG or TPU node; None for a lone VM
+    kind: str  # MIG_HOST, LONE_VM or TPU_WORKER
+    worker: int
+    status: str
+    ip: str
+    machine_type: str | None
+    metadata: dict[str, str]  # instance/attributes/: user metadata and Google's attributes
+    labels: dict[str, str]
+
+
+@dataclass
+class Subnet:
+    """A subnetwork's range and the addresses handed out of it."""
+
+    network: ipaddress.IPv4Network
+    used: set[str] = field(default_factory=set)
+
+    def take(self, wanted: str | None = None) -> str:
+        if wanted:
+            self.used.add(wanted)
+            return wanted
+        for address in itertools.islice(self.network.hosts(), 1, None):  # .1 is the gateway
+            if str(address) not in self.used:
+                self.used.add(str(address))
+                return str(address)
+        raise InvalidInput(f"subnetwork {self.network} has no free address")
+
+
+Hook = Callable[[TwinHost], None]
+
+
+@dataclass(frozen=True)
+class Create:
+    """One create call, as `TwinState.apply` hands it to the API whose resource it is."""
+
+    type_token: str
+    name: str  # the Pulumi resource's name
+    request: Request
+    project: str
+    zone: str | None
+    target: str | None  # the resource the call's URL names besides the project and zone
+
+    @property
+    def resource_name(self) -> str:
+        """The name the resource gets in the cloud (the request's, else the Pulumi name)."""
+        return self.request.name or self.name
+
+
+def short_name(link: Any) -> str:
+    """The name at the end of a self link (``...?uniqueId=`` dropped)."""
+    return str(link).split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def metadata_of(holder: dict[str, Any]) -> dict[str, str]:
+    """The ``metadata.items`` of an instance's properties, as a mapping."""
+    return {i["key"]: str(i["value"]) for i in holder.get("metadata", {}).get("items", [])}
+
+
+def rfc3339(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+class TwinState:
+    """The project's resources. Keyed by (project, zone or region or "global", name)."""
+
+    def __init__(self, default_range: str | None = None, address_range: str | None = None) -> None:
+        """`default_range`: where a subnetwork the twin never saw created (an existing one)
+        takes its addresses. `address_range`: where every subnetwork, declared or existing,
+        takes them (the simulator's free range; a declared ``ipCidrRange`` still goes through
+        the rules but hands out none); its first address is the gateway, as in a subnetwork."""
+        self.resources: dict[str, rules.Resource] = {}  # self link -> what the rules read
+        self.subnets: dict[str, Subnet] = {}  # subnetwork name -> its range
+        # Where a subnetwork the twin never saw created (an existing one) takes its addresses.
+        self.default_subnet = Subnet(ipaddress.IPv4Network(default_range)) if default_range else None
+        # One pool for every subnetwork when the addresses must come from a given range.
+        self.address_pool = Subnet(ipaddress.IPv4Network(address_range)) if address_range else None
+        self.refused: list[rules.Violation] = []
+        self.on_host_up: Hook | None = None
+        self.on_host_down: Hook | None = None
+        # Free hosts per zone and type, and the requests that wait for them (`capacity`); the
+        # clock dates requests and decides deadlines (tests set it).
+        self.capacity = Capacity()
+        self.clock: Callable[[], float] = time.time
+        self._ids = itertools.count(1)
+
+    # ---- applying the program's resources ------------------------------------------------------
+
+    def apply(
+        self,
+        type_token: str,
+        name: str,
+        request: Request,
+        *,
+        project: str,
+        zone: str | None = None,
+        region: str | None = None,
+        target: str | None = None,
+        urn: str | None = None,
+    ) -> dict[str, Any]:
+        """One create call for Pulumi resource `name`; the outputs Google returns for it.
+        `target` is the resource the call's URL names besides the project and zone (a
+        per-instance config's MIG); `urn` the Pulumi URN a violation names (see `admit`).
+
+        A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
+        call = Create(type_token, name, request, project, zone, target)
+        self._precheck(call, urn)
+        link = self.admit(
+            type_token, name, request, project=project, zone=zone, region=region, target=target, urn=urn
+        )
+        outputs: dict[str, Any] = {}
+        if COLLECTIONS.get(type_token):
+            outputs = {"selfLink": link, "selfLinkUnique": f"{link}?uniqueId={next(self._ids)}"}
+        outputs.update(self._create(call))
+        return outputs
+
+    def _precheck(self, call: Create, urn: str | None) -> None:
+        """Refuse, before `admit`, a call that breaks a rule on what the twin holds rather than
+        on what the call declares (an image of a running instance's disk); each API's mixin
+        adds its own. Raises `CloudRuleError`, kept in `refused`."""
+
+    def _create(self, call: Create) -> dict[str, Any]:
+        """Make what an admitted create call declares; the outputs beyond its self links. Each
+        API's mixin makes its own types and passes the others on; what none makes (a template,
+        a firewall, a network) is only recorded, by `admit`."""
+        return {}
+
+    def admit(
+        self,
+        type_token: str,
+        name: str,
+        request: Request,
+        *,
+        project: str,
+        zone: str | None = None,
+        region: str | None = None,
+        target: str | None = None,
+        urn: str | None = None,
+    ) -> str:
+        """Check a create call against the rules and, if none is broken, record what it
+        declares for later references; the resource's self link. A broken rule raises
+        `CloudRuleError` (kept in `refused` too) and records nothing.
+
+        Violations name the resource by `urn` (the Pulumi URN, so `rayslice preview` shows them
+        beside the resource) or, for a call that has none (the HTTP APIs), its self link."""
+        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
+        collection = COLLECTIONS.get(type_token, "other")
+        link = f"projects/{project}/{scope}/{collection}/{request.name or name}"
+        refs = self._refs(type_token, request, target)
+        resource = rules.Resource(type_token, urn or link, name, request, refs)
+        try:
+            self._check(resource)
+        except CloudRuleError as exc:
+            self.refused.extend(exc.violations)
+            raise
+        self.resources[link] = resource
+        return link
+
+    def audit(self) -> list[rules.Violation]:
+        """The rules that read the finished deployment (a MIG's final size, rules.Rule.at_end)."""
+        stack = rules.Stack(self.resources.values())
+        return rules.check(stack, [r for r in rules.RULES if r.at_end])
+
+    def violations(self) -> list[rules.Violation]:
+        """What Google would refuse of everything applied so far: each refused request, then the
+        rules on the finished deployment (`audit`)."""
+        return [*self.refused, *self.audit()]
+
+    def _refs(self, type_token: str, request: Request, target: str | None) -> dict[str, frozenset[str]]:
+        """What a request refers to, as Google resolves it: the `rules.Resource.urn` of each
+        resource this twin holds (or the reference as given)."""
+        body = request.body
+        refs: dict[str, set[str]] = {}
+        if type_token in (bodies.PER_INSTANCE_CONFIG, bodies.RESIZE_REQUEST) and target:
+            refs["instanceGroupManager"] = {self._link(f"instanceGroupManagers/{short_name(target)}")}
+        if type_token == bodies.MIG:
+            refs["versions"] = {self._link(v.get("instanceTemplate")) for v in body.get("versions", [])}
+            policy = body.get("resourcePolicies", {}).get("workloadPolicy")
+            if policy:
+                refs["resourcePolicies"] = {self._link(policy)}
+        return {
+            k: frozenset(self.resources[u].urn if u in self.resources else u for u in v)
+            for k, v in refs.items()
+        }
+
+    def _link(self, reference: Any) -> str:
+        """The self link of a referenced resource this twin holds (or the reference as given)."""
+        text = str(reference).split("?", 1)[0]
+        for link in self.resources:
+            if text == link or text.endswith(f"/{link}") or link.endswith(f"/{text}"):
+                return link
+        return text
+
+    def _check(self, resource: rules.Resource) -> None:
+        """Refuse `resource` if a rule finds fault with it or with it beside what it refers to."""
+        wanted = {u for urns in resource.refs.values() for u in urns}
+        related = [r for r in self.resources.values() if r.urn in wanted]
+        stack = rules.Stack([resource, *related])
+        found = [
+            v for v in rules.check(stack, [r for r in rules.RULES if not r.at_end]) if v.urn == resource.urn
+        ]
+        if found:
+            raise CloudRuleError(found)
+
+    def _subnet(self, reference: Any) -> Subnet | None:
+        if self.address_pool is not None:
+            return self.address_pool
+        found = self.subnets.get(short_name(reference)) if reference else None
+        return found if found is not None else self.default_subnet
+
+    def set_capacity(self, zone: str, kind: str, hosts: int) -> None:
+        """The zone now has `hosts` free hosts of `kind` (a machine type, or a TPU generation on
+        the TPU API): requests that now fit are fulfilled, in order."""
+        self.capacity.set(zone, kind, hosts, self.clock())
+
+    @staticmethod
+    def _call(hook: Hook | None, host: TwinHost) -> None:
+        if hook is not None:
+            hook(host)
+
+    # ---- failures ------------------------------------------------------------------------------
+
+    def preempt(
+        self, project: str, zone: str, group: str, *, action: str | None = None, repair: bool = True
+    ) -> list[TwinHost]:
+        """A Spot preemption of slice `group`; the API that holds the slice does it (see its
+        mixin). `KeyError` when none holds it."""
+        raise KeyError(f"no slice {group} in {project}/{zone}")
+
+    # ---- what the hosts see --------------------------------------------------------------------
+
+    def hosts(self, project: str | None = None, zone: str | None = None) -> list[TwinHost]:
+        """Every instance and TPU worker that exists, by group and worker."""
+        return sorted(
+            (h for h in self._all_hosts() if project in (None, h.project) and zone in (None, h.zone)),
+            key=lambda h: (h.group or "", h.worker, h.name),
+        )
+
+    def host(self, name: str) -> TwinHost | None:
+        return next((h for h in self.hosts() if h.name == name), None)
+
+    def _all_hosts(self) -> list[TwinHost]:
+        """The hosts each API holds (each mixin adds its own)."""
+        return []
+
+
+def google_attributes(
+    names: tuple[str, ...],
+    *,
+    accelerator_type: str,
+    topology: str,
+    worker: int,
+    ips: list[str],
+    node_id: str,
+    project: str,
+    zone: str,
+    runtime_version: str,
+) -> dict[str, str]:
+    """The identity attributes `names` a TPU host of `accelerator_type` serves, valued as a real
+    host serves them: the accelerator type as the host reports it (`catalog.reported_name`),
+    endpoints as ``unknown:unknown:<ip>`` entries, `tpu-env` as ``KEY: 'value'`` lines."""
+    reported = catalog.reported_name(accelerator_type) if accelerator_type else ""
+    tpu_env = {
+        "ACCELERATOR_TYPE": reported,
+        "CONSUMER_PROJECT_ID": project,
+        "NODE_ID": node_id,
+        "RUNTIME_VERSION": runtime_version,
+        "TOPOLOGY": topology,
+        "WORKER_ID": str(worker),
+        "ZONE": zone,
+    }
+    served = {
+        "accelerator-type": reported,
+        "agent-worker-number": str(worker),
+        "worker-id": str(worker),
+        "instance-id": node_id,
+        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in ips),
+        "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in tpu_env.items()),
+    }
+    return {key: served[key] for key in names}

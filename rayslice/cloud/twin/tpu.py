@@ -1,0 +1,286 @@
+"""The twin's Cloud TPU API: TPU nodes and queued resources, and what happens to them (a Spot
+preemption, the end of a flex-start run).
+
+Behaviour, by source:
+
+- A node has one network endpoint per host of its shape (the catalog's), each with an address of
+  its subnetwork; its hosts serve the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`
+  (`rayslice.cloud.twin.state.google_attributes`).
+- A Spot preemption turns a node PREEMPTED (tpu v2 discovery document, Node.state); nothing comes
+  back unless someone recreates it ("Request TPU Spot VMs": "To restart a Spot VMs instance or
+  MIG, you must delete and then recreate it"). A queued node's request turns SUSPENDED, and a
+  preempted node's hosts stay with Google when it is deleted (`rayslice.cloud.capacity`).
+- A queued resource (queuedResources.create; `rayslice.cloud.capacity`, sources there) is
+  accepted at once, WAITING while the zone lacks room for its node, creates the node whole when
+  the room comes (ACTIVE), and turns FAILED once its ``queueingPolicy.validUntilDuration`` has
+  passed. A delete of a request whose node exists needs ``force`` (tpu v2alpha1 discovery
+  document, queuedResources.delete ``force``: "all running nodes belonging to this queued
+  resource will be deleted first"; without it "the queued resource will only be deleted if its
+  nodes have already been deleted").
+- A flex-start queued resource whose run duration ends: its node is deleted and the request turns
+  SUSPENDED (Cloud TPU, "Request Cloud TPUs using flex-start": when the run duration ends "the
+  TPU VMs are deleted and the queued resource moves to the SUSPENDED state"; `end_run`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+from rayslice import catalog
+from rayslice.cloud import bodies
+from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES
+from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING
+from rayslice.cloud.capacity import Request as CapacityRequest
+from rayslice.cloud.states import NODE_PREEMPTED, NODE_READY
+from rayslice.cloud.twin.state import (
+    DELETED,
+    TPU_WORKER,
+    Create,
+    TwinHost,
+    TwinState,
+    google_attributes,
+    rfc3339,
+)
+from rayslice.errors import InvalidInput
+from rayslice.platforms import TPU_API_ATTRIBUTES
+
+DEADLINE_EXCEEDED = 4  # google.rpc.Code of a queued resource whose deadline passed (the twin's choice)
+_API_GENERATIONS = {api: generation for generation, api in TPU_ACCELERATOR_TYPES.items()}
+
+
+class TpuTwin(TwinState):
+    """The project's Cloud TPU resources (see the module docstring)."""
+
+    def __init__(self, default_range: str | None = None, address_range: str | None = None) -> None:
+        super().__init__(default_range, address_range)
+        self.nodes: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # TPU queued resources as Google returns them, by (project, zone, queued resource id).
+        self.queued: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._queued_waits: dict[int, CapacityRequest] = {}  # id(queued resource record) -> its wait
+
+    def _create(self, call: Create) -> dict[str, Any]:
+        """Queued resources and nodes."""
+        if call.type_token == bodies.QUEUED_RESOURCE:
+            record = self.create_queued_resource(
+                call.project, str(call.zone), call.resource_name, call.request.body
+            )
+            return {"state": record["state"]["state"]}
+        if call.type_token == bodies.TPU_NODE:
+            node = self.create_node(call.project, str(call.zone), call.resource_name, call.request.body)
+            return {
+                "networkEndpoints": [
+                    {"ipAddress": e["ipAddress"], "port": e.get("port", 8470)}
+                    for e in node["networkEndpoints"]
+                ]
+            }
+        return super()._create(call)
+
+    def create_node(
+        self, project: str, zone: str, name: str, body: dict[str, Any], *, taken: bool = False
+    ) -> dict[str, Any]:
+        """nodes.create: a node with one network endpoint per host of its shape. `taken`: its
+        hosts were already taken from the zone (by the queued resource that creates it)."""
+        node = copy.deepcopy(body)
+        node.update(
+            name=f"projects/{project}/locations/{zone}/nodes/{name}",
+            id=str(next(self._ids)),
+            createTime="2026-01-01T00:00:00Z",
+            apiVersion="V2",
+            state=NODE_READY,
+        )
+        config = body.get("networkConfig") or (body.get("networkConfigs") or [{}])[0]
+        subnet = self._subnet(config.get("subnetwork"))
+        hosts = node_hosts(body)
+        if not taken:
+            self.capacity.take(zone, node_kind(body), hosts)
+        if "networkEndpoints" not in node:
+            node["networkEndpoints"] = [
+                {"ipAddress": subnet.take() if subnet else "", "port": 8470} for _ in range(hosts)
+            ]
+        self.nodes[(project, zone, name)] = node
+        for host in self._node_hosts((project, zone, name)):
+            self._call(self.on_host_up, host)
+        return node
+
+    def delete_node(self, project: str, zone: str, name: str) -> None:
+        hosts = self._node_hosts((project, zone, name))
+        node = self.nodes.pop((project, zone, name), None)
+        for host in hosts:
+            self._call(self.on_host_down, replace(host, status=DELETED))
+        if node is not None and node.get("state") != NODE_PREEMPTED:  # a preempted node's stay with Google
+            self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock())
+
+    def create_queued_resource(
+        self, project: str, zone: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """queuedResources.create: accepted at once, fulfilled whole when the zone has room for
+        its node, FAILED past its deadline (see the module docstring). Returns the request as
+        Google does."""
+        now = self.clock()
+        path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
+        record = {
+            **copy.deepcopy(body),
+            "name": path,
+            "createTime": rfc3339(now),
+            "state": {"state": WAITING},
+        }
+        node = bodies.queued_node(body)
+        node_id = str(((body.get("tpu") or {}).get("nodeSpec") or [{}])[0].get("nodeId") or name)
+        duration = (body.get("queueingPolicy") or {}).get("validUntilDuration")
+        deadline = now + float(str(duration).removesuffix("s")) if duration else None
+
+        def fulfil() -> None:
+            self.create_node(project, zone, node_id, {**node, "queuedResource": path}, taken=True)
+            record["state"] = {"state": ACTIVE}
+
+        wait = CapacityRequest(
+            f"queuedResources/{name}", zone, node_kind(node), node_hosts(node), deadline, fulfil
+        )
+        self.queued[(project, zone, name)] = record
+        self._queued_waits[id(record)] = wait
+        self.capacity.submit(wait, now)
+        self._sync(record)
+        return record
+
+    def _sync(self, record: dict[str, Any]) -> None:
+        """A waiting queued resource whose request failed (its deadline passed) turns FAILED."""
+        wait = self._queued_waits.get(id(record))
+        if wait is not None and wait.state == FAILED and record["state"]["state"] == WAITING:
+            message = f"the queued resource could not be provisioned in time: {wait.reason}"
+            record["state"] = {
+                "state": FAILED,
+                "failedData": {"error": {"code": DEADLINE_EXCEEDED, "message": message}},
+            }
+
+    def queued_resource(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
+        """queuedResources.get at the twin's clock; None when there is no such request."""
+        if (project, zone, name) not in self.queued:
+            return None
+        self.capacity.advance(self.clock())
+        record = self.queued[(project, zone, name)]
+        self._sync(record)
+        return copy.deepcopy(record)
+
+    def delete_queued_resource(self, project: str, zone: str, name: str, *, force: bool = False) -> None:
+        """queuedResources.delete: a waiting request is withdrawn; one whose node exists needs
+        `force`, which deletes the node first (InvalidInput otherwise, nothing deleted)."""
+        key = (project, zone, name)
+        record = self.queued.get(key)
+        if record is None:
+            raise KeyError(f"no queued resource {name} in {project}/{zone}")
+        node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
+        if node_key is not None and not force:
+            raise InvalidInput(
+                f"queued resource {name} still has node {node_key[2]}: delete it first, or delete with force"
+            )
+        if node_key is not None:
+            self.delete_node(*node_key)
+        wait = self._queued_waits.pop(id(record), None)
+        if wait is not None:
+            self.capacity.cancel(wait)
+        del self.queued[key]
+
+    def _suspend_queued(self, node: dict[str, Any]) -> None:
+        """A queued node's hosts were lost to the service: its request is SUSPENDED (see above)."""
+        for record in self.queued.values():
+            if record["name"] == node.get("queuedResource"):
+                record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+
+    # ---- failures ------------------------------------------------------------------------------
+
+    def preempt(
+        self, project: str, zone: str, group: str, *, action: str | None = None, repair: bool = True
+    ) -> list[TwinHost]:
+        """A Spot preemption of TPU node `group` (PREEMPTED; its queued request SUSPENDED); the
+        hosts it hit, as they were. Any other slice is the next API's."""
+        key = (project, zone, group)
+        if key not in self.nodes:
+            return super().preempt(project, zone, group, action=action, repair=repair)
+        hosts = self._node_hosts(key)
+        self.nodes[key]["state"] = NODE_PREEMPTED
+        self._suspend_queued(self.nodes[key])
+        for host in hosts:
+            self._call(self.on_host_down, replace(host, status=NODE_PREEMPTED))
+        return hosts
+
+    def end_run(self, project: str, zone: str, queued: str) -> None:
+        """A flex-start queued resource's run duration ended: its node is deleted and the
+        request turns SUSPENDED (module docstring)."""
+        record = self.queued[(project, zone, queued)]
+        node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
+        if node_key is not None:
+            self.delete_node(*node_key)
+        record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+
+    # ---- what the hosts see --------------------------------------------------------------------
+
+    def _all_hosts(self) -> list[TwinHost]:
+        return [*(h for key in self.nodes for h in self._node_hosts(key)), *super()._all_hosts()]
+
+    def _node_hosts(self, key: tuple[str, str, str]) -> list[TwinHost]:
+        node = self.nodes.get(key)
+        if node is None:
+            return []
+        project, zone, name = key
+        ips = [e.get("ipAddress", "") for e in node.get("networkEndpoints", [])]
+        config = node.get("acceleratorConfig") or {}
+        accelerator = node.get("acceleratorType") or _tpu_api_type(config)
+        topology = config.get("topology") or (catalog.lookup(accelerator).topology if accelerator else "")
+        metadata = {str(k): str(v) for k, v in (node.get("metadata") or {}).items()}
+        return [
+            TwinHost(
+                name=f"{name}-w{worker}",
+                project=project,
+                zone=zone,
+                group=name,
+                kind=TPU_WORKER,
+                worker=worker,
+                status=str(node.get("state", NODE_READY)),
+                ip=ip,
+                machine_type=None,
+                metadata={
+                    **metadata,
+                    **google_attributes(
+                        TPU_API_ATTRIBUTES,
+                        accelerator_type=accelerator,
+                        topology=topology,
+                        worker=worker,
+                        ips=ips,
+                        node_id=name,
+                        project=project,
+                        zone=zone,
+                        runtime_version=str(node.get("runtimeVersion", "")),
+                    ),
+                },
+                labels=dict(node.get("labels") or {}),
+            )
+            for worker, ip in enumerate(ips)
+        ]
+
+
+def node_hosts(body: dict[str, Any]) -> int:
+    """How many hosts a Node of `body`'s shape has (the catalog's, on the TPU API)."""
+    config = body.get("acceleratorConfig")
+    if config:
+        return catalog.lookup(f"{_API_GENERATIONS[config['type']]}-{config['topology']}").hosts
+    if body.get("acceleratorType"):
+        return catalog.lookup(str(body["acceleratorType"])).hosts
+    return 1
+
+
+def node_kind(body: dict[str, Any]) -> str:
+    """What a TPU node's hosts count against in a zone's capacity: its generation (``v6e``)."""
+    config = body.get("acceleratorConfig")
+    if config:
+        return _API_GENERATIONS[config["type"]]
+    if body.get("acceleratorType"):
+        return catalog.lookup(str(body["acceleratorType"])).generation
+    return ""  # no type (the emulation's bare test nodes): a kind no zone limits
+
+
+def _tpu_api_type(config: dict[str, Any]) -> str:
+    if not config:
+        return ""
+    return catalog.lookup(f"{_API_GENERATIONS[config['type']]}-{config['topology']}").accelerator_type
