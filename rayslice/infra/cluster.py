@@ -35,11 +35,13 @@ from rayslice.infra.gke import GkeTpuCluster, GkeTpuClusterArgs
 from rayslice.infra.hosts import VmSliceCluster, VmSliceClusterArgs
 from rayslice.infra.network import ClusterNetwork, ClusterNetworkArgs, ExistingNetwork, existing_network
 from rayslice.infra.tpu_vm import TpuVmCluster
+from rayslice.platforms import MIG, TPU_NODE, VM_PLATFORMS
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.locks import Lock
 
-# The component of each VM-based platform (gke's takes other arguments, see `_platform`).
-VM_PLATFORMS: dict[str, type[VmSliceCluster]] = {"compute": ComputeCluster, "tpu-vm": TpuVmCluster}
+# The component that declares each kind of slice (`rayslice.platforms.VmPlatform.slice_resource`:
+# a MIG or a TPU node); gke's takes other arguments, see `_platform`.
+SLICE_COMPONENTS: dict[str, type[VmSliceCluster]] = {MIG: ComputeCluster, TPU_NODE: TpuVmCluster}
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class TpuRayCluster(pulumi.ComponentResource):
             )
         if self.network is None:  # the spec allows gkeCluster with platform=gke only
             raise AssertionError("a VM platform always has a network")
-        component = VM_PLATFORMS[spec.platform]
+        component = SLICE_COMPONENTS[VM_PLATFORMS[spec.platform].slice_resource]
         return component(
             f"{name}-{spec.platform}", VmSliceClusterArgs(spec=spec, network=self.network, lock=lock), child
         )

@@ -46,7 +46,7 @@ import pulumiverse_time as time
 from rayslice.infra.compute.template import template_name_prefix
 from rayslice.infra.labels import resource_labels
 from rayslice.names import head_name
-from rayslice.recovery import permissions
+from rayslice.recovery import kinds, permissions
 from rayslice.spec import ClusterSpec
 
 # Project-level roles of the hosts' account: Cloud Logging and Cloud Monitoring writers.
@@ -223,7 +223,7 @@ class ClusterIdentity(pulumi.ComponentResource):
         suffix = random.RandomId(f"{name}-recovery-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
         prefixes = [template_name_prefix(spec.slice_name(i)) for i in range(spec.slices)]
         grants: list[pulumi.Resource] = []
-        for part in permissions.role_parts(spec.platform, spec.elastic):
+        for part in kinds.role_parts(spec.platform, spec.elastic):
             role = gcp.projects.IAMCustomRole(
                 f"{name}-recovery-{part.key}",
                 role_id=suffix.hex.apply(partial(role_id, spec.name, part.key)),

@@ -31,6 +31,7 @@ MODULES = (
     "rayslice/__init__.py",
     "rayslice/capacity_table.py",
     "rayslice/cloud/__init__.py",
+    "rayslice/cloud/capacity.py",
     "rayslice/cloud/rest.py",
     "rayslice/cloud/states.py",
     "rayslice/errors.py",
@@ -41,6 +42,9 @@ MODULES = (
     "rayslice/recovery/controller.py",
     "rayslice/recovery/demand.py",
     "rayslice/recovery/events.py",
+    "rayslice/recovery/journal.py",
+    "rayslice/recovery/kinds.py",
+    "rayslice/recovery/permissions.py",
     "rayslice/recovery/scaling.py",
 )
 # The module whose `main` the zipapp runs; MODULES is its closure.

@@ -20,16 +20,13 @@ override.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import shlex
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
 
-from rayslice import capacity_table, clusters, names, printable
+from rayslice import clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
 from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
@@ -39,174 +36,13 @@ from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
 from rayslice.cloud.rest import default_session, key_file_session
 from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
 from rayslice.errors import EXIT_OK, InvalidInput, NoCluster
-from rayslice.platforms import TPU_NODE, VM_PLATFORMS
-from rayslice.recovery.cloud import CloudClient, Location, managed_instance_name
+from rayslice.recovery import kinds
+from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.events import events_from_guest_attributes
-from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
+from rayslice.recovery.kinds import STATE_QUERY, boot_state, hours, managed_status
+from rayslice.spec import ClusterSpec
 
-STATE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/{names.STATE_KEY}"
 NAMESPACE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/"
-UNKNOWN = "unknown (no state published)"
-
-
-def _state(entries: list[dict[str, str]]) -> str:
-    for entry in entries:
-        if entry.get("namespace") == names.GUEST_ATTRIBUTE_NAMESPACE and entry.get("key") == names.STATE_KEY:
-            return str(entry.get("value", ""))
-    return UNKNOWN
-
-
-def _tpu_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, Any]:
-    """A TPU node slice; with ``queued``, the queued resource that asks for it too."""
-    node = client.get_node(name)
-    hosts = (
-        [
-            {
-                "worker": worker,
-                "name": f"{name}/worker-{worker}",
-                "boot": _state(client.node_guest_attributes(name, STATE_QUERY, worker)),
-            }
-            for worker in range(spec.tpu.hosts)
-        ]
-        if node is not None
-        else []
-    )
-    state = "MISSING" if node is None else str(node.get("state", "STATE_UNSPECIFIED"))
-    if not spec.queued:
-        return {"name": name, "state": state, "hosts": hosts}
-    joined = sum(1 for h in hosts if h["boot"] == names.STATE_JOINED)
-    queued = client.get_queued_resource(names.request_name(name))
-    request = queued_resource_status(queued, spec.tpu.hosts, joined) if queued is not None else None
-    if request is not None and request["state"] != QUEUED_ACTIVE:
-        state = f"REQUEST {request['state']}"  # no node yet (or no more): the request is the state
-    return {"name": name, "state": state, "hosts": hosts, "request": request}
-
-
-def queued_resource_status(queued: dict[str, Any], hosts: int, joined: int) -> dict[str, Any]:
-    """A queued slice's request as status shows it (the same keys as `bulk_wait_status`): its
-    state (tpu v2 QueuedResourceState: WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED with
-    ``failedData.error``, SUSPENDED ...), since when (createTime), the deadline its
-    ``queueingPolicy.validUntilDuration`` sets, the flex-start run duration, the hosts of its node
-    and how many joined Ray."""
-    state = queued.get("state") or {}
-    error = (state.get("failedData") or {}).get("error") or {}
-    since = str(queued.get("createTime", ""))
-    valid = (queued.get("queueingPolicy") or {}).get("validUntilDuration")
-    run = (queued.get("runDuration") or {}).get("maxRunDuration")
-    reason = f"{error.get('code', '')}: {error.get('message', '')}" if error else None
-    if state.get("state") == QUEUED_SUSPENDED:
-        reason = _suspended(queued)
-    return {
-        "kind": "queued resource",
-        "name": str(queued.get("name", "")).rsplit("/", 1)[-1],
-        "state": str(state.get("state", "STATE_UNSPECIFIED")),
-        "since": since,
-        "deadline": _after(since, _seconds(valid)) if valid and since else None,
-        "run_hours": _hours(run) if run else None,
-        "hosts_asked": hosts,
-        "hosts_joined": joined,
-        "reason": reason,
-    }
-
-
-def _suspended(queued: dict[str, Any]) -> str:
-    """What a SUSPENDED request means for its capacity (`capacity_table`), and what happens next:
-    a flex-start run or a calendar-mode reservation that ended is not requested again."""
-    try:
-        reaction = capacity_table.queued_cell(queued).events[capacity_table.SUSPENDED]
-    except (capacity_table.NoSuchCell, KeyError):
-        return "suspended: its node was deleted"
-    if reaction.action == capacity_table.END:
-        return f"{reaction.meaning}; not requested again"
-    return f"{reaction.meaning}; the recovery controller requests it again"
-
-
-def _seconds(duration: str) -> float:
-    """A google-duration (``"3600s"``) in seconds."""
-    return float(str(duration).removesuffix("s"))
-
-
-def _hours(duration: str) -> float:
-    """A google-duration, or a count of seconds (a resize request's ``requestedRunDuration``), in hours."""
-    return _seconds(duration) / SECONDS_PER_HOUR
-
-
-def _after(timestamp: str, seconds: float) -> str:
-    """An RFC 3339 time `seconds` after `timestamp`, in the same UTC form."""
-    start = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    return (start + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def bulk_wait_status(mig: dict[str, Any], running: int, joined: int) -> dict[str, Any]:
-    """A flex-start slice's bulk MIG as status shows its wait (the same keys as
-    `queued_resource_status`): WAITING_FOR_RESOURCES while its target size is set and no host
-    exists (bulk mode creates them all at once when the zone has them, Compute Engine "About bulk
-    mode"), ACTIVE once they exist; since the MIG was made; no deadline (it waits until resized to
-    0 or deleted). The run duration is its template's, which status does not read."""
-    return {
-        "kind": "bulk MIG",
-        "name": str(mig.get("name", "")),
-        "state": QUEUED_ACTIVE if running else QUEUED_WAITING,
-        "since": str(mig.get("creationTimestamp", "")),
-        "deadline": None,
-        "run_hours": None,
-        "hosts_asked": int(mig.get("targetSize", 0)),
-        "hosts_joined": joined,
-        "reason": None,
-    }
-
-
-def _managed(instance: dict[str, Any]) -> tuple[str, str]:
-    """A MIG's managed instance: its name, and its status (or, while it is made, its action)."""
-    return managed_instance_name(instance), str(
-        instance.get("instanceStatus") or instance.get("currentAction") or "UNKNOWN"
-    )
-
-
-def _by_worker(slice_name: str) -> Callable[[tuple[str, str]], tuple[int, str]]:
-    """The order a slice's hosts are listed in: by the worker number their names give them (which
-    the boot script reads from the metadata's host list), not by the names as text ("-w10" comes
-    after "-w9"); names the MIG made itself (flex-start) after, by name."""
-
-    def key(managed: tuple[str, str]) -> tuple[int, str]:
-        worker = names.host_worker(slice_name, managed[0])
-        return (worker, "") if worker is not None else (sys.maxsize, managed[0])
-
-    return key
-
-
-# A MIG slice with target size 0: on an elastic cluster, the controller adds its hosts when Ray's
-# demand needs them (docs/elastic.md).
-EMPTY = "EMPTY"
-
-
-def _compute_slice(client: CloudClient, name: str, waits: bool = False) -> dict[str, Any]:
-    """A MIG slice; `waits`: a flex-start bulk MIG, whose wait for capacity is shown too."""
-    mig = client.get_mig(name)
-    if mig is None:
-        return {"name": name, "state": "MISSING", "hosts": []}
-    target = int(mig.get("targetSize", 0))
-    hosts = []
-    for position, (host, status) in enumerate(
-        sorted(map(_managed, client.list_managed_instances(name)), key=_by_worker(name))
-    ):
-        boot = _state(client.instance_guest_attributes(host, STATE_QUERY)) if status == "RUNNING" else UNKNOWN
-        worker = names.host_worker(name, host)
-        hosts.append(
-            {"worker": position if worker is None else worker, "name": host, "instance": status, "boot": boot}
-        )
-    running = sum(1 for h in hosts if h["instance"] == "RUNNING")
-    if target == 0:  # an elastic cluster's slice without hosts, or one the controller is removing
-        state = EMPTY if not hosts else f"{EMPTY} ({len(hosts)} host(s) being deleted)"
-    else:
-        state = "READY" if running == target else f"DEGRADED ({running} of {target} hosts running)"
-    if not waits:
-        return {"name": name, "state": state, "hosts": hosts}
-    joined = sum(1 for h in hosts if h["boot"] == names.STATE_JOINED)
-    request = bulk_wait_status(mig, len(hosts), joined) if target else None
-    if request is not None and not hosts:
-        state = f"REQUEST {request['state']}"  # no hosts yet: the wait is the slice's state
-    return {"name": name, "state": state, "hosts": hosts, "request": request}
 
 
 # A GKE slice's phase, read from its node pool (container v1 NodePool.status) and the nodes of its
@@ -253,7 +89,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
             continue
         since = since or mig.get("creationTimestamp")
         for instance in client.list_managed_instances(group):
-            host, status = _managed(instance)
+            host, status = managed_status(instance)
             nodes.append({"worker": len(nodes), "name": host, "instance": status})
     running = sum(1 for n in nodes if n["instance"] == "RUNNING")
     conditions = pool.get("conditions") or []
@@ -268,7 +104,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
         "nodes_running": running,
         "hosts_asked": spec.tpu.hosts,
         "since": since,
-        "run_hours": _hours(duration) if duration else None,
+        "run_hours": hours(duration) if duration else None,
         "flex_start": bool((pool.get("config") or {}).get("flexStart")),
         "reason": reason or None,
         "hosts": nodes,
@@ -305,13 +141,11 @@ def _gather_gke(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
 
 def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
     """Everything `status` shows, as JSON-ready data (the --json output)."""
-    platform = VM_PLATFORMS.get(spec.platform)
-    if platform is None:  # GKE: node pools, read through the container API
+    kind = kinds.of(spec.platform)
+    if kind is None:  # GKE: node pools, read through the container API
         return _gather_gke(client, spec)
     slices = [
-        _tpu_slice(client, spec, spec.slice_name(i))
-        if platform.slice_resource == TPU_NODE
-        else _compute_slice(client, spec.slice_name(i), spec.waits_for_capacity)
+        kind.status(client, spec.slice_name(i), spec.tpu.hosts, waits=spec.waits_for_capacity)
         for i in range(spec.slices)
     ]
     head: dict[str, Any] | None = None
@@ -319,11 +153,11 @@ def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     if spec.head == "vm":
         head_vm = names.head_name(spec.name)
-        head = {"name": head_vm, "boot": _state(client.instance_guest_attributes(head_vm, STATE_QUERY))}
+        head = {"name": head_vm, "boot": boot_state(client.instance_guest_attributes(head_vm, STATE_QUERY))}
     if spec.runs_recovery:
         controller_vm = names.controller_name(spec.name)
         entries = client.instance_guest_attributes(controller_vm, NAMESPACE_QUERY)
-        controller = {"name": controller_vm, "boot": _state(entries)}
+        controller = {"name": controller_vm, "boot": boot_state(entries)}
         events = [dataclasses.asdict(e) for e in events_from_guest_attributes(entries)]
     return {
         "cluster": spec.name,

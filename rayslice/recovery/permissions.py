@@ -1,9 +1,11 @@
 """What the recovery controller's identity needs, per platform, and how far it can be narrowed.
 
 Each permission is the one Google's REST reference names for a method the controller calls
-(`rayslice.recovery.cloud`), plus what creating the slice again implies. `rayslice.infra.identity`
-turns every `RolePart` into one project custom role and one binding for the controller VM's own
-service account, which nothing else runs as; this module is the only list of those permissions.
+(`rayslice.recovery.cloud`), plus what creating the slice again implies. Each slice kind groups
+them into the `RolePart`s it needs (`rayslice.recovery.kinds`, ``role_parts``), and
+`rayslice.infra.identity` turns every part into one project custom role and one binding for the
+controller VM's own service account, which nothing else runs as; this module is the only list of
+those permissions.
 
 How far a grant can be narrowed is decided by which resources IAM Conditions can see, and
 Google's "Resource attributes for IAM Conditions"
@@ -18,7 +20,8 @@ resource-based access" (https://cloud.google.com/iam/docs/configuring-resource-b
 says what a condition on an attribute a resource does not provide does: "that part of the
 condition is never interpreted as granting access". A ``resource.name`` condition on the MIGs
 would therefore grant nothing and lock the controller out; so the MIG, operation, workload
-policy and TPU permissions are granted without a condition (`UNNARROWED` says so), and the one
+policy and TPU permissions are granted without a condition (each slice kind's ``unnarrowed`` says
+so, `rayslice.recovery.kinds`), and the one
 resource that IAM can name, the instance template a recreated MIG uses, is narrowed to this
 cluster's templates by `template_condition`. None of this has been checked against a real
 project (see docs/recovery.md).
@@ -98,54 +101,8 @@ class RolePart:
     head_only: bool = False  # with `instance_condition`: the head VM alone
 
 
-ROLE_PARTS: dict[str, tuple[RolePart, ...]] = {
-    "tpu-vm": (RolePart("slices", TPU_PERMISSIONS),),
-    "compute": (
-        RolePart("slices", COMPUTE_MIG_PERMISSIONS + COMPUTE_SUPPORT_PERMISSIONS),
-        RolePart("templates", COMPUTE_TEMPLATE_PERMISSIONS, templates_only=True),
-    ),
-}
-
-UNNARROWED = {
-    "tpu-vm": "Cloud TPU does not recognize resource attributes in IAM Conditions, so the TPU "
-    "permissions hold for every node and queued resource in the project: the controller's account "
-    "may create, read and delete any TPU node or queued resource there. Only the controller's own "
-    "code, which runs alone on its VM, keeps to this cluster's slices (an exact-name check).",
-    "compute": "IAM Conditions cannot name instance group managers, resource policies or zone "
-    "operations, so the MIG permissions (compute.instanceGroupManagers.get, .delete, .create, "
-    ".update), compute.resourcePolicies.use and compute.zoneOperations.get and .list hold for the whole "
-    "project: the controller's account may read, delete, create and resize any MIG there and "
-    "delete any MIG's instances (GKE's "
-    "node-pool MIGs too). Only the controller's own code, which runs alone on its VM, keeps to "
-    "this cluster's MIGs (an exact-name check). "
-    "Only compute.instanceTemplates.useReadOnly is narrowed, to templates whose names start with "
-    "one of this cluster's slice prefixes (templates get generated names, so a prefix, which "
-    "another cluster named '<cluster>-slice-<i>' would also match, is as narrow as a condition "
-    "can be).",
-}
-
-
 # What an elastic cluster's controller holds besides (docs/elastic.md); compute only.
 ELASTIC_PART = RolePart("demand", DEMAND_PERMISSIONS, head_only=True)
-
-
-def role_parts(platform: str, elastic: bool = False) -> tuple[RolePart, ...]:
-    """The controller's custom roles on `platform`; none where no controller runs (gke). An
-    elastic cluster's controller also reads the head's demand."""
-    parts = ROLE_PARTS.get(platform, ())
-    return (*parts, ELASTIC_PART) if elastic and parts else parts
-
-
-def permissions(platform: str, elastic: bool = False) -> tuple[str, ...]:
-    """Every permission the controller's custom roles hold on `platform`, each once."""
-    return tuple(p for part in role_parts(platform, elastic) for p in part.permissions)
-
-
-def held(platform: str, elastic: bool = False) -> tuple[str, ...]:
-    """Everything the controller's account may do on `platform`: its custom roles' permissions
-    and acting as the hosts' account (what the simulator's emulated IAM binds to it)."""
-    custom = permissions(platform, elastic)
-    return (*custom, ACT_AS_PERMISSION) if custom else ()
 
 
 def instance_condition(project: str, zone: str, name: str) -> str:

@@ -20,6 +20,7 @@ from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import GuestAttributeSink, Recorder, StreamSink
+from rayslice.recovery.journal import Journal
 
 PROJECT = "rayslice-test"
 ZONE = "us-east5-a"  # a v6e zone that also takes flex-start (catalog.FLEX_START_ZONES)
@@ -88,7 +89,10 @@ def make_controller(
     base: float = 10.0,
     cap: float = 30.0,
     capacity: str | None = None,
+    state_dir: Path | None = None,
 ) -> tuple[Controller, io.StringIO]:
+    """A controller of `platform`'s slices whose events go to the returned stream and to the
+    controller VM's guest attributes; `state_dir`: its journal's directory (None: in memory)."""
     stream = io.StringIO()
     host = controller_metadata.url.removeprefix("http://")
     recorder = Recorder([StreamSink(stream), GuestAttributeSink(host=host)])
@@ -100,6 +104,7 @@ def make_controller(
         max_backoff_s=cap,
         operation_timeout_s=30,
         clock=clock or Clock(),
+        journal=Journal(state_dir),
     )
     return controller, stream
 

@@ -82,6 +82,7 @@ def test_the_bundle_runs_one_pass_against_the_api_with_nothing_else_of_rayslice(
     events = tmp_path / "events.jsonl"
     args = ["--once", f"--project={PROJECT}", f"--zone={ZONE}", f"--cluster={CLUSTER}"]
     args += ["--platform=tpu-vm", "--slices=2", "--no-guest-attributes", f"--event-log={events}"]
+    args += [f"--state-dir={tmp_path / 'state'}"]
     result = subprocess.run(
         [sys.executable, "-c", RUNNER, str(archive), *args],
         capture_output=True,
@@ -97,6 +98,11 @@ def test_the_bundle_runs_one_pass_against_the_api_with_nothing_else_of_rayslice(
     gets = [c.path.rsplit("/", 1)[-1] for c in cloud.calls if c.method == "GET" and "/nodes/" in c.path]
     assert sorted(set(gets)) == [f"{CLUSTER}-slice-0", f"{CLUSTER}-slice-1"]
     assert cloud.mutations() == [] and not events.exists()
+    # And kept each slice's spec where a restarted controller finds it.
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        f"{CLUSTER}-slice-0.json",
+        f"{CLUSTER}-slice-1.json",
+    ]
 
 
 def test_only_the_controller_vm_carries_the_controller() -> None:

@@ -35,6 +35,7 @@ def test_the_service_entry_point_recovers_once_and_logs_json_lines(
         "--slices",
         "2",
     ]
+    args += ["--state-dir", str(tmp_path / "state")]
     code = controller.main([*args, "--once", "--event-log", str(log), "--no-guest-attributes"])
     assert code == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -44,13 +45,19 @@ def test_the_service_entry_point_recovers_once_and_logs_json_lines(
         (names.slice_name(CLUSTER, 0), "recreate", "recreated")
     ]
     assert log.stat().st_mode & 0o777 == 0o600
+    kept = tmp_path / "state" / f"{names.slice_name(CLUSTER, 0)}.json"
+    assert json.loads(kept.read_text())["recreation"] is None and kept.stat().st_mode & 0o777 == 0o600
 
 
 # ---- failures leave the client as rayslice errors (the CLI's exit 3), translated once -----------
 
 
 def test_a_refused_connection_is_a_transient_failure_for_the_controller(
-    cloud: CloudApiEmulator, adc: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cloud: CloudApiEmulator,
+    adc: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The controller reads an API it cannot reach as nothing seen: it records nothing and goes on."""
     with socket.socket() as probe:
@@ -58,7 +65,7 @@ def test_a_refused_connection_is_a_transient_failure_for_the_controller(
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}/"
     monkeypatch.setenv(TPU_ENDPOINT_ENV, closed)
     args = [f"--project={PROJECT}", f"--zone={ZONE}", f"--cluster={CLUSTER}", "--platform=tpu-vm"]
-    args += ["--slices=2"]
+    args += ["--slices=2", f"--state-dir={tmp_path}"]
     assert controller.main([*args, "--once", "--no-guest-attributes"]) == 0
     captured = capsys.readouterr()
     assert captured.out == ""  # no event

@@ -1,10 +1,14 @@
 """Issue 40's fault matrix: for every compute and tpu-vm cell of the capacity table and every
-event it lists whose action is the controller's (recreate, or wait for Google's repair), inject
+event it lists whose action is the controller's (recreate, wait for Google's repair, end), inject
 the event in the cloud twin and check that the controller does what the cell says; for every gke
 cell and every event it lists (all left to GKE and KubeRay), inject it in the twin's container API
 and check that GKE does what the cell says and rayslice sends nothing. The tables of outcomes are
 published in docs/recovery.md ("Fault matrix"), which `test_the_docs_list_every_row` keeps in step
-with the capacity table."""
+with the capacity table.
+
+Then the controller is killed mid-recreation, after each call of it, on every cell where it
+recreates, and a fresh controller on the same state directory must finish the slice with nothing
+orphaned or duplicated (docs/recovery.md, "A controller stopped mid-operation")."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from tests.recovery.conftest import (
     NODE_FIELDS,
     PROJECT,
     ZONE,
+    Clock,
     gke_pool,
     make_controller,
     queued_body,
@@ -327,24 +332,169 @@ class Killed(BaseException):
     """The controller's process ends here (not an error it handles)."""
 
 
-# Not "insert_mig": a controller killed between the MIG's insert (target size 0) and its
-# createInstances leaves an empty MIG that a fresh controller takes as whole and wanting no host
-# (docs/recovery.md, "A controller stopped mid-operation"; not fixed yet).
-@pytest.mark.parametrize("after", ["delete_mig", "create_instances"])
-def test_a_controller_killed_mid_recreation_and_started_again(
+# The client calls a recreation makes, in order, for each kind of slice (`Controller.recreate`):
+# what is left deleted, the MIG, node or request again, then a MIG's named hosts. A flex-start
+# MIG (bulk, its hosts named by the MIG) gets them from its target size at insert.
+_STEPS = {
+    "mig": ("delete_mig", "insert_mig", "create_instances"),
+    "bulk": ("delete_mig", "insert_mig"),
+    "node": ("delete_node", "create_node"),
+    "queued": ("delete_queued_resource", "create_queued_resource"),
+}
+
+
+def _kind(cell: table.Cell) -> str:
+    if cell.platform == table.COMPUTE:
+        return "bulk" if cell.run_duration else "mig"
+    return "queued" if cell.queued else "node"
+
+
+def _kill_cases() -> list[tuple[table.Cell, str]]:
+    """Every step of a recreation on every cell whose controller recreates a slice it can still
+    see (each compute and tpu-vm cell: Spot at once, the others once Google's grace has run out)."""
+    return [
+        (cell, step)
+        for cell in table.CELLS
+        if cell.platform in (table.COMPUTE, table.TPU_VM)
+        and any(r.action == table.RECREATE for r in cell.events.values())
+        for step in _STEPS[_kind(cell)]
+    ]
+
+
+def _break(cloud: CloudApiEmulator, cell: table.Cell) -> None:
+    """Slice 1 broken so that the controller recreates it: a preemption of Spot, a host error
+    (a TERMINATED node) of capacity that Google repairs."""
+    spot = cell.repaired_by == table.RAYSLICE
+    if cell.platform == table.COMPUTE:
+        if spot:
+            cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated")
+        else:
+            cloud.state.host_error(PROJECT, ZONE, SLICE1)
+    elif spot:
+        cloud.preempt(PROJECT, ZONE, SLICE1)
+    else:
+        _terminate(cloud)
+
+
+def _resources(cloud: CloudApiEmulator) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What the project holds: MIGs, the group of each instance (a flex-start MIG names its hosts
+    anew), nodes and queued requests."""
+    return (
+        sorted(k[2] for k in cloud.state.migs),
+        sorted(str(v.group) for v in cloud.state.vms.values()),
+        sorted(k[2] for k in cloud.state.nodes),
+        sorted(k[2] for k in cloud.state.queued),
+    )
+
+
+@pytest.mark.parametrize("cell, after", _kill_cases(), ids=lambda v: getattr(v, "key", v))
+def test_a_controller_killed_after_a_step_of_a_recreation_is_finished_by_the_next(
     cloud: CloudApiEmulator,
     client: CloudClient,
     controller_metadata: MetadataServer,
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    cell: table.Cell,
     after: str,
 ) -> None:
-    """A Spot slice preempted; the controller dies just after one call of its recreation was
-    sent; a fresh controller starts on the same cloud and brings the slice back whole, with one
-    insert and one createInstances in all (nothing duplicated). After the delete it converges
-    because the delete is still running when it looks (the emulation's operations take polls):
-    it sees the MIG and takes its spec from it."""
+    """Slice 1 broken; the controller recreating it is killed once the call `after` has
+    completed; a fresh controller on the same state directory (the controller VM's disk) finishes
+    the slice: the same resources as before the fault (no orphan, nothing missing), each call of
+    the recreation made once, and an event that says the recreation was finished."""
+    kind = _kind(cell)
+    if kind == "bulk":
+        seed_flex(cloud)
+    elif kind == "mig":
+        seed(cloud, "compute")
+    else:
+        _seed_tpu(cloud, cell)
+    before = _resources(cloud)
+    state = tmp_path / "state"
+    clock = Clock()
+    controller, _ = make_controller(
+        client, cell.platform, controller_metadata, capacity=cell.capacity, clock=clock, state_dir=state
+    )
+    controller.step()  # seen whole: its spec is kept
+    _break(cloud, cell)
+    if cell.repair_grace_s:  # left to Google first, and recreated once the grace has run out
+        controller.step()
+        clock.now += cell.repair_grace_s
+    sent = getattr(client, after)
+    wait_name = "wait_zone_operation" if cell.platform == table.COMPUTE else "wait_tpu_operation"
+    wait = getattr(client, wait_name)
+    calls: list[str] = []
+
+    def send(*args: object, **kwargs: object) -> object:
+        calls.append(after)
+        return sent(*args, **kwargs)
+
+    def wait_then_die(*args: object, **kwargs: object) -> object:
+        done = wait(*args, **kwargs)
+        if calls:
+            raise Killed
+        return done
+
+    monkeypatch.setattr(client, after, send)
+    monkeypatch.setattr(client, wait_name, wait_then_die)
+    with pytest.raises(Killed):
+        controller.step()
+    monkeypatch.undo()
+    fresh, stream = make_controller(
+        client, cell.platform, controller_metadata, capacity=cell.capacity, state_dir=state
+    )
+    for _ in range(3):
+        fresh.step()
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert _resources(cloud) == before, events
+    methods = [str(c.method_id).rsplit(".", 2)[-2:] for c in cloud.mutations()]
+    for call in _STEPS[kind]:  # each call of the recreation made once, none twice
+        assert sum(1 for m in methods if _client_call(m) == call) == 1, (call, methods, events)
+    [event] = [e for e in events if e["slice"] == SLICE1]
+    assert event["action"] == "recreate" and event["outcome"].startswith(
+        "finished the recreation an earlier controller began"
+    ), event
+    if kind in ("mig", "bulk"):
+        hosts = [h for h in cloud.state.hosts() if h.group == SLICE1]
+        assert len(hosts) == 4 and {h.status for h in hosts} == {"RUNNING"}, events
+    else:
+        assert cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] == "READY", events
+    assert not cloud.state.violations()
+    # Nothing left under way in the journal: a third controller would start clean.
+    kept = json.loads((state / f"{SLICE1}.json").read_text())
+    assert kept["recreation"] is None and kept["spec"] is not None, kept
+
+
+def _client_call(method: list[str]) -> str:
+    """The `CloudClient` method that sent an API method (``["instanceGroupManagers", "insert"]``)."""
+    resource, verb = method
+    return {
+        ("instanceGroupManagers", "delete"): "delete_mig",
+        ("instanceGroupManagers", "insert"): "insert_mig",
+        ("instanceGroupManagers", "createInstances"): "create_instances",
+        ("nodes", "delete"): "delete_node",
+        ("nodes", "create"): "create_node",
+        ("queuedResources", "delete"): "delete_queued_resource",
+        ("queuedResources", "create"): "create_queued_resource",
+    }.get((resource, verb), f"{resource}.{verb}")
+
+
+@pytest.mark.parametrize("after", ["delete_mig", "insert_mig", "create_instances"])
+def test_a_controller_killed_just_after_sending_a_call_is_finished_by_the_next(
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    after: str,
+) -> None:
+    """As above, but killed as soon as the call was sent, before its operation ended (a Spot
+    compute slice): the delete still runs when the fresh controller looks, so it sends it again;
+    an insert or a createInstances already accepted is not sent again."""
     seed(cloud, "compute")
-    controller, _ = make_controller(client, "compute", controller_metadata, capacity=table.SPOT)
+    state = tmp_path / "state"
+    controller, _ = make_controller(
+        client, "compute", controller_metadata, capacity=table.SPOT, state_dir=state
+    )
     controller.step()
     cloud.preempt(PROJECT, ZONE, SLICE1, mode="terminated")
     sent = getattr(client, after)
@@ -357,7 +507,9 @@ def test_a_controller_killed_mid_recreation_and_started_again(
     with pytest.raises(Killed):
         controller.step()
     monkeypatch.undo()
-    fresh, stream = make_controller(client, "compute", controller_metadata, capacity=table.SPOT)
+    fresh, stream = make_controller(
+        client, "compute", controller_metadata, capacity=table.SPOT, state_dir=state
+    )
     for _ in range(4):
         fresh.step()
     hosts = [h for h in cloud.state.hosts() if h.group == SLICE1]
@@ -366,4 +518,6 @@ def test_a_controller_killed_mid_recreation_and_started_again(
     assert methods.count("compute.instanceGroupManagers.insert") == 1, methods
     assert methods.count("compute.instanceGroupManagers.createInstances") == 1, methods
     assert [k for k in cloud.state.migs if k[2] == SLICE1] == [(PROJECT, ZONE, SLICE1)]
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["outcome"].startswith("finished the recreation an earlier controller began"), event
     assert not cloud.state.violations()

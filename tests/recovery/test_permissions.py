@@ -15,7 +15,7 @@ from rayslice.local.google.cloud_api import iam
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.routes import ROUTES
 from rayslice.local.google.metadata_server import MetadataServer
-from rayslice.recovery import permissions
+from rayslice.recovery import kinds, permissions
 from rayslice.recovery.cloud import CloudClient
 from tests.recovery.conftest import (
     CLUSTER,
@@ -34,14 +34,14 @@ STARTS_WITH = re.compile(r'resource\.name\.startsWith\("([^"]+)"\)')
 
 def test_every_mutating_emulated_method_has_its_permission_and_nothing_broader() -> None:
     for platform, api in (("tpu-vm", "tpu"), ("compute", "compute")):
-        granted = set(permissions.permissions(platform))
+        granted = set(kinds.permissions_of(platform))
         # No list, but the zone's operations: a preemption is known only from its operation
         # (compute.instances.preempted), whose name no one can know to get it (issue 40, D2).
         listed = granted - {"compute.zoneOperations.list"}
         assert not any(p.endswith((".setIamPolicy", ".list")) or "*" in p for p in listed)
         service = "tpu" if api == "tpu" else "compute"
         assert all(p.startswith(f"{service}.") for p in granted)
-    assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= set(permissions.permissions("tpu-vm"))
+    assert {"tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get"} <= set(kinds.permissions_of("tpu-vm"))
     # Each MIG method the controller calls maps to one permission of the role.
     verbs = {
         "get": "get",
@@ -54,31 +54,29 @@ def test_every_mutating_emulated_method_has_its_permission_and_nothing_broader()
     called = {r.method_id.rsplit(".", 1)[-1] for r in ROUTES if ".instanceGroupManagers." in r.method_id}
     assert set(verbs) <= called
     for method in called & set(verbs):
-        assert f"compute.instanceGroupManagers.{verbs[method]}" in permissions.permissions("compute")
-    assert permissions.permissions("gke") == () and permissions.role_parts("gke") == ()
+        assert f"compute.instanceGroupManagers.{verbs[method]}" in kinds.permissions_of("compute")
+    assert kinds.permissions_of("gke") == () and kinds.role_parts("gke") == ()
 
 
 @pytest.mark.parametrize("platform", ["tpu-vm", "compute"])
 def test_each_permission_is_in_exactly_one_role(platform: str) -> None:
-    parts = permissions.role_parts(platform)
+    parts = kinds.role_parts(platform)
     every = [p for part in parts for p in part.permissions]
-    assert len(every) == len(set(every)) == len(permissions.permissions(platform))
+    assert len(every) == len(set(every)) == len(kinds.permissions_of(platform))
     assert all(re.fullmatch(r"[a-z]{1,9}", part.key) for part in parts)
     assert len({part.key for part in parts}) == len(parts)
 
 
 def test_only_the_template_grant_is_narrowed_and_the_rest_is_said_to_be_unnarrowed() -> None:
-    narrowed = {
-        p for part in permissions.ROLE_PARTS["compute"] if part.templates_only for p in part.permissions
-    }
+    narrowed = {p for part in kinds.role_parts("compute") if part.templates_only for p in part.permissions}
     assert narrowed == {"compute.instanceTemplates.useReadOnly"}
-    assert not any(part.templates_only for part in permissions.role_parts("tpu-vm"))
+    assert not any(part.templates_only for part in kinds.role_parts("tpu-vm"))
     # Every unnarrowed compute permission is named in the explanation docs/recovery.md repeats.
-    for part in permissions.role_parts("compute"):
+    for part in kinds.role_parts("compute"):
         if not part.templates_only:
             for permission in part.permissions:
-                assert permission.split(".", 1)[1].split(".")[0] in permissions.UNNARROWED["compute"]
-    assert set(permissions.UNNARROWED) == {"tpu-vm", "compute"}
+                assert permission.split(".", 1)[1].split(".")[0] in kinds.MigSlices.unnarrowed
+    assert all(kind.unnarrowed for kind in kinds.KINDS.values())
 
 
 def test_the_condition_names_exactly_this_clusters_templates() -> None:
@@ -160,7 +158,7 @@ def _every_way_it_acts(
 def test_the_roles_hold_exactly_what_the_controllers_calls_need(
     cloud: CloudApiEmulator, controller_metadata: MetadataServer, platform: str
 ) -> None:
-    client = _controller_client(cloud, permissions.held(platform))
+    client = _controller_client(cloud, kinds.held(platform))
     output = _every_way_it_acts(cloud, client, controller_metadata, platform)
     assert output.count('"outcome": "recreated"') == 2, output
     # Nothing refused; the one 404 is the vanished slice, as Google answers for it.
@@ -170,11 +168,11 @@ def test_the_roles_hold_exactly_what_the_controllers_calls_need(
     assert polled in called
     needed = {p for c in cloud.calls for p in iam.required_permissions(c.method_id, c.request)}
     # The custom roles: exactly what the calls needed (acting as the hosts is its own grant).
-    assert set(permissions.permissions(platform)) == needed - {iam.ACT_AS}
+    assert set(kinds.permissions_of(platform)) == needed - {iam.ACT_AS}
     # A TPU node create names the hosts' account; Compute's MIG insert names a template whose
     # account IAM may check (undocumented, permissions.py), so act-as is held on both.
     assert (iam.ACT_AS in needed) == (platform == "tpu-vm")
-    assert set(permissions.held(platform)) == needed | {iam.ACT_AS}
+    assert set(kinds.held(platform)) == needed | {iam.ACT_AS}
 
 
 @pytest.mark.parametrize(
@@ -189,7 +187,7 @@ def test_the_roles_hold_exactly_what_the_controllers_calls_need(
 def test_a_call_the_role_does_not_allow_is_refused_403_and_nothing_is_recreated(
     cloud: CloudApiEmulator, controller_metadata: MetadataServer, platform: str, withheld: str
 ) -> None:
-    granted = tuple(p for p in permissions.held(platform) if p != withheld)
+    granted = tuple(p for p in kinds.held(platform) if p != withheld)
     client = _controller_client(cloud, granted)
     with contextlib.suppress(NoCredentials):  # a 403 is what the client calls refused credentials
         _every_way_it_acts(cloud, client, controller_metadata, platform)
@@ -205,7 +203,7 @@ def test_removing_a_slices_hosts_needs_update_which_the_role_holds(cloud: CloudA
     hosts = names.slice_host_names(SLICE0, 4)
     allowed = (SLICE0, SLICE1)
     withheld = "compute.instanceGroupManagers.update"
-    lacking = _controller_client(cloud, tuple(p for p in permissions.held("compute") if p != withheld))
+    lacking = _controller_client(cloud, tuple(p for p in kinds.held("compute") if p != withheld))
     with pytest.raises(NoCredentials):
         lacking.delete_instances(SLICE0, hosts, allowed)
     with pytest.raises(NoCredentials):
@@ -214,7 +212,7 @@ def test_removing_a_slices_hosts_needs_update_which_the_role_holds(cloud: CloudA
     assert all(withheld in c.response["error"]["message"] for c in cloud.calls)
     assert len(cloud.state.instances[(PROJECT, ZONE, SLICE0)]) == 4
 
-    client = _controller_client(cloud, permissions.held("compute"))
+    client = _controller_client(cloud, kinds.held("compute"))
     client.wait_zone_operation(client.delete_instances(SLICE0, hosts, allowed), 30)
     client.wait_zone_operation(
         client.delete_per_instance_configs(SLICE1, [names.host_name(SLICE1, 0)], allowed), 30
@@ -229,13 +227,13 @@ def test_resizing_a_flex_start_slice_needs_update_which_the_role_holds(cloud: Cl
     seed_flex(cloud)
     allowed = (SLICE0, SLICE1)
     withheld = "compute.instanceGroupManagers.update"
-    lacking = _controller_client(cloud, tuple(p for p in permissions.held("compute") if p != withheld))
+    lacking = _controller_client(cloud, tuple(p for p in kinds.held("compute") if p != withheld))
     with pytest.raises(NoCredentials):
         lacking.resize_mig(SLICE0, 0, allowed)
     assert [c.response["error"]["status"] for c in cloud.calls] == ["PERMISSION_DENIED"]
     assert withheld in cloud.calls[0].response["error"]["message"]
 
-    client = _controller_client(cloud, permissions.held("compute"))
+    client = _controller_client(cloud, kinds.held("compute"))
     client.wait_zone_operation(client.resize_mig(SLICE0, 0, allowed), 30)
     assert client.list_managed_instances(SLICE0) == []
     assert {c.status for c in cloud.calls[1:]} == {200}
@@ -260,17 +258,17 @@ def test_the_elastic_role_holds_exactly_what_scaling_needs_beyond_recovery(
     """The part an elastic cluster adds (`permissions.ELASTIC_PART`) is exactly what its scaling
     calls need that recovery's roles do not hold: a permission more or less fails here.
     `test_the_roles_hold_exactly_what_the_controllers_calls_need` does the same for the rest."""
-    elastic = permissions.held("compute", elastic=True)
+    elastic = kinds.held("compute", elastic=True)
     output = _every_way_it_scales(cloud, _controller_client(cloud, elastic), controller_metadata)
     assert '"action": "add slice"' in output and '"action": "remove slice"' in output, output
     assert cloud.calls and {c.status for c in cloud.calls} == {200}
     needed = {p for c in cloud.calls for p in iam.required_permissions(c.method_id, c.request)}
-    fixed = set(permissions.permissions("compute"))
-    added = set(permissions.permissions("compute", elastic=True)) - fixed
+    fixed = set(kinds.permissions_of("compute"))
+    added = set(kinds.permissions_of("compute", elastic=True)) - fixed
     assert added == needed - fixed == set(permissions.ELASTIC_PART.permissions)
-    assert len(permissions.permissions("compute", elastic=True)) == len(fixed) + len(added)  # each once
-    assert permissions.role_parts("compute", elastic=True) == (
-        *permissions.role_parts("compute"),
+    assert len(kinds.permissions_of("compute", elastic=True)) == len(fixed) + len(added)  # each once
+    assert kinds.role_parts("compute", elastic=True) == (
+        *kinds.role_parts("compute"),
         permissions.ELASTIC_PART,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rayslice import capacity_table
 from rayslice.names import slice_name
 from rayslice.spec import ClusterSpec
 
@@ -67,6 +68,11 @@ def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
     """One pool per slice, shaped by the catalog's GKE entry for the spec's accelerator type."""
     tpu = spec.tpu
     assert spec.zone is not None and tpu.machine_type, "the spec was validated for platform=gke"
+    # What the capacity changes in a pool is the stack's cell's (`capacity_table`): its
+    # nodePools.create call's fields, whether it consumes a named reservation, whether a run
+    # duration bounds it (flex-start).
+    cell = capacity_table.cell_for(spec)
+    config = cell.calls[0].body.get("config") or {}
     return [
         TpuPoolPlan(
             name=slice_name(spec.name, i),
@@ -76,10 +82,12 @@ def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
             topology=tpu.topology,
             placement=tpu.placement,
             zone=spec.zone,
-            spot=spec.capacity == "spot",
-            reservation=spec.reservation if spec.capacity == "reserved" else None,
-            flex_start=spec.capacity == "flex-start",
-            max_run_hours=spec.max_run_hours if spec.capacity == "flex-start" else None,
+            spot=bool(config.get("spot")),
+            reservation=spec.reservation
+            if cell.reservation_affinity == capacity_table.SPECIFIC_RESERVATION
+            else None,
+            flex_start=cell.run_duration,
+            max_run_hours=spec.max_run_hours if cell.run_duration else None,
         )
         for i in range(spec.slices)
     ]

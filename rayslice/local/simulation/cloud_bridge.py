@@ -60,8 +60,7 @@ from rayslice.local.simulation.state import (
     write_deployed,
 )
 from rayslice.names import GUEST_ATTRIBUTE_NAMESPACE, slice_name
-from rayslice.platforms import MIG, VM_PLATFORMS
-from rayslice.recovery import permissions
+from rayslice.recovery import kinds, permissions
 from rayslice.spec import ClusterSpec
 
 
@@ -232,11 +231,13 @@ def preempt(
 
 
 def capacity_kind(spec: ClusterSpec) -> str:
-    """What the zone's capacity counts for this spec's slices (`rayslice.cloud.capacity`): the
-    hosts' machine type on Compute Engine, the TPU generation on the TPU API (`twin.tpu.node_kind`)."""
-    if VM_PLATFORMS[spec.platform].slice_resource == MIG and spec.tpu.machine_type:
-        return spec.tpu.machine_type
-    return spec.tpu.generation
+    """What the zone's capacity counts for this spec's slices (`rayslice.cloud.capacity`), as
+    their kind says (`rayslice.recovery.kinds`): the hosts' machine type on Compute Engine, the
+    TPU generation on the TPU API (`twin.tpu.node_kind`)."""
+    kind = kinds.of(spec.platform)
+    if kind is None:
+        raise SimulatorError(f"the simulator simulates the VM platforms, not {spec.platform}")
+    return kind.capacity_kind(spec.tpu.machine_type, spec.tpu.generation)
 
 
 def set_capacity(
