@@ -871,6 +871,21 @@ _GKE_REPAIRS = {
     HOST_ERROR: Reaction("a node failed: GKE auto-repair recreates the slice's nodes", LEFT_TO_GKE),
     NO_CAPACITY: Reaction("no capacity: the pool's nodes wait to be created", LEFT_TO_GKE),
 }
+# A flex-start pool has auto-repair off (xpk's --no-enable-autorepair): GKE does not recreate a
+# failed node, and the slice, one atomic unit, stays down until its run ends.
+_GKE_FLEX_UNREPAIRED = {
+    **_GKE_REPAIRS,
+    MAINTENANCE: Reaction(
+        "host maintenance: GKE drains the slice's nodes; with auto-repair off no page says they come "
+        "back before the run ends",
+        LEFT_TO_GKE,
+    ),
+    HOST_ERROR: Reaction(
+        "a node failed: auto-repair is off on a flex-start pool, so GKE does not recreate it and the "
+        "slice stays down until its run ends (delete the pool and `pulumi up` to ask again)",
+        LEFT_TO_GKE,
+    ),
+}
 _GKE_CELLS = (
     _gke(
         ON_DEMAND,
@@ -928,7 +943,7 @@ _GKE_CELLS = (
         auto_repair=False,
         run_duration=True,
         events={
-            **_GKE_REPAIRS,
+            **_GKE_FLEX_UNREPAIRED,
             RUN_DURATION: Reaction("ended: run duration reached; GKE removes the nodes", LEFT_TO_GKE),
         },
         price_key=FLEX_START,

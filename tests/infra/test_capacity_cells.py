@@ -86,3 +86,17 @@ def test_a_tpu_vm_slices_node_or_request_is_its_cell(cell: capacity_table.Cell) 
     else:
         [node] = _sent(cell, bodies.TPU_NODE)
         assert _holds(node, wanted), node
+
+
+GKE = [c for c in capacity_table.CELLS if c.platform == capacity_table.GKE]
+
+
+@pytest.mark.parametrize("cell", GKE, ids=lambda c: c.key)
+def test_a_gke_slices_node_pool_is_its_cell(cell: capacity_table.Cell) -> None:
+    """Each TPU pool's nodePools.create holds the cell's fields, its NodeManagement.autoRepair
+    included (on, GKE's default for new pools, sent anyway; off for flex-start)."""
+    [call] = cell.calls
+    wanted = capacity_table.fill(call.body, VALUES)
+    pools = [body["nodePool"] for body in _sent(cell, bodies.NODE_POOL)]
+    tpu_pools = [p for p in pools if "-slice-" in p["name"]]  # not the head's CPU pool
+    assert tpu_pools and all(_holds(p, wanted) for p in tpu_pools), (tpu_pools, wanted)

@@ -398,12 +398,13 @@ class GkeCluster(pulumi.ComponentResource):
                     total_max_node_count=plan.node_count,
                     location_policy=FLEX_LOCATION_POLICY,
                 ),
-                # xpk's --no-enable-autorepair for flex-start pools (sources above).
-                "management": gcp.container.NodePoolManagementArgs(auto_repair=False),
             }
             flex = {"flex_start": True, "max_run_duration": f"{plan.max_run_hours * SECONDS_PER_HOUR}s"}
         return gcp.container.NodePool(
             f"{name}-slice-{plan.slice_index}",
+            # The cell's NodeManagement.autoRepair: off for flex-start as xpk's
+            # --no-enable-autorepair (sources above), on otherwise.
+            management=gcp.container.NodePoolManagementArgs(auto_repair=plan.auto_repair),
             name=plan.name,
             project=spec.project,
             cluster=self.cluster_name,

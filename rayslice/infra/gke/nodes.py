@@ -62,6 +62,9 @@ class TpuPoolPlan:
     # run at most `max_run_hours`.
     flex_start: bool
     max_run_hours: int | None
+    # NodeManagement.autoRepair as the cell's nodePools.create sends it: on (GKE's default for
+    # new pools, sent anyway so that the program says what the table says), off on flex-start.
+    auto_repair: bool
 
 
 def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
@@ -88,6 +91,7 @@ def tpu_pool_plans(spec: ClusterSpec) -> list[TpuPoolPlan]:
             else None,
             flex_start=cell.run_duration,
             max_run_hours=spec.max_run_hours if cell.run_duration else None,
+            auto_repair=bool(cell.calls[0].body["management"]["autoRepair"]),
         )
         for i in range(spec.slices)
     ]
