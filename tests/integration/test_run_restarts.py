@@ -44,6 +44,10 @@ ip link set lo up
 HEAD_TMP=$(mktemp -d /tmp/rsh.XXXXXX); VICTIM_TMP=$(mktemp -d /tmp/rsv.XXXXXX)
 trap 'ray stop --force > /dev/null 2>&1; rm -rf "$HEAD_TMP" "$VICTIM_TMP" "$VICTIM_TMP.2"' EXIT
 export RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=3
+# Ray streams libtpu's log folder (/tmp/tpu_logs unless TPU_LOG_DIR names one) into every job's
+# output; any JAX process of the machine that loads libtpu writes there, and in a full run those
+# lines pushed the node-death error out of the log tail `rayslice run` reads. An empty one here.
+export TPU_LOG_DIR="$WORK/tpu_logs"; mkdir -p "$TPU_LOG_DIR"
 ray start --head --node-ip-address=127.0.0.1 --port=6379 --dashboard-host=127.0.0.1 --num-cpus=1 \
   --object-store-memory=80000000 --disable-usage-stats --temp-dir="$HEAD_TMP" >> "$WORK/ray.log" 2>&1
 victim() {  # one more node on loopback, with its own ports and temp dir

@@ -13,6 +13,7 @@ import ast
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -214,7 +215,7 @@ def _rays_reading(sim: Simulation, host: str) -> list[dict]:
 
 
 @on("v6e-4")
-def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(cluster):
+def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(cluster, tmp_path):
     """The done-when of issue 42 on a simulated slice: while `jax_train` runs, every chip reads busy
     in Ray's own reading of the host's endpoint (the figures its tpu_* gauges get) and in `status`;
     the idle cluster reads idle before and after, HBM following the arrays the job held."""
@@ -226,10 +227,14 @@ def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(clu
     assert {c["tpu_type"] for c in before} == {"tpu-v6e-slice"} and {c["memory_total"] for c in before} == {
         32 * 2**30
     }
-    # Long enough to be seen busy (a step takes a fraction of a second here), short enough to end
-    # by itself: `rayslice run` stopped early would leave its Ray job running (issue 42, item 7).
-    argv, env = run_command(cluster, "jax_train", "--steps", "400", "--batch-per-device", "32")
-    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # A job that runs until the test has seen what it needs, however slow the machine: more steps
+    # than it will reach, stopped with SIGTERM on `rayslice run --stop-on-interrupt` (which stops
+    # the Ray job too, issue 42 item 7). A job that ended by itself could end between the readings.
+    argv, env = run_command(cluster, "jax_train", "--steps", "1000000", "--batch-per-device", "32")
+    argv.insert(argv.index("jax_train"), "--stop-on-interrupt")
+    said = tmp_path / "run.err"
+    with said.open("w") as err:
+        run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
         busy = _wait(lambda: (d := _duty(cluster)) and all(v > 50 for v in d[host]) and d, 300)
         assert busy, _duty(cluster)
@@ -246,7 +251,10 @@ def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(clu
         assert during, _rays_reading(cluster, host)
         text = status.format_report(status.status_report(cluster))
         assert re.search(rf"^  {host}: 0: \d+% \d+\.\d/32\.0", text, re.M), text
-        assert run.wait(timeout=600) == 0
+        assert run.poll() is None, said.read_text()[-3000:]  # still training: nothing ended early
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=120) == 130, said.read_text()[-3000:]
+        assert "interrupted: asked Ray to stop job" in said.read_text()
     finally:
         run.kill()
     after = _wait(lambda: (d := _duty(cluster)) and all(v < 5 for v in d[host]) and d, 180)
