@@ -4,10 +4,12 @@ each piece once, secrets filtered, and what it ships read back whole (`record.st
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from rayslice.observability import record
@@ -15,7 +17,7 @@ from rayslice.observability.shipper import Shipper, Sources
 from rayslice.startup_scripts import variables
 from rayslice.startup_scripts.options import RenderOptions
 from tests.imports import closure
-from tests.recovery.test_bundle import RUNNER  # runs a zipapp with only its own rayslice
+from tests.recovery.test_bundle import RUNNER, _mypy  # a zipapp run alone; mypy at the VM's Python
 
 TOKEN = "f3c9a1e5b7d2" * 4  # the cluster's Ray token, as the host's token file holds it
 HOST = "demo-slice-0-w0"
@@ -139,3 +141,13 @@ def test_the_shipper_bundle_holds_its_import_closure_and_runs_alone(tmp_path: Pa
     assert json.loads(stdout.splitlines()[-1]) == {"code": 0, "outside": []}, stderr
     assert record.streams(bucket, "") == {BOOT: "booted\n"}
     assert oct(os.stat(bucket.root / BOOT).st_mode & 0o777) == "0o700"
+
+
+def test_the_shipper_bundle_type_checks_on_the_controller_vms_python(tmp_path: Path) -> None:
+    """The controller's VM runs the shipper with its image's python3 (3.10), where rayslice itself
+    needs 3.11: mypy, told that Python, refuses any name that Python lacks."""
+    tree = tmp_path / "bundle"
+    carried = variables.record_variables(RenderOptions())["record_shipper"]
+    zipfile.ZipFile(io.BytesIO(base64.b64decode(str(carried)))).extractall(tree)
+    result = _mypy(tree, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
