@@ -266,11 +266,11 @@ def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(clu
         assert busy, _duty(cluster)
         during = _rays_reading(cluster, host)
         assert all(c["duty_cycle"] > 50 and c["memory_used"] > 0 for c in during), during
+        text = status.format_report(status.status_report(cluster))
+        assert re.search(rf"^  {host}: 0: \d+% \d+\.\d/32\.0", text, re.M), text
         gauges = _wait(lambda: _rays_gauges_read(cluster, host, lambda duty: duty > 50), 60)
         assert gauges, _rays_gauges(cluster, host)
         assert all(v > 0 for v in gauges["tpu_memory_used"].values()), gauges
-        text = status.format_report(status.status_report(cluster))
-        assert re.search(rf"^  {host}: 0: \d+% \d+\.\d/32\.0", text, re.M), text
         assert run.wait(timeout=600) == 0
     finally:
         run.kill()
