@@ -74,6 +74,9 @@ ATTR_INDEX_CREDENTIALS_SECRET = "rayslice-index-credentials-secret"
 # The gs:// location of the cluster's JAX compilation cache (`rayslice.compilation_cache`), in
 # the bucket infra declares; the boot script hands it to Ray's jobs.
 ATTR_COMPILATION_CACHE = "rayslice-compilation-cache"
+# The gs:// prefix of the cluster's record (`rayslice.observability.record`), in the record bucket
+# infra declares or names; every machine's record shipper writes there as it runs.
+ATTR_RECORD = "rayslice-record"
 # Where Google's attributes do not identify a host's worker (`platforms.VmPlatform`'s
 # `rayslice_names_hosts`: Compute Engine), infra writes the slice's name and its hosts' instance
 # names (comma-separated, in worker order); a host's worker number is the position of its own

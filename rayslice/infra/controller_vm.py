@@ -21,7 +21,7 @@ from rayslice.infra.cpu_vm import cpu_vm
 from rayslice.infra.firewall import controller_tag
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import controller_metadata
-from rayslice.names import CONTROLLER_VM_ROLE, controller_name
+from rayslice.names import ATTR_RECORD, CONTROLLER_VM_ROLE, controller_name
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts.controller import render_controller
 
@@ -36,6 +36,8 @@ class ControllerVmArgs:
     network: pulumi.Input[str]
     subnetwork: pulumi.Input[str | None]
     service_account_email: pulumi.Input[str]
+    # The gs:// prefix of the cluster's record (`rayslice.infra.record_bucket`); None: no record.
+    record: pulumi.Input[str] | None = None
     # Its grants and firewall rule, and the slices: the controller starts once they exist.
     depends_on: Sequence[pulumi.Resource] = ()
 
@@ -48,6 +50,9 @@ class ControllerVm(pulumi.ComponentResource):
     def __init__(self, name: str, args: ControllerVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("rayslice:infra:ControllerVm", name, None, opts)
         spec = args.spec
+        metadata: dict[str, pulumi.Input[str]] = {**controller_metadata(spec, render_controller(spec))}
+        if args.record is not None:  # where its record shipper writes the controller's decisions
+            metadata[ATTR_RECORD] = args.record
         instance = cpu_vm(
             f"{name}-instance",
             spec=spec,
@@ -57,7 +62,7 @@ class ControllerVm(pulumi.ComponentResource):
             network=args.network,
             subnetwork=args.subnetwork,  # outbound only (Google's APIs); the firewall admits nothing
             service_account_email=args.service_account_email,
-            metadata=controller_metadata(spec, render_controller(spec)),
+            metadata=metadata,
             labels=resource_labels(spec, CONTROLLER_VM_ROLE),
             tags=[controller_tag(spec)],
             # Never, `externalIps` or not: the controller serves nothing and needs only Google's

@@ -19,7 +19,7 @@ from rayslice.infra.cpu_vm import cpu_vm
 from rayslice.infra.firewall import cluster_tag, head_tag
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import host_metadata
-from rayslice.names import ATTR_COMPILATION_CACHE, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
+from rayslice.names import ATTR_COMPILATION_CACHE, ATTR_RECORD, HEAD_VM_ROLE, HEAD_VM_SLICE_INDEX, head_name
 from rayslice.spec import ClusterSpec
 
 HEAD_VM_DISK_GB = 100
@@ -50,6 +50,8 @@ class HostArgs:
     token_secret: str | None
     # The gs:// location of the cluster's compilation cache (`rayslice.infra.compilation_cache`).
     compilation_cache: pulumi.Input[str] | None = None
+    # The gs:// prefix of the cluster's record (`rayslice.infra.record_bucket`); None: no record.
+    record: pulumi.Input[str] | None = None
     # What the resources that boot hosts must wait for (firewall, IAM wait): a component's
     # depends_on does not reach its children, so each one passes these to its instances.
     depends_on: Sequence[pulumi.Resource] = ()
@@ -69,6 +71,8 @@ class HeadVm(pulumi.ComponentResource):
         }
         if args.compilation_cache is not None:  # the bucket's location, known once it exists
             metadata[ATTR_COMPILATION_CACHE] = args.compilation_cache
+        if args.record is not None:
+            metadata[ATTR_RECORD] = args.record
         instance = cpu_vm(
             f"{name}-instance",
             spec=spec,

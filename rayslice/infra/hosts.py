@@ -30,6 +30,7 @@ from rayslice.infra.head_vm import HeadVm, HostArgs
 from rayslice.infra.identity import ClusterIdentity, ClusterIdentityArgs
 from rayslice.infra.metadata import host_metadata
 from rayslice.infra.network import ClusterNetwork
+from rayslice.infra.record_bucket import cluster_record
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import render
 from rayslice.startup_scripts.locks import Lock
@@ -45,7 +46,7 @@ class SliceArgs(HostArgs):
 
     def metadata(self) -> pulumi.Output[dict[str, str]]:
         """The metadata of this slice's hosts, once the head's address (if any) is known."""
-        return pulumi.Output.all(self.head_address, self.compilation_cache).apply(
+        return pulumi.Output.all(self.head_address, self.compilation_cache, self.record).apply(
             lambda known: host_metadata(
                 self.spec,
                 self.script,
@@ -53,6 +54,7 @@ class SliceArgs(HostArgs):
                 head_address=known[0],
                 token_secret=self.token_secret,
                 compilation_cache=known[1],
+                record=known[2],
             )
         )
 
@@ -114,9 +116,15 @@ class VmSliceCluster(pulumi.ComponentResource):
             if compilation_cache_wanted(spec)
             else None
         )
+        # The record outlives the cluster: its bucket is kept by `pulumi destroy` (or the stack names one).
+        record = cluster_record(f"{name}-record", spec, child)
         identity = ClusterIdentity(
             f"{name}-identity",
-            ClusterIdentityArgs(spec=spec, compilation_cache_bucket=cache.name if cache else None),
+            ClusterIdentityArgs(
+                spec=spec,
+                compilation_cache_bucket=cache.name if cache else None,
+                record_bucket=record.bucket if record else None,
+            ),
             child,
         )
         script = render(spec, lock=args.lock)
@@ -133,6 +141,7 @@ class VmSliceCluster(pulumi.ComponentResource):
             service_account_email=identity.service_account_email,
             token_secret=identity.token_secret,
             compilation_cache=cache.location if cache else None,
+            record=record.location if record else None,
             depends_on=host_deps,
         )
         head_vm = HeadVm(f"{name}-head", host_args, child) if spec.head == "vm" else None
@@ -157,6 +166,7 @@ class VmSliceCluster(pulumi.ComponentResource):
                     network=network.network,
                     subnetwork=network.subnetwork,
                     service_account_email=identity.controller_service_account_email,
+                    record=record.location if record else None,
                     depends_on=[*host_deps, *created],
                 ),
                 child,
@@ -200,6 +210,9 @@ class VmSliceCluster(pulumi.ComponentResource):
             # Where hosts keep JAX's compilation cache (gs://...), for `rayslice fit --fill-cache`;
             # None where the stack has none.
             "compilation_cache": pulumi.Output.from_input(cache.location if cache else None),
+            # The cluster's record (gs://BUCKET/clusters/NAME/RUN) for `rayslice history --record`
+            # and RAYSLICE_RECORD; its bucket outlives the stack. None with recordBucket=none.
+            "record": pulumi.Output.from_input(record.location if record else None),
         }
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.
         self.register_outputs(self.exports)

@@ -14,8 +14,14 @@ every job's driver run there, so it holds nothing a host does not. A cluster wit
 controller's own VM (`rayslice.infra.controller_vm`), and only that account gets the
 controller's custom roles (`rayslice.recovery.permissions`, the one list of what the controller
 calls) plus ``roles/iam.serviceAccountUser`` on the hosts' account only, because a recreated
-slice runs as the hosts' account. It gets nothing else: no logging, metrics or secret grant
-(the controller calls none of them). The hosts' own grants do not change.
+slice runs as the hosts' account, and object creation on the cluster's record bucket, where it
+writes its decisions. It gets nothing else: no logging, metrics or secret grant (the controller
+calls none of them). The hosts' own grants do not change.
+
+Where the cluster keeps a record (`rayslice.infra.record_bucket`), the hosts' account (the head
+VM's too) and the controller's may create objects in that bucket, nothing more
+(`RECORD_BUCKET_ROLES`): each machine only adds its logs there, and none may read, replace or
+delete what any machine wrote.
 
 Custom roles are soft-deleted: pulumi-gcp's ``gcp.projects.IAMCustomRole`` reference warns that
 "a deleted role is permanently deleted after 7 days, but it can take up to 30 more days (i.e.
@@ -43,6 +49,7 @@ import pulumi_gcp as gcp
 import pulumi_random as random
 import pulumiverse_time as time
 
+from rayslice.infra import record_bucket
 from rayslice.infra.compute.template import template_name_prefix
 from rayslice.infra.labels import resource_labels
 from rayslice.names import head_name
@@ -59,6 +66,9 @@ SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
 # It never replaces or deletes one (jax/_src/lru_cache.py: `put` returns when the entry exists,
 # and evicts nothing without a maximum size), so no role that deletes.
 CACHE_BUCKET_ROLES = ("roles/storage.objectViewer", "roles/storage.objectCreator")
+# On the record's bucket, every machine only creates objects (storage.objects.create), each once:
+# the record shipper writes with ifGenerationMatch=0 and never reads, lists or deletes.
+RECORD_BUCKET_ROLES = record_bucket.WRITER_ROLES
 TOKEN_LENGTH = 48
 _ACCOUNT_ID_MAX = 30
 # How long hosts wait after the grants (pulumi-gcp's TPU example waits 60 s after the account).
@@ -117,6 +127,8 @@ class ClusterIdentityArgs:
     spec: ClusterSpec
     # The compilation cache's bucket (its name), which the hosts' account reads and writes.
     compilation_cache_bucket: pulumi.Input[str] | None = None
+    # The record's bucket (its name), where the hosts, the head and the controller create objects.
+    record_bucket: pulumi.Input[str] | None = None
 
 
 class ClusterIdentity(pulumi.ComponentResource):
@@ -137,24 +149,24 @@ class ClusterIdentity(pulumi.ComponentResource):
         readers = [("reader", hosts)]
         self.service_account_email = hosts.email
         self.controller_service_account_email = None
+        # Who writes the record, and the resource-name label of each one's grant.
+        recorders = [("record", hosts)]
         if spec.runs_recovery:
             controller = self._account(name, spec, CONTROLLER, "The recovery controller")
             grants += [controller, *self._controller(name, spec, controller, hosts)]
             self.controller_service_account_email = controller.email
+            recorders.append(("record-controller", controller))
         self.token_secret = None
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
             grants.extend(self._token(name, spec, readers))
         if args.compilation_cache_bucket is not None:
-            grants.extend(
-                gcp.storage.BucketIAMMember(
-                    f"{name}-compilation-cache-{role.split('.')[-1]}",
-                    bucket=args.compilation_cache_bucket,
-                    role=role,
-                    member=hosts.member,
-                    opts=pulumi.ResourceOptions(parent=self),
-                )
-                for role in CACHE_BUCKET_ROLES
+            grants += self._bucket_grants(
+                args.compilation_cache_bucket, CACHE_BUCKET_ROLES, [(f"{name}-compilation-cache", hosts)]
+            )
+        if args.record_bucket is not None:
+            grants += self._bucket_grants(
+                args.record_bucket, RECORD_BUCKET_ROLES, [(f"{name}-{label}", a) for label, a in recorders]
             )
         if spec.package_index_credentials_secret is not None:
             # The user's own secret (rayslice never creates or reads it): readable by its readers only.
@@ -197,6 +209,26 @@ class ClusterIdentity(pulumi.ComponentResource):
             description=f"{who} of a rayslice cluster: {does}",
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+    def _bucket_grants(
+        self,
+        bucket: pulumi.Input[str],
+        roles: tuple[str, ...],
+        grantees: list[tuple[str, gcp.serviceaccount.Account]],
+    ) -> list[pulumi.Resource]:
+        """`roles` on `bucket` alone (never on the project's storage) for each (resource name
+        prefix, account) of `grantees`."""
+        return [
+            gcp.storage.BucketIAMMember(
+                f"{prefix}-{role.split('.')[-1]}",
+                bucket=bucket,
+                role=role,
+                member=account.member,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for prefix, account in grantees
+            for role in roles
+        ]
 
     def _project_roles(self, name: str, account: gcp.serviceaccount.Account) -> list[pulumi.Resource]:
         """`HOST_PROJECT_ROLES` for `account` (the hosts', which the head VM runs as too)."""

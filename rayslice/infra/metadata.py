@@ -39,6 +39,7 @@ def host_metadata(
     head_address: str | None = None,
     token_secret: str | None = None,
     compilation_cache: str | None = None,
+    record: str | None = None,
 ) -> dict[str, str]:
     """Metadata of slice `slice_index`'s hosts, or of the head VM (`HEAD_VM_SLICE_INDEX`)."""
     attributes = host_attributes(
@@ -47,6 +48,7 @@ def host_metadata(
         head_address=head_address,
         token_secret=token_secret,
         compilation_cache=compilation_cache,
+        record=record,
     )
     return {STARTUP_SCRIPT_KEY: script, OS_LOGIN_KEY: "TRUE", GUEST_ATTRIBUTES_KEY: "TRUE", **attributes}
 

@@ -1,10 +1,15 @@
 """The record's GCS bucket (`rayslice.observability.record`): declared apart from any cluster, kept
 by `pulumi destroy`.
 
-A cluster's record must outlive the cluster, so its bucket is not one of the cluster's
-resources: declare `RecordBucket` once, in its own stack or beside your clusters in your own
-program (docs/history.md), and give its ``gs://`` URL to `rayslice run` (``RAYSLICE_RECORD``),
-`rayslice history` and `rayslice goodput` (``--record``). Its bucket is declared with Pulumi's
+A cluster's record must outlive the cluster. The VM programs (`rayslice.infra.hosts`) declare
+one with each cluster (`cluster_record`) unless the stack names an existing one
+(``recordBucket``, e.g. one declared with `RecordBucket` in a stack of its own, or the bucket an
+earlier deployment of this stack left) or turns it off (``recordBucket: none``); every host, the
+head and the controller write under ``clusters/<cluster>/<run id>/`` there as they run
+(`rayslice.observability.shipper`), the run id a `random.RandomId` that lives as long as the
+stack's resources. Give its ``gs://`` URL (the stack output ``record``) to `rayslice run`
+(``RAYSLICE_RECORD``), `rayslice history` and `rayslice goodput` (``--record``). Whatever
+declares it, the bucket is declared with Pulumi's
 ``retainOnDelete`` resource option: "Pulumi will not call through to the resource provider's
 Delete method when deleting or replacing the resource during pulumi up or pulumi destroy"
 (pulumi.com/docs/iac/concepts/resources/options/retainondelete). Not ``protect``, which would
@@ -22,9 +27,15 @@ The bucket's fields, as pulumi-gcp 10.2's ``gcp.storage.Bucket`` names them (its
   ``enforced`` and no ``force_destroy``: a record holds logs.
 
 Who may write and read is IAM on the bucket (``gcp.storage.BucketIAMMember``), least privilege:
-`writers` get ``roles/storage.objectCreator`` (create objects; `rayslice run` only writes, each
-object once, and never reads, overwrites or deletes one), `readers` get
-``roles/storage.objectViewer`` (list and read: `rayslice history`). Not verified against real GCP.
+`writers` get ``roles/storage.objectCreator`` (create objects; the record's writers only write,
+each object once, and never read, overwrite or delete one), `readers` get
+``roles/storage.objectViewer`` (list and read: `rayslice history`). A cluster's own accounts get
+their grant from `rayslice.infra.identity` (the same role, on this bucket alone), so that the
+hosts boot only after it. Not verified against real GCP.
+
+The bucket's name, when a cluster declares it: ``rayslice-record-`` and a `random.RandomId`
+(globally unique, and without the project's or the cluster's name, as Google's "Bucket names"
+asks); its location is the cluster's region.
 """
 
 from __future__ import annotations
@@ -34,13 +45,21 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
+import pulumi_random as random
 
+from rayslice import catalog
 from rayslice.errors import InvalidInput
+from rayslice.infra.labels import resource_labels
+from rayslice.observability import record
+from rayslice.spec import RECORD_OFF, ClusterSpec
 
 WRITER_ROLES = ("roles/storage.objectCreator",)
 READER_ROLES = ("roles/storage.objectViewer",)
 DEFAULT_KEEP_DAYS = 90
 SECONDS_PER_DAY = 86_400
+BUCKET_PREFIX = "rayslice-record-"
+NAME_BYTES = 8  # 16 hex characters after the prefix
+RUN_ID_BYTES = 4  # a cluster's run id: 8 hex characters
 
 
 @dataclass(frozen=True)
@@ -49,8 +68,8 @@ class RecordBucketArgs:
     how long records are kept, and who writes and reads them (IAM members, e.g.
     ``serviceAccount:EMAIL`` or ``user:EMAIL``)."""
 
-    name: str
-    project: str
+    name: pulumi.Input[str]
+    project: str | None  # None: the provider's project
     location: str
     keep_days: int = DEFAULT_KEEP_DAYS
     locked_days: int | None = None  # a retention policy: no object deleted before this age
@@ -111,3 +130,41 @@ class RecordBucket(pulumi.ComponentResource):
         self.url = self.bucket.name.apply(lambda bucket: f"gs://{bucket}")
         # What a user needs next: the URL for --record and RAYSLICE_RECORD.
         self.register_outputs({"url": self.url})
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    """Where one cluster's record goes: its bucket's name (for the accounts' grants) and the
+    cluster's prefix in it (for the machines' metadata)."""
+
+    bucket: pulumi.Output[str]
+    location: pulumi.Output[str]  # gs://BUCKET/clusters/<cluster>/<run id>
+
+
+def cluster_record(name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions) -> ClusterRecord | None:
+    """`spec`'s record: in the bucket ``recordBucket`` names, else in a `RecordBucket` declared
+    here (kept by `pulumi destroy`); None with ``recordBucket: none``."""
+    if spec.record_bucket == RECORD_OFF:
+        return None
+    if spec.zone is None:  # `spec.load` requires one unless the simulator asked it not to
+        raise AssertionError("a cloud cluster has a zone")
+    if spec.record_bucket is not None:
+        bucket = pulumi.Output.from_input(spec.record_bucket)
+    else:
+        suffix = random.RandomId(f"{name}-name", byte_length=NAME_BYTES, opts=opts)
+        declared = RecordBucket(
+            name,
+            RecordBucketArgs(
+                name=suffix.hex.apply(lambda hex_: f"{BUCKET_PREFIX}{hex_}"),
+                project=spec.project,
+                location=catalog.region_of(spec.zone).upper(),
+                labels=resource_labels(spec, "record"),
+            ),
+            opts,
+        )
+        bucket = declared.bucket.name
+    run = random.RandomId(f"{name}-run", byte_length=RUN_ID_BYTES, opts=opts)
+    location = pulumi.Output.all(bucket, run.hex).apply(
+        lambda known: f"gs://{known[0]}/{record.cluster_prefix(spec.name, known[1])}"
+    )
+    return ClusterRecord(bucket=bucket, location=location)

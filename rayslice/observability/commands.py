@@ -154,7 +154,9 @@ def history_command(location: str | None, cluster: str | None, job_id: str | Non
         report = _report(run, events)
         if report is not None:
             click.echo("\n" + goodput.format_report(report, f"goodput of {run.job_id}:"))
-    hosts = sorted({k.split("/")[-2] for k in bucket.list(record.join(prefix, record.HOSTS_DIR))})
+    hosts_prefix = record.join(prefix, record.HOSTS_DIR) + "/"
+    host_keys = [k.removeprefix(hosts_prefix).split("/") for k in bucket.list(hosts_prefix)]
+    hosts = sorted({parts[0] for parts in host_keys if len(parts) > 1 and parts[1] == record.BOOT_LOG})
     if hosts:
         click.echo(f"\nboot logs of {len(hosts)} host(s) under {prefix}/{record.HOSTS_DIR}/")
     return EXIT_OK

@@ -6,10 +6,13 @@ local down` keeps: `rayslice.local.simulation.recording`):
 
 - ``cluster.json``: the cluster's name, run id, accelerator type, when it started, and its stack
   config; ``ended.json``: when it was taken down;
-- ``events/<name>.jsonl``: the recovery controller's events (`rayslice.recovery.events.Event`),
-  one JSON object a line;
-- ``hosts/<host>/<log>``: each host's boot log and console;
-- ``ray/<file>``: Ray's own job-driver logs and Ray events from the head;
+- ``events/<host>``: the recovery controller's events (`rayslice.recovery.events.Event`),
+  one JSON object a line, shipped by the controller VM as it writes them;
+- ``hosts/<host>/boot.log``: each host's boot log, shipped by the host as it grows;
+  ``hosts/<host>/console.log``: what the simulator's console (a VM's serial port) held at `down`;
+- ``hosts/<host>/ray/<session>/<file>``: Ray's own job-driver logs (on the head) and Ray events
+  (``events/event_*.log``) of each Ray session on that host, shipped as they grow;
+- ``ray/jobs.json``: the head's list of jobs at `rayslice local down`;
 - ``jobs/<job id>/submitted.json``: a Ray job's entrypoint, submission time and ``restart_of``
   (the first job of its `rayslice run`, for a job submitted again); ``ended.json``: its final
   status and when; ``mark-<name>.json``: a moment `rayslice run` saw (a node's death, the
@@ -18,6 +21,12 @@ local down` keeps: `rayslice.local.simulation.recording`):
   "line": text}`` a line, one object per flush (a bucket has no append, so each flush is a new
   object, written as the job runs);
 - ``jobs/<job id>/goodput.json``: the run's goodput report (`rayslice.observability.goodput`).
+
+A log a machine ships as it grows (`rayslice.observability.shipper`) is a *stream*: a key under
+which each shipped piece is one object named by the byte range of the file it holds,
+``<stream>/<start>-<end>`` (12 digits each, `chunk_key`), always whole lines; `streams` puts a
+stream back together. A piece shipped twice (a shipper stopped between writing a piece and
+noting it) starts where the first did and is read once.
 
 Every object is written whole and exactly once: a bucket has no append, and one with a retention
 policy refuses to overwrite an object younger than its period, so nothing here ever rewrites one
@@ -59,6 +68,11 @@ MARK_NODE_DIED = "node_died"
 MARK_WHOLE_AGAIN = "whole_again"
 CLUSTER_ENDED = "ended.json"
 GOODPUT = "goodput.json"
+BOOT_LOG = "boot.log"
+CONSOLE_LOG = "console.log"
+# A piece of a stream: the byte range of the shipped file it holds (`chunk_key`).
+CHUNK_DIGITS = 12
+CHUNK_NAME = re.compile(rf"(\d{{{CHUNK_DIGITS}}})-(\d{{{CHUNK_DIGITS}}})")
 # Where `rayslice run` writes a job's record when its cluster is not the simulator's: a cluster
 # record's location, a folder or gs://BUCKET/clusters/NAME/RUN.
 RECORD_ENV = "RAYSLICE_RECORD"
@@ -136,7 +150,7 @@ class FolderBucket:
 
     def write(self, key: str, data: bytes) -> None:
         path = self.root / check_key(key)
-        _private_dirs(path.parent)
+        private_dirs(path.parent)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
@@ -160,7 +174,7 @@ class FolderBucket:
         return sorted(found)
 
 
-def _private_dirs(path: Path) -> None:
+def private_dirs(path: Path) -> None:
     """mkdir -p, every level it creates 0700 (a record holds logs: private like the state dir)."""
     missing = []
     while not path.exists():
@@ -355,6 +369,35 @@ def cluster_info(bucket: Bucket, prefix: str) -> dict[str, Any]:
     return info
 
 
+def chunk_key(stream: str, start: int, end: int) -> str:
+    """The key of the piece of `stream` that holds bytes `start` to `end` of the file shipped."""
+    return join(stream, f"{start:0{CHUNK_DIGITS}d}-{end:0{CHUNK_DIGITS}d}")
+
+
+def streams(bucket: Bucket, prefix: str) -> dict[str, str]:
+    """Every stream under `prefix`, put back together, by key; an object that is not a piece of
+    one (a whole log copied at `down`, or written by an older rayslice) stands for itself."""
+    pieces: dict[str, list[tuple[int, int, str]]] = {}
+    found: dict[str, str] = {}
+    for key in bucket.list(prefix):
+        stream, _, name = key.rpartition("/")
+        match = CHUNK_NAME.fullmatch(name)
+        if match:
+            pieces.setdefault(stream, []).append((int(match[1]), int(match[2]), key))
+        else:
+            found[key] = bucket.read(key).decode(errors="replace")
+    for stream, parts in pieces.items():
+        covered, texts = 0, []
+        # A piece shipped again starts where the first did and reaches further: the longest first.
+        for _start, end, key in sorted(parts, key=lambda p: (p[0], -p[1])):
+            if end <= covered:
+                continue
+            texts.append(bucket.read(key).decode(errors="replace"))
+            covered = end
+        found[stream] = "".join(texts)
+    return dict(sorted(found.items()))
+
+
 def untimed_log(text: str) -> str:
     """A log whose lines' times are unknown (Ray's stored job log), as a log object's body."""
     return "".join(json.dumps({"t": None, "line": line}) + "\n" for line in text.splitlines())
@@ -398,8 +441,8 @@ def _job_lines(bucket: Bucket, keys: list[str], job_dir: str) -> Iterator[tuple[
 def events(bucket: Bucket, prefix: str) -> list[dict[str, Any]]:
     """The controller's events in the record, oldest first."""
     found = []
-    for key in bucket.list(join(prefix, EVENTS_DIR)):
-        for raw in bucket.read(key).decode().splitlines():
+    for text in streams(bucket, join(prefix, EVENTS_DIR)).values():
+        for raw in text.splitlines():
             try:
                 entry = json.loads(raw)
             except ValueError:

@@ -75,6 +75,7 @@ class Draft:
     package_cache: Bool | None
     ray_version: Str | None
     host_image: Str | None
+    record_bucket: Str | None
     labels: StrMap | None
     ray_auth: RayAuth | None
     recovery: Bool | None

@@ -36,6 +36,8 @@ SECONDS_PER_HOUR = 3600
 MAX_SLICES = 64
 # The highest `maxUsdPerHour` ceiling.
 MAX_USD_PER_HOUR = 10_000_000
+# `recordBucket`'s value for a cluster without a record.
+RECORD_OFF = "none"
 
 
 # ---- how raw values are coerced (Pulumi config and --set hand over strings) -------------------
@@ -354,6 +356,14 @@ class ClusterSpec:
         "image; `rayslice image` builds one that already holds the hosts' venv, so the first "
         "boot skips the install. An image whose venv does not match the requirements is "
         "installed over as usual.",
+    )
+    record_bucket: Str | None = Field(
+        None,
+        description="VM platforms: the GCS bucket (its name) where every host, the head and the "
+        "controller write the cluster's record as they run (boot logs, Ray job logs and events, "
+        "the controller's decisions; `rayslice history` reads it). Absent: the program declares one "
+        "that `pulumi destroy` keeps (its name is the stack output record); set it to that name to "
+        f"go on writing there after a destroy; `{RECORD_OFF}`: no record.",
     )
     labels: StrMap = Field(
         default_factory=dict, description="GCP labels added to every resource (GCP label rules apply)."

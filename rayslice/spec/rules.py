@@ -23,7 +23,7 @@ from rayslice import addresses, capacity_table, catalog
 from rayslice.errors import SpecError, shown
 from rayslice.names import slice_name
 from rayslice.spec.draft import Draft, read
-from rayslice.spec.model import DEFAULT_RAY_VERSION, KEYS, ClusterSpec, Platform
+from rayslice.spec.model import DEFAULT_RAY_VERSION, KEYS, RECORD_OFF, ClusterSpec, Platform
 
 # Every pattern validates a whole value (`fullmatch`: `$` would let a trailing newline through)
 # and reads ASCII only (`re.ASCII`; classes are spelled out, `\d` would take "٣" as a digit).
@@ -84,6 +84,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_elastic(draft, tpu, problems)
     _check_flex_start_zone(draft, tpu, problems)
     _check_host_image(draft, problems)
+    _check_record_bucket(draft, problems)
     if problems:
         raise SpecError(problems)
     assert tpu is not None
@@ -675,4 +676,27 @@ def _check_host_image(draft: Draft, problems: list[str]) -> None:
         problems.append(
             f"hostImage {image!r} is in project {found['project']}, not the stack's project "
             f"{draft.project}: build the image in {draft.project} (`rayslice image`) or give its name"
+        )
+
+
+# A Cloud Storage bucket name without dots ("Bucket names": 3-63 characters, lowercase letters,
+# digits, hyphens and underscores, starting and ending with a letter or digit; dotted names are
+# domain-verified, which a record bucket has no use for).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
+
+
+def _check_record_bucket(draft: Draft, problems: list[str]) -> None:
+    """recordBucket: a bucket's name, only where rayslice boots the VMs; or `RECORD_OFF`."""
+    bucket = draft.record_bucket
+    if bucket is None or bucket == RECORD_OFF:
+        return
+    if draft.platform == "gke":
+        problems.append(
+            "recordBucket applies to the VM platforms (compute, tpu-vm), whose boot script ships the "
+            "record; remove it on gke"
+        )
+    elif not _BUCKET.fullmatch(bucket):
+        problems.append(
+            f"recordBucket={shown(bucket)} is not a Cloud Storage bucket name: 3-63 lowercase letters, "
+            f"digits, hyphens or underscores, a letter or digit at each end; or {RECORD_OFF} for no record"
         )

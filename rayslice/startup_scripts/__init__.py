@@ -22,6 +22,7 @@ from rayslice.names import (
     ATTR_HEAD_MODE,
     ATTR_INDEX_CREDENTIALS_SECRET,
     ATTR_NUM_SLICES,
+    ATTR_RECORD,
     ATTR_ROLE,
     ATTR_SLICE_INDEX,
     ATTR_TOKEN_SECRET,
@@ -52,6 +53,7 @@ def host_attributes(
     head_address: str | None = None,
     token_secret: str | None = None,
     compilation_cache: str | None = None,
+    record: str | None = None,
 ) -> dict[str, str]:
     """The ``rayslice-*`` metadata attributes of one slice (or of the head VM, `HEAD_VM_SLICE_INDEX`).
 
@@ -76,6 +78,8 @@ def host_attributes(
         attributes[ATTR_TOKEN_SECRET] = token_secret
     if compilation_cache is not None:  # the gs:// location of JAX's cache (rayslice.compilation_cache)
         attributes[ATTR_COMPILATION_CACHE] = compilation_cache
+    if record is not None:  # the gs:// prefix of the cluster's record (rayslice.observability.record)
+        attributes[ATTR_RECORD] = record
     if spec.package_index_credentials_secret is not None:
         attributes[ATTR_INDEX_CREDENTIALS_SECRET] = spec.package_index_credentials_secret
     platform = VM_PLATFORMS.get(spec.platform)

@@ -31,11 +31,14 @@ from rayslice.startup_scripts.variables import (
     RETRY_MAX_DELAY_S,
     SUPERVISOR_RESTART_DELAY_S,
     package_variables,
+    record_variables,
 )
 
 TEMPLATE = "controller.sh.j2"
-# The supervised service (a systemd unit on a VM, a restart loop on the simulator).
+# The supervised services (a systemd unit on a VM, a restart loop on the simulator): the
+# controller, and the shipper of its log and decisions to the record (`rayslice.observability.shipper`).
 SERVICE = "rayslice-recovery"
+RECORD_SERVICE = "rayslice-record"
 # The controller's libraries, locked (`scripts/lock_presets.py controller` writes it from PyPI):
 # resolved for the VM's python3 (`bundle.PYTHON`, the oldest of `locks.IMAGE_PYTHONS`), with the
 # wheels of the later ones kept beside, for a simulator whose controller venv is made from its
@@ -106,6 +109,8 @@ def controller_variables(spec: ClusterSpec, options: RenderOptions) -> dict[str,
     return {
         # The shared install block, with the controller's own lock, its index and no TPU find-links.
         **package_variables(spec, source),
+        **record_variables(options),
+        "record_service": RECORD_SERVICE,
         "package_index": index,
         "find_links": [],
         "requirements": list(bundle.RUNTIME_REQUIREMENTS),  # named in the log; the lock is installed

@@ -47,6 +47,9 @@ class RenderOptions:
     compilation_cache: where Ray's jobs keep JAX's persistent compilation cache
         (`rayslice.compilation_cache`), an absolute path every host sees (the simulator's shared
         folder); empty: the bucket that infra names in the host's metadata, if any.
+    record: the cluster's record (`rayslice.observability.record`), a folder every machine sees
+        and may create files in (the simulator's record folder, as its machines see it); empty:
+        the gs:// prefix that infra names in the machine's metadata, if any.
     """
 
     supervisor: str = "systemd"
@@ -54,12 +57,12 @@ class RenderOptions:
     root: str = ""
     object_store_bytes: int = 0
     compilation_cache: str = ""
+    record: str = ""
 
     def __post_init__(self) -> None:
         if self.supervisor not in ("systemd", "process"):
             raise InvalidInput(f"supervisor must be systemd or process, not {self.supervisor!r}")
         PackageSource.parse(self.package_source)  # refuses anything but None, wheels:DIR, venv:DIR
-        if self.compilation_cache and not self.compilation_cache.startswith("/"):
-            raise InvalidInput(
-                f"compilation_cache must be an absolute path every host sees, not {self.compilation_cache!r}"
-            )
+        for knob, value in (("compilation_cache", self.compilation_cache), ("record", self.record)):
+            if value and not value.startswith("/"):
+                raise InvalidInput(f"{knob} must be an absolute path every host sees, not {value!r}")

@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from rayslice import catalog, compilation_cache, names
+from rayslice import catalog, compilation_cache, names, shipping
 from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
@@ -104,6 +104,27 @@ TPU_METRICS = Path(__file__).with_name("tpu_metrics.py")
 # How long a TPU host's run_ray waits for its exporter before starting Ray without
 # TPU_DEVICE_PLUGIN_ADDR: Ray's agent gives the endpoint one try and stops asking if it fails.
 TPU_METRICS_WAIT_S = 30
+
+
+# The record shipper every machine runs (`rayslice.observability.shipper`): its import closure in
+# rayslice (checked by tests/startup_scripts/test_record_shipper.py), carried as a zipapp.
+RECORD_SHIPPER_MODULES = (
+    "rayslice/__init__.py",
+    "rayslice/errors.py",
+    "rayslice/observability/__init__.py",
+    "rayslice/observability/gcs.py",
+    "rayslice/observability/record.py",
+    "rayslice/observability/shipper.py",
+)
+RECORD_SHIPPER_ENTRY = "rayslice.observability.shipper"
+# How often it ships what the logs gained (RAYSLICE_RECORD_INTERVAL_S overrides it on a machine).
+RECORD_INTERVAL_S = 5
+RECORD_SHIPPER_MAIN = (
+    '"""rayslice record shipper (see rayslice/observability/shipper.py)."""\n'
+    "import sys\n\n"
+    f"from {RECORD_SHIPPER_ENTRY} import main\n\n"
+    "sys.exit(main())\n"
+)
 
 
 def _carried(script: Path) -> str:
@@ -276,6 +297,18 @@ def compilation_cache_variables(options: RenderOptions) -> dict[str, object]:
     }
 
 
+def record_variables(options: RenderOptions) -> dict[str, object]:
+    """The record shipper (a reproducible zipapp, base64) and where it writes: the rendered folder
+    (the simulator's record) or, empty, the gs:// prefix infra names in the machine's metadata."""
+    bundle = shipping.zipapp(RECORD_SHIPPER_MODULES, RECORD_SHIPPER_MAIN)
+    return {
+        "record_shipper": base64.b64encode(bundle).decode("ascii"),
+        "record": options.record,
+        "attr_record": names.ATTR_RECORD,
+        "record_interval_s": RECORD_INTERVAL_S,
+    }
+
+
 def host_types(spec: ClusterSpec) -> list[str]:
     """Every name a host of the spec's slice may report as its ``accelerator-type``: the spec's
     own and the host's spelling of it (`catalog.reported_name`: a TPU7x host reports ``v7x-16``
@@ -293,6 +326,7 @@ def script_variables(
         **cache_variables(spec, source),
         **tpu_metrics_variables(spec),
         **compilation_cache_variables(options),
+        **record_variables(options),
         "accelerator_type": spec.accelerator_type,
         "host_types": host_types(spec),
         "platform": spec.platform,

@@ -39,6 +39,9 @@ BASE = {
     "rayslice:zone": "us-east5-b",
     "rayslice:name": "train",
     "gcp:project": PROJECT,
+    # The record's grants (object creation on its bucket, for the hosts and the controller) are
+    # tests/infra/test_cluster_record.py's; here the accounts' power over slices alone.
+    "rayslice:recordBucket": "none",
 }
 HOSTS_EMAIL = f"train-hosts@{PROJECT}.iam.gserviceaccount.com"
 CONTROLLER_EMAIL = f"train-controller@{PROJECT}.iam.gserviceaccount.com"

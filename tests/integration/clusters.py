@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from rayslice import spec as spec_module
 from rayslice.local.host import netns
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.names import STATE_JOINED
@@ -65,6 +66,26 @@ SHARED: dict[str, dict[str, object]] = {
 }
 
 
+# Ray's own metrics, on the one shared cluster whose test reads them: each node's Ray exports its
+# gauges (the tpu_* ones its agent fills from the host's TPU metrics endpoint) at the node's
+# metrics export port, which test_tpu_runtime.py scrapes while `jax_train` runs (issue 42's first
+# done-when). The agent's reporter then reads the endpoint every 2 s instead of every minute.
+RAY_METRICS_ON = {
+    "RAY_enable_metrics_collection": "1",
+    "RAY_metrics_report_interval_ms": "2000",
+    "REPORTER_UPDATE_INTERVAL_MS": "2000",
+}
+SHARED_ENVIRONMENT: dict[str, dict[str, str]] = {"v6e-4": RAY_METRICS_ON}
+
+
+def _environment(sim: Simulation) -> dict[str, str]:
+    """`SHORT_WAITS`, and what `SHARED_ENVIRONMENT` adds when `sim` is that shared cluster."""
+    for shape, extra in SHARED_ENVIRONMENT.items():
+        if spec_module.load(SHARED[shape], require_zone=False).as_config() == sim.plan.config:
+            return {**SHORT_WAITS, **extra}
+    return SHORT_WAITS
+
+
 def on(shape: str) -> pytest.MarkDecorator:
     """Run the test on the shared cluster `shape` (a key of `SHARED`), given as `cluster`."""
     assert shape in SHARED, shape
@@ -72,9 +93,11 @@ def on(shape: str) -> pytest.MarkDecorator:
 
 
 def boot(sim: Simulation, names: Collection[str] | None = None) -> None:
-    """Power on `names` (default: every machine, the controller VM too) with `SHORT_WAITS`."""
+    """Power on `names` (default: every machine, the controller VM too) with `SHORT_WAITS` (and,
+    on a shared cluster, what `SHARED_ENVIRONMENT` adds)."""
+    env = _environment(sim)
     for name in names if names is not None else [h.name for h in sim.plan.machines]:
-        sim.boot(name, env=SHORT_WAITS)
+        sim.boot(name, env=env)
 
 
 def tpu_nodes(sim: Simulation) -> list[dict[str, Any]]:

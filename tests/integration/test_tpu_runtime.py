@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,40 @@ def _duty(sim: Simulation) -> dict[str, list[float]]:
     return {name: [c["duty_cycle_pct"] for c in a["chips"]] for name, a in answers.items()}
 
 
+RAY_TPU_GAUGES = ("tpu_duty_cycle", "tpu_tensorcore_utilization", "tpu_memory_used")
+
+
+def _rays_gauges(sim: Simulation, host: str) -> dict[str, dict[str, float]]:
+    """Ray's own metrics endpoint on the host, as a Prometheus server scrapes it (the node's
+    metrics export port, which Ray picks at start and its dashboard lists): each of
+    `RAY_TPU_GAUGES` by chip (its ``TpuIndex`` label); {} while it does not serve them."""
+    ip = sim.plan.host(host).ip
+    request = urllib.request.Request(f"{sim.dashboard_url()}/nodes?view=summary")
+    request.add_header("Authorization", f"Bearer {sim.token_file.read_text().strip()}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    with opener.open(request, timeout=30) as response:
+        nodes = json.load(response)["data"]["summary"]
+    [port] = [n["raylet"]["metricsExportPort"] for n in nodes if n["raylet"].get("nodeManagerAddress") == ip]
+    url = f"http://{ip}:{port}/metrics"
+    probe = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
+    result = sim.exec_in(host, [sys.executable, "-c", probe])
+    found: dict[str, dict[str, float]] = {}
+    for name, labels, value in re.findall(r"^ray_(tpu_\w+)\{([^}]*)\} (\S+)$", result.stdout, re.M):
+        chip = re.search(r'TpuIndex="(\d+)"', labels)
+        if name in RAY_TPU_GAUGES and chip:
+            found.setdefault(name, {})[chip[1]] = float(value)
+    return found
+
+
+def _rays_gauges_read(sim: Simulation, host: str, duty) -> dict[str, dict[str, float]] | None:
+    """`_rays_gauges` once all three are served for every chip of the host and each chip's duty
+    cycle passes `duty`; else None."""
+    gauges = _rays_gauges(sim, host)
+    chips = {str(i) for i in range(sim.spec().tpu.chips_per_host)}
+    served = all(set(gauges.get(name, {})) == chips for name in RAY_TPU_GAUGES)
+    return gauges if served and all(duty(v) for v in gauges["tpu_duty_cycle"].values()) else None
+
+
 def _rays_reading(sim: Simulation, host: str) -> list[dict]:
     """Ray 2.60's reporter agent's own reading of the host's endpoint, run inside the host with the
     address its raylet (and so its agent) was given."""
@@ -217,11 +252,14 @@ def _rays_reading(sim: Simulation, host: str) -> list[dict]:
 @on("v6e-4")
 def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(cluster, tmp_path):
     """The done-when of issue 42 on a simulated slice: while `jax_train` runs, every chip reads busy
-    in Ray's own reading of the host's endpoint (the figures its tpu_* gauges get) and in `status`;
+    in Ray's own metrics endpoint (its tpu_* gauges, this cluster runs with Ray's metrics on:
+    clusters.SHARED_ENVIRONMENT), in Ray's own reading of the host's endpoint and in `status`;
     the idle cluster reads idle before and after, HBM following the arrays the job held."""
     [host] = [h.name for h in cluster.plan.hosts if h.role in (ROLE_HEAD, ROLE_WORKER)]
     idle = _wait(lambda: (d := _duty(cluster)) and all(v < 5 for v in d[host]) and d, 60)
     assert idle, _duty(cluster)
+    idle_gauges = _wait(lambda: _rays_gauges_read(cluster, host, lambda duty: duty < 5), 60)
+    assert idle_gauges, _rays_gauges(cluster, host)
     before = _rays_reading(cluster, host)
     assert [c["index"] for c in before] == [0, 1, 2, 3] and all(c["duty_cycle"] < 5 for c in before)
     assert {c["tpu_type"] for c in before} == {"tpu-v6e-slice"} and {c["memory_total"] for c in before} == {
@@ -251,6 +289,9 @@ def test_a_training_job_makes_its_chips_read_busy_and_the_cluster_idle_after(clu
         assert during, _rays_reading(cluster, host)
         text = status.format_report(status.status_report(cluster))
         assert re.search(rf"^  {host}: 0: \d+% \d+\.\d/32\.0", text, re.M), text
+        gauges = _wait(lambda: _rays_gauges_read(cluster, host, lambda duty: duty > 50), 60)
+        assert gauges, _rays_gauges(cluster, host)
+        assert all(v > 0 for v in gauges["tpu_memory_used"].values()), gauges
         assert run.poll() is None, said.read_text()[-3000:]  # still training: nothing ended early
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=120) == 130, said.read_text()[-3000:]

@@ -25,6 +25,7 @@ import pytest
 
 from rayslice import compilation_cache, names
 from rayslice import spec as spec_module
+from rayslice.observability import record
 from rayslice.startup_scripts import (
     RenderOptions,
     host_attributes,
@@ -994,3 +995,49 @@ def test_a_preempted_host_starts_no_ray_until_the_marker_is_gone_and_boot_clears
     assert box.boot(script).returncode == 0
     box.wait(lambda: len(box.ray_starts()) == 3, timeout=30)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["rendered folder", "metadata"])
+def test_the_host_ships_its_boot_log_to_the_record_as_it_runs_without_the_token(host, tmp_path, where):
+    """The record service (`ship-record`) starts at boot and writes the boot log into the record
+    while the host runs, every later line too, with the Ray token filtered out. Its location is
+    the rendered folder (the simulator's) or, on the cloud, the one metadata names (a folder here:
+    the sandbox has no Cloud Storage)."""
+    spec = _spec(rayAuth="token")
+    folder = tmp_path / "record"
+    attribute = {names.ATTR_RECORD: str(folder)} if where == "metadata" else {}
+    box = _box(host, tmp_path, _cloud(spec, extra=attribute))
+    rendered = str(folder) if where == "rendered folder" else ""
+    script = box.render(spec, sandbox.free_port(), record=rendered, record_interval_s=1)
+    assert box.boot(script).returncode == 0
+    box.wait(lambda: _joined(box))
+    with (box.root / "var/log/rayslice/boot.log").open("a") as log:
+        log.write(f"a job printed RAY_AUTH_TOKEN={TOKEN} and {TOKEN}\n")
+    bucket = record.FolderBucket(folder)
+    stream = f"hosts/sandbox-slice-0-vm0/{record.BOOT_LOG}"
+
+    def shipped() -> str:
+        return record.streams(bucket, "").get(stream, "")
+
+    box.wait(lambda: "a job printed" in shipped())
+    assert "state: joined" in shipped() and TOKEN not in shipped()
+    assert not any(TOKEN.encode() in p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_without_a_record_location_the_host_ships_nothing_and_says_so_once(host, tmp_path):
+    spec = _spec(rayAuth="none")
+    box = _box(host, tmp_path, _cloud(spec))
+    assert box.boot(box.render(spec, sandbox.free_port())).returncode == 0
+    box.wait(lambda: _joined(box))
+    box.wait(lambda: "no record location" in box.log)
+    pidfile = box.root / "var/lib/rayslice/rayslice-record.pid"
+    box.wait(lambda: not _group_alive(int(pidfile.read_text())))  # its supervisor ended
+    assert box.log.count("no record location") == 1
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.local.host.processes import cmdline
+from rayslice.observability import record
 from rayslice.recovery import bundle
 from rayslice.startup_scripts import RenderOptions, controller, locks
 from rayslice.startup_scripts.controller import controller_attributes, render_controller
@@ -188,3 +190,33 @@ def test_the_controller_vm_installs_exactly_the_locked_files(tmp_path, monkeypat
     found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout
     assert found.split() == ["1.0", "True"]  # the locked alpha, not 2.0; gamma's beta not resolved
     assert (box.root / "opt/rayslice/recovery.pyz").exists()
+
+
+def test_the_controller_vm_ships_its_log_and_decisions_to_the_record_as_they_are_written(
+    tmp_path: Path,
+) -> None:
+    """Its second service (`ship-record`) writes the boot log and the controller's event log into
+    the record named in metadata (a folder here: the sandbox has no Cloud Storage) while it runs."""
+    folder = tmp_path / "record"
+    attributes = {**controller_attributes(SPOT), names.ATTR_RECORD: str(folder)}
+    _, box, script = _controller_vm(tmp_path, attributes, f"venv:{sys.prefix}")
+    try:
+        assert box.boot(script, timeout=60, RAYSLICE_RECORD_INTERVAL_S="1").returncode == 0
+        decision = (
+            '{"time": "2026-12-06T18:00:00Z", "slice": "s-1", "seen": "PREEMPTED", "action": "recreate"}'
+        )
+        events = box.root / "var/log/rayslice/recovery-events.jsonl"
+        events.parent.mkdir(parents=True, exist_ok=True)
+        with events.open("a") as out:
+            out.write(decision + "\n")
+        bucket = record.FolderBucket(folder)
+        vm = names.controller_name(SPOT.name)
+        box.wait(lambda: record.events(bucket, "") != [], timeout=60)
+        assert record.events(bucket, "") == [json.loads(decision)]  # the controller's decision
+        shipped = record.streams(bucket, "")
+        assert "boot: rayslice controller VM script" in shipped[f"hosts/{vm}/{record.BOOT_LOG}"]
+        assert set(shipped) == {f"hosts/{vm}/{record.BOOT_LOG}", f"events/{vm}"}
+    finally:
+        for pid in _supervisor_loops(box.root):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)

@@ -41,6 +41,7 @@ def command(
     shares: Sequence[str],
     shared_writable: str,
     env: Mapping[str, str],
+    mounts: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The command that powers a host on; the simulator runs it inside ``ip netns exec NS``.
     The arguments are `main`'s."""
@@ -58,6 +59,7 @@ def command(
         root,
         *(f"--share={path}" for path in shares),
         f"--shared-writable={shared_writable}",
+        *(f"--mount={target}={source}" for target, source in (mounts or {}).items()),
         *(f"--env={key}={value}" for key, value in env.items()),
     ]
 
@@ -113,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="a directory of the machine every host sees and may write at the same path (checkpoints)",
     )
+    parser.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="TARGET=SOURCE",
+        help="a directory of the machine the host sees at TARGET and may write (its cluster's record)",
+    )
     args = parser.parse_args(argv)
     paths = HostPaths(args.host_dir)
 
@@ -131,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     own = {args.root: paths.root}
     if args.shared_writable:
         own[args.shared_writable] = args.shared_writable
+    for mount in args.mount:
+        target, _, source = mount.partition("=")
+        own[Path(target)] = Path(source)
     needed = [*args.share, *interpreter_paths()]
     confinement.fresh_run(own=own, needed=needed)
     private_tmp = paths.root / "tmp"

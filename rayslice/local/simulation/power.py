@@ -19,6 +19,7 @@ from rayslice.local.host.boot import command, host_environment
 from rayslice.local.host.processes import children, is_alive
 from rayslice.local.simulation.recorded import RecordedSimulation, boot_process
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
+from rayslice.observability import record
 
 # How often the simulated recovery controller looks (the cloud default is 30 s), through
 # the boot script's RAYSLICE_RECOVERY_INTERVAL_S: a simulated preemption is noticed within seconds.
@@ -45,6 +46,7 @@ class HostPower(RecordedSimulation):
             raise SimulatorError(f"host {name} is already running; use reboot")
         paths = self.paths(name)
         paths.exit_file.unlink(missing_ok=True)
+        record.private_dirs(self.record_folder)  # where the host ships its logs (`recorded.record_root`)
         self.set_preempted(name, notice=False)  # a VM boots without a preemption notice
         self._start(
             boot_process(name),
@@ -60,6 +62,7 @@ class HostPower(RecordedSimulation):
                     root=self.plan.root,
                     shares=self.state.shared_paths,
                     shared_writable=self.plan.shared_dir,
+                    mounts={self.record_mount: str(self.record_folder)},
                     env=env or {},
                 ),
             ],

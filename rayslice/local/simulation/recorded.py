@@ -21,7 +21,21 @@ from rayslice.local.host.boot import host_environment
 from rayslice.local.host.paths import HostPaths
 from rayslice.local.host.processes import ProcessRef, is_alive, start_detached, stop
 from rayslice.local.simulation.state import HostPlan, SimulationState
+from rayslice.observability import record
 from rayslice.spec import ClusterSpec
+
+# The simulator's record bucket: a folder beside the state dir (`record_root`), which `rayslice
+# local down` keeps (`rayslice.local.simulation.recording`).
+RECORD_SUFFIX = ".record"
+# Where every machine of a simulation sees its cluster's record folder, after the plan's root
+# (under /run, which each machine gets fresh: nothing of the machine's own files is hidden by it).
+RECORD_MOUNT_SUFFIX = "-record"
+
+
+def record_root(state_dir: Path) -> Path:
+    """The record bucket of the simulations kept in `state_dir`."""
+    state_dir = Path(os.path.abspath(state_dir))
+    return state_dir.with_name(state_dir.name + RECORD_SUFFIX)
 
 
 def metadata_process(name: str) -> str:
@@ -51,6 +65,17 @@ class RecordedSimulation:
     def token_file(self) -> Path:
         """The simulation's Ray token (rayAuth=token) for clients on this machine."""
         return self.state_dir / "ray-token"
+
+    @property
+    def record_folder(self) -> Path:
+        """This simulation's cluster record (``clusters/<name>/<run id>`` of `record_root`)."""
+        return record_root(self.state_dir) / record.cluster_prefix(self.spec().name, self.plan.run_id)
+
+    @property
+    def record_mount(self) -> str:
+        """Where every machine sees `record_folder`, and may create files in it, as every machine
+        of a real cluster may create objects under its record's prefix in the bucket."""
+        return self.plan.root + RECORD_MOUNT_SUFFIX
 
     def spec(self) -> ClusterSpec:
         return spec_module.load(self.plan.config, require_zone=False)

@@ -2,60 +2,53 @@
 
 A real cluster writes its record to a GCS bucket that `pulumi destroy` keeps
 (`rayslice.infra.record_bucket`); the simulator plays that bucket with ``<state dir>.record``
-(`RECORD_SUFFIX`; ``.state/local.record`` by default), private to its owner like the state dir,
-in the same layout (`rayslice.observability.record`). It sits beside the state dir, not in it,
-because `local down` removes the state dir whole; every simulation run in that state dir adds
-its own cluster record (``clusters/<name>/<run id>/``):
+(`recorded.record_root`; ``.state/local.record`` by default), private to its owner like the state
+dir, in the same layout (`rayslice.observability.record`). It sits beside the state dir, not in
+it, because `local down` removes the state dir whole; every simulation run in that state dir
+adds its own cluster record (``clusters/<name>/<run id>/``):
 
 - `local up` writes the cluster's ``cluster.json`` (`start`);
+- every machine (hosts, head, the controller's VM) ships its logs there as they grow (its record
+  shipper, `rayslice.observability.shipper`): each machine sees this cluster's record folder, and
+  nothing else of the record, at `RecordedSimulation.record_mount`, and may create files in it, as
+  a machine of a real cluster may create objects under its record's prefix;
 - `rayslice run` writes each job's submission, timed log and end as the job runs (it finds the
   folder through `default_cluster`'s ``record``);
-- `local down` (`collect`, before anything is removed) copies what the hosts hold: every boot
-  log and console, the recovery controller's event log, Ray's job-driver logs and Ray events from
-  the head, the Jobs API's list of jobs with their status, and the goodput of each training run;
-  then ``ended.json``.
+- `local down` (`collect`, before anything is removed) adds what no machine writes: each
+  machine's console (the serial port output of a VM, which its owner reads from outside it), the
+  Jobs API's list of jobs with their status, the log of a job `rayslice run` did not follow (from
+  the driver log the head shipped), and the goodput of each training run; then ``ended.json``.
 
-What the hosts write is copied at `down` rather than as it happens: a simulated host sees no
-folder of the machine but the simulation's shared folder (`confinement`), which goes with the
-simulation. Every text is redacted (`record.redact`), with the simulation's Ray token and the
-cloud API emulation's admin token as known secrets.
+Every text is redacted (`record.redact`), with the simulation's Ray token and the cloud API
+emulation's admin token as known secrets.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rayslice.local.host.private_files import ensure_private_dir
+from rayslice.local.simulation.recorded import record_root
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
+from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE
 from rayslice.observability import history, record
 
 # What the controller's boot script names its event log (controller.sh.j2, EVENTS), under the
 # host's root.
 CONTROLLER_EVENTS = Path("var/log/rayslice/recovery-events.jsonl")
-# Ray's logs under a host's root: the boot script's RAY_TEMP_DIR ($ROOT/tmp/ray) holds one
-# session_<date> folder per Ray start (session_latest is a link that resolves inside the host only).
-RAY_SESSIONS = Path("tmp/ray")
 JOBS_API_TIMEOUT_S = 5.0
-
-
-RECORD_SUFFIX = ".record"
-
-
-def record_root(state_dir: Path) -> Path:
-    state_dir = Path(os.path.abspath(state_dir))
-    return state_dir.with_name(state_dir.name + RECORD_SUFFIX)
+JOB_DRIVER_LOG = re.compile(r"job-driver-(.+)\.log")
 
 
 def location(sim: Simulation) -> str:
     """The simulation's cluster record as a folder, for `rayslice run` (`default_cluster`)."""
-    return str(record_root(sim.state_dir) / record.cluster_prefix(sim.spec().name, sim.plan.run_id))
+    return str(sim.record_folder)
 
 
 def cluster_record(sim: Simulation) -> record.ClusterRecord:
@@ -122,23 +115,10 @@ def collect(sim: Simulation) -> str:
             rec.write_text(key, text)
 
     for host in sim.plan.machines:
-        paths = sim.paths(host.name)
-        for source, name in ((paths.boot_log, "boot.log"), (paths.console, "console.log")):
-            if source.is_file():
-                put(f"{record.HOSTS_DIR}/{host.name}/{name}", source.read_text(errors="replace"))
-        if host.role == ROLE_CONTROLLER_VM and (paths.root / CONTROLLER_EVENTS).is_file():
-            put(f"{record.EVENTS_DIR}/controller.jsonl", (paths.root / CONTROLLER_EVENTS).read_text())
-    head = sim.paths(sim.plan.head.name).root / RAY_SESSIONS
-    driver_logs: dict[str, str] = {}
-    for session in sorted(head.glob("session_2*")):
-        logs = session / "logs"
-        for source in [*logs.glob("job-driver-*.log"), *(logs / "events").glob("*.log")]:
-            if source.is_file() and not source.is_symlink():
-                text = source.read_text(errors="replace")
-                put(f"{record.RAY_DIR}/{session.name}/{source.name}", text)
-                if source.name.startswith("job-driver-"):
-                    driver_logs[source.name.removeprefix("job-driver-").removesuffix(".log")] = text
-    _jobs_api(sim, rec, put, driver_logs)
+        console = sim.paths(host.name).console
+        if console.is_file():
+            put(f"{record.HOSTS_DIR}/{host.name}/{record.CONSOLE_LOG}", console.read_text(errors="replace"))
+    _jobs_api(sim, rec, put, _driver_logs(rec, sim.plan.head.name))
     jobs = record.jobs(rec.bucket, rec.prefix)
     events = record.events(rec.bucket, rec.prefix)
     for run in history.training_runs(jobs):
@@ -149,6 +129,17 @@ def collect(sim: Simulation) -> str:
             )
     put(record.CLUSTER_ENDED, json.dumps({"ended": time.time()}))
     return str(rec.bucket.root / rec.prefix) if isinstance(rec.bucket, record.FolderBucket) else rec.prefix
+
+
+def _driver_logs(rec: record.ClusterRecord, head: str) -> dict[str, str]:
+    """The job-driver logs the head shipped (`rayslice.observability.shipper`), by job id."""
+    shipped = record.streams(rec.bucket, rec.key(record.HOSTS_DIR, head, record.RAY_DIR))
+    found: dict[str, str] = {}
+    for key, text in shipped.items():
+        match = JOB_DRIVER_LOG.fullmatch(key.rsplit("/", 1)[-1])
+        if match:
+            found[match[1]] = found.get(match[1], "") + text
+    return found
 
 
 def _jobs_api(

@@ -222,6 +222,7 @@ class Simulation(HostPower, HostProgress, SimulationServices):
             package_source=None if from_index else source,
             root=plan.root,
             compilation_cache=compilation_cache.folder_location(plan.shared_dir),
+            record=sim.record_mount,  # every machine ships its logs there (`recording`)
         )
         netns.create_bridge(plan.bridge, plan.gateway, network.prefixlen)  # the emulation listens on it
         if zone_capacity is not None:

@@ -1,0 +1,211 @@
+"""A machine's logs into the cluster's record as they grow: the record shipper.
+
+Every host, the head VM and the recovery controller's VM run this beside their other services,
+under their boot script's supervisor (``boot.sh ship-record``, ``controller.sh ship-record``), so
+that what happened on a cluster is in its record while it happens, and stays there when the
+cluster is gone (a preempted Spot host, a `pulumi destroy`, a `rayslice local down`). What it
+ships (`sources`), as streams of the record (`rayslice.observability.record`):
+
+- the machine's boot log (``hosts/<host>/boot.log``), where the boot script and its services log;
+- Ray's job-driver logs and Ray events of every Ray session on the machine
+  (``hosts/<host>/ray/<session>/...``; the drivers run on the head);
+- on the controller's VM, the controller's decisions: its event log (``events/<host>``).
+
+Every ``--interval-s`` seconds it reads what each file gained since the last pass, up to its last whole line
+(a line is never cut, so a secret never straddles two pieces), and writes it as one new object
+named by its byte range; after each write it notes the file's new offset in its state file, so a
+restart goes on where it stopped. Every text passes `record.redact` (through
+`record.ClusterRecord`), with the secrets it knows by value: the files named by ``--secret-file``
+(the cluster's Ray token), read again at each pass.
+
+The record's location comes from the boot script: on the cloud the gs:// prefix infra writes in
+the machine's metadata (its account may only create objects there: nothing it writes can be read,
+replaced or deleted by it), on the simulator the cluster's record folder, which the simulated
+machines see at a path of their own. A write that fails is tried again at the next pass; the
+shipper never stops the machine's work.
+
+This module and what it imports run on the machines, which do not install rayslice: the boot
+script carries them as a zipapp (`rayslice.startup_scripts.variables.RECORD_SHIPPER_MODULES`) run
+with the venv's Python (google-auth and requests, for gs://, are in every host's and the
+controller's lock). They must run on the controller VM's Python 3.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rayslice.errors import InvalidInput, RaysliceError
+from rayslice.observability import record
+
+# The most one object holds; a longer run without a newline is shipped cut at this size.
+MAX_PIECE_BYTES = 4 * 1024 * 1024
+# Ray's logs under its temp dir (the boot script's RAY_TEMP_DIR): one session_<date> folder per
+# Ray start (``session_latest`` is a link to the newest; only the real folders are read).
+RAY_SESSIONS = "session_2*"
+RAY_LOG_GLOBS = ("logs/job-driver-*.log", "logs/events/*.log")
+RAY_LOGS = "logs"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What one machine ships: files by the stream key they go to."""
+
+    host: str
+    boot_log: Path
+    ray_temp_dir: Path | None = None
+    events_file: Path | None = None
+
+    def files(self) -> Iterator[tuple[str, Path]]:
+        """(stream key, file) for every file there is to ship now."""
+        host = record.check_key(self.host)
+        yield record.join(record.HOSTS_DIR, host, record.BOOT_LOG), self.boot_log
+        if self.events_file is not None:
+            yield record.join(record.EVENTS_DIR, host), self.events_file
+        if self.ray_temp_dir is not None:
+            for session in sorted(self.ray_temp_dir.glob(RAY_SESSIONS)):
+                if session.is_symlink() or not session.is_dir():
+                    continue
+                for pattern in RAY_LOG_GLOBS:
+                    for path in sorted(session.glob(pattern)):
+                        relative = path.relative_to(session / RAY_LOGS).as_posix()
+                        stream = record.join(record.HOSTS_DIR, host, record.RAY_DIR, session.name, relative)
+                        if not path.is_symlink() and _is_key(stream):
+                            yield stream, path
+
+
+def _is_key(key: str) -> bool:
+    try:
+        record.check_key(key)
+    except InvalidInput:
+        return False
+    return True
+
+
+def piece(path: Path, offset: int) -> tuple[bytes, int]:
+    """What `path` holds past `offset`, up to its last whole line (at most `MAX_PIECE_BYTES`;
+    cut there when a line is longer), and the offset after it; nothing new: ``b""``."""
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            data = file.read(MAX_PIECE_BYTES)
+    except FileNotFoundError:
+        return b"", offset
+    if len(data) < MAX_PIECE_BYTES:
+        data = data[: data.rfind(b"\n") + 1]
+    return data, offset + len(data)
+
+
+@dataclass
+class Shipper:
+    """Ships `sources` into `cluster` (a `record.ClusterRecord`), keeping offsets in `state_file`."""
+
+    cluster: record.ClusterRecord
+    sources: Sources
+    state_file: Path
+    secret_files: Sequence[Path] = ()
+    offsets: dict[str, int] = field(default_factory=dict)
+    _failing: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            saved = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if isinstance(saved, dict):
+            self.offsets = {str(k): int(v) for k, v in saved.items() if isinstance(v, int)}
+
+    def _known_secrets(self) -> tuple[str, ...]:
+        found = []
+        for path in self.secret_files:
+            try:
+                found.append(path.read_text().strip())
+            except OSError:
+                continue
+        return tuple(s for s in found if s)
+
+    def ship_once(self) -> int:
+        """One pass over every file; returns how many pieces it wrote. A failed write leaves its
+        file's offset where it was, for the next pass."""
+        self.cluster.known_secrets = self._known_secrets()
+        written = 0
+        for stream, path in self.sources.files():
+            offset = self.offsets.get(stream, 0)
+            try:
+                if path.stat().st_size < offset:  # a file written anew: ship it from its start
+                    offset = 0
+            except FileNotFoundError:
+                continue
+            while True:
+                data, end = piece(path, offset)
+                if not data:
+                    break
+                try:
+                    self.cluster.write_text(
+                        record.chunk_key(stream, offset, end), data.decode(errors="replace")
+                    )
+                except FileExistsError:
+                    pass  # shipped before this shipper could note it: the reader keeps one
+                except OSError as exc:
+                    self._say(f"record shipper: {stream} waits for the next pass: {exc}")
+                    break
+                offset = end
+                self.offsets[stream] = offset
+                self._save()
+                written += 1
+        return written
+
+    def _save(self) -> None:
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps(self.offsets, sort_keys=True))
+        os.replace(tmp, self.state_file)
+
+    def _say(self, message: str) -> None:
+        """Tell the machine's supervisor log, once per distinct message."""
+        if message != self._failing:
+            print(message, file=sys.stderr, flush=True)
+            self._failing = message
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--record", required=True, help="the cluster's record: a folder or gs://BUCKET/PREFIX"
+    )
+    parser.add_argument("--host", required=True, help="this machine's name (its instance name)")
+    parser.add_argument("--state-file", required=True, type=Path, help="where the offsets are kept")
+    parser.add_argument("--boot-log", required=True, type=Path)
+    parser.add_argument("--ray-temp-dir", type=Path, help="Ray's temp dir (hosts and the head)")
+    parser.add_argument("--events-file", type=Path, help="the recovery controller's event log")
+    parser.add_argument("--secret-file", type=Path, action="append", default=[])
+    parser.add_argument("--interval-s", type=float, required=True, help="seconds between passes")
+    args = parser.parse_args(argv)
+    try:
+        bucket, prefix = record.open_location(args.record)
+    except (RaysliceError, OSError) as exc:  # a bad location, no credentials: the supervisor retries
+        print(f"record shipper: cannot open {args.record}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    shipper = Shipper(
+        record.ClusterRecord(bucket, prefix),
+        Sources(args.host, args.boot_log, args.ray_temp_dir, args.events_file),
+        args.state_file,
+        args.secret_file,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.is_set():
+        shipper.ship_once()
+        stop.wait(args.interval_s)
+    shipper.ship_once()  # the last lines before the machine stops
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The record of a VM cluster in its program: a bucket that `pulumi destroy` keeps (or one the
+stack names, or none), every machine told where its record goes, and the machines' accounts
+allowed to create objects there and nothing more (`rayslice.infra.record_bucket`, issue 42)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rayslice import spec
+from rayslice.errors import SpecError
+from rayslice.names import ATTR_RECORD, ATTR_ROLE
+from tests.infra.test_infra_variants import _run as run_variant
+
+BUCKET = "gcp:storage/bucket:Bucket"
+BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
+V2VM = "gcp:tpu/v2Vm:V2Vm"
+INSTANCE = "gcp:compute/instance:Instance"
+TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
+SLEEP = "time:index/sleep:Sleep"
+HOSTS = "serviceAccount:train-hosts@my-gcp-project.iam.gserviceaccount.com"
+CONTROLLER = "serviceAccount:train-controller@my-gcp-project.iam.gserviceaccount.com"
+CREATE_ONLY = "roles/storage.objectCreator"  # storage.objects.create, and nothing that reads or deletes
+
+
+def _run(**overrides: str):
+    """A cluster named train with a head VM and the recovery controller (Spot)."""
+    return run_variant(name="train", capacity="spot", **overrides)
+
+
+def _records(run):
+    return [b for b in run.of_type(BUCKET) if b.inputs["name"].startswith("rayslice-record-")]
+
+
+def _machines(run, hosts_type: str):
+    """Every machine's metadata: the slices' hosts, the head VM, the controller VM."""
+    return [r.inputs["metadata"] for r in run.of_type(hosts_type) + run.of_type(INSTANCE)]
+
+
+@pytest.mark.parametrize("platform, hosts_type", [("tpu-vm", V2VM), ("compute", TEMPLATE)])
+def test_the_bucket_outlives_the_cluster_and_every_machine_may_only_add_to_it(platform, hosts_type):
+    run = _run(platform=platform)
+    (bucket,) = _records(run)
+    name = bucket.inputs["name"]
+    assert re.fullmatch(r"rayslice-record-[0-9a-f]{16}", name)  # no project or cluster name in it
+    assert bucket.retain_on_delete  # `pulumi destroy` leaves it, with the record
+    assert bucket.inputs["forceDestroy"] is False and bucket.inputs["location"] == "US-EAST5"
+    assert bucket.inputs["publicAccessPrevention"] == "enforced"
+    grants = [g for g in run.of_type(BUCKET_MEMBER) if g.inputs["bucket"] == name]
+    assert sorted((g.inputs["member"], g.inputs["role"]) for g in grants) == [
+        (CONTROLLER, CREATE_ONLY),
+        (HOSTS, CREATE_ONLY),  # the head VM runs as the hosts' account
+    ]
+    # No machine boots before its grant: the IAM wait comes after every grant.
+    (wait,) = run.of_type(SLEEP)
+    assert {g.urn for g in grants} <= set(wait.dependencies)
+    # Every machine, the controller's VM too, is told the cluster's prefix in that bucket.
+    location = run.value["record"]
+    assert re.fullmatch(rf"gs://{name}/clusters/train/[0-9a-f]{{8}}", location)
+    machines = _machines(run, hosts_type)
+    assert len(machines) >= 3 and all(m[ATTR_RECORD] == location for m in machines)
+    assert {m.get(ATTR_ROLE) for m in machines} >= {"head-vm", "controller-vm"}
+
+
+def test_a_bucket_the_stack_names_is_written_to_and_not_declared():
+    run = _run(platform="compute", recordBucket="team-records")
+    assert not _records(run)
+    grants = [g for g in run.of_type(BUCKET_MEMBER) if g.inputs["bucket"] == "team-records"]
+    assert sorted((g.inputs["member"], g.inputs["role"]) for g in grants) == [
+        (CONTROLLER, CREATE_ONLY),
+        (HOSTS, CREATE_ONLY),
+    ]
+    assert re.fullmatch(r"gs://team-records/clusters/train/[0-9a-f]{8}", run.value["record"])
+    assert all(m[ATTR_RECORD] == run.value["record"] for m in _machines(run, TEMPLATE))
+
+
+def test_with_no_record_nothing_is_declared_granted_or_told():
+    run = _run(platform="tpu-vm", recordBucket="none")
+    assert not _records(run) and run.value["record"] is None
+    assert all(
+        g.inputs["role"] != CREATE_ONLY or g.inputs["member"] == HOSTS for g in run.of_type(BUCKET_MEMBER)
+    )
+    assert len(run.of_type(BUCKET_MEMBER)) == 2  # the compilation cache's two, for the hosts
+    assert not any(ATTR_RECORD in m for m in _machines(run, V2VM))
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"recordBucket": "Team_Records"}, "is not a Cloud Storage bucket name"),
+        ({"recordBucket": "gs://team-records"}, "is not a Cloud Storage bucket name"),
+        ({"recordBucket": "ab"}, "is not a Cloud Storage bucket name"),
+        ({"recordBucket": "team-records", "platform": "gke"}, "applies to the VM platforms"),
+    ],
+)
+def test_a_record_bucket_that_cannot_be_is_refused_before_anything_is_created(raw, message):
+    with pytest.raises(SpecError, match=message):
+        spec.load({"acceleratorType": "v6e-16", **raw}, require_zone=False)
+
+
+def test_no_record_is_a_value_every_platform_takes():
+    for platform in ("gke", "compute", "tpu-vm"):
+        loaded = spec.load(
+            {"acceleratorType": "v6e-16", "platform": platform, "recordBucket": "none"}, require_zone=False
+        )
+        assert loaded.record_bucket == spec.RECORD_OFF
