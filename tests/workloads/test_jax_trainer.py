@@ -4,6 +4,8 @@ tests/integration/test_ray_train.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
 
@@ -104,3 +106,54 @@ def test_the_trainers_key_is_the_one_the_watcher_reads(monkeypatch: pytest.Monke
     jax_trainer.checkpoint_committed({"ab12", "cd34"}, 57)
     assert gcs.checkpointed("ab12") and not gcs.checkpointed("cd34")
     assert store == {(b"jit-checkpoint/ab12", b"rayslice"): b"57"}
+
+
+def test_ray_trains_controller_gets_the_shorter_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's driver passes its Ray Train settings to Ray Train's controller (which reads them
+    from the environment the driver gives it), and a value the user set stays."""
+    from ray.train.v2._internal import constants
+
+    assert set(jax_trainer.RAY_TRAIN_ENV) <= constants.ENV_VARS_TO_PROPAGATE  # names Ray reads
+    environ = {k: v for k, v in os.environ.items() if k not in jax_trainer.RAY_TRAIN_ENV}
+    monkeypatch.setattr(os, "environ", environ)  # what the run sets goes when the test ends
+    environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = "3"
+    hosts = _cluster.tpu_hosts(v6e_16("a"))
+    monkeypatch.setattr(_cluster, "connect", lambda: None)
+    monkeypatch.setattr(_cluster, "tpu_hosts", lambda nodes=None: hosts)
+    given: list[dict[str, str]] = []
+
+    class Trainer:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def fit(self) -> object:
+            given.append(constants.get_env_vars_to_propagate())  # what the controller gets
+            return type("Result", (), {"metrics": {"step": 1}, "checkpoint": None})()
+
+    monkeypatch.setattr(jax_trainer, "JaxTrainer", Trainer)
+    assert jax_trainer.main(["--storage-path", "/x"]) == 0
+    assert given == [
+        {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "3"}
+    ]
+
+
+def test_the_workers_leave_jax_distributed_before_ray_stops_on_the_preempted_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the checkpoint on the notice is committed, every worker shuts `jax.distributed` down
+    (all peers still alive), and only then may the preempted node's watcher stop Ray there: a
+    survivor then has no peer to wait for when Ray Train shuts the group down."""
+    import jax
+
+    done: list[str] = []
+
+    class Context:
+        def get_node_id(self) -> str:
+            return "ab12"
+
+    monkeypatch.setattr(jax.distributed, "shutdown", lambda: done.append("jax.distributed.shutdown"))
+    monkeypatch.setattr(jax_trainer, "_internal_kv_put", lambda key, value, **_: done.append(key))
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    jax_trainer.leave_worker_group({"cd34"}, 57)  # a survivor: it leaves, and puts no key
+    jax_trainer.leave_worker_group({"ab12"}, 57)
+    assert done == ["jax.distributed.shutdown", "jax.distributed.shutdown", "jit-checkpoint/ab12"]
