@@ -1033,11 +1033,3 @@ def test_without_a_record_location_the_host_ships_nothing_and_says_so_once(host,
     pidfile = box.root / "var/lib/rayslice/rayslice-record.pid"
     box.wait(lambda: not _group_alive(int(pidfile.read_text())))  # its supervisor ended
     assert box.log.count("no record location") == 1
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
