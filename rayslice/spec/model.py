@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 
-from rayslice import catalog, printable
+from rayslice import capacity_table, catalog, printable
 from rayslice.errors import shown
 from rayslice.names import slice_name
 
@@ -414,10 +414,10 @@ class ClusterSpec:
 
     @property
     def waits_for_capacity(self) -> bool:
-        """Whether each slice is a request that waits for capacity (a flex-start resize request,
-        a queued resource) rather than a direct create; its hosts exist only once it is fulfilled,
-        named by the cloud, not by rayslice."""
-        return self.capacity == "flex-start" or self.queued
+        """Whether each slice is a request that waits for capacity (a flex-start MIG, a queued
+        resource) rather than a direct create; its hosts exist only once it is fulfilled, named by
+        the cloud, not by rayslice. The stack's cell says so: no capacity means keep waiting."""
+        return capacity_table.cell_for(self).action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
 
     @property
     def max_run_seconds(self) -> int | None:

@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from rayslice import catalog, compilation_cache, names, shipping
+from rayslice import capacity_table, catalog, compilation_cache, names, shipping
 from rayslice.errors import InvalidInput
 from rayslice.spec import ClusterSpec
 from rayslice.startup_scripts import locks
@@ -132,9 +132,10 @@ def _carried(script: Path) -> str:
 
 
 def preemption_watcher(spec: ClusterSpec) -> str:
-    """The watcher as the boot script carries it: only Spot slices get a notice, so only their
-    script has one to start (empty otherwise)."""
-    return _carried(PREEMPTION_WATCHER) if spec.capacity == "spot" else ""
+    """The watcher as the boot script carries it: only slices whose cell lists a Spot preemption
+    get a notice, so only their script has one to start (empty otherwise)."""
+    preemptible = capacity_table.cell_for(spec).action(capacity_table.PREEMPTION) is not None
+    return _carried(PREEMPTION_WATCHER) if preemptible else ""
 
 
 def demand_publisher(spec: ClusterSpec) -> str:

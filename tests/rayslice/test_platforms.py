@@ -99,10 +99,9 @@ def test_no_module_outside_the_table_branches_on_a_vm_platform_name():
     assert found == []
 
 
-# Where a capacity name may still be compared: the table itself; the spec, which reads the user's
-# ``capacity`` (spec/model.py's waits_for_capacity); the boot script's variables (Spot's
-# preemption watcher). The last two belong to other work of issue 40 (not yet moved to the table).
-CAPACITY_READERS = ("capacity_table.py", "spec/", "startup_scripts/")
+# Where a capacity name may be compared: the table itself, nowhere else (the spec's model only
+# declares the names the user may write).
+CAPACITY_READERS = ("capacity_table.py",)
 
 
 def test_infra_recovery_status_and_the_simulator_ask_the_capacity_table():
