@@ -144,10 +144,10 @@ def test_a_node_pool_body_is_what_the_provider_sends():
 
 
 def test_a_failed_node_takes_the_whole_slice_down_and_auto_repair_brings_it_back_whole():
-    """The program's fixed pool asks for no ``management``: GKE's default, auto-repair on."""
+    """The program's fixed pool asks for auto-repair (its cell's ``management``, GKE's default too)."""
     twin = _deploy(FIXED, free=8)
     pool = _pool(twin, "gke-v6e-16-slice-0")
-    assert "management" not in pool
+    assert pool["management"] == {"autoRepair": True}
     before = {n: twin.host(n).ip for n in _nodes(twin, pool)}
     down: list[str] = []
     twin.on_host_down = lambda host: down.append(host.name)
