@@ -10,7 +10,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +21,7 @@ from rayslice import cli, spec
 from rayslice.errors import EXIT_INVALID, EXIT_NO_CLUSTER, InvalidInput, JobFailed
 from rayslice.jobs import connection, restarts, submit, upload
 from rayslice.local.simulation.state import STATE_DIR_ENV, SimulationState, make_plan
+from tests import serving
 
 # The environment variables the requests library reads its proxies from, in both cases.
 PROXY_VARIABLES = [
@@ -197,11 +197,9 @@ def recorder() -> Iterator[tuple[str, list[dict[str, str]]]]:
     _Recorder.seen = []
     _Recorder.require = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serving.start(server)
     yield f"http://127.0.0.1:{server.server_address[1]}", _Recorder.seen
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def _authorization(headers: list[dict[str, str]]) -> set[str | None]:

@@ -4,7 +4,6 @@ calls are not answered, operations finish only after being polled, every call is
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,15 +16,15 @@ from google.oauth2 import service_account
 
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.oauth import GOOGLE_TOKEN_AUDIENCE
+from tests import serving
 
 
 @pytest.fixture
 def cloud() -> Iterator[CloudApiEmulator]:
     server = CloudApiEmulator(op_polls=2)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def _assertion(info: dict[str, str], audience: str = GOOGLE_TOKEN_AUDIENCE) -> str:

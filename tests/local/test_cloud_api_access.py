@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from rayslice.local.google.cloud_api.iam import EmulatedIam
 from rayslice.local.google.cloud_api.routes import ApiError
 from rayslice.local.google.metadata_server import FLAVOR, FLAVOR_HEADER, MetadataServer
 from rayslice.local.simulation import cloud_bridge
+from tests import serving
 
 GCE = "https://www.googleapis.com/compute/v1"
 OTHER_HOST = "127.0.0.2"  # a loopback address of this machine that is not the emulation's own
@@ -30,7 +30,7 @@ NODE = "/v2/projects/p/locations/z/nodes/n"
 
 def _serve(clients: tuple[str, ...] = ()) -> CloudApiEmulator:
     server = CloudApiEmulator(("127.0.0.1", 0), clients=clients)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     server.add_node("p", "z", "n")
     server.tokens.add("t")
     return server
@@ -40,8 +40,7 @@ def _serve(clients: tuple[str, ...] = ()) -> CloudApiEmulator:
 def cloud() -> Iterator[CloudApiEmulator]:
     server = _serve()
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def _call(
@@ -86,8 +85,7 @@ def test_an_admitted_client_calls_the_api_but_never_the_admin_endpoint():
             {"preempted": "n", "hosts": ["n"]},
         )
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def test_a_hook_that_fails_is_answered_as_googles_500_with_its_cause_and_the_emulation_goes_on(capsys):
@@ -107,8 +105,7 @@ def test_a_hook_that_fails_is_answered_as_googles_500_with_its_cause_and_the_emu
         assert "Traceback" in capsys.readouterr().err  # the emulation's log keeps where it failed
         assert _call(server, "GET", NODE)[0] == 200
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def test_a_body_over_the_bound_is_refused_unread(cloud, monkeypatch):
@@ -150,7 +147,7 @@ def test_a_host_cannot_grow_its_guest_attributes_without_bound(tmp_path, monkeyp
     monkeypatch.setattr(metadata_server, "MAX_GUEST_ENTRIES", 3)
     monkeypatch.setattr(metadata_server, "MAX_GUEST_BYTES", 150)
     server = MetadataServer(("127.0.0.1", 0), {"instance": {}}, guest_file=tmp_path / "guest.json")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     try:
         assert _put(server, "big", b"x" * 65) == 413
         assert [_put(server, f"k{i}", b"x" * 40) for i in range(4)] == [200, 200, 200, 413]  # 3 entries
@@ -158,8 +155,7 @@ def test_a_host_cannot_grow_its_guest_attributes_without_bound(tmp_path, monkeyp
         assert _put(server, "k1", b"y" * 64) == 413  # over the total bytes
         assert set(json.loads((tmp_path / "guest.json").read_text())["ns"]) == {"k0", "k1", "k2"}
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def test_the_controllers_conditioned_grants_refuse_every_other_instance_and_template():
@@ -209,8 +205,7 @@ def test_the_controllers_conditioned_grants_refuse_every_other_instance_and_temp
                 )
             assert refused.value.code == 403
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 @pytest.mark.parametrize(

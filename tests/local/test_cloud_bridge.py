@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +42,7 @@ from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.commands import gather
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import Recorder
+from tests import serving
 
 
 class Recording:
@@ -85,10 +85,9 @@ def deployed(cloud: CloudApiEmulator, spec: spec_module.ClusterSpec, run_id: str
 @pytest.fixture
 def cloud() -> Iterator[CloudApiEmulator]:
     server = CloudApiEmulator(op_polls=1, address_range=str(NETWORK))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def use_the_emulation(cloud: CloudApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from rayslice.recovery.cloud import Location
 from rayslice.recovery.commands import client_for
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import EVENT_KEY_PREFIX, Event, Recorder
+from tests import serving
 from tests.local.test_cloud_bridge import Recording
 
 
@@ -64,7 +64,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     )
     SimulationState(plan=plan, state_dir=str(state_dir)).save()
     sim = Recording(plan)
-    threading.Thread(target=cloud.serve_forever, daemon=True).start()
+    serving.start(cloud)
     cloud_bridge.attach(cloud, sim, spec)
     cloud.admin_token = "admin"
     cloud_bridge.publish(cloud, state_dir, spec)
@@ -73,8 +73,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no gcloud ADC of the user's
     yield Served(spec, sim, cloud, state_dir)
-    cloud.shutdown()
-    cloud.server_close()
+    serving.stop(cloud)
 
 
 def _status(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

@@ -29,6 +29,7 @@ from rayslice.names import (
     ATTR_SLICE_NAME,
     host_name,
 )
+from tests import serving
 
 NETWORK = ipaddress.IPv4Network("100.64.7.0/24")
 SLICE_IPS = ["100.64.7.2", "100.64.7.3", "100.64.7.4", "100.64.7.5"]
@@ -37,7 +38,7 @@ ACCESS_TOKEN = secrets.token_urlsafe(32)  # what the simulator hands each host: 
 
 def _serve(tree, **kwargs) -> MetadataServer:
     server = MetadataServer(("127.0.0.1", 0), tree, **kwargs)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     return server
 
 
@@ -60,16 +61,14 @@ def _tree(worker: int, cluster=None, head_address=None):
 def worker0():
     server = _serve(_tree(0))
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 @pytest.fixture
 def worker2():
     server = _serve(_tree(2))
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def _get(server, path, flavor=True, method="GET", data=None):
@@ -165,14 +164,12 @@ def test_guest_attributes_put_get_list_and_file(tmp_path):
         assert _get(server, path)[0] == 404
         _get(server, path, method="PUT", data=b"joined")
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
     restarted = _serve(_tree(0), guest_file=guest_file)  # values survive, as across a VM reboot
     try:
         assert _get(restarted, "/computeMetadata/v1/instance/guest-attributes/rayslice/state")[2] == "joined"
     finally:
-        restarted.shutdown()
-        restarted.server_close()
+        serving.stop(restarted)
 
 
 def test_unavailable_for_answers_503_then_recovers():
@@ -182,8 +179,7 @@ def test_unavailable_for_answers_503_then_recovers():
         time.sleep(0.7)
         assert _get(server, "/computeMetadata/v1/instance/id")[0] == 200
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 # Attributes that only the Cloud TPU API sets: a Compute Engine TPU host must do without them
@@ -215,8 +211,7 @@ def test_a_tpu7x_compute_host_reports_its_type_as_a_real_one_does():
         assert "ACCELERATOR_TYPE: 'v7x-16'" in _get(server, attrs + "tpu-env")[2].splitlines()
         assert _get(server, attrs + "worker-id")[2] == "1"
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def test_compute_host_looks_like_a_compute_engine_instance():
@@ -242,8 +237,7 @@ def test_compute_host_looks_like_a_compute_engine_instance():
         machine = _get(server, "/computeMetadata/v1/instance/machine-type")[2]
         assert machine.startswith("projects/") and machine.endswith("/machineTypes/ct6e-standard-4t")
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def test_silent_for_accepts_connections_but_answers_nothing_until_it_ends():
@@ -258,8 +252,7 @@ def test_silent_for_accepts_connections_but_answers_nothing_until_it_ends():
             conn.settimeout(5)
             assert conn.recv(100).startswith(b"HTTP/1.1 200")
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def test_tree_file_round_trip():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rayslice.local.simulation.package_index import IndexServer, project_of
+from tests import serving
 
 WHEEL = "Foo_Bar-1.0-py3-none-any.whl"
 SDIST = "baz.qux-2.1.tar.gz"
@@ -27,10 +27,9 @@ def index(tmp_path: Path) -> Iterator[tuple[str, IndexServer]]:
     (house / SDIST).write_bytes(b"sdist")
     (house / "notes.txt").write_text("not a distribution")
     server = IndexServer(("127.0.0.1", 0), house, 0.0, tmp_path / "counts.json")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     yield f"http://127.0.0.1:{server.server_address[1]}", server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def _get(url: str) -> bytes:

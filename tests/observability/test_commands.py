@@ -5,7 +5,6 @@ discovery document (tests/fixtures/cloud-monitoring-v3)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,6 +15,7 @@ import requests
 from click.testing import CliRunner
 
 from rayslice.observability import commands, goodput, monitoring, record
+from tests import serving
 from tests.recovery import discovery
 
 PREFIX = "clusters/rayslice/ab12cd"
@@ -150,8 +150,7 @@ class MonitoringEndpoint(BaseHTTPRequestHandler):
 @pytest.fixture
 def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[MonitoringEndpoint]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), MonitoringEndpoint)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serving.start(server)
     monkeypatch.setenv(monitoring.ENDPOINT_ENV, f"http://127.0.0.1:{server.server_address[1]}/")
     MonitoringEndpoint.received = []
     yield MonitoringEndpoint

@@ -7,12 +7,12 @@ import contextlib
 import http.server
 import socket
 import socketserver
-import threading
 import time
 from collections.abc import Iterator
 
 from rayslice import chip_metrics
 from rayslice.startup_scripts import tpu_metrics
+from tests import serving
 from tests.startup_scripts.sandbox import free_port
 
 HOSTS = 64
@@ -57,13 +57,12 @@ def cluster_of_endpoints(port: int) -> Iterator[dict[str, str]]:
                 continue
             page = _page(host)
             server = Server((address, port), tpu_metrics.handler(lambda p=page: p))
-            threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+            serving.start(server)
             servers.append(server)
         yield addresses
     finally:
         for server in servers:
-            server.shutdown()
-            server.server_close()
+            serving.stop(server)
         for sock in silent:
             sock.close()
 
@@ -95,10 +94,9 @@ def test_a_host_that_refuses_or_serves_nothing_says_which():
     port = free_port()
     assert chip_metrics.read_host("127.0.0.1", port=port, timeout_s=1)["error"].startswith("not serving")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), tpu_metrics.handler(lambda: ""))
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    serving.start(server)
     try:
         assert chip_metrics.read_host("127.0.0.1", port=port) == {"chips": []}
         assert chip_metrics.chip_lines({"w0": {"chips": []}})[1].startswith("  w0: no figures")
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.recovery.controller import Controller, Target
 from rayslice.recovery.events import GuestAttributeSink, Recorder, StreamSink
 from rayslice.recovery.journal import Journal
+from tests import serving
 
 PROJECT = "rayslice-test"
 ZONE = "us-east5-a"  # a v6e zone that also takes flex-start (catalog.FLEX_START_ZONES)
@@ -31,11 +31,9 @@ LOCATION = Location(PROJECT, ZONE)
 @pytest.fixture
 def cloud() -> Iterator[CloudApiEmulator]:
     server = CloudApiEmulator(("127.0.0.1", 0), op_polls=2)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serving.start(server)
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 @pytest.fixture
@@ -62,13 +60,11 @@ def controller_metadata(cloud: CloudApiEmulator) -> Iterator[MetadataServer]:
     """The controller VM's metadata server (the simulator's own), served to the emulation's
     instances.getGuestAttributes for the controller VM."""
     server = MetadataServer(("127.0.0.1", 0), {})
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serving.start(server)
     controller = names.controller_name(CLUSTER)
     cloud.guest_source = lambda instance: server.guest if instance == controller else None
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 class Clock:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +19,7 @@ from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import commands as commands_module
 from rayslice.recovery.cloud import CloudClient
 from rayslice.recovery.commands import render_text
+from tests import serving
 from tests.imports import imported_modules
 from tests.recovery.conftest import (
     CLUSTER,
@@ -183,13 +183,12 @@ class _Failing(BaseHTTPRequestHandler):
 def failing_api(adc: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Failing]]:
     """Credentials from the emulation (its token endpoint), API calls to a server that fails them."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     url = f"http://127.0.0.1:{server.server_address[1]}"
     monkeypatch.setenv(TPU_ENDPOINT_ENV, f"{url}/")
     monkeypatch.setenv(COMPUTE_ENDPOINT_ENV, f"{url}/compute/v1/")
     yield _Failing
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 def _closed_port() -> int:

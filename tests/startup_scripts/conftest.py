@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.local.simulation.package_index import IndexServer
+from tests import serving
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.tiny_wheels import make_wheel
 
@@ -63,18 +63,15 @@ def release_index(tmp_path) -> Iterator[str]:
 def _serve(tmp_path: Path) -> Iterator[str]:
     """`tmp_path/wheels` served on loopback as a PEP 503 index, until the test ends."""
     server = IndexServer(("127.0.0.1", 0), tmp_path / "wheels", 0.0, tmp_path / "counts.json")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serving.start(server)
     yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)
 
 
 @pytest.fixture
 def metadata() -> Iterator[MetadataServer]:
     """A metadata server on loopback with an empty instance: the guest attributes a head writes."""
     server = MetadataServer(("127.0.0.1", 0), {"instance": {}})
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     yield server
-    server.shutdown()
-    server.server_close()
+    serving.stop(server)

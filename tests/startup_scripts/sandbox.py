@@ -41,6 +41,7 @@ from rayslice.local.host.processes import cmdline
 from rayslice.startup_scripts import RenderOptions
 from rayslice.startup_scripts.templating import render_template
 from rayslice.startup_scripts.variables import script_variables
+from tests import serving
 
 ACCESS_TOKEN = "ya29.sandbox-access-token-7f3a"
 PROJECT = "sandbox-project"
@@ -68,7 +69,7 @@ class StubCloud(ThreadingHTTPServer):
         self.gets: Counter[str] = Counter()  # metadata GETs by path (its query left off)
         self.secret_requests = 0
         self.lock = threading.Lock()
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        serving.start(self)
 
     @property
     def port(self) -> int:
@@ -384,7 +385,7 @@ class WheelIndex(ThreadingHTTPServer):
         self.authorization = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
         self.served: list[str] = []
         self.refused = 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        serving.start(self)
 
     @property
     def url(self) -> str:

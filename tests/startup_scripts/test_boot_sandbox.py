@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import stat
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,6 +40,7 @@ from rayslice.startup_scripts.variables import (
     package_variables,
     script_variables,
 )
+from tests import serving
 from tests.startup_scripts import sandbox
 from tests.startup_scripts.faults import Fault, FaultTable
 from tests.startup_scripts.tiny_wheels import make_wheel, sha256
@@ -485,11 +485,10 @@ class _Cache(ThreadingHTTPServer):
                 pass
 
         super().__init__(("127.0.0.1", 0), Health)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        serving.start(self)
 
     def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        serving.stop(self)
 
 
 def _cache_worker(

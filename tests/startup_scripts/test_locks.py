@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import socket
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from rayslice.local.simulation.package_index import IndexServer
 from rayslice.spec import DEFAULT_RAY_VERSION
 from rayslice.startup_scripts import locks
 from rayslice.startup_scripts.variables import PRESETS, PYTHON_VERSION, lock_requirements, whole_lock_header
+from tests import serving
 from tests.startup_scripts.tiny_wheels import sha256
 
 
@@ -132,12 +132,11 @@ def test_a_requirement_with_no_wheel_is_refused_without_building_it(tmp_path):
     (tmp_path / "files").mkdir()
     _sdist_that_runs_its_backend(tmp_path / "files", marker)
     server = IndexServer(("127.0.0.1", 0), tmp_path / "files", 0.0, tmp_path / "counts.json")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serving.start(server)
     try:
         index = f"http://127.0.0.1:{server.server_address[1]}/simple"
         with pytest.raises(InvalidInput, match=r"evil.*no wheel.*never built"):
             locks.compile_lock(locks.uv_binary(), _header(index, "evil"))
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
     assert not marker.exists()

@@ -21,16 +21,16 @@ from rayslice.startup_scripts import preemption_watcher as watcher
 from rayslice.startup_scripts import render
 from rayslice.startup_scripts.options import RenderOptions
 from rayslice.startup_scripts.variables import PREEMPTION_WATCHER, script_variables
+from tests import serving
 from tests.imports import imported_modules
 
 
 @pytest.fixture
 def server() -> Iterator[MetadataServer]:
     metadata = MetadataServer(("127.0.0.1", 0), {"instance": {"preempted": "FALSE"}}, unavailable_for=1.0)
-    threading.Thread(target=metadata.serve_forever, daemon=True).start()
+    serving.start(metadata)
     yield metadata
-    metadata.shutdown()
-    metadata.server_close()
+    serving.stop(metadata)
 
 
 def test_it_waits_through_the_servers_failures_and_returns_on_the_notice(server: MetadataServer) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from rayslice.infra.firewall import firewall_rules
 from rayslice.local.host import tpu_runtime
 from rayslice.startup_scripts import tpu_metrics
 from rayslice.startup_scripts.variables import EXIT_PERMANENT
+from tests import serving
 from tests.local import simulated_libtpu
 from tests.startup_scripts.sandbox import free_port
 
@@ -44,19 +44,17 @@ class FakeMonitoring:
 
 
 @contextlib.contextmanager
-def serving(page: Any) -> Iterator[str]:
+def exporter(page: Any) -> Iterator[str]:
     """The exporter's HTTP server on a free local port; yields its host:port."""
     import http.server
 
     port = free_port()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), tpu_metrics.handler(page))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serving.start(server)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        server.shutdown()
-        server.server_close()
+        serving.stop(server)
 
 
 def rays_reading(address: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
@@ -81,7 +79,7 @@ def test_ray_reads_every_chips_figures_from_the_endpoint(monkeypatch):
         "hbm_capacity_usage": ["1073741824", "0", "42", "0"],
         "hbm_capacity_total": ["34359738368"] * 4,
     }
-    with serving(page_of(table)) as address:
+    with exporter(page_of(table)) as address:
         chips = rays_reading(address, monkeypatch)
     assert [c["index"] for c in chips] == [0, 1, 2, 3]
     assert [c["duty_cycle"] for c in chips] == [99.0, 0.0, 50.5, 0.0]
@@ -121,7 +119,7 @@ def test_a_chip_of_two_devices_sums_their_hbm_and_ray_still_sees_one_row_per_chi
         "hbm_capacity_usage": ["1", "2", "3", "4", "0", "0", "0", "0"],
         "hbm_capacity_total": ["96"] * 8,
     }
-    with serving(page_of(table, chips=4)) as address:
+    with exporter(page_of(table, chips=4)) as address:
         chips = rays_reading(address, monkeypatch)
     assert [c["memory_used"] for c in chips] == [3, 7, 0, 0]
     assert {c["memory_total"] for c in chips} == {192}
@@ -133,7 +131,7 @@ def test_nothing_to_read_serves_an_empty_page_that_ray_reads_as_no_chips(monkeyp
     """libtpu returns empty lists while no workload runs: the page is empty, and Ray reads it."""
     table: dict[str, list[str]] = {name: [] for name in tpu_metrics.RAY_NAMES}
     assert page_of(table)() == ""
-    with serving(page_of(table)) as address:
+    with exporter(page_of(table)) as address:
         assert rays_reading(address, monkeypatch) == []
 
 
@@ -169,7 +167,7 @@ def test_ray_reads_the_simulated_chips_a_jax_process_recorded(tmp_path, monkeypa
     def page() -> str:
         return tpu_metrics.render(tpu_metrics.read_library(monitoring), 4, "7", "tpu-v5-lite-podslice", "2x2")
 
-    with serving(page) as address:
+    with exporter(page) as address:
         chips = rays_reading(address, monkeypatch)
     assert [c["duty_cycle"] for c in chips] == [97.0, 0.0, 97.0, 0.0]
     assert [c["memory_used"] for c in chips] == [3 * 2**20, 0, 5 * 2**20, 0]
@@ -300,7 +298,7 @@ def test_rays_own_metrics_endpoint_serves_the_chips_gauges(tmp_path, monkeypatch
         return tpu_metrics.render(tpu_metrics.read_library(monitoring), 4, "77", "tpu-v6e-slice", "2x2")
 
     port = free_port()
-    with serving(page) as address:
+    with exporter(page) as address:
         env = {
             "PATH": os.environ["PATH"],
             "HOME": str(tmp_path),
