@@ -34,7 +34,7 @@ from rayslice.cloud.capacity import FAILED as QUEUED_FAILED
 from rayslice.cloud.capacity import SUSPENDED as QUEUED_SUSPENDED
 from rayslice.cloud.capacity import WAITING as QUEUED_WAITING
 from rayslice.cloud.rest import default_session, key_file_session
-from rayslice.cloud.states import POOL_ERROR, POOL_STOPPING
+from rayslice.cloud.states import INSTANCE_RUNNING, INSTANCE_TERMINATED, POOL_ERROR, POOL_STOPPING
 from rayslice.errors import EXIT_OK, InvalidInput, NoCluster
 from rayslice.recovery import kinds
 from rayslice.recovery.cloud import CloudClient, Location
@@ -48,27 +48,34 @@ NAMESPACE_QUERY = f"{names.GUEST_ATTRIBUTE_NAMESPACE}/"
 # A GKE slice's phase, read from its node pool (container v1 NodePool.status) and the nodes of its
 # MIGs. No source says whether a flex-start pool that waits for capacity reads PROVISIONING or
 # RUNNING with no node (GKE creates the pool empty; its autoscaler adds the nodes later), so both
-# read as waiting.
-WAITING, PROVISIONING, RUNNING, FAILED, DELETING, MISSING = (
+# read as waiting. A pool whose nodes all stopped (TERMINATED: a node failed or went into
+# maintenance, and GKE shut the whole slice down) is down, not waiting: GKE brings it back where
+# the pool has auto-repair on; a flex-start pool has it off and stays down.
+WAITING, PROVISIONING, RUNNING, DOWN, FAILED, DELETING, MISSING = (
     "waiting",
     "provisioning",
     "running",
+    "down",
     "failed",
     "deleting",
     "missing",
 )
 
 
-def node_pool_phase(pool: dict[str, Any], running: int, hosts: int) -> str:
+def node_pool_phase(pool: dict[str, Any], nodes: list[str], hosts: int) -> str:
     """waiting (flex-start, no node yet), provisioning (some nodes, or a pool being created),
-    running (every host), failed (ERROR) or deleting (STOPPING)."""
+    running (every host), down (every node it has stopped), failed (ERROR) or deleting
+    (STOPPING); `nodes` are the instance states of the pool's nodes."""
     status = pool.get("status")
+    running = nodes.count(INSTANCE_RUNNING)
     if status == POOL_STOPPING:
         return DELETING
     if status == POOL_ERROR:
         return FAILED
     if running >= hosts:
         return RUNNING
+    if nodes and nodes.count(INSTANCE_TERMINATED) == len(nodes):
+        return DOWN
     if running == 0 and (pool.get("config") or {}).get("flexStart"):
         return WAITING
     return PROVISIONING
@@ -91,7 +98,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
         for instance in client.list_managed_instances(group):
             host, status = managed_status(instance)
             nodes.append({"worker": len(nodes), "name": host, "instance": status})
-    running = sum(1 for n in nodes if n["instance"] == "RUNNING")
+    running = sum(1 for n in nodes if n["instance"] == INSTANCE_RUNNING)
     conditions = pool.get("conditions") or []
     reason = "; ".join(f"{c.get('code', '')}: {c.get('message', '')}" for c in conditions) or pool.get(
         "statusMessage"
@@ -100,12 +107,14 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
     return {
         "name": name,
         "state": str(pool.get("status", "STATUS_UNSPECIFIED")),
-        "phase": node_pool_phase(pool, running, spec.tpu.hosts),
+        "phase": node_pool_phase(pool, [str(n["instance"]) for n in nodes], spec.tpu.hosts),
         "nodes_running": running,
         "hosts_asked": spec.tpu.hosts,
         "since": since,
         "run_hours": hours(duration) if duration else None,
         "flex_start": bool((pool.get("config") or {}).get("flexStart")),
+        # NodeManagement.autoRepair, on unless the pool's create turned it off (GKE's default)
+        "auto_repair": bool((pool.get("management") or {}).get("autoRepair", True)),
         "reason": reason or None,
         "hosts": nodes,
     }
@@ -217,6 +226,12 @@ def _pool_lines(item: dict[str, Any]) -> list[str]:
         WAITING: "waiting for capacity (flex-start: GKE adds every node at once when the zone has them)",
         PROVISIONING: "provisioning nodes",
         RUNNING: "running",
+        DOWN: "down: every node stopped; "
+        + (
+            "GKE's auto-repair brings the slice back whole"
+            if item["auto_repair"]
+            else "auto-repair is off for this pool, so it stays down (flex-start: until its nodes' run ends)"
+        ),
         FAILED: f"failed: {item['reason'] or 'no reason given'}",
         DELETING: "being deleted",
     }[phase]

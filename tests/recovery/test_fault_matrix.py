@@ -201,8 +201,8 @@ GKE_OUTCOMES: dict[tuple[str, bool | None], tuple[str, int, str]] = {
     (table.PREEMPTION, None): ("running", GKE_HOSTS, "recorded; the pool's MIG recreates the nodes"),
     (table.HOST_ERROR, True): ("running", GKE_HOSTS, REPAIRED),
     (table.MAINTENANCE, True): ("running", GKE_HOSTS, REPAIRED),
-    (table.HOST_ERROR, False): ("waiting", 0, LEFT_DOWN),
-    (table.MAINTENANCE, False): ("waiting", 0, LEFT_DOWN),
+    (table.HOST_ERROR, False): ("down", 0, LEFT_DOWN),
+    (table.MAINTENANCE, False): ("down", 0, LEFT_DOWN),
     (table.RUN_DURATION, None): ("waiting", 0, "the nodes are deleted; the pool stays"),
     (table.GONE, None): ("missing", 0, "the pool is gone; `pulumi up` makes it again"),
 }

@@ -111,21 +111,27 @@ def test_deleting_a_pool_gives_its_nodes_back_and_withdraws_its_wait(cloud: Clou
     assert not [h for h in twin.hosts() if h.group]
 
 
+UP, STOPPED = "RUNNING", "TERMINATED"
+
+
 @pytest.mark.parametrize(
-    "status,flex,running,phase",
+    "status,flex,nodes,phase",
     [
-        ("RUNNING", True, 0, "waiting"),
-        ("PROVISIONING", True, 0, "waiting"),
-        ("PROVISIONING", False, 0, "provisioning"),
-        ("RUNNING", True, 2, "provisioning"),
-        ("RUNNING", False, 4, "running"),
-        ("RUNNING_WITH_ERROR", False, 4, "running"),
-        ("ERROR", False, 0, "failed"),
-        ("STOPPING", True, 4, "deleting"),
+        ("RUNNING", True, [], "waiting"),
+        ("PROVISIONING", True, [], "waiting"),
+        ("PROVISIONING", False, [], "provisioning"),
+        ("RUNNING", True, [UP, UP], "provisioning"),
+        ("RUNNING", False, [UP] * 4, "running"),
+        ("RUNNING_WITH_ERROR", False, [UP] * 4, "running"),
+        ("RUNNING", True, [STOPPED] * 4, "down"),  # was "waiting": a slice GKE shut down
+        ("RUNNING", False, [STOPPED] * 4, "down"),
+        ("RUNNING", False, [STOPPED, "STAGING", STOPPED, STOPPED], "provisioning"),
+        ("ERROR", False, [], "failed"),
+        ("STOPPING", True, [UP] * 4, "deleting"),
     ],
 )
-def test_each_phase(status: str, flex: bool, running: int, phase: str) -> None:
-    assert node_pool_phase({"status": status, "config": {"flexStart": flex}}, running, 4) == phase
+def test_each_phase(status: str, flex: bool, nodes: list[str], phase: str) -> None:
+    assert node_pool_phase({"status": status, "config": {"flexStart": flex}}, nodes, 4) == phase
 
 
 def test_a_token_without_the_clusters_permission_is_refused_as_by_google(
@@ -155,8 +161,18 @@ def test_the_text_for_a_cluster_with_two_pools_says_each_phase() -> None:
         "since": "2026-12-04T08:00:00Z",
         "run_hours": None,
         "flex_start": False,
+        "auto_repair": True,
         "reason": None,
         "hosts": [{"worker": 0, "name": "gke-n-0", "instance": "RUNNING"}],
+    }
+    stopped = {
+        **pool,
+        "name": names.slice_name(CLUSTER, 1),
+        "phase": "down",
+        "nodes_running": 0,
+        "flex_start": True,
+        "auto_repair": False,
+        "hosts": [{"worker": 0, "name": "gke-f-0", "instance": "TERMINATED"}],
     }
     data = {
         "cluster": CLUSTER,
@@ -165,7 +181,7 @@ def test_the_text_for_a_cluster_with_two_pools_says_each_phase() -> None:
         "zone": ZONE,
         "head": None,
         "controller": None,
-        "slices": [pool],
+        "slices": [pool, stopped],
         "events": [],
         "recovery": False,
         "ray_pods": {"visible": False, "why": "needs credentials", "command": "kubectl get pods"},
@@ -173,3 +189,7 @@ def test_the_text_for_a_cluster_with_two_pools_says_each_phase() -> None:
     text = render_text(data)
     assert f"slice {SLICE0}: node pool RUNNING, provisioning nodes since 2026-12-04T08:00:00Z; 2 of 4" in text
     assert "  node 0 gke-n-0 [RUNNING]" in text and "recovery" not in text
+    assert (
+        f"slice {stopped['name']}: node pool RUNNING, down: every node stopped; auto-repair is off for this "
+        "pool, so it stays down (flex-start: until its nodes' run ends)"
+    ) in text
