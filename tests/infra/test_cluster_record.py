@@ -11,14 +11,9 @@ import pytest
 from rayslice import spec
 from rayslice.errors import SpecError
 from rayslice.names import ATTR_RECORD, ATTR_ROLE
+from tests.infra.test_compilation_cache import BUCKET, BUCKET_MEMBER, INSTANCE, SLEEP, TEMPLATE, V2VM
 from tests.infra.test_infra_variants import _run as run_variant
 
-BUCKET = "gcp:storage/bucket:Bucket"
-BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-INSTANCE = "gcp:compute/instance:Instance"
-TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
-SLEEP = "time:index/sleep:Sleep"
 HOSTS = "serviceAccount:train-hosts@my-gcp-project.iam.gserviceaccount.com"
 CONTROLLER = "serviceAccount:train-controller@my-gcp-project.iam.gserviceaccount.com"
 CREATE_ONLY = "roles/storage.objectCreator"  # storage.objects.create, and nothing that reads or deletes

@@ -9,14 +9,15 @@ import re
 import pytest
 
 from rayslice import compilation_cache
+from rayslice.cloud import bodies
 from rayslice.names import ATTR_COMPILATION_CACHE, ATTR_ROLE, HEAD_VM_ROLE
 from tests.infra.test_infra_variants import _run as run_variant
 
 BUCKET = "gcp:storage/bucket:Bucket"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
-V2VM = "gcp:tpu/v2Vm:V2Vm"
-INSTANCE = "gcp:compute/instance:Instance"
-TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
+# The Pulumi type tokens these tests look for: the compute and TPU ones are the cloud bodies'
+# (`rayslice.cloud.bodies`); the storage and time ones, which no request body needs, are here.
+V2VM, INSTANCE, TEMPLATE = bodies.TPU_NODE, bodies.INSTANCE, bodies.TEMPLATE
 SLEEP = "time:index/sleep:Sleep"
 HOSTS = "serviceAccount:train-hosts@my-gcp-project.iam.gserviceaccount.com"
 
