@@ -53,9 +53,11 @@ import pulumi
 import pulumi.dynamic
 
 from rayslice.cloud import bodies
-from rayslice.cloud.rest import default_session, operation_error
+from rayslice.cloud.rest import operation_error
 from rayslice.errors import CloudError
-from rayslice.recovery.cloud import CloudClient, Location, managed_instance_name
+from rayslice.infra.providers import ReplacingProvider
+from rayslice.infra.providers import client as _client
+from rayslice.recovery.cloud import managed_instance_name
 
 ACCEPT_TIMEOUT_S = 600.0  # how long `pulumi up` waits for Google to accept the request
 DELETE_TIMEOUT_S = 1800.0  # how long a delete waits for the hosts to go (the MIG's delete timeout)
@@ -64,8 +66,10 @@ MIG = "instanceGroupManager"
 _COMPARED = sorted(bodies.consumed(bodies.SLICE_HOSTS) | {"project", "zone"})
 
 
-class SliceHostsProvider(pulumi.dynamic.ResourceProvider):
+class SliceHostsProvider(ReplacingProvider):
     """Creates and deletes one slice's hosts in a bulk MIG (module docstring)."""
+
+    compared = _COMPARED
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         request = bodies.request(bodies.SLICE_HOSTS, props)
@@ -115,14 +119,6 @@ class SliceHostsProvider(pulumi.dynamic.ResourceProvider):
             error = operation_error(done)
             if error:
                 raise CloudError(f"deletePerInstanceConfigs in {mig}", None, error)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = [key for key in _COMPARED if olds.get(key) != news.get(key)]
-        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=True)
-
-
-def _client(props: dict[str, Any]) -> CloudClient:
-    return CloudClient(default_session(), Location(str(props["project"]), str(props["zone"])))
 
 
 def _path(props: dict[str, Any]) -> str:
