@@ -6,9 +6,10 @@ slice_resource`), and each is one implementation here:
 
 - `MigSlices` (``compute``): a Compute Engine managed instance group of TPU VMs. Observed
   through the MIG and its managed instances; recreated by deleting the MIG, inserting it again
-  from its recorded fields and creating its named hosts from their recorded per-instance configs
-  in one ``createInstances`` (a flex-start MIG, bulk mode with its hosts named by the MIG, is
-  inserted with its target size and waits for every host); hosts are added and removed whole
+  from its recorded fields in the mode the stack's cell gives (bulk on reserved capacity) and
+  creating its named hosts from their recorded per-instance configs in one ``createInstances``
+  (a flex-start MIG, bulk mode with its hosts named by the MIG, is inserted with its target size
+  and waits for every host); hosts are added and removed whole
   (an elastic cluster); status lists the MIG's instances and, for flex-start, its wait.
 - `TpuNodeSlices` (``tpu-vm``): a Cloud TPU node, or a queued resource that asks for one.
   Observed through the node (or its request); recreated by deleting the node (or the request,
@@ -586,7 +587,8 @@ class TpuNodeSlices(SliceKind):
     ) -> str:
         """Delete the node and create it again with the same id from its recorded fields; a
         queued slice the way it was made: its request deleted with ``force`` (its node first) and
-        made again under the same name, so it waits for capacity as the first did."""
+        made again under the same name, so it waits for capacity as the first did. (`cell` is not
+        needed: the recorded node or request carries its capacity.)"""
         if "queued" in recorded:
             return self._recreate_queued(op, name, recorded["queued"], start, begin)
         client, wait = op.client, op.client.wait_tpu_operation
