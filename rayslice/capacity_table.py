@@ -93,7 +93,10 @@ BULK, INDIVIDUAL = "BULK", "INDIVIDUAL"
 DO_NOTHING, REPAIR = "DO_NOTHING", "REPAIR"
 AUTO_REPAIR_ON, AUTO_REPAIR_OFF = "auto-repair on", "auto-repair off"
 # How a MIG gets its hosts.
-TARGET_FROM_ZERO = "inserted with target size 0; one createInstances names every host"
+TARGET_FROM_ZERO = (
+    "inserted with target size 0; createInstances names every host (in one call in bulk mode, one "
+    "call per host in individual mode)"
+)
 TARGET_AT_INSERT = "inserted with target size = hosts; the MIG creates them all when it can"
 
 # Placeholders in a call's body for what the stack decides (`fill`).
@@ -404,6 +407,14 @@ XPK_CAPACITY = Source(
     "GKE node pools per capacity: --spot, --reservation-affinity=specific --reservation=NAME, and "
     "flex-start with --flex-start --enable-autoscaling --no-enable-autorepair --reservation-affinity=none.",
 )
+PULUMI_BULK_CONFIG = Source(
+    "pulumi-gcp 10.2, compute.BulkPerInstanceConfig (magic-modules BulkPerInstanceConfig)",
+    "https://www.pulumi.com/registry/packages/gcp/api-docs/compute/bulkperinstanceconfig/",
+    "'A config defined for multiple managed instances that belong to an instance group manager "
+    "with target_size_policy.mode=BULK': a bulk MIG's hosts named by per-instance configs, in one "
+    "createInstances. It takes names only; rayslice sends the same call with each host's reserved "
+    "internal address (its own provider, rayslice/infra/compute/bulk_hosts.py).",
+)
 TPU7X_RUN = Source(
     "Qwen3.5-397B-A17B-FP8 Inference on TPU v7x, TPU VM Edition (practitioner log)",
     "",
@@ -500,7 +511,12 @@ def _compute(
         Call("instanceGroupManagers.insert", mig),
     ]
     if target == TARGET_FROM_ZERO:
-        calls.append(Call("instanceGroupManagers.createInstances", {"instances": f"{HOSTS} hosts, one call"}))
+        # Bulk mode takes hosts only while the target size is 0: all in one call. Individual mode
+        # takes them one per-instance config, so one call, per host.
+        calls_per = "one call" if mode == BULK else "one call per host"
+        calls.append(
+            Call("instanceGroupManagers.createInstances", {"instances": f"{HOSTS} hosts, {calls_per}"})
+        )
     return Cell(
         platform=COMPUTE,
         capacity=capacity,
@@ -539,9 +555,10 @@ _INDIVIDUAL_FORM = Unsettled(
     "How a Spot or on-demand multi-host slice must be created. Bulk mode refuses these "
     "provisioning models; the TPU7x log says without BULK only independent VMs are made; "
     "Google's MIG page could not be read past its prerequisites.",
-    "INDIVIDUAL mode (the only one Compute Engine accepts here) with every host in one "
-    "createInstances from target size 0; each host checks the topology its TPU runtime reports and "
-    "stops its boot, naming the cause, if it is smaller than the slice's.",
+    "INDIVIDUAL mode (the only one Compute Engine accepts here), each host added from target size 0 "
+    "by its own createInstances (a per-instance config with its name and reserved address); each "
+    "host checks the topology its TPU runtime reports and stops its boot, naming the cause, if it "
+    "is smaller than the slice's.",
 )
 _GRACE = Unsettled(
     "How long Google's recovery of a slice takes. No page gives a bound; maintenance of a large "
@@ -612,7 +629,7 @@ _COMPUTE_CELLS = (
         repaired_by=COMPUTE_ENGINE,
         events=_google_repairs(COMPUTE_ENGINE),
         price_key=RESERVED,
-        sources=(COMPUTE_CONSUME, BULK_MODE, BULK_CREATE, FAILURE_RECOVERY, TPU7X_RUN),
+        sources=(COMPUTE_CONSUME, BULK_MODE, BULK_CREATE, PULUMI_BULK_CONFIG, FAILURE_RECOVERY, TPU7X_RUN),
         unsettled=(_GRACE,),
     ),
     _compute(
@@ -632,7 +649,7 @@ _COMPUTE_CELLS = (
             ),
         },
         price_key=RESERVED,
-        sources=(COMPUTE_CONSUME, CALENDAR_MODE, BULK_MODE, FAILURE_RECOVERY),
+        sources=(COMPUTE_CONSUME, CALENDAR_MODE, BULK_MODE, PULUMI_BULK_CONFIG, FAILURE_RECOVERY),
         unsettled=(_CALENDAR_COMPUTE, _GRACE),
     ),
     _compute(

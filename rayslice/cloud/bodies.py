@@ -49,6 +49,11 @@ Sources, per type (the encoders of terraform-provider-google, in magic-modules):
   becomes ``tpu.nodeSpec[0].node`` through the V2Vm converter above, so a queued node is exactly
   the node a direct create would send, with ``nodeId`` and ``parent`` (``projects/{project}/
   locations/{zone}``, NodeSpec.parent "Required. The parent resource name.") beside it.
+- SliceHosts (rayslice's own dynamic provider, `rayslice.infra.compute.bulk_hosts`: every host of
+  a bulk-mode slice in one call; pulumi-gcp's per-instance configs make one call each, and its
+  BulkPerInstanceConfig keeps no internal address): ``instanceGroupManagers.createInstances`` on
+  ``.../instanceGroupManagers/{instanceGroupManager}`` (the MIG is in the URL), its inputs' own
+  ``instances`` the body's (compute v1 discovery, InstanceGroupManagersCreateInstancesRequest).
 
 Properties a type's converter does not name (outputs such as ``selfLink``, provider-only
 settings such as ``waitForInstances``) are not sent; `CONSUMED` lists what each converter reads,
@@ -78,6 +83,7 @@ TPU_NODE = "gcp:tpu/v2Vm:V2Vm"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 # A `pulumi.dynamic.Resource` subclass registers as ``pulumi-python:dynamic/<module>:<name>``.
 QUEUED_RESOURCE = "pulumi-python:dynamic/tpu:QueuedResource"
+SLICE_HOSTS = "pulumi-python:dynamic/compute:SliceHosts"
 # The API (a discovery document) of each Cloud TPU API version a queued resource is sent to, and
 # its URL path. GA v2 has no flex-start (QueuedResource.provisioningModel FLEX_START and
 # runDuration.maxRunDuration are in the v2alpha1 document only).
@@ -411,6 +417,19 @@ def _per_instance_config(props: Mapping[str, Any]) -> Request:
     )
 
 
+def _slice_hosts(props: Mapping[str, Any]) -> Request:
+    """Every host of a slice in one createInstances; each entry already in the REST shape (a
+    PerInstanceConfig: ``name``, ``preservedState.internalIPs``)."""
+    instances = [_pick(i, "name", "preservedState") for i in props.get("instances") or []]
+    return Request(
+        "compute",
+        "compute.instanceGroupManagers.createInstances",
+        "InstanceGroupManagersCreateInstancesRequest",
+        None,
+        {"instances": instances},
+    )
+
+
 def _resource_policy(props: Mapping[str, Any]) -> Request:
     body = _pick(props, "name", "description")
     if props.get("workloadPolicy"):
@@ -669,6 +688,7 @@ _CONVERTERS: dict[str, tuple[frozenset[str], Callable[[Mapping[str, Any]], Reque
         frozenset({"name", "preservedState", "instanceGroupManager"}),
         _per_instance_config,
     ),
+    SLICE_HOSTS: (frozenset({"instances", "instanceGroupManager"}), _slice_hosts),
     RESIZE_REQUEST: (
         frozenset({"name", "description", "resizeBy", "requestedRunDuration", "instanceGroupManager"}),
         _resize_request,

@@ -34,6 +34,7 @@ from rayslice.cloud.bodies import (
     QUEUED_RESOURCE,
     RESIZE_REQUEST,
     RESOURCE_POLICY,
+    SLICE_HOSTS,
     TEMPLATE,
     TPU_NODE,
     Request,
@@ -155,6 +156,21 @@ def _templates(stack: Stack, mig: Resource) -> list[Resource]:
     return stack.referenced(mig, "versions", TEMPLATE)
 
 
+def _create_calls(stack: Stack, mig: Resource) -> list[Resource]:
+    """The createInstances calls made on a MIG: one per per-instance config (the provider's
+    create_url), one per SliceHosts (every host of a slice in one call)."""
+    return [
+        r
+        for kind in (PER_INSTANCE_CONFIG, SLICE_HOSTS)
+        for r in stack.referencing(mig, "instanceGroupManager", kind)
+    ]
+
+
+def _created(calls: list[Resource]) -> int:
+    """The instances those createInstances calls name."""
+    return sum(len(c.body.get("instances", [])) for c in calls)
+
+
 def tpu_machine(machine_type: str | None) -> tuple[str, int] | None:
     """(generation, chips per host) of a Compute Engine TPU machine type, from the catalog;
     None for any other machine type."""
@@ -195,8 +211,8 @@ def _bulk_needs_flex_or_reservation(stack: Stack) -> Iterator[Finding]:
 # (a') "About bulk mode" (https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode):
 # a MIG in bulk mode "does not support" resize requests, and hosts are added, by its target size
 # or by createInstances, only while its target size is 0. So a bulk MIG's hosts come from its
-# target size at insert or from one createInstances (in Pulumi, one per-instance config: each is
-# its own createInstances call), never from both, never from a resize request.
+# target size at insert or from one createInstances (in Pulumi, one per-instance config, each its
+# own createInstances call, or one SliceHosts), never from both, never from a resize request.
 _BULK_MODE_PAGE = (
     "Compute Engine, 'About bulk mode', https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode"
 )
@@ -217,14 +233,14 @@ def _bulk_grows_from_zero(stack: Stack) -> Iterator[Finding]:
     for mig in stack.of_type(MIG):
         if not _bulk(mig):
             continue
-        configs = stack.referencing(mig, "instanceGroupManager", PER_INSTANCE_CONFIG)
+        calls = _create_calls(stack, mig)
         target = int(mig.body.get("targetSize", 0))
-        if configs and (target > 0 or len(configs) > 1):
+        if calls and (target > 0 or len(calls) > 1):
             yield (
                 mig,
-                f"bulk mode with target size {target} and {len(configs)} per-instance config(s), each "
-                "a createInstances call: a bulk MIG takes hosts only while its target size is 0, so "
-                "from its target size or from one createInstances, not more",
+                f"bulk mode with target size {target} and {len(calls)} createInstances call(s) (one per "
+                "per-instance config or SliceHosts): a bulk MIG takes hosts only while its target size "
+                "is 0, so from its target size or from one createInstances, not more",
             )
 
 
@@ -323,19 +339,18 @@ def _topology_fits_machine_type(stack: Stack) -> Iterator[Finding]:
 
 def _instances_match_topology(stack: Stack) -> Iterator[Finding]:
     for mig in stack.of_type(MIG):
-        configs = stack.referencing(mig, "instanceGroupManager", PER_INSTANCE_CONFIG)
+        created = _created(_create_calls(stack, mig))
         requests = stack.referencing(mig, "instanceGroupManager", RESIZE_REQUEST)
         target = int(mig.body.get("targetSize", 0))
         resized = sum(int(r.body.get("resizeBy", 0)) for r in requests)
-        ends = target + len(configs) + resized
+        ends = target + created + resized
         for _, _, topology, per_host, hosts in _slice_shape(stack, mig):
             if per_host and ends not in (0, hosts):
                 yield (
                     mig,
-                    f"ends with {ends} instances (target size {target} plus {len(configs)} "
-                    "per-instance configs, each created by createInstances, which raises the "
-                    f"target size, plus {resized} from resize requests) for topology {topology} "
-                    f"of {hosts} hosts",
+                    f"ends with {ends} instances (target size {target} plus {created} named by "
+                    "createInstances, which raises the target size by as many, plus "
+                    f"{resized} from resize requests) for topology {topology} of {hosts} hosts",
                 )
 
 

@@ -28,10 +28,11 @@ controller's state directory before its call is sent, with the spec the slice is
 finishes the recreation from that step, and says so in its event.
 
 On an elastic cluster (`rayslice.recovery.scaling`) it then adds and removes whole slices through
-their kind: with ``createInstances`` and ``deleteInstances`` of the names infra gave the hosts,
-or, on flex-start, by resizing the slice's bulk MIG from 0 to its hosts (it waits for capacity)
-and back to 0, which deletes the hosts or withdraws the wait if the demand goes before capacity
-comes (docs/elastic.md).
+their kind: with one ``createInstances`` of the names infra gave the hosts and ``deleteInstances``
+of them (on reservation-bound capacity, whose MIG is in bulk mode as its cell says, removed by a
+resize to 0 instead), or, on flex-start, by resizing the slice's bulk MIG from 0 to its hosts (it
+waits for capacity) and back to 0, which deletes the hosts or withdraws the wait if the demand
+goes before capacity comes (docs/elastic.md).
 
 After a failed recreation the next try waits `base_backoff_s * 2**(failures-1)`, capped at
 `max_backoff_s`; a healthy observation resets it.
@@ -315,7 +316,9 @@ class Controller:
             self.journal.save(name, Entry(spec, recreation))
 
         try:
-            outcome = self.target.kind.recreate(self.operation, name, spec, start, begin)
+            outcome = self.target.kind.recreate(
+                self.operation, name, spec, start, begin, cell=self.target.cell
+            )
         except (CloudError, OSError) as exc:
             outcome = f"failed: {exc}"
         if not outcome.startswith("failed"):
@@ -343,11 +346,18 @@ class Controller:
 
     def scale(self, policy: ScalingPolicy) -> None:
         kind = self.target.kind
+        # flex-start: the MIG names its hosts, and gets them by a resize from 0.
+        by_size = policy.run_duration_s is not None
+        # A bulk MIG (the cell's mode; flex-start's in an older configuration) sheds its hosts by
+        # a resize to 0 (Compute Engine, "About bulk mode").
+        cell = self.target.cell
+        bulk = by_size or (cell is not None and cell.mig_mode == capacity_table.BULK)
         try:
             sizes = {name: kind.hosts_held(self.client, name) for name in self.target.slice_names}
-            # A bulk MIG (flex-start) with a target size and no instance waits for capacity.
+            # A bulk MIG (flex-start, reservation-bound) with a target size and no instance waits
+            # for capacity.
             waiting = {n for n, (target, held) in sizes.items() if target > 0 and held == 0}
-            if policy.run_duration_s is None:
+            if not bulk:
                 waiting = set()
             with_hosts = {n for n, (target, _) in sizes.items() if target > 0 and n not in waiting}
             demand = self.read_demand(policy)
@@ -377,28 +387,29 @@ class Controller:
             self.last_wait = decision.waiting
             if decision.waiting:
                 self.recorder.record(Event.now(self.target.cluster, seen, "wait", decision.waiting))
-        bulk = policy.run_duration_s is not None  # flex-start: the MIG names its hosts
         idle = f"idle for {policy.idle_timeout_s:.0f}s or more"
         for name in decision.add:
             hosts = names.slice_host_names(name, policy.hosts_per_slice)
-            instances = [] if bulk else instances_of(policy, self.target.location.project, hosts)
+            instances = [] if by_size else instances_of(policy, self.target.location.project, hosts)
             outcome = kind.add_hosts(
-                self.operation, name, instances, bulk=policy.hosts_per_slice if bulk else None
+                self.operation, name, instances, bulk=policy.hosts_per_slice if by_size else None
             )
             if not outcome.startswith("failed"):
                 self.slices[name] = SliceState()  # a new slice: recovery watches it once it is whole
             self.recorder.record(Event.now(name, seen, "add slice", outcome))
         for name in decision.remove:
-            hosts = names.slice_host_names(name, policy.hosts_per_slice)
-            outcome = kind.remove_hosts(self.operation, name, hosts, bulk=bulk, why=idle)
+            # Named hosts (not flex-start's): their per-instance configs go too.
+            named = [] if by_size else names.slice_host_names(name, policy.hosts_per_slice)
+            outcome = kind.remove_hosts(self.operation, name, named, bulk=bulk, why=idle)
             if not outcome.startswith("failed"):
                 self.removing.add(name)
             self.recorder.record(Event.now(name, seen, "remove slice", outcome))
         for name in decision.cancel:
-            # A flex-start slice that still waits for capacity and is no longer needed: resized
-            # to 0, so no hosts come later for nothing.
+            # A bulk slice that still waits for capacity and is no longer needed: resized to 0, so
+            # no hosts come later for nothing.
             why = "no demand for it before capacity came"
-            outcome = kind.remove_hosts(self.operation, name, (), bulk=True, why=why)
+            named = [] if by_size else names.slice_host_names(name, policy.hosts_per_slice)
+            outcome = kind.remove_hosts(self.operation, name, named, bulk=True, why=why)
             self.recorder.record(Event.now(name, seen, "cancel slice", outcome))
 
     def read_demand(self, policy: ScalingPolicy) -> Demand | None:

@@ -6,9 +6,10 @@ slice_resource`), and each is one implementation here:
 
 - `MigSlices` (``compute``): a Compute Engine managed instance group of TPU VMs. Observed
   through the MIG and its managed instances; recreated by deleting the MIG, inserting it again
-  from its recorded fields and creating its named hosts from their recorded per-instance configs
-  in one ``createInstances`` (a flex-start MIG, bulk mode with its hosts named by the MIG, is
-  inserted with its target size and waits for every host); hosts are added and removed whole
+  from its recorded fields in the mode the stack's cell gives (bulk on reserved capacity) and
+  creating its named hosts from their recorded per-instance configs in one ``createInstances``
+  (a flex-start MIG, bulk mode with its hosts named by the MIG, is inserted with its target size
+  and waits for every host); hosts are added and removed whole
   (an elastic cluster); status lists the MIG's instances and, for flex-start, its wait.
 - `TpuNodeSlices` (``tpu-vm``): a Cloud TPU node, or a queued resource that asks for one.
   Observed through the node (or its request); recreated by deleting the node (or the request,
@@ -52,8 +53,9 @@ from rayslice.recovery.permissions import RolePart
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_TERMINATED = "TERMINATED"
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", TPU_TERMINATED})
-# compute v1 InstanceGroupManagerTargetSizePolicy.mode of a flex-start slice's MIG.
-BULK_MODE = "BULK"
+# compute v1 InstanceGroupManagerTargetSizePolicy.mode of a bulk slice's MIG (flex-start and
+# reservation-bound cells).
+BULK_MODE = capacity_table.BULK
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
 # that was once whole.
 COMPUTE_SERVING_STATUS = "RUNNING"
@@ -184,12 +186,20 @@ class SliceKind(ABC):
 
     @abstractmethod
     def recreate(
-        self, op: Operation, name: str, recorded: Mapping[str, Any], start: str, begin: Begin
+        self,
+        op: Operation,
+        name: str,
+        recorded: Mapping[str, Any],
+        start: str,
+        begin: Begin,
+        *,
+        cell: capacity_table.Cell | None,
     ) -> str:
         """Recreates slice `name` from `recorded` (what `observe` recorded), from step `start` on
         (`rayslice.recovery.journal.STEPS`), calling `begin(step)` before each step's call is
-        sent. Every step looks first, so a step a killed controller already sent is not sent
-        again. Returns the outcome, ``failed: ...`` when it failed."""
+        sent; `cell`: the stack's capacity cell, which says how the slice is made (None: an older
+        controller's configuration). Every step looks first, so a step a killed controller already
+        sent is not sent again. Returns the outcome, ``failed: ...`` when it failed."""
 
     @abstractmethod
     def status(self, client: CloudClient, name: str, hosts: int, *, waits: bool) -> dict[str, Any]:
@@ -313,12 +323,22 @@ class MigSlices(SliceKind):
         return Observation(False, f"MIG {serving} of {target} instances running", recorded, whole)
 
     def recreate(
-        self, op: Operation, name: str, recorded: Mapping[str, Any], start: str, begin: Begin
+        self,
+        op: Operation,
+        name: str,
+        recorded: Mapping[str, Any],
+        start: str,
+        begin: Begin,
+        *,
+        cell: capacity_table.Cell | None,
     ) -> str:
         """Delete the MIG, insert it again from its recorded fields (target size 0, its hosts
-        named by createInstances; a flex-start MIG with its target size, in bulk mode), the
+        named by one createInstances; a flex-start MIG with its target size, in bulk mode), the
         default action on failure DO_NOTHING: the controller, not the MIG, repairs a slice, and
-        whole."""
+        whole. The MIG's mode is the cell's: bulk where the cell says so (reservation-bound: its
+        hosts in that one createInstances, sent while the target size is 0), else individual,
+        whatever mode the recorded MIG had (an earlier rayslice made Spot MIGs bulk, which bulk
+        mode refuses)."""
         client, wait = op.client, op.client.wait_zone_operation
         first = STEPS.index(start)
         if first <= STEPS.index(DELETE):
@@ -329,11 +349,14 @@ class MigSlices(SliceKind):
                     return _failed_op("delete", done)
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
+        bulk = cell is not None and cell.mig_mode == BULK_MODE
         if instances:
-            # createInstances below adds the named hosts, one call in individual mode (an earlier
-            # rayslice's bulk Spot MIG loses its bulk policy: bulk mode refuses Spot templates).
+            # createInstances below adds the named hosts, in one call, from target size 0.
             body["targetSize"] = 0
-            body.pop("targetSizePolicy", None)
+            if bulk:
+                body["targetSizePolicy"] = {"mode": BULK_MODE}
+            else:
+                body.pop("targetSizePolicy", None)
         # else a bulk MIG (flex-start): inserted with its target size, it waits for every host.
         policy = dict(body.get("instanceLifecyclePolicy") or {})
         body["instanceLifecyclePolicy"] = {**policy, "defaultActionOnFailure": MIG_ACTION_ON_FAILURE}
@@ -351,6 +374,11 @@ class MigSlices(SliceKind):
             missing = [i for i in instances if i.get("name") not in there]
             if not missing:
                 return "recreated"
+            mig = client.get_mig(name) or {}
+            if int(mig.get("targetSize", 0)) > 0 and mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE:
+                # A bulk MIG took a killed controller's createInstances (its target size is set)
+                # and creates the hosts all at once when it can; it would refuse a second call.
+                return "recreated; the MIG waits to create its hosts all at once"
             done = wait(client.create_instances(name, missing, op.allowed), op.timeout_s)
             if done.get("status") != "DONE":
                 return "hosts requested, still in progress"
@@ -411,9 +439,10 @@ class MigSlices(SliceKind):
     def add_hosts(
         self, op: Operation, name: str, instances: Sequence[Mapping[str, Any]], *, bulk: int | None
     ) -> str:
-        """createInstances of the named hosts, or, with `bulk` (a flex-start MIG), a resize from 0
-        to that many: bulk mode then creates them all at once when the zone has them (Compute
-        Engine, "About bulk mode"; no resize request)."""
+        """createInstances of the named hosts, all in one call (a bulk MIG takes them so, while its
+        target size is 0, as an empty slice's is), or, with `bulk` (a flex-start MIG, whose hosts
+        the MIG names), a resize from 0 to that many: bulk mode then creates them all at once when
+        the zone has them (Compute Engine, "About bulk mode"; no resize request)."""
         if bulk is not None:
             return _resize(op, name, bulk, "waits for capacity")
         try:
@@ -427,17 +456,23 @@ class MigSlices(SliceKind):
         return f"{len(instances)} host(s) requested"
 
     def remove_hosts(self, op: Operation, name: str, hosts: Sequence[str], *, bulk: bool, why: str) -> str:
-        """deleteInstances of `hosts` (and what is left of their per-instance configs), or, with
-        `bulk`, a resize to 0, which deletes the hosts or withdraws the wait for them."""
-        if bulk:
-            return _resize(op, name, 0, why)
+        """deleteInstances of `hosts`, or, with `bulk` (a bulk MIG, which sheds hosts by a resize
+        to 0: Compute Engine, "About bulk mode"), a resize to 0, which deletes the hosts or
+        withdraws the wait for them; then what is left of `hosts`' per-instance configs."""
         client, wait = op.client, op.client.wait_zone_operation
+        if bulk:
+            outcome = _resize(op, name, 0, why)
+            if outcome.startswith("failed") or not hosts:
+                return outcome
+        else:
+            outcome = f"{len(hosts)} host(s) deleted ({why})"
         try:
-            done = wait(client.delete_instances(name, hosts, op.allowed), op.timeout_s)
-            if operation_error(done):
-                return f"failed: deleteInstances: {operation_error(done)}"
-            # Whether deleteInstances also deletes the hosts' per-instance configs is not said
-            # for every case (rayslice/recovery/cloud.py); what is left is deleted, so the next
+            if not bulk:
+                done = wait(client.delete_instances(name, hosts, op.allowed), op.timeout_s)
+                if operation_error(done):
+                    return f"failed: deleteInstances: {operation_error(done)}"
+            # Whether deleting a host also deletes its per-instance config is not said for every
+            # case (rayslice/recovery/cloud.py); what is left is deleted, so the next
             # createInstances of the same names starts clean.
             left = [c["name"] for c in client.list_per_instance_configs(name) if c.get("name") in hosts]
             if left:
@@ -446,7 +481,7 @@ class MigSlices(SliceKind):
                     return f"failed: deletePerInstanceConfigs: {operation_error(done)}"
         except (CloudError, OSError) as exc:
             return f"failed: {exc}"
-        return f"{len(hosts)} host(s) deleted ({why})"
+        return outcome
 
 
 def _resize(op: Operation, name: str, size: int, why: str) -> str:
@@ -541,11 +576,19 @@ class TpuNodeSlices(SliceKind):
         return Observation(broken, seen, recorded, node_state == "READY", gone, cell)
 
     def recreate(
-        self, op: Operation, name: str, recorded: Mapping[str, Any], start: str, begin: Begin
+        self,
+        op: Operation,
+        name: str,
+        recorded: Mapping[str, Any],
+        start: str,
+        begin: Begin,
+        *,
+        cell: capacity_table.Cell | None,
     ) -> str:
         """Delete the node and create it again with the same id from its recorded fields; a
         queued slice the way it was made: its request deleted with ``force`` (its node first) and
-        made again under the same name, so it waits for capacity as the first did."""
+        made again under the same name, so it waits for capacity as the first did. (`cell` is not
+        needed: the recorded node or request carries its capacity.)"""
         if "queued" in recorded:
             return self._recreate_queued(op, name, recorded["queued"], start, begin)
         client, wait = op.client, op.client.wait_tpu_operation

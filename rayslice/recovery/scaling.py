@@ -175,20 +175,18 @@ def instances_of(policy: ScalingPolicy, project: str, hosts: Sequence[str]) -> l
     """The createInstances entries that add a slice's hosts with the names and reserved internal
     addresses infra gave them: the per-instance config Pulumi would have declared
     (rayslice/infra/compute/slice.py; compute v1 PerInstanceConfig.preservedState.internalIPs)."""
-    return [
-        {
-            "name": host,
-            "preservedState": {
-                "internalIPs": {
-                    NIC: {
-                        "autoDelete": "NEVER",
-                        "ipAddress": {"address": address_link(project, policy.region, host)},
-                    }
-                }
-            },
-        }
-        for host in hosts
-    ]
+    return [host_config(host, address_link(project, policy.region, host)) for host in hosts]
+
+
+def host_config(host: str, address: Any) -> dict[str, Any]:
+    """One createInstances entry (compute v1 PerInstanceConfig): host `host` with its reserved
+    internal address `address` (a self link) kept on its first interface, never released with the
+    host (``autoDelete`` NEVER: the address is Pulumi's). The program's SliceHosts
+    (rayslice/infra/compute/bulk_hosts.py) and the controller send the same entries."""
+    return {
+        "name": host,
+        "preservedState": {"internalIPs": {NIC: {"autoDelete": "NEVER", "ipAddress": {"address": address}}}},
+    }
 
 
 def address_link(project: str, region: str, host: str) -> str:

@@ -25,10 +25,22 @@ from rayslice.infra.mocks import FakeGcp, OfflineEngine, Registration
 from rayslice.infra.program import main
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
-STACKS = {  # one compute stack, one tpu-vm stack (queued: its request and node are two resources)
-    "compute": INFRA / "Pulumi.example-compute-v6e-16.yaml",
-    "tpu-vm": INFRA / "Pulumi.example-tpu-vm-queued-v6e-16.yaml",
+# Two compute stacks (Spot: one per-instance config per host; reserved: a bulk MIG whose hosts
+# come from one SliceHosts), one tpu-vm stack (queued: its request and node are two resources);
+# each a stack file and its overrides.
+STACKS = {
+    "compute": (INFRA / "Pulumi.example-compute-v6e-16.yaml", []),
+    "compute-reserved": (
+        INFRA / "Pulumi.example-compute-v6e-16.yaml",
+        ["capacity=reserved", "reservation=team-v6e"],
+    ),
+    "tpu-vm": (INFRA / "Pulumi.example-tpu-vm-queued-v6e-16.yaml", []),
 }
+
+
+def _config(stack: str) -> dict[str, str]:
+    path, overrides = STACKS[stack]
+    return preview.stack_config(str(path), overrides)
 
 
 class Interrupted(Exception):
@@ -108,6 +120,14 @@ def _delete(twin: CloudTwin, registration: Registration) -> None:
         twin.delete_mig(project, zone, inputs["name"])
     elif kind == bodies.PER_INSTANCE_CONFIG:
         twin.delete_per_instance_configs(project, zone, inputs["instanceGroupManager"], [inputs["name"]])
+    elif kind == bodies.SLICE_HOSTS:  # rayslice's provider (compute/bulk_hosts.py): a resize to 0, then
+        mig = str(inputs["instanceGroupManager"])  # what is left of the hosts' configs
+        if (project, zone, mig) in twin.migs:
+            twin.resize_mig(project, zone, mig, 0)
+            names = {i["name"] for i in inputs["instances"]}
+            left = [c["name"] for c in twin.configs[(project, zone, mig)] if c["name"] in names]
+            if left:
+                twin.delete_per_instance_configs(project, zone, mig, left)
     elif kind == bodies.INSTANCE:
         twin.delete_instance(project, zone, inputs["name"])
     elif kind == bodies.TPU_NODE:
@@ -153,7 +173,7 @@ def _clean(config: dict[str, str]) -> tuple[dict[str, list[str]], int, list[Regi
 
 @functools.cache
 def _reference(stack: str) -> tuple[dict[str, list[str]], int]:
-    holdings, creates, _ = _clean(preview.stack_config(str(STACKS[stack]), []))
+    holdings, creates, _ = _clean(_config(stack))
     return holdings, creates
 
 
@@ -161,7 +181,7 @@ def _reference(stack: str) -> tuple[dict[str, list[str]], int]:
 def test_an_up_interrupted_at_each_create_then_run_again_or_destroyed_leaves_nothing(
     stack: str,
 ) -> None:
-    config = preview.stack_config(str(STACKS[stack]), [])
+    config = _config(stack)
     clean, creates = _reference(stack)
     assert creates > 5 and clean["instances"]  # the stack creates cloud resources
     for step in range(1, creates + 1):
@@ -184,7 +204,7 @@ def test_an_up_interrupted_at_each_create_then_run_again_or_destroyed_leaves_not
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_a_destroy_interrupted_at_each_delete_then_run_again_leaves_nothing(stack: str) -> None:
-    config = preview.stack_config(str(STACKS[stack]), [])
+    config = _config(stack)
     deployed = CloudTwin()
     deployed_state: dict[str, Any] = {}
     registrations = _up(config, _Engine(deployed, deployed_state))

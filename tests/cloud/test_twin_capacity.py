@@ -9,10 +9,11 @@ import pytest
 
 from rayslice.cloud.capacity import CANCELLED, ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
 from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.compute import BulkModeError
 from rayslice.cloud.twin.state import TwinHost
 from rayslice.infra import preview
 from rayslice.infra.network import SUBNET_CIDR
-from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME
+from rayslice.names import ATTR_SLICE_HOSTS, ATTR_SLICE_NAME, address_name
 
 STACKS = Path(__file__).resolve().parents[2] / "infra"
 FLEX = "Pulumi.example-compute-flex-v6e-16.yaml"
@@ -53,6 +54,30 @@ def test_a_direct_create_takes_what_there_is_host_by_host():
         )
     assert len([h for h in twin.hosts() if h.group is not None]) == 3
     assert twin.capacity.free[(ZONE, HOST_TYPE)] == 0
+
+
+def test_a_reserved_slice_is_one_bulk_create_that_waits_for_every_host_and_takes_no_second():
+    """D4 (issue 40): a reserved slice's bulk MIG gets all four hosts from one createInstances at
+    target size 0; with 3 of the 4 hosts free it creates none (bulk mode: all or none, it waits),
+    and once the reservation has room all four come, under rayslice's names and at their reserved
+    addresses. A second createInstances is refused while the target size is above 0."""
+    twin, _ = _twin(free=3)
+    overrides = [f"zone={ZONE}", "capacity=reserved", "reservation=team-v6e", "head=vm"]
+    preview.deploy(
+        preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), overrides), twin
+    )  # no ZONE_RESOURCE_POOL_EXHAUSTED: the bulk MIG waits
+    slice_name = "jax-compute-v6e-16-slice-0"
+    key = (PROJECT, ZONE, slice_name)
+    mig = twin.migs[key]
+    assert mig["targetSizePolicy"] == {"mode": "BULK"} and mig["targetSize"] == 4
+    assert twin.instances[key] == [] and [h for h in twin.hosts() if h.group == slice_name] == []
+    twin.set_capacity(ZONE, HOST_TYPE, 4)
+    hosts = sorted((h for h in twin.hosts() if h.group == slice_name), key=lambda h: h.name)
+    assert [h.name for h in hosts] == [f"{slice_name}-w{w}" for w in range(4)]
+    assert [h.ip for h in hosts] == [twin.addresses[address_name(h.name)] for h in hosts]
+    with pytest.raises(BulkModeError, match="target size 4"):
+        twin.create_instances(PROJECT, ZONE, mig, [{"name": f"{slice_name}-w9"}])
+    assert len(twin.instances[key]) == 4 and twin.violations() == []
 
 
 def test_a_flex_start_slice_waits_in_an_empty_zone_and_is_created_whole_when_capacity_comes():

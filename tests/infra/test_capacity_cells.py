@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from rayslice import capacity_table
+from rayslice import capacity_table, names
 from rayslice.cloud import bodies
-from rayslice.infra.mocks import run_offline
+from rayslice.infra.mocks import OfflineRun, run_offline
 from rayslice.infra.preview import pulumi_config
 from rayslice.infra.program import main
 
@@ -36,7 +36,8 @@ VALUES = {
 }
 
 
-def _sent(cell: capacity_table.Cell, type_token: str) -> list[dict[str, Any]]:
+def _run(cell: capacity_table.Cell) -> OfflineRun:
+    """The program of a one-slice v6e-16 stack of `cell` (head on a VM), applied to a twin."""
     raw = {
         "name": "cells",
         "project": PROJECT,
@@ -49,7 +50,11 @@ def _sent(cell: capacity_table.Cell, type_token: str) -> list[dict[str, Any]]:
     }
     run = run_offline(lambda: main().exports, pulumi_config(raw))
     assert run.twin.violations() == []
-    found = [bodies.request(r.type, r.inputs) for r in run.of_type(type_token)]
+    return run
+
+
+def _sent(cell: capacity_table.Cell, type_token: str) -> list[dict[str, Any]]:
+    found = [bodies.request(r.type, r.inputs) for r in _run(cell).of_type(type_token)]
     return [r.body for r in found if r is not None]
 
 
@@ -72,6 +77,44 @@ def test_a_compute_slices_template_and_failure_action_are_its_cells(cell: capaci
     assert _holds(template, wanted), (template.get("properties", {}).get("scheduling"), wanted)
     [mig] = _sent(cell, bodies.MIG)
     assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": cell.failure_action}
+
+
+@pytest.mark.parametrize("cell", COMPUTE, ids=lambda c: c.key)
+def test_a_compute_slices_mig_mode_and_create_calls_are_its_cells(cell: capacity_table.Cell) -> None:
+    """Issue 40 D4: the MIG's mode as Google reads it (``targetSizePolicy.mode``; none is
+    INDIVIDUAL, compute v1 discovery: "This is the default mode") is the cell's ``mig_mode``, its
+    target size at insert is the cell's (0 where createInstances names the hosts), and the hosts
+    come in as many createInstances calls as the mode takes: one for every host of a bulk MIG grown
+    from 0 (reserved: bulk mode adds hosts only while the target size is 0), one per host in
+    individual mode, none where the MIG names them (flex-start). The twin then holds the slice's
+    hosts, named and at their reserved addresses where rayslice names them."""
+    run = _run(cell)
+    [mig_registration] = run.of_type(bodies.MIG)
+    mig = bodies.request(bodies.MIG, mig_registration.inputs)
+    assert mig is not None
+    sent_mode = mig.body.get("targetSizePolicy", {}).get("mode", capacity_table.INDIVIDUAL)
+    assert sent_mode == cell.mig_mode
+    calls = [
+        request
+        for r in run.registrations
+        if (request := bodies.request(r.type, r.inputs)) is not None
+        and request.method == "compute.instanceGroupManagers.createInstances"
+    ]
+    hosts = 4  # v6e-16: four ct6e-standard-4t hosts
+    named = [str(i["name"]) for c in calls for i in c.body["instances"]]
+    if cell.target_size == capacity_table.TARGET_AT_INSERT:
+        assert mig.body["targetSize"] == hosts and calls == []
+    else:
+        assert mig.body["targetSize"] == 0
+        assert len(calls) == (1 if cell.mig_mode == capacity_table.BULK else hosts)
+        assert sorted(named) == [f"cells-slice-0-w{w}" for w in range(hosts)]
+    [(key, held)] = run.twin.migs.items()
+    assert held.get("targetSizePolicy", {}).get("mode", capacity_table.INDIVIDUAL) == cell.mig_mode
+    vms = [vm for k, vm in run.twin.vms.items() if vm.group == key[2]]
+    assert len(vms) == held["targetSize"] == hosts
+    if named:  # each host at its reserved address
+        assert sorted(vm.name for vm in vms) == sorted(named)
+        assert all(vm.ip == run.twin.addresses[names.address_name(vm.name)] for vm in vms)
 
 
 @pytest.mark.parametrize("cell", TPU_VM, ids=lambda c: c.key)

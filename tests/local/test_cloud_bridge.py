@@ -249,6 +249,18 @@ def test_rayslice_local_preempt_command(
     [
         ({"acceleratorType": "tpu7x-16", "capacity": "spot", "zone": "us-central1-c"}, "v7x-16", 2),
         ({"acceleratorType": "v6e-16", "slices": 2, "zone": "us-east5-b"}, "v6e-16", 4),
+        # Reserved: bulk MIGs whose hosts come from one createInstances each (SliceHosts).
+        (
+            {
+                "acceleratorType": "v6e-16",
+                "capacity": "reserved",
+                "reservation": "r1",
+                "head": "vm",
+                "zone": "us-east5-b",
+            },
+            "v6e-16",
+            4,
+        ),
     ],
 )
 def test_a_plan_from_what_the_program_deployed_to_the_twin(config, accelerator, hosts, tmp_path) -> None:

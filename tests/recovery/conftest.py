@@ -137,6 +137,12 @@ def mig_fields(slice_name: str) -> dict[str, object]:
     }
 
 
+def bulk_mig_fields(slice_name: str) -> dict[str, object]:
+    """The MIG of a reserved slice as the program makes it: bulk mode, target size 0, its hosts
+    from one createInstances (rayslice/infra/compute/bulk_hosts.py)."""
+    return {**mig_fields(slice_name), "targetSizePolicy": {"mode": "BULK"}}
+
+
 def old_mig_fields(slice_name: str) -> dict[str, object]:
     """The same MIG as an earlier rayslice left it: bulk mode, the default action on failure."""
     fields = {k: v for k, v in mig_fields(slice_name).items() if k != "instanceLifecyclePolicy"}
@@ -160,19 +166,35 @@ SPOT_TEMPLATE = {
         "disks": [{"boot": True, "initializeParams": {"diskType": "hyperdisk-balanced"}}],
     }
 }
+# The same for a reserved slice: reservation-bound, deleted on termination, one named reservation.
+RESERVED_TEMPLATE = {
+    "properties": {
+        "machineType": "ct6e-standard-4t",
+        "scheduling": {"provisioningModel": "RESERVATION_BOUND", "instanceTerminationAction": "DELETE"},
+        "reservationAffinity": {
+            "consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": ["r1"],
+        },
+        "disks": [{"boot": True, "initializeParams": {"diskType": "hyperdisk-balanced"}}],
+    }
+}
 WORKLOAD_POLICY = {"workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "4x4"}}
 
 
-def controller_violations(insert: dict[str, Any], create: dict[str, Any]) -> list[rules.Violation]:
+def controller_violations(
+    insert: dict[str, Any], create: dict[str, Any], template_body: dict[str, Any] = SPOT_TEMPLATE
+) -> list[rules.Violation]:
     """Google's rules (`rayslice.cloud.rules`) over the bodies the controller sent for one MIG:
-    its insert and its createInstances, with the template and workload policy they refer to."""
+    its insert and its one createInstances (every host in one call, as `bodies.SLICE_HOSTS`
+    models it), with the template (`template_body`) and workload policy they refer to."""
     name = str(insert["name"])
     template = rules.Resource(
         bodies.TEMPLATE,
         template_link(name),
         template_link(name),
         bodies.Request(
-            "compute", "compute.instanceTemplates.insert", "InstanceTemplate", None, SPOT_TEMPLATE
+            "compute", "compute.instanceTemplates.insert", "InstanceTemplate", None, template_body
         ),
     )
     policy = rules.Resource(
@@ -191,23 +213,20 @@ def controller_violations(insert: dict[str, Any], create: dict[str, Any]) -> lis
         ),
         {"versions": frozenset({template.urn}), "resourcePolicies": frozenset({policy.urn})},
     )
-    configs = [
-        rules.Resource(
-            bodies.PER_INSTANCE_CONFIG,
-            f"{mig_urn}/perInstanceConfigs/{instance['name']}",
-            str(instance["name"]),
-            bodies.Request(
-                "compute",
-                "compute.instanceGroupManagers.createInstances",
-                "InstanceGroupManagersCreateInstancesRequest",
-                str(instance["name"]),
-                {"instances": [instance]},
-            ),
-            {"instanceGroupManager": frozenset({mig_urn})},
-        )
-        for instance in create["instances"]
-    ]
-    return rules.check(rules.Stack([template, policy, mig, *configs]))
+    hosts = rules.Resource(
+        bodies.SLICE_HOSTS,
+        f"{mig_urn}/createInstances",
+        f"{name}-hosts",
+        bodies.Request(
+            "compute",
+            "compute.instanceGroupManagers.createInstances",
+            "InstanceGroupManagersCreateInstancesRequest",
+            None,
+            dict(create),
+        ),
+        {"instanceGroupManager": frozenset({mig_urn})},
+    )
+    return rules.check(rules.Stack([template, policy, mig, hosts]))
 
 
 def seed(

@@ -14,8 +14,10 @@ from tests.recovery.conftest import (
     CLUSTER,
     NODE_FIELDS,
     PROJECT,
+    RESERVED_TEMPLATE,
     ZONE,
     Clock,
+    bulk_mig_fields,
     controller_violations,
     make_controller,
     mig_fields,
@@ -134,15 +136,46 @@ def test_preempted_compute_slice_is_recreated_whole_with_its_host_names(
     assert len(events) == 1 and events[0]["outcome"] == "recreated" and events[0]["seen"].startswith(seen)
 
 
+@pytest.mark.parametrize("fields", [bulk_mig_fields, mig_fields], ids=["program", "earlier-individual"])
+def test_a_reserved_compute_slice_is_recreated_in_bulk_mode_with_every_host_in_one_call(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, fields
+) -> None:
+    """Issue 40 D4: a reserved slice's MIG is inserted again in the cell's mode, BULK, with target
+    size 0, and one createInstances brings every host back with its name and preserved address
+    (bulk mode takes hosts only while the target size is 0: one call), whatever mode the recorded
+    MIG had; the bodies pass Google's rules with the reservation-bound template."""
+    seed(cloud, "compute", fields=fields)
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity="reserved")
+    controller.step()
+    cloud.state.delete_mig(PROJECT, ZONE, SLICE0)  # gone: recreated at once (the cell's slice-gone)
+    controller.step()
+    assert [c.method_id for c in cloud.mutations()] == [
+        "compute.instanceGroupManagers.insert",
+        "compute.instanceGroupManagers.createInstances",
+    ]
+    insert, create = cloud.mutations()
+    assert insert.request["targetSize"] == 0 and insert.request["targetSizePolicy"] == {"mode": "BULK"}
+    assert [i["name"] for i in create.request["instances"]] == [f"{SLICE0}-w{w}" for w in range(4)]
+    assert create.request["instances"][1]["preservedState"]["internalIPs"]["nic0"]["ipAddress"] == {
+        "literal": "10.1.0.1"
+    }
+    assert [str(v) for v in controller_violations(insert.request, create.request, RESERVED_TEMPLATE)] == []
+    key = (PROJECT, ZONE, SLICE0)
+    assert cloud.state.migs[key]["targetSize"] == 4
+    assert sorted(i["name"] for i in cloud.state.instances[key]) == [f"{SLICE0}-w{w}" for w in range(4)]
+    [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert event["outcome"] == "recreated", event
+
+
 def test_the_rules_refuse_the_shape_an_earlier_controller_sent() -> None:
     """What the controller used to insert again for a MIG an earlier rayslice made (BULK, the
-    default REPAIR) breaks Google's rules for a Spot template: the check above can fail."""
+    default REPAIR) breaks Google's rules for a Spot template: the check above can fail. (Its one
+    createInstances from target size 0 is what bulk mode takes.)"""
     name = SLICE0
     insert = {"name": name, **old_mig_fields(name), "targetSize": 0}
     create = {"instances": [{"name": f"{name}-w{w}"} for w in range(4)]}
     assert {v.rule for v in controller_violations(insert, create)} == {
         "bulk-provisioning-model",
-        "bulk-grows-from-zero",
         "tpu-mig-do-nothing",
     }
 

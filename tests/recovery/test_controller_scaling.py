@@ -32,10 +32,16 @@ def _reading(pgs=(), slices=None) -> str:
 
 
 def _elastic(
-    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer, head: dict, **fields
+    cloud: CloudApiEmulator,
+    client: CloudClient,
+    controller_metadata: MetadataServer,
+    head: dict,
+    capacity: str | None = None,
+    **fields,
 ):
     """Two empty slices, as the program declares an elastic cluster's (MIG `fields` added); the
-    head VM answers with `head["demand"]`, the controller VM with its own events."""
+    head VM answers with `head["demand"]`, the controller VM with its own events; `capacity`: the
+    stack's capacity cell."""
     for name in (SLICE0, SLICE1):
         cloud.add_mig(PROJECT, ZONE, name, [], **mig_fields(name), **fields)
     controller_source = cloud.guest_source
@@ -46,7 +52,7 @@ def _elastic(
         return controller_source(instance) if controller_source else None
 
     cloud.guest_source = source
-    controller, stream = make_controller(client, "compute", controller_metadata)
+    controller, stream = make_controller(client, "compute", controller_metadata, capacity=capacity)
     controller.scaling, controller.wall_clock = POLICY, lambda: NOW
     return controller, stream
 
@@ -86,6 +92,41 @@ def test_a_pending_slice_adds_one_whole_slice_and_an_idle_one_is_removed(
     controller.step()  # the hosts are gone: the slice is an empty one again, and nothing is recreated
     assert controller.removing == set()
     assert [m.method_id for m in cloud.mutations()] == methods
+
+
+def test_a_reserved_slice_gets_every_host_in_one_call_and_is_removed_by_a_resize_to_0(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    """Issue 40 D4: a reserved slice's MIG is in bulk mode (its cell's), so its hosts come in one
+    createInstances while its target size is 0 and go by a resize to 0, which bulk mode takes
+    (Compute Engine, "About bulk mode"), not deleteInstances; what is left of their per-instance
+    configs goes too, so the next add of the same names starts clean."""
+    head = {"demand": _reading(PENDING_SLICE)}
+    controller, stream = _elastic(
+        cloud, client, controller_metadata, head, capacity="reserved", targetSizePolicy={"mode": "BULK"}
+    )
+    controller.step()
+    controller.step()
+    [create] = cloud.mutations()
+    assert create.method_id == "compute.instanceGroupManagers.createInstances" and SLICE0 in create.path
+    assert [i["name"] for i in create.request["instances"]] == names.slice_host_names(SLICE0, 4)
+    key = (PROJECT, ZONE, SLICE0)
+    assert len(cloud.state.instances[key]) == cloud.state.migs[key]["targetSize"] == 4
+
+    head["demand"] = _reading(slices={SLICE0: {"nodes": 4, "busy": False, "idle_s": 61}})
+    controller.step()
+    methods = [m.method_id for m in cloud.mutations()]
+    assert methods[1:] == ["compute.instanceGroupManagers.resize"], methods
+    assert cloud.mutations()[1].query == {"size": "0"}
+    assert cloud.state.migs[key]["targetSize"] == 0 and not cloud.state.instances[key]
+    assert not cloud.state.configs[key]
+    assert _events(stream)[-1] == (SLICE0, "remove slice", "MIG resized to 0 host(s): idle for 60s or more")
+
+    head["demand"] = _reading(PENDING_SLICE)  # wanted again: the same names, one call from 0
+    controller.step()
+    controller.step()
+    assert [m.method_id for m in cloud.mutations()][2:] == ["compute.instanceGroupManagers.createInstances"]
+    assert len(cloud.state.instances[key]) == 4
 
 
 def test_demand_beyond_slices_waits_and_says_on_what(

@@ -33,8 +33,10 @@ from tests.recovery.conftest import (
     PROJECT,
     ZONE,
     Clock,
+    bulk_mig_fields,
     gke_pool,
     make_controller,
+    mig_fields,
     queued_body,
     seed,
     seed_flex,
@@ -60,6 +62,12 @@ def _end_run(cloud: CloudApiEmulator) -> None:
     """The run (or the reservation's period) ends: Compute Engine deletes every host; the MIG stays."""
     for record in list(cloud.state.instances[(PROJECT, ZONE, SLICE1)]):
         cloud.state.lose(cloud.state.vms[(PROJECT, ZONE, record["name"])], deleted=True)
+
+
+def _mig_fields(cell: table.Cell) -> Callable[[str], dict[str, object]]:
+    """The MIG the program makes for a compute cell whose hosts it names: in bulk mode where the
+    cell says so (reserved: every host from one createInstances), else individual."""
+    return bulk_mig_fields if cell.mig_mode == table.BULK else mig_fields
 
 
 def _cases(platform: str = table.COMPUTE) -> list[tuple[table.Cell, str, str]]:
@@ -88,7 +96,7 @@ def test_the_controller_does_what_the_cell_says(
     if cell.run_duration:  # flex-start: a bulk MIG whose hosts the MIG named
         seed_flex(cloud)
     else:
-        seed(cloud, "compute")
+        seed(cloud, "compute", fields=_mig_fields(cell))
     controller, stream = make_controller(client, "compute", controller_metadata, capacity=cell.capacity)
     controller.step()  # seen whole
     assert cloud.mutations() == []
@@ -405,7 +413,7 @@ def test_a_controller_killed_after_a_step_of_a_recreation_is_finished_by_the_nex
     if kind == "bulk":
         seed_flex(cloud)
     elif kind == "mig":
-        seed(cloud, "compute")
+        seed(cloud, "compute", fields=_mig_fields(cell))
     else:
         _seed_tpu(cloud, cell)
     before = _resources(cloud)
@@ -456,6 +464,9 @@ def test_a_controller_killed_after_a_step_of_a_recreation_is_finished_by_the_nex
     if kind in ("mig", "bulk"):
         hosts = [h for h in cloud.state.hosts() if h.group == SLICE1]
         assert len(hosts) == 4 and {h.status for h in hosts} == {"RUNNING"}, events
+        # The recreated MIG in the cell's mode (bulk on reserved capacity).
+        mig = cloud.state.migs[(PROJECT, ZONE, SLICE1)]
+        assert mig.get("targetSizePolicy", {}).get("mode", table.INDIVIDUAL) == cell.mig_mode
     else:
         assert cloud.state.nodes[(PROJECT, ZONE, SLICE1)]["state"] == "READY", events
     assert not cloud.state.violations()

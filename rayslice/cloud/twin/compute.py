@@ -11,7 +11,8 @@ Behaviour, by source:
 - ``createInstances`` adds one named instance per per-instance config and raises the target size
   by as many (discovery, instanceGroupManagers.createInstances: "Creates instances with
   per-instance configurations in this managed instance group"; the provider creates a
-  PerInstanceConfig through it, magic-modules mmv1/products/compute/PerInstanceConfig.yaml).
+  PerInstanceConfig through it, magic-modules mmv1/products/compute/PerInstanceConfig.yaml, one
+  call per config; rayslice's SliceHosts sends every host of a bulk slice in one call).
   No source says Google refuses a MIG larger than its workload policy's topology, so the twin
   creates what was asked and `audit` reports it (rule instances-match-topology).
 - ``deleteInstances`` deletes the named members at once and lowers the target size by as many
@@ -236,7 +237,7 @@ class ComputeTwin(TwinState):
             )
         elif call.type_token == bodies.MIG:
             self.insert_mig(project, zone, body)
-        elif call.type_token == bodies.PER_INSTANCE_CONFIG:
+        elif call.type_token in (bodies.PER_INSTANCE_CONFIG, bodies.SLICE_HOSTS):
             mig = self._mig_named(project, zone, str(call.target), call.name)
             self.create_instances(project, zone, mig, body["instances"])
         elif call.type_token == bodies.RESIZE_REQUEST:

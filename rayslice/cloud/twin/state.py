@@ -53,6 +53,7 @@ COLLECTIONS = {
     bodies.SUBNETWORK: "subnetworks",
     bodies.ROUTER: "routers",
     bodies.PER_INSTANCE_CONFIG: "perInstanceConfigs",
+    bodies.SLICE_HOSTS: "perInstanceConfigs",
     bodies.TPU_NODE: "nodes",
     bodies.IMAGE: "images",
     bodies.RESIZE_REQUEST: "resizeRequests",
@@ -253,7 +254,7 @@ class TwinState:
         resource this twin holds (or the reference as given)."""
         body = request.body
         refs: dict[str, set[str]] = {}
-        if type_token in (bodies.PER_INSTANCE_CONFIG, bodies.RESIZE_REQUEST) and target:
+        if type_token in (bodies.PER_INSTANCE_CONFIG, bodies.SLICE_HOSTS, bodies.RESIZE_REQUEST) and target:
             refs["instanceGroupManager"] = {self._link(f"instanceGroupManagers/{short_name(target)}")}
         if type_token == bodies.MIG:
             refs["versions"] = {self._link(v.get("instanceTemplate")) for v in body.get("versions", [])}

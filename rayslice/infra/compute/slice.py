@@ -45,21 +45,24 @@ only usable whole, so a rolling update would only prolong the outage).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pulumi
 import pulumi_gcp as gcp
 
 from rayslice.catalog import region_of
+from rayslice.infra.compute.bulk_hosts import SliceHosts
 from rayslice.infra.compute.template import (
     BOOT_DISK_GB,
-    BULK_MODE,
     TIMEOUTS,
     WORKLOAD_POLICY_TYPE,
     boot_disk_type,
+    hosts_in_one_call,
     lifecycle_policy,
     reservation_affinity,
     scheduling,
     source_image,
+    target_size_policies,
     template_name_prefix,
 )
 from rayslice.infra.firewall import slice_tags
@@ -67,6 +70,7 @@ from rayslice.infra.hosts import SliceArgs
 from rayslice.infra.labels import resource_labels
 from rayslice.infra.metadata import REPLACE_ON_METADATA
 from rayslice.names import CLOUD_PLATFORM_SCOPE, NIC, address_name, slice_host_names
+from rayslice.recovery.scaling import host_config
 from rayslice.spec import ClusterSpec
 
 TARGET_SIZE = "targetSize"
@@ -165,11 +169,9 @@ class ComputeSlice(pulumi.ComponentResource):
                 gcp.compute.InstanceGroupManagerVersionArgs(instance_template=template.self_link_unique)
             ],
             # Flex-start: every host at insert, in bulk mode (none on a slice the controller owns,
-            # which it resizes from 0); else 0 and the per-instance configs below add the hosts.
+            # which it resizes from 0); else 0 and createInstances below adds the hosts.
             target_size=spec.tpu.hosts if spec.waits_for_capacity and not controller_owns(spec, index) else 0,
-            target_size_policies=[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=BULK_MODE)]
-            if spec.waits_for_capacity
-            else None,
+            target_size_policies=target_size_policies(spec),
             instance_lifecycle_policy=lifecycle_policy(spec),
             resource_policies=gcp.compute.InstanceGroupManagerResourcePoliciesArgs(
                 workload_policy=policy.self_link
@@ -189,36 +191,53 @@ class ComputeSlice(pulumi.ComponentResource):
                 # are gone before the addresses are deleted; an address in use cannot be.
                 depends_on=[*args.depends_on, *addresses],
                 custom_timeouts=TIMEOUTS,
-                # Raised by the per-instance configs, or set by the controller on its slices.
+                # Raised by createInstances, or set by the controller on its slices.
                 ignore_changes=[TARGET_SIZE],
             ),
         )
         # An elastic cluster's slices above minSlices start empty: the recovery controller adds
         # their hosts with the same names and addresses when Ray needs them, and removes them.
         owned = [] if controller_owns(spec, index) else hosts
-        for worker, (host, address) in enumerate(zip(owned, addresses[: len(owned)], strict=True)):
-            gcp.compute.PerInstanceConfig(
-                f"{name}-w{worker}",
-                name=host,
-                project=spec.project,
-                zone=zone,
-                instance_group_manager=mig.name,
-                preserved_state=gcp.compute.PerInstanceConfigPreservedStateArgs(
-                    internal_ips=[
-                        gcp.compute.PerInstanceConfigPreservedStateInternalIpArgs(
-                            interface_name=NIC,
-                            auto_delete="NEVER",
-                            ip_address=gcp.compute.PerInstanceConfigPreservedStateInternalIpIpAddressArgs(
-                                address=address.self_link
-                            ),
-                        )
-                    ]
-                ),
-                remove_instance_on_destroy=True,
-                opts=pulumi.ResourceOptions(
-                    parent=mig, depends_on=list(args.depends_on), custom_timeouts=TIMEOUTS
-                ),
+        if owned and hosts_in_one_call(spec):
+            # Bulk mode: every host in one createInstances from target size 0 (bulk_hosts.py).
+            SliceHosts(
+                f"{name}-hosts",
+                {
+                    "project": spec.project or gcp.organizations.get_client_config_output().project,
+                    "zone": zone,
+                    "instanceGroupManager": mig.name,
+                    "instances": [
+                        address.self_link.apply(functools.partial(host_config, host))
+                        for host, address in zip(owned, addresses, strict=True)
+                    ],
+                },
+                opts=pulumi.ResourceOptions(parent=mig, depends_on=list(args.depends_on)),
             )
+        else:
+            # Individual mode: one per-instance config, so one createInstances, per host.
+            for worker, (host, address) in enumerate(zip(owned, addresses[: len(owned)], strict=True)):
+                gcp.compute.PerInstanceConfig(
+                    f"{name}-w{worker}",
+                    name=host,
+                    project=spec.project,
+                    zone=zone,
+                    instance_group_manager=mig.name,
+                    preserved_state=gcp.compute.PerInstanceConfigPreservedStateArgs(
+                        internal_ips=[
+                            gcp.compute.PerInstanceConfigPreservedStateInternalIpArgs(
+                                interface_name=NIC,
+                                auto_delete="NEVER",
+                                ip_address=gcp.compute.PerInstanceConfigPreservedStateInternalIpIpAddressArgs(
+                                    address=address.self_link
+                                ),
+                            )
+                        ]
+                    ),
+                    remove_instance_on_destroy=True,
+                    opts=pulumi.ResourceOptions(
+                        parent=mig, depends_on=list(args.depends_on), custom_timeouts=TIMEOUTS
+                    ),
+                )
         self.slice_name = mig.name  # (no addresses for a flex-start slice: `hosts` is empty)
         self.host_ips = pulumi.Output.all(*[a.address for a in addresses])
         # Repeated from the annotations: registered outputs are what `pulumi stack` shows.

@@ -20,7 +20,6 @@ from rayslice.spec import ClusterSpec, host_image_link
 # tests/infra/test_api_enums.py checks against the compute v1 discovery document. The rules they
 # satisfy are in `rayslice.cloud.rules` (docs/deploy-compute.md lists them).
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"  # place the hosts as close as possible (one ICI domain)
-BULK_MODE = capacity_table.BULK
 BOOT_DISK_GB = 100
 TIMEOUTS = pulumi.CustomTimeouts(create="60m", update="60m", delete="30m")
 
@@ -85,6 +84,29 @@ def lifecycle_policy(spec: ClusterSpec) -> gcp.compute.InstanceGroupManagerInsta
     action = cell_for(spec).failure_action
     assert action is not None, "every compute cell names its MIG's failure action"
     return gcp.compute.InstanceGroupManagerInstanceLifecyclePolicyArgs(default_action_on_failure=action)
+
+
+def target_size_policies(
+    spec: ClusterSpec,
+) -> list[gcp.compute.InstanceGroupManagerTargetSizePolicyArgs] | None:
+    """The MIG's target-size policy, from the cell's ``mig_mode``: BULK (flex-start and
+    reservation-bound: bulk mode takes only those templates, rule bulk-provisioning-model), else
+    none, which is INDIVIDUAL (compute v1 discovery, InstanceGroupManagerTargetSizePolicy.mode:
+    INDIVIDUAL "is the default mode"; "If mode is unspecified, MIG will behave as in the default
+    INDIVIDUAL mode")."""
+    mode = cell_for(spec).mig_mode
+    assert mode in (capacity_table.BULK, capacity_table.INDIVIDUAL), "every compute cell names its MIG mode"
+    if mode != capacity_table.BULK:
+        return None
+    return [gcp.compute.InstanceGroupManagerTargetSizePolicyArgs(mode=mode)]
+
+
+def hosts_in_one_call(spec: ClusterSpec) -> bool:
+    """Whether the cell's MIG gets its named hosts in one createInstances (a bulk MIG whose hosts
+    come from target size 0: bulk mode takes them only while the target size is 0, rule
+    bulk-grows-from-zero), rather than one per host (individual mode)."""
+    found = cell_for(spec)
+    return found.mig_mode == capacity_table.BULK and found.target_size == capacity_table.TARGET_FROM_ZERO
 
 
 def _nothing_left(body: dict[str, Any]) -> dict[str, Any]:

@@ -47,10 +47,11 @@ import pulumi_gcp as gcp
 from rayslice import capacity_table
 from rayslice.capacity_table import cell_for
 from rayslice.cloud import bodies, rules
-from rayslice.cloud.rest import default_session, operation_error
+from rayslice.cloud.rest import operation_error
 from rayslice.errors import CloudError
+from rayslice.infra.providers import ReplacingProvider
+from rayslice.infra.providers import client as _client
 from rayslice.names import request_name
-from rayslice.recovery.cloud import CloudClient, Location
 from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
 
 ACCEPT_TIMEOUT_S = 600.0  # how long `pulumi up` waits for Google to accept a request
@@ -90,8 +91,10 @@ def _in_project(value: Any, project: pulumi.Input[str]) -> Any:
     return pulumi.Output.concat(head, project, tail)
 
 
-class QueuedResourceProvider(pulumi.dynamic.ResourceProvider):
+class QueuedResourceProvider(ReplacingProvider):
     """Creates and deletes one queued resource through the Cloud TPU API (module docstring)."""
+
+    compared = _COMPARED
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         request = bodies.request(bodies.QUEUED_RESOURCE, props)
@@ -117,14 +120,6 @@ class QueuedResourceProvider(pulumi.dynamic.ResourceProvider):
         error = operation_error(done)
         if error:
             raise CloudError(f"delete queued resource {name}", None, error)
-
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        changed = [key for key in _COMPARED if olds.get(key) != news.get(key)]
-        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=True)
-
-
-def _client(props: dict[str, Any]) -> CloudClient:
-    return CloudClient(default_session(), Location(str(props["project"]), str(props["zone"])))
 
 
 def _path(props: dict[str, Any]) -> str:
