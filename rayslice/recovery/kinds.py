@@ -390,10 +390,12 @@ class MigSlices(SliceKind):
 
     def status(self, client: CloudClient, name: str, hosts: int, *, waits: bool) -> dict[str, Any]:
         """The MIG's instances, each with its boot state; with `waits` (a flex-start bulk MIG),
-        its wait for capacity too."""
+        or for any MIG in bulk mode (a reserved slice's waits for the reservation to hold every
+        host), its wait for capacity too."""
         mig = client.get_mig(name)
         if mig is None:
             return {"name": name, "state": "MISSING", "hosts": []}
+        waits = waits or mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE
         target = int(mig.get("targetSize", 0))
         rows = []
         for position, (host, status) in enumerate(

@@ -291,6 +291,23 @@ def test_status_shows_a_flex_start_slice_waiting_then_its_hosts_joining(
     assert cloud.mutations() == []  # status only reads
 
 
+def test_status_shows_a_reserved_bulk_slice_waiting_for_its_reservation_not_degraded(
+    cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """D4 (issue 40): a reserved slice's bulk MIG after its one createInstances, before the
+    reservation holds every host, has its target size set and no host: it waits (bulk mode makes
+    them all at once), where status said 'DEGRADED (0 of 4 hosts running)'."""
+    cloud.state.set_capacity(ZONE, "", 0)
+    seed_flex(cloud, slices=1)  # the same bulk MIG shape, its target size set, no host yet
+    reserved = ["status", "--set", f"project={PROJECT}", "--set", f"zone={ZONE}", "--set", "slices=1"]
+    reserved += ["--set", "platform=compute", "--set", "capacity=reserved", "--set", "reservation=r1"]
+    assert cli.main([*reserved, "--json"]) == 0
+    [slice0] = json.loads(capsys.readouterr().out)["slices"]
+    assert slice0["state"] == "REQUEST WAITING_FOR_RESOURCES"
+    assert (slice0["request"]["kind"], slice0["request"]["hosts_asked"]) == ("bulk MIG", 4)
+    assert cloud.mutations() == []
+
+
 def test_status_shows_a_queued_slice_waiting_with_its_deadline_then_failed_with_the_reason(
     cloud: CloudApiEmulator, adc: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
