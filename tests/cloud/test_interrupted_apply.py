@@ -50,12 +50,22 @@ class Interrupted(Exception):
 class _Engine(FakeGcp):
     """Pulumi's engine over the twin: `state` holds each created resource's outputs by URN; a
     resource already in it is not created again; the `fail_at`-th create that reaches the twin
-    fails before the twin sees it."""
+    fails before the twin sees it, or, with `lose`, after: Google made the resource, but its
+    answer never reached Pulumi (kept in `lost`, by URN, for a `pulumi import`)."""
 
-    def __init__(self, twin: CloudTwin, state: dict[str, tuple[str, dict[str, Any]]], fail_at: int = 0):
+    def __init__(
+        self,
+        twin: CloudTwin,
+        state: dict[str, tuple[str, dict[str, Any]]],
+        fail_at: int = 0,
+        *,
+        lose: bool = False,
+    ):
         super().__init__(twin)
         self.state = state
         self.fail_at = fail_at
+        self.lose = lose
+        self.lost: dict[str, tuple[str, dict[str, Any]]] = {}
         self.creates = 0
         self.in_flight = 0
         self._count = threading.Lock()
@@ -69,6 +79,8 @@ class _Engine(FakeGcp):
             creates = self.creates = self.creates + (bodies.request(args.typ, dict(args.inputs)) is not None)
         try:
             if creates == self.fail_at and bodies.request(args.typ, dict(args.inputs)) is not None:
+                if self.lose:
+                    self.lost[urn] = super().new_resource(args)
                 raise Interrupted(urn)
             self.state[urn] = super().new_resource(args)
             return self.state[urn]
@@ -219,3 +231,53 @@ def test_a_destroy_interrupted_at_each_delete_then_run_again_leaves_nothing(stac
         _destroy(registrations, state, twin)
         assert not any(_holdings(twin).values()), (step, _holdings(twin))
     assert step > _reference(stack)[1] // 2
+
+
+# What sending a lost create again meets, by resource type: Google refuses a second resource of
+# one name (rule already-exists, 409), and createInstances refuses hosts that exist
+# (DuplicateInstanceError). Not refused: an instance template, whose name the provider makes
+# unique per create (a lost one stays behind on Google as an orphan; the twin's stand-in suffix is
+# fixed, so it cannot show one).
+NOT_REFUSED = {bodies.TEMPLATE}
+
+
+def _refused_again(config: dict[str, str], twin: CloudTwin, state: dict[str, Any], urn: str) -> str:
+    """`pulumi up` again without importing the lost resource `urn`: why Google refused it ('' if
+    it did not), on copies of `twin` and `state`."""
+    twin, state = copy.deepcopy((twin, state))
+    try:
+        _up(config, _Engine(twin, state))
+    except Exception as exc:  # a refused createInstances, or what depends on a refused resource
+        if "already exist" in str(exc):
+            return str(exc)
+    return "; ".join(str(v) for v in twin.refused if v.rule == "already-exists" and v.urn == urn)
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_a_create_whose_answer_was_lost_is_refused_when_sent_again_and_imported_leaves_nothing(
+    stack: str,
+) -> None:
+    """Issue 40 item 5, the other interruption: Google carried out a create, but its answer never
+    reached Pulumi, so the resource is outside the state. `pulumi up` again sends the create
+    again, and Google refuses it (409): nothing is made twice. `pulumi import` of the resource (its
+    outputs into the state) and `pulumi up` make the rest; `pulumi destroy` then leaves nothing."""
+    config = _config(stack)
+    clean, creates = _reference(stack)
+    for step in range(1, creates + 1):
+        twin = CloudTwin()
+        state: dict[str, Any] = {}
+        losing = _Engine(twin, state, fail_at=step, lose=True)
+        _up(config, losing)
+        [(urn, outputs)] = losing.lost.items()
+        kind = urn.split("::")[-2].split("$")[-1]
+        why = _refused_again(config, twin, state, urn)
+        if kind in NOT_REFUSED:
+            assert not why, (step, urn, why)
+        elif kind != bodies.SLICE_HOSTS:  # SliceHosts adopts its own hosts (test_slice_hosts_provider)
+            assert why, f"create {step} ({urn}) was sent again and not refused"
+        state[urn] = outputs  # `pulumi import`
+        registrations = _up(config, _Engine(twin, state))
+        assert _holdings(twin) == clean, f"after create {step} was lost, imported and `pulumi up` ran again"
+        assert not twin.violations(), step
+        _destroy(registrations, state, twin)
+        assert not any(_holdings(twin).values()), (step, _holdings(twin))

@@ -221,6 +221,13 @@ class ComputeTwin(TwinState):
     def _precheck(self, call: Create, urn: str | None) -> None:
         if call.type_token == bodies.IMAGE:
             self._check_source_disk(call.name, call.request, project=call.project, urn=urn)
+        held = {
+            bodies.MIG: (call.project, call.zone, call.resource_name) in self.migs,
+            bodies.INSTANCE: (call.project, call.zone, call.resource_name) in self.vms,
+            bodies.ADDRESS: call.resource_name in self.addresses,
+        }
+        if held.get(call.type_token):
+            self.already_exists(call, urn)
         super()._precheck(call, urn)
 
     def _create(self, call: Create) -> dict[str, Any]:

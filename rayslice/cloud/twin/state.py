@@ -60,6 +60,42 @@ COLLECTIONS = {
     bodies.QUEUED_RESOURCE: "queuedResources",
 }
 
+# The resources only the program creates and deletes (no API of the twin makes or removes them),
+# so the ledger (`TwinState.resources`) is what the project holds of them. The others are checked
+# against the tables their API keeps (`ComputeTwin._precheck`, `TpuTwin._precheck`). Not checked:
+# an instance template's name is its prefix plus a suffix the provider makes unique per create
+# (the twin's stand-in suffix is fixed: `bodies._generated_name`), and per-instance configs and a
+# slice's hosts are checked by createInstances itself (`DuplicateInstanceError`).
+# A router's NAT is an entry of the router (compute v1 discovery, RouterNat.name: "Unique name of
+# this Nat service"), held in the ledger like them.
+LEDGER_ONLY = frozenset(
+    {
+        bodies.RESOURCE_POLICY,
+        bodies.FIREWALL,
+        bodies.NETWORK,
+        bodies.SUBNETWORK,
+        bodies.ROUTER,
+        bodies.ROUTER_NAT,
+        bodies.IMAGE,
+    }
+)
+# Why a create of a name the project holds fails, and how rayslice words it.
+ALREADY_EXISTS_SOURCE = (
+    "Google Cloud API design guide, 'Errors' (https://cloud.google.com/apis/design/errors): "
+    "ALREADY_EXISTS, HTTP 409, 'The resource that a client tried to create already exists.'; the "
+    "emulated HTTP APIs answer a second MIG, node or queued resource of one name the same way"
+)
+
+
+def _call_link(call: Create) -> str:
+    """The self link `TwinState.admit` records `call`'s resource under."""
+    return _self_link(call.type_token, call.resource_name, call.project, call.zone, call.region)
+
+
+def _self_link(type_token: str, name: str, project: str, zone: str | None, region: str | None) -> str:
+    scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
+    return f"projects/{project}/{scope}/{COLLECTIONS.get(type_token, 'other')}/{name}"
+
 
 class CloudRuleError(InvalidInput):
     """Requests the twin refused, as Google would: each names the resource, rule and source."""
@@ -123,6 +159,7 @@ class Create:
     project: str
     zone: str | None
     target: str | None  # the resource the call's URL names besides the project and zone
+    region: str | None = None
 
     @property
     def resource_name(self) -> str:
@@ -186,7 +223,7 @@ class TwinState:
         per-instance config's MIG); `urn` the Pulumi URN a violation names (see `admit`).
 
         A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
-        call = Create(type_token, name, request, project, zone, target)
+        call = Create(type_token, name, request, project, zone, target, region)
         self._precheck(call, urn)
         link = self.admit(
             type_token, name, request, project=project, zone=zone, region=region, target=target, urn=urn
@@ -199,8 +236,27 @@ class TwinState:
 
     def _precheck(self, call: Create, urn: str | None) -> None:
         """Refuse, before `admit`, a call that breaks a rule on what the twin holds rather than
-        on what the call declares (an image of a running instance's disk); each API's mixin
-        adds its own. Raises `CloudRuleError`, kept in `refused`."""
+        on what the call declares (an image of a running instance's disk, a name its collection
+        holds already); each API's mixin adds its own. Raises `CloudRuleError`, kept in
+        `refused`. Here: the resources nothing but the program creates or deletes, which only
+        the ledger (`resources`) holds."""
+        if call.type_token in LEDGER_ONLY and _call_link(call) in self.resources:
+            self.already_exists(call, urn)
+
+    def already_exists(self, call: Create, urn: str | None) -> None:
+        """Refuse `call`: its collection holds the name already (`ALREADY_EXISTS_SOURCE`)."""
+        violation = rules.Violation(
+            urn=urn or _call_link(call),
+            resource=call.name,
+            rule="already-exists",
+            message=f"{COLLECTIONS.get(call.type_token, call.type_token)} {call.resource_name} already "
+            f"exists in project "
+            f"{call.project} (409 ALREADY_EXISTS): a create whose answer was lost made it; import it "
+            "into the stack (`pulumi import`) or delete it, then run `pulumi up` again",
+            source=ALREADY_EXISTS_SOURCE,
+        )
+        self.refused.append(violation)
+        raise CloudRuleError([violation])
 
     def _create(self, call: Create) -> dict[str, Any]:
         """Make what an admitted create call declares; the outputs beyond its self links. Each
@@ -226,9 +282,7 @@ class TwinState:
 
         Violations name the resource by `urn` (the Pulumi URN, so `rayslice preview` shows them
         beside the resource) or, for a call that has none (the HTTP APIs), its self link."""
-        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
-        collection = COLLECTIONS.get(type_token, "other")
-        link = f"projects/{project}/{scope}/{collection}/{request.name or name}"
+        link = _self_link(type_token, request.name or name, project, zone, region)
         refs = self._refs(type_token, request, target)
         resource = rules.Resource(type_token, urn or link, name, request, refs)
         try:

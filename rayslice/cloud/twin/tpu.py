@@ -60,6 +60,13 @@ class TpuTwin(TwinState):
         self.queued: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._queued_waits: dict[int, CapacityRequest] = {}  # id(queued resource record) -> its wait
 
+    def _precheck(self, call: Create, urn: str | None) -> None:
+        key = (call.project, str(call.zone), call.resource_name)
+        held = {bodies.TPU_NODE: key in self.nodes, bodies.QUEUED_RESOURCE: key in self.queued}
+        if held.get(call.type_token):
+            self.already_exists(call, urn)
+        super()._precheck(call, urn)
+
     def _create(self, call: Create) -> dict[str, Any]:
         """Queued resources and nodes."""
         if call.type_token == bodies.QUEUED_RESOURCE:
