@@ -90,6 +90,14 @@ SPECIFIC_RESERVATION, ANY_RESERVATION, NO_RESERVATION = (
     "NO_RESERVATION",
 )
 BULK, INDIVIDUAL = "BULK", "INDIVIDUAL"
+
+
+def in_bulk_mode(mig: Mapping[str, Any]) -> bool:
+    """Whether a MIG (an InstanceGroupManager body, as sent or as Google returns it) runs in bulk
+    mode (compute v1 discovery, InstanceGroupManagerTargetSizePolicy.mode)."""
+    return (mig.get("targetSizePolicy") or {}).get("mode") == BULK
+
+
 DO_NOTHING, REPAIR = "DO_NOTHING", "REPAIR"
 AUTO_REPAIR_ON, AUTO_REPAIR_OFF = "auto-repair on", "auto-repair off"
 # How a MIG gets its hosts.

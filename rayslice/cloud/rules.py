@@ -45,7 +45,7 @@ from rayslice.cloud.bodies import (
 FLEX_START = "FLEX_START"
 RESERVATION_BOUND = "RESERVATION_BOUND"
 SPOT = "SPOT"
-BULK = "BULK"
+BULK = capacity_table.BULK
 SPECIFIC_RESERVATION = "SPECIFIC_RESERVATION"
 DELETE = "DELETE"
 STOP = "STOP"
@@ -149,7 +149,7 @@ def _termination(template: Resource) -> str | None:
 
 
 def _bulk(mig: Resource) -> bool:
-    return mig.body.get("targetSizePolicy", {}).get("mode") == BULK
+    return capacity_table.in_bulk_mode(mig.body)
 
 
 def _templates(stack: Stack, mig: Resource) -> list[Resource]:

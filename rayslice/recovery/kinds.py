@@ -284,7 +284,7 @@ class MigSlices(SliceKind):
             ],
         }
         target = int(mig.get("targetSize", 0))
-        bulk = mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE
+        bulk = capacity_table.in_bulk_mode(mig)
         if bulk and target and not instances and not was_whole:
             # Bulk mode creates every host at once when the zone has them, none before: a bulk MIG
             # not yet whole with no instance waits (one that was whole has lost its hosts).
@@ -375,7 +375,7 @@ class MigSlices(SliceKind):
             if not missing:
                 return "recreated"
             mig = client.get_mig(name) or {}
-            if int(mig.get("targetSize", 0)) > 0 and mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE:
+            if int(mig.get("targetSize", 0)) > 0 and capacity_table.in_bulk_mode(mig):
                 # A bulk MIG took a killed controller's createInstances (its target size is set)
                 # and creates the hosts all at once when it can; it would refuse a second call.
                 return "recreated; the MIG waits to create its hosts all at once"
@@ -384,7 +384,7 @@ class MigSlices(SliceKind):
                 return "hosts requested, still in progress"
             if operation_error(done):
                 return f"failed: createInstances: {operation_error(done)}"
-        elif body.get("targetSizePolicy", {}).get("mode") == BULK_MODE:
+        elif capacity_table.in_bulk_mode(body):
             return f"recreated; the MIG waits for capacity for {body.get('targetSize')} host(s)"
         return "recreated"
 
@@ -395,7 +395,7 @@ class MigSlices(SliceKind):
         mig = client.get_mig(name)
         if mig is None:
             return {"name": name, "state": "MISSING", "hosts": []}
-        waits = waits or mig.get("targetSizePolicy", {}).get("mode") == BULK_MODE
+        waits = waits or capacity_table.in_bulk_mode(mig)
         target = int(mig.get("targetSize", 0))
         rows = []
         for position, (host, status) in enumerate(

@@ -119,6 +119,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayslice import catalog
+from rayslice.capacity_table import in_bulk_mode
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.bodies import Request
 from rayslice.cloud.capacity import Request as CapacityRequest
@@ -331,11 +332,11 @@ class ComputeTwin(TwinState):
         )
         mig.setdefault("targetSize", 0)
         size = int(mig["targetSize"])
-        if not is_bulk(mig):
+        if not in_bulk_mode(mig):
             self.capacity.take(zone, self._machine_of(mig), size)
         self.migs[key], self.instances[key], self.configs[key] = mig, [], []
         self.resize_requests[key] = []
-        if is_bulk(mig):
+        if in_bulk_mode(mig):
             self._bulk_wait(project, zone, mig, size, [])
         else:
             self._add_auto_named(project, zone, mig, size)
@@ -372,7 +373,7 @@ class ComputeTwin(TwinState):
         target = int(mig.get("targetSize", 0))
         if size == target:
             return
-        if is_bulk(mig):
+        if in_bulk_mode(mig):
             if size > 0 and target > 0:
                 raise BulkModeError(
                     f"MIG {name} is in bulk mode with target size {target}: hosts are added only "
@@ -511,7 +512,7 @@ class ComputeTwin(TwinState):
                 f"createInstances in {mig['name']}: instance(s) {', '.join(existing)} already exist in "
                 f"{project}/{zone}; an instance name is unique in its zone"
             )
-        if is_bulk(mig):
+        if in_bulk_mode(mig):
             if target > 0:
                 raise BulkModeError(
                     f"createInstances in MIG {mig['name']}, in bulk mode with target size {target}: "
@@ -872,11 +873,6 @@ class ComputeTwin(TwinState):
 
 def _termination(vm: _Vm) -> str | None:
     return vm.properties.get("scheduling", {}).get("instanceTerminationAction")
-
-
-def is_bulk(mig: dict[str, Any]) -> bool:
-    """Whether a MIG (as Google returns it) runs in bulk mode."""
-    return bool((mig.get("targetSizePolicy") or {}).get("mode") == rules.BULK)
 
 
 def _names(configs: list[dict[str, Any]]) -> set[str]:
