@@ -225,9 +225,7 @@ class TwinState:
         A broken rule raises `CloudRuleError` and creates nothing (also kept in `refused`)."""
         call = Create(type_token, name, request, project, zone, target, region)
         self._precheck(call, urn)
-        link = self.admit(
-            type_token, name, request, project=project, zone=zone, region=region, target=target, urn=urn
-        )
+        link = self.admit(call, urn)
         outputs: dict[str, Any] = {}
         if COLLECTIONS.get(type_token):
             outputs = {"selfLink": link, "selfLinkUnique": f"{link}?uniqueId={next(self._ids)}"}
@@ -264,27 +262,16 @@ class TwinState:
         a firewall, a network) is only recorded, by `admit`."""
         return {}
 
-    def admit(
-        self,
-        type_token: str,
-        name: str,
-        request: Request,
-        *,
-        project: str,
-        zone: str | None = None,
-        region: str | None = None,
-        target: str | None = None,
-        urn: str | None = None,
-    ) -> str:
+    def admit(self, call: Create, urn: str | None = None) -> str:
         """Check a create call against the rules and, if none is broken, record what it
         declares for later references; the resource's self link. A broken rule raises
         `CloudRuleError` (kept in `refused` too) and records nothing.
 
         Violations name the resource by `urn` (the Pulumi URN, so `rayslice preview` shows them
         beside the resource) or, for a call that has none (the HTTP APIs), its self link."""
-        link = _self_link(type_token, request.name or name, project, zone, region)
-        refs = self._refs(type_token, request, target)
-        resource = rules.Resource(type_token, urn or link, name, request, refs)
+        link = _call_link(call)
+        refs = self._refs(call.type_token, call.request, call.target)
+        resource = rules.Resource(call.type_token, urn or link, call.name, call.request, refs)
         try:
             self._check(resource)
         except CloudRuleError as exc:

@@ -21,7 +21,7 @@ from rayslice.cloud.bodies import MIG, Request
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
 from rayslice.cloud.states import PREEMPTED_OPERATION
 from rayslice.cloud.twin.compute import BulkModeError, DuplicateInstanceError, InstanceValidationError
-from rayslice.cloud.twin.state import CloudRuleError
+from rayslice.cloud.twin.state import CloudRuleError, Create
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
@@ -72,7 +72,7 @@ class ComputeApi(EmulatedProject):
             "compute", "compute.instanceGroupManagers.insert", "InstanceGroupManager", name, body
         )
         try:
-            self.state.admit(MIG, name, request, project=p["project"], zone=p["zone"])
+            self.state.admit(Create(MIG, name, request, p["project"], p["zone"], None))
         except CloudRuleError as exc:
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
         try:

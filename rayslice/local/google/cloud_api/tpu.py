@@ -23,7 +23,7 @@ from typing import Any
 
 from rayslice.cloud.bodies import QUEUED_RESOURCE, TPU_NODE, Request
 from rayslice.cloud.capacity import CapacityExhausted
-from rayslice.cloud.twin.state import CloudRuleError
+from rayslice.cloud.twin.state import CloudRuleError, Create
 from rayslice.local.google.cloud_api.project import EmulatedProject
 from rayslice.local.google.cloud_api.routes import ApiError, guest_entries, resource_key
 
@@ -66,7 +66,7 @@ class TpuApi(EmulatedProject):
         path = f"projects/{p['project']}/locations/{p['zone']}/nodes/{name}"
         request = Request("tpu", "tpu.projects.locations.nodes.create", "Node", name, body or {})
         try:
-            self.state.admit(TPU_NODE, path, request, project=p["project"], zone=p["zone"])
+            self.state.admit(Create(TPU_NODE, path, request, p["project"], p["zone"], None))
         except CloudRuleError as exc:
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
         try:
@@ -103,7 +103,7 @@ class TpuApi(EmulatedProject):
         method = "tpu.projects.locations.queuedResources.create"
         request = Request("tpu-v2alpha1", method, "QueuedResource", name, body or {})
         try:
-            self.state.admit(QUEUED_RESOURCE, path, request, project=p["project"], zone=p["zone"])
+            self.state.admit(Create(QUEUED_RESOURCE, path, request, p["project"], p["zone"], None))
         except CloudRuleError as exc:
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
         self.state.create_queued_resource(p["project"], p["zone"], name, body or {})
