@@ -7,12 +7,13 @@ hosts only from target size 0)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pulumi.dynamic
 
-from rayslice.cloud.rest import default_session
+from rayslice.cloud.rest import default_session, operation_error
+from rayslice.errors import CloudError
 from rayslice.recovery.cloud import CloudClient, Location
 
 
@@ -31,3 +32,11 @@ def client(props: dict[str, Any]) -> CloudClient:
     """The client a provider's calls go through: Application Default Credentials, the resource's
     project and zone, the endpoints `CloudClient` reads from the environment."""
     return CloudClient(default_session(), Location(str(props["project"]), str(props["zone"])))
+
+
+def succeeded(done: Mapping[str, Any], what: str) -> None:
+    """Raise `CloudError` naming `what` if the finished operation `done` carries an error: a
+    provider's call failed (Pulumi then shows the message and keeps the state as it was)."""
+    error = operation_error(done)
+    if error:
+        raise CloudError(what, None, error)

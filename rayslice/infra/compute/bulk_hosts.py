@@ -53,9 +53,8 @@ import pulumi
 import pulumi.dynamic
 
 from rayslice.cloud import bodies
-from rayslice.cloud.rest import operation_error
 from rayslice.errors import CloudError
-from rayslice.infra.providers import ReplacingProvider
+from rayslice.infra.providers import ReplacingProvider, succeeded
 from rayslice.infra.providers import client as _client
 from rayslice.recovery.cloud import managed_instance_name
 
@@ -92,9 +91,7 @@ class SliceHostsProvider(ReplacingProvider):
         done = client.wait_zone_operation(
             client.create_instances(mig, list(request.body["instances"]), [mig]), ACCEPT_TIMEOUT_S
         )
-        error = operation_error(done)
-        if error:
-            raise CloudError(f"createInstances in {mig}", None, error)
+        succeeded(done, f"createInstances in {mig}")
         return pulumi.dynamic.CreateResult(id_=_path(props), outs=dict(props))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -103,9 +100,7 @@ class SliceHostsProvider(ReplacingProvider):
             return
         hosts = {str(i["name"]) for i in props.get("instances") or []}
         done = client.wait_zone_operation(client.resize_mig(mig, 0, [mig]), DELETE_TIMEOUT_S)
-        error = operation_error(done)
-        if error:
-            raise CloudError(f"resize {mig} to 0", None, error)
+        succeeded(done, f"resize {mig} to 0")
         deadline = time.monotonic() + DELETE_TIMEOUT_S
         while {managed_instance_name(i) for i in client.list_managed_instances(mig)} & hosts:
             if time.monotonic() >= deadline:
@@ -116,9 +111,7 @@ class SliceHostsProvider(ReplacingProvider):
             done = client.wait_zone_operation(
                 client.delete_per_instance_configs(mig, left, [mig]), DELETE_TIMEOUT_S
             )
-            error = operation_error(done)
-            if error:
-                raise CloudError(f"deletePerInstanceConfigs in {mig}", None, error)
+            succeeded(done, f"deletePerInstanceConfigs in {mig}")
 
 
 def _path(props: dict[str, Any]) -> str:

@@ -47,9 +47,7 @@ import pulumi_gcp as gcp
 from rayslice import capacity_table
 from rayslice.capacity_table import cell_for
 from rayslice.cloud import bodies, rules
-from rayslice.cloud.rest import operation_error
-from rayslice.errors import CloudError
-from rayslice.infra.providers import ReplacingProvider
+from rayslice.infra.providers import ReplacingProvider, succeeded
 from rayslice.infra.providers import client as _client
 from rayslice.names import request_name
 from rayslice.spec import SECONDS_PER_HOUR, ClusterSpec
@@ -104,9 +102,7 @@ class QueuedResourceProvider(ReplacingProvider):
             request.name, request.body, [request.name], version=bodies.TPU_API_VERSIONS[request.api]
         )
         done = client.wait_tpu_operation(operation, ACCEPT_TIMEOUT_S)
-        error = operation_error(done)
-        if error:
-            raise CloudError(f"create queued resource {request.name}", None, error)
+        succeeded(done, f"create queued resource {request.name}")
         return pulumi.dynamic.CreateResult(id_=_path(props), outs=dict(props))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -117,9 +113,7 @@ class QueuedResourceProvider(ReplacingProvider):
         done = client.wait_tpu_operation(
             client.delete_queued_resource(name, [name], force=True), ACCEPT_TIMEOUT_S
         )
-        error = operation_error(done)
-        if error:
-            raise CloudError(f"delete queued resource {name}", None, error)
+        succeeded(done, f"delete queued resource {name}")
 
 
 def _path(props: dict[str, Any]) -> str:
