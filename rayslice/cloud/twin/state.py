@@ -247,10 +247,10 @@ class TwinState:
             urn=urn or _call_link(call),
             resource=call.name,
             rule="already-exists",
-            message=f"{COLLECTIONS.get(call.type_token, call.type_token)} {call.resource_name} already "
-            f"exists in project "
-            f"{call.project} (409 ALREADY_EXISTS): a create whose answer was lost made it; import it "
-            "into the stack (`pulumi import`) or delete it, then run `pulumi up` again",
+            message=f"{COLLECTIONS.get(call.type_token, call.type_token)} {call.resource_name} "
+            f"already exists in project {call.project} (409 ALREADY_EXISTS): a create whose answer "
+            "was lost made it; import it into the stack (`pulumi import`) or delete it, then run "
+            "`pulumi up` again",
             source=ALREADY_EXISTS_SOURCE,
         )
         self.refused.append(violation)
