@@ -22,6 +22,7 @@ import base64
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -286,8 +287,56 @@ def install_mocks(
     the same process leaves unset (the Jobs client's log streaming does): each run gets its
     own, or it fails with "There is no current event loop" depending on what ran before it.
     """
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    global _mocks_loop
+    if _mocks_loop is not None:
+        finish_run(_mocks_loop)
+    _mocks_loop = asyncio.new_event_loop()
+    _mocks_loop.set_default_executor(_Workers())
+    asyncio.set_event_loop(_mocks_loop)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+
+
+_mocks_loop: asyncio.AbstractEventLoop | None = None
+
+
+class _Workers(ThreadPoolExecutor):
+    """The threads Pulumi hands each call to the mocks: each makes an event loop of its own
+    (Pulumi's `_sync_await`), which this executor closes once its threads have ended."""
+
+    def __init__(self) -> None:
+        self.loops: list[asyncio.AbstractEventLoop] = []
+        super().__init__(thread_name_prefix="pulumi-mocks", initializer=self._own_loop)
+
+    def _own_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loops.append(loop)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait, cancel_futures=cancel_futures)
+        if wait:
+            for loop in self.loops:
+                loop.close()
+
+
+def finish_run(loop: asyncio.AbstractEventLoop) -> None:
+    """Let the calls a run handed to its worker threads finish, then close the run's loop.
+
+    Pulumi sends each registration to the mocks on the loop's default executor (`_Workers`) and
+    leaves Outputs nobody awaited as pending tasks. Left as they are, a process running many
+    programs keeps every run's threads and loops, about 20 file descriptors a run, until
+    `select()` fails past descriptor 1023; and a create still under way after an interrupted run
+    would change the state it is read from.
+    """
+    if loop.is_closed():
+        return
+    loop.run_until_complete(loop.shutdown_default_executor())
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
 
 
 class OfflineEngine:
@@ -323,7 +372,10 @@ class OfflineEngine:
         def _run() -> pulumi.Output[Any]:
             return pulumi.Output.from_input(program()).apply(lambda value: result.update(value=value))
 
-        _run()
+        try:
+            _run()
+        finally:
+            finish_run(asyncio.get_event_loop())
         return result.get("value")
 
 

@@ -10,7 +10,7 @@ instead of passing. (The driver's side under Ray: test_cluster.py; the client's:
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import subprocess
 import sys
 import textwrap
@@ -34,7 +34,11 @@ def first_line_while_running(code: str, answers: int) -> tuple[str, list[str]]:
         env=env,
     )
     try:
-        readable, _, _ = select.select([child.stdout], [], [], HANG_GUARD_S)
+        # A selector, not select(): select() refuses descriptors past 1023, and a test worker
+        # that has run many others may hold that many.
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ)
+            readable = selector.select(HANG_GUARD_S)
         assert readable, "the first line was held back while the process went on"
         assert child.stdout is not None
         first = child.stdout.readline()
