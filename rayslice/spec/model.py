@@ -334,8 +334,9 @@ class ClusterSpec:
     )
     allow_insecure_package_index: Bool = Field(
         False,
-        description="Allow a plain http:// packageIndex (anyone on the network path can then "
-        "tamper with packages installed as root).",
+        description="Allow a plain http:// packageIndex for the hosts (anyone on the network "
+        "path can then tamper with packages installed as root). The recovery controller's VM "
+        "never installs over plain http: with such an index it installs its lock from PyPI.",
     )
     package_index_credentials_secret: Str | None = Field(
         None,
