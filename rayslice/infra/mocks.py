@@ -280,8 +280,9 @@ def install_mocks(
     project: str,
     stack: str,
     monitor: MockMonitor | None = None,
-) -> None:
-    """Make `mocks` the engine for the next Pulumi program run in this thread.
+) -> asyncio.AbstractEventLoop:
+    """Make `mocks` the engine for the next Pulumi program run in this thread; returns the run's
+    event loop (`finish_run` ends it, or the next call here does).
 
     Pulumi's mocks run on the thread's current event loop, which an earlier asyncio.run() in
     the same process leaves unset (the Jobs client's log streaming does): each run gets its
@@ -294,6 +295,7 @@ def install_mocks(
     _mocks_loop.set_default_executor(_Workers())
     asyncio.set_event_loop(_mocks_loop)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+    return _mocks_loop
 
 
 _mocks_loop: asyncio.AbstractEventLoop | None = None
@@ -364,7 +366,7 @@ class OfflineEngine:
         Returns the program's return value with every Output resolved. Exceptions from the
         program (a `SpecError`, for one) propagate unchanged.
         """
-        install_mocks(self.fake, project=project, stack=stack, monitor=self._monitor)
+        loop = install_mocks(self.fake, project=project, stack=stack, monitor=self._monitor)
         pulumi.runtime.set_all_config(dict(config or {}))
         result: dict[str, Any] = {}
 
@@ -375,7 +377,7 @@ class OfflineEngine:
         try:
             _run()
         finally:
-            finish_run(asyncio.get_event_loop())
+            finish_run(loop)
         return result.get("value")
 
 
