@@ -376,9 +376,20 @@ class OfflineEngine:
 
         try:
             _run()
+        except BaseException:
+            # The failure goes to the caller; the Outputs that waited on it failed with it, and
+            # nobody reads them: asyncio would log each as "never retrieved" when it is freed.
+            loop.set_exception_handler(_unless_unread)
+            raise
         finally:
             finish_run(loop)
         return result.get("value")
+
+
+def _unless_unread(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's handler, less the failures of a failed run that no one was left to read."""
+    if context.get("message") != "Future exception was never retrieved":
+        loop.default_exception_handler(context)
 
 
 def run_offline(
