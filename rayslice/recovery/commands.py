@@ -98,7 +98,7 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
         for instance in client.list_managed_instances(group):
             host, status = managed_status(instance)
             nodes.append({"worker": len(nodes), "name": host, "instance": status})
-    running = sum(1 for n in nodes if n["instance"] == INSTANCE_RUNNING)
+    states = [str(n["instance"]) for n in nodes]
     conditions = pool.get("conditions") or []
     reason = "; ".join(f"{c.get('code', '')}: {c.get('message', '')}" for c in conditions) or pool.get(
         "statusMessage"
@@ -107,8 +107,8 @@ def _gke_slice(client: CloudClient, spec: ClusterSpec, name: str) -> dict[str, A
     return {
         "name": name,
         "state": str(pool.get("status", "STATUS_UNSPECIFIED")),
-        "phase": node_pool_phase(pool, [str(n["instance"]) for n in nodes], spec.tpu.hosts),
-        "nodes_running": running,
+        "phase": node_pool_phase(pool, states, spec.tpu.hosts),
+        "nodes_running": states.count(INSTANCE_RUNNING),
         "hosts_asked": spec.tpu.hosts,
         "since": since,
         "run_hours": hours(duration) if duration else None,
