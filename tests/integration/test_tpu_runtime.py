@@ -359,6 +359,9 @@ def test_a_subslice_placement_group_script_runs_unmodified_on_a_v6e_16(cluster, 
     [line] = [line for line in result.stdout.splitlines() if line.startswith("SUBSLICE ")]
     parent, sub, hosts, slice_name, names = line.split(" ", 5)[1:]
     assert (parent, sub, hosts) == ("4x4", "2x4", "2")
-    workers = sorted(int(n.rsplit("-w", 1)[1]) for n in ast.literal_eval(names))
     assert all(n.startswith(f"{slice_name}-w") for n in ast.literal_eval(names)), names
+    # The grid is Google's numbering of the hosts (their TPU worker ids), not their names': the
+    # twin numbers a MIG's hosts in the order Pulumi created them.
+    worker_of = {h.name: h.worker for h in cluster.plan.hosts}
+    workers = sorted(worker_of[n] for n in ast.literal_eval(names))
     assert workers in ([0, 1], [2, 3], [0, 2], [1, 3]), workers  # a row or a column of the grid

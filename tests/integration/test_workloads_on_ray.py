@@ -278,8 +278,10 @@ def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_the_multi_host_jobs(si
     bring_up(sim)
     nodes = tpu_nodes(sim)
     seen = [(n["ip"], n["head"], n["resources"], n["labels"]) for n in nodes]  # said when it fails
-    heads = [n["resources"].get("TPU-v7x-16-head") for n in nodes if n["head"]]
-    assert heads == [1.0], f"{seen}\n{sim.report()}"
+    # Ray gives the slice's head resource to TPU worker 0: the host Google numbers 0, which need
+    # not be -w0, the Ray head (the twin numbers a MIG's hosts in the order Pulumi created them).
+    heads = {n["labels"].get("ray.io/tpu-worker-id"): n["resources"].get("TPU-v7x-16-head") for n in nodes}
+    assert heads == {"0": 1.0, "1": None}, f"{seen}\n{sim.report()}"
     # Each host shows Ray 8 VFIO devices, two per chip, as a TPU7x host does: the chips Ray offers
     # are the boot script's explicit count.
     assert [n["resources"]["TPU"] for n in tpu_nodes(sim)] == [tpu.chips_per_host] * tpu.hosts

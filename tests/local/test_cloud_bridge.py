@@ -122,26 +122,31 @@ def test_preempt_then_recovery_powers_off_and_boots_exactly_that_slices_hosts(
         assert mig["instanceLifecyclePolicy"] == {"defaultActionOnFailure": "DO_NOTHING"}
 
     victims = cloud_bridge.preempt(cloud, sim, spec, "rayslice-slice-1")
-    assert len(victims) == 4 and sim.actions == [("off", h) for h in victims]
+    # The program creates a slice's hosts in parallel, so the twin's order of them (its worker
+    # numbers) is the order they happened to be created in; `status` lists them by name.
+    hosts = [f"rayslice-slice-1-w{i}" for i in range(4)]
+    assert sorted(victims) == hosts and sim.actions == [("off", h) for h in victims]
     with pytest.raises(KeyError, match="slices: rayslice-slice-0, rayslice-slice-1"):
         cloud_bridge.preempt(cloud, sim, spec, "rayslice-slice-2")
     data = gather(client, spec)
     if platform == "compute":  # stopped per Spot's termination action, left by DO_NOTHING
         assert data["slices"][1]["state"] == "DEGRADED (0 of 4 hosts running)"
         assert [(h["name"], h["instance"]) for h in data["slices"][1]["hosts"]] == [
-            (h, "TERMINATED") for h in victims
+            (h, "TERMINATED") for h in hosts
         ]
     else:
         assert data["slices"][1]["state"] == "PREEMPTED"
 
     controller.step()
-    assert sim.actions == [("off", h) for h in victims] * 2 + [("boot", h) for h in victims]
+    offs, boots = sim.actions[:8], sim.actions[8:]  # the preemption's and the recreate's, then boots
+    assert sorted(offs) == sorted([("off", h) for h in hosts] * 2)
+    assert sorted(boots) == [("boot", h) for h in hosts]
     assert [e.outcome for e in controller.recorder.events] == ["recreated"]
     data = gather(client, spec)
     assert [s["state"] for s in data["slices"]] == ["READY", "READY"]
     assert {h["boot"] for s in data["slices"] for h in s["hosts"]} == {"joined"}
     if platform == "compute":
-        assert [h["name"] for h in data["slices"][1]["hosts"]] == victims
+        assert [h["name"] for h in data["slices"][1]["hosts"]] == hosts
 
 
 def test_scale_down_powers_the_slices_hosts_off_and_scale_up_boots_the_same_ones(
@@ -163,8 +168,8 @@ def test_scale_down_powers_the_slices_hosts_off_and_scale_up_boots_the_same_ones
         poll_interval_s=0,
     )
     name, allowed = names.slice_name(spec.name, 0), [names.slice_name(spec.name, i) for i in range(2)]
-    hosts = cloud_bridge.slice_hosts(sim.plan, 0)
-    assert hosts == names.slice_host_names(name, 4)
+    hosts = cloud_bridge.slice_hosts(sim.plan, 0)  # by the twin's worker numbers: creation order
+    assert sorted(hosts) == names.slice_host_names(name, 4)
     recorded = [
         {k: c[k] for k in ("name", "preservedState") if k in c}
         for c in client.list_per_instance_configs(name)
@@ -205,13 +210,16 @@ def test_local_preempt_reaches_the_running_emulation_only_with_its_admin_token(
         cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0", 3601)
     assert sim.actions == []
     # The notice first, to every host of the slice, then (the window over) the power-off.
+    # The power-offs come in the twin's order, which is the order the hosts were created in.
     hosts = cloud_bridge.request_preempt(tmp_path, "rayslice-slice-0", 0.1)
-    assert hosts == cloud_bridge.slice_hosts(sim.plan, 0)
-    assert sim.actions == [("notice", h) for h in hosts] + [("off", h) for h in hosts]
+    planned = cloud_bridge.slice_hosts(sim.plan, 0)
+    assert sorted(hosts) == sorted(planned)
+    assert sim.actions == [("notice", h) for h in planned] + [("off", h) for h in hosts]
     # A Spot preemption with termination action STOP leaves the hosts behind, stopped
     # (TERMINATED is how Compute Engine reports a stopped instance), and nothing repairs them.
     instances = cloud.state.instances[(cloud_bridge.LOCAL_PROJECT, str(spec.zone), "rayslice-slice-0")]
-    assert [(i["name"], i["instanceStatus"]) for i in instances] == [(h, "TERMINATED") for h in hosts]
+    stopped = sorted((i["name"], i["instanceStatus"]) for i in instances)
+    assert stopped == [(h, "TERMINATED") for h in sorted(planned)]
     assert endpoint.stat().st_mode & 0o777 == 0o600
 
 
