@@ -9,6 +9,7 @@ import json
 import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -369,6 +370,31 @@ def _read(server, query: str) -> tuple[float, str, str]:
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         return time.monotonic() - start, response.read().decode(), response.headers["ETag"]
+
+
+def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
+    """A guest that gives up on a held wait_for_change (a watcher stopped, a host powered off)
+    resets its connection; the server's answer to the change then fails to send. It drops the
+    connection as a real server does: no traceback in the log, and it answers the next guest."""
+    _, _, etag = _read(worker0, "")
+    threads = threading.active_count()
+    host, port = worker0.server_address[:2]
+    with socket.create_connection((host, port), timeout=5) as guest:
+        guest.sendall(
+            f"GET /computeMetadata/v1/instance/preempted?wait_for_change=true&last_etag={etag}"
+            f"&timeout_sec=60 HTTP/1.1\r\nHost: metadata\r\nMetadata-Flavor: Google\r\n\r\n".encode()
+        )
+        guest.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        deadline = time.monotonic() + 10
+        while threading.active_count() == threads and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the server holds the request in a thread of its own
+    worker0.set_value(("instance", "preempted"), "TRUE")  # the held request answers: to a reset socket
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)  # until that thread has written and ended
+    assert threading.active_count() == threads
+    assert _read(worker0, "")[1] == "TRUE"
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_preempted_is_false_until_the_notice_and_wait_for_change_answers_it_at_once(worker0):
