@@ -33,6 +33,7 @@ from rayslice.errors import InvalidInput
 
 TEMPLATE_DIR = Path(__file__).parent
 QUOTING_FILTERS = ("q", "qjoin")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # what no value may carry into a script
 
 
 class UnsafeTemplate(jinja2.TemplateError):
@@ -45,10 +46,10 @@ def _quote(value: object) -> str:
     if isinstance(value, bool):
         value = "1" if value else "0"
     text = str(value)
-    bad = next((c for c in text if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    bad = _CONTROL.search(text)
     if bad is not None:
         raise InvalidInput(
-            f"refusing a value with control character {bad!r} in a shell script: {text!r}; "
+            f"refusing a value with control character {bad.group()!r} in a shell script: {text!r}; "
             "remove newlines, tabs and escape characters from the configuration value"
         )
     return shlex.quote(text)
