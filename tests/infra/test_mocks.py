@@ -51,8 +51,8 @@ def test_runs_keep_no_threads_event_loops_or_file_descriptors() -> None:
 
 def test_a_run_never_walks_the_python_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pulumi collects each resource's stack trace for a real engine's diagnostics; the offline
-    engine gives it none (it was a third of a run's time). Fails if Pulumi's SDK walks the stack
-    by another name, so that the saving is not lost silently on an upgrade."""
+    engine gives it none (bench/offline_run.py says what that saves). Fails if Pulumi's SDK
+    walks the stack by another name, so that the saving is not lost silently on an upgrade."""
     walked: list[int] = []
     original = traceback.extract_stack
     monkeypatch.setattr(traceback, "extract_stack", lambda *a, **k: walked.append(1) or original(*a, **k))
