@@ -25,5 +25,5 @@ class KeepAliveHandler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         try:
             super().handle()
-        except ConnectionError:  # reset or broken pipe: the client is gone, nobody to answer
+        except (ConnectionResetError, BrokenPipeError):  # the client is gone: nobody to answer
             self.close_connection = True
