@@ -22,6 +22,7 @@ import pytest
 from rayslice import platforms, spec
 from rayslice.local.google.host_metadata import head_vm_attributes, instance_tree, slice_host_attributes
 from rayslice.local.google.metadata_server import MetadataServer, dump_tree, load_tree
+from rayslice.local.simulation.recorded import wait_until
 from rayslice.names import (
     ATTR_HEAD_ADDRESS,
     ATTR_ROLE,
@@ -385,14 +386,9 @@ def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
             f"&timeout_sec=60 HTTP/1.1\r\nHost: metadata\r\nMetadata-Flavor: Google\r\n\r\n".encode()
         )
         guest.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-        deadline = time.monotonic() + 10
-        while threading.active_count() == threads and time.monotonic() < deadline:
-            time.sleep(0.01)  # until the server holds the request in a thread of its own
+        wait_until(lambda: threading.active_count() > threads, 10, "the server never held the request")
     worker0.set_value(("instance", "preempted"), "TRUE")  # the held request answers: to a reset socket
-    deadline = time.monotonic() + 10
-    while threading.active_count() > threads and time.monotonic() < deadline:
-        time.sleep(0.01)  # until that thread has written and ended
-    assert threading.active_count() == threads
+    wait_until(lambda: threading.active_count() == threads, 10, "the held request's thread never ended")
     assert _read(worker0, "")[1] == "TRUE"
     assert "Traceback" not in capfd.readouterr().err
 
