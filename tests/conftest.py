@@ -7,6 +7,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,14 @@ def crd_validator(fixtures_dir: Path) -> jsonschema.Draft7Validator:
     crd = yaml.safe_load(path.read_text())
     [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+
+
+@pytest.fixture
+def stack_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per `traceback.extract_stack` call while the test runs: how Pulumi's SDK walks
+    the Python stack at every registration (the offline engine skips it; bench/offline_run.py's
+    baseline does not)."""
+    walked: list[int] = []
+    original = traceback.extract_stack
+    monkeypatch.setattr(traceback, "extract_stack", lambda *a, **k: walked.append(1) or original(*a, **k))
+    return walked

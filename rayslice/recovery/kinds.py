@@ -53,9 +53,6 @@ from rayslice.recovery.permissions import RolePart
 # Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
 TPU_TERMINATED = "TERMINATED"
 TPU_BROKEN_STATES = frozenset({"PREEMPTED", TPU_TERMINATED})
-# compute v1 InstanceGroupManagerTargetSizePolicy.mode of a bulk slice's MIG (flex-start and
-# reservation-bound cells).
-BULK_MODE = capacity_table.BULK
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
 # that was once whole.
 COMPUTE_SERVING_STATUS = "RUNNING"
@@ -349,12 +346,12 @@ class MigSlices(SliceKind):
                     return _failed_op("delete", done)
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
-        bulk = cell is not None and cell.mig_mode == BULK_MODE
+        bulk = cell is not None and cell.mig_mode == capacity_table.BULK
         if instances:
             # createInstances below adds the named hosts, in one call, from target size 0.
             body["targetSize"] = 0
             if bulk:
-                body["targetSizePolicy"] = {"mode": BULK_MODE}
+                body["targetSizePolicy"] = {"mode": capacity_table.BULK}
             else:
                 body.pop("targetSizePolicy", None)
         # else a bulk MIG (flex-start): inserted with its target size, it waits for every host.

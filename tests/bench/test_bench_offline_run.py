@@ -4,8 +4,6 @@ not a test's."""
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 
 from tests.bench import load
@@ -14,14 +12,11 @@ offline_run = load("offline_run")
 STACK = offline_run.STACKS / offline_run.DEFAULT_STACKS[1]
 
 
-def test_the_baseline_walks_the_stack_as_pulumi_does(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_baseline_walks_the_stack_as_pulumi_does(stack_walks: list[int]) -> None:
     """The shipped engine never does (tests/infra/test_mocks.py)."""
-    walked: list[int] = []
-    original = traceback.extract_stack
-    monkeypatch.setattr(traceback, "extract_stack", lambda *a, **k: walked.append(1) or original(*a, **k))
     with offline_run.pulumis_stack_traces():
         offline_run.seconds_per_run(STACK, 1)
-    assert walked
+    assert stack_walks
 
 
 def test_the_report_has_a_row_per_stack_with_both_figures_and_their_ratio(capsys):
