@@ -289,7 +289,8 @@ BULK_MODE = Source(
     "https://cloud.google.com/compute/docs/instance-groups/about-bulk-mode",
     "A MIG in bulk mode creates all instances at once or none; only with reservation-bound or "
     "flex-start templates; no resize requests, autoscaling or standby pools; hosts are added "
-    "(target size or createInstances) only while the target size is 0 and removed by resizing to 0.",
+    "(target size or createInstances) only while the target size is 0, and removed by resizing to "
+    "0, or to a smaller size once no bulk creation is in progress.",
 )
 BULK_CREATE = Source(
     "Compute Engine, Create a MIG that uses the bulk mode",

@@ -320,6 +320,21 @@ def test_a_bulk_mig_grows_only_from_zero_and_shrinks_to_zero():
     assert sorted(h.name for h in twin.hosts()) == [f"s-0-w{i}" for i in range(4)]
 
 
+def test_a_bulk_mig_shrinks_to_fewer_hosts_only_once_its_bulk_creation_is_done():
+    """Compute Engine's "About bulk mode": a resize to a non-zero size needs no bulk instance
+    operation in progress. While the MIG still waits for every host, only a resize to 0 removes
+    hosts."""
+    twin = CloudTwin()
+    twin.set_capacity(Z, "ct6e-standard-4t", 3)
+    mig = _bulk_mig(twin, 4)
+    with pytest.raises(BulkModeError, match="in progress"):
+        twin.resize_mig(P, Z, "s-0", 2)
+    assert mig["targetSize"] == 4 and twin.hosts() == []
+    twin.set_capacity(Z, "ct6e-standard-4t", 4)  # the wait ends: all four hosts exist
+    twin.resize_mig(P, Z, "s-0", 2)
+    assert mig["targetSize"] == 2 and len(twin.hosts()) == 2
+
+
 def test_create_instances_naming_an_existing_instance_is_refused():
     """Item 4 of issue 40: an instance name is unique in its zone; nothing is created."""
     twin = CloudTwin()

@@ -70,9 +70,11 @@ Behaviour, by source:
   0: growth of a bulk MIG whose target size is above 0 is refused (`BulkModeError`), and so is
   any resize request (bulk mode "does not support resize requests"; rule
   bulk-no-resize-request). It shrinks by a resize to 0, which deletes every host and withdraws a
-  wait. While the zone lacks hosts for all of it, it waits with its target size set and no
-  instance; when they come, it creates them all (auto-named, or as the ``createInstances`` named
-  them).
+  wait, or, once no bulk instance operation is in progress (its hosts exist), to any smaller size
+  (the page's limitations: to reduce to a non-zero size, ``bulkInstanceOperation.inProgress`` must
+  be false; read in its Chinese copy, the English page's limitations were not readable here).
+  While the zone lacks hosts for all of it, it waits with its target size set and no instance;
+  when they come, it creates them all (auto-named, or as the ``createInstances`` named them).
 - ``createInstances`` naming an instance that exists in the zone is refused and creates nothing:
   an instance's name is unique in its project and zone (compute v1 discovery, Instance.name "The
   name of the resource ... must be 1-63 characters long", and Compute Engine's naming convention
@@ -367,21 +369,31 @@ class ComputeTwin(TwinState):
         group. If you increase the size, the group creates new instances ... If you decrease the
         size, the group deletes instances"). A bulk MIG grows only from 0 (`BulkModeError`
         otherwise) and waits for all its hosts; a resize to 0 deletes every host and withdraws its
-        wait. Any other MIG takes or gives back hosts at once (auto-named; the newest go first)."""
+        wait; a resize to fewer hosts, not 0, is refused while that wait lasts (its bulk instance
+        operation is in progress). Any other MIG takes or gives back hosts at once (auto-named;
+        the newest go first)."""
         key = (project, zone, name)
         mig = self.migs[key]
         target = int(mig.get("targetSize", 0))
         if size == target:
             return
         if in_bulk_mode(mig):
-            if size > 0 and target > 0:
+            if size == 0:
+                self._shrink_to(project, zone, mig, 0)
+                return
+            if size < target:
+                if key in self._mig_waits:
+                    raise BulkModeError(
+                        f"MIG {name} in bulk mode is still creating its {target} hosts: only a resize "
+                        "to 0 removes hosts while a bulk instance operation is in progress"
+                    )
+                self._shrink_to(project, zone, mig, size)
+                return
+            if target > 0:
                 raise BulkModeError(
                     f"MIG {name} is in bulk mode with target size {target}: hosts are added only "
                     "while its target size is 0 (resize it to 0 first)"
                 )
-            if size == 0:
-                self._shrink_to(project, zone, mig, 0)
-                return
             mig["targetSize"] = size
             self._bulk_wait(project, zone, mig, size, [])
             return
