@@ -152,14 +152,19 @@ def report(tests: list[dict[str, Any]], clusters: Sequence[str], top: int) -> li
         for table, key in ((units, unit(test["id"], clusters)), (workers, test["worker"])):
             table[key][0] += test["cpu_s"]
             table[key][1] += test["wall_s"]
-    out = [f"{'CPU-s':>8} {'wall s':>8} {'cores':>5}  unit"]
-    for name, (cpu, wall) in sorted(units.items(), key=lambda kv: -kv[1][0])[:top]:
-        out.append(f"{cpu:8.1f} {wall:8.1f} {cpu / wall if wall else 0:5.2f}  {name}")
-    out.append(f"{'CPU-s':>8} {'wall s':>8} {'cores':>5}  worker")
-    for name, (cpu, wall) in sorted(workers.items()):
-        out.append(f"{cpu:8.1f} {wall:8.1f} {cpu / wall if wall else 0:5.2f}  {name}")
     total = sum(t["cpu_s"] for t in tests)
-    out.append(f"{total:8.1f} CPU-s in {len(tests)} tests")
+    return [
+        *_table("unit", sorted(units.items(), key=lambda kv: -kv[1][0])[:top]),
+        *_table("worker", sorted(workers.items())),
+        f"{total:8.1f} CPU-s in {len(tests)} tests",
+    ]
+
+
+def _table(heading: str, sums: list[tuple[str, list[float]]]) -> list[str]:
+    """A heading line, then a line per (name, [CPU-s, wall s])."""
+    out = [f"{'CPU-s':>8} {'wall s':>8} {'cores':>5}  {heading}"]
+    for name, (cpu, wall) in sums:
+        out.append(f"{cpu:8.1f} {wall:8.1f} {cpu / wall if wall else 0:5.2f}  {name}")
     return out
 
 
