@@ -86,7 +86,9 @@ def stop(process: subprocess.Popen, marker: str) -> None:
 
 PROBE = """
 import json, os, sys, time, ray
-ray.init(address=sys.argv[1])
+# Workers' own lines (libtpu's "No hardware is found" warning) stay in their logs: streamed to this
+# driver, one could arrive after the result, which must be the last line of its output.
+ray.init(address=sys.argv[1], log_to_driver=False)
 deadline = time.time() + 120
 while time.time() < deadline:
     tpu_nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("TPU")]
