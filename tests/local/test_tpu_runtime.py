@@ -138,14 +138,28 @@ def test_a_vfio_group_of_another_vendor_is_not_a_chip(tmp_path, monkeypatch):
     assert runtime.host_chips(str(dev), str(sysfs)) == 4
 
 
-def test_the_hook_loads_only_where_the_host_enables_it(tmp_path):
-    probe = "import sys; print('rayslice_simulated_tpu' in sys.modules)"
+def test_the_hook_loads_the_runtime_at_the_first_jax_import_and_only_where_the_host_enables_it(tmp_path):
+    """Every process of a simulated host starts through the hook, most never import JAX or
+    torch_xla: the runtime (and its standard-library imports) loads only when one of them does."""
+    probe = "import sys; before = 'rayslice_simulated_tpu' in sys.modules; import jax; "
+    probe += "print(before, 'rayslice_simulated_tpu' in sys.modules, type(sys.meta_path[0]).__name__)"
     v6e = tpu_runtime.environment(catalog.generation("v6e"))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **v6e}
     on = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     env[tpu_runtime.ENABLE_VAR] = "0"
     off = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False")
+    assert (on.stdout.split(), off.stdout.split()[:2]) == (["False", "True", "_Finder"], ["False", "False"])
+
+
+def test_the_start_up_hook_names_the_packages_the_runtime_wraps():
+    hook_spec = importlib.util.spec_from_file_location(
+        "simulated_sitecustomize", tpu_runtime.SITE_DIR / "sitecustomize.py"
+    )
+    assert hook_spec is not None and hook_spec.loader is not None
+    hook = importlib.util.module_from_spec(hook_spec)
+    hook_spec.loader.exec_module(hook)  # inserts nothing: this process is no simulated host
+    assert not any(type(f).__name__ == "_LoadRuntimeOnFirstUse" for f in sys.meta_path)
+    assert sorted(hook.RUNTIME_PACKAGES) == sorted(runtime._Finder.hooks)
 
 
 def test_jax_in_a_task_holding_two_chips_sees_two_devices(tmp_path):

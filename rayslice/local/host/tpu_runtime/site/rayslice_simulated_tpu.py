@@ -21,9 +21,10 @@ PyTorch/XLA programs see the host's chips:
 
 The host's identity comes from where a TPU VM has it: ``TPU_WORKER_ID`` /
 ``TPU_WORKER_HOSTNAMES`` / ``MEGASCALE_*`` when set, else the metadata server
-(``agent-worker-number``, ``worker-network-endpoints``). It is imported by the
-``sitecustomize`` beside it only when ``RAYSLICE_SIMULATED_TPU=1``, which only simulated TPU hosts
-have; it imports nothing outside the standard library until JAX or torch_xla is imported.
+(``agent-worker-number``, ``worker-network-endpoints``). The
+``sitecustomize`` beside it imports it at a process's first import of JAX or torch_xla, and only
+when ``RAYSLICE_SIMULATED_TPU=1``, which only simulated TPU hosts have; it imports nothing outside
+the standard library until then.
 """
 
 from __future__ import annotations
@@ -548,7 +549,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-def install() -> None:
-    """Put the import hook first on ``sys.meta_path`` (once per process)."""
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+def install() -> _Finder:
+    """Put the import hook first on ``sys.meta_path`` (once per process) and return it."""
+    for finder in sys.meta_path:
+        if isinstance(finder, _Finder):
+            return finder
+    finder = _Finder()
+    sys.meta_path.insert(0, finder)
+    return finder
