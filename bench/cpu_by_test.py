@@ -13,7 +13,7 @@ cluster (each ``--cluster`` names a test parameter that marks one, as tests/inte
 parametrizes them), the most CPU first, with each worker's total:
 
     RAYSLICE_CPU_BY_TEST=/tmp/cpu PYTHONPATH=bench .venv/bin/python -m pytest -n 3 -p cpu_by_test
-    .venv/bin/python bench/cpu_by_test.py /tmp/cpu --cluster v6e-4 --cluster "2 x v6e-16 spot"
+    .venv/bin/python bench/cpu_by_test.py /tmp/cpu --cluster v6e-4 --cluster "2 x tpu7x-16 spot"
 
 Needs root, and a cgroup v1 ``cpuacct`` hierarchy or a cgroup v2 one.
 """

@@ -76,7 +76,7 @@ _NO_RAY_OF_THEIR_OWN = (
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
     "cluster v6e-4": 323,
-    "cluster 2 x v6e-16 spot": 308,
+    "cluster 2 x tpu7x-16 spot": 160,
     "tests/integration/test_elastic.py": 166,
     "tests/integration/test_recovery.py": 146,
     "tests/integration/test_simulator.py": 127,

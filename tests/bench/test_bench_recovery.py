@@ -13,7 +13,7 @@ recovery = load("recovery")
 def test_the_report_gives_each_time_as_a_share_of_the_cold_bring_up():
     trace = recovery.Trace(victim="rayslice-slice-1", preempted_at=100.0, rejoined_at=130.0, resumed_at=160.0)
     lines = recovery.report("compute", 40.0, trace, "2026-12-03 07:00 UTC").splitlines()
-    assert lines[0] == "recovery on the simulator, compute: head VM + 2 x v6e-16 Spot, 2026-12-03 07:00 UTC"
+    assert lines[0] == "recovery on the simulator, compute: head VM + 2 x tpu7x-16 Spot, 2026-12-03 07:00 UTC"
     assert [line.split()[-2:] for line in lines[2:]] == [["40.0", "1.00"], ["30.0", "0.75"], ["60.0", "1.50"]]
 
 

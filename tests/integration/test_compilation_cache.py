@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from rayslice import compilation_cache
 from rayslice.compilation_cache.fill import entries
-from tests.integration.clusters import on, raylet_environment
-from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.integration.clusters import on, raylet_environment, rayslice_run
 
 # A width no other test trains, so that the first run finds none of its steps in the cache.
 JOB = ("--steps", "3", "--hidden", "72", "--batch-per-device", "8")

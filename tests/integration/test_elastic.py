@@ -28,8 +28,7 @@ from rayslice.cli import load_spec
 from rayslice.local.simulation.cloud_bridge import cloud_access, cloud_config
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.recovery.commands import client_for, gather, render_text
-from tests.integration.clusters import bring_up
-from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.integration.clusters import bring_up, rayslice_run
 
 EXAMPLE = "infra/Pulumi.example-compute-elastic-v6e-16.yaml"
 IDLE_S = 8

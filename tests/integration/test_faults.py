@@ -4,13 +4,15 @@ failure state and nothing left behind. docs/faults.md shows `SCENARIOS` (section
 The hosts run the real rendered boot script and real Ray. One TPU-VM v6e-16 (4 hosts), whose
 metadata servers answer 503 for their first 8 s, goes through the scenarios in order: workers
 first while the head stays away and one host never boots, then a head restart, then every host
-rebooted at once, then its removal. Faults the simulator cannot make (Secret Manager, a failing
-install) are covered by tests/startup_scripts/test_boot_sandbox.py; installing from a wheelhouse
-by test_boot_script.py.
+rebooted at once, then its removal. Between the head restart and the reboot, while every host is
+joined, Ray's subslice placement (which needs a slice of four hosts) runs on it. Faults the
+simulator cannot make (Secret Manager, a failing install) are covered by
+tests/startup_scripts/test_boot_sandbox.py; installing from a wheelhouse by test_boot_script.py.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +23,14 @@ from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import STATE_FILE
-from tests.integration.clusters import SHORT_WAITS, boot, raylet_environment, tpu_nodes, wait_nodes
+from tests.integration.clusters import (
+    SHORT_WAITS,
+    boot,
+    raylet_environment,
+    rayslice_run,
+    tpu_nodes,
+    wait_nodes,
+)
 from tests.startup_scripts.faults import Fault, FaultTable
 
 HEAD_AWAY_S = 10
@@ -123,6 +132,63 @@ def test_head_restart_every_worker_rejoins(slice16):
     before = {n["id"] for n in tpu_nodes(sim)}
     assert sim.restart_head_ray().returncode == 0
     wait_nodes(sim, _ips(sim), timeout=300, avoid=before)
+
+
+SUBSLICE_SCRIPT = """
+import socket
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.tpu import SubslicePlacementGroup, subslice_placement_group
+
+# Half of a v6e-16 (4x4, four 4-chip hosts): a 2x4 subslice of two hosts, ICI-connected.
+sg = subslice_placement_group(subslice_topology="2x4", accelerator_version="v6e", chips_per_vm=4)
+assert isinstance(sg, SubslicePlacementGroup)
+ray.get(sg.placement_group.ready(), timeout=300)
+
+
+@ray.remote(num_cpus=0, resources={"TPU": 4})
+def host():
+    return socket.gethostname()
+
+
+# One task per bundle: a task left to pick its bundle may reuse one a finished task freed.
+hosts = ray.get(
+    [
+        host.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=sg.placement_group, placement_group_bundle_index=i
+            )
+        ).remote()
+        for i in range(sg.num_hosts)
+    ]
+)
+print("SUBSLICE", sg.parent_topology, sg.subslice_topology, sg.num_hosts, sg.slice_name, sorted(hosts))
+sg.shutdown()
+"""
+
+
+def test_a_subslice_placement_group_script_runs_unmodified_on_a_v6e_16(slice16, tmp_path):
+    """Ray's SubslicePlacementGroup reserves a full slice, asks libtpu on every host for its chips'
+    coordinates (the simulated libtpu.sdk.slice) and places a 2x4 subslice on two hosts that are
+    neighbours in the slice's 2x2 grid of hosts. It runs on this module's v6e-16 once every host
+    rejoined after the head restart: the suite's one slice of four hosts, which the subslice needs
+    (the shared multislice cluster's slices have two)."""
+    cluster = slice16
+    folder = tmp_path / "subslice"
+    folder.mkdir()
+    (folder / "subslice.py").write_text(SUBSLICE_SCRIPT)
+    result = rayslice_run(cluster, str(folder / "subslice.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("SUBSLICE ")]
+    parent, sub, hosts, slice_name, names = line.split(" ", 5)[1:]
+    assert (parent, sub, hosts) == ("4x4", "2x4", "2")
+    assert all(n.startswith(f"{slice_name}-w") for n in ast.literal_eval(names)), names
+    # The grid is Google's numbering of the hosts (their TPU worker ids), not their names' (on
+    # Compute Engine the twin numbers a MIG's hosts in the order Pulumi created them).
+    worker_of = {h.name: h.worker for h in cluster.plan.hosts}
+    workers = sorted(worker_of[n] for n in ast.literal_eval(names))
+    assert workers in ([0, 1], [2, 3], [0, 2], [1, 3]), workers  # a row or a column of the grid
 
 
 def test_every_host_rebooted_at_once(slice16):

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import rayslice
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE
-from tests.integration.clusters import on
-from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.integration.clusters import on, rayslice_run
 from tests.local.test_confinement import CONNECT_PROBE
 
 PROBE = (

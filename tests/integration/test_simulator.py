@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rayslice import cli, names, spec
+from rayslice import catalog, cli, names, spec
 from rayslice.cli import load_spec
 from rayslice.errors import EXIT_INVALID, InvalidInput
 from rayslice.local.google.metadata_server import load_tree
@@ -330,7 +330,7 @@ def test_status_of_a_tpu_vm_slice_shows_each_host_and_its_node(cluster, capsys):
     assert denied.value.code in (401, 403)
 
 
-@on("2 x v6e-16 spot")
+@on("2 x tpu7x-16 spot")
 def test_status_of_a_multislice_behind_a_head_vm(cluster, capsys):
     spec = cluster.spec()
     report = _status(cluster.state_dir, capsys)
@@ -345,7 +345,9 @@ def test_status_of_a_multislice_behind_a_head_vm(cluster, capsys):
     for host in tpu_hosts:
         resources = by_ip[host["ip"]]
         assert resources["TPU"] == spec.tpu.chips_per_host
-        assert resources.get(f"TPU-{spec.accelerator_type}-head", 0) == (host["worker"] == 0)
+        assert resources.get(f"TPU-{catalog.reported_name(spec.accelerator_type)}-head", 0) == (
+            host["worker"] == 0
+        )
         assert resources[spec.slice_name(host["slice"])] == 1
     assert report["ray"]["totals"]["TPU"] == spec.slices * spec.tpu.chips
 

@@ -28,8 +28,7 @@ from rayslice.local.host import tpu_runtime
 from rayslice.local.simulation import status
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import ROLE_HEAD, ROLE_WORKER
-from tests.integration.clusters import on, raylet_environment, run_command
-from tests.integration.test_workloads_on_ray import rayslice_run
+from tests.integration.clusters import on, raylet_environment, rayslice_run, run_command
 from tests.startup_scripts.sandbox import free_port
 
 
@@ -310,58 +309,3 @@ def _wait(probe, timeout_s: float):
             return found
         time.sleep(1)
     return None
-
-
-SUBSLICE_SCRIPT = """
-import socket
-
-import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from ray.util.tpu import SubslicePlacementGroup, subslice_placement_group
-
-# Half of a v6e-16 (4x4, four 4-chip hosts): a 2x4 subslice of two hosts, ICI-connected.
-sg = subslice_placement_group(subslice_topology="2x4", accelerator_version="v6e", chips_per_vm=4)
-assert isinstance(sg, SubslicePlacementGroup)
-ray.get(sg.placement_group.ready(), timeout=300)
-
-
-@ray.remote(num_cpus=0, resources={"TPU": 4})
-def host():
-    return socket.gethostname()
-
-
-# One task per bundle: a task left to pick its bundle may reuse one a finished task freed.
-hosts = ray.get(
-    [
-        host.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=sg.placement_group, placement_group_bundle_index=i
-            )
-        ).remote()
-        for i in range(sg.num_hosts)
-    ]
-)
-print("SUBSLICE", sg.parent_topology, sg.subslice_topology, sg.num_hosts, sg.slice_name, sorted(hosts))
-sg.shutdown()
-"""
-
-
-@on("2 x v6e-16 spot")
-def test_a_subslice_placement_group_script_runs_unmodified_on_a_v6e_16(cluster, tmp_path):
-    """Ray's SubslicePlacementGroup reserves a full slice, asks libtpu on every host for its chips'
-    coordinates (the simulated libtpu.sdk.slice) and places a 2x4 subslice on two hosts that are
-    neighbours in the slice's 2x2 grid of hosts."""
-    folder = tmp_path / "subslice"
-    folder.mkdir()
-    (folder / "subslice.py").write_text(SUBSLICE_SCRIPT)
-    result = run_script(cluster, folder / "subslice.py")
-    assert result.returncode == 0, result.stderr[-3000:]
-    [line] = [line for line in result.stdout.splitlines() if line.startswith("SUBSLICE ")]
-    parent, sub, hosts, slice_name, names = line.split(" ", 5)[1:]
-    assert (parent, sub, hosts) == ("4x4", "2x4", "2")
-    assert all(n.startswith(f"{slice_name}-w") for n in ast.literal_eval(names)), names
-    # The grid is Google's numbering of the hosts (their TPU worker ids), not their names': the
-    # twin numbers a MIG's hosts in the order Pulumi created them.
-    worker_of = {h.name: h.worker for h in cluster.plan.hosts}
-    workers = sorted(worker_of[n] for n in ast.literal_eval(names))
-    assert workers in ([0, 1], [2, 3], [0, 2], [1, 3]), workers  # a row or a column of the grid

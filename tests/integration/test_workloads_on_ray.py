@@ -23,24 +23,14 @@ from rayslice.jobs.upload import workloads
 from rayslice.local.google.metadata_server import load_tree
 from rayslice.local.simulation.simulator import Simulation
 from tests.integration import test_recovery
-from tests.integration.clusters import SHARED, bring_up, on, run_command, tpu_nodes
-
-
-def rayslice_run(
-    sim: Simulation, target: str, *job_args: str, timeout: float = 600
-) -> subprocess.CompletedProcess:
-    """`run_command`, run to its end."""
-    argv, env = run_command(sim, target, *job_args)
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    print(result.stdout[-5000:], result.stderr[-3000:])  # shown when a test fails
-    return result
+from tests.integration.clusters import SHARED, bring_up, on, rayslice_run, run_command, tpu_nodes
 
 
 def losses(output: str) -> list[float]:
     return [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)$", output, re.M)]
 
 
-MULTISLICE = on("2 x v6e-16 spot")
+MULTISLICE = on("2 x tpu7x-16 spot")
 SLICE = on("v5p-16 tpu-vm")  # one multi-host slice, the smallest
 SINGLE = on("v6e-4")
 
