@@ -49,11 +49,18 @@ import sys
 import threading
 import time
 from collections.abc import Collection
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 from urllib.parse import urlparse
 
 import ray
 from ray.experimental.internal_kv import _internal_kv_put
+from ray.train.v2._internal.execution.callback import ControllerCallback
+from ray.train.v2._internal.execution.controller.state import (
+    InitializingState,
+    ReschedulingState,
+    RestartingState,
+    TrainControllerState,
+)
 from ray.train.v2.api.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.jax import JaxTrainer
 
@@ -77,6 +84,34 @@ RAY_TRAIN_ENV = {
     # drain, and save their checkpoint, within it.
     "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
 }
+
+
+# How long Ray Train's controller pauses between two looks at the cluster while the run waits for
+# slices (`PauseWhileWaitingForSlices`). Its elastic policy reads the slices Ray holds for the run
+# at most once a second (`GET_RESERVED_RESOURCES_INTERVAL_S`, scaling_policy/elastic.py:29-30), so
+# a shorter pause sees nothing sooner.
+WAITING_PAUSE_S = 0.5
+# The states in which the controller asks its scaling policy whether to start (controller.py:
+# 642-648, `_make_and_handle_scaling_decision_for_non_running_worker_group`).
+WAITING_STATES = (InitializingState, ReschedulingState, RestartingState)
+
+
+class PauseWhileWaitingForSlices(ControllerCallback):
+    """Ray Train 2.60's controller spins while an elastic run waits for slices: in a waiting state
+    its policy answers "not yet" (a `NoopDecision`), and the control loop (`TrainController.run`,
+    controller.py:945-947) asks again at once, with no await in between. It held one core of the
+    head at 100 % until the slices came: in tests/integration/test_elastic.py about 20 CPU-s, on
+    a cloud for as long as flex-start or queued capacity takes. The controller calls this after
+    every turn of its loop (`_set_state`); a turn that left the run in the same waiting state
+    pauses here. Ray passes callbacks of a run's `RunConfig` that are not user callbacks to the
+    controller for such workarounds (`_create_default_callbacks`, data_parallel_trainer.py:
+    254-258). The pause blocks the controller's event loop, which the spin never yielded either."""
+
+    def after_controller_state_update(
+        self, previous_state: TrainControllerState, current_state: TrainControllerState
+    ) -> None:
+        if current_state is previous_state and isinstance(current_state, WAITING_STATES):
+            time.sleep(WAITING_PAUSE_S)
 
 
 def checkpoint_name(step: int) -> str:
@@ -308,6 +343,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             storage_path=args.storage_path,
             failure_config=FailureConfig(max_failures=args.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
+            # Typed as user callbacks; RunConfig takes any RayTrainCallback (config.py:527).
+            callbacks=[cast(Any, PauseWhileWaitingForSlices())],
         ),
     )
     result = trainer.fit()

@@ -137,6 +137,40 @@ def test_ray_trains_controller_gets_the_shorter_polls(monkeypatch: pytest.Monkey
     ]
 
 
+def test_ray_trains_controller_pauses_while_the_run_waits_for_slices_and_only_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray Train's controller asks its elastic policy again at once while a run waits for slices
+    (no await in its loop): the run's callback, which Ray hands to the controller, pauses a turn
+    that left the run in the same waiting state, and no other turn."""
+    from ray.train.v2._internal.execution.controller.state import InitializingState, RunningState
+    from ray.train.v2.jax import JaxTrainer
+
+    hosts = _cluster.tpu_hosts(v6e_16("a"))
+    monkeypatch.setattr(_cluster, "connect", lambda: None)
+    monkeypatch.setattr(_cluster, "tpu_hosts", lambda nodes=None: hosts)
+    controller_callbacks: list[object] = []
+
+    class Trainer(JaxTrainer):  # Ray's own, up to the point where it would start the controller
+        def fit(self) -> object:
+            controller_callbacks.extend(self._create_default_callbacks())
+            return type("Result", (), {"metrics": {"step": 1}, "checkpoint": None})()
+
+    monkeypatch.setattr(jax_trainer, "JaxTrainer", Trainer)
+    assert jax_trainer.main(["--storage-path", "/x", "--min-slices", "1", "--max-slices", "1"]) == 0
+    [pause] = [c for c in controller_callbacks if isinstance(c, jax_trainer.PauseWhileWaitingForSlices)]
+
+    slept: list[float] = []
+    monkeypatch.setattr(jax_trainer.time, "sleep", slept.append)
+    waiting, running = InitializingState(), RunningState()
+    pause.after_controller_state_update(waiting, waiting)  # the policy said "not yet"
+    assert slept == [jax_trainer.WAITING_PAUSE_S]
+    pause.after_controller_state_update(waiting, InitializingState())  # a new attempt
+    pause.after_controller_state_update(waiting, running)  # it started
+    pause.after_controller_state_update(running, running)  # Ray polls a running group at its own pace
+    assert slept == [jax_trainer.WAITING_PAUSE_S]
+
+
 def test_the_workers_leave_jax_distributed_before_ray_stops_on_the_preempted_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
