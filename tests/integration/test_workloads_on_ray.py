@@ -186,10 +186,9 @@ def test_jax_train_streams_its_steps_learns_reports_flops_and_resumes_from_its_c
 # ---- TPU7x on Compute Engine, from its example stack (issue 19's acceptance) -----------------------
 
 TPU7X_EXAMPLE = "infra/Pulumi.example-compute-tpu7x-16.yaml"  # the smallest TPU7x shape: 2 hosts
-# The bundled jobs that fit one 2-host slice. These run on the TPU7x slice itself (the multi-host
-# ones: JAX and PyTorch/XLA over both hosts), with their arguments and what each must print:
+# The bundled jobs that fit one 2-host slice. This one runs on the TPU7x slice itself (PyTorch/XLA
+# over both hosts), with its arguments and what it must print:
 RUN_ON_TPU7X = {
-    "jax_multihost": (lambda spec: (), lambda spec: str([spec.tpu.chips] * spec.tpu.hosts)),
     "xla_multihost": (
         lambda spec: ("--slice", spec.slice_name(0)),
         lambda spec: f"{spec.tpu.chips} tasks on {spec.tpu.chips} distinct chips",
@@ -199,6 +198,11 @@ RUN_ON_TPU7X = {
 # a v7x-16 would (the condition, which both shapes meet): the whole of one multi-host slice, or
 # one chip of a host. (Running them on the v7x-16 as well cost a minute and a half of the suite.)
 RUN_ELSEWHERE = {
+    # On a slice of the shared cluster, whose slices are tpu7x-16 too.
+    "jax_multihost": (
+        "test_jax_multihost_sees_every_chip_of_the_slice_on_every_host",
+        lambda tpu: tpu.hosts > 1,
+    ),
     "jax_train": (
         "test_recovery.py::test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint",
         lambda tpu: tpu.hosts > 1,
@@ -248,9 +252,10 @@ def test_every_bundled_job_that_fits_a_tpu7x_slice_runs_on_it_or_on_a_slice_that
 def test_a_tpu7x_compute_slice_boots_with_v7x_16_and_runs_the_multi_host_jobs(simulation_dir):
     """`local up` of the TPU7x example goes through the cloud twin: its two hosts are the ones
     the program names, each serving accelerator-type v7x-16 (as a real TPU7x host reports it) and
-    its worker-id; they join Ray with Ray's own TPU resources; the multi-host jobs run on it
-    through `rayslice run` (the other jobs that fit: `RUN_ELSEWHERE`), and single-host jobs are
-    refused before they are submitted."""
+    its worker-id; they join Ray with Ray's own TPU resources; `xla_multihost` runs on it
+    through `rayslice run` (the other jobs that fit, `jax_multihost` among them on the shared
+    cluster's tpu7x-16 slices: `RUN_ELSEWHERE`), and single-host jobs are refused before they are
+    submitted."""
     cluster = load_spec(TPU7X_EXAMPLE, [], require_zone=False)
     sim = Simulation.create(cluster, simulation_dir)
     tpu = cluster.tpu
