@@ -162,8 +162,28 @@ def _wait_gone(namespace: str, timeout_s: float = 30.0) -> None:
     VM is off before it can boot again, so the next boot must not start beside the last one's."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pids = (entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit())
-        if not any(_pid_namespace(int(pid)) == namespace for pid in pids):
+        if not _left_in(namespace):
             return
         time.sleep(0.1)
-    raise SimulatorError(f"processes of a powered-off host ({namespace}) still run after {timeout_s:.0f} s")
+    left = "; ".join(_describe(pid) for pid in _left_in(namespace))
+    raise SimulatorError(
+        f"processes of a powered-off host ({namespace}) still run after {timeout_s:.0f} s: {left}"
+    )
+
+
+def _left_in(namespace: str) -> list[int]:
+    pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [pid for pid in pids if _pid_namespace(pid) == namespace]
+
+
+def _describe(pid: int) -> str:
+    """`pid`, its name, state and where in the kernel it waits: why a killed process has not exited
+    (state D is uninterruptible I/O, Z a zombie whose parent has not reaped it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+    except OSError:
+        return f"{pid} (gone)"
+    name, _, rest = stat[stat.index("(") + 1 :].rpartition(")")
+    state, parent = rest.split()[:2]
+    return f"{pid} {name} state {state} parent {parent} waiting in {wchan}"
