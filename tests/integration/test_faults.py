@@ -5,7 +5,8 @@ The hosts run the real rendered boot script and real Ray. One TPU-VM v6e-16 (4 h
 metadata servers answer 503 for their first 8 s, goes through the scenarios in order: workers
 first while the head stays away and one host never boots, then a head restart, then every host
 rebooted at once, then its removal. Between the head restart and the reboot, while every host is
-joined, Ray's subslice placement (which needs a slice of four hosts) runs on it. Faults the
+joined, the two scripts of Ray's documentation that need a v6e-16 run on it (the JaxTrainer
+example and the subslice placement, tests/integration/ray_scripts.py). Faults the
 simulator cannot make (Secret Manager, a failing install) are covered by
 tests/startup_scripts/test_boot_sandbox.py; installing from a wheelhouse by test_boot_script.py.
 """
@@ -13,7 +14,11 @@ tests/startup_scripts/test_boot_sandbox.py; installing from a wheelhouse by test
 from __future__ import annotations
 
 import ast
+import json
+import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -23,6 +28,7 @@ from rayslice import names
 from rayslice import spec as spec_module
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import STATE_FILE
+from tests.integration import ray_scripts
 from tests.integration.clusters import (
     SHORT_WAITS,
     boot,
@@ -134,38 +140,25 @@ def test_head_restart_every_worker_rejoins(slice16):
     wait_nodes(sim, _ips(sim), timeout=300, avoid=before)
 
 
-SUBSLICE_SCRIPT = """
-import socket
-
-import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from ray.util.tpu import SubslicePlacementGroup, subslice_placement_group
-
-# Half of a v6e-16 (4x4, four 4-chip hosts): a 2x4 subslice of two hosts, ICI-connected.
-sg = subslice_placement_group(subslice_topology="2x4", accelerator_version="v6e", chips_per_vm=4)
-assert isinstance(sg, SubslicePlacementGroup)
-ray.get(sg.placement_group.ready(), timeout=300)
-
-
-@ray.remote(num_cpus=0, resources={"TPU": 4})
-def host():
-    return socket.gethostname()
-
-
-# One task per bundle: a task left to pick its bundle may reuse one a finished task freed.
-hosts = ray.get(
-    [
-        host.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=sg.placement_group, placement_group_bundle_index=i
-            )
-        ).remote()
-        for i in range(sg.num_hosts)
-    ]
-)
-print("SUBSLICE", sg.parent_topology, sg.subslice_topology, sg.num_hosts, sg.slice_name, sorted(hosts))
-sg.shutdown()
-"""
+def test_ray_docs_jaxtrainer_runs_unchanged_on_a_v6e_16(slice16, tmp_path):
+    """Issue 22's acceptance: Ray's `JaxTrainer` example, its values unchanged (`topology="4x4"`,
+    `TPU-V6E`, 4 workers), on this module's v6e-16 while every host is joined: every worker sees
+    the slice's 16 devices and is one of 4 processes, indexes 0 to 3, and rank 0's checkpoint went
+    through `ray.train.report` into the shared storage and back."""
+    folder = tmp_path / "docs_jaxtrainer"
+    folder.mkdir()
+    storage = tempfile.mkdtemp(prefix="ray-train-", dir=slice16.plan.shared_dir)
+    script = folder / "docs_jaxtrainer.py"
+    script.write_text(f"STORAGE_PATH = {storage!r}\n{ray_scripts.JAXTRAINER}")
+    try:
+        result = rayslice_run(slice16, str(script))
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+    assert result.returncode == 0
+    [workers] = re.findall(r"^JAXTRAINER (.+)$", result.stdout, re.M)
+    assert sorted(map(tuple, json.loads(workers))) == [(i, 16, 4) for i in range(4)]
+    [saved] = re.findall(r"^CHECKPOINT (.+)$", result.stdout, re.M)
+    assert json.loads(saved) == {"workers": json.loads(workers)}
 
 
 def test_a_subslice_placement_group_script_runs_unmodified_on_a_v6e_16(slice16, tmp_path):
@@ -177,7 +170,7 @@ def test_a_subslice_placement_group_script_runs_unmodified_on_a_v6e_16(slice16, 
     cluster = slice16
     folder = tmp_path / "subslice"
     folder.mkdir()
-    (folder / "subslice.py").write_text(SUBSLICE_SCRIPT)
+    (folder / "subslice.py").write_text(ray_scripts.SUBSLICE)
     result = rayslice_run(cluster, str(folder / "subslice.py"))
     assert result.returncode == 0, result.stderr[-3000:]
     [line] = [line for line in result.stdout.splitlines() if line.startswith("SUBSLICE ")]
