@@ -70,30 +70,30 @@ _NO_RAY_OF_THEIR_OWN = (
     "tests/integration/test_tpu_runtime.py",
 )
 # Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
-# setup, call and teardown in `scripts/test.sh --durations=0` on the 2-core machine, the run that
-# ended 2026-12-06 20:16 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so
+# setup, call and teardown in the suite's pytest line with `--durations=0` on the 2-core machine,
+# the run that ended 2026-12-07 10:11 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so
 # that the two Ray workers end together. A unit missing here goes first (it may be the longest);
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
-    "cluster v6e-4": 323,
-    "cluster 2 x tpu7x-16 spot": 160,
-    "tests/integration/test_elastic.py": 166,
-    "tests/integration/test_recovery.py": 146,
-    "tests/integration/test_simulator.py": 127,
-    "tests/integration/test_pod_start.py": 124,
-    "tests/integration/test_faults.py": 105,
-    "tests/integration/test_package_cache.py": 83,
-    "tests/integration/test_workloads_on_ray.py": 75,
-    "tests/integration/test_boot_script.py": 69,
-    "tests/integration/test_elastic_flex.py": 65,
-    "cluster v5p-16 tpu-vm": 56,
-    "tests/integration/test_readme.py": 52,
-    "tests/integration/test_run_restarts.py": 42,
-    "tests/integration/test_tpu_runtime.py": 37,
-    "tests/integration/test_wheel_install.py": 20,
-    "tests/workloads/test_cluster.py": 14,
-    "tests/startup_scripts/test_demand_publisher_ray.py": 11,
-    "tests/integration/test_pod_joins_ray.py": 11,
+    "cluster 2 x tpu7x-16 spot": 212,
+    "cluster v6e-4": 188,
+    "tests/integration/test_recovery.py": 167,
+    "tests/integration/test_faults.py": 161,
+    "tests/integration/test_elastic.py": 126,
+    "tests/integration/test_simulator.py": 96,
+    "tests/integration/test_package_cache.py": 91,
+    "tests/integration/test_workloads_on_ray.py": 86,
+    "cluster v5p-16 tpu-vm": 73,
+    "tests/integration/test_readme.py": 65,
+    "tests/integration/test_boot_script.py": 58,
+    "tests/integration/test_elastic_flex.py": 56,
+    "tests/integration/test_run_restarts.py": 39,
+    "tests/integration/test_wheel_install.py": 17,
+    "tests/workloads/test_cluster.py": 16,
+    "tests/integration/test_pod_joins_ray.py": 13,
+    "tests/startup_scripts/test_demand_publisher_ray.py": 12,
+    "tests/integration/test_pod_start.py": 12,
+    "tests/integration/test_tpu_runtime.py": 8,
 }
 
 
