@@ -12,6 +12,7 @@ checkpoint, and grows back.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from rayslice import catalog
@@ -31,9 +32,7 @@ def test_slice_placement_group_reserves_both_slices_one_bundle_per_host(
     script.write_text(f"TOPOLOGY = {spec.tpu.topology!r}\nVERSION = {version!r}\n{ray_scripts.SLICE_GROUP}")
     result = rayslice_run(cluster, str(script))
     assert result.returncode == 0
-    [bundles] = [
-        line.removeprefix("BUNDLES ") for line in result.stdout.splitlines() if line.startswith("BUNDLES ")
-    ]
+    [bundles] = re.findall(r"^BUNDLES (.+)$", result.stdout, re.M)
     placed = json.loads(bundles)
     # One bundle per host, on the TPU hosts of both slices, each slice's hosts once.
     tpu_hosts = {h.ip for h in cluster.plan.hosts if h.name != cluster.plan.head.name}
