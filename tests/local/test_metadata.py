@@ -373,12 +373,20 @@ def _read(server, query: str) -> tuple[float, str, str]:
         return time.monotonic() - start, response.read().decode(), response.headers["ETag"]
 
 
+def _request_threads() -> list[threading.Thread]:
+    """The threads a threading HTTP server runs its requests in (Python names them after their
+    target, `process_request_thread`)."""
+    return [t for t in threading.enumerate() if "process_request_thread" in t.name]
+
+
 def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
     """A guest that gives up on a held wait_for_change (a watcher stopped, a host powered off)
     resets its connection; the server's answer to the change then fails to send. It drops the
     connection as a real server does: no traceback in the log, and it answers the next guest."""
     _, _, etag = _read(worker0, "")
-    threads = threading.active_count()
+    # The server's request threads, not the process's thread count: under pytest-xdist other
+    # threads of this process (a previous test's clients) may end meanwhile.
+    before = set(_request_threads())
     host, port = worker0.server_address[:2]
     with socket.create_connection((host, port), timeout=5) as guest:
         guest.sendall(
@@ -386,9 +394,11 @@ def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
             f"&timeout_sec=60 HTTP/1.1\r\nHost: metadata\r\nMetadata-Flavor: Google\r\n\r\n".encode()
         )
         guest.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-        wait_until(lambda: threading.active_count() > threads, 10, "the server never held the request")
+        wait_until(lambda: bool(set(_request_threads()) - before), 10, "the server never held the request")
+    (held,) = set(_request_threads()) - before
     worker0.set_value(("instance", "preempted"), "TRUE")  # the held request answers: to a reset socket
-    wait_until(lambda: threading.active_count() == threads, 10, "the held request's thread never ended")
+    held.join(10)
+    assert not held.is_alive(), "the held request's thread never ended"
     assert _read(worker0, "")[1] == "TRUE"
     assert "Traceback" not in capfd.readouterr().err
 
