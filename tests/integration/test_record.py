@@ -5,7 +5,9 @@ test_readme.py's (the quick start ends with `local down`)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,15 +16,18 @@ from rayslice.observability import record
 from tests.integration.clusters import on, run_command
 
 # A job that prints the cluster's Ray token (the driver may read it: Ray's environment names its
-# file) in its log, then keeps running long enough to be seen running.
+# file) in its log, then keeps running until the file it is given appears (the test makes it once
+# it has seen the job's log in the record) or 60 s have passed.
 LEAKY_JOB = """
-import os, time
+import os, sys, time
 
 token = open(os.environ["RAY_AUTH_TOKEN_PATH"]).read().strip()
 print("RECORD-PROBE start", flush=True)
 print("a careless job prints", token, flush=True)
-for tick in range(60):
+for tick in range(120):
     print("RECORD-PROBE tick", tick, flush=True)
+    if os.path.exists(sys.argv[1]):
+        break
     time.sleep(0.5)
 """
 
@@ -41,7 +46,9 @@ def _driver_log(sim: Simulation) -> str:
 def test_a_jobs_log_is_in_the_record_while_it_runs_and_the_token_never_is(cluster, tmp_path: Path) -> None:
     job = tmp_path / "leaky.py"
     job.write_text(LEAKY_JOB)
-    argv, env = run_command(cluster, str(job))
+    # The simulation's shared folder: the head, where the driver runs, sees it at the same path.
+    seen = Path(tempfile.mkdtemp(prefix="record-", dir=cluster.plan.shared_dir)) / "seen"
+    argv, env = run_command(cluster, str(job), str(seen))
     run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 120
@@ -50,9 +57,11 @@ def test_a_jobs_log_is_in_the_record_while_it_runs_and_the_token_never_is(cluste
             assert time.monotonic() < deadline, sorted(_shipped(cluster))
             time.sleep(0.5)
         assert run.poll() is None  # seen in the record while the job still runs
+        seen.touch()
         assert run.wait(timeout=120) == 0
     finally:
         run.kill()
+        shutil.rmtree(seen.parent, ignore_errors=True)
     token = cluster.token_file.read_text().strip()
     shipped = _shipped(cluster)
     assert f"a careless job prints {record.REDACTED}" in _driver_log(cluster)
