@@ -55,7 +55,7 @@ RECOVERY, SIMULATOR = (
     _unit("tests/integration/test_simulator.py"),
 )
 ELASTIC, LOCAL_RAY = _unit("tests/integration/test_elastic.py"), _unit("tests/workloads/test_cluster.py")
-SPEC = "tests/test_spec.py"
+SPEC, SANDBOX = "tests/test_spec.py", "tests/startup_scripts/test_boot_sandbox.py"
 
 
 def test_a_ray_worker_takes_the_longest_unit_that_starts_ray_then_those_without_then_quick_ones():
@@ -72,3 +72,12 @@ def test_another_worker_takes_the_shortest_unit_that_starts_ray_only_once_nothin
     assert conftest._choose([*queue, SPEC], runs_ray=False) == SPEC
     assert conftest._choose(queue, runs_ray=False) == LOCAL_RAY
     assert conftest._choose([RECOVERY, ELASTIC], runs_ray=False) == ELASTIC
+
+
+def test_the_quick_modules_that_mostly_wait_are_taken_before_the_other_quick_ones():
+    assert SANDBOX in conftest._WAITING_QUICK_MODULES
+    assert all((conftest.REPO / module).is_file() for module in conftest._WAITING_QUICK_MODULES)
+    assert conftest._choose([SPEC, SANDBOX], runs_ray=False) == SANDBOX
+    assert conftest._choose([SPEC, SANDBOX, SIMULATOR], runs_ray=False) == SIMULATOR
+    assert conftest._choose([SPEC, SANDBOX], runs_ray=True) == SANDBOX
+    assert conftest._choose([SPEC, "tests/test_catalog.py"], runs_ray=False) == SPEC  # else in order
