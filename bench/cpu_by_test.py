@@ -4,9 +4,9 @@ bench/cpu_by_process.py says which kinds of process use the two cores; this says
 Loaded into pytest as a plugin (``-p cpu_by_test`` with bench/ on PYTHONPATH), it puts each
 pytest process (each pytest-xdist worker) in a cgroup of its own. Every process a test starts
 inherits it, daemons included: the simulated hosts, their Ray, the jobs on them. After each test
-it appends the cgroup's CPU time over the test (setup, call and teardown) and its wall time to
-``<worker>.jsonl`` in the folder ``RAYSLICE_CPU_BY_TEST`` names. A shared cluster's boot counts
-to its first test, and its removal to its last.
+it appends the cgroup's CPU time over the test (setup, call and teardown), its wall time and
+when it started to ``<worker>.jsonl`` in the folder ``RAYSLICE_CPU_BY_TEST`` names. A shared
+cluster's boot counts to its first test, and its removal to its last.
 
 Run as a script, it adds those files up by work unit: a test module, or the tests of a shared
 cluster (each ``--cluster`` names a test parameter that marks one, as tests/integration/clusters.py
@@ -96,13 +96,14 @@ class Recorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        cpu, wall = self.cgroup.cpu_s(), time.monotonic()
+        cpu, wall, start = self.cgroup.cpu_s(), time.monotonic(), time.time()
         yield
         row = {
             "id": item.nodeid,
             "worker": self.worker,
             "cpu_s": round(self.cgroup.cpu_s() - cpu, 3),
             "wall_s": round(time.monotonic() - wall, 3),
+            "start": round(start, 3),  # epoch seconds: which tests ran beside each other
         }
         self.lines.write(json.dumps(row) + "\n")
         self.lines.flush()

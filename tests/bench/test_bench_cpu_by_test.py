@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ def test_a_run_records_each_tests_cpu_with_its_children_and_removes_its_cgroup(t
     root, _ = cpu.hierarchy(cpu.MOUNTS.read_text())
     before = set(root.glob("rayslice-cpu-by-test-*"))  # a measured suite's own workers' cgroups
     env = {**os.environ, cpu.OUT_VAR: str(out), "PYTHONPATH": str(BENCH)}
+    started = time.time()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "cpu_by_test", "-p", "no:cacheprovider", "-n", "0"],
         cwd=tmp_path,
@@ -74,5 +76,8 @@ def test_a_run_records_each_tests_cpu_with_its_children_and_removes_its_cgroup(t
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {r["id"]: r for r in map(json.loads, (out / "main.jsonl").read_text().splitlines())}
     assert rows["test_burn.py::test_burn"]["cpu_s"] > 0.3 > rows["test_burn.py::test_idle"]["cpu_s"]
+    burn, idle = rows["test_burn.py::test_burn"], rows["test_burn.py::test_idle"]
+    # in order, one after the other (each figure rounded to the millisecond)
+    assert started < burn["start"] < burn["start"] + burn["wall_s"] <= idle["start"] + 0.002 < time.time()
     assert "kept" not in result.stderr
     assert set(root.glob("rayslice-cpu-by-test-*")) <= before
