@@ -4,6 +4,7 @@ real uv against a local index of tiny wheels (no network)."""
 from __future__ import annotations
 
 import io
+import re
 import socket
 import tarfile
 from pathlib import Path
@@ -29,6 +30,9 @@ def test_each_preset_ships_a_lock_for_its_lines_and_the_hosts(preset):
     assert locks.parse(lock.text) == lock
     assert locks.foreign_line(lock.text) is None  # only the lines a stack lock may hold
     assert f"ray=={DEFAULT_RAY_VERSION}" in lock.pins()
+    # The same resolution writes the same lock: uv's notes name the requirements file, never the
+    # temporary folder it was resolved in.
+    assert set(re.findall(r"#\s+(?:via )?-r (\S+)", lock.body)) == {"requirements.in"}
     # Every package is pinned by at least one hash (what --require-hashes needs).
     blocks = lock.body.split("==")[1:]
     assert all("--hash=sha256:" in block for block in blocks)
@@ -71,6 +75,7 @@ def _header(index: str, *requirements: str) -> dict[str, str]:
 def test_requirements_resolve_into_a_lock_of_the_files_the_index_serves(index, tmp_path):
     lock = locks.compile_lock(locks.uv_binary(), _header(index, "alpha<2"))
     assert lock.pins() == ["alpha==1.0", "beta==1.0"]
+    assert "# via -r requirements.in" in lock.body  # no temporary path: the same input, the same lock
     for name in ("alpha-1.0", "beta-1.0"):
         assert f"--hash=sha256:{sha256(tmp_path / 'wheels' / f'{name}-py3-none-any.whl')}" in lock.body
     assert lock.header["index"] == index and locks.parse(lock.text) == lock
