@@ -373,10 +373,24 @@ def _read(server, query: str) -> tuple[float, str, str]:
         return time.monotonic() - start, response.read().decode(), response.headers["ETag"]
 
 
-def _request_threads() -> list[threading.Thread]:
-    """The threads a threading HTTP server runs its requests in (Python names them after their
-    target, `process_request_thread`)."""
-    return [t for t in threading.enumerate() if "process_request_thread" in t.name]
+def _holding(server: object) -> set[threading.Thread]:
+    """The threads in which `server` (a threading HTTP server: their target is its
+    `process_request_thread`) holds a wait_for_change request now. Not the process's thread
+    count: under pytest-xdist another test's threads may start or end meanwhile; and not merely a
+    new request thread, which may not have read its request yet."""
+    frames = sys._current_frames()
+
+    def waiting(thread: threading.Thread) -> bool:
+        frame = frames.get(thread.ident or 0)
+        while frame is not None and frame.f_code.co_name != "_wait_for_change":
+            frame = frame.f_back
+        return frame is not None
+
+    return {
+        t
+        for t in threading.enumerate()
+        if getattr(getattr(t, "_target", None), "__self__", None) is server and waiting(t)
+    }
 
 
 def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
@@ -384,9 +398,7 @@ def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
     resets its connection; the server's answer to the change then fails to send. It drops the
     connection as a real server does: no traceback in the log, and it answers the next guest."""
     _, _, etag = _read(worker0, "")
-    # The server's request threads, not the process's thread count: under pytest-xdist other
-    # threads of this process (a previous test's clients) may end meanwhile.
-    before = set(_request_threads())
+    before = _holding(worker0)
     host, port = worker0.server_address[:2]
     with socket.create_connection((host, port), timeout=5) as guest:
         guest.sendall(
@@ -394,8 +406,8 @@ def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
             f"&timeout_sec=60 HTTP/1.1\r\nHost: metadata\r\nMetadata-Flavor: Google\r\n\r\n".encode()
         )
         guest.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-        wait_until(lambda: bool(set(_request_threads()) - before), 10, "the server never held the request")
-    (held,) = set(_request_threads()) - before
+        wait_until(lambda: bool(_holding(worker0) - before), 10, "the server never held the request")
+        (held,) = _holding(worker0) - before
     worker0.set_value(("instance", "preempted"), "TRUE")  # the held request answers: to a reset socket
     held.join(10)
     assert not held.is_alive(), "the held request's thread never ended"
