@@ -18,12 +18,16 @@ from __future__ import annotations
 from http.server import BaseHTTPRequestHandler
 
 
-class KeepAliveHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # TCP_NODELAY on each accepted connection (StreamRequestHandler)
+class QuietOnHangUpHandler(BaseHTTPRequestHandler):
+    """Drops a connection whose client hung up, without a traceback."""
 
     def handle(self) -> None:
         try:
             super().handle()
         except (ConnectionResetError, BrokenPipeError):  # the client is gone: nobody to answer
             self.close_connection = True
+
+
+class KeepAliveHandler(QuietOnHangUpHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # TCP_NODELAY on each accepted connection (StreamRequestHandler)
