@@ -17,13 +17,14 @@ import signal
 import socket
 import stat
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from rayslice import compilation_cache, names
 from rayslice import spec as spec_module
+from rayslice.local.google.http_handler import QuietOnHangUpHandler
 from rayslice.observability import record
 from rayslice.startup_scripts import (
     RenderOptions,
@@ -475,7 +476,7 @@ class _Cache(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self) -> None:
-        class Health(BaseHTTPRequestHandler):
+        class Health(QuietOnHangUpHandler):  # a probe that gives up is dropped, as sandbox.py's stubs do
             def do_GET(self) -> None:
                 self.send_response(200 if self.path == "/health" else 404)
                 self.send_header("Content-Length", "0")
