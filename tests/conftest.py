@@ -77,8 +77,8 @@ _NO_RAY_OF_THEIR_OWN = (
 _WAITING_QUICK_MODULES = ("tests/startup_scripts/test_boot_sandbox.py",)
 # Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
 # setup, call and teardown in the suite's pytest line with `--durations=0` on the 2-core machine,
-# the run that ended 2026-12-07 10:11 UTC; docs/benchmarks.md): the scheduler hands the longest out first, so
-# that the two Ray workers end together. A unit missing here goes first (it may be the longest);
+# the run that ended 2026-12-07 10:11 UTC; docs/benchmarks.md): the scheduler hands the longest
+# out first, so that the two Ray workers end together. A unit missing here goes first (it may be the longest);
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
     "cluster 2 x tpu7x-16 spot": 212,
@@ -124,9 +124,8 @@ def _choose(queue: list[str], *, runs_ray: bool) -> str | None:
     """The unit a worker takes next of those not handed out yet (`queue`): a Ray worker
     (`runs_ray`) the units that start Ray, longest first, then the slow units that start no Ray of
     their own, then quick modules (`_WAITING_QUICK_MODULES` first); any other worker those slow
-    units, then quick modules, and once
-    none is left the shortest unit that starts Ray, so that it does not idle while the Ray
-    workers finish theirs."""
+    units, then quick modules, and once none is left the shortest unit that starts Ray, so that
+    it does not idle while the Ray workers finish theirs."""
     slow = [unit for unit in queue if unit.startswith(_RAY_UNIT)]
     ray = _order([unit for unit in slow if _starts_ray(unit)])
     without_ray = _order([unit for unit in slow if not _starts_ray(unit)])

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from types import FrameType
 
 import pytest
 
@@ -374,23 +375,20 @@ def _read(server, query: str) -> tuple[float, str, str]:
 
 
 def _holding(server: object) -> set[threading.Thread]:
-    """The threads in which `server` (a threading HTTP server: their target is its
-    `process_request_thread`) holds a wait_for_change request now. Not the process's thread
-    count: under pytest-xdist another test's threads may start or end meanwhile; and not merely a
-    new request thread, which may not have read its request yet."""
+    """The threads in which `server` holds a wait_for_change request now: in its
+    `_wait_for_change`. Not the process's thread count: under pytest-xdist another test's threads
+    may start or end meanwhile; and not merely a new request thread, which may not have read its
+    request yet."""
     frames = sys._current_frames()
 
-    def waiting(thread: threading.Thread) -> bool:
-        frame = frames.get(thread.ident or 0)
-        while frame is not None and frame.f_code.co_name != "_wait_for_change":
+    def holds(frame: FrameType | None) -> bool:
+        while frame is not None:
+            if frame.f_code.co_name == "_wait_for_change" and frame.f_locals.get("self") is server:
+                return True
             frame = frame.f_back
-        return frame is not None
+        return False
 
-    return {
-        t
-        for t in threading.enumerate()
-        if getattr(getattr(t, "_target", None), "__self__", None) is server and waiting(t)
-    }
+    return {t for t in threading.enumerate() if holds(frames.get(t.ident or 0))}
 
 
 def test_a_waiter_that_hangs_up_is_dropped_without_a_traceback(worker0, capfd):
