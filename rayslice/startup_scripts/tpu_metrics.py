@@ -151,6 +151,15 @@ def render(
 
 def handler(page: Callable[[], str]) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
+        def handle(self) -> None:
+            # A scraper that hangs up before its page is written (Ray's agent timing out on a
+            # busy host, Prometheus stopping) is not this server's error: drop the connection
+            # instead of printing a traceback into the boot log at every scrape.
+            try:
+                super().handle()
+            except (ConnectionResetError, BrokenPipeError):
+                self.close_connection = True
+
         def do_GET(self) -> None:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404, "only /metrics is served")

@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -144,6 +145,24 @@ def test_a_library_that_fails_a_read_costs_that_metric_only():
 
     found = tpu_metrics.read_library(Failing({"duty_cycle_pct": ["1"], "hbm_capacity_total": ["7"]}))
     assert found["duty_cycle_pct"][1] == [] and found["hbm_capacity_total"][1] == ["7"]
+
+
+def test_a_scraper_that_hangs_up_before_its_page_is_written_costs_no_traceback():
+    """The page is read (the request arrived whole), then the scraper is gone: writing it fails
+    with a broken pipe, which the handler drops as a real server does; a traceback here would
+    reach the host's boot log at every such scrape."""
+    asked = []
+
+    def page() -> str:
+        asked.append(True)
+        return page_of({"duty_cycle_pct": ["1"]}, chips=1)()
+
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    theirs.close()
+    with ours:
+        tpu_metrics.handler(page)(ours, ("127.0.0.1", 0), None)  # returns: nothing raised
+    assert asked == [True]
 
 
 def test_ray_reads_the_simulated_chips_a_jax_process_recorded(tmp_path, monkeypatch):
