@@ -349,7 +349,13 @@ esac
 
     def stop(self) -> None:
         """Power off: every supervisor the boot started (Ray's, the TPU metrics endpoint's, the
-        package cache's, ...) is killed with its process group, as a VM's processes all go."""
+        package cache's, ...) is killed with its process group, as a VM's processes all go.
+
+        A test that ends right after its boot can get here before a supervisor's loop has run
+        `setsid` (the boot writes the pidfile as it forks the loop): until then the loop leads no
+        process group, `killpg` misses it, and it runs on after the suite (one did, for half an
+        hour, its `boot.sh run-ray` retrying against a stub cloud that was gone). Such a loop is
+        killed by its pid, once its environment shows it is this sandbox's."""
         for pidfile in (self.root / "var/lib/rayslice").glob("*.pid"):
             try:
                 pid = int(pidfile.read_text())
@@ -357,6 +363,20 @@ esac
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+            if self._runs_here(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # what it started, had it just run setsid
+
+    def _runs_here(self, pid: int) -> bool:
+        """Whether `pid` is a live process of this sandbox (a PID of a pidfile may have been reused
+        by another process since): every process the boot starts has its HOME."""
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return f"HOME={self.tmp}".encode() in environ
 
 
 def group_processes(group: int) -> list[tuple[int, list[str]]]:

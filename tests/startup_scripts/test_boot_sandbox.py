@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -363,6 +364,24 @@ def test_boot_again_on_a_live_host_and_reboot_take_the_fast_path(host, tmp_path)
     assert box.uv_count.read_text().strip() == "1"  # installed once, at the first boot
     assert box.log.count("requirements unchanged") == 2
     assert "installing" not in cloud.states
+
+
+def test_power_off_stops_a_supervisor_loop_caught_before_its_setsid(host, tmp_path):
+    """The race a test that ends right after its boot runs into: the boot wrote the pidfile as it
+    forked the loop, which has not run `setsid` yet, so no process group has the pidfile's id;
+    the power-off stops the loop all the same, before it becomes a session of its own."""
+    box = _box(host, tmp_path, _cloud(_spec(rayAuth="none")))
+    loop = subprocess.Popen(["bash", "-c", "sleep 1; exec setsid sleep 600"], env=box.environment())
+    try:
+        state = box.root / "var/lib/rayslice"
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "rayslice-ray.pid").write_text(f"{loop.pid}\n")
+        assert not _group_alive(loop.pid)  # not a group leader yet
+        box.stop()
+        assert loop.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 def _group_alive(pgid: int | None) -> bool:
