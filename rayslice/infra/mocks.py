@@ -401,9 +401,14 @@ class OfflineEngine:
         return result.get("value")
 
 
+# What asyncio says when it frees a failed Future or Task (an `Output.all`'s gather, say) whose
+# exception nobody read (CPython 3.11 asyncio/futures.py: "{class name} exception was never retrieved").
+_UNREAD = frozenset({"Future exception was never retrieved", "Task exception was never retrieved"})
+
+
 def _unless_unread(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """asyncio's handler, less the failures of a failed run that no one was left to read."""
-    if context.get("message") != "Future exception was never retrieved":
+    if context.get("message") not in _UNREAD:
         loop.default_exception_handler(context)
 
 

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import gc
+import logging
 import os
 import threading
 from pathlib import Path
 
-from rayslice.infra import preview
+from rayslice.infra import mocks, preview
 from rayslice.infra.mocks import OfflineEngine, run_offline
 from rayslice.infra.program import main
 
@@ -53,3 +56,29 @@ def test_a_run_never_walks_the_python_stack(stack_walks: list[int]) -> None:
     config = preview.stack_config(str(STACK), [])
     run = run_offline(functools.partial(main, preview._no_stack_lock), config)
     assert len(run.registrations) > 10 and stack_walks == []
+
+
+def test_what_a_failed_run_left_unread_is_freed_without_a_log_line(caplog) -> None:
+    """A failed run's Outputs fail with it, and nobody reads them: when asyncio frees such a
+    Future or Task (an `Output.all`'s gather) it calls the loop's handler, which a failed run sets
+    to drop exactly that (the CI log of the interrupted-apply tests showed a "Task exception was
+    never retrieved" traceback at a pytest worker's exit). Anything else is still logged."""
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(mocks._unless_unread)
+
+    async def fails() -> None:
+        raise RuntimeError("the run's own failure")
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncio"):
+            task = loop.create_task(fails())
+            future = loop.create_future()
+            future.set_exception(RuntimeError("the run's own failure"))
+            loop.run_until_complete(asyncio.wait([task]))
+            del task, future
+            gc.collect()
+            assert [r.getMessage() for r in caplog.records] == []
+            loop.call_exception_handler({"message": "something else went wrong"})
+        assert [r.getMessage() for r in caplog.records] == ["something else went wrong"]
+    finally:
+        loop.close()
