@@ -32,10 +32,9 @@ Every object is written whole and exactly once: a bucket has no append, and one 
 policy refuses to overwrite an object younger than its period, so nothing here ever rewrites one
 (`FolderBucket` refuses as such a bucket would).
 
-Nothing secret goes in: every text passes `redact` first, which removes the values of
-``Authorization`` headers, credentials in URLs, OAuth access tokens (the metadata server's
-``access_token``), private keys, ``RAY_AUTH_TOKEN`` and ``token=`` / ``password=`` style assignments, and any
-secret the writer knows by value (the cluster's Ray token).
+Every text passes `rayslice.observability.redaction.redact` first, which filters secrets in
+the forms it knows (and any secret the writer knows by value, the cluster's Ray token); a secret
+in a form it does not know goes in as written.
 """
 
 from __future__ import annotations
@@ -47,12 +46,13 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from rayslice.errors import InvalidInput
+from rayslice.observability.redaction import redact
 
 CLUSTERS_PREFIX = "clusters"
 CLUSTER_INFO = "cluster.json"
@@ -76,46 +76,8 @@ CHUNK_NAME = re.compile(rf"(\d{{{CHUNK_DIGITS}}})-(\d{{{CHUNK_DIGITS}}})")
 # Where `rayslice run` writes a job's record when its cluster is not the simulator's: a cluster
 # record's location, a folder or gs://BUCKET/clusters/NAME/RUN.
 RECORD_ENV = "RAYSLICE_RECORD"
-REDACTED = "[redacted]"
 # A key part: what a GCE instance name, a Ray job id or a run id may hold; never "/" or "..".
 KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
-
-# What `redact` removes. Each keeps what names the secret and drops its value.
-_SECRET_PATTERNS = (
-    # An Authorization header (HTTP request dumps, curl -v, Ray's client errors), any scheme.
-    (
-        re.compile(r"(?i)(\bauthorization\s*[:=]\s*)(?:(?:bearer|basic|token)\s+)?[^\s'\",]+"),
-        rf"\1{REDACTED}",
-    ),
-    # Credentials in a URL: https://user:password@host (a private index's URL) or https://token@host.
-    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^/\s@:'\"]+(?::[^/\s@'\"]*)?@"), rf"\1{REDACTED}@"),
-    # The metadata server's token answer and OAuth forms: "access_token": "ya29...".
-    (
-        re.compile(r"(?i)(\"?(?:access_token|refresh_token|id_token)\"?\s*[:=]\s*\"?)[^\s\"',&]+"),
-        rf"\1{REDACTED}",
-    ),
-    # A Google OAuth access token by its own prefix, wherever it stands.
-    (re.compile(r"\bya29\.[A-Za-z0-9_\-.]+"), REDACTED),
-    # A PEM private key (a service-account key file's "private_key"), whole.
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S), REDACTED),
-    (re.compile(r"(?i)(\"private_key\"\s*:\s*\")[^\"]+"), rf"\1{REDACTED}"),
-    # Environment and query assignments: RAY_AUTH_TOKEN=..., ?token=..., password: ...
-    (
-        re.compile(r"(?i)(\b[A-Z0-9_]*(?:TOKEN|PASSWORD|SECRET|PASSWD|API_KEY)\b\s*[=:]\s*)[^\s&'\",]+"),
-        rf"\1{REDACTED}",
-    ),
-)
-
-
-def redact(text: str, known: Iterable[str] = ()) -> str:
-    """`text` without the secrets it holds (see the module docstring); `known`: secret values to
-    remove wherever they appear (shorter than 8 characters is too likely to be a word: ignored)."""
-    for value in known:
-        if len(value) >= 8:
-            text = text.replace(value, REDACTED)
-    for pattern, replacement in _SECRET_PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 class Bucket(Protocol):

@@ -12,7 +12,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from rayslice.observability import record
+from rayslice.observability import record, redaction
 from rayslice.observability.shipper import Shipper, Sources
 from rayslice.startup_scripts import variables
 from rayslice.startup_scripts.options import RenderOptions
@@ -85,7 +85,7 @@ def test_no_token_or_credential_reaches_the_record(tmp_path: Path) -> None:
         assert secret not in text
     raw = b"".join(p.read_bytes() for p in (tmp_path / "record").rglob("*") if p.is_file())
     assert TOKEN.encode() not in raw and b"hunter2" not in raw
-    assert text.count(record.REDACTED) == 4 and "ray start with" in text
+    assert text.count(redaction.REDACTED) == 4 and "ray start with" in text
 
 
 def test_ray_driver_logs_and_events_and_the_controllers_decisions_are_streams(tmp_path: Path) -> None:
