@@ -114,6 +114,7 @@ RECORD_SHIPPER_MODULES = (
     "rayslice/observability/__init__.py",
     "rayslice/observability/gcs.py",
     "rayslice/observability/record.py",
+    "rayslice/observability/redaction.py",
     "rayslice/observability/shipper.py",
 )
 RECORD_SHIPPER_ENTRY = "rayslice.observability.shipper"
