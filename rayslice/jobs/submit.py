@@ -40,8 +40,9 @@ STATUS_POLL_S = 0.5
 # How long `rayslice run --stop` waits for Ray to report the stopped job's final status.
 STOP_WAIT_S = 30.0
 # A Ray job's submission ID as `rayslice run` prints it ("raysubmit_..."), or one a user gave Ray:
-# anything else is refused before it is put into a request path.
-JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# anything else is refused before it is put into a request path. It starts with a letter or a
+# digit, so "." and ".." (which a URL resolves as path steps) and "-x" (an option) are never one.
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def submit(

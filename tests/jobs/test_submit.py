@@ -765,10 +765,15 @@ def test_an_interrupt_names_the_command_that_stops_the_job_on_the_same_cluster(t
     assert client.stopped == ["J"] and "stop job J" in str(stopped)
 
 
-@pytest.mark.parametrize("job_id", ["", "../../api/jobs", "a b", "x" * 129, "raysubmit_1\n"])
+@pytest.mark.parametrize(
+    "job_id", ["", "../../api/jobs", ".", "..", "-h", "_x", "a b", "x" * 129, "raysubmit_1\n"]
+)
 def test_stop_refuses_what_is_not_a_job_id_before_any_request(job_id, capsys):
+    """A job ID starts with a letter or a digit: "." or ".." would reach Ray as a path step of
+    /api/jobs/, "-h" reads as an option. One line, exit 2, no request."""
     assert cli.main(["run", "--stop", job_id]) == EXIT_INVALID
-    assert "is not a Ray job ID" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not a Ray job ID" in err and err.count("\n") == 1, err
 
 
 SIGTERM_IN_A_TASK = r"""
