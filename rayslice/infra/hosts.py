@@ -124,6 +124,7 @@ class VmSliceCluster(pulumi.ComponentResource):
                 spec=spec,
                 compilation_cache_bucket=cache.name if cache else None,
                 record_bucket=record.bucket if record else None,
+                record_prefix=record.prefix if record else None,
             ),
             child,
         )

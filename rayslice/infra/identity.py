@@ -20,8 +20,10 @@ calls none of them). The hosts' own grants do not change.
 
 Where the cluster keeps a record (`rayslice.infra.record_bucket`), the hosts' account (the head
 VM's too) and the controller's may create objects in that bucket, nothing more
-(`RECORD_BUCKET_ROLES`): each machine only adds its logs there, and none may read, replace or
-delete what any machine wrote.
+(`RECORD_BUCKET_ROLES`), and only under their own folders of the cluster's record (an IAM
+condition on the object's name: the hosts' ``hosts/``, the controller's ``events/`` and its
+VM's ``hosts/<vm>/``): each machine only adds its logs there, none may read, replace or delete
+what any machine wrote, and no job can write the controller's events or another cluster's record.
 
 Custom roles are soft-deleted: pulumi-gcp's ``gcp.projects.IAMCustomRole`` reference warns that
 "a deleted role is permanently deleted after 7 days, but it can take up to 30 more days (i.e.
@@ -52,7 +54,8 @@ import pulumiverse_time as time
 from rayslice.infra import record_bucket
 from rayslice.infra.compute.template import template_name_prefix
 from rayslice.infra.labels import resource_labels
-from rayslice.names import head_name
+from rayslice.names import controller_name, head_name
+from rayslice.observability import record
 from rayslice.recovery import kinds, permissions
 from rayslice.spec import ClusterSpec
 
@@ -127,8 +130,10 @@ class ClusterIdentityArgs:
     spec: ClusterSpec
     # The compilation cache's bucket (its name), which the hosts' account reads and writes.
     compilation_cache_bucket: pulumi.Input[str] | None = None
-    # The record's bucket (its name), where the hosts, the head and the controller create objects.
+    # The record's bucket (its name), where the hosts, the head and the controller create objects,
+    # and the cluster's prefix there (``clusters/<cluster>/<run id>``), which their grants' conditions name.
     record_bucket: pulumi.Input[str] | None = None
+    record_prefix: pulumi.Input[str] | None = None
 
 
 class ClusterIdentity(pulumi.ComponentResource):
@@ -149,13 +154,15 @@ class ClusterIdentity(pulumi.ComponentResource):
         readers = [("reader", hosts)]
         self.service_account_email = hosts.email
         self.controller_service_account_email = None
-        # Who writes the record, and the resource-name label of each one's grant.
-        recorders = [("record", hosts)]
+        # Who writes the record, the resource-name label of each one's grant, and under which of the
+        # cluster's prefixes (`record_bucket.object_condition`).
+        recorders = [("record", hosts, [f"{record.HOSTS_DIR}/"])]
         if spec.runs_recovery:
             controller = self._account(name, spec, CONTROLLER, "The recovery controller")
             grants += [controller, *self._controller(name, spec, controller, hosts)]
             self.controller_service_account_email = controller.email
-            recorders.append(("record-controller", controller))
+            own = [f"{record.EVENTS_DIR}/", f"{record.HOSTS_DIR}/{controller_name(spec.name)}/"]
+            recorders.append(("record-controller", controller, own))
         self.token_secret = None
         if spec.ray_auth == "token":
             self.token_secret = token_secret_id(spec)
@@ -165,9 +172,9 @@ class ClusterIdentity(pulumi.ComponentResource):
                 args.compilation_cache_bucket, CACHE_BUCKET_ROLES, [(f"{name}-compilation-cache", hosts)]
             )
         if args.record_bucket is not None:
-            grants += self._bucket_grants(
-                args.record_bucket, RECORD_BUCKET_ROLES, [(f"{name}-{label}", a) for label, a in recorders]
-            )
+            if args.record_prefix is None:
+                raise AssertionError("a record bucket comes with the cluster's prefix in it")
+            grants += self._record_grants(name, spec, args.record_bucket, args.record_prefix, recorders)
         if spec.package_index_credentials_secret is not None:
             # The user's own secret (rayslice never creates or reads it): readable by its readers only.
             grants.extend(
@@ -228,6 +235,37 @@ class ClusterIdentity(pulumi.ComponentResource):
             )
             for prefix, account in grantees
             for role in roles
+        ]
+
+    def _record_grants(
+        self,
+        name: str,
+        spec: ClusterSpec,
+        bucket: pulumi.Input[str],
+        prefix: pulumi.Input[str],
+        recorders: list[tuple[str, gcp.serviceaccount.Account, list[str]]],
+    ) -> list[pulumi.Resource]:
+        """`RECORD_BUCKET_ROLES` on the record's bucket alone, each recorder's only on objects
+        under its folders of the cluster's `prefix` (an IAM condition)."""
+
+        def expression(known: list[str], folders: list[str]) -> str:
+            return record_bucket.object_condition(known[0], [f"{known[1]}/{f}" for f in folders])
+
+        return [
+            gcp.storage.BucketIAMMember(
+                f"{name}-{label}-{role.split('.')[-1]}",
+                bucket=bucket,
+                role=role,
+                member=account.member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title=f"rayslice {spec.name} record: {label}",
+                    description="Only these folders of this cluster's record (rayslice.infra.record_bucket)",
+                    expression=pulumi.Output.all(bucket, prefix).apply(partial(expression, folders=folders)),
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for label, account, folders in recorders
+            for role in RECORD_BUCKET_ROLES
         ]
 
     def _project_roles(self, name: str, account: gcp.serviceaccount.Account) -> list[pulumi.Resource]:

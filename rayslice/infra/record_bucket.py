@@ -31,7 +31,12 @@ Who may write and read is IAM on the bucket (``gcp.storage.BucketIAMMember``), l
 each object once, and never read, overwrite or delete one), `readers` get
 ``roles/storage.objectViewer`` (list and read: `rayslice history`). A cluster's own accounts get
 their grant from `rayslice.infra.identity` (the same role, on this bucket alone), so that the
-hosts boot only after it. Not verified against real GCP.
+hosts boot only after it, each with an IAM condition on the objects' names (`object_condition`):
+the hosts' account (every Ray job's) may create objects under ``<cluster prefix>/hosts/`` only,
+the controller's under ``<cluster prefix>/events/`` and its own VM's ``hosts/<vm>/`` only, so no
+job can forge the controller's decisions, a job's record written by `rayslice run`, or another
+cluster's record. `writers` (the accounts that run `rayslice run`) get no condition: they are the
+operators' own. Not verified against real GCP.
 
 The bucket's name, when a cluster declares it: ``rayslice-record-`` and a `random.RandomId`
 (globally unique, and without the project's or the cluster's name, as Google's "Bucket names"
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import pulumi
 import pulumi_gcp as gcp
@@ -132,12 +138,33 @@ class RecordBucket(pulumi.ComponentResource):
         self.register_outputs({"url": self.url})
 
 
+# The name IAM Conditions see for a Cloud Storage object ("Resource attributes for IAM
+# Conditions", https://cloud.google.com/iam/docs/conditions-resource-attributes, resource name
+# format of Cloud Storage objects). "Using IAM Conditions on buckets"
+# (https://cloud.google.com/storage/docs/access-control/using-iam-conditions) gives the prefix form
+# resource.name.startsWith("projects/_/buckets/BUCKET/objects/PREFIX"); conditions need uniform
+# bucket-level access, which a `RecordBucket` has.
+OBJECT_NAME = "projects/_/buckets/{bucket}/objects/{object}"
+
+
+def object_condition(bucket: str, prefixes: Sequence[str]) -> str:
+    """CEL expression true for the objects of `bucket` whose names start with one of `prefixes`
+    (each a "folder" of the record, ending in "/", so that ``hosts/a`` never admits ``hosts/ab``)."""
+    if not prefixes or any(not p.endswith("/") for p in prefixes):
+        raise ValueError(f"object prefixes must be given and end with '/': {list(prefixes)}")
+    return " || ".join(
+        f'resource.name.startsWith("{OBJECT_NAME.format(bucket=bucket, object=prefix)}")'
+        for prefix in prefixes
+    )
+
+
 @dataclass(frozen=True)
 class ClusterRecord:
-    """Where one cluster's record goes: its bucket's name (for the accounts' grants) and the
-    cluster's prefix in it (for the machines' metadata)."""
+    """Where one cluster's record goes: its bucket's name and the cluster's prefix in it (for the
+    accounts' conditional grants), and its gs:// location (for the machines' metadata)."""
 
     bucket: pulumi.Output[str]
+    prefix: pulumi.Output[str]  # clusters/<cluster>/<run id>
     location: pulumi.Output[str]  # gs://BUCKET/clusters/<cluster>/<run id>
 
 
@@ -164,7 +191,6 @@ def cluster_record(name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions) -
         )
         bucket = declared.bucket.name
     run = random.RandomId(f"{name}-run", byte_length=RUN_ID_BYTES, opts=opts)
-    location = pulumi.Output.all(bucket, run.hex).apply(
-        lambda known: f"gs://{known[0]}/{record.cluster_prefix(spec.name, known[1])}"
-    )
-    return ClusterRecord(bucket=bucket, location=location)
+    prefix = run.hex.apply(partial(record.cluster_prefix, spec.name))
+    location = pulumi.Output.all(bucket, prefix).apply(lambda known: f"gs://{known[0]}/{known[1]}")
+    return ClusterRecord(bucket=bucket, prefix=prefix, location=location)

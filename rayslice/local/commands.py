@@ -36,6 +36,7 @@ from rayslice.local.simulation.simulator import Simulation, require_root
 from rayslice.local.simulation.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, STATE_FILE, default_state_dir
 from rayslice.local.simulation.status import format_report, status_report
 from rayslice.names import PREEMPTION_NOTICE_S, STATE_FAILED_PREFIX, STATE_JOINED
+from rayslice.printable import escaped
 
 F = TypeVar("F", bound=Callable[..., Any])
 WATCH_S = 2.0  # `local status --watch` refreshes this often unless told
@@ -246,8 +247,8 @@ def down_command(state_dir: Path | None) -> int:
     sim = _as_root(lambda: _open(state_dir))
     try:
         kept = f"kept its record in {recording.collect(sim)}: `rayslice history` shows it"
-    except (SimulatorError, OSError, ValueError) as exc:  # the record never stops a removal
-        kept = f"rayslice: warning: its record could not be completed: {exc}"
+    except Exception as exc:  # the record (its hosts wrote part of it) never stops a removal
+        kept = escaped(f"rayslice: warning: its record could not be completed: {type(exc).__name__}: {exc}")
     _as_root(sim.destroy)
     click.echo(f"removed simulation {sim.plan.run_id}: {len(sim.plan.hosts)} hosts, bridge {sim.plan.bridge}")
     click.echo(kept)

@@ -23,10 +23,21 @@ local down` keeps: `rayslice.local.simulation.recording`):
 - ``jobs/<job id>/goodput.json``: the run's goodput report (`rayslice.observability.goodput`).
 
 A log a machine ships as it grows (`rayslice.observability.shipper`) is a *stream*: a key under
-which each shipped piece is one object named by the byte range of the file it holds,
-``<stream>/<start>-<end>`` (12 digits each, `chunk_key`), always whole lines; `streams` puts a
-stream back together. A piece shipped twice (a shipper stopped between writing a piece and
-noting it) starts where the first did and is read once.
+which each shipped piece is one object named by the byte range of the stream it holds and the
+shipper's random part, ``<stream>/<start>-<end>-<random>`` (12 digits each, `chunk_key`), always
+whole lines; `streams` puts a stream back together. A piece counts only if it holds exactly
+``end - start`` bytes and starts where the pieces before it end; a piece shipped twice (a
+shipper stopped between writing a piece and noting it) starts where the first did and is read
+once.
+
+Who may write what (the record bucket's IAM conditions, `rayslice.infra.identity`; on the
+simulator, what each machine has bound in): the hosts (every Ray job on them) only under
+``hosts/``, the controller's VM only under ``events/`` and its own ``hosts/<host>/``, the
+machines that run `rayslice run` only under ``jobs/``. So a job can add objects to any host's
+logs (the hosts share one account), never to the controller's events, a job's record or
+``cluster.json``. Readers take every object as a job may have written it
+(`rayslice.observability.untrusted`): a cluster record is ordered by when its ``cluster.json``
+was created, never by what it says; a job's record must name the job its key names.
 
 Every object is written whole and exactly once: a bucket has no append, and one with a retention
 policy refuses to overwrite an object younger than its period, so nothing here ever rewrites one
@@ -41,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import secrets
 import sys
@@ -52,6 +62,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rayslice.errors import InvalidInput
+from rayslice.observability import nofollow, untrusted
 from rayslice.observability.redaction import redact
 
 CLUSTERS_PREFIX = "clusters"
@@ -72,12 +83,16 @@ BOOT_LOG = "boot.log"
 CONSOLE_LOG = "console.log"
 # A piece of a stream: the byte range of the shipped file it holds (`chunk_key`).
 CHUNK_DIGITS = 12
-CHUNK_NAME = re.compile(rf"(\d{{{CHUNK_DIGITS}}})-(\d{{{CHUNK_DIGITS}}})")
+CHUNK_NAME = re.compile(rf"(\d{{{CHUNK_DIGITS}}})-(\d{{{CHUNK_DIGITS}}})(?:-[0-9a-f]{{8,32}})?")
 # Where `rayslice run` writes a job's record when its cluster is not the simulator's: a cluster
 # record's location, a folder or gs://BUCKET/clusters/NAME/RUN.
 RECORD_ENV = "RAYSLICE_RECORD"
 # A key part: what a GCE instance name, a Ray job id or a run id may hold; never "/" or "..".
 KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+# The most a reader takes of one object (a shipped piece holds at most 4 MiB; a console log copied
+# at `down` more) and the most objects it lists under one prefix: a record is not a disk's worth.
+MAX_OBJECT_BYTES = 64 * 1024 * 1024
+MAX_KEYS = 200_000
 
 
 class Bucket(Protocol):
@@ -88,6 +103,10 @@ class Bucket(Protocol):
     def read(self, key: str) -> bytes: ...
 
     def list(self, prefix: str = "") -> list[str]: ...
+
+    def created(self, key: str) -> float:
+        """When the object was created, as the bucket keeps it (unix seconds)."""
+        ...
 
 
 def join(*parts: str) -> str:
@@ -106,45 +125,34 @@ def check_key(key: str) -> str:
 @dataclass(frozen=True)
 class FolderBucket:
     """A folder that plays the bucket: objects are files (0600) under `root`, each written
-    atomically and once (`FileExistsError` for a key that exists, as a retention policy refuses)."""
+    atomically and once (`FileExistsError` for a key that exists, as a retention policy refuses).
+
+    On the simulator the machines write into the folder too, so every key is walked without
+    following a link (`rayslice.observability.nofollow`): only regular files are read (at most
+    `MAX_OBJECT_BYTES`) or listed (at most `MAX_KEYS`), and nothing is written outside `root`."""
 
     root: Path
 
     def write(self, key: str, data: bytes) -> None:
-        path = self.root / check_key(key)
-        private_dirs(path.parent)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.link(tmp, path)  # fails if the object exists: never replaced
-        finally:
-            tmp.unlink()
+        parts = check_key(key).split("/")
+        nofollow.write_once(self.root, parts, data, f".{parts[-1]}.{secrets.token_hex(4)}.tmp")
 
     def read(self, key: str) -> bytes:
-        return (self.root / check_key(key)).read_bytes()
+        return nofollow.read_regular(self.root, check_key(key).split("/"), MAX_OBJECT_BYTES)
 
     def list(self, prefix: str = "") -> list[str]:
-        base = self.root / prefix if prefix else self.root
-        if not base.is_dir():
-            return []
-        found = []
-        for path in base.rglob("*"):
-            if path.is_file() and not path.name.startswith("."):
-                found.append(path.relative_to(self.root).as_posix())
-        return sorted(found)
+        parts = check_key(prefix.strip("/")).split("/") if prefix.strip("/") else []
+        return nofollow.regular_files(self.root, parts, MAX_KEYS)
 
+    def created(self, key: str) -> float:
+        return nofollow.modified(self.root, check_key(key).split("/"))
 
-def private_dirs(path: Path) -> None:
-    """mkdir -p, every level it creates 0700 (a record holds logs: private like the state dir)."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for level in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(level, 0o700)
+    def folder(self, key: str) -> Path:
+        """The folder `key` names, made (0700 each level) without following a link: where a
+        simulated machine's own part of the record is bound into it."""
+        with nofollow.folder(self.root, check_key(key).split("/"), create=True):
+            pass
+        return self.root / key
 
 
 def open_location(location: str) -> tuple[Bucket, str]:
@@ -179,6 +187,15 @@ class ClusterRecord:
 
     def write_json(self, key: str, value: Mapping[str, Any]) -> None:
         self.write_text(key, json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+    def write_piece(self, stream: str, start: int, text: str, boot: str) -> int:
+        """`text`, redacted, as the piece of `stream` that starts at byte `start` of the stream
+        (`chunk_key`, named by its own bytes: a reader checks them); returns where it ends."""
+        data = redact(text, self.known_secrets).encode()
+        end = start + len(data)
+        with contextlib.suppress(FileExistsError):  # shipped before its shipper noted it: read once
+            self.bucket.write(self.key(chunk_key(stream, start, end, boot)), data)
+        return end
 
 
 class Journal(Protocol):
@@ -310,35 +327,52 @@ class JobRecord:
 
 
 def clusters(bucket: Bucket, root_prefix: str = "") -> list[str]:
-    """Every cluster record's prefix under `root_prefix`, oldest first (by their cluster.json)."""
+    """Every cluster record's prefix under `root_prefix`, oldest first: by when its
+    ``cluster.json`` was created (the bucket's own time), never by what the record says of itself."""
     base = join(root_prefix, CLUSTERS_PREFIX)
-    found = {k.rsplit("/", 1)[0] for k in bucket.list(base) if k.endswith("/" + CLUSTER_INFO)}
-    return sorted(found, key=lambda prefix: _recorded_at(bucket, prefix))
+    depth = len(base.split("/")) + 3  # clusters/<name>/<run id>/cluster.json
+    found = [
+        k.rsplit("/", 1)[0]
+        for k in bucket.list(base)
+        if k.endswith("/" + CLUSTER_INFO) and len(k.split("/")) == depth
+    ]
+    return sorted(found, key=lambda prefix: (_created(bucket, join(prefix, CLUSTER_INFO)), prefix))
 
 
-def _recorded_at(bucket: Bucket, prefix: str) -> float:
+def _created(bucket: Bucket, key: str) -> float:
     try:
-        return float(json.loads(bucket.read(join(prefix, CLUSTER_INFO))).get("started", 0.0))
-    except (OSError, ValueError):
+        return bucket.created(key)
+    except OSError:
         return 0.0
 
 
 def cluster_info(bucket: Bucket, prefix: str) -> dict[str, Any]:
-    """The cluster's ``cluster.json``, with ``ended`` once it was taken down."""
+    """The cluster's ``cluster.json``, with ``ended`` once it was taken down; times that are not
+    times (`untrusted.when`) read as None, texts that are not texts as ""."""
     info = read_json(bucket, join(prefix, CLUSTER_INFO))
     if join(prefix, CLUSTER_ENDED) in bucket.list(prefix):
-        info |= read_json(bucket, join(prefix, CLUSTER_ENDED))
+        info["ended"] = read_json(bucket, join(prefix, CLUSTER_ENDED)).get("ended")
+    for name in ("started", "ended"):
+        info[name] = untrusted.when(info.get(name))
+    for name in ("cluster", "run_id", "accelerator_type", "summary"):
+        info[name] = untrusted.text(info.get(name))
     return info
 
 
-def chunk_key(stream: str, start: int, end: int) -> str:
-    """The key of the piece of `stream` that holds bytes `start` to `end` of the file shipped."""
-    return join(stream, f"{start:0{CHUNK_DIGITS}d}-{end:0{CHUNK_DIGITS}d}")
+def chunk_key(stream: str, start: int, end: int, boot: str = "") -> str:
+    """The key of the piece of `stream` that holds bytes `start` to `end` of the file shipped;
+    `boot`, the shipper's random part, makes it a name no one else can take first."""
+    name = f"{start:0{CHUNK_DIGITS}d}-{end:0{CHUNK_DIGITS}d}"
+    return join(stream, f"{name}-{boot}" if boot else name)
 
 
 def streams(bucket: Bucket, prefix: str) -> dict[str, str]:
     """Every stream under `prefix`, put back together, by key; an object that is not a piece of
-    one (a whole log copied at `down`, or written by an older rayslice) stands for itself."""
+    one (a whole log copied at `down`, or written by an older rayslice) stands for itself.
+
+    A piece counts only if it holds exactly the bytes its name claims (``end - start``), and only
+    where it tiles the stream: in order of where they start, a piece that starts before the end of
+    what is already put together is a piece shipped again (or a forged one) and is left out."""
     pieces: dict[str, list[tuple[int, int, str]]] = {}
     found: dict[str, str] = {}
     for key in bucket.list(prefix):
@@ -346,15 +380,20 @@ def streams(bucket: Bucket, prefix: str) -> dict[str, str]:
         match = CHUNK_NAME.fullmatch(name)
         if match:
             pieces.setdefault(stream, []).append((int(match[1]), int(match[2]), key))
-        else:
-            found[key] = bucket.read(key).decode(errors="replace")
+        elif (data := _read(bucket, key)) is not None:
+            found[key] = data.decode(errors="replace")
     for stream, parts in pieces.items():
         covered, texts = 0, []
         # A piece shipped again starts where the first did and reaches further: the longest first.
-        for _start, end, key in sorted(parts, key=lambda p: (p[0], -p[1])):
-            if end <= covered:
+        for start, end, key in sorted(parts, key=lambda p: (p[0], -p[1], p[2])):
+            if start < covered or end <= start:
                 continue
-            texts.append(bucket.read(key).decode(errors="replace"))
+            data = _read(bucket, key)
+            if data is None or len(data) != end - start:
+                if data is not None:
+                    untrusted.skip(key, f"holds {len(data)} bytes, not the {end - start} its name claims")
+                continue
+            texts.append(data.decode(errors="replace"))
             covered = end
         found[stream] = "".join(texts)
     return dict(sorted(found.items()))
@@ -365,50 +404,81 @@ def untimed_log(text: str) -> str:
     return "".join(json.dumps({"t": None, "line": line}) + "\n" for line in text.splitlines())
 
 
+def _read(bucket: Bucket, key: str) -> bytes | None:
+    """The object `key`, or None (named on stderr) when it cannot be read: a link or a FIFO a
+    machine planted, one too big, one gone."""
+    try:
+        return bucket.read(key)
+    except OSError as exc:
+        untrusted.skip(key, exc.strerror or str(exc))
+        return None
+
+
 def read_json(bucket: Bucket, key: str) -> dict[str, Any]:
-    value = json.loads(bucket.read(key))
-    return value if isinstance(value, dict) else {}
+    """The JSON object `key` holds; ``{}`` (named on stderr) when it holds none."""
+    data = _read(bucket, key)
+    found = None if data is None else untrusted.json_object(data, key)
+    return {} if found is None else found
 
 
 def jobs(bucket: Bucket, prefix: str) -> list[JobRecord]:
     """The cluster's jobs, oldest first: each job's objects merged into one info dict (its
-    submission, its end once it ended, and ``marks``)."""
-    keys = bucket.list(join(prefix, JOBS_DIR))
+    submission, its end once it ended, and ``marks``). A job whose ``submitted.json`` names
+    another job than its key is left out (named on stderr)."""
+    base = join(prefix, JOBS_DIR)
+    by_job: dict[str, list[str]] = {}
+    for key in bucket.list(base):
+        job_id, _, name = key.removeprefix(base + "/").partition("/")
+        if name and "/" not in name:
+            by_job.setdefault(job_id, []).append(name)
     found = []
-    for key in keys:
-        if key.endswith("/" + JOB_SUBMITTED):
-            job_dir = key.rsplit("/", 1)[0]
-            info = read_json(bucket, key) | {"status": "RUNNING", "ended": None, "marks": {}}
-            for other in keys:
-                name = other.rsplit("/", 1)[-1]
-                if not other.startswith(job_dir + "/"):
-                    continue
-                if name == JOB_ENDED:
-                    info |= read_json(bucket, other)
-                elif name.startswith(MARK_PREFIX):
-                    info["marks"] |= read_json(bucket, other)
-            found.append(JobRecord(info, tuple(_job_lines(bucket, keys, job_dir))))
-    return sorted(found, key=lambda j: float(j.info.get("submitted") or 0.0))
+    for job_id, names in by_job.items():
+        if JOB_SUBMITTED not in names:
+            continue
+        job_dir = join(base, job_id)
+        submitted = read_json(bucket, join(job_dir, JOB_SUBMITTED))
+        if submitted.get("job_id") != job_id:
+            untrusted.skip(
+                join(job_dir, JOB_SUBMITTED), f"names job {untrusted.text(submitted.get('job_id'))!r}"
+            )
+            continue
+        ended = read_json(bucket, join(job_dir, JOB_ENDED)) if JOB_ENDED in names else {}
+        marks: dict[str, float] = {}
+        for name in sorted(n for n in names if n.startswith(MARK_PREFIX)):
+            for mark, stamp in read_json(bucket, join(job_dir, name)).items():
+                if (at := untrusted.when(stamp)) is not None:
+                    marks[str(mark)] = at
+        restart_of = submitted.get("restart_of")
+        info = {
+            "job_id": job_id,
+            "entrypoint": untrusted.text(submitted.get("entrypoint")),
+            "submitted": untrusted.when(submitted.get("submitted")),
+            "restart_of": restart_of
+            if isinstance(restart_of, str) and KEY_PART.fullmatch(restart_of)
+            else None,
+            "status": untrusted.text(ended.get("status"), "UNKNOWN") if ended else "RUNNING",
+            "ended": untrusted.when(ended.get("ended")),
+            "marks": marks,
+        }
+        logs = sorted(n for n in names if n.startswith(JOB_LOG_PREFIX))
+        found.append(JobRecord(info, tuple(_job_lines(bucket, [join(job_dir, n) for n in logs]))))
+    return sorted(found, key=lambda j: (j.info["submitted"] or 0.0, j.job_id))
 
 
-def _job_lines(bucket: Bucket, keys: list[str], job_dir: str) -> Iterator[tuple[float | None, str]]:
+def _job_lines(bucket: Bucket, keys: list[str]) -> Iterator[tuple[float | None, str]]:
     for key in keys:
-        if key.startswith(job_dir + "/") and key.rsplit("/", 1)[-1].startswith(JOB_LOG_PREFIX):
-            for raw in bucket.read(key).decode().splitlines():
-                entry = json.loads(raw)
-                stamp = entry.get("t")  # None: a line copied from Ray's stored log, time unknown
-                yield (float(stamp) if stamp is not None else None), str(entry["line"])
+        data = _read(bucket, key)
+        for entry in untrusted.json_lines(b"" if data is None else data, key):
+            # No time: a line copied from Ray's stored log, time unknown.
+            yield untrusted.when(entry.get("t")), untrusted.text(entry.get("line"))
 
 
 def events(bucket: Bucket, prefix: str) -> list[dict[str, Any]]:
-    """The controller's events in the record, oldest first."""
+    """The controller's events in the record, oldest first; a line that is not an event's is
+    skipped (named on stderr)."""
     found = []
-    for text in streams(bucket, join(prefix, EVENTS_DIR)).values():
-        for raw in text.splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and "time" in entry:
-                found.append(entry)
+    for stream, text in streams(bucket, join(prefix, EVENTS_DIR)).items():
+        for entry in untrusted.json_lines(text.encode(), stream):
+            if isinstance(entry.get("time"), str):
+                found.append({k: v if isinstance(v, str) else untrusted.text(v) for k, v in entry.items()})
     return sorted(found, key=lambda e: str(e["time"]))

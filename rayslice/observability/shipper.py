@@ -11,12 +11,15 @@ ships (`sources`), as streams of the record (`rayslice.observability.record`):
   (``hosts/<host>/ray/<session>/...``; the drivers run on the head);
 - on the controller's VM, the controller's decisions: its event log (``events/<host>``).
 
-Every ``--interval-s`` seconds it reads what each file gained since the last pass, up to its last whole line
-(a line is never cut, so a secret never straddles two pieces), and writes it as one new object
-named by its byte range; after each write it notes the file's new offset in its state file, so a
-restart goes on where it stopped. Every text passes `record.redact` (through
-`record.ClusterRecord`), with the secrets it knows by value: the files named by ``--secret-file``
-(the cluster's Ray token), read again at each pass.
+Every ``--interval-s`` seconds it reads what each file gained since the last pass, up to its
+last whole line (a line is never cut, so a secret never straddles two pieces), and writes it as
+one new object (`record.ClusterRecord.write_piece`), named by the byte range it holds of the
+stream as recorded (redacted) and by a random part drawn at each start, which no job can guess
+and take first. It reads only regular files, never through a link and never blocking on a FIFO
+(a job can make either where Ray keeps its logs). After each write it notes how far it read the
+file and how long the stream is in its state file, so a restart goes on where it stopped. Every
+text passes `record.redact`, with the secrets it knows by value: the files named by
+``--secret-file`` (the cluster's Ray token), read again at each pass.
 
 The record's location comes from the boot script: on the cloud the gs:// prefix infra writes in
 the machine's metadata (its account may only create objects there: nothing it writes can be read,
@@ -35,7 +38,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -91,16 +96,30 @@ def _is_key(key: str) -> bool:
 
 def piece(path: Path, offset: int) -> tuple[bytes, int]:
     """What `path` holds past `offset`, up to its last whole line (at most `MAX_PIECE_BYTES`;
-    cut there when a line is longer), and the offset after it; nothing new: ``b""``."""
+    cut there when a line is longer), and the offset after it; nothing new: ``b""``. Only a
+    regular file is read, opened without following a link and without blocking: a job can put a
+    FIFO or a link where Ray keeps its logs, and neither may stop (or steer) the shipper."""
     try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            data = file.read(MAX_PIECE_BYTES)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # gone, or a link (ELOOP): nothing to ship
         return b"", offset
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b"", offset
+        file.seek(offset)
+        data = file.read(MAX_PIECE_BYTES)
     if len(data) < MAX_PIECE_BYTES:
         data = data[: data.rfind(b"\n") + 1]
     return data, offset + len(data)
+
+
+def size(path: Path) -> int | None:
+    """The size of the regular file `path` (not followed if it is a link); None for anything else."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 @dataclass
@@ -111,7 +130,12 @@ class Shipper:
     sources: Sources
     state_file: Path
     secret_files: Sequence[Path] = ()
-    offsets: dict[str, int] = field(default_factory=dict)
+    # Per stream: how far its file was read, and how long the stream is in the record (the
+    # pieces hold redacted text, so the two differ; a piece is named by the stream's bytes).
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # A random part of every piece's name, new at each start: nothing else on the cluster can
+    # create a piece's object before this shipper does (and so keep it from being shipped).
+    boot: str = field(default_factory=lambda: secrets.token_hex(4))
     _failing: str = ""
 
     def __post_init__(self) -> None:
@@ -120,7 +144,9 @@ class Shipper:
         except (OSError, ValueError):
             saved = {}
         if isinstance(saved, dict):
-            self.offsets = {str(k): int(v) for k, v in saved.items() if isinstance(v, int)}
+            for stream, value in saved.items():
+                if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+                    self.offsets[str(stream)] = (value[0], value[1])
 
     def _known_secrets(self) -> tuple[str, ...]:
         found = []
@@ -137,27 +163,25 @@ class Shipper:
         self.cluster.known_secrets = self._known_secrets()
         written = 0
         for stream, path in self.sources.files():
-            offset = self.offsets.get(stream, 0)
-            try:
-                if path.stat().st_size < offset:  # a file written anew: ship it from its start
-                    offset = 0
-            except FileNotFoundError:
+            offset, stored = self.offsets.get(stream, (0, 0))
+            length = size(path)
+            if length is None:
                 continue
+            if length < offset:  # a file written anew: its start goes on at the stream's end
+                offset = 0
             while True:
                 data, end = piece(path, offset)
                 if not data:
                     break
                 try:
-                    self.cluster.write_text(
-                        record.chunk_key(stream, offset, end), data.decode(errors="replace")
+                    stored = self.cluster.write_piece(
+                        stream, stored, data.decode(errors="replace"), self.boot
                     )
-                except FileExistsError:
-                    pass  # shipped before this shipper could note it: the reader keeps one
                 except OSError as exc:
                     self._say(f"record shipper: {stream} waits for the next pass: {exc}")
                     break
                 offset = end
-                self.offsets[stream] = offset
+                self.offsets[stream] = (offset, stored)
                 self._save()
                 written += 1
         return written

@@ -113,9 +113,11 @@ RECORD_SHIPPER_MODULES = (
     "rayslice/errors.py",
     "rayslice/observability/__init__.py",
     "rayslice/observability/gcs.py",
+    "rayslice/observability/nofollow.py",
     "rayslice/observability/record.py",
     "rayslice/observability/redaction.py",
     "rayslice/observability/shipper.py",
+    "rayslice/observability/untrusted.py",
 )
 RECORD_SHIPPER_ENTRY = "rayslice.observability.shipper"
 # How often it ships what the logs gained (RAYSLICE_RECORD_INTERVAL_S overrides it on a machine).

@@ -1,6 +1,7 @@
 """The record of a VM cluster in its program: a bucket that `pulumi destroy` keeps (or one the
 stack names, or none), every machine told where its record goes, and the machines' accounts
-allowed to create objects there and nothing more (`rayslice.infra.record_bucket`, issue 42)."""
+allowed to create objects there, under their own folders only, and nothing more
+(`rayslice.infra.record_bucket`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from rayslice import spec
 from rayslice.errors import SpecError
+from rayslice.local.google.cloud_api.iam import EmulatedIam
+from rayslice.local.google.cloud_api.routes import ApiError
 from rayslice.names import ATTR_RECORD, ATTR_ROLE
 from tests.infra.test_compilation_cache import BUCKET, BUCKET_MEMBER, INSTANCE, SLEEP, TEMPLATE, V2VM
 from tests.infra.test_infra_variants import _run as run_variant
@@ -100,3 +103,37 @@ def test_no_record_is_a_value_every_platform_takes():
             {"acceleratorType": "v6e-16", "platform": platform, "recordBucket": "none"}, require_zone=False
         )
         assert loaded.record_bucket == spec.RECORD_OFF
+
+
+def test_each_machines_grant_admits_only_its_own_folders_of_this_clusters_record():
+    """The grants' IAM conditions, evaluated by the emulated IAM as Google documents them: the
+    hosts' account (every Ray job) only under hosts/, the controller's only under events/ and its
+    own VM's folder; neither in jobs/, cluster.json or another cluster's record."""
+    run = _run(platform="compute")
+    (bucket,) = _records(run)
+    name = bucket.inputs["name"]
+    prefix = run.value["record"].removeprefix(f"gs://{name}/")
+    iam = EmulatedIam()
+    for grant in run.of_type(BUCKET_MEMBER):
+        if grant.inputs["bucket"] == name:
+            iam.bind(
+                grant.inputs["member"], ["storage.objects.create"], grant.inputs["condition"]["expression"]
+            )
+
+    def may_create(member: str, key: str) -> bool:
+        try:
+            iam.authorize(member, "storage.objects.insert", None, {"bucket": name, "object": key})
+        except ApiError:
+            return False
+        return True
+
+    assert may_create(HOSTS, f"{prefix}/hosts/train-slice-0-w0/boot.log/000000000000-000000000010-0a1b2c3d")
+    assert may_create(CONTROLLER, f"{prefix}/events/train-controller/000000000000-000000000010-0a1b2c3d")
+    assert may_create(CONTROLLER, f"{prefix}/hosts/train-controller/boot.log/000000000000-000000000010-0a1b")
+    for forged in ("events/train-controller/000000000000-999999999999", "cluster.json", "ended.json"):
+        assert not may_create(HOSTS, f"{prefix}/{forged}")
+    assert not may_create(HOSTS, f"{prefix}/jobs/raysubmit_1/submitted.json")
+    assert not may_create(HOSTS, "clusters/other/00000000/hosts/h/boot.log")  # another cluster's
+    assert not may_create(HOSTS, f"{prefix}/hostsx/h")  # a folder, not a name's start
+    assert not may_create(CONTROLLER, f"{prefix}/hosts/train-slice-0-w0/boot.log")
+    assert not may_create(CONTROLLER, f"{prefix}/jobs/raysubmit_1/ended.json")

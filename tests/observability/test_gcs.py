@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from rayslice.infra.record_bucket import object_condition
+from rayslice.local.google.cloud_api.iam import EmulatedIam
+from rayslice.local.google.cloud_api.routes import ApiError
 from rayslice.observability import record
 from rayslice.observability.gcs import GcsBucket
 from tests.recovery import discovery
@@ -23,14 +26,22 @@ class Response:
     def json(self) -> Any:
         return self._body
 
+    def iter_content(self, size: int) -> Any:
+        return (self.content[i : i + size] for i in range(0, len(self.content), size))
+
+    def close(self) -> None:
+        pass
+
 
 class StorageEmulator:
-    """objects.insert (simple media upload, `ifGenerationMatch`), objects.get (`alt=media`) and
-    objects.list (`prefix`, two results a page), with the paths and parameters the discovery
-    document gives them."""
+    """objects.insert (simple media upload, `ifGenerationMatch`), objects.get (`alt=media`, or
+    the object's metadata without it) and objects.list (`prefix`, two results a page), with the
+    paths and parameters the discovery document gives them."""
 
-    def __init__(self) -> None:
+    def __init__(self, iam: EmulatedIam | None = None, token: str = "") -> None:
         self.objects: dict[str, bytes] = {}
+        self.created: dict[str, str] = {}
+        self.iam, self.token = iam, token  # the caller's grants, checked on every insert
         self.doc = discovery.document("storage")
         self.methods = self.doc["resources"]["objects"]["methods"]
 
@@ -41,17 +52,25 @@ class StorageEmulator:
         assert set(params) <= allowed, set(params) - allowed
 
     def request(
-        self, method: str, url: str, *, params: dict[str, str], timeout: float, **kw: Any
+        self, method: str, url: str, *, timeout: float, params: dict[str, str] | None = None, **kw: Any
     ) -> Response:
         path = urllib.parse.urlsplit(url).path
+        params = params or {}
         upload = self.methods["insert"]["mediaUpload"]["protocols"]["simple"]["path"]
         base = "/" + self.doc["servicePath"]
         if path == upload.replace("{bucket}", BUCKET):
             self._check("insert", params, method)
             assert params["uploadType"] == "media" and params["ifGenerationMatch"] == "0"
+            if self.iam is not None:
+                try:
+                    where = {"bucket": BUCKET, "object": params["name"]}
+                    self.iam.authorize(self.token, "storage.objects.insert", None, where)
+                except ApiError as exc:
+                    return Response(exc.code, exc.body())
             if params["name"] in self.objects:
                 return Response(412, {"error": "conditionNotMet"})
             self.objects[params["name"]] = kw["data"]
+            self.created[params["name"]] = f"2026-12-07T10:00:{len(self.objects):02d}.000Z"
             return Response(200, {"name": params["name"]})
         if path == base + self.methods["list"]["path"].replace("{bucket}", BUCKET):
             self._check("list", params, method)
@@ -62,9 +81,13 @@ class StorageEmulator:
         prefix = base + self.methods["get"]["path"].split("{object}")[0].replace("{bucket}", BUCKET)
         if path.startswith(prefix):
             self._check("get", params, method)
-            assert params == {"alt": "media"}
             name = urllib.parse.unquote(path[len(prefix) :])
-            return Response(200, content=self.objects[name]) if name in self.objects else Response(404, "no")
+            if name not in self.objects:
+                return Response(404, "no")
+            if params == {"alt": "media"}:
+                return Response(200, content=self.objects[name])
+            assert not params  # the object's metadata (the API's "object" resource)
+            return Response(200, {"name": name, "timeCreated": self.created[name]})
         return Response(404, f"no such method: {method} {path}")
 
 
@@ -87,3 +110,27 @@ def test_an_object_is_never_replaced() -> None:
         bucket.write("clusters/c/r/cluster.json", b"{}")
     with pytest.raises(OSError, match="404"):
         bucket.read("clusters/c/r/nothing.json")
+
+
+def test_a_job_on_a_host_cannot_forge_the_controllers_events_or_hide_them() -> None:
+    """The hosts' grant admits hosts/ only (`object_condition`, as identity binds it): a job that
+    tries the forgery that hid every real event (one piece claiming the whole stream) is refused,
+    and what it may write (a host's log) never reads as an event."""
+    iam = EmulatedIam()
+    iam.bind("hosts", ["storage.objects.create"], object_condition(BUCKET, ["clusters/c/r/hosts/"]))
+    iam.bind("controller", ["storage.objects.create"], object_condition(BUCKET, ["clusters/c/r/events/"]))
+    as_job = StorageEmulator(iam, "hosts")
+    as_controller = StorageEmulator(iam, "controller")
+    as_controller.objects = as_job.objects  # one bucket, two callers
+    as_controller.created = as_job.created
+    event = '{"time": "2026-12-06T10:00:01+00:00", "action": "recreate"}\n'
+    controller = record.ClusterRecord(GcsBucket(BUCKET, as_controller), "clusters/c/r")  # type: ignore[arg-type]
+    controller.write_piece("events/ctl", 0, event, "0a1b2c3d")
+    job = record.ClusterRecord(GcsBucket(BUCKET, as_job), "clusters/c/r")  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="403"):
+        job.write_text(record.chunk_key("events/ctl", 0, 999_999_999_999), '{"time": "9"}\n')
+    with pytest.raises(OSError, match="403"):
+        job.write_json("cluster.json", {"started": 9e9})
+    job.write_text("hosts/h0/boot.log/000000000000-000000000009", "booted!!\n")
+    reader = GcsBucket(BUCKET, as_job)  # type: ignore[arg-type]
+    assert [e["action"] for e in record.events(reader, "clusters/c/r")] == ["recreate"]

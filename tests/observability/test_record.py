@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,31 @@ def test_controller_events_are_read_from_every_events_object(tmp_path: Path) -> 
     assert [e["time"] for e in found] == [early["time"], late["time"]]
     [event, _] = history.controller_events(found)
     assert event.time == history.unix_time("2026-12-06T10:00:01+00:00")
+
+
+def test_a_piece_counts_only_if_it_holds_what_its_name_claims_and_tiles_the_stream(tmp_path: Path) -> None:
+    bucket = record.FolderBucket(tmp_path)
+    stream = "c/events/controller"
+    real = b'{"time": "2026-12-06T10:00:01+00:00", "action": "recreate"}\n'
+    bucket.write(record.chunk_key(stream, 0, len(real), "0a1b2c3d"), real)
+    # A job's forgery: one piece claiming the whole stream, and one overlapping the real piece.
+    bucket.write(record.chunk_key(stream, 0, 999_999_999_999, "ffffffff"), b'{"time": "9"}\n')
+    bucket.write(record.chunk_key(stream, 5, 5 + 14, "eeeeeeee"), b'{"time": "8"}\n')
+    assert record.streams(bucket, "c") == {stream: real.decode()}
+    assert [e["action"] for e in record.events(bucket, "c")] == ["recreate"]
+
+
+def test_a_job_whose_submission_names_another_job_is_left_out(tmp_path: Path) -> None:
+    bucket = record.FolderBucket(tmp_path)
+    bucket.write("c/jobs/raysubmit_1/submitted.json", json.dumps({"job_id": "raysubmit_1"}).encode())
+    bucket.write("c/jobs/raysubmit_2/submitted.json", json.dumps({"job_id": "raysubmit_1"}).encode())
+    assert [j.job_id for j in record.jobs(bucket, "c")] == ["raysubmit_1"]
+
+
+def test_cluster_records_are_ordered_by_when_they_were_created_not_by_what_they_say(tmp_path: Path) -> None:
+    bucket = record.FolderBucket(tmp_path)
+    bucket.write("clusters/c/old/cluster.json", json.dumps({"started": 9e9}).encode())  # claims to be newest
+    bucket.write("clusters/c/new/cluster.json", json.dumps({"started": 1.0}).encode())
+    os.utime(tmp_path / "clusters/c/old/cluster.json", (1000, 1000))
+    os.utime(tmp_path / "clusters/c/new/cluster.json", (2000, 2000))
+    assert record.clusters(bucket) == ["clusters/c/old", "clusters/c/new"]

@@ -54,8 +54,9 @@ def test_whole_lines_are_shipped_as_they_come_and_a_restart_goes_on_where_it_sto
     assert again.ship_once() == 1 and again.ship_once() == 0
     assert _streams(bucket) == {BOOT: "booting\nhalf a line\njoined\n"}
     keys = bucket.list("clusters/demo/run1")
-    assert keys == [f"clusters/demo/run1/{BOOT}/000000000000-000000000008",
-                    f"clusters/demo/run1/{BOOT}/000000000008-000000000027"]  # fmt: skip
+    assert keys == [f"clusters/demo/run1/{BOOT}/000000000000-000000000008-{shipper.boot}",
+                    f"clusters/demo/run1/{BOOT}/000000000008-000000000027-{again.boot}"]  # fmt: skip
+    assert shipper.boot != again.boot  # a random part of its own at each start
 
 
 def test_a_piece_shipped_again_after_a_lost_offset_is_read_once(tmp_path: Path) -> None:
@@ -151,3 +152,29 @@ def test_the_shipper_bundle_type_checks_on_the_controller_vms_python(tmp_path: P
     zipfile.ZipFile(io.BytesIO(base64.b64decode(str(carried)))).extractall(tree)
     result = _mypy(tree, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_fifo_or_a_link_among_rays_logs_is_never_read(tmp_path: Path) -> None:
+    ray = tmp_path / "ray"
+    logs = ray / "session_2026-12-06_18-00-00_123456_42/logs"
+    logs.mkdir(parents=True)
+    os.mkfifo(logs / "job-driver-raysubmit_fifo.log")  # a job's: opened blocking, it would stop the shipper
+    (logs / "job-driver-raysubmit_link.log").symlink_to("/proc/self/environ")
+    (logs / "job-driver-raysubmit_ok.log").write_text("step 1\n")
+    (tmp_path / "boot.log").write_text("boot\n")
+    shipper, bucket = _shipper(tmp_path, ray_temp_dir=ray)
+    assert shipper.ship_once() == 2
+    assert sorted(_streams(bucket)) == [
+        BOOT,
+        f"hosts/{HOST}/ray/{logs.parent.name}/job-driver-raysubmit_ok.log",
+    ]
+
+
+def test_a_piece_a_job_created_first_under_a_guessed_name_does_not_stop_shipping(tmp_path: Path) -> None:
+    (tmp_path / "boot.log").write_text("booted\n")
+    shipper, bucket = _shipper(tmp_path)
+    taken = f"clusters/demo/run1/{BOOT}/000000000000-000000000007"  # the name the old shipper used
+    bucket.write(taken, b"forged\n")
+    assert shipper.ship_once() == 1
+    assert bucket.list("clusters/demo/run1") == [taken, f"{taken}-{shipper.boot}"]
+    assert bucket.read(f"{taken}-{shipper.boot}") == b"booted\n"

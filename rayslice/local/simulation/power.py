@@ -16,8 +16,9 @@ from pathlib import Path
 
 from rayslice.errors import SimulatorError
 from rayslice.local.host.boot import command, host_environment
+from rayslice.local.host.private_files import ensure_private_dir
 from rayslice.local.host.processes import children, is_alive
-from rayslice.local.simulation.recorded import RecordedSimulation, boot_process
+from rayslice.local.simulation.recorded import RecordedSimulation, boot_process, record_root
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE, ROLE_CONTROLLER_VM
 from rayslice.observability import record
 
@@ -46,7 +47,6 @@ class HostPower(RecordedSimulation):
             raise SimulatorError(f"host {name} is already running; use reboot")
         paths = self.paths(name)
         paths.exit_file.unlink(missing_ok=True)
-        record.private_dirs(self.record_folder)  # where the host ships its logs (`recorded.record_root`)
         self.set_preempted(name, notice=False)  # a VM boots without a preemption notice
         self._start(
             boot_process(name),
@@ -62,11 +62,25 @@ class HostPower(RecordedSimulation):
                     root=self.plan.root,
                     shares=self.state.shared_paths,
                     shared_writable=self.plan.shared_dir,
-                    mounts={self.record_mount: str(self.record_folder)},
+                    mounts=self.record_mounts(name),
                     env=env or {},
                 ),
             ],
         )
+
+    def record_mounts(self, name: str) -> dict[str, str]:
+        """What of the cluster's record host `name` sees (at `record_mount`) and may write: its own
+        ``hosts/<host>/`` folder, and on the controller's VM its ``events/<host>/`` stream too, as
+        the record bucket's IAM conditions let each machine of a real cluster create objects
+        under those prefixes only (`rayslice.infra.record_bucket`). The rest (``cluster.json``,
+        ``jobs/``, ``ended.json``), which the machine's root writes, no host can reach."""
+        host = self.plan.host(name)
+        bucket = record.FolderBucket(ensure_private_dir(record_root(self.state_dir)))
+        prefix = record.cluster_prefix(self.spec().name, self.plan.run_id)
+        own = [record.join(record.HOSTS_DIR, host.name)]
+        if host.role == ROLE_CONTROLLER_VM:
+            own.append(record.join(record.EVENTS_DIR, host.name))
+        return {f"{self.record_mount}/{key}": str(bucket.folder(record.join(prefix, key))) for key in own}
 
     def boot_all(self, skip: Collection[str] = ()) -> None:
         """Boot every machine except those named in `skip` (a host that never boots is a fault to test)."""

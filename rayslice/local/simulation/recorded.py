@@ -73,8 +73,9 @@ class RecordedSimulation:
 
     @property
     def record_mount(self) -> str:
-        """Where every machine sees `record_folder`, and may create files in it, as every machine
-        of a real cluster may create objects under its record's prefix in the bucket."""
+        """Where every machine sees its own part of `record_folder` (`HostPower.record_mounts`),
+        and may create files in it, as every machine of a real cluster may create objects under
+        its own prefixes of its record in the bucket."""
         return self.plan.root + RECORD_MOUNT_SUFFIX
 
     def spec(self) -> ClusterSpec:

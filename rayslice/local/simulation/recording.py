@@ -9,15 +9,19 @@ adds its own cluster record (``clusters/<name>/<run id>/``):
 
 - `local up` writes the cluster's ``cluster.json`` (`start`);
 - every machine (hosts, head, the controller's VM) ships its logs there as they grow (its record
-  shipper, `rayslice.observability.shipper`): each machine sees this cluster's record folder, and
-  nothing else of the record, at `RecordedSimulation.record_mount`, and may create files in it, as
-  a machine of a real cluster may create objects under its record's prefix;
+  shipper, `rayslice.observability.shipper`). A machine sees only its own part of the folder, at
+  `RecordedSimulation.record_mount`: its ``hosts/<host>/``, and on the controller's VM its
+  ``events/<host>/`` too (`HostPower.record_mounts`), as a machine of a real cluster may create
+  objects under those prefixes only (the record bucket's IAM conditions);
 - `rayslice run` writes each job's submission, timed log and end as the job runs (it finds the
-  folder through `default_cluster`'s ``record``);
-- `local down` (`collect`, before anything is removed) adds what no machine writes: each
-  machine's console (the serial port output of a VM, which its owner reads from outside it), the
-  Jobs API's list of jobs with their status, the log of a job `rayslice run` did not follow (from
-  the driver log the head shipped), and the goodput of each training run; then ``ended.json``.
+  folder through `default_cluster`'s ``record``), under ``jobs/``, where no machine writes;
+- `local down` (`collect`) first powers every machine off, so that none runs while the
+  machine's root reads and writes the folder, then adds what no machine writes: each machine's
+  console (the serial port output of a VM, which its owner reads from outside it), the Jobs API's
+  list of jobs with their status (asked for before the power-off), the log of a job `rayslice
+  run` did not follow (from the driver log the head shipped), and the goodput of each training
+  run; then ``ended.json``. Root reads and writes there through `record.FolderBucket`, which
+  follows no link a machine planted in its own folder and reads regular files only.
 
 Every text is redacted (`record.redact`), with the simulation's Ray token and the cloud API
 emulation's admin token as known secrets.
@@ -104,7 +108,12 @@ def start(sim: Simulation) -> None:
 
 def collect(sim: Simulation) -> str:
     """Copy what the hosts hold into the record (see the module docstring); returns its folder.
+
+    The head's list of jobs is asked for first, then every machine is powered off, and only then
+    is the record folder read and written: no host runs while the machine's root works there.
     Best effort: a part that cannot be read is left out, never stops `down`."""
+    listed = _jobs_list(sim)
+    sim.power_off_all([host.name for host in sim.plan.machines])
     rec = cluster_record(sim)
     keys = set(rec.bucket.list(rec.prefix))
     if rec.key(record.CLUSTER_INFO) not in keys:  # a simulation made before the record existed
@@ -118,7 +127,8 @@ def collect(sim: Simulation) -> str:
         console = sim.paths(host.name).console
         if console.is_file():
             put(f"{record.HOSTS_DIR}/{host.name}/{record.CONSOLE_LOG}", console.read_text(errors="replace"))
-    _jobs_api(sim, rec, put, _driver_logs(rec, sim.plan.head.name))
+    if listed is not None:
+        _record_jobs(rec, put, listed, _driver_logs(rec, sim.plan.head.name))
     jobs = record.jobs(rec.bucket, rec.prefix)
     events = record.events(rec.bucket, rec.prefix)
     for run in history.training_runs(jobs):
@@ -142,12 +152,9 @@ def _driver_logs(rec: record.ClusterRecord, head: str) -> dict[str, str]:
     return found
 
 
-def _jobs_api(
-    sim: Simulation, rec: record.ClusterRecord, put: Callable[[str, str], None], driver_logs: dict[str, str]
-) -> None:
-    """The head's list of jobs with their status (Ray Jobs API ``GET /api/jobs/``), and for a
-    job `rayslice run` did not follow, its submission and end from that list and its log from
-    Ray's job-driver log (`driver_logs`, by job id), its lines' times unknown."""
+def _jobs_list(sim: Simulation) -> list[Any] | None:
+    """The head's list of jobs with their status (Ray Jobs API ``GET /api/jobs/``); None when the
+    head is down already (what `rayslice run` recorded stays)."""
     import requests
 
     headers = {}
@@ -160,12 +167,21 @@ def _jobs_api(
         response.raise_for_status()
         listed = response.json()
     except (OSError, ValueError, requests.RequestException):
-        return  # the head is down already: what `rayslice run` recorded stays
-    if not isinstance(listed, list):
-        return
+        return None
+    return listed if isinstance(listed, list) else None
+
+
+def _record_jobs(
+    rec: record.ClusterRecord, put: Callable[[str, str], None], listed: list[Any], driver_logs: dict[str, str]
+) -> None:
+    """The head's list of jobs (`_jobs_list`), and for a job `rayslice run` did not follow, its
+    submission and end from that list and its log from Ray's job-driver log (`driver_logs`, by
+    job id), its lines' times unknown."""
     put(f"{record.RAY_DIR}/jobs.json", json.dumps(listed, indent=1))
     known = {j.job_id for j in record.jobs(rec.bucket, rec.prefix)}
     for job in listed:
+        if not isinstance(job, dict):
+            continue
         job_id = str(job.get("submission_id") or job.get("job_id") or "")
         if not job_id or job_id in known or not record.KEY_PART.fullmatch(job_id):
             continue
@@ -173,11 +189,12 @@ def _jobs_api(
         submitted = {
             "job_id": job_id,
             "entrypoint": str(job.get("entrypoint", "")),
-            "submitted": start_ms / 1000 if start_ms else None,
+            "submitted": start_ms / 1000 if isinstance(start_ms, int | float) and start_ms else None,
             "restart_of": None,
         }
         put(f"{record.JOBS_DIR}/{job_id}/{record.JOB_SUBMITTED}", json.dumps(submitted))
-        ended = {"status": str(job.get("status", "UNKNOWN")), "ended": end_ms / 1000 if end_ms else None}
+        ended_at = end_ms / 1000 if isinstance(end_ms, int | float) and end_ms else None
+        ended = {"status": str(job.get("status", "UNKNOWN")), "ended": ended_at}
         put(f"{record.JOBS_DIR}/{job_id}/{record.JOB_ENDED}", json.dumps(ended))
         if job_id in driver_logs:
             put(

@@ -19,12 +19,12 @@ allow policies ("Overview of IAM Conditions", https://cloud.google.com/iam/docs/
 the condition expression evaluates to true", and "Conditional role bindings do not override role
 bindings with no conditions": a permission is allowed when any binding that holds it admits the
 call. The emulation evaluates the one attribute rayslice's conditions use, ``resource.name``, in
-the forms `rayslice.recovery.permissions` writes (`CONDITION_TERM`: ``==`` and ``startsWith``,
-joined by ``||``); it refuses to bind any other expression rather than guess at it. The name a
-resource has is the one "Resource attributes for IAM Conditions"
-(https://cloud.google.com/iam/docs/conditions-resource-attributes) gives it (`resource_name`):
-instances and instance templates have one; a MIG, an operation or any Cloud TPU resource has
-none, and "Configure resource-based access"
+the forms `rayslice.recovery.permissions` and `rayslice.infra.record_bucket` write
+(`CONDITION_TERM`: ``==`` and ``startsWith``, joined by ``||``); it refuses to bind any other
+expression rather than guess at it. The name a resource has is the one "Resource attributes for
+IAM Conditions" (https://cloud.google.com/iam/docs/conditions-resource-attributes) gives it
+(`resource_name`): instances, instance templates and Cloud Storage objects have one; a MIG, an
+operation or any Cloud TPU resource has none, and "Configure resource-based access"
 (https://cloud.google.com/iam/docs/configuring-resource-based-access) says such a term "is never
 interpreted as granting access", so it is false here.
 """
@@ -71,6 +71,10 @@ METHOD_PERMISSIONS = {
     # reference of projects.locations.clusters.nodePools get and list).
     "container.projects.locations.clusters.nodePools.get": "container.clusters.get",
     "container.projects.locations.clusters.nodePools.list": "container.clusters.get",
+    # Cloud Storage's objects.insert needs storage.objects.create ("IAM permissions for Cloud
+    # Storage", cloud.google.com/storage/docs/access-control/iam-permissions); the emulation has
+    # no Cloud Storage of its own, but the record's writers are checked here (`resource_name`).
+    "storage.objects.insert": "storage.objects.create",
 }
 USE_TEMPLATE = "compute.instanceTemplates.useReadOnly"
 USE_RESOURCE_POLICY = "compute.resourcePolicies.use"
@@ -79,7 +83,11 @@ ACT_AS = "iam.serviceAccounts.actAs"
 # attributes: ``projects/PROJECT_ID/zones/ZONE/instances/INSTANCE_NAME``). A template's name
 # comes from the MIG's body (`resource_name`).
 INSTANCE_PERMISSIONS = {
-    "compute.instances.getGuestAttributes": "projects/{project}/zones/{zone}/instances/{name}"
+    "compute.instances.getGuestAttributes": "projects/{project}/zones/{zone}/instances/{name}",
+    # An object's name (conditions-resource-attributes, Cloud Storage objects:
+    # ``projects/_/buckets/BUCKET_NAME/objects/OBJECT_NAME``), whose prefix the record bucket's
+    # conditional grants name (`rayslice.infra.record_bucket.object_condition`).
+    "storage.objects.create": "projects/_/buckets/{bucket}/objects/{object}",
 }
 # One term of a condition the emulation evaluates: resource.name == "..." or .startsWith("...").
 CONDITION_TERM = re.compile(
