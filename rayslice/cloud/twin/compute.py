@@ -122,7 +122,8 @@ from typing import Any
 
 from rayslice import catalog
 from rayslice.capacity_table import in_bulk_mode
-from rayslice.cloud import bodies, rules
+from rayslice.cloud import billing, bodies, rules
+from rayslice.cloud.billing import Line
 from rayslice.cloud.bodies import Request
 from rayslice.cloud.capacity import Request as CapacityRequest
 from rayslice.cloud.states import INSTANCE_RUNNING, INSTANCE_TERMINATED, PREEMPTED_OPERATION
@@ -314,7 +315,7 @@ class ComputeTwin(TwinState):
         deleteInstances): the instance goes and its machine returns to the zone."""
         vm = self.vms[(project, zone, name)]
         self._remove_vm(vm)
-        self.capacity.give_back(zone, short_name(vm.properties.get("machineType", "")), 1, self.clock())
+        self.capacity.give_back(zone, short_name(vm.properties.get("machineType", "")), 1, self.clock.now)
 
     # ---- MIGs ----------------------------------------------------------------------------------
 
@@ -362,7 +363,7 @@ class ComputeTwin(TwinState):
 
         wait = CapacityRequest(f"{mig['name']}/bulk", zone, self._machine_of(mig), size, None, fulfil)
         self._mig_waits[key] = wait
-        self.capacity.submit(wait, self.clock())
+        self.capacity.submit(wait, self.clock.now)
 
     def resize_mig(self, project: str, zone: str, name: str, size: int) -> None:
         """instanceGroupManagers.resize (compute v1 discovery: "Resizes the managed instance
@@ -420,7 +421,7 @@ class ComputeTwin(TwinState):
         self.instances[key] = [r for r in self.instances[key] if r["name"] not in names]
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in names]
         mig["targetSize"] = size
-        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock())
+        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock.now)
 
     def _add_auto_named(self, project: str, zone: str, mig: dict[str, Any], count: int) -> None:
         """`count` instances named as a MIG names them: ``<baseInstanceName>-<4 characters>``,
@@ -457,7 +458,7 @@ class ComputeTwin(TwinState):
             **copy.deepcopy(body),
             "kind": "compute#instanceGroupManagerResizeRequest",
             "id": str(next(self._ids)),
-            "creationTimestamp": rfc3339(self.clock()),
+            "creationTimestamp": rfc3339(self.clock.now),
             "zone": f"{API_ROOT}projects/{project}/zones/{zone}",
             "selfLink": f"{API_ROOT}{base}/resizeRequests/{name}",
             "state": RESIZE_ACCEPTED,
@@ -471,7 +472,7 @@ class ComputeTwin(TwinState):
         self.resize_requests[key].append(record)
         wait = CapacityRequest(f"{mig_name}/{name}", zone, self._machine_of(mig), hosts, None, fulfil)
         self._resize_waits[id(record)] = wait
-        self.capacity.submit(wait, self.clock())
+        self.capacity.submit(wait, self.clock.now)
         return record
 
     def resize_requests_of(self, project: str, zone: str, mig: str) -> list[dict[str, Any]]:
@@ -594,7 +595,7 @@ class ComputeTwin(TwinState):
         self.instances[key] = [r for r in self.instances[key] if r["name"] not in deleted]
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in deleted]
         mig["targetSize"] = max(0, int(mig.get("targetSize", 0)) - len(deleted))
-        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock())
+        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock.now)
         return deleted
 
     def delete_per_instance_configs(self, project: str, zone: str, mig_name: str, names: list[str]) -> None:
@@ -690,8 +691,7 @@ class ComputeTwin(TwinState):
         return vm
 
     def _hook(self, hook: Hook | None, vm: _Vm) -> None:
-        if hook is not None:
-            hook(self._vm_host(vm))
+        self._call(hook, self._vm_host(vm))
 
     def delete_mig(self, project: str, zone: str, name: str) -> None:
         """instanceGroupManagers.delete: the MIG and every instance it holds."""
@@ -710,7 +710,7 @@ class ComputeTwin(TwinState):
         for table in (self.migs, self.instances, self.configs):
             table.pop(key, None)
         if mig is not None:
-            self.capacity.give_back(zone, self._machine_of(mig), len(held), self.clock())
+            self.capacity.give_back(zone, self._machine_of(mig), len(held), self.clock.now)
 
     def _remove_vm(self, vm: _Vm) -> None:
         self.vms.pop((vm.project, vm.zone, vm.name), None)
@@ -744,7 +744,7 @@ class ComputeTwin(TwinState):
         """The zone operation Compute Engine records for a preempted instance (compute v1
         discovery, Operation: operationType, targetLink, targetId, status DONE, user "system",
         statusMessage; the type and message as Google's preemption-history sample reads them)."""
-        now = rfc3339(self.clock())
+        now = rfc3339(self.clock.now)
         number = next(self._ids)
         zone = f"{API_ROOT}projects/{vm.project}/zones/{vm.zone}"
         self.operations.append(
@@ -828,6 +828,33 @@ class ComputeTwin(TwinState):
                 record["instanceStatus"] = INSTANCE_RUNNING
             self._hook(self.on_host_up, vm)
 
+    # ---- the bill ------------------------------------------------------------------------------
+
+    def _bill_lines(self) -> list[Line]:
+        """Each MIG's RUNNING hosts (all wasted while the MIG is not whole: fewer RUNNING hosts
+        than its target size, or a member that is not RUNNING) and each RUNNING lone VM
+        (`rayslice.cloud.billing`)."""
+        lines = []
+        for key, mig in self.migs.items():
+            members = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]
+            running = sum(1 for v in members if v.status == INSTANCE_RUNNING)
+            target = int(mig.get("targetSize", 0))
+            whole = running == target == len(members) == len(self.instances.get(key, []))
+            price = _host_price(self._template_of(mig) or {}, key[1])
+            lines.append(
+                Line(
+                    f"projects/{key[0]}/zones/{key[1]}/instanceGroupManagers/{key[2]}",
+                    running,
+                    None if price is None else price * running,
+                    0 if whole else running,
+                )
+            )
+        for vm in self.vms.values():
+            if vm.group is None and vm.status == INSTANCE_RUNNING:
+                price = _host_price({"properties": vm.properties}, vm.zone)
+                lines.append(Line(f"projects/{vm.project}/zones/{vm.zone}/instances/{vm.name}", 1, price))
+        return [*lines, *super()._bill_lines()]
+
     # ---- what the hosts see --------------------------------------------------------------------
 
     def _all_hosts(self) -> list[TwinHost]:
@@ -881,6 +908,33 @@ class ComputeTwin(TwinState):
             zone=vm.zone,
             runtime_version="",
         )
+
+
+def capacity_of(properties: dict[str, Any]) -> str:
+    """The catalog capacity (price key) of an instance's properties: its provisioning model
+    (compute v1 discovery, Scheduling.provisioningModel: SPOT, FLEX_START, RESERVATION_BOUND,
+    STANDARD; ``preemptible`` the older Spot) or a specific reservation it consumes."""
+    scheduling = properties.get("scheduling") or {}
+    model = scheduling.get("provisioningModel")
+    if model == rules.SPOT or scheduling.get("preemptible"):
+        return billing.SPOT
+    if model == rules.FLEX_START:
+        return billing.FLEX_START
+    affinity = (properties.get("reservationAffinity") or {}).get("consumeReservationType")
+    if model == rules.RESERVATION_BOUND or affinity == "SPECIFIC_RESERVATION":
+        return billing.RESERVED
+    return billing.ON_DEMAND
+
+
+def _host_price(template: dict[str, Any], zone: str) -> float | None:
+    """USD per hour of one host made from `template` in `zone` (a TPU host by its chips)."""
+    properties = template.get("properties") or {}
+    machine = short_name(properties.get("machineType", ""))
+    shape = rules.tpu_machine(machine)
+    capacity = capacity_of(properties)
+    if shape is not None:
+        return billing.tpu_host_hour_price(shape[0], shape[1], zone, capacity)
+    return billing.vm_hour_price(machine, zone, capacity) if machine else None
 
 
 def _termination(vm: _Vm) -> str | None:

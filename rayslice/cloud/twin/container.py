@@ -46,14 +46,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rayslice.cloud import bodies
+from rayslice.cloud import billing, bodies
+from rayslice.cloud.billing import Line
 from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.capacity import Request as CapacityRequest
+from rayslice.cloud.rules import FLEX_START, SPOT
 from rayslice.cloud.states import GCE_STOCKOUT, POOL_ERROR, POOL_RUNNING
 from rayslice.cloud.twin.compute import API_ROOT, ComputeTwin
 from rayslice.cloud.twin.state import Create, TwinHost, rfc3339, short_name
 
 CONTAINER_API_ROOT = "https://container.googleapis.com/v1/"
+STANDARD = "STANDARD"  # Scheduling.provisioningModel of a VM that is neither Spot nor flex-start
 
 
 class ContainerTwin(ComputeTwin):
@@ -101,6 +104,8 @@ class ContainerTwin(ComputeTwin):
             "properties": {
                 "machineType": config.get("machineType", ""),
                 "labels": dict(config.get("resourceLabels") or {}),
+                # What the pool's nodes are billed as (NodeConfig.spot, flexStart).
+                "scheduling": {"provisioningModel": _provisioning(config)},
             }
         }
         mig = self.insert_mig(
@@ -108,7 +113,7 @@ class ContainerTwin(ComputeTwin):
             zone,
             {"name": f"{base}-grp", "baseInstanceName": base, "versions": [{"instanceTemplate": template}]},
         )
-        mig["creationTimestamp"] = rfc3339(self.clock())
+        mig["creationTimestamp"] = rfc3339(self.clock.now)
         pool.update(
             selfLink=f"{CONTAINER_API_ROOT}projects/{project}/locations/{location}/clusters/{cluster}"
             f"/nodePools/{name}",
@@ -128,7 +133,7 @@ class ContainerTwin(ComputeTwin):
                 f"{cluster}/{name}", zone, self._machine_of(mig), hosts, None, lambda: grow(hosts)
             )
             self._pool_waits[key] = wait
-            self.capacity.submit(wait, self.clock())
+            self.capacity.submit(wait, self.clock.now)
             return pool
         count = int(pool.get("initialNodeCount") or 0)
         try:
@@ -169,6 +174,17 @@ class ContainerTwin(ComputeTwin):
             if (p, loc, c) == (project, location, cluster)
         ]
 
+    # ---- the bill ------------------------------------------------------------------------------
+
+    def _bill_lines(self) -> list[Line]:
+        """GKE's management fee of each cluster that holds a node pool (the twin keeps no
+        cluster of its own: a cluster is billed while the twin holds a pool of it); the pools'
+        nodes bill as their MIG's instances (`ComputeTwin._bill_lines`)."""
+        clusters = sorted({(p, loc, c) for (p, loc, c, _) in self.node_pools})
+        fee = billing.gke_fee_per_hour()
+        lines = [Line(f"projects/{p}/locations/{loc}/clusters/{c}", 0, fee) for p, loc, c in clusters]
+        return [*lines, *super()._bill_lines()]
+
     # ---- what happens to a pool's nodes ----------------------------------------------------------
 
     def fail_node_pool(self, project: str, location: str, cluster: str, name: str) -> list[TwinHost]:
@@ -199,6 +215,15 @@ class ContainerTwin(ComputeTwin):
         pool = self.node_pools[(project, location, cluster, name)]
         for zone, mig in _migs_of(pool):
             self.resize_mig(project, zone, mig, 0)
+
+
+def _provisioning(config: dict[str, Any]) -> str:
+    """The Compute Engine provisioning model of a node pool's nodes (container v1 discovery,
+    NodeConfig.spot "Spot flag for enabling Spot VM", flexStart "Flex Start flag for enabling
+    Flex Start VM")."""
+    if config.get("spot") or config.get("preemptible"):
+        return SPOT
+    return FLEX_START if config.get("flexStart") else STANDARD
 
 
 def _migs_of(pool: dict[str, Any]) -> list[tuple[str, str]]:

@@ -35,8 +35,10 @@ from typing import Any
 
 from rayslice import catalog
 from rayslice.cloud import bodies, rules
+from rayslice.cloud.billing import Bill, Line
 from rayslice.cloud.bodies import Request
 from rayslice.cloud.capacity import Capacity
+from rayslice.cloud.twin.clock import Schedule, TwinClock, TwinEvent, TwinEventError, TwinTimeError
 from rayslice.errors import InvalidInput
 
 DELETED = "DELETED"  # a host the twin no longer holds (the status its last hook call carries)
@@ -199,10 +201,97 @@ class TwinState:
         self.on_host_up: Hook | None = None
         self.on_host_down: Hook | None = None
         # Free hosts per zone and type, and the requests that wait for them (`capacity`); the
-        # clock dates requests and decides deadlines (tests set it).
+        # clock dates requests and decides deadlines; the schedule holds what happens later
+        # (`rayslice.cloud.twin.clock`); the bill what every change cost (`rayslice.cloud.billing`).
         self.capacity = Capacity()
-        self.clock: Callable[[], float] = time.time
+        self._clock = TwinClock()
+        self.schedule = Schedule()
+        self.bill = Bill(self._now, self._bill_lines)
         self._ids = itertools.count(1)
+
+    # ---- time ------------------------------------------------------------------------------------
+
+    @property
+    def clock(self) -> TwinClock:
+        """The twin's clock (`clock.now`, seconds since the epoch): the wall clock unless a test
+        sets its own (`TwinClock.manual`, or any callable that returns the time)."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: TwinClock | Callable[[], float]) -> None:
+        self._clock = clock if isinstance(clock, TwinClock) else TwinClock(clock)
+        self.bill.observe()
+
+    def _now(self) -> float:
+        return self._clock.now
+
+    def at(self, when: float, what: str, run: Callable[[], None]) -> TwinEvent:
+        """Schedule `run` (described by `what`) for time `when`; it runs when `advance` (or
+        `catch_up`) reaches it. `TwinTimeError` for a time already past."""
+        now = self.clock.now
+        if when < now:
+            past = f"{what} scheduled at {rfc3339(when)}, before the twin's time {rfc3339(now)}"
+            raise TwinTimeError("no-event-in-the-past", past)
+        return self.schedule.add(when, what, run)
+
+    def after(self, seconds: float, what: str, run: Callable[[], None]) -> TwinEvent:
+        """Schedule `run` `seconds` from now (`at`)."""
+        return self.at(self.clock.now + seconds, what, run)
+
+    def advance(self, seconds: float) -> list[TwinEvent]:
+        """Move the clock `seconds` forward, running every event due on the way in time order
+        (the clock reads each event's time while it runs); the events run. `TwinTimeError` for a
+        negative time: Google's time does not run backwards."""
+        if seconds < 0:
+            raise TwinTimeError("time-moves-forward", f"cannot advance the twin's clock by {seconds} s")
+        return self.advance_to(self.clock.now + seconds)
+
+    def advance_to(self, when: float) -> list[TwinEvent]:
+        """Move the clock to `when` (not before now: `TwinTimeError`), running what falls due."""
+        now = self.clock.now
+        if when < now:
+            back = f"cannot move the twin's clock back from {rfc3339(now)} to {rfc3339(when)}"
+            raise TwinTimeError("time-moves-forward", back)
+        ran = self._run_due(when)
+        self.bill.observe()
+        self.clock.set(max(when, self.clock.now))
+        self.bill.observe()
+        return ran
+
+    def catch_up(self) -> list[TwinEvent]:
+        """Run what is due at the clock's time without moving it (a wall clock, or a clock a test
+        moves itself); the emulated HTTP APIs call it before answering any request. An event
+        whose time has passed runs now, late (the clock cannot go back to it), in time order."""
+        ran = self._run_due(self.clock.now)
+        self.bill.observe()
+        return ran
+
+    def _run_due(self, until: float) -> list[TwinEvent]:
+        ran = []
+        while (event := self.schedule.next_due(until)) is not None:
+            self.bill.observe()
+            if event.at > self.clock.now:
+                self.clock.set(event.at)
+            self.bill.observe()
+            event.run()
+            self.schedule.done.append(event)
+            ran.append(event)
+            self.bill.observe()
+        return ran
+
+    def schedule_capacity(self, zone: str, kind: str, hosts: int, at: float) -> TwinEvent:
+        """At time `at`, the zone has `hosts` free hosts of `kind` (`set_capacity` then): capacity
+        that arrives, piecemeal or late, or goes. `TwinTimeError` for a time past or a negative
+        number of hosts."""
+        _check_hosts(zone, kind, hosts)
+        what = f"zone {zone} has {hosts} free {kind} host(s)"
+        return self.at(at, what, lambda: self.set_capacity(zone, kind, hosts))
+
+    # ---- the bill ------------------------------------------------------------------------------
+
+    def _bill_lines(self) -> list[Line]:
+        """What bills now, one line per resource (each API's mixin adds its own)."""
+        return []
 
     # ---- applying the program's resources ------------------------------------------------------
 
@@ -335,12 +424,15 @@ class TwinState:
     def set_capacity(self, zone: str, kind: str, hosts: int) -> None:
         """The zone now has `hosts` free hosts of `kind` (a machine type, or a TPU generation on
         the TPU API): requests that now fit are fulfilled, in order."""
-        self.capacity.set(zone, kind, hosts, self.clock())
+        _check_hosts(zone, kind, hosts)
+        self.capacity.set(zone, kind, hosts, self.clock.now)
+        self.bill.observe()
 
-    @staticmethod
-    def _call(hook: Hook | None, host: TwinHost) -> None:
+    def _call(self, hook: Hook | None, host: TwinHost) -> None:
+        """Tell the simulator a host went up or down (`hook`); the bill sees the change."""
         if hook is not None:
             hook(host)
+        self.bill.observe()
 
     # ---- failures ------------------------------------------------------------------------------
 
@@ -366,6 +458,12 @@ class TwinState:
     def _all_hosts(self) -> list[TwinHost]:
         """The hosts each API holds (each mixin adds its own)."""
         return []
+
+
+def _check_hosts(zone: str, kind: str, hosts: int) -> None:
+    """A zone's free hosts are a count: `TwinEventError` for a negative one."""
+    if hosts < 0:
+        raise TwinEventError("capacity-not-negative", f"zone {zone} cannot have {hosts} free {kind} host(s)")
 
 
 def google_attributes(

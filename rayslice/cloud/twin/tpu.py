@@ -29,7 +29,8 @@ from dataclasses import replace
 from typing import Any
 
 from rayslice import catalog
-from rayslice.cloud import bodies
+from rayslice.cloud import billing, bodies
+from rayslice.cloud.billing import Line
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES
 from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING
 from rayslice.cloud.capacity import Request as CapacityRequest
@@ -117,7 +118,7 @@ class TpuTwin(TwinState):
         for host in hosts:
             self._call(self.on_host_down, replace(host, status=DELETED))
         if node is not None and node.get("state") != NODE_PREEMPTED:  # a preempted node's stay with Google
-            self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock())
+            self.capacity.give_back(zone, node_kind(node), len(hosts), self.clock.now)
 
     def create_queued_resource(
         self, project: str, zone: str, name: str, body: dict[str, Any]
@@ -125,7 +126,7 @@ class TpuTwin(TwinState):
         """queuedResources.create: accepted at once, fulfilled whole when the zone has room for
         its node, FAILED past its deadline (see the module docstring). Returns the request as
         Google does."""
-        now = self.clock()
+        now = self.clock.now
         path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
         record = {
             **copy.deepcopy(body),
@@ -165,7 +166,7 @@ class TpuTwin(TwinState):
         """queuedResources.get at the twin's clock; None when there is no such request."""
         if (project, zone, name) not in self.queued:
             return None
-        self.capacity.advance(self.clock())
+        self.capacity.advance(self.clock.now)
         record = self.queued[(project, zone, name)]
         self._sync(record)
         return copy.deepcopy(record)
@@ -220,6 +221,48 @@ class TpuTwin(TwinState):
         if node_key is not None:
             self.delete_node(*node_key)
         record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+
+    # ---- the bill ------------------------------------------------------------------------------
+
+    def _bill_lines(self) -> list[Line]:
+        """Each READY node's hosts, at its generation's per-chip price for its capacity (a node
+        in any other state bills nothing; a queued request bills nothing until its node is
+        READY). A READY node is whole: it has every worker of its shape."""
+        lines = []
+        for (project, zone, name), node in self.nodes.items():
+            if node.get("state") != NODE_READY:
+                continue
+            hosts = len(node.get("networkEndpoints", [])) or node_hosts(node)
+            price = self._node_host_price(node, zone)
+            lines.append(
+                Line(
+                    f"projects/{project}/locations/{zone}/nodes/{name}",
+                    hosts,
+                    None if price is None else price * hosts,
+                )
+            )
+        return [*lines, *super()._bill_lines()]
+
+    def _node_host_price(self, node: dict[str, Any], zone: str) -> float | None:
+        """USD per hour of one host of `node`: its chips at its generation's price for its
+        capacity (tpu v2 discovery, SchedulingConfig: spot, preemptible, reserved; a queued
+        request's ``spot``, ``reservationName`` or flex-start run duration)."""
+        kind = node_kind(node)
+        if not kind:
+            return None
+        chips = catalog.lookup(_tpu_api_type(node.get("acceleratorConfig") or {}) or node["acceleratorType"])
+        per_host = chips.chips // max(1, chips.hosts)
+        scheduling = node.get("schedulingConfig") or {}
+        queued = next((r for r in self.queued.values() if r["name"] == node.get("queuedResource")), {})
+        if scheduling.get("spot") or scheduling.get("preemptible") or "spot" in queued:
+            capacity = billing.SPOT
+        elif scheduling.get("reserved") or queued.get("reservationName") or "reserved" in queued:
+            capacity = billing.RESERVED
+        elif queued.get("runDuration") or queued.get("flexStart"):
+            capacity = billing.FLEX_START
+        else:
+            capacity = billing.ON_DEMAND
+        return billing.tpu_host_hour_price(kind, per_host, zone, capacity)
 
     # ---- what the hosts see --------------------------------------------------------------------
 

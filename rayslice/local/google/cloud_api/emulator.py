@@ -189,6 +189,7 @@ class CloudApiEmulator(
         route, params = match_route(method, url.path)
         body: Any = None
         with self.lock:
+            self.state.catch_up()  # what fell due since the last request happens first (the twin's clock)
             call = Call(method, url.path, query, route.method_id if route else None, None, 0, None)
             self._record(call, len(raw))
             try:
