@@ -1,6 +1,7 @@
 """The record on a simulated cluster: every machine writes its logs into the cluster's record
-folder as it runs (its record shipper), not at `rayslice local down`, and nothing secret gets in
-(issue 42, item 5). That the record outlives `local down` and `rayslice history` reads it there is
+folder as it runs (its record shipper), not at `rayslice local down`, nothing secret gets in, and
+a host reaches only its own folder of the record, where nothing it plants steers the machine's
+root. That the record outlives `local down` and `rayslice history` reads it there is
 test_readme.py's (the quick start ends with `local down`)."""
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
+from rayslice.local.simulation import recording
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.observability import record
+from rayslice.observability import nofollow, record
 from tests.integration.clusters import on, run_command
 
 # A job that prints the cluster's Ray token (the driver may read it: Ray's environment names its
@@ -69,3 +73,44 @@ def test_a_jobs_log_is_in_the_record_while_it_runs_and_the_token_never_is(cluste
         assert "boot: rayslice host script" in shipped[f"{record.HOSTS_DIR}/{host.name}/{record.BOOT_LOG}"]
     files = [p for p in cluster.record_folder.rglob("*") if p.is_file()]
     assert files and not any(token.encode() in p.read_bytes() for p in files)
+
+
+@on("v6e-4")
+def test_a_host_sees_only_its_own_record_folder_and_what_it_plants_there_steers_nothing(cluster) -> None:
+    """A host (any job on it, as root in its namespaces) sees its own hosts/<host>/ of the record
+    and nothing else of it; it cannot swap that folder for a link, and a link, a link to
+    /proc/self/environ and a FIFO it plants inside are neither followed nor read by the machine's
+    root (`record.FolderBucket`), which neither blocks nor writes outside the folder."""
+    head = cluster.plan.head.name
+    mount = cluster.record_mount
+    own = f"{mount}/{record.HOSTS_DIR}/{head}"
+    bash = str(Path("/bin/bash"))
+    script = f"""
+        set -u
+        ls -A {mount}; ls -A {mount}/{record.HOSTS_DIR}
+        test -e {mount}/{record.CLUSTER_INFO} && echo SAW-CLUSTER-JSON
+        mv {own} {mount}/moved 2>/dev/null && echo MOVED
+        rmdir {own} 2>/dev/null && echo REMOVED
+        ln -sfT / {own} 2>/dev/null && test -L {own} && echo SWAPPED
+        mkdir -p {own}/ray/session_2026_x
+        ln -s / {own}/ray/planted-root
+        ln -s /proc/self/environ {own}/ray/session_2026_x/job-driver-rayslice_probe.log
+        mkfifo {own}/ray/session_2026_x/job-driver-rayslice_fifo.log
+        echo planted
+    """
+    done = cluster.exec_in(head, [bash, "-c", script])
+    try:
+        assert done.stdout.split() == [record.HOSTS_DIR, head, "planted"], done.stdout + done.stderr
+        folder = cluster.record_folder / record.HOSTS_DIR / head
+        assert folder.is_dir() and not folder.is_symlink()
+        assert (folder / "ray/planted-root").is_symlink()  # the host did plant them
+        rec = recording.cluster_record(cluster)
+        driver_logs = recording._driver_logs(rec, head)  # what `local down` reads: no block, no link
+        assert "rayslice_probe" not in driver_logs and "rayslice_fifo" not in driver_logs
+        with pytest.raises(nofollow.NotPlain):
+            rec.write_text(f"{record.HOSTS_DIR}/{head}/ray/planted-root/rayslice-pwned", "x")
+        assert not Path("/rayslice-pwned").exists()
+        keys = rec.bucket.list(rec.prefix)
+        assert not any("planted-root/" in k or "job-driver-rayslice_" in k for k in keys)
+    finally:
+        cluster.exec_in(head, [bash, "-c", f"rm -rf {own}/ray/planted-root {own}/ray/session_2026_x"])
