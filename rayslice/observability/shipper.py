@@ -18,8 +18,10 @@ stream as recorded (redacted) and by a random part drawn at each start, which no
 and take first. It reads only regular files, never through a link and never blocking on a FIFO
 (a job can make either where Ray keeps its logs). After each write it notes how far it read the
 file and how long the stream is in its state file, so a restart goes on where it stopped. Every
-text passes `record.redact`, with the secrets it knows by value: the files named by
-``--secret-file`` (the cluster's Ray token), read again at each pass.
+text passes `redaction.redact` (through `record.ClusterRecord`), with the secrets it knows by
+value: the files named by ``--secret-file`` (the cluster's Ray token), read again at each pass. A
+private key printed to a log is shipped only once its END line has come (or 64 KiB after its
+BEGIN, or at the last pass), so that it is redacted whole rather than in two halves.
 
 The record's location comes from the boot script: on the cloud the gs:// prefix infra writes in
 the machine's metadata (its account may only create objects there: nothing it writes can be read,
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rayslice.errors import InvalidInput, RaysliceError
-from rayslice.observability import record
+from rayslice.observability import record, redaction
 
 # The most one object holds; a longer run without a newline is shipped cut at this size.
 MAX_PIECE_BYTES = 4 * 1024 * 1024
@@ -157,9 +159,10 @@ class Shipper:
                 continue
         return tuple(s for s in found if s)
 
-    def ship_once(self) -> int:
+    def ship_once(self, final: bool = False) -> int:
         """One pass over every file; returns how many pieces it wrote. A failed write leaves its
-        file's offset where it was, for the next pass."""
+        file's offset where it was, for the next pass. A private key whose END has not come is
+        left for a later pass (`redaction.shippable`), unless this is the `final` one."""
         self.cluster.known_secrets = self._known_secrets()
         written = 0
         for stream, path in self.sources.files():
@@ -171,6 +174,8 @@ class Shipper:
                 offset = 0
             while True:
                 data, end = piece(path, offset)
+                data = data[: redaction.shippable(data, final=final)]
+                end = offset + len(data)
                 if not data:
                     break
                 try:
@@ -227,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     while not stop.is_set():
         shipper.ship_once()
         stop.wait(args.interval_s)
-    shipper.ship_once()  # the last lines before the machine stops
+    shipper.ship_once(final=True)  # the last lines before the machine stops
     return 0
 
 

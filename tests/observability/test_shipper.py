@@ -89,6 +89,29 @@ def test_no_token_or_credential_reaches_the_record(tmp_path: Path) -> None:
     assert text.count(redaction.REDACTED) == 4 and "ray start with" in text
 
 
+def test_a_private_key_printed_across_two_passes_is_shipped_once_whole_and_redacted(tmp_path: Path) -> None:
+    """The BEGIN and half the key are in the log at one pass, the rest and the END at the next:
+    the shipper holds the piece back from the BEGIN's line until the END has come, so the block
+    is redacted whole and nothing of the key, and nothing around it, is lost."""
+    log = tmp_path / "boot.log"
+    log.write_text("before\n-----BEGIN PRIVATE KEY-----\nMIIEfirsthalf\n")
+    shipper, bucket = _shipper(tmp_path)
+    assert shipper.ship_once() == 1
+    assert _streams(bucket) == {BOOT: "before\n"}  # the key's lines wait
+    with log.open("a") as out:
+        out.write("secondhalf==\n-----END PRIVATE KEY-----\nafter\n")
+    assert shipper.ship_once() == 1
+    assert _streams(bucket) == {BOOT: f"before\n{redaction.REDACTED}\nafter\n"}
+
+
+def test_the_last_pass_ships_a_key_that_never_ended_redacted_to_its_end(tmp_path: Path) -> None:
+    (tmp_path / "boot.log").write_text("before\n-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIcut\n")
+    shipper, bucket = _shipper(tmp_path)
+    shipper.ship_once()
+    assert shipper.ship_once(final=True) == 1
+    assert _streams(bucket) == {BOOT: f"before\n{redaction.REDACTED}"}
+
+
 def test_ray_driver_logs_and_events_and_the_controllers_decisions_are_streams(tmp_path: Path) -> None:
     ray = tmp_path / "ray"
     session = ray / "session_2026-12-06_18-00-00_123456_42"
