@@ -9,6 +9,7 @@ simulator), which exists after `rayslice local down` too.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import click
 
 from rayslice.errors import EXIT_OK, InvalidInput
 from rayslice.observability import goodput, history, monitoring, record
+from rayslice.printable import escaped
 
 RECORDS_GROUP = "rayslice.records"
 RECORD_ROOT_ENV = "RAYSLICE_RECORD_ROOT"
@@ -89,11 +91,32 @@ def _open(location: str | None) -> tuple[record.Bucket, str]:
     return record.open_location(record_root(location))
 
 
+def _echo(text: str) -> None:
+    """Print record text (entrypoints, log lines, events: what jobs wrote) with every terminal
+    control character escaped (`rayslice.printable.escaped`), line by line, as `status` does."""
+    click.echo("\n".join(escaped(line) for line in text.split("\n")))
+
+
+def record_errors(command: Callable[..., int]) -> Callable[..., int]:
+    """A record that cannot be read (a listing past its bound, a folder that is not one, an
+    object the bucket refuses) is one line and exit 2, never a traceback."""
+
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> int:
+        try:
+            return command(*args, **kwargs)
+        except OSError as exc:
+            raise InvalidInput(escaped(f"cannot read the record: {exc}")[:500]) from None
+
+    return guarded
+
+
 @click.command("history")
 @record_option
 @click.argument("cluster", required=False, metavar="[CLUSTER]")
 @click.option("--job", "job_id", metavar="JOB_ID", help="Show this job's log (all its attempts).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@record_errors
 def history_command(location: str | None, cluster: str | None, job_id: str | None, as_json: bool) -> int:
     """List past clusters and their jobs, or show one cluster: its events, jobs and goodput.
 
@@ -111,20 +134,18 @@ def history_command(location: str | None, cluster: str | None, job_id: str | Non
             click.echo(json.dumps(rows, indent=1))
             return EXIT_OK
         if not rows:
-            click.echo("no cluster records yet")
+            _echo("no cluster records yet")
         for row in rows:
-            click.echo(_cluster_line(row["cluster"], row["info"]))
+            _echo(_cluster_line(row["cluster"], row["info"]))
             for job in row["jobs"]:
-                click.echo(_job_line(job))
+                _echo(_job_line(job))
         return EXIT_OK
     if job_id is not None:
         prefix, run = _find_job(bucket, root, cluster, job_id)
         for attempt in run.attempts:
-            click.echo(
-                f"==== {attempt.job_id} {attempt.info.get('status')} ({attempt.info.get('entrypoint')})"
-            )
+            _echo(f"==== {attempt.job_id} {attempt.info.get('status')} ({attempt.info.get('entrypoint')})")
             for stamp, line in attempt.lines:
-                click.echo(f"{_when(stamp)}  {line}" if stamp is not None else line)
+                _echo(f"{_when(stamp)}  {line}" if stamp is not None else line)
         return EXIT_OK
     prefix = _choose_cluster(bucket, root, cluster)
     jobs = record.jobs(bucket, prefix)
@@ -139,26 +160,24 @@ def history_command(location: str | None, cluster: str | None, job_id: str | Non
         }
         click.echo(json.dumps(shown, indent=1))
         return EXIT_OK
-    click.echo(_cluster_line(_name(prefix), info))
-    click.echo(f"\nevents ({len(events)}):")
+    _echo(_cluster_line(_name(prefix), info))
+    _echo(f"\nevents ({len(events)}):")
     for event in events:
         what = f"{event.get('seen')} -> {event.get('action')}: {event.get('outcome')}"
-        click.echo(f"  {event['time']}  {event.get('slice')}: {what}")
-    click.echo(f"\njobs ({len(runs)}):")
+        _echo(f"  {event['time']}  {event.get('slice')}: {what}")
+    _echo(f"\njobs ({len(runs)}):")
     for run in runs:
         row = _run_row(run)
-        click.echo(
-            f"  {row['job_id']}  {row['status']:<9}  {row['attempts']} attempt(s)  {row['entrypoint']}"
-        )
+        _echo(f"  {row['job_id']}  {row['status']:<9}  {row['attempts']} attempt(s)  {row['entrypoint']}")
     for run in runs:
         report = _report(run, events)
         if report is not None:
-            click.echo("\n" + goodput.format_report(report, f"goodput of {run.job_id}:"))
+            _echo("\n" + goodput.format_report(report, f"goodput of {run.job_id}:"))
     hosts_prefix = record.join(prefix, record.HOSTS_DIR) + "/"
     host_keys = [k.removeprefix(hosts_prefix).split("/") for k in bucket.list(hosts_prefix)]
     hosts = sorted({parts[0] for parts in host_keys if len(parts) > 1 and parts[1] == record.BOOT_LOG})
     if hosts:
-        click.echo(f"\nboot logs of {len(hosts)} host(s) under {prefix}/{record.HOSTS_DIR}/")
+        _echo(f"\nboot logs of {len(hosts)} host(s) under {prefix}/{record.HOSTS_DIR}/")
     return EXIT_OK
 
 
@@ -206,6 +225,7 @@ def _goodput_json(run: history.TrainingRun, events: list[dict[str, Any]]) -> dic
 )
 @click.option("--project", metavar="ID", help="With --cloud-monitoring: the project to write to.")
 @click.option("--location", "zone", metavar="ZONE", help="With --cloud-monitoring: the workload's location.")
+@record_errors
 def goodput_command(
     location: str | None,
     cluster: str | None,
@@ -242,7 +262,7 @@ def goodput_command(
     if as_json:
         click.echo(json.dumps({"job_id": run.job_id, **report.as_json()}, indent=1))
     else:
-        click.echo(goodput.format_report(report, f"goodput of {run.job_id} ({prefix.split('/', 1)[1]}):"))
+        _echo(goodput.format_report(report, f"goodput of {run.job_id} ({prefix.split('/', 1)[1]}):"))
     if cloud_monitoring:
         assert project and zone
         info = record.cluster_info(bucket, prefix)
@@ -254,5 +274,5 @@ def goodput_command(
             cluster=str(info.get("cluster", "")),
         )
         monitoring.send(body, project)
-        click.echo(f"wrote {len(body['timeSeries'])} workload/* time series to project {project}")
+        _echo(f"wrote {len(body['timeSeries'])} workload/* time series to project {project}")
     return EXIT_OK

@@ -53,7 +53,7 @@ def controller_events(entries: Sequence[dict[str, Any]]) -> list[goodput.Control
                     str(entry.get("outcome", "")),
                 )
             )
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, OverflowError, OSError):  # not a time an event can have
             continue
     return found
 

@@ -41,7 +41,7 @@ from rayslice.local.host.private_files import ensure_private_dir
 from rayslice.local.simulation.recorded import record_root
 from rayslice.local.simulation.simulator import Simulation
 from rayslice.local.simulation.state import CLOUD_API_ENDPOINT_FILE
-from rayslice.observability import history, record
+from rayslice.observability import history, record, untrusted
 
 # What the controller's boot script names its event log (controller.sh.j2, EVENTS), under the
 # host's root.
@@ -117,11 +117,16 @@ def collect(sim: Simulation) -> str:
     rec = cluster_record(sim)
     keys = set(rec.bucket.list(rec.prefix))
     if rec.key(record.CLUSTER_INFO) not in keys:  # a simulation made before the record existed
-        start(sim)
+        with contextlib.suppress(OSError):  # a name taken by something that is not a file
+            start(sim)
 
     def put(key: str, text: str) -> None:
-        if rec.key(key) not in keys:
+        if rec.key(key) in keys:
+            return
+        try:
             rec.write_text(key, text)
+        except OSError as exc:  # the name is taken (a link, a FIFO): the rest is still written
+            untrusted.skip(rec.key(key), f"not written: {exc.strerror or exc}")
 
     for host in sim.plan.machines:
         console = sim.paths(host.name).console
