@@ -77,8 +77,8 @@ def _find_job(
 
 
 def _name(prefix: str) -> str:
-    """A cluster record's NAME/RUN_ID, from its prefix."""
-    return prefix.rsplit(f"{record.CLUSTERS_PREFIX}/", 1)[-1]
+    """A cluster record's NAME/RUN_ID, from its prefix ("." for a record given by its own location)."""
+    return prefix.rsplit(f"{record.CLUSTERS_PREFIX}/", 1)[-1] or "."
 
 
 def _when(stamp: float | None) -> str:
@@ -262,7 +262,7 @@ def goodput_command(
     if as_json:
         click.echo(json.dumps({"job_id": run.job_id, **report.as_json()}, indent=1))
     else:
-        _echo(goodput.format_report(report, f"goodput of {run.job_id} ({prefix.split('/', 1)[1]}):"))
+        _echo(goodput.format_report(report, f"goodput of {run.job_id} ({_name(prefix)}):"))
     if cloud_monitoring:
         assert project and zone
         info = record.cluster_info(bucket, prefix)

@@ -328,7 +328,14 @@ class JobRecord:
 
 def clusters(bucket: Bucket, root_prefix: str = "") -> list[str]:
     """Every cluster record's prefix under `root_prefix`, oldest first: by when its
-    ``cluster.json`` was created (the bucket's own time), never by what the record says of itself."""
+    ``cluster.json`` was created (the bucket's own time), never by what the record says of itself.
+    A `root_prefix` that is one cluster record's own (the stack output ``record``, or the
+    simulator's cluster folder) names that record alone."""
+    try:
+        bucket.created(join(root_prefix, CLUSTER_INFO))
+        return [root_prefix]
+    except (OSError, InvalidInput):
+        pass
     base = join(root_prefix, CLUSTERS_PREFIX)
     depth = len(base.split("/")) + 3  # clusters/<name>/<run id>/cluster.json
     found = [

@@ -221,3 +221,16 @@ def test_a_job_is_found_in_an_older_clusters_record(tmp_path: Path) -> None:
     report = json.loads(invoke("goodput", "--record", str(tmp_path), "--json", "raysubmit_2").output)
     assert report["job_id"] == "raysubmit_1"  # a run is named by its first job
     assert invoke("goodput", "--record", str(tmp_path)).exit_code != 0  # the newest cluster ran no job
+
+
+def test_a_record_given_by_its_own_location_is_the_one_read(tmp_path: Path) -> None:
+    """The stack output ``record`` (gs://BUCKET/clusters/NAME/RUN) names one cluster record:
+    history and goodput read that one, not whichever record of the bucket is newest."""
+    make_record(tmp_path)
+    newer = record.ClusterRecord(record.FolderBucket(tmp_path), "clusters/rayslice/ff00ff")
+    newer.write_json(record.CLUSTER_INFO, {"cluster": "rayslice", "started": 9e9, "summary": "forged"})
+    result = invoke("goodput", "--record", str(tmp_path / PREFIX))
+    assert result.exit_code == 0, result.output
+    assert "goodput of raysubmit_1 (.):" in result.output
+    listed = invoke("history", "--record", str(tmp_path / PREFIX))
+    assert "raysubmit_1  SUCCEEDED" in listed.output and "forged" not in listed.output

@@ -12,7 +12,7 @@ import pytest
 from rayslice.infra.record_bucket import object_condition
 from rayslice.local.google.cloud_api.iam import EmulatedIam
 from rayslice.local.google.cloud_api.routes import ApiError
-from rayslice.observability import record
+from rayslice.observability import gcs, record
 from rayslice.observability.gcs import GcsBucket
 from tests.recovery import discovery
 
@@ -134,3 +134,20 @@ def test_a_job_on_a_host_cannot_forge_the_controllers_events_or_hide_them() -> N
     job.write_text("hosts/h0/boot.log/000000000000-000000000009", "booted!!\n")
     reader = GcsBucket(BUCKET, as_job)  # type: ignore[arg-type]
     assert [e["action"] for e in record.events(reader, "clusters/c/r")] == ["recreate"]
+
+
+def test_an_object_past_the_cap_is_refused_and_a_listing_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reads are streamed and cut off (a job may write a huge object), listings bounded."""
+    storage = StorageEmulator()
+    bucket = GcsBucket(BUCKET, storage)  # type: ignore[arg-type]
+    for i in range(5):
+        bucket.write(f"clusters/c/r/hosts/h/x{i}", b"y" * 100)
+    monkeypatch.setattr(gcs, "MAX_OBJECT_BYTES", 99)
+    monkeypatch.setattr(gcs, "READ_BLOCK", 10)
+    with pytest.raises(OSError, match="more than 99 bytes"):
+        bucket.read("clusters/c/r/hosts/h/x0")
+    monkeypatch.setattr(gcs, "MAX_KEYS", 3)
+    with pytest.raises(OSError, match="more than 3 objects"):
+        bucket.list("clusters/")

@@ -120,3 +120,30 @@ def test_cluster_records_are_ordered_by_when_they_were_created_not_by_what_they_
     os.utime(tmp_path / "clusters/c/old/cluster.json", (1000, 1000))
     os.utime(tmp_path / "clusters/c/new/cluster.json", (2000, 2000))
     assert record.clusters(bucket) == ["clusters/c/old", "clusters/c/new"]
+
+
+class _CountedKeys(list[str]):
+    """A listing that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_jobs_are_indexed_in_one_walk_of_the_listing(tmp_path: Path) -> None:
+    """`record.jobs` walks the bucket's listing once, however many jobs it holds (it was once
+    walked again for every job: quadratic in the record's size)."""
+    bucket = record.FolderBucket(tmp_path)
+    for i in range(20):
+        bucket.write(
+            f"c/jobs/raysubmit_{i}/submitted.json", json.dumps({"job_id": f"raysubmit_{i}"}).encode()
+        )
+
+    class Counted(record.FolderBucket):
+        def list(self, prefix: str = "") -> list[str]:
+            return _CountedKeys(super().list(prefix))
+
+    assert len(record.jobs(Counted(tmp_path), "c")) == 20
+    assert _CountedKeys.walks == 1
