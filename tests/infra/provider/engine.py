@@ -22,7 +22,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -185,34 +185,103 @@ class FromResources:
     urns: tuple[str, ...]
 
 
-def _with_outputs(value: Any) -> Any:
-    """`value` with each `FromResources` as the output value the engine sends for it (the wire
-    form the provider deserializes into a `pulumi.Output` that depends on those resources)."""
-    if isinstance(value, FromResources):
-        return {
-            rpc._special_sig_key: rpc._special_output_value_sig,
-            "value": value.value,
-            "dependencies": sorted(value.urns),
-        }
+def transformed(value: Any, change: Callable[[Any], Any]) -> Any:
+    """`value` with `change` applied to every leaf (what is neither a dict nor a list)."""
     if isinstance(value, dict):
-        return {k: _with_outputs(v) for k, v in value.items()}
+        return {k: transformed(v, change) for k, v in value.items()}
     if isinstance(value, list):
-        return [_with_outputs(v) for v in value]
-    return value
+        return [transformed(v, change) for v in value]
+    return change(value)
+
+
+def leaves(value: Any) -> Iterator[Any]:
+    """Every leaf of `value` (what is neither a dict nor a list)."""
+    if isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from leaves(item)
+    else:
+        yield value
+
+
+def _output_value(leaf: Any) -> Any:
+    """A `FromResources` as the output value the engine sends for it (the wire form the
+    provider deserializes into a `pulumi.Output` that depends on those resources)."""
+    if not isinstance(leaf, FromResources):
+        return leaf
+    return {
+        rpc._special_sig_key: rpc._special_output_value_sig,
+        "value": leaf.value,
+        "dependencies": sorted(leaf.urns),
+    }
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A program's reference to another of its resources' outputs (``${vpc.name}`` in YAML)."""
+
+    resource: str
+    property: str
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A resource the program declares before the component: its full type token, its name and
+    its properties, which may hold `Ref`s to resources declared before it."""
+
+    type: str
+    name: str
+    properties: dict[str, Any]
+
+
+def _resolved(value: Any, outputs: dict[str, tuple[str, dict[str, Any]]]) -> Any:
+    """`value` with each `Ref` as the output it names (`FromResources`)."""
+
+    def resolve(leaf: Any) -> Any:
+        if not isinstance(leaf, Ref):
+            return leaf
+        urn, state = outputs[leaf.resource]
+        return FromResources(state[leaf.property], (urn,))
+
+    return transformed(value, resolve)
+
+
+def _declare(service: MonitorService, program: list[Declared]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Register the program's resources in order, as the engine does for the program; returns
+    each one's URN and outputs (its id among them) by name."""
+    outputs: dict[str, tuple[str, dict[str, Any]]] = {}
+    for resource in program:
+        properties = _resolved(resource.properties, outputs)
+        urns = sorted(_urns(properties))
+        response = service.monitor.RegisterResource(
+            resource_pb2.RegisterResourceRequest(
+                type=resource.type,
+                name=resource.name,
+                parent=STACK_URN,
+                custom=True,
+                object=_struct(_plain(properties)),
+                dependencies=urns,
+                propertyDependencies={
+                    key: resource_pb2.RegisterResourceRequest.PropertyDependencies(urns=sorted(_urns(v)))
+                    for key, v in properties.items()
+                    if _urns(v)
+                },
+            )
+        )
+        state = rpc.deserialize_properties(response.object)
+        outputs[resource.name] = (response.urn, {**state, "id": response.id})
+    return outputs
+
+
+def _plain(value: Any) -> Any:
+    return transformed(value, lambda leaf: leaf.value if isinstance(leaf, FromResources) else leaf)
 
 
 def _urns(value: Any) -> set[str]:
-    if isinstance(value, FromResources):
-        return set(value.urns)
-    if isinstance(value, dict):
-        return set().union(*(_urns(v) for v in value.values()))
-    if isinstance(value, list):
-        return set().union(*(_urns(v) for v in value))
-    return set()
+    return {urn for leaf in leaves(value) if isinstance(leaf, FromResources) for urn in leaf.urns}
 
 
 def _struct(values: dict[str, Any]) -> struct_pb2.Struct:
-    return asyncio.run(rpc.serialize_properties(_with_outputs(values), {}))
+    return asyncio.run(rpc.serialize_properties(transformed(values, _output_value), {}))
 
 
 @dataclass
@@ -231,16 +300,19 @@ def construct(
     name: str,
     inputs: dict[str, Any],
     existing: dict[str, str] | None = None,
+    program: list[Declared] | None = None,
 ) -> Constructed:
     """Call Construct as the engine does for `new <type_>(name, inputs)` in a program: values
     that are other resources' outputs (`FromResources`) as output values, and each input's
     dependencies beside it.
 
     `existing`: VPC name -> subnetwork name, created in the cloud beforehand (by the program,
-    whose own resources this test does not register)."""
+    whose own resources this test does not register). `program`: the program's resources
+    declared before the component, registered first; `inputs` may refer to them (`Ref`)."""
     service = MonitorService()
     for network, subnetwork in (existing or {}).items():
         _create_network(service.fake, network, subnetwork)
+    inputs = _resolved(inputs, _declare(service, program or []))
     with _serving(resource_pb2_grpc.add_ResourceMonitorServicer_to_server, service) as monitor:
         request = provider_pb2.ConstructRequest(
             project=PROJECT,
@@ -286,18 +358,23 @@ def _create_network(fake: FakeGcp, network: str, subnetwork: str) -> None:
     )
 
 
-def python_run(program: Any) -> tuple[list[Registration], SteadyGcp, Any]:
+def python_run(
+    program: Any, config: dict[str, str] | None = None
+) -> tuple[list[Registration], SteadyGcp, Any]:
     """The same component declared by a Python program, under the offline engine."""
     fake = SteadyGcp()
     engine = OfflineEngine(fake=fake)
-    value = engine.run(program, project=PROJECT, stack=STACK)
+    value = engine.run(program, config, project=PROJECT, stack=STACK)
     return engine.registrations, fake, value
 
 
-# Addresses the twin hands out from the created subnet, in the order hosts are created: the same
-# set in every run, not always to the same host.
-_SUBNET = ipaddress.ip_network(SUBNET_CIDR)
-_IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b")
+# Addresses the twin hands out from a subnet, in the order hosts are created: the same set in
+# every run, not always to the same host. Every subnet of the examples (the created one,
+# SUBNET_CIDR, and the platform team's) is in 10.0.0.0/8; a range (10.0.0.0/8 itself, in a
+# firewall rule) is not an address and is kept.
+_SUBNET = ipaddress.ip_network("10.0.0.0/8")
+assert ipaddress.ip_network(SUBNET_CIDR).subnet_of(_SUBNET)
+_IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b(?!/)")
 
 
 def _blank(match: re.Match[str]) -> str:
@@ -309,7 +386,7 @@ def _blank(match: re.Match[str]) -> str:
 
 
 def steady(value: Any) -> str:
-    """`value` as JSON with the created subnet's addresses blanked out."""
+    """`value` as JSON with the subnets' addresses blanked out."""
     return _IPV4.sub(_blank, json.dumps(value, sort_keys=True))
 
 
