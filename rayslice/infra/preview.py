@@ -155,12 +155,57 @@ def render_tree(registrations: list[Registration]) -> str:
 
     for root in children.get("", []):
         show(root, "", "")
+    foreign = foreign_grants(registrations)
+    if foreign:
+        lines.append(
+            "\ngrants on resources this stack does not declare (each reaches every job on the cluster):"
+        )
+        lines += [f"  {grant}" for grant in foreign]
     custom = sum(r.custom for r in registrations)
     lines.append(
         f"\n{custom} cloud resources in {len(registrations) - custom} components "
         "(preview under Pulumi mocks, no cloud API; names and inputs are real, outputs are fake)"
     )
     return "\n".join(lines)
+
+
+# The IAM grants on one bucket or secret, by type token, with the input naming what they are on,
+# and the type and input of what a stack may declare under that name (pulumi-gcp 10.2).
+FOREIGN_GRANTS = {
+    "gcp:storage/bucketIAMMember:BucketIAMMember": ("bucket", "gcp:storage/bucket:Bucket", "name"),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": (
+        "secretId",
+        "gcp:secretmanager/secret:Secret",
+        "secretId",
+    ),
+}
+
+
+def foreign_grants(registrations: Sequence[Registration]) -> list[str]:
+    """Every grant on a bucket or secret the stack does not declare (one it names by config:
+    ``recordBucket``, ``packageIndexCredentialsSecret``), as a line: role, resource, member and
+    condition. Such a grant extends the cluster's accounts, and so every job, to a resource
+    someone else manages; a preview shows each."""
+    declared = {
+        (r.type, str(r.inputs.get(field)))
+        for r in registrations
+        for _, kind, field in FOREIGN_GRANTS.values()
+        if r.type == kind
+    }
+    found = []
+    for r in registrations:
+        if r.type not in FOREIGN_GRANTS:
+            continue
+        on, kind, _ = FOREIGN_GRANTS[r.type]
+        target = str(r.inputs.get(on))
+        if (kind, target) in declared:
+            continue
+        condition = (r.inputs.get("condition") or {}).get("expression")
+        where = f" if {condition}" if condition else " (no condition)"
+        found.append(
+            f"{r.inputs.get('role')} on {display_type(kind)} {target} to {r.inputs.get('member')}{where}"
+        )
+    return sorted(found)
 
 
 @dataclass(frozen=True)

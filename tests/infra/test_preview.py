@@ -304,3 +304,27 @@ def test_preview_ends_with_the_stacks_capacity_cell(capsys):
     assert "slices made by: nodes.create" in tail
     assert "repaired: not by Google: rayslice's recovery controller recreates the slice whole" in tail
     assert "on spot-preemption, host-maintenance, host-error, slice-gone: the controller recreates" in tail
+
+
+def test_preview_names_every_grant_on_a_bucket_or_secret_the_stack_does_not_declare(capsys):
+    """A stack that names someone else's bucket or secret extends every job's account to it:
+    the preview says so, grant by grant, with its condition; the stack's own bucket is not listed."""
+    base = ["preview", "--set", "acceleratorType=v6e-4", "--set", "zone=us-east5-b"]
+    assert cli.main(base) == 0
+    assert "does not declare" not in capsys.readouterr().out  # its own record bucket only
+    foreign = [
+        "--set",
+        "recordBucket=acme-terraform-state",
+        "--set",
+        "packageIndexCredentialsSecret=corp-pypi",
+    ]
+    assert cli.main([*base, *foreign, "--set", "packageIndex=https://pypi.corp.example/simple"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("grants on resources this stack does not declare", 1)[1].split("\n\n", 1)[0]
+    lines = [line.strip() for line in section.strip().splitlines()[1:]]
+    assert len(lines) == 2
+    assert lines[0].startswith("roles/secretmanager.secretAccessor on gcp.secretmanager.Secret corp-pypi to ")
+    assert lines[1].startswith("roles/storage.objectCreator on gcp.storage.Bucket acme-terraform-state to ")
+    assert (
+        'if resource.name.startsWith("projects/_/buckets/acme-terraform-state/objects/clusters/' in lines[1]
+    )
