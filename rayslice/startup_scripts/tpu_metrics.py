@@ -25,6 +25,12 @@ numbers is served as ``libtpu_<name>{index="i"}`` with the library's description
 or Cloud Monitoring scrape. Distributions and labelled entries (latencies, queue sizes) are left
 out: their text form is not documented.
 
+The endpoint serves what a few scrapers ask (Ray's agent, a Prometheus, `rayslice status`), and
+any job on the cluster can connect to it, so it bounds what a connection can hold (`BoundedServer`):
+at most `MAX_HANDLERS` are handled at once, each for at most `HANDLER_DEADLINE_S` however slowly
+its client sends. A connection past the bound waits its turn in the listen queue instead of being
+refused, because Ray's agent stops asking for TPU figures after its first failed scrape.
+
 A host without libtpu or without chips (the CPU head VM) serves nothing: the exporter says so once
 in the boot log and exits with the boot script's permanent status, so its supervisor does not
 start it again until the next boot.
@@ -36,11 +42,14 @@ rendered text and runs it with the venv's Python (standard library only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import http.server
 import math
 import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -155,9 +164,10 @@ def handler(page: Callable[[], str]) -> type[http.server.BaseHTTPRequestHandler]
             # A scraper that hangs up before its page is written (Ray's agent timing out on a
             # busy host, Prometheus stopping) is not this server's error: drop the connection
             # instead of printing a traceback into the boot log at every scrape.
+            # A connection cut at its deadline (`BoundedServer`) ends the same way.
             try:
                 super().handle()
-            except (ConnectionResetError, BrokenPipeError):
+            except OSError:
                 self.close_connection = True
 
         def do_GET(self) -> None:
@@ -179,6 +189,74 @@ def handler(page: Callable[[], str]) -> type[http.server.BaseHTTPRequestHandler]
             pass  # every 5 s from Ray's agent: nothing worth a log line
 
     return Handler
+
+
+# Connections handled at once: Ray's agent, a Prometheus and `rayslice status` need one each.
+MAX_HANDLERS = 8
+# How long one connection may take, from its accept to its page written: a scrape takes
+# milliseconds, and `rayslice status` gives up on a host after 2 s.
+HANDLER_DEADLINE_S = 10.0
+
+
+class BoundedServer(http.server.ThreadingHTTPServer):
+    """A threading HTTP server whose connections cannot pile up: at most `max_handlers` threads
+    at once (past that, accepting waits for one to end), each connection shut down `deadline_s`
+    after its accept, however slowly its client sends (a per-read timeout alone would let a
+    client that sends a byte at a time hold its thread for ever)."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler_class: type[http.server.BaseHTTPRequestHandler],
+        *,
+        max_handlers: int = MAX_HANDLERS,
+        deadline_s: float = HANDLER_DEADLINE_S,
+    ) -> None:
+        super().__init__(address, handler_class)
+        self.deadline_s = deadline_s
+        self._slots = threading.BoundedSemaphore(max_handlers)
+        self._deadlines: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+
+    def active(self) -> int:
+        """The connections being handled now."""
+        with self._lock:
+            return len(self._deadlines)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # The serving thread waits here for a free slot, cutting late connections meanwhile.
+        while not self._slots.acquire(timeout=min(0.5, self.deadline_s)):
+            self.service_actions()
+        request.settimeout(self.deadline_s)
+        with self._lock:
+            self._deadlines[request] = time.monotonic() + self.deadline_s
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(request)
+
+    def _release(self, request: socket.socket) -> None:
+        with self._lock:
+            self._deadlines.pop(request, None)
+        self._slots.release()
+
+    def service_actions(self) -> None:
+        """Shut down every connection past its deadline: its handler's read or write ends."""
+        now = time.monotonic()
+        with self._lock:
+            late = [request for request, deadline in self._deadlines.items() if deadline <= now]
+        for request in late:
+            with contextlib.suppress(OSError):  # already closed by its handler
+                request.shutdown(socket.SHUT_RDWR)
 
 
 def log(path: str | None, message: str) -> None:
@@ -216,8 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def page() -> str:
         return render(read_library(tpumonitoring), args.chips, args.host_id, args.model, args.topology)
 
-    server = http.server.ThreadingHTTPServer((args.bind, args.port), handler(page))
-    server.daemon_threads = True
+    server = BoundedServer((args.bind, args.port), handler(page))
     log(args.log_file, f"serving {args.chips} chip(s) at http://{args.bind}:{args.port}/metrics")
     server.serve_forever()
     return 0

@@ -11,7 +11,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,17 +47,21 @@ class FakeMonitoring:
 
 
 @contextlib.contextmanager
-def exporter(page: Any) -> Iterator[str]:
-    """The exporter's HTTP server on a free local port; yields its host:port."""
-    import http.server
-
-    port = free_port()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), tpu_metrics.handler(page))
+def bounded(page: Any, **limits: Any) -> Iterator[tpu_metrics.BoundedServer]:
+    """The exporter's HTTP server, as `main` makes it, on a free local port."""
+    server = tpu_metrics.BoundedServer(("127.0.0.1", free_port()), tpu_metrics.handler(page), **limits)
     serving.start(server)
     try:
-        yield f"127.0.0.1:{port}"
+        yield server
     finally:
         serving.stop(server)
+
+
+@contextlib.contextmanager
+def exporter(page: Any) -> Iterator[str]:
+    """The exporter's HTTP server on a free local port; yields its host:port."""
+    with bounded(page) as server:
+        yield f"127.0.0.1:{server.server_address[1]}"
 
 
 def rays_reading(address: str, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
@@ -163,6 +169,78 @@ def test_a_scraper_that_hangs_up_before_its_page_is_written_costs_no_traceback()
     with ours:
         tpu_metrics.handler(page)(ours, ("127.0.0.1", 0), None)  # returns: nothing raised
     assert asked == [True]
+
+
+def _closed_by_server(client: socket.socket, trickle: bytes = b"") -> bool:
+    """Whether the server hangs up on `client`, which sends `trickle` a byte at a time, each
+    byte once the server has not hung up for 50 ms, and then nothing (at most 60 s in all)."""
+    client.settimeout(0.05)
+    limit = time.monotonic() + 60
+    sent = 0
+    while time.monotonic() < limit:
+        try:
+            if not client.recv(1):
+                return True
+        except TimeoutError:
+            if sent < len(trickle):
+                try:
+                    client.send(trickle[sent : sent + 1])
+                except OSError:
+                    return True
+                sent += 1
+        except OSError:  # reset by the server
+            return True
+    return False
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_its_deadline():
+    with (
+        bounded(lambda: "", deadline_s=0.3) as server,
+        socket.create_connection(server.server_address) as idle,
+    ):
+        assert _closed_by_server(idle)
+
+
+def test_a_client_that_sends_a_byte_at_a_time_is_cut_at_the_deadline_not_per_read():
+    """Each byte comes sooner than a per-read timeout would fire; only the handler's deadline,
+    counted from its accept, ends the connection."""
+    trickle = b"GET /metrics HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 4000
+    with (
+        bounded(lambda: "", deadline_s=1.0) as server,
+        socket.create_connection(server.server_address) as slow,
+    ):
+        assert _closed_by_server(slow, trickle)
+
+
+def test_300_idle_connections_hold_no_more_threads_than_the_bound_and_a_scrape_waits_its_turn():
+    """The review's reproduction: 300 idle connections held 302 threads. Now 4 are handled, the
+    rest wait in the listen queue (not refused: Ray's agent stops asking after one failure), and
+    a scrape made behind them is answered once they are gone."""
+    page = page_of({"duty_cycle_pct": ["1"]}, chips=1)
+    before = threading.active_count()
+    with bounded(page, max_handlers=4, deadline_s=60) as server:
+        idle = []
+        for _ in range(300):
+            client = socket.socket()
+            client.setblocking(False)
+            client.connect_ex(server.server_address)
+            idle.append(client)
+        limit = time.monotonic() + 30
+        while server.active() < 4:
+            assert time.monotonic() < limit, server.active()
+            threading.Event().wait(0.01)
+        assert threading.active_count() - before <= 1 + 4  # the serving thread and 4 handlers
+        address = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        answer: list[str] = []
+        scrape = threading.Thread(
+            target=lambda: answer.append(urllib.request.urlopen(address, timeout=60).read().decode())
+        )
+        scrape.start()
+        for client in idle:
+            client.close()
+        scrape.join(60)
+        assert answer == [page()]
+        assert threading.active_count() - before <= 1 + 4
 
 
 def test_ray_reads_the_simulated_chips_a_jax_process_recorded(tmp_path, monkeypatch):
