@@ -60,12 +60,50 @@ def test_what_a_host_runs_on_is_bound_back_only_where_a_cover_hides_it(tmp_path)
     assert confinement.exposures([Path("/root")], hidden) == []  # a cover itself is never bound back
 
 
+def test_daemon_socket_dirs_are_covered_where_they_really_lie_and_never_in_the_hosts_run(tmp_path):
+    real = tmp_path / "var" / "lib" / "incus"
+    real.mkdir(parents=True)
+    elsewhere = tmp_path / "data" / "mysql"
+    elsewhere.mkdir(parents=True)
+    linked = tmp_path / "var" / "lib" / "mysql"
+    linked.symlink_to(elsewhere)
+    a_file = tmp_path / "var" / "snap"
+    a_file.touch()
+    into_run = tmp_path / "var" / "lib" / "kubelet"
+    into_run.symlink_to("/run")
+    candidates = [real, linked, a_file, into_run, tmp_path / "nix" / "var" / "nix" / "daemon-socket"]
+    assert confinement.daemon_dirs(candidates) == [real, elsewhere]
+    assert confinement.covers(PASSWD, Path("/srv/state"), [Path("/var/lib/incus"), Path("/var/snap")])[
+        -2:
+    ] == [
+        Path("/var/snap"),
+        Path("/var/lib/incus"),
+    ]
+
+
+def test_the_known_daemon_sockets_outside_run_lie_in_a_covered_dir():
+    """LXD's (snap and package), Incus's, MicroK8s's and Nix's sockets, by their documented paths."""
+    for socket_path in (
+        "/var/snap/lxd/common/lxd/unix.socket",
+        "/var/lib/lxd/unix.socket",
+        "/var/lib/incus/unix.socket",
+        "/var/snap/microk8s/common/run/containerd.sock",
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "/nix/var/nix/daemon-socket/socket",
+        "/var/guix/daemon-socket/socket",
+        "/var/lib/mysql/mysql.sock",
+    ):
+        assert any(Path(socket_path).is_relative_to(d) for d in confinement.DAEMON_DIRS), socket_path
+
+
 def test_the_interpreter_a_host_runs_is_among_what_it_needs():
     paths = boot.interpreter_paths()
     assert Path(sys.base_prefix) in paths and Path(sys.prefix) in paths
 
 
-def test_every_mount_but_the_hosts_own_turns_read_only():
+def test_the_mounts_chosen_to_turn_read_only_are_all_but_the_hosts_own_procfs_and_the_covered():
+    """The selector alone; the root test below checks that the machine's root filesystem really
+    is read-only on a booted host."""
     mountinfo = "\n".join(
         f"{i} 1 0:{i} / {point} rw shared:1 - fs src rw"
         for i, point in enumerate(
@@ -110,12 +148,23 @@ PROBE = (
     r"""
 import ctypes, errno, json, os, socket, sys
 
-machine_socket, machine_ipc, root, shared, wheels = sys.argv[1:]
+machine_socket, daemon_socket, machine_file, machine_ipc, root, shared, wheels = sys.argv[1:]
 libc = ctypes.CDLL(None, use_errno=True)
 facts = {}
 """
     + CONNECT_PROBE
     + r"""
+client = socket.socket(socket.AF_UNIX)
+try:
+    client.connect(daemon_socket)
+    facts["daemon socket"] = "connected"
+except OSError as exc:
+    facts["daemon socket"] = errno.errorcode.get(exc.errno, str(exc))
+try:
+    open(machine_file, "w").close()
+    facts["machine file"] = "written"
+except OSError as exc:
+    facts["machine file"] = errno.errorcode.get(exc.errno, str(exc))
 facts["same ipc"] = os.readlink("/proc/self/ns/ipc") == machine_ipc
 for name, call in (
     ("umount", lambda: libc.umount2(b"/root", 0)),  # would show the machine's /root
@@ -141,10 +190,16 @@ print("FACTS " + json.dumps(facts))
 def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_confinement(tmp_path):
     """A host booted by the very command the simulator runs (`boot.command`, without its network
     namespace): its startup script connects to a Unix socket listening in the machine's /run, as
-    D-Bus's, systemd's or Docker's do, and must be refused. Its own state under /run (its root,
-    the shared folder) stays writable, what it runs on there (a wheelhouse) readable; it cannot
-    unmount a cover or mount anything."""
+    D-Bus's, systemd's or Docker's do, and to one where Incus (or LXD) keeps its own, and both
+    must be refused; a file it writes on the machine's root filesystem is refused (remounted
+    read-only). Its own state under /run (its root, the shared folder) stays writable, what it
+    runs on there (a wheelhouse) readable; it cannot unmount a cover or mount anything."""
     run_id = secrets.token_hex(3)
+    # A daemon's directory that this machine lacks, made for the test and removed after it.
+    daemon_dir = next((d for d in (Path("/var/lib/incus"), Path("/var/lib/lxd")) if not d.exists()), None)
+    if daemon_dir is None:
+        pytest.skip("Incus and LXD both installed here: no daemon directory to make for the test")
+    machine_file = Path("/var/tmp") / f"rayslice-test-{run_id}"
     machine_run = Path("/run") / f"rayslice-test-{run_id}"
     shared = Path(f"{machine_run}-shared")  # the simulator makes Plan.shared_dir on the machine too
     wheels = machine_run / "wheels"  # a `--share` below /run: bound back read-only
@@ -155,7 +210,10 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
     machine_ipc = os.readlink("/proc/self/ns/ipc")
     paths.script.write_text(
         shlex.join(
-            [sys.executable, "-c", PROBE, f"{machine_run}/bus", machine_ipc, root, str(shared), str(wheels)]
+            [
+                *(sys.executable, "-c", PROBE, f"{machine_run}/bus", f"{daemon_dir}/unix.socket"),
+                *(str(machine_file), machine_ipc, root, str(shared), str(wheels)),
+            ]
         )
         + "\n"
     )
@@ -164,10 +222,14 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
     wheels.mkdir()
     (wheels / "a.whl").touch()
     listener = socket.socket(socket.AF_UNIX)
+    daemon = socket.socket(socket.AF_UNIX)
     host = None
     try:
         listener.bind(f"{machine_run}/bus")
         listener.listen()
+        daemon_dir.mkdir()
+        daemon.bind(f"{daemon_dir}/unix.socket")
+        daemon.listen()
         argv = boot.command(
             hostname="probe-host",
             host_dir=paths.dir,
@@ -188,6 +250,8 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
         assert paths.exit_file.read_text() == "0\n", console
         facts = json.loads(next(x for x in console.splitlines() if x.startswith("FACTS "))[len("FACTS ") :])
         assert facts["socket"] == "ENOENT", "the machine's /run is not there: a fresh one is"
+        assert facts["daemon socket"] == "ENOENT", "the daemon's directory is covered, empty"
+        assert facts["machine file"] == "EROFS" and not machine_file.exists()
         assert facts["same ipc"] is False
         assert facts["umount"] == facts["mount"] == "EPERM"
         assert (paths.root / "written-by-host").read_text() == "root"
@@ -198,5 +262,8 @@ def test_a_hosts_processes_reach_no_socket_of_the_machine_and_cannot_undo_the_co
             host.kill()  # unshare --kill-child: the host's PID 1 and everything below it end too
             host.wait()
         listener.close()
+        daemon.close()
+        shutil.rmtree(daemon_dir, ignore_errors=True)
+        machine_file.unlink(missing_ok=True)
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(machine_run, ignore_errors=True)

@@ -18,6 +18,12 @@ script runs (`confine`):
   mount would not stop it. Only the host's own directories are bound into it (`fresh_run`'s
   `own`: its root at the rendered ``root``, the simulation's shared folder), and what it runs
   on, read-only;
+* the directories where daemons keep a Unix socket outside ``/run`` (`DAEMON_DIRS`: LXD's and
+  Incus's ``unix.socket``, every snap's data, the kubelet's sockets, Nix's and Guix's build
+  daemons, MySQL's socket on Fedora-family systems) are covered by empty read-only tmpfs too, where
+  they exist (a link is covered at its target): a connect() there would be as good as the
+  machine's root, and a read-only mount does not stop a connect(). A socket some other daemon keeps
+  outside ``/run`` and these directories stays reachable: docs/simulator.md says so;
 * every other mount of the machine is made read-only in this namespace (``remount,bind,ro``:
   per mount, never the filesystem itself), except what is the host's own: its root (the
   rendered ``root``), its private ``/tmp``, ``/run`` and ``/dev/shm``;
@@ -62,6 +68,17 @@ KEPT_CAPABILITIES = (
     "audit_write",
 )
 COVERED_DIRS = (Path("/root"), Path("/home"), Path("/etc/ssh"))
+# Where daemons that act as root for whoever connects keep their Unix sockets outside /run (with
+# their state: certificates, databases, pods' secrets), covered as COVERED_DIRS are.
+DAEMON_DIRS = (
+    Path("/var/snap"),  # every snap's data: LXD's common/lxd/unix.socket, MicroK8s's containerd
+    Path("/var/lib/lxd"),  # LXD from a distribution package: unix.socket
+    Path("/var/lib/incus"),  # Incus: unix.socket (incus.socket's ListenStream)
+    Path("/var/lib/kubelet"),  # the kubelet: pod-resources and device-plugin sockets, pods' secrets
+    Path("/nix/var/nix/daemon-socket"),  # Nix's build daemon, which trusts root
+    Path("/var/guix/daemon-socket"),  # Guix's build daemon
+    Path("/var/lib/mysql"),  # MySQL and MariaDB on Fedora-family systems: mysql.sock
+)
 COVERED_FILES = (Path("/etc/shadow"), Path("/etc/gshadow"))
 # The machine's runtime directories, replaced (not covered read-only): see the module's docstring.
 RUN_DIRS = (Path("/run"), Path("/var/run"))
@@ -100,9 +117,21 @@ def outermost(paths: Iterable[Path]) -> list[Path]:
     return [p for i, p in enumerate(found) if not any(p.is_relative_to(q) for q in found[:i])]
 
 
-def covers(passwd: str, state_dir: Path) -> list[Path]:
-    """The directories a host sees empty (`COVERED_DIRS`, login homes, the state dir)."""
-    return outermost([*COVERED_DIRS, *login_homes(passwd), state_dir])
+def covers(passwd: str, state_dir: Path, daemon_dirs: Iterable[Path] = ()) -> list[Path]:
+    """The directories a host sees empty (`COVERED_DIRS`, login homes, the state dir, and
+    `daemon_dirs`, as `daemon_dirs` finds them)."""
+    return outermost([*COVERED_DIRS, *login_homes(passwd), state_dir, *daemon_dirs])
+
+
+def daemon_dirs(candidates: Iterable[Path] = DAEMON_DIRS) -> list[Path]:
+    """The `candidates` that are directories on this machine, each where it really lies (a link
+    to elsewhere is covered at its target), except what lies in /run: the host's /run is fresh."""
+    found = []
+    for candidate in candidates:
+        real = candidate.resolve()
+        if real.is_dir() and not any(real.is_relative_to(run) for run in RUN_DIRS):
+            found.append(real)
+    return found
 
 
 def exposures(needed: Iterable[Path], hidden: Sequence[Path]) -> list[Path]:
@@ -174,7 +203,7 @@ def confine(*, state_dir: Path, writable: Sequence[Path], needed: Sequence[Path]
     `needed` are the machine's directories the host runs on (interpreter, venv, sources,
     packages): bound back read-only where a cover hides them.
     """
-    hidden = covers(Path("/etc/passwd").read_text(), state_dir)
+    hidden = covers(Path("/etc/passwd").read_text(), state_dir, daemon_dirs())
     back = exposures(needed, hidden)
     # Opened before the covers hide them; the kernel resolves /proc/self/fd/N to the original.
     handles = {path: os.open(path, os.O_PATH) for path in back if path.exists()}
