@@ -16,7 +16,7 @@ import pytest
 
 from rayslice.local.simulation import recording
 from rayslice.local.simulation.simulator import Simulation
-from rayslice.observability import nofollow, record
+from rayslice.observability import nofollow, record, redaction
 from tests.integration.clusters import on, run_command
 
 # A job that prints the cluster's Ray token (the driver may read it: Ray's environment names its
@@ -68,7 +68,7 @@ def test_a_jobs_log_is_in_the_record_while_it_runs_and_the_token_never_is(cluste
         shutil.rmtree(seen.parent, ignore_errors=True)
     token = cluster.token_file.read_text().strip()
     shipped = _shipped(cluster)
-    assert f"a careless job prints {record.REDACTED}" in _driver_log(cluster)
+    assert f"a careless job prints {redaction.REDACTED}" in _driver_log(cluster)
     for host in cluster.plan.machines:  # every machine's boot log, as it booted and joined
         assert "boot: rayslice host script" in shipped[f"{record.HOSTS_DIR}/{host.name}/{record.BOOT_LOG}"]
     files = [p for p in cluster.record_folder.rglob("*") if p.is_file()]

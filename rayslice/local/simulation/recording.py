@@ -23,7 +23,7 @@ adds its own cluster record (``clusters/<name>/<run id>/``):
   run; then ``ended.json``. Root reads and writes there through `record.FolderBucket`, which
   follows no link a machine planted in its own folder and reads regular files only.
 
-Every text is redacted (`record.redact`), with the simulation's Ray token and the cloud API
+Every text is redacted (`redaction.redact`), with the simulation's Ray token and the cloud API
 emulation's admin token as known secrets.
 """
 
