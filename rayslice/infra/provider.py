@@ -40,7 +40,7 @@ from pulumi.provider.server import ComponentInitError
 
 from rayslice import spec
 from rayslice.errors import RaysliceError
-from rayslice.infra import cluster
+from rayslice.infra import cluster, record_bucket
 from rayslice.infra.network import ExistingNetwork as PythonExistingNetwork
 
 # The package name users add (`pulumi package add`) and the component's type token: the SDK's
@@ -48,6 +48,8 @@ from rayslice.infra.network import ExistingNetwork as PythonExistingNetwork
 PACKAGE = "rayslice"
 COMPONENT = "TpuRayCluster"
 COMPONENT_TYPE = f"{PACKAGE}:index:{COMPONENT}"
+# The Python component's own type token, which the package serves as it is.
+RECORD_BUCKET_TYPE = f"{PACKAGE}:index:RecordBucket"
 # The checked-in schema, relative to the root of a checkout (scripts/write_provider_schema.py).
 SCHEMA_FILE = "schema.json"
 # An input that is not a config key: the Python API's `TpuRayClusterArgs.network`.
@@ -111,6 +113,11 @@ class TpuRayClusterArgs(ConfigKeys, total=False):
     Set this, or the network and subnetwork keys, or neither."""
 
 
+def _whole(value: Any) -> Any:
+    """An integer input as Pulumi sends it (a double) back to an int when it is whole."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def spec_config(args: dict[str, Any]) -> dict[str, Any]:
     """The config keys among a component's inputs, as `spec.load` reads them.
 
@@ -121,8 +128,8 @@ def spec_config(args: dict[str, Any]) -> dict[str, Any]:
     for name, value in args.items():
         if name not in spec.KEY_NAMES:
             continue
-        if name in integers and isinstance(value, float) and value.is_integer():
-            value = int(value)
+        if name in integers:
+            value = _whole(value)
         config[name] = value.value if isinstance(value, Enum) else value
     return config
 
@@ -194,6 +201,55 @@ def camel(name: str) -> str:
     return camel_case(name)
 
 
+# ---- the record bucket ---------------------------------------------------------------------------
+
+
+class RecordBucketArgs(TypedDict):
+    """The record bucket's inputs: `rayslice.infra.record_bucket.RecordBucketArgs`, camelCase."""
+
+    name: pulumi.Input[str]
+    """The bucket's name, globally unique."""
+    location: str
+    """Where the bucket is: a region, such as us-east5 (the clusters' region)."""
+    project: NotRequired[str]
+    """The GCP project; absent: the provider's."""
+    keepDays: NotRequired[int]  # camelCase: the schema's name
+    """Days each record object is kept before a lifecycle rule deletes it."""
+    lockedDays: NotRequired[int]
+    """A retention policy: no object can be deleted before this many days (1 to keepDays)."""
+    writers: NotRequired[list[pulumi.Input[str]]]
+    """IAM members (user:EMAIL, group:EMAIL, serviceAccount:EMAIL) who run `rayslice run`: they
+    may create objects (roles/storage.objectCreator), anywhere in the bucket."""
+    readers: NotRequired[list[pulumi.Input[str]]]
+    """IAM members who run `rayslice history`: they may list and read (roles/storage.objectViewer)."""
+    labels: NotRequired[dict[str, str]]
+    """GCP labels on the bucket."""
+
+
+class RecordBucket(record_bucket.RecordBucket):
+    """A bucket that keeps the records of many clusters (`rayslice history`), declared once and
+    named in each cluster's recordBucket; `pulumi destroy` leaves it and its records."""
+
+    url: pulumi.Output[str]
+    """The bucket's gs:// URL, for `rayslice history --record` and RAYSLICE_RECORD."""
+
+    def __init__(self, name: str, args: RecordBucketArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(
+            name,
+            record_bucket.RecordBucketArgs(
+                name=args["name"],
+                project=args.get("project"),
+                location=args["location"],
+                keep_days=_whole(args.get("keepDays", record_bucket.DEFAULT_KEEP_DAYS)),
+                locked_days=_whole(args.get("lockedDays")),
+                writers=tuple(args.get("writers", ())),
+                readers=tuple(args.get("readers", ())),
+                labels=dict(args.get("labels", {})),
+            ),
+            opts,
+        )
+
+
 # ---- the provider ------------------------------------------------------------------------------
 
 
@@ -202,12 +258,14 @@ class RaysliceProvider(ComponentProvider):
     schema and the spec's messages for bad inputs."""
 
     def __init__(self) -> None:
-        super().__init__([TpuRayCluster], PACKAGE, version=_version())
+        super().__init__([TpuRayCluster, RecordBucket], PACKAGE, version=_version())
         self.schema = _json(with_spec(json.loads(self.schema or "{}")))
 
     def map_inputs(self, inputs: Any, component_def: ComponentDefinition) -> Any:
-        """The SDK maps the other inputs; the config keys reach `spec.load` as they came, so a bad
-        value (an unknown capacity, a fractional slice count) gets the spec's message."""
+        """The SDK maps the other inputs; a cluster's config keys reach `spec.load` as they came,
+        so a bad value (an unknown capacity, a fractional slice count) gets the spec's message."""
+        if component_def.name != COMPONENT:
+            return super().map_inputs(inputs, component_def)
         keys = {k: v for k, v in inputs.items() if k in spec.KEY_NAMES}
         rest = {k: v for k, v in inputs.items() if k not in spec.KEY_NAMES}
         return {**super().map_inputs(rest, component_def), **keys}
@@ -244,7 +302,8 @@ _SCALARS = ("string", "integer", "boolean")
 
 def with_spec(schema: dict[str, Any]) -> dict[str, Any]:
     """The analyzer's schema with what the spec says of each config key: its description, its
-    integer range, its static default, and its allowed values' description. Descriptions from
+    integer range, its static default, and its allowed values' description; and the record
+    bucket's default keepDays. Descriptions from
     docstrings are joined into one paragraph each, and the SDK's null fields dropped."""
     schema = {**schema, "description": metadata.metadata(PACKAGE)["Summary"]}
     inputs = schema["resources"][COMPONENT_TYPE]["inputProperties"]
@@ -256,6 +315,8 @@ def with_spec(schema: dict[str, Any]) -> dict[str, Any]:
         if key.name in CHOICES:
             enum_type = schema["types"][f"{PACKAGE}:index:{CHOICES[key.name].__name__}"]
             enum_type["description"] = f"The values {key.name} takes."
+    bucket = schema["resources"][RECORD_BUCKET_TYPE]["inputProperties"]
+    bucket["keepDays"]["default"] = record_bucket.DEFAULT_KEEP_DAYS
     return _tidy(schema)
 
 

@@ -411,7 +411,8 @@ def _unordered(value: Any) -> Any:
 def declared(registrations: list[Registration], skip: frozenset[str] = frozenset()) -> list[tuple[Any, ...]]:
     """Each resource as comparable values: type, name, parent's type and name, whether custom,
     its inputs (and the REST body the provider would send for them), which inputs are secrets,
-    and what it depends on; resources of the types in `skip` are left out (a parent of that type
+    what it depends on, and its options (kept on destroy, replaced or left alone on changes,
+    timeouts); resources of the types in `skip` are left out (a parent of that type
     reads as none)."""
     kept = [r for r in registrations if r.type not in skip]
     by_urn = {r.urn: r for r in kept}
@@ -430,6 +431,7 @@ def declared(registrations: list[Registration], skip: frozenset[str] = frozenset
             steady(_body(r)),
             sorted(r.secret_inputs),
             sorted(str(ref(u)) for u in r.dependencies),
+            (r.retain_on_delete, r.replace_on_changes, r.ignore_changes, sorted(r.custom_timeouts.items())),
         )
         for r in kept
     )

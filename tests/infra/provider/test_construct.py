@@ -14,13 +14,15 @@ import functools
 from typing import Any
 
 import grpc
+import pulumi_gcp as gcp
 import pytest
 import yaml
 from google.protobuf import empty_pb2
 from pulumi.runtime.proto import provider_pb2
 
 from rayslice import spec
-from rayslice.infra import TpuRayCluster, TpuRayClusterArgs, provider
+from rayslice.errors import InvalidInput
+from rayslice.infra import ExistingNetwork, TpuRayCluster, TpuRayClusterArgs, provider, record_bucket
 from tests.infra.provider import engine
 
 EXAMPLES = {
@@ -164,3 +166,76 @@ def test_existing_network_waits_for_the_program_vpc(client):
     templates = [r for r in waiting if r.type == "gcp:compute/instanceTemplate:InstanceTemplate"]
     assert all(t.inputs["networkInterfaces"][0]["subnetwork"] == "platform-tpu" for t in templates)
     assert constructed.fake.twin.refused == []
+
+
+def test_record_bucket_registers_what_the_python_component_registers(client):
+    """The package's other component: a record bucket for many clusters, writable by a service
+    account the program declares (an output in a list of plain members)."""
+    account = engine.Declared("gcp:serviceaccount/account:Account", "runner", {"accountId": "runner"})
+    constructed = engine.construct(
+        client,
+        provider.RECORD_BUCKET_TYPE,
+        "record",
+        {
+            "name": "my-org-rayslice-record",
+            "project": "my-gcp-project",
+            "location": "us-east5",
+            "keepDays": 30,
+            "lockedDays": 7,
+            "writers": ["user:ml-team@example.com", engine.Ref("runner", "member")],
+            "readers": ["group:ops@example.com"],
+            "labels": {"team": "ml-platform"},
+        },
+        program=[account],
+    )
+    assert constructed.error is None, constructed.error
+
+    def python_program() -> Any:
+        runner = gcp.serviceaccount.Account("runner", account_id="runner")
+        bucket = record_bucket.RecordBucket(
+            "record",
+            record_bucket.RecordBucketArgs(
+                name="my-org-rayslice-record",
+                project="my-gcp-project",
+                location="us-east5",
+                keep_days=30,
+                locked_days=7,
+                writers=["user:ml-team@example.com", runner.member],
+                readers=["group:ops@example.com"],
+                labels={"team": "ml-platform"},
+            ),
+        )
+        return bucket.url
+
+    registrations, _, url = engine.python_run(python_program)
+    # No wrapper here: the package serves the Python component under its own type.
+    assert engine.declared(constructed.registrations) == engine.declared(registrations)
+    (bucket,) = [r for r in constructed.registrations if r.type == "gcp:storage/bucket:Bucket"]
+    assert bucket.retain_on_delete and bucket.inputs["lifecycleRules"][0]["condition"]["age"] == 30
+    member = "gcp:storage/bucketIAMMember:BucketIAMMember"
+    assert len([r for r in constructed.registrations if r.type == member]) == 3
+    assert constructed.outputs == {"url": url} and url == "gs://my-org-rayslice-record"
+
+
+def test_record_bucket_bad_input_fails_with_the_component_message(client):
+    with pytest.raises(InvalidInput) as python_error:
+        record_bucket.RecordBucketArgs(name="b", project=None, location="us-east5", keep_days=0)
+    constructed = engine.construct(
+        client, provider.RECORD_BUCKET_TYPE, "record", {"name": "b", "location": "us-east5", "keepDays": 0}
+    )
+    assert constructed.error is not None and constructed.error.details() == str(python_error.value)
+    assert constructed.registrations == []
+    assert "Traceback" not in client.errors()
+
+
+def test_network_named_twice_fails_with_the_component_message(client):
+    """The Python component's own rule (not the spec's): one way to name the network."""
+    keys = {**_keys(EXAMPLES["compute"]), "network": "platform-vpc"}
+    with pytest.raises(InvalidInput) as python_error:
+        TpuRayClusterArgs(spec=spec.load(keys), network=ExistingNetwork("platform-vpc"))
+    constructed = engine.construct(
+        client, OUTER, keys["name"], {**keys, "existingNetwork": {"network": "platform-vpc"}}
+    )
+    assert constructed.error is not None and constructed.error.details() == str(python_error.value)
+    assert "\n" not in str(python_error.value)
+    assert constructed.registrations == []

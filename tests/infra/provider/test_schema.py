@@ -37,7 +37,7 @@ def test_writer_writes_the_schema(tmp_path):
 def test_package_and_component():
     assert SCHEMA["name"] == "rayslice"
     assert SCHEMA["version"] == "0.1.0"  # pyproject.toml's
-    assert set(SCHEMA["resources"]) == {"rayslice:index:TpuRayCluster"}
+    assert set(SCHEMA["resources"]) == {"rayslice:index:TpuRayCluster", "rayslice:index:RecordBucket"}
     assert COMPONENT["isComponent"] is True
     assert COMPONENT["description"].startswith("A Ray cluster on Cloud TPU slices")
     # Nothing is required: a stack file may leave every key out too.
@@ -118,3 +118,18 @@ def test_spec_config_reads_the_wire_format():
     assert provider.spec_config({"slices": 1.5}) == {"slices": 1.5}
     with pytest.raises(spec.SpecError, match="slices"):
         spec.load({"zone": "us-east5-b", **provider.spec_config({"slices": 1.5})})
+
+
+def test_record_bucket():
+    bucket = SCHEMA["resources"]["rayslice:index:RecordBucket"]
+    assert bucket["isComponent"] is True
+    assert bucket["requiredInputs"] == ["location", "name"]
+    inputs = bucket["inputProperties"]
+    assert set(inputs) == {
+        *("name", "location", "project", "keepDays", "lockedDays", "writers", "readers", "labels")
+    }
+    assert inputs["keepDays"] == {**inputs["keepDays"], "type": "integer", "default": 90, "plain": True}
+    assert "plain" not in inputs["name"]  # a name made from another resource's output
+    assert "plain" not in inputs["writers"]["items"]  # members such as a service account's
+    assert set(bucket["properties"]) == {"url"} and bucket["required"] == ["url"]
+    assert all(prop["description"] for prop in inputs.values())
