@@ -1,4 +1,5 @@
-"""The rayslice component package: `TpuRayCluster` for TypeScript, Go, C#, Java and YAML programs.
+"""The rayslice component package: `TpuRayCluster` (and `RecordBucket`) for TypeScript, Go, C#,
+Java and YAML programs.
 
 Pulumi runs a source-based component package (PulumiPlugin.yaml at the repository root, runtime
 python) by starting its ``__main__.py``, which calls `serve`: a gRPC provider that answers the
@@ -7,17 +8,19 @@ engine's ``GetSchema`` (what ``pulumi package add`` turns into an SDK for the us
 protocol (`pulumi.provider.experimental`): its analyzer infers the schema from the annotations
 below, and its `ComponentProvider` maps the engine's inputs onto them.
 
-The component here is a thin wrapper. Its inputs are the stack config keys
+The cluster's component here is a thin wrapper. Its inputs are the stack config keys
 (`rayslice.spec.KEYS`, camelCase as in a stack file), read by `spec.load` exactly as rayslice's
 own program reads them, plus ``existingNetwork``: the schema-friendly form of
 `rayslice.infra.ExistingNetwork` (names that may be other resources' outputs). It then declares
 the Python `rayslice.infra.TpuRayCluster` as its only child, so every resource, name and request
-body is the Python component's, and re-exports its `exports` as typed outputs.
+body is the Python component's, and re-exports its `exports` as typed outputs. The record
+bucket's is the Python `RecordBucket` itself, taking camelCase inputs.
 
 The analyzer knows only types; descriptions, defaults, integer ranges and allowed values of the
-config keys come from the spec (`package_schema` adds them), so the spec stays the one
-declaration of every key. A key whose value is wrong fails ``Construct`` with the spec's own
-one-line message, never a traceback (`RaysliceProvider.construct`).
+config keys come from the spec (`with_spec` adds them), so the spec stays the one declaration
+of every key. A key whose value is wrong fails ``Construct`` with the spec's own one-line
+message, and any other input the components refuse with theirs; never a traceback
+(`RaysliceProvider.construct`).
 
 No ``from __future__ import annotations`` here: the analyzer reads the annotations as types.
 """
@@ -122,15 +125,14 @@ def spec_config(args: dict[str, Any]) -> dict[str, Any]:
     """The config keys among a component's inputs, as `spec.load` reads them.
 
     Pulumi sends every number as a double (2 arrives as 2.0); an integer key's whole value goes
-    back to an int, anything else reaches the spec as it came and is refused there."""
+    back to an int, anything else reaches the spec as it came (an enum key's value as a string:
+    `RaysliceProvider.map_inputs`) and is refused there."""
     integers = {key.name for key in spec.KEYS if key.type == "integer"}
     config = {}
     for name, value in args.items():
         if name not in spec.KEY_NAMES:
             continue
-        if name in integers:
-            value = _whole(value)
-        config[name] = value.value if isinstance(value, Enum) else value
+        config[name] = _whole(value) if name in integers else value
     return config
 
 
@@ -254,8 +256,8 @@ class RecordBucket(record_bucket.RecordBucket):
 
 
 class RaysliceProvider(ComponentProvider):
-    """Pulumi's component provider for `TpuRayCluster`, with the spec's descriptions in its
-    schema and the spec's messages for bad inputs."""
+    """Pulumi's component provider for `TpuRayCluster` and `RecordBucket`, with the spec's
+    descriptions in its schema and rayslice's own messages for bad inputs."""
 
     def __init__(self) -> None:
         super().__init__([TpuRayCluster, RecordBucket], PACKAGE, version=_version())
@@ -301,10 +303,10 @@ _SCALARS = ("string", "integer", "boolean")
 
 
 def with_spec(schema: dict[str, Any]) -> dict[str, Any]:
-    """The analyzer's schema with what the spec says of each config key: its description, its
-    integer range, its static default, and its allowed values' description; and the record
-    bucket's default keepDays. Descriptions from
-    docstrings are joined into one paragraph each, and the SDK's null fields dropped."""
+    """The analyzer's schema with what the spec says of each config key (its description, its
+    integer range, its static default, its allowed values' description) and the record bucket's
+    default keepDays. Descriptions from docstrings are joined into one paragraph each, and the
+    SDK's null fields dropped."""
     schema = {**schema, "description": metadata.metadata(PACKAGE)["Summary"]}
     inputs = schema["resources"][COMPONENT_TYPE]["inputProperties"]
     for key in spec.KEYS:
