@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rayslice import spec
 from rayslice.infra import provider
@@ -133,3 +135,17 @@ def test_record_bucket():
     assert "plain" not in inputs["writers"]["items"]  # members such as a service account's
     assert set(bucket["properties"]) == {"url"} and bucket["required"] == ["url"]
     assert all(prop["description"] for prop in inputs.values())
+
+
+def test_plugin_manifest_is_where_pulumi_looks():
+    """`pulumi package add` reads PulumiPlugin.yaml at the package's root; Pulumi's Python host
+    runs the ``__main__.py`` beside it (tests/infra/provider/test_construct.py starts it), in the
+    environment its toolchain installs from pyproject.toml."""
+    manifest = yaml.safe_load((REPO / "PulumiPlugin.yaml").read_text())
+    runtime = manifest["runtime"]
+    assert runtime["name"] == "python"
+    assert runtime["options"]["toolchain"] == "uv"
+    # Not the developers' .venv: a local `pulumi package add` must not sync over it.
+    assert runtime["options"]["virtualenv"] not in (".venv", "venv")
+    assert (REPO / "__main__.py").is_file()
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"] == SCHEMA["name"]
