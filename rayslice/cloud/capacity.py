@@ -76,6 +76,10 @@ class Capacity:
         self.free[(zone, kind)] = hosts
         self.advance(now)
 
+    def free_of(self, zone: str, kind: str) -> int | None:
+        """The zone's free hosts of `kind`; None for a zone never limited (room for everything)."""
+        return self.free.get((zone, kind))
+
     def take(self, zone: str, kind: str, hosts: int) -> None:
         """A direct create: take `hosts` hosts now or raise `CapacityExhausted`."""
         free = self.free.get((zone, kind))

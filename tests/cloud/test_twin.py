@@ -299,9 +299,14 @@ def test_a_bulk_mig_creates_nothing_before_it_has_every_host():
     twin = CloudTwin()
     twin.set_capacity(Z, "ct6e-standard-4t", 3)
     mig = _bulk_mig(twin, 4)  # no ZONE_RESOURCE_POOL_EXHAUSTED: it waits
-    assert mig["targetSize"] == 4 and twin.instances[(P, Z, "s-0")] == [] and twin.hosts() == []
+    # "During this waiting period, the MIG creates managed instances" (placeholders, no VM yet).
+    waiting = twin.instances[(P, Z, "s-0")]
+    assert mig["targetSize"] == 4 and len(waiting) == 4 and twin.hosts() == []
+    assert all(r["currentAction"] == "CREATING" and "instanceStatus" not in r for r in waiting)
     twin.set_capacity(Z, "ct6e-standard-4t", 4)
-    assert len(twin.instances[(P, Z, "s-0")]) == 4
+    records = twin.instances[(P, Z, "s-0")]
+    assert [r["name"] for r in records] == [r["name"] for r in waiting]  # the placeholders' names
+    assert {r["instanceStatus"] for r in records} == {"RUNNING"} and len(twin.hosts()) == 4
 
 
 def test_a_bulk_mig_grows_only_from_zero_and_shrinks_to_zero():

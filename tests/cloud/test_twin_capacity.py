@@ -4,10 +4,11 @@ fails with Google's error, a flex-start slice's bulk MIG waits and is created wh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rayslice.cloud.capacity import CANCELLED, ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
+from rayslice.cloud.capacity import CANCELLED, ZONE_RESOURCE_POOL_EXHAUSTED
 from rayslice.cloud.twin import CloudTwin
 from rayslice.cloud.twin.compute import BulkModeError
 from rayslice.cloud.twin.state import TwinHost
@@ -34,26 +35,48 @@ def _slice_hosts(twin: CloudTwin) -> list[TwinHost]:
     return [h for h in twin.hosts() if h.group == SLICE]
 
 
-def test_a_direct_create_in_an_empty_zone_fails_with_googles_error_naming_the_ways_to_wait():
+def _creating(twin: CloudTwin, slice_name: str) -> list[dict[str, Any]]:
+    """The slice's managed instances the MIG is still creating (no instance status yet)."""
+    records = twin.instances[(PROJECT, ZONE, slice_name)]
+    return [r for r in records if r["currentAction"] == "CREATING" and "instanceStatus" not in r]
+
+
+def test_a_direct_create_in_an_empty_zone_creates_nothing_and_lists_every_host_as_being_created():
+    """N1: an individual-mode MIG accepts each host's createInstances and keeps trying to create
+    the instance (About bulk mode: it "attempts to create the remaining instances as capacity
+    becomes available"); each managed instance says why in lastAttempt."""
     twin, _ = _twin(free=0)
-    with pytest.raises(CapacityExhausted) as err:
-        preview.deploy(
-            preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), [f"zone={ZONE}"]), twin
+    preview.deploy(
+        preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), [f"zone={ZONE}"]), twin
+    )
+    slice_name = "jax-compute-v6e-16-slice-0"
+    assert [h for h in twin.hosts() if h.group is not None] == []
+    waiting = _creating(twin, slice_name)
+    assert len(waiting) == 4 and twin.migs[(PROJECT, ZONE, slice_name)]["targetSize"] == 4
+    for record in waiting:
+        [error] = record["lastAttempt"]["errors"]["errors"]
+        assert (
+            error["code"] == ZONE_RESOURCE_POOL_EXHAUSTED
+            and f"projects/{PROJECT}/zones/{ZONE}" in error["message"]
         )
-    assert str(err.value).startswith(ZONE_RESOURCE_POOL_EXHAUSTED) and "capacity=flex-start" in str(err.value)
-    assert not [h for h in twin.hosts() if h.group is not None]
 
 
-def test_a_direct_create_takes_what_there_is_host_by_host():
+def test_a_direct_create_takes_what_there_is_and_the_rest_when_hosts_come():
     """Each per-instance config is its own createInstances call: in a zone with 3 of the 4 hosts
-    three are created and the fourth fails (the partial slice that bulk mode avoids)."""
-    twin, _ = _twin(free=3)
-    with pytest.raises(CapacityExhausted):
-        preview.deploy(
-            preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), [f"zone={ZONE}"]), twin
-        )
-    assert len([h for h in twin.hosts() if h.group is not None]) == 3
+    three are created and the fourth waits (the partial slice that bulk mode avoids), created
+    once a host is free."""
+    twin, booted = _twin(free=3)
+    preview.deploy(
+        preview.stack_config(str(STACKS / "Pulumi.example-compute-v6e-16.yaml"), [f"zone={ZONE}"]), twin
+    )
+    slice_name = "jax-compute-v6e-16-slice-0"
+    assert len([h for h in twin.hosts() if h.group == slice_name]) == 3
     assert twin.capacity.free[(ZONE, HOST_TYPE)] == 0
+    [late] = _creating(twin, slice_name)
+    twin.set_capacity(ZONE, HOST_TYPE, 1)
+    assert _creating(twin, slice_name) == [] and twin.capacity.free[(ZONE, HOST_TYPE)] == 0
+    assert booted[-1].name == late["name"] and twin.vms[(PROJECT, ZONE, late["name"])].worker == 3
+    assert sorted(h.worker for h in twin.hosts() if h.group == slice_name) == [0, 1, 2, 3]
 
 
 def test_a_reserved_slice_is_one_bulk_create_that_waits_for_every_host_and_takes_no_second():
@@ -70,7 +93,7 @@ def test_a_reserved_slice_is_one_bulk_create_that_waits_for_every_host_and_takes
     key = (PROJECT, ZONE, slice_name)
     mig = twin.migs[key]
     assert mig["targetSizePolicy"] == {"mode": "BULK"} and mig["targetSize"] == 4
-    assert twin.instances[key] == [] and [h for h in twin.hosts() if h.group == slice_name] == []
+    assert len(_creating(twin, slice_name)) == 4 and [h for h in twin.hosts() if h.group == slice_name] == []
     twin.set_capacity(ZONE, HOST_TYPE, 4)
     hosts = sorted((h for h in twin.hosts() if h.group == slice_name), key=lambda h: h.name)
     assert [h.name for h in hosts] == [f"{slice_name}-w{w}" for w in range(4)]
@@ -96,7 +119,7 @@ def test_a_flex_start_slice_waits_in_an_empty_zone_and_is_created_whole_when_cap
     scheduling = template["properties"]["scheduling"]
     assert scheduling["provisioningModel"] == "FLEX_START"
     assert scheduling["maxRunDuration"] == {"seconds": "86400"}  # maxRunHours: 24
-    assert _slice_hosts(twin) == [] and twin.instances[key] == []
+    assert _slice_hosts(twin) == [] and len(_creating(twin, SLICE)) == 4  # placeholders only
 
     twin.set_capacity(ZONE, HOST_TYPE, 3)  # not enough for all four: nothing is created
     assert _slice_hosts(twin) == []

@@ -125,6 +125,7 @@ from rayslice.capacity_table import in_bulk_mode
 from rayslice.cloud import billing, bodies, rules
 from rayslice.cloud.billing import Line
 from rayslice.cloud.bodies import Request
+from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED
 from rayslice.cloud.capacity import Request as CapacityRequest
 from rayslice.cloud.states import INSTANCE_RUNNING, INSTANCE_TERMINATED, PREEMPTED_OPERATION
 from rayslice.cloud.twin.state import (
@@ -164,6 +165,13 @@ _INSTANCE_URL = re.compile(
     r"^(?:https?://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$"
 )
 UNAPPLIED_DELETION = "UNAPPLIED_DELETION"  # PerInstanceConfig.status (compute v1 discovery)
+# PerInstanceConfig.status of an instance not created yet: "being applied to the instance, but is
+# not yet effective".
+APPLYING = "APPLYING"
+CREATING = "CREATING"  # ManagedInstance.currentAction (compute v1 discovery)
+# Why a bulk MIG waits, as its status.bulkInstanceOperation.lastProgressCheck gives it (Compute
+# Engine, "View or cancel bulk creation of instances in a MIG").
+BULK_EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"
 
 
 class InstanceValidationError(InvalidInput):
@@ -217,6 +225,8 @@ class ComputeTwin(TwinState):
         self._resize_waits: dict[int, CapacityRequest] = {}  # id(resize request record) -> its wait
         # A bulk MIG's wait for all its hosts (module docstring, bulk mode), by MIG key.
         self._mig_waits: dict[tuple[str, str, str], CapacityRequest] = {}
+        # An individual MIG's instance still being created, by (project, zone, instance name).
+        self._instance_waits: dict[tuple[str, str, str], CapacityRequest] = {}
         # Zone operations Google records by itself (a Spot preemption), oldest first.
         self.operations: list[dict[str, Any]] = []
 
@@ -335,14 +345,14 @@ class ComputeTwin(TwinState):
         )
         mig.setdefault("targetSize", 0)
         size = int(mig["targetSize"])
-        if not in_bulk_mode(mig):
-            self.capacity.take(zone, self._machine_of(mig), size)
         self.migs[key], self.instances[key], self.configs[key] = mig, [], []
         self.resize_requests[key] = []
         if in_bulk_mode(mig):
             self._bulk_wait(project, zone, mig, size, [])
         else:
-            self._add_auto_named(project, zone, mig, size)
+            self._create_individually(
+                project, zone, mig, self._auto_names(project, zone, mig, size), named=False
+            )
         return mig
 
     def _bulk_wait(
@@ -353,15 +363,33 @@ class ComputeTwin(TwinState):
         if size <= 0:
             return
         key = (project, zone, mig["name"])
+        named = configs or self._auto_names(project, zone, mig, size)
+        placeholders = [self._placeholder(project, zone, str(c["name"])) for c in named]
+        self.instances[key].extend(placeholders)
+        machine = self._machine_of(mig)
+        mig.setdefault("status", {})["bulkInstanceOperation"] = {
+            "inProgress": True,
+            "lastProgressCheck": {
+                "timestamp": rfc3339(self.clock.now),
+                "error": {
+                    "errors": [{"code": BULK_EXHAUSTED, "message": _exhausted(project, zone, machine, size)}]
+                },
+            },
+        }
 
         def fulfil() -> None:
             self._mig_waits.pop(key, None)
+            self.instances[key] = [r for r in self.instances[key] if all(r is not p for p in placeholders)]
             if configs:
                 self._add_configured(project, zone, mig, configs)
             else:
-                self._add_auto_named(project, zone, mig, size)
+                self._add_auto_named(project, zone, mig, [str(c["name"]) for c in named])
+            mig["status"]["bulkInstanceOperation"] = {
+                "inProgress": False,
+                "lastProgressCheck": {"timestamp": rfc3339(self.clock.now)},
+            }
 
-        wait = CapacityRequest(f"{mig['name']}/bulk", zone, self._machine_of(mig), size, None, fulfil)
+        wait = CapacityRequest(f"{mig['name']}/bulk", zone, machine, size, None, fulfil)
         self._mig_waits[key] = wait
         self.capacity.submit(wait, self.clock.now)
 
@@ -399,8 +427,8 @@ class ComputeTwin(TwinState):
             self._bulk_wait(project, zone, mig, size, [])
             return
         if size > target:
-            self.capacity.take(zone, self._machine_of(mig), size - target)
-            self._add_auto_named(project, zone, mig, size - target)
+            names = self._auto_names(project, zone, mig, size - target)
+            self._create_individually(project, zone, mig, names, named=False)
             mig["targetSize"] = size
         else:
             self._shrink_to(project, zone, mig, size)
@@ -411,32 +439,126 @@ class ComputeTwin(TwinState):
         wait = self._mig_waits.pop(key, None)
         if wait is not None:
             self.capacity.cancel(wait)
+        # Instances not created yet go first (a bulk wait's placeholders, an individual MIG's
+        # instances still being created), then the highest workers.
+        excess = max(0, int(mig.get("targetSize", 0)) - size)
+        waiting = [r["name"] for r in self.instances[key] if (project, zone, r["name"]) not in self.vms]
+        dropped = set(waiting[::-1][:excess] if wait is None else waiting)
+        self._withdraw(project, zone, dropped)
+        if wait is not None:
+            mig["status"]["bulkInstanceOperation"]["inProgress"] = False
         held = sorted(
             (v for v in self.vms.values() if (v.project, v.zone, v.group) == key), key=lambda v: v.worker
         )
-        gone = held[size:]
+        gone = held[max(0, size - (len(waiting) - len(dropped))) :]
         for vm in gone:
             self._remove_vm(vm)
-        names = {vm.name for vm in gone}
+        names = {vm.name for vm in gone} | dropped
         self.instances[key] = [r for r in self.instances[key] if r["name"] not in names]
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in names]
         mig["targetSize"] = size
         self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock.now)
 
-    def _add_auto_named(self, project: str, zone: str, mig: dict[str, Any], count: int) -> None:
-        """`count` instances named as a MIG names them: ``<baseInstanceName>-<4 characters>``,
-        created together: ``on_host_up`` runs once all exist, so each host's attributes list
-        every peer (a bulk MIG "creates VMs all at once")."""
+    def _auto_names(self, project: str, zone: str, mig: dict[str, Any], count: int) -> list[dict[str, Any]]:
+        """`count` new names as a MIG names its instances: ``<baseInstanceName>-<4 characters>``,
+        none an instance or managed instance of the zone holds (as configs: ``{"name": ...}``)."""
         prefix = mig.get("baseInstanceName", mig["name"])
-        created = []
-        for _ in range(count):
+        taken = {k[2] for k in self.vms if k[:2] == (project, zone)}
+        taken |= {r["name"] for k, held in self.instances.items() if k[:2] == (project, zone) for r in held}
+        names: list[dict[str, Any]] = []
+        while len(names) < count:
             name = f"{prefix}-{secrets.token_hex(2)}"
-            while (project, zone, name) in self.vms:
-                name = f"{prefix}-{secrets.token_hex(2)}"
+            if name not in taken:
+                taken.add(name)
+                names.append({"name": name})
+        return names
+
+    def _add_auto_named(self, project: str, zone: str, mig: dict[str, Any], names: list[str] | int) -> None:
+        """Instances named as a MIG names them (`names`, or that many new ones), created
+        together: ``on_host_up`` runs once all exist, so each host's attributes list every peer
+        (a bulk MIG "creates VMs all at once")."""
+        if isinstance(names, int):
+            names = [str(c["name"]) for c in self._auto_names(project, zone, mig, names)]
+        created = []
+        for name in names:
             self._add_to_mig(project, zone, mig, name, {}, announce=False)
             created.append(self.vms[(project, zone, name)])
         for vm in created:
             self._hook(self.on_host_up, vm)
+
+    def _create_individually(
+        self, project: str, zone: str, mig: dict[str, Any], configs: list[dict[str, Any]], *, named: bool
+    ) -> list[dict[str, Any]]:
+        """An individual-mode MIG creates `configs`' instances: as many as the zone has hosts for
+        now, the rest later, one by one as hosts come (module docstring, N1's quote); the
+        managed-instance records of those created now. `named`: per-instance configs (from
+        createInstances), else auto-named instances of the target size."""
+        machine = self._machine_of(mig)
+        free = self.capacity.free_of(zone, machine)
+        now = len(configs) if free is None else min(free, len(configs))
+        self.capacity.take(zone, machine, now)
+        if named:
+            added = self._add_configured(project, zone, mig, configs[:now], announce=True)
+        else:
+            before = len(self.instances[(project, zone, mig["name"])])
+            self._add_auto_named(project, zone, mig, [str(c["name"]) for c in configs[:now]])
+            added = self.instances[(project, zone, mig["name"])][before:]
+        for config in configs[now:]:
+            self._create_later(project, zone, mig, config, named=named)
+        return added
+
+    def _placeholder(self, project: str, zone: str, name: str) -> dict[str, Any]:
+        """The managed instance of an instance the MIG is still creating: CREATING, no
+        ``instanceStatus`` (compute v1 discovery, ManagedInstance.currentAction CREATING "The
+        managed instance group is creating this instance. If the group fails to create this
+        instance, it will try again until it is successful"; ManagedInstance.instance "The URL
+        can exist even if the instance has not yet been created")."""
+        return {
+            "instance": f"{API_ROOT}projects/{project}/zones/{zone}/instances/{name}",
+            "name": name,
+            "id": str(next(self._ids)),
+            "currentAction": CREATING,
+        }
+
+    def _create_later(
+        self, project: str, zone: str, mig: dict[str, Any], config: dict[str, Any], *, named: bool
+    ) -> None:
+        """An individual MIG's instance the zone has no host for: listed as being created, with
+        the last attempt's error (ManagedInstance.lastAttempt.errors), and created when a host
+        comes (a wait of one host, in the order waits came)."""
+        key, name, machine = (project, zone, mig["name"]), str(config["name"]), self._machine_of(mig)
+        record = self._placeholder(project, zone, name)
+        record["lastAttempt"] = {
+            "errors": {
+                "errors": [
+                    {"code": ZONE_RESOURCE_POOL_EXHAUSTED, "message": _exhausted(project, zone, machine, 1)}
+                ]
+            }
+        }
+        self.instances[key].append(record)
+        if named:
+            self.configs[key] = [c for c in self.configs[key] if c["name"] != name]
+            self.configs[key].append({**copy.deepcopy(config), "status": APPLYING})
+
+        def fulfil() -> None:
+            self._instance_waits.pop((project, zone, name), None)
+            self.instances[key] = [r for r in self.instances[key] if r is not record]
+            if named:
+                self._add_configured(project, zone, mig, [config], announce=True)
+            else:
+                self._add_auto_named(project, zone, mig, [name])
+
+        wait = CapacityRequest(f"{mig['name']}/{name}", zone, machine, 1, None, fulfil)
+        self._instance_waits[(project, zone, name)] = wait
+        self.capacity.submit(wait, self.clock.now)
+
+    def _withdraw(self, project: str, zone: str, names: set[str]) -> None:
+        """Instances still being created that go (deleted, or their MIG shrunk): no longer
+        waited for (their records and configs are the caller's to drop)."""
+        for name in names:
+            wait = self._instance_waits.pop((project, zone, name), None)
+            if wait is not None:
+                self.capacity.cancel(wait)
 
     def _machine_of(self, mig: dict[str, Any]) -> str:
         """The machine type of a MIG's hosts (its template's), the kind its capacity counts."""
@@ -452,6 +574,7 @@ class ComputeTwin(TwinState):
         mig = self.migs.get(key)
         if mig is None:
             raise InvalidInput(f"resize request {body.get('name')}: no MIG {mig_name!r} in {project}/{zone}")
+        self._refuse_on_bulk(mig, body)
         name, hosts = str(body["name"]), int(body["resizeBy"])
         base = f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig_name}"
         record = {
@@ -474,6 +597,39 @@ class ComputeTwin(TwinState):
         self._resize_waits[id(record)] = wait
         self.capacity.submit(wait, self.clock.now)
         return record
+
+    def _refuse_on_bulk(self, mig: dict[str, Any], body: dict[str, Any]) -> None:
+        """Refuse a resize request on a bulk MIG, however it comes (the program's or the HTTP
+        API's): the rule bulk-no-resize-request, run on the MIG as the twin holds it. Raises
+        `CloudRuleError` (kept in `refused`); nothing is created."""
+        link, name = str(mig["selfLink"]), str(body.get("name", ""))
+        held = rules.Resource(
+            bodies.MIG,
+            link,
+            mig["name"],
+            Request(
+                "compute", "compute.instanceGroupManagers.insert", "InstanceGroupManager", mig["name"], mig
+            ),
+            {},
+        )
+        asked = rules.Resource(
+            bodies.RESIZE_REQUEST,
+            f"{link}/resizeRequests/{name}",
+            name,
+            Request(
+                "compute",
+                "compute.instanceGroupManagerResizeRequests.insert",
+                "InstanceGroupManagerResizeRequest",
+                name,
+                body,
+            ),
+            {"instanceGroupManager": frozenset({link})},
+        )
+        rule = [r for r in rules.RULES if r.id == "bulk-no-resize-request"]
+        found = [v for v in rules.check(rules.Stack([held, asked]), rule) if v.urn == asked.urn]
+        if found:
+            self.refused.extend(found)
+            raise CloudRuleError(found)
 
     def resize_requests_of(self, project: str, zone: str, mig: str) -> list[dict[str, Any]]:
         """instanceGroupManagerResizeRequests.list: the MIG's requests, oldest first."""
@@ -533,9 +689,12 @@ class ComputeTwin(TwinState):
                 )
             mig["targetSize"] = len(configs)
             self._bulk_wait(project, zone, mig, len(configs), configs)
-            return [r for r in self.instances[(project, zone, mig["name"])] if r["name"] in _names(configs)]
-        self.capacity.take(zone, self._machine_of(mig), len(configs))
-        added = self._add_configured(project, zone, mig, configs, announce=True)
+            return [
+                r
+                for r in self.instances[(project, zone, mig["name"])]
+                if r["name"] in _names(configs) and (project, zone, r["name"]) in self.vms
+            ]
+        added = self._create_individually(project, zone, mig, configs, named=True)
         mig["targetSize"] = target + len(configs)
         return added
 
@@ -592,6 +751,7 @@ class ComputeTwin(TwinState):
         gone = [v for v in self.vms.values() if (v.project, v.zone, v.group) == key and v.name in deleted]
         for vm in gone:
             self._remove_vm(vm)
+        self._withdraw(project, zone, set(deleted))
         self.instances[key] = [r for r in self.instances[key] if r["name"] not in deleted]
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in deleted]
         mig["targetSize"] = max(0, int(mig.get("targetSize", 0)) - len(deleted))
@@ -703,6 +863,7 @@ class ComputeTwin(TwinState):
         bulk = self._mig_waits.pop(key, None)
         if bulk is not None:
             self.capacity.cancel(bulk)
+        self._withdraw(project, zone, {r["name"] for r in self.instances.get(key, [])})
         for record in self.resize_requests.pop(key, []):  # a MIG's requests go with it
             wait = self._resize_waits.pop(id(record), None)
             if wait is not None:
@@ -908,6 +1069,15 @@ class ComputeTwin(TwinState):
             zone=vm.zone,
             runtime_version="",
         )
+
+
+def _exhausted(project: str, zone: str, machine: str, hosts: int) -> str:
+    """Compute Engine's message for a zone without the resources (Compute Engine,
+    "Troubleshooting resource availability errors")."""
+    return (
+        f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
+        f"fulfill the request ({hosts} x {machine or 'instance'}). Try a different zone, or try again later."
+    )
 
 
 def capacity_of(properties: dict[str, Any]) -> str:

@@ -9,8 +9,9 @@ or resize from 0 ends at once and the MIG waits for capacity. A createInstances 
 bulk mode refuses, a createInstances naming an instance that exists, and a deleteInstances or
 deletePerInstanceConfigs request the twin fails (`InstanceValidationError`: Google's discovery
 document says "the operation fails") are accepted and their operation ends with the twin's
-error, changing nothing. No client of rayslice's sends resize requests (bulk mode takes none),
-so none are served."""
+error, changing nothing. ``instanceGroupManagerResizeRequests`` insert / list are served so that
+a resize request on a bulk MIG is refused through the API too (the twin's rule
+bulk-no-resize-request); no client of rayslice's sends one."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class ComputeApi(EmulatedProject):
             mig = self.state.insert_mig(p["project"], p["zone"], body)
         except CapacityExhausted as exc:
             return self._exhausted(p, "insert", name, exc)
-        created = list(self.state.instances[key])
+        created = self._existing(key[:2], self.state.instances[key])
         _creating(created)
         failing = self._take_failure()
 
@@ -182,7 +183,7 @@ class ComputeApi(EmulatedProject):
         except CapacityExhausted as exc:
             return self._exhausted(p, "resize", p["name"], exc)
         records = self.state.instances[resource_key(p)]
-        created = [r for r in records if r["name"] not in before]
+        created = self._existing((p["project"], p["zone"]), [r for r in records if r["name"] not in before])
         _creating(created)
         emptied = bool(before) and not records
 
@@ -195,6 +196,28 @@ class ComputeApi(EmulatedProject):
             return None
 
         return self._compute_operation(p["project"], p["zone"], "resize", mig["selfLink"], finish)
+
+    def resize_request_insert(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """instanceGroupManagerResizeRequests.insert: the twin's request (accepted, waiting for
+        capacity); on a bulk MIG refused with the twin's rule (bulk mode "does not support resize
+        requests"), 400 and nothing created."""
+        self._mig(p)
+        wanted = dict(body or {})
+        if not wanted.get("name") or not str(wanted.get("resizeBy", "")).isdigit():
+            raise ApiError(400, "INVALID_ARGUMENT", "a resize request needs a name and resizeBy")
+        try:
+            record = self.state.insert_resize_request(p["project"], p["zone"], p["name"], wanted)
+        except CloudRuleError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
+        return self._compute_operation(p["project"], p["zone"], "insert", record["selfLink"], lambda: None)
+
+    def resize_request_list(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        """instanceGroupManagerResizeRequests.list: the MIG's requests, oldest first."""
+        self._mig(p)
+        return {
+            "kind": "compute#instanceGroupManagerResizeRequestList",
+            "items": self.state.resize_requests_of(p["project"], p["zone"], p["name"]),
+        }
 
     def compute_operations(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         """zoneOperations.list: the operations Compute Engine recorded by itself (the twin's
@@ -244,6 +267,11 @@ class ComputeApi(EmulatedProject):
             "selfLink": f"https://www.googleapis.com/compute/v1/projects/{p['project']}/zones/{p['zone']}"
             f"/instances/{p['name']}/getGuestAttributes",
         }
+
+    def _existing(self, where: tuple[str, str], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The managed instances of `records` whose instance exists (not one the MIG is still
+        creating: a bulk wait's placeholder, an individual MIG's instance waiting for a host)."""
+        return [r for r in records if (*where, r["name"]) in self.state.vms]
 
     def _mig(self, p: dict[str, str]) -> dict[str, Any]:
         mig = self.state.migs.get(resource_key(p))
