@@ -301,6 +301,7 @@ def construct(
     inputs: dict[str, Any],
     existing: dict[str, str] | None = None,
     program: list[Declared] | None = None,
+    preview: bool = False,
 ) -> Constructed:
     """Call Construct as the engine does for `new <type_>(name, inputs)` in a program: values
     that are other resources' outputs (`FromResources`) as output values, and each input's
@@ -308,7 +309,8 @@ def construct(
 
     `existing`: VPC name -> subnetwork name, created in the cloud beforehand (by the program,
     whose own resources this test does not register). `program`: the program's resources
-    declared before the component, registered first; `inputs` may refer to them (`Ref`)."""
+    declared before the component, registered first; `inputs` may refer to them (`Ref`).
+    `preview`: as `pulumi preview` asks (``dryRun``)."""
     service = MonitorService()
     for network, subnetwork in (existing or {}).items():
         _create_network(service.fake, network, subnetwork)
@@ -318,7 +320,7 @@ def construct(
             project=PROJECT,
             stack=STACK,
             organization="organization",
-            dryRun=False,
+            dryRun=preview,
             parallel=8,
             monitorEndpoint=monitor,
             type=type_,

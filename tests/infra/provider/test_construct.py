@@ -90,6 +90,15 @@ def test_construct_registers_what_the_python_component_registers(client, platfor
     assert any(r.type == f"rayslice:infra:{platforms[platform]}" for r in constructed.registrations)
 
 
+def test_preview_declares_the_same(client):
+    """`pulumi preview` calls Construct with dryRun: the same resources are declared."""
+    keys = _keys(EXAMPLES["compute"])
+    previewed = engine.construct(client, OUTER, keys["name"], keys, preview=True)
+    assert previewed.error is None, previewed.error
+    registrations, _, _ = _python(EXAMPLES["compute"])
+    assert engine.declared(previewed.registrations, frozenset({OUTER})) == engine.declared(registrations)
+
+
 @pytest.mark.parametrize("platform", sorted(EXAMPLES))
 def test_construct_outputs_are_the_python_exports(client, platform):
     stack_file = EXAMPLES[platform]
