@@ -72,10 +72,12 @@ class Draft:
     package_index: Str | None
     allow_insecure_package_index: Bool | None
     package_index_credentials_secret: Str | None
+    allow_foreign_package_index_secret: Bool | None
     package_cache: Bool | None
     ray_version: Str | None
     host_image: Str | None
     record_bucket: Str | None
+    allow_foreign_record_bucket: Bool | None
     labels: StrMap | None
     ray_auth: RayAuth | None
     recovery: Bool | None

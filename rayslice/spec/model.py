@@ -343,6 +343,13 @@ class ClusterSpec:
         description="Secret Manager secret (name) holding the packageIndex credentials as "
         "user:password; hosts read it into uv's index credential variables.",
     )
+    allow_foreign_package_index_secret: Bool = Field(
+        False,
+        description="Grant the hosts' account (every job on the cluster) read access to the secret "
+        "packageIndexCredentialsSecret names, which this stack does not declare. Required with "
+        "that key, so that naming a secret is never a silent grant: name one that holds only the "
+        "index's credentials.",
+    )
     package_cache: Bool = Field(
         True,
         description="Run a caching proxy of the package index (proxpi) on the head, so a cluster "
@@ -365,6 +372,12 @@ class ClusterSpec:
         "the controller's decisions; `rayslice history` reads it). Absent: the program declares one "
         "that `pulumi destroy` keeps (its name is the stack output record); set it to that name to "
         f"go on writing there after a destroy; `{RECORD_OFF}`: no record.",
+    )
+    allow_foreign_record_bucket: Bool = Field(
+        False,
+        description="Grant the cluster's accounts (every job on it) object creation in the bucket "
+        "recordBucket names, which this stack does not declare, under this cluster's prefix only. "
+        "Required with a recordBucket name, so that naming a bucket is never a silent grant.",
     )
     labels: StrMap = Field(
         default_factory=dict, description="GCP labels added to every resource (GCP label rules apply)."

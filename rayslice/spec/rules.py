@@ -85,6 +85,7 @@ def load(raw: Mapping[str, Any], *, require_zone: bool = True) -> ClusterSpec:
     _check_flex_start_zone(draft, tpu, problems)
     _check_host_image(draft, problems)
     _check_record_bucket(draft, problems)
+    _check_foreign_grants(draft, problems)
     if problems:
         raise SpecError(problems)
     assert tpu is not None
@@ -683,6 +684,30 @@ def _check_host_image(draft: Draft, problems: list[str]) -> None:
 # digits, hyphens and underscores, starting and ending with a letter or digit; dotted names are
 # domain-verified, which a record bucket has no use for).
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
+
+
+def _check_foreign_grants(draft: Draft, problems: list[str]) -> None:
+    """A bucket or secret the stack names but does not declare gets grants for the cluster's
+    accounts, which every job runs as: naming one needs its explicit opt-in key."""
+    bucket, secret = draft.record_bucket, draft.package_index_credentials_secret
+    named = bucket is not None and bucket != RECORD_OFF and _BUCKET.fullmatch(bucket)
+    if named and draft.platform != "gke" and draft.allow_foreign_record_bucket is not True:
+        problems.append(
+            f"recordBucket={shown(bucket)} names a bucket this stack does not declare, and every job on "
+            "the cluster could then create objects in it (under this cluster's prefix): set "
+            "allowForeignRecordBucket=true if that bucket is meant for records, or remove recordBucket "
+            "to have the stack declare its own"
+        )
+    if (
+        secret is not None
+        and _SECRET_ID.fullmatch(secret)
+        and draft.allow_foreign_package_index_secret is not True
+    ):
+        problems.append(
+            f"packageIndexCredentialsSecret={shown(secret)} names a secret this stack does not declare, "
+            "and every job on the cluster could then read it: set allowForeignPackageIndexSecret=true "
+            "if it holds only the index's credentials"
+        )
 
 
 def _check_record_bucket(draft: Draft, problems: list[str]) -> None:

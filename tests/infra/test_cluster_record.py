@@ -62,7 +62,7 @@ def test_the_bucket_outlives_the_cluster_and_every_machine_may_only_add_to_it(pl
 
 
 def test_a_bucket_the_stack_names_is_written_to_and_not_declared():
-    run = _run(platform="compute", recordBucket="team-records")
+    run = _run(platform="compute", recordBucket="team-records", allowForeignRecordBucket="true")
     assert not _records(run)
     grants = [g for g in run.of_type(BUCKET_MEMBER) if g.inputs["bucket"] == "team-records"]
     assert sorted((g.inputs["member"], g.inputs["role"]) for g in grants) == [
@@ -137,3 +137,22 @@ def test_each_machines_grant_admits_only_its_own_folders_of_this_clusters_record
     assert not may_create(HOSTS, f"{prefix}/hostsx/h")  # a folder, not a name's start
     assert not may_create(CONTROLLER, f"{prefix}/hosts/train-slice-0-w0/boot.log")
     assert not may_create(CONTROLLER, f"{prefix}/jobs/raysubmit_1/ended.json")
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"recordBucket": "acme-terraform-state"}, "set allowForeignRecordBucket=true"),
+        (
+            {"packageIndex": "https://pypi.corp.example/simple", "packageIndexCredentialsSecret": "prod-db"},
+            "set allowForeignPackageIndexSecret=true",
+        ),
+    ],
+)
+def test_naming_a_bucket_or_secret_the_stack_does_not_declare_needs_its_opt_in(raw, message):
+    """A stack file that names someone else's bucket or secret would extend every job's account
+    to it: refused without the key that says so, before anything is created."""
+    with pytest.raises(SpecError, match=message):
+        spec.load({"acceleratorType": "v6e-16", **raw}, require_zone=False)
+    opted = {"allowForeignRecordBucket": "true", "allowForeignPackageIndexSecret": "true"}
+    spec.load({"acceleratorType": "v6e-16", **raw, **opted}, require_zone=False)

@@ -264,6 +264,7 @@ def test_the_index_credentials_are_read_by_the_hosts_only():
         capacity="spot",
         packageIndex="https://pypi.example.com/simple",
         packageIndexCredentialsSecret="pypi-mirror-login",
+        allowForeignPackageIndexSecret="true",
     )
     readers = {
         m.inputs["member"] for m in run.of_type(SECRET_MEMBER) if m.inputs["secretId"] == "pypi-mirror-login"

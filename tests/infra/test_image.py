@@ -129,7 +129,11 @@ def test_cli_preview_shows_each_phase(capsys):
     [
         (["platform=tpu-vm", "acceleratorType=v6e-4"], "for platform=compute"),
         (
-            ["packageIndex=https://pypi.internal.example/simple", "packageIndexCredentialsSecret=creds"],
+            [
+                "packageIndex=https://pypi.internal.example/simple",
+                "packageIndexCredentialsSecret=creds",
+                "allowForeignPackageIndexSecret=true",
+            ],
             "not supported yet",
         ),
     ],

@@ -91,6 +91,7 @@ def test_index_credentials_secret_is_named_to_hosts_and_readable_by_them_only(pl
         platform=platform,
         packageIndex="https://pypi.example.com/simple",
         packageIndexCredentialsSecret="pypi-mirror-login",
+        allowForeignPackageIndexSecret="true",
     )
     readers = [
         m.inputs

@@ -10,6 +10,7 @@ EXISTING_PRIVATE_INDEX = [
     "subnetwork=sub",
     "packageIndex=https://idx.example/simple",
     "packageIndexCredentialsSecret=idx",
+    "allowForeignPackageIndexSecret=true",
 ]
 
 

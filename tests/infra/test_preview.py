@@ -312,11 +312,12 @@ def test_preview_names_every_grant_on_a_bucket_or_secret_the_stack_does_not_decl
     base = ["preview", "--set", "acceleratorType=v6e-4", "--set", "zone=us-east5-b"]
     assert cli.main(base) == 0
     assert "does not declare" not in capsys.readouterr().out  # its own record bucket only
-    foreign = [
-        "--set",
-        "recordBucket=acme-terraform-state",
+    foreign = ["--set", "recordBucket=acme-terraform-state", "--set", "allowForeignRecordBucket=true"]
+    foreign += [
         "--set",
         "packageIndexCredentialsSecret=corp-pypi",
+        "--set",
+        "allowForeignPackageIndexSecret=true",
     ]
     assert cli.main([*base, *foreign, "--set", "packageIndex=https://pypi.corp.example/simple"]) == 0
     out = capsys.readouterr().out

@@ -442,7 +442,14 @@ def test_every_integer_key_has_bounds_and_the_ceiling_binds():
         ([*(f"{k}={v}" for k, v in TPU_VM.items()), "queued=yes", "capacity=flex-start"], "queued"),
         (["platform=aws", "gkeCluster=c"], "platform="),
         (["platform=gke", "name=" + "A" * 45], "name="),
-        (["packageIndex=https://i.example/\u200b", "packageIndexCredentialsSecret=s"], "packageIndex"),
+        (
+            [
+                "packageIndex=https://i.example/\u200b",
+                "packageIndexCredentialsSecret=s",
+                "allowForeignPackageIndexSecret=true",
+            ],
+            "packageIndex",
+        ),
         (["packageIndex=http://i.example/simple", "allowInsecurePackageIndex=yes"], "allowInsecure"),
         (["allowWideDashboardRanges=maybe", 'dashboardSourceRanges=["34.0.0.0/7"]'], "allowWide"),
         (["capacity=reserved", "reservation=Bad!"], "reservation="),

@@ -121,7 +121,11 @@ def test_spec_is_frozen():
         {"slices": "2", "labels": {"team": "ml"}, "requirements": ["optax"], "platform": "tpu-vm"},
         {"capacity": "spot", "recovery": "false", "dashboardSourceRanges": ["10.0.0.0/8"]},
         {"platform": "gke", "gkeAuthorizedNetworks": ["10.1.0.0/16"], "kuberay": "addon"},
-        {"packageIndex": "https://pypi.internal/simple", "packageIndexCredentialsSecret": "pip-cred"},
+        {
+            "packageIndex": "https://pypi.internal/simple",
+            "packageIndexCredentialsSecret": "pip-cred",
+            "allowForeignPackageIndexSecret": "true",
+        },
     ],
 )
 def test_as_config_round_trips(overrides):
@@ -154,7 +158,14 @@ def test_the_draft_has_every_spec_field_as_optional():
     [
         ({"dashboardSourceRanges": ["10.0.0.0/8", "34.1.2.0/24"]}, "token auth"),
         ({"dashboardSourceRanges": ["10.0.0.0/8"], "rayAuth": "none"}, "private range, no auth"),
-        ({"packageIndex": "https://pypi.internal/simple", "packageIndexCredentialsSecret": "pip-cred"}, ""),
+        (
+            {
+                "packageIndex": "https://pypi.internal/simple",
+                "packageIndexCredentialsSecret": "pip-cred",
+                "allowForeignPackageIndexSecret": "true",
+            },
+            "",
+        ),
         ({"packageIndex": "http://mirror.lan/simple", "allowInsecurePackageIndex": "true"}, "opt-in"),
         ({"packageIndex": "file:///opt/wheels"}, "local"),
         ({"platform": "gke", "gkeAuthorizedNetworks": ["203.0.113.0/24"]}, "gke"),
@@ -318,7 +329,7 @@ ERRORS = [
     ),
     (
         "credentials-secret-without-index",
-        {"packageIndexCredentialsSecret": "pip-cred"},
+        {"packageIndexCredentialsSecret": "pip-cred", "allowForeignPackageIndexSecret": "true"},
         ["without packageIndex", "set packageIndex"],
     ),
     (
