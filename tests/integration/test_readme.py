@@ -186,11 +186,12 @@ def _the_record_outlives_the_slice(demo: Demo, sim: Simulation) -> None:
     assert shown.returncode == 0
     assert "events (" in shown.stdout and f"goodput of {job['job_id']}" in shown.stdout
     assert f"boot logs of {len(sim.plan.hosts)} host(s)" in shown.stdout
-    # Written by the hosts as they ran (pieces named by their byte range), not copied at `down`.
+    # Written by the hosts as they ran (pieces named by their byte range and the shipper's random
+    # part), not copied at `down`.
     kept = [p for p in sim.record_folder.rglob("*") if p.is_file()]
     for host in sim.plan.hosts:
         pieces = [p for p in kept if p.parent == sim.record_folder / "hosts" / host.name / "boot.log"]
-        assert pieces and all(re.fullmatch(r"\d{12}-\d{12}", p.name) for p in pieces), host.name
+        assert pieces and all(re.fullmatch(r"\d{12}-\d{12}-[0-9a-f]{8}", p.name) for p in pieces), host.name
     report = _rayslice(["goodput", "--json", job["job_id"]], demo.env, timeout=120)
     assert report.returncode == 0
     figures = json.loads(report.stdout)
