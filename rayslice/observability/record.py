@@ -357,7 +357,7 @@ def cluster_info(bucket: Bucket, prefix: str) -> dict[str, Any]:
     """The cluster's ``cluster.json``, with ``ended`` once it was taken down; times that are not
     times (`untrusted.when`) read as None, texts that are not texts as ""."""
     info = read_json(bucket, join(prefix, CLUSTER_INFO))
-    if join(prefix, CLUSTER_ENDED) in bucket.list(prefix):
+    if _created(bucket, join(prefix, CLUSTER_ENDED)):  # one call, not a listing of the record
         info["ended"] = read_json(bucket, join(prefix, CLUSTER_ENDED)).get("ended")
     for name in ("started", "ended"):
         info[name] = untrusted.when(info.get(name))
