@@ -32,10 +32,10 @@ once.
 
 Who may write what (the record bucket's IAM conditions, `rayslice.infra.identity`; on the
 simulator, what each machine has bound in): the hosts (every Ray job on them) only under
-``hosts/``, the controller's VM only under ``events/`` and its own ``hosts/<host>/``, the
-machines that run `rayslice run` only under ``jobs/``. So a job can add objects to any host's
-logs (the hosts share one account), never to the controller's events, a job's record or
-``cluster.json``. Readers take every object as a job may have written it
+``hosts/``, the controller's VM only under ``events/`` and its own ``hosts/<host>/``; ``jobs/``
+and ``cluster.json`` only `rayslice run` and `rayslice local` with their user's own credentials.
+So a job can add objects to any host's logs of its cluster (the hosts share one account), never
+to the controller's events, a job's record or ``cluster.json``. Readers take every object as a job may have written it
 (`rayslice.observability.untrusted`): a cluster record is ordered by when its ``cluster.json``
 was created, never by what it says; a job's record must name the job its key names.
 
