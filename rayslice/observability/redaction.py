@@ -10,9 +10,10 @@ keeps what names a secret and drops its value:
   ``?key=…&X-Goog-Signature=…``, a header's ``x-goog-api-key: …``, and the same forms escaped
   inside a JSON string (``{"line": "HF_TOKEN=\\"…\\""}``). A secret name is one with a part that
   ends in TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE, KEY, SIGNATURE, CREDENTIAL, COOKIE or
-  AUTHORIZATION (any case; parts split at ``_``, ``-``, ``.`` and camelCase): ``access_token``,
-  ``privateKey``, ``apikey`` are; ``tokens_per_sec``, ``tokenizer``, ``sort_keys`` are not (a count
-  or a tool, and training logs print them at every step);
+  AUTHORIZATION, or in their plural (any case; parts split at ``_``, ``-``, ``.`` and camelCase):
+  ``access_token``, ``privateKey``, ``apikey``, ``credentials`` are; ``tokens_per_sec``,
+  ``max_tokens``, ``tokenizer``, ``sort_keys`` are not (a count or a tool, which training logs
+  print at every step);
 - ``Authorization`` and ``Cookie`` / ``Set-Cookie`` headers: the rest of the line (a header's
   value has spaces: ``Bearer …``, ``a=…; b=…``);
 - netrc passwords (``machine h login u password …``, or ``password …`` on a line of its own);
@@ -57,6 +58,8 @@ SECRET_WORDS = (
     "cookie",
     "authorization",
 )
+# Words whose plural names a count (``max_tokens``, ``num_keys``), never a secret.
+_COUNTED = ("token", "key")
 # Names whose value is a whole header line (it holds spaces), not one word.
 _LINE_VALUED = ("cookie", "authorization")
 # Found in the text with only A-Z lowered (`_ascii_lower`: same length, so offsets agree), which
@@ -78,14 +81,24 @@ def _ascii_lower(text: str) -> str:
     return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
+def _part_ends(name: str, end: int) -> bool:
+    """Whether a part of `name` ends at `end`: the name's end, a non-letter, or camelCase's next
+    capital."""
+    if end == len(name):
+        return True
+    after = name[end]
+    return not after.isalpha() or (after.isupper() and name[end - 1].islower())
+
+
 def secret_name(name: str) -> bool:
-    """Whether `name` has a part that ends in one of `SECRET_WORDS` (see the module docstring)."""
+    """Whether `name` has a part that ends in one of `SECRET_WORDS`, or in its plural except for
+    TOKENS and KEYS, which count things (see the module docstring)."""
     for found in _SECRET_WORD.finditer(_ascii_lower(name)):
         end = found.end()
-        if end == len(name):
+        if _part_ends(name, end):
             return True
-        after, last = name[end], name[end - 1]
-        if not after.isalpha() or (after.isupper() and last.islower()):
+        plural = name[end : end + 1] in ("s", "S") and found[0] not in _COUNTED
+        if plural and _part_ends(name, end + 1):
             return True
     return False
 

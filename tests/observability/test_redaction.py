@@ -107,6 +107,7 @@ FORMS = [
         "@europe-python.pkg.dev",
     ),
     ("RAY_AUTH_TOKEN=rayvalue-27", "rayvalue-27", "RAY_AUTH_TOKEN="),
+    ('{"credentials": "deploy:credvalue-28"}', "credvalue-28", '"credentials": '),
 ]
 
 
