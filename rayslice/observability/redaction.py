@@ -109,6 +109,8 @@ _QUOTED_STOPS = {quote: re.compile(rf"[\\\n{quote}]") for quote in "\"'"}
 # and a backslash (a doubled one is part of the value; one alone starts an escape, such as a
 # JSON-encoded newline or quote).
 _BARE_STOPS = re.compile(r"[\s&;,\"'<>()\[\]{}\\]")
+# A list's opening bracket and the blanks after it, before its first item.
+_LIST_START = re.compile(r"\[[ \t]{0,16}(?=\\{0,3}[\"'])")
 # Where a header line's value stops: the line's end, a quote, an escape.
 _LINE_STOPS = re.compile(r"[\r\n\"'\\]")
 
@@ -149,7 +151,12 @@ def _bare_end(text: str, start: int, stops: re.Pattern[str]) -> int:
 
 
 def _value_span(text: str, start: int, line_valued: bool) -> tuple[int, int]:
-    """The value that starts at `start`, without its quotes."""
+    """The value that starts at `start`, without its quotes; of a list (``["Bearer …"]``, as a
+    header map prints), its first item."""
+    if text.startswith("[", start):
+        listed = _LIST_START.match(text, start)
+        if listed is not None:
+            start = listed.end()
     opening = start
     while opening - start < 3 and text.startswith("\\", opening):
         opening += 1

@@ -108,6 +108,7 @@ FORMS = [
     ),
     ("RAY_AUTH_TOKEN=rayvalue-27", "rayvalue-27", "RAY_AUTH_TOKEN="),
     ('{"credentials": "deploy:credvalue-28"}', "credvalue-28", '"credentials": '),
+    ('{"Authorization": ["Bearer listvalue-29"]}', "listvalue-29", '"Authorization": ["'),
 ]
 
 
