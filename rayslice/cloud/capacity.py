@@ -31,6 +31,9 @@ ZONE_RESOURCE_POOL_EXHAUSTED = "ZONE_RESOURCE_POOL_EXHAUSTED"
 # resources specified in the QueuedResource request have been deleted" (or, SUSPENDING, are being
 # deleted, "initiated by the user, or the Cloud TPU service").
 WAITING, ACTIVE, FAILED, SUSPENDED = "WAITING_FOR_RESOURCES", "ACTIVE", "FAILED", "SUSPENDED"
+# PROVISIONING: "The QueuedResource request has been selected. The associated resources are
+# currently being provisioned"; SUSPENDING: "The resources ... are being deleted".
+PROVISIONING, SUSPENDING = "PROVISIONING", "SUSPENDING"
 CANCELLED = "CANCELLED"  # withdrawn before it was fulfilled (its MIG or queued resource deleted)
 
 

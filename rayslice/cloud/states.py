@@ -5,7 +5,8 @@ reader imports the emulator to get it.
 - Compute Engine's Instance.status (compute v1 discovery document): ``RUNNING``; ``TERMINATED``
   "The instance has stopped (either by explicit action or underlying failure)".
 
-- Cloud TPU's Node.state (tpu v2 discovery document): ``READY``, ``PREEMPTED``.
+- Cloud TPU's Node.state (tpu v2 discovery document): ``READY``, ``PREEMPTED``, ``CREATING``,
+  ``REPAIRING``, ``UNKNOWN`` (after a failed repair).
 
 - GKE's NodePool.status and StatusCondition.code (container v1 discovery document):
   ``PROVISIONING``, ``RUNNING``, ``ERROR``, ``STOPPING``; ``GCE_STOCKOUT`` "indicates that Google
@@ -24,3 +25,6 @@ POOL_PROVISIONING, POOL_RUNNING, POOL_ERROR, POOL_STOPPING = "PROVISIONING", "RU
 GCE_STOCKOUT = "GCE_STOCKOUT"
 INSTANCE_RUNNING, INSTANCE_TERMINATED = "RUNNING", "TERMINATED"
 NODE_READY, NODE_PREEMPTED = "READY", "PREEMPTED"
+# Node.state (tpu v2 discovery): CREATING "TPU node is being created"; REPAIRING "TPU node is being
+# repaired and may be unusable"; UNKNOWN "TPU node has unknown state after a failed repair".
+NODE_CREATING, NODE_REPAIRING, NODE_UNKNOWN = "CREATING", "REPAIRING", "UNKNOWN"

@@ -151,8 +151,11 @@ def test_a_resize_request_on_a_bulk_mig_is_refused_through_the_api(cloud) -> Non
     with pytest.raises(ApiError) as refused:
         cloud.resize_request_insert(_where("bulk"), {}, body)
     assert refused.value.code == 400 and "bulk-no-resize-request" in str(refused.value.body())
-    assert cloud.resize_request_list(_where("bulk"), {}, None)["items"] == []
+    assert (
+        twin.resize_requests_of(PROJECT, ZONE, "bulk") == []
+        and twin.refused[-1].rule == "bulk-no-resize-request"
+    )
     answer = cloud.resize_request_insert(_where("individual"), {}, body)
     assert answer["kind"] == "compute#operation"
-    [request] = cloud.resize_request_list(_where("individual"), {}, None)["items"]
+    [request] = twin.resize_requests_of(PROJECT, ZONE, "individual")
     assert request["name"] == "r1" and request["state"] == "SUCCEEDED"  # an unlimited zone

@@ -24,9 +24,18 @@ def twin_at(start: float = START) -> tuple[CloudTwin, list[TwinHost]]:
     return twin, booted
 
 
-def template(twin: CloudTwin, name: str, machine: str = V6E_HOST, **scheduling: Any) -> str:
-    """An instance template of `machine` with `scheduling` (Scheduling's fields); its link."""
+def template(
+    twin: CloudTwin, name: str, machine: str = V6E_HOST, *, reservation: str | None = None, **scheduling: Any
+) -> str:
+    """An instance template of `machine` with `scheduling` (Scheduling's fields), consuming the
+    specific `reservation` if named; its link."""
     properties: dict[str, Any] = {"machineType": machine}
+    if reservation:
+        properties["reservationAffinity"] = {
+            "consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": [reservation],
+        }
     if scheduling:
         properties["scheduling"] = scheduling
     body = {"name": name, "properties": properties}

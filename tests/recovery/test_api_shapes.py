@@ -114,6 +114,13 @@ def _exercise_flex_scaling(cloud: CloudApiEmulator, client: CloudClient) -> None
     assert client.list_managed_instances(slice_name) == []
     preempted = client.list_preemptions()
     assert preempted and {o["operationType"] for o in preempted} == {"compute.instances.preempted"}
+    # A resize request: refused on a bulk MIG (the twin's rule bulk-no-resize-request), accepted
+    # on an individual one (no client of rayslice's sends one; the twin serves it to refuse it).
+    cloud.add_mig(PROJECT, ZONE, "individual", [])
+    body = {"name": "more", "resizeBy": 1, "requestedRunDuration": {"seconds": "3600"}}
+    for mig, code in ((slice_name, 400), ("individual", 200)):
+        url = client._compute(f"instanceGroupManagers/{mig}/resizeRequests")
+        assert client.session.post(url, json=body).status_code == code
 
 
 def _exercise_gke(cloud: CloudApiEmulator, client: CloudClient) -> None:

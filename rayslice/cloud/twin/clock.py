@@ -47,6 +47,34 @@ class TwinEventError(InvalidInput):
         super().__init__(f"{message} (twin rule {rule})")
 
 
+class NoSuchResource(TwinEventError, KeyError):
+    """An event on a resource the twin does not hold (a host preempted before it exists); a
+    `KeyError` too, for callers that look resources up by name."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+@dataclass
+class Timings:
+    """How long the transitions take that Google gives no figure for, in seconds (the twin's
+    choices; a test or a timeline sets its own). Each is used where the module that models it
+    says so."""
+
+    # A host error on Compute Engine: the instance is restarted (automaticRestart) on healthy
+    # hardware this long after. "Failure recovery of TPU instances" gives no figure; the capacity
+    # table's repair grace ("slice unavailability of up to a few hours") bounds it.
+    restart_after_s: float = 30 * 60
+    # An All Capacity reservation's host repaired in place (no relocation): this long after.
+    repair_in_place_s: float = 2 * 3600
+    # A Cloud TPU node under repair (REPAIRING) ends READY or UNKNOWN this long after.
+    node_repair_s: float = 30 * 60
+    # A queued resource PROVISIONING before ACTIVE, and SUSPENDING before SUSPENDED (0: at once,
+    # the twin's behaviour before it had a clock).
+    queued_provisioning_s: float = 0.0
+    queued_suspending_s: float = 0.0
+
+
 class TwinClock:
     """Seconds since the epoch, as a float: the wall clock (`source`, time.time) plus an offset
     that `set` moves, or a fixed start plus that offset (`manual`)."""

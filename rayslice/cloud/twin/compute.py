@@ -128,6 +128,7 @@ from rayslice.cloud.bodies import Request
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED
 from rayslice.cloud.capacity import Request as CapacityRequest
 from rayslice.cloud.states import INSTANCE_RUNNING, INSTANCE_TERMINATED, PREEMPTED_OPERATION
+from rayslice.cloud.twin.clock import NoSuchResource, TwinEventError
 from rayslice.cloud.twin.state import (
     DELETED,
     LONE_VM,
@@ -207,6 +208,9 @@ class _Vm:
     ip: str
     properties: dict[str, Any]  # the instance's properties (machineType, metadata, scheduling, ...)
     status: str = INSTANCE_RUNNING
+    # Where it runs (Instance.resourceStatus.physicalHost, "blockId/subBlockId/hostId"): a
+    # restart on healthy hardware moves it, a repair in place does not.
+    physical_host: str = ""
 
 
 class ComputeTwin(TwinState):
@@ -229,6 +233,10 @@ class ComputeTwin(TwinState):
         self._instance_waits: dict[tuple[str, str, str], CapacityRequest] = {}
         # Zone operations Google records by itself (a Spot preemption), oldest first.
         self.operations: list[dict[str, Any]] = []
+        # Reservations in All Capacity mode, by name (`declare_all_capacity`), and the instances
+        # whose run duration ended, in order.
+        self.all_capacity: set[str] = set()
+        self.ended: list[str] = []
 
     # ---- applying the program's resources ------------------------------------------------------
 
@@ -345,6 +353,7 @@ class ComputeTwin(TwinState):
         )
         mig.setdefault("targetSize", 0)
         size = int(mig["targetSize"])
+        self._check_run(mig)
         self.migs[key], self.instances[key], self.configs[key] = mig, [], []
         self.resize_requests[key] = []
         if in_bulk_mode(mig):
@@ -406,6 +415,7 @@ class ComputeTwin(TwinState):
         target = int(mig.get("targetSize", 0))
         if size == target:
             return
+        self._check_run(mig)
         if in_bulk_mode(mig):
             if size == 0:
                 self._shrink_to(project, zone, mig, 0)
@@ -560,6 +570,11 @@ class ComputeTwin(TwinState):
             if wait is not None:
                 self.capacity.cancel(wait)
 
+    def _check_run(self, mig: dict[str, Any]) -> None:
+        """Refuse (`TwinEventError`) hosts whose run would end before it starts, before any is
+        made: the MIG's template's run duration (`_run_seconds`)."""
+        _run_seconds((self._template_of(mig) or {}).get("properties") or {})
+
     def _machine_of(self, mig: dict[str, Any]) -> str:
         """The machine type of a MIG's hosts (its template's), the kind its capacity counts."""
         template = self._template_of(mig)
@@ -674,6 +689,7 @@ class ComputeTwin(TwinState):
     ) -> list[dict[str, Any]]:
         """instanceGroupManagers.createInstances: one named instance per config; the target
         size rises by as many. Returns the managed-instance records."""
+        self._check_run(mig)
         target = int(mig.get("targetSize", 0))
         existing = sorted({str(c["name"]) for c in configs if (project, zone, str(c["name"])) in self.vms})
         if existing:
@@ -844,8 +860,11 @@ class ComputeTwin(TwinState):
         subnet = self._subnet(nics[0].get("subnetwork"))
         wanted = ip or nics[0].get("networkIP")
         address = subnet.take(wanted) if subnet else str(wanted or "")
-        vm = _Vm(project, zone, name, group, worker, address, properties)
+        vm = _Vm(project, zone, name, group, worker, address, properties, physical_host=self._physical_host())
         self.vms[(project, zone, name)] = vm
+        run = _run_seconds(properties)  # checked before any host was made (`_check_run`)
+        if run is not None:
+            self.after(run, f"instance {name}'s run duration ends", lambda: self._end_run(vm))
         if announce:
             self._hook(self.on_host_up, vm)
         return vm
@@ -933,13 +952,26 @@ class ComputeTwin(TwinState):
         prefix = f"{API_ROOT}projects/{project}/zones/{zone}"
         return [copy.deepcopy(o) for o in self.operations if o["zone"] == prefix]
 
-    def host_error(self, project: str, zone: str, group: str, *, repair: bool = True) -> list[TwinHost]:
+    def host_error(
+        self,
+        project: str,
+        zone: str,
+        group: str,
+        *,
+        repair: bool = True,
+        restart: bool = True,
+        restart_after: float | None = None,
+    ) -> list[TwinHost]:
         """A host error or a host maintenance event on a MIG's slice: every host stops
         (TERMINATED, its disks kept) and the MIG's lifecycle policy applies unless `repair` is
-        False; no preemption is recorded. Compute Engine then recovers a slice of managed
-        capacity whole (`recover`); Cloud TPU, "Failure recovery of TPU instances". The hosts it
-        hit, as they were."""
+        False; no preemption is recorded. Then, unless `restart` is False (GKE's nodes, whose
+        repair is GKE's), Compute Engine restarts the hosts whose ``automaticRestart`` is on,
+        together, `restart_after` seconds later (module docstring; default: the twin's
+        `Timings`); a host with it off stays TERMINATED. The hosts it hit, as they were.
+        `NoSuchResource` when the twin holds no such MIG."""
         key = (project, zone, group)
+        if key not in self.migs:
+            raise NoSuchResource("host-error-on-existing-host", f"no MIG {group} in {project}/{zone}")
         hit = [
             v
             for v in self.vms.values()
@@ -948,7 +980,69 @@ class ComputeTwin(TwinState):
         before = [self._vm_host(v) for v in hit]
         for vm in hit:
             self.lose(vm, deleted=False, repair=repair)
+        stopped = [vm for vm in hit if vm.status == INSTANCE_TERMINATED and _automatic_restart(vm)]
+        if restart and stopped:
+            self._restart_later(group, stopped, restart_after)
         return before
+
+    def maintenance(self, project: str, zone: str, group: str, *, duration_s: float) -> list[TwinHost]:
+        """A host maintenance event on a MIG's slice: a TPU VM cannot live-migrate (its
+        ``onHostMaintenance`` is TERMINATE), so its hosts stop and Compute Engine restarts them
+        (``automaticRestart``) once the `duration_s` maintenance is done (`host_error`)."""
+        return self.host_error(project, zone, group, restart_after=duration_s)
+
+    def _restart_later(self, group: str, stopped: list[_Vm], after: float | None) -> None:
+        """Compute Engine restarts `stopped` together: on healthy hardware (a new physical
+        host) after `Timings.restart_after_s`, or, in an All Capacity reservation, repaired in
+        place (the same physical host, never relocated) after `Timings.repair_in_place_s`."""
+        in_place = self._in_all_capacity(stopped[0])
+        if after is None:
+            after = self.timings.repair_in_place_s if in_place else self.timings.restart_after_s
+
+        def restart() -> None:
+            for vm in stopped:
+                if self.vms.get((vm.project, vm.zone, vm.name)) is vm and vm.status == INSTANCE_TERMINATED:
+                    if not in_place:
+                        vm.physical_host = self._physical_host()
+                    self._run_again(vm)
+
+        how = "repairs in place" if in_place else "restarts on healthy hosts"
+        self.after(after, f"Compute Engine {how} {len(stopped)} host(s) of {group}", restart)
+
+    def _in_all_capacity(self, vm: _Vm) -> bool:
+        """Whether `vm` consumes a reservation in All Capacity mode (`all_capacity`)."""
+        affinity = vm.properties.get("reservationAffinity") or {}
+        return any(short_name(v) in self.all_capacity for v in affinity.get("values") or [])
+
+    def _physical_host(self) -> str:
+        return f"block-1/subblock-1/host-{next(self._ids)}"
+
+    def _run_again(self, vm: _Vm) -> None:
+        """Stopped instance `vm` runs again under its name and address."""
+        vm.status = INSTANCE_RUNNING
+        for record in self.instances.get((vm.project, vm.zone, str(vm.group)), []):
+            if record["name"] == vm.name:
+                record["instanceStatus"] = INSTANCE_RUNNING
+        self._hook(self.on_host_up, vm)
+
+    def _end_run(self, vm: _Vm) -> None:
+        """`vm`'s run duration ended (Scheduling.maxRunDuration: "the instance termination
+        action will be performed at the end of the run duration"): deleted or stopped per its
+        ``instanceTerminationAction``; a MIG's lifecycle policy does not bring it back, and a
+        deleted host's machine returns to the zone."""
+        if self.vms.get((vm.project, vm.zone, vm.name)) is not vm:
+            return  # deleted (or recreated) before its run ended
+        deleted = _termination(vm) == rules.DELETE
+        machine = short_name(vm.properties.get("machineType", ""))
+        if vm.group is not None:
+            self.lose(vm, deleted=deleted, repair=False)
+        elif deleted:
+            self._remove_vm(vm)
+        else:
+            self.stop_instance(vm.project, vm.zone, vm.name)
+        if deleted:
+            self.capacity.give_back(vm.zone, machine, 1, self.clock.now)
+        self.ended.append(vm.name)
 
     def recover(self, project: str, zone: str, group: str) -> None:
         """Compute Engine's recovery of a MIG's slice: its stopped hosts run again, whole, under
@@ -957,11 +1051,7 @@ class ComputeTwin(TwinState):
         key = (project, zone, group)
         for vm in [v for v in self.vms.values() if (v.project, v.zone, v.group) == key]:
             if vm.status == INSTANCE_TERMINATED:
-                vm.status = INSTANCE_RUNNING
-                for record in self.instances.get(key, []):
-                    if record["name"] == vm.name:
-                        record["instanceStatus"] = INSTANCE_RUNNING
-                self._hook(self.on_host_up, vm)
+                self._run_again(vm)
 
     def lose(self, vm: _Vm, *, deleted: bool, repair: bool = True) -> None:
         """Instance `vm` of a MIG failed or was preempted: stopped or deleted, then the MIG's
@@ -1105,6 +1195,27 @@ def _host_price(template: dict[str, Any], zone: str) -> float | None:
     if shape is not None:
         return billing.tpu_host_hour_price(shape[0], shape[1], zone, capacity)
     return billing.vm_hour_price(machine, zone, capacity) if machine else None
+
+
+def _automatic_restart(vm: _Vm) -> bool:
+    """Scheduling.automaticRestart: "By default, this is set to true"; Spot instances "cannot be
+    automatically restarted" (compute v1 discovery)."""
+    scheduling = vm.properties.get("scheduling") or {}
+    spot = scheduling.get("provisioningModel") == rules.SPOT or scheduling.get("preemptible")
+    return not spot and scheduling.get("automaticRestart", True) is not False
+
+
+def _run_seconds(properties: dict[str, Any]) -> float | None:
+    """An instance's run duration in seconds (Scheduling.maxRunDuration, a Duration), or None."""
+    duration = (properties.get("scheduling") or {}).get("maxRunDuration")
+    if not duration:
+        return None
+    seconds = float(duration.get("seconds", 0)) + float(duration.get("nanos", 0)) / 1e9
+    if seconds <= 0:
+        raise TwinEventError(
+            "run-ends-after-it-starts", f"a run duration of {seconds} s ends before the run starts"
+        )
+    return seconds
 
 
 def _termination(vm: _Vm) -> str | None:

@@ -38,7 +38,13 @@ What happens to a pool's nodes (the events of the capacity table's gke cells):
   read says which policy GKE gives the MIGs of its TPU node pools).
 - The end of a flex-start run (`end_node_pool_run`): "The maximum duration for the nodes to
   exist" (container v1 discovery, NodeConfig.maxRunDuration) has passed: the pool's nodes are
-  deleted (its MIG resized to 0, the hosts given back); the pool stays.
+  deleted (its MIG resized to 0, the hosts given back); the pool stays. It is on the twin's
+  schedule from the moment the nodes are made (`rayslice.cloud.twin.clock`).
+- A failed node's Compute Engine instance is not restarted by Compute Engine in the twin: the
+  slice's repair is GKE's (`repair_node_pool`).
+- The bill (`rayslice.cloud.billing`): each node as the Compute Engine VM it is (Spot or
+  flex-start per NodeConfig.spot / flexStart), and GKE's management fee per cluster while the
+  twin holds a pool of it.
 """
 
 from __future__ import annotations
@@ -125,6 +131,12 @@ class ContainerTwin(ComputeTwin):
         def grow(count: int) -> None:
             self._add_auto_named(project, zone, mig, count)
             mig["targetSize"] = int(mig.get("targetSize", 0)) + count
+            run = config.get("maxRunDuration")
+            if count and run:
+                seconds = float(str(run).removesuffix("s"))
+                self.after(
+                    seconds, f"node pool {name}'s maxRunDuration ends", lambda: self._pool_run_ends(key, pool)
+                )
 
         if config.get("flexStart"):
             scaling = pool.get("autoscaling") or {}
@@ -191,7 +203,11 @@ class ContainerTwin(ComputeTwin):
         """A node of pool `name` failed, or its host went into maintenance: GKE shuts the whole
         slice down, every node TERMINATED (module docstring). The nodes it hit, as they were."""
         pool = self.node_pools[(project, location, cluster, name)]
-        return [h for zone, mig in _migs_of(pool) for h in self.host_error(project, zone, mig, repair=False)]
+        return [
+            h
+            for zone, mig in _migs_of(pool)
+            for h in self.host_error(project, zone, mig, repair=False, restart=False)
+        ]
 
     def repair_node_pool(self, project: str, location: str, cluster: str, name: str) -> bool:
         """GKE's auto-repair of pool `name`: its stopped nodes run again, whole, where the pool
@@ -208,6 +224,12 @@ class ContainerTwin(ComputeTwin):
         were."""
         pool = self.node_pools[(project, location, cluster, name)]
         return [h for zone, mig in _migs_of(pool) for h in self.preempt(project, zone, mig)]
+
+    def _pool_run_ends(self, key: tuple[str, str, str, str], pool: dict[str, Any]) -> None:
+        """Pool `pool`'s nodes reached their ``maxRunDuration`` (scheduled when they were made):
+        `end_node_pool_run`, unless the pool was deleted (or made anew) meanwhile."""
+        if self.node_pools.get(key) is pool:
+            self.end_node_pool_run(*key)
 
     def end_node_pool_run(self, project: str, location: str, cluster: str, name: str) -> None:
         """Pool `name`'s nodes reached their ``maxRunDuration``: they are deleted, the pool stays

@@ -38,7 +38,15 @@ from rayslice.cloud import bodies, rules
 from rayslice.cloud.billing import Bill, Line
 from rayslice.cloud.bodies import Request
 from rayslice.cloud.capacity import Capacity
-from rayslice.cloud.twin.clock import Schedule, TwinClock, TwinEvent, TwinEventError, TwinTimeError
+from rayslice.cloud.twin.clock import (
+    NoSuchResource,
+    Schedule,
+    Timings,
+    TwinClock,
+    TwinEvent,
+    TwinEventError,
+    TwinTimeError,
+)
 from rayslice.errors import InvalidInput
 
 DELETED = "DELETED"  # a host the twin no longer holds (the status its last hook call carries)
@@ -206,6 +214,7 @@ class TwinState:
         self.capacity = Capacity()
         self._clock = TwinClock()
         self.schedule = Schedule()
+        self.timings = Timings()
         self.bill = Bill(self._now, self._bill_lines)
         self._ids = itertools.count(1)
 
@@ -440,8 +449,9 @@ class TwinState:
         self, project: str, zone: str, group: str, *, action: str | None = None, repair: bool = True
     ) -> list[TwinHost]:
         """A Spot preemption of slice `group`; the API that holds the slice does it (see its
-        mixin). `KeyError` when none holds it."""
-        raise KeyError(f"no slice {group} in {project}/{zone}")
+        mixin). `NoSuchResource` (a `KeyError`) when none holds it: a host cannot be preempted
+        before it exists."""
+        raise NoSuchResource("preempt-existing-host", f"no slice {group} in {project}/{zone} to preempt")
 
     # ---- what the hosts see --------------------------------------------------------------------
 

@@ -32,9 +32,10 @@ from rayslice import catalog
 from rayslice.cloud import billing, bodies
 from rayslice.cloud.billing import Line
 from rayslice.cloud.bodies import TPU_ACCELERATOR_TYPES
-from rayslice.cloud.capacity import ACTIVE, FAILED, SUSPENDED, WAITING
+from rayslice.cloud.capacity import ACTIVE, FAILED, PROVISIONING, SUSPENDED, SUSPENDING, WAITING
 from rayslice.cloud.capacity import Request as CapacityRequest
-from rayslice.cloud.states import NODE_PREEMPTED, NODE_READY
+from rayslice.cloud.states import NODE_CREATING, NODE_PREEMPTED, NODE_READY, NODE_REPAIRING, NODE_UNKNOWN
+from rayslice.cloud.twin.clock import NoSuchResource, TwinEventError
 from rayslice.cloud.twin.state import (
     DELETED,
     TPU_WORKER,
@@ -86,17 +87,25 @@ class TpuTwin(TwinState):
         return super()._create(call)
 
     def create_node(
-        self, project: str, zone: str, name: str, body: dict[str, Any], *, taken: bool = False
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        taken: bool = False,
+        ready: bool = True,
     ) -> dict[str, Any]:
         """nodes.create: a node with one network endpoint per host of its shape. `taken`: its
-        hosts were already taken from the zone (by the queued resource that creates it)."""
+        hosts were already taken from the zone (by the queued resource that creates it).
+        Without `ready` it is CREATING, its hosts not up yet (`_node_ready` ends that)."""
         node = copy.deepcopy(body)
         node.update(
             name=f"projects/{project}/locations/{zone}/nodes/{name}",
             id=str(next(self._ids)),
             createTime="2026-01-01T00:00:00Z",
             apiVersion="V2",
-            state=NODE_READY,
+            state=NODE_READY if ready else NODE_CREATING,
         )
         config = body.get("networkConfig") or (body.get("networkConfigs") or [{}])[0]
         subnet = self._subnet(config.get("subnetwork"))
@@ -108,9 +117,15 @@ class TpuTwin(TwinState):
                 {"ipAddress": subnet.take() if subnet else "", "port": 8470} for _ in range(hosts)
             ]
         self.nodes[(project, zone, name)] = node
-        for host in self._node_hosts((project, zone, name)):
-            self._call(self.on_host_up, host)
+        if ready:
+            self._node_ready((project, zone, name))
         return node
+
+    def _node_ready(self, key: tuple[str, str, str]) -> None:
+        """Node `key` is READY: its hosts are up."""
+        self.nodes[key]["state"] = NODE_READY
+        for host in self._node_hosts(key):
+            self._call(self.on_host_up, host)
 
     def delete_node(self, project: str, zone: str, name: str) -> None:
         hosts = self._node_hosts((project, zone, name))
@@ -134,23 +149,59 @@ class TpuTwin(TwinState):
             "createTime": rfc3339(now),
             "state": {"state": WAITING},
         }
+        run = _run_seconds(body)  # refused (TwinEventError) before anything is made
         node = bodies.queued_node(body)
         node_id = str(((body.get("tpu") or {}).get("nodeSpec") or [{}])[0].get("nodeId") or name)
         duration = (body.get("queueingPolicy") or {}).get("validUntilDuration")
         deadline = now + float(str(duration).removesuffix("s")) if duration else None
 
-        def fulfil() -> None:
-            self.create_node(project, zone, node_id, {**node, "queuedResource": path}, taken=True)
+        key = (project, zone, name)
+
+        def active() -> None:
+            if self.queued.get(key) is not record or (project, zone, node_id) not in self.nodes:
+                return  # deleted while it was provisioning
+            self._node_ready((project, zone, node_id))
             record["state"] = {"state": ACTIVE}
+            if run is not None:
+                self.after(
+                    run,
+                    f"queued resource {name}'s run duration ends",
+                    lambda: self._queued_run_ends(key, record),
+                )
+
+        def fulfil() -> None:
+            provisioning = self.timings.queued_provisioning_s
+            self.create_node(
+                project, zone, node_id, {**node, "queuedResource": path}, taken=True, ready=False
+            )
+            if provisioning > 0:
+                record["state"] = {"state": PROVISIONING}
+                self.after(provisioning, f"queued resource {name} is provisioned", active)
+            else:
+                active()
 
         wait = CapacityRequest(
             f"queuedResources/{name}", zone, node_kind(node), node_hosts(node), deadline, fulfil
         )
-        self.queued[(project, zone, name)] = record
+        self.queued[key] = record
         self._queued_waits[id(record)] = wait
+        if deadline is not None:  # validUntilDuration: FAILED if still waiting then
+            self.at(deadline, f"queued resource {name}'s deadline", lambda: self._expire(record))
         self.capacity.submit(wait, now)
         self._sync(record)
         return record
+
+    def _expire(self, record: dict[str, Any]) -> None:
+        """A queued resource's deadline: the capacity's waits past theirs fail, and so does it
+        if it still waits (`_sync`)."""
+        self.capacity.advance(self.clock.now)
+        self._sync(record)
+
+    def _queued_run_ends(self, key: tuple[str, str, str], record: dict[str, Any]) -> None:
+        """The run duration of queued resource `key` ended (scheduled when it turned ACTIVE):
+        `end_run`, unless it was deleted or already suspended meanwhile."""
+        if self.queued.get(key) is record and record["state"]["state"] == ACTIVE:
+            self.end_run(*key)
 
     def _sync(self, record: dict[str, Any]) -> None:
         """A waiting queued resource whose request failed (its deadline passed) turns FAILED."""
@@ -194,7 +245,22 @@ class TpuTwin(TwinState):
         """A queued node's hosts were lost to the service: its request is SUSPENDED (see above)."""
         for record in self.queued.values():
             if record["name"] == node.get("queuedResource"):
+                self._suspend(record)
+
+    def _suspend(self, record: dict[str, Any]) -> None:
+        """Queued resource `record` loses its node to the service: SUSPENDING, then SUSPENDED
+        after `Timings.queued_suspending_s` (at once when 0)."""
+        suspending = self.timings.queued_suspending_s
+
+        def suspended() -> None:
+            if record["state"]["state"] in (SUSPENDING, ACTIVE):
                 record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+
+        if suspending > 0:
+            record["state"] = {"state": SUSPENDING, "stateInitiator": "SERVICE"}
+            self.after(suspending, f"{record['name']} is suspended", suspended)
+        else:
+            suspended()
 
     # ---- failures ------------------------------------------------------------------------------
 
@@ -216,11 +282,58 @@ class TpuTwin(TwinState):
     def end_run(self, project: str, zone: str, queued: str) -> None:
         """A flex-start queued resource's run duration ended: its node is deleted and the
         request turns SUSPENDED (module docstring)."""
-        record = self.queued[(project, zone, queued)]
+        record = self.queued.get((project, zone, queued))
+        if record is None:
+            raise NoSuchResource(
+                "run-ends-after-it-starts", f"no queued resource {queued} in {project}/{zone}"
+            )
+        if record["state"]["state"] != ACTIVE:
+            raise TwinEventError(
+                "run-ends-after-it-starts",
+                f"queued resource {queued} is {record['state']['state']}: a run ends only once it is ACTIVE",
+            )
         node_key = next((k for k, n in self.nodes.items() if n.get("queuedResource") == record["name"]), None)
         if node_key is not None:
             self.delete_node(*node_key)
-        record["state"] = {"state": SUSPENDED, "stateInitiator": "SERVICE"}
+        self._suspend(record)
+
+    def node_host_error(
+        self, project: str, zone: str, name: str, *, repaired: bool = True, after: float | None = None
+    ) -> list[TwinHost]:
+        """A host error on TPU node `name`: the node is REPAIRING, its hosts down, and the Cloud
+        TPU service's repair ends `after` seconds later (default `Timings.node_repair_s`) READY,
+        or, when it fails (`repaired` False), UNKNOWN ("unknown state after a failed repair"),
+        which nothing brings back. The hosts it hit, as they were. `NoSuchResource` for a node the
+        twin does not hold; `TwinEventError` for one that is not READY."""
+        key = (project, zone, name)
+        node = self.nodes.get(key)
+        if node is None:
+            raise NoSuchResource("host-error-on-existing-host", f"no TPU node {name} in {project}/{zone}")
+        if node.get("state") != NODE_READY:
+            raise TwinEventError(
+                "host-error-on-existing-host", f"TPU node {name} is {node.get('state')}, not READY"
+            )
+        hosts = self._node_hosts(key)
+        node["state"] = NODE_REPAIRING
+        for host in hosts:
+            self._call(self.on_host_down, replace(host, status=NODE_REPAIRING))
+
+        def repair_ends() -> None:
+            if self.nodes.get(key) is not node or node.get("state") != NODE_REPAIRING:
+                return  # deleted meanwhile
+            if repaired:
+                self._node_ready(key)
+            else:
+                node["state"] = NODE_UNKNOWN
+                self.bill.observe()
+
+        outcome = "READY" if repaired else "UNKNOWN"
+        self.after(
+            self.timings.node_repair_s if after is None else after,
+            f"node {name}'s repair ends {outcome}",
+            repair_ends,
+        )
+        return hosts
 
     # ---- the bill ------------------------------------------------------------------------------
 
@@ -254,11 +367,12 @@ class TpuTwin(TwinState):
         per_host = chips.chips // max(1, chips.hosts)
         scheduling = node.get("schedulingConfig") or {}
         queued = next((r for r in self.queued.values() if r["name"] == node.get("queuedResource")), {})
-        if scheduling.get("spot") or scheduling.get("preemptible") or "spot" in queued:
+        model = queued.get("provisioningModel")
+        if scheduling.get("spot") or scheduling.get("preemptible") or "spot" in queued or model == "SPOT":
             capacity = billing.SPOT
-        elif scheduling.get("reserved") or queued.get("reservationName") or "reserved" in queued:
+        elif scheduling.get("reserved") or queued.get("reservationName") or model == "RESERVATION_BOUND":
             capacity = billing.RESERVED
-        elif queued.get("runDuration") or queued.get("flexStart"):
+        elif model == "FLEX_START":
             capacity = billing.FLEX_START
         else:
             capacity = billing.ON_DEMAND
@@ -308,6 +422,20 @@ class TpuTwin(TwinState):
             )
             for worker, ip in enumerate(ips)
         ]
+
+
+def _run_seconds(record: dict[str, Any]) -> float | None:
+    """A flex-start queued resource's run duration in seconds (tpu v2alpha1 discovery,
+    QueuedResource.runDuration.maxRunDuration, a google-duration such as ``86400s``), or None."""
+    duration = (record.get("runDuration") or {}).get("maxRunDuration")
+    if not duration:
+        return None
+    seconds = float(str(duration).removesuffix("s"))
+    if seconds <= 0:
+        raise TwinEventError(
+            "run-ends-after-it-starts", f"a run duration of {duration} ends before the run starts"
+        )
+    return seconds
 
 
 def node_hosts(body: dict[str, Any]) -> int:

@@ -9,7 +9,7 @@ or resize from 0 ends at once and the MIG waits for capacity. A createInstances 
 bulk mode refuses, a createInstances naming an instance that exists, and a deleteInstances or
 deletePerInstanceConfigs request the twin fails (`InstanceValidationError`: Google's discovery
 document says "the operation fails") are accepted and their operation ends with the twin's
-error, changing nothing. ``instanceGroupManagerResizeRequests`` insert / list are served so that
+error, changing nothing. ``instanceGroupManagerResizeRequests.insert`` is served so that
 a resize request on a bulk MIG is refused through the API too (the twin's rule
 bulk-no-resize-request); no client of rayslice's sends one."""
 
@@ -210,14 +210,6 @@ class ComputeApi(EmulatedProject):
         except CloudRuleError as exc:
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
         return self._compute_operation(p["project"], p["zone"], "insert", record["selfLink"], lambda: None)
-
-    def resize_request_list(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
-        """instanceGroupManagerResizeRequests.list: the MIG's requests, oldest first."""
-        self._mig(p)
-        return {
-            "kind": "compute#instanceGroupManagerResizeRequestList",
-            "items": self.state.resize_requests_of(p["project"], p["zone"], p["name"]),
-        }
 
     def compute_operations(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         """zoneOperations.list: the operations Compute Engine recorded by itself (the twin's

@@ -10,7 +10,7 @@ else. It emulates:
   `op_polls` reads);
 - Compute Engine v1: ``instanceGroupManagers`` get / delete / insert / listManagedInstances /
   listPerInstanceConfigs / createInstances / deleteInstances / deletePerInstanceConfigs,
-  ``instanceGroupManagerResizeRequests`` insert / list, ``zoneOperations.get`` and
+  ``instanceGroupManagerResizeRequests.insert`` (a bulk MIG's refused), ``zoneOperations.get`` and
   ``instances.getGuestAttributes``;
 - GKE (container v1): ``projects.locations.clusters.nodePools`` get / list (reached through
   ``CLOUDSDK_API_ENDPOINT_OVERRIDES_CONTAINER`` = ``<url>/``);

@@ -64,6 +64,10 @@ METHOD_PERMISSIONS = {
     # instanceGroupManager: compute.instanceGroupManagers.update" (its REST reference); the zone's
     # operations are listed with compute.zoneOperations.list (the same for zoneOperations.list).
     "compute.instanceGroupManagers.resize": "compute.instanceGroupManagers.update",
+    # instanceGroupManagerResizeRequests.insert: "Authorization requires the following IAM
+    # permission on the specified resource instanceGroupManager: compute.instanceGroupManagers.update"
+    # (its REST reference, compute/docs/reference/rest/v1/instanceGroupManagerResizeRequests/insert).
+    "compute.instanceGroupManagerResizeRequests.insert": "compute.instanceGroupManagers.update",
     "compute.zoneOperations.list": "compute.zoneOperations.list",
     "compute.instances.getGuestAttributes": "compute.instances.getGuestAttributes",
     # GKE's node pools are read with the cluster's permission ("Authorization requires the

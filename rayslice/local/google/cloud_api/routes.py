@@ -208,15 +208,6 @@ ROUTES = (
     _route(
         "compute",
         "GET",
-        _GCE + "/instanceGroupManagers/{name}/resizeRequests",
-        "compute.instanceGroupManagerResizeRequests.list",
-        "resize_request_list",
-        None,
-        "InstanceGroupManagerResizeRequestsListResponse",
-    ),
-    _route(
-        "compute",
-        "GET",
         _GCE + "/operations",
         "compute.zoneOperations.list",
         "compute_operations",
