@@ -8,7 +8,7 @@ tests/rayslice/test_capacity_page.py fails while the page differs from `render()
 from __future__ import annotations
 
 from rayslice import capacity_table, catalog
-from rayslice.capacity_table import Cell, Source, Unsettled
+from rayslice.capacity_table import Cell, Source, Unsettled, Wait
 
 PAGE = "docs/capacity-table.md"
 _HEADER = f"""<!-- Generated from rayslice/capacity_table.py and rayslice/catalog.py by
@@ -20,13 +20,17 @@ python scripts/write_capacity_table.py -->
 One cell per platform and capacity: how rayslice creates a slice there, who brings a failed
 slice back, what each event means and what rayslice's recovery controller does about it. Every
 cell names its sources; where they disagree or say nothing, the cell says so and holds the
-choice that is safe under each reading. [Getting capacity](capacity.md) explains the choices;
-`rayslice validate` and `rayslice preview` print the stack's own cell.
+choice that is safe under each reading. Each cell also says, per state a slice can stay in
+(waiting for capacity, partly created, being repaired, preempted, ended), how long the recovery
+controller lets it last before it acts, and what the state costs meanwhile. [Getting
+capacity](capacity.md) explains the choices; `rayslice validate` and `rayslice preview` print
+the stack's own cell.
 
 A stack's cell comes from its keys: `platform`, `capacity`, `queued` (tpu-vm), and for
-`capacity: reserved` whether `reservation` names one and whether `calendarMode` is set
-(`reserved` names one, `reserved-any` takes any matching reservation, `reserved-calendar` is a
-future reservation created in calendar mode). Placeholders in the fields: `{capacity_table.HOSTS}`
+`capacity: reserved` whether `reservation` names one, whether `calendarMode` is set and
+`capacityMode` (`reserved` names one, `reserved-any` takes any matching reservation,
+`reserved-calendar` is a future reservation created in calendar mode, `reserved-all-capacity` a
+reservation in All Capacity mode). Placeholders in the fields: `{capacity_table.HOSTS}`
 the slice's host count, `{capacity_table.RESERVATION_NAME}` the reservation's name,
 `{capacity_table.MAX_RUN_SECONDS}` `maxRunHours` in seconds, `{capacity_table.PROJECT}` and
 `{capacity_table.ZONE}` the stack's.
@@ -71,6 +75,9 @@ def _section(cell: Cell, sources: list[Source], unsettled: list[Unsettled]) -> l
         lines += [f"Hosts: {cell.target_size}.", ""]
     lines += ["| event | what it means | the controller |", "|---|---|---|"]
     lines += [f"| {event} | {r.meaning} | {r.action} |" for event, r in cell.events.items()]
+    lines += ["", "| state | how long before rayslice acts | then | what it costs meanwhile |"]
+    lines.append("|---|---|---|---|")
+    lines += [f"| {w.state} | {_limit(w)} | {w.then} | {w.cost} |" for w in cell.waits]
     lines += [
         "",
         "Sources: " + ", ".join(f"[{s.title}](#source-{sources.index(s) + 1})" for s in cell.sources) + ".",
@@ -86,6 +93,12 @@ def _section(cell: Cell, sources: list[Source], unsettled: list[Unsettled]) -> l
         ]
     lines.append("")
     return lines
+
+
+def _limit(wait: Wait) -> str:
+    if wait.limit_s is None:
+        return "no limit"
+    return "at once" if wait.limit_s == 0 else f"{wait.limit_s // 60} min"
 
 
 def _sources(sources: list[Source]) -> list[str]:

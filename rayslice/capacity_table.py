@@ -51,8 +51,15 @@ SPOT = "spot"
 RESERVED = "reserved"  # a named (specific) reservation
 RESERVED_ANY = "reserved-any"  # any matching reservation, none named
 RESERVED_CALENDAR = "reserved-calendar"  # a named future reservation created in calendar mode
+# A named reservation in All Capacity mode: Google repairs hosts in place and never relocates a
+# slice; the user (rayslice) moves it to the reservation's spare hosts.
+RESERVED_ALL_CAPACITY = "reserved-all-capacity"
 FLEX_START = "flex-start"
-CAPACITIES = (ON_DEMAND, SPOT, RESERVED, RESERVED_ANY, RESERVED_CALENDAR, FLEX_START)
+CAPACITIES = (ON_DEMAND, SPOT, RESERVED, RESERVED_ANY, RESERVED_CALENDAR, RESERVED_ALL_CAPACITY, FLEX_START)
+# The spec's ``capacityMode`` values (a reservation's operational mode, Cloud TPU "TPU capacity
+# modes"): Google's managed mode, or All Capacity mode.
+MANAGED_MODE, ALL_CAPACITY_MODE = "managed", "all-capacity"
+CAPACITY_MODES = (MANAGED_MODE, ALL_CAPACITY_MODE)
 
 # Who brings a failed slice back.
 COMPUTE_ENGINE = "compute-engine"  # Compute Engine restarts the slice whole on healthy hosts
@@ -143,6 +150,19 @@ def fill(body: Any, values: Mapping[str, Any]) -> Any:
 # result in slice unavailability of up to a few hours". Four hours covers "a few"; a slice still
 # down then is recreated (a recovery that never came back costs at most this long).
 GOOGLE_REPAIR_GRACE_S = 4 * 3600
+# How long a host under repair in an All Capacity reservation is left to Google: it repairs the
+# host in place and never moves the slice ("Deploy TPUs in All Capacity mode in GKE": the
+# responsibility for node failures and planned maintenance is the user's), so rayslice recreates
+# a slice still broken after this onto the reservation's spare hosts. A quarter of an hour lets a
+# host restart in place; anything longer is a repair that only the user can route around.
+ALL_CAPACITY_GRACE_S = 15 * 60
+# How long an individual-mode slice may stay partly created before the controller deletes it,
+# backs off and asks again. Compute Engine ("About bulk mode"): without bulk mode a MIG "creates
+# as many instances as possible with the available capacity and attempts to create the remaining
+# instances as capacity becomes available", with no bound; the hosts it made bill while the
+# slice, whole or nothing to JAX, runs no job. A TPU VM the zone has is RUNNING within minutes,
+# so a quarter of an hour is the most one attempt bills for nothing.
+WHOLE_WITHIN_S = 15 * 60
 
 
 # ---- the record types -------------------------------------------------------------------------
@@ -191,6 +211,28 @@ class Reaction:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """One state a cell's slice can stay in for a while: how long before the controller acts
+    (`limit_s`; None: the controller never acts on it), what it then does, and what the state
+    bills meanwhile, in the user's words."""
+
+    state: str
+    limit_s: int | None
+    then: str
+    cost: str
+
+    def words(self) -> str:
+        """One line: the state, its limit, what follows and its cost."""
+        if self.limit_s is None:
+            what = f"no limit: {self.then}"
+        elif self.limit_s == 0:
+            what = self.then
+        else:
+            what = f"up to {self.limit_s // 60} min, then {self.then}"
+        return f"{self.state}: {what}; costs meanwhile: {self.cost}"
+
+
+@dataclass(frozen=True)
 class Unsettled:
     """A point sources disagree on or are silent about, and the choice safe under each reading."""
 
@@ -221,26 +263,97 @@ class Cell:
     price_key: str
     sources: tuple[Source, ...]
     unsettled: tuple[Unsettled, ...] = ()
+    # How long a slice may stay partly created (some hosts made, the rest not) before the
+    # controller deletes it and asks again after a back-off (`WHOLE_WITHIN_S`); None where a slice
+    # is made whole or not at all (bulk MIGs, TPU nodes, queued requests).
+    whole_within_s: int | None = None
 
     @property
     def key(self) -> str:
         """``compute/spot``, ``tpu-vm/queued/reserved``: how the docs and messages name a cell."""
         return "/".join((self.platform, *(("queued",) if self.queued else ()), self.capacity))
 
+    @property
+    def waits_for_capacity(self) -> bool:
+        """Whether a slice is a request that waits for capacity and whose hosts the cloud names
+        (a flex-start bulk MIG inserted with its target size, a queued resource, a flex-start node
+        pool), not hosts rayslice names and asks for itself (a reserved MIG's createInstances
+        waits too, in bulk mode, for the hosts rayslice named)."""
+        return self.action(NO_CAPACITY) == KEEP_WAITING and self.target_size != TARGET_FROM_ZERO
+
     def action(self, event: str) -> str | None:
         """The controller's action on `event`, None where the event cannot happen here."""
         reaction = self.events.get(event)
         return reaction.action if reaction else None
 
+    @property
+    def waits(self) -> tuple[Wait, ...]:
+        """Each state a slice of this cell can stay in for a while, how long before the controller
+        acts, and its cost (`Wait`): read from the cell's events, grace and bound, so the table,
+        its page and `validate` say one thing."""
+        if self.platform == GKE:
+            return (Wait("any state", None, "GKE and KubeRay act (no rayslice controller)", "as GKE bills"),)
+        reservation = "the reservation's hours, used or not"
+        idle = reservation if self.price_key == RESERVED else "nothing: no host exists yet"
+        found: list[Wait] = []
+        no_capacity = self.action(NO_CAPACITY)
+        if no_capacity == KEEP_WAITING:
+            then = (
+                "the request fails at queueDeadlineHours if set; the controller does not act"
+                if self.queued
+                else "the controller keeps waiting (resize to 0 or `pulumi destroy` withdraws it)"
+            )
+            found.append(Wait("waiting for capacity", None, then, idle))
+        elif self.whole_within_s is None:
+            found.append(Wait("refused for lack of capacity", 0, "asked again on the next round", idle))
+        if self.whole_within_s is not None:
+            hosts = (
+                f"the hosts made so far at the {self.price_key} price, buying nothing "
+                "(no job runs on part of a slice)"
+            )
+            found.append(
+                Wait(
+                    "partly created",
+                    self.whole_within_s,
+                    "deleted, and asked again after a back-off",
+                    f"{reservation}" if self.price_key == RESERVED else hosts,
+                )
+            )
+        if self.repair_grace_s is not None:
+            down = "hosts still running at the price; a stopped host only its disks"
+            in_place = self.repaired_by == RAYSLICE
+            state = "repaired in place by Google" if in_place else "being repaired by Google"
+            found.append(
+                Wait(
+                    state,
+                    self.repair_grace_s,
+                    "recreated whole",
+                    reservation if self.price_key == RESERVED else down,
+                )
+            )
+        if self.action(PREEMPTION) == RECREATE:
+            found.append(Wait("preempted", 0, "recreated whole at once", "the stopped hosts' disks only"))
+        if self.action(RUN_DURATION) == END or self.action(SUSPENDED) == END:
+            then = (
+                "its MIG is resized to 0 at once and nothing is asked again"
+                if self.mig_mode
+                else "nothing is asked again"
+            )
+            found.append(Wait("ended", 0, then, "nothing after the end"))
+        return tuple(found)
+
     def describe(self) -> list[str]:
         """The few lines `validate` and `preview` print: how slices are made, who repairs them,
-        what the controller does on each event (events grouped by action)."""
+        what the controller does on each event (events grouped by action), and how long each
+        state may last and what it costs (`waits`)."""
         repaired = {
             COMPUTE_ENGINE: "Compute Engine recovers a failed slice whole",
             CLOUD_TPU: "the Cloud TPU service takes a slice through host maintenance",
             GKE_REPAIR: "GKE brings the nodes back (auto-repair or the autoscaler)",
             RAYSLICE: "not by Google: rayslice's recovery controller recreates the slice whole",
         }[self.repaired_by]
+        if self.repaired_by == RAYSLICE and self.repair_grace_s is not None:
+            repaired = "Google repairs hosts in place only; rayslice's recovery controller moves the slice"
         lines = [
             f"capacity {self.key}: {self.summary}",
             f"  slices made by: {' -> '.join(c.method for c in self.calls)}",
@@ -251,6 +364,7 @@ class Cell:
             by_action.setdefault(reaction.action, []).append(event)
         for action, events in by_action.items():
             lines.append(f"  on {', '.join(events)}: {self._action_words(action)}")
+        lines += [f"  {wait.words()}" for wait in self.waits]
         return lines
 
     def _action_words(self, action: str) -> str:
@@ -261,7 +375,13 @@ class Cell:
             f"still broken after {grace}",
             END: "the slice has ended: the controller records it and requests nothing again",
             KEEP_WAITING: "the request keeps waiting; the controller changes nothing",
-            RETRY: "the create is tried again on the controller's next round",
+            RETRY: "the create is tried again on the controller's next round"
+            + (
+                f" (a slice partly created is deleted and asked again if not whole within "
+                f"{self.whole_within_s // 60} min)"
+                if self.whole_within_s
+                else ""
+            ),
             LEFT_TO_GKE: "no rayslice controller on gke: GKE and KubeRay act",
         }[action]
 
@@ -280,6 +400,8 @@ class SpecLike(Protocol):
     def reservation(self) -> str | None: ...
     @property
     def calendar_mode(self) -> bool: ...
+    @property
+    def capacity_mode(self) -> str: ...
 
 
 # ---- the sources ------------------------------------------------------------------------------
@@ -356,16 +478,47 @@ COMPUTE_CONSUME = Source(
     "A reservation-bound instance consumes one specific reservation (reservation affinity "
     "SPECIFIC_RESERVATION with the reservation's name) and is deleted when the reservation ends.",
 )
-RESIZE_REQUESTS = Source(
-    "Compute Engine, About resize requests in a MIG",
-    "https://cloud.google.com/compute/docs/instance-groups/about-resize-requests-mig",
-    "Compute Engine deletes flex-start VMs at the end of their run duration.",
+FLEX_VMS = Source(
+    "Compute Engine, About Flex-start VMs",
+    "https://cloud.google.com/compute/docs/instances/about-flex-start-vms",
+    "Flex-start VMs start when resources are available and run for up to seven days; then Compute "
+    "Engine stops or deletes them as their termination action says.",
+)
+BULK_WAIT = Source(
+    "Compute Engine, Overview of adding instances all at once in a MIG; compute v1 "
+    "InstanceGroupManagerStatusBulkInstanceOperation",
+    "https://docs.cloud.google.com/compute/docs/instance-groups/overview-add-vms-all-at-once-in-mig",
+    "By default a MIG creates each instance on its own, which 'can lead to partial provisioning'; "
+    "bulk mode creates them only when all are available, avoiding 'charges for partial capacity'. "
+    "While a bulk MIG waits, status.bulkInstanceOperation.inProgress is true and its "
+    "lastProgressCheck holds the time of the last check and the errors that keep it waiting.",
+)
+SCHEDULING_RESTART = Source(
+    "compute v1 Scheduling.automaticRestart",
+    "https://cloud.google.com/compute/docs/reference/rest/v1/instances",
+    "Whether Compute Engine restarts an instance it terminated (not one a user terminated); "
+    "true by default; only preemptible instances cannot be restarted automatically. SkyPilot's "
+    "flex-start TPU template leaves it at that default.",
+)
+ALL_CAPACITY = Source(
+    "Cloud TPU, Request TPU capacity in All Capacity mode",
+    "https://docs.cloud.google.com/tpu/docs/request-all-capacity-mode-reservation",
+    "An All Capacity mode reservation is asked for through the account team and delivered as a "
+    "named Compute Engine reservation.",
+)
+ALL_CAPACITY_GKE = Source(
+    "GKE, Deploy TPUs in All Capacity mode in GKE",
+    "https://docs.cloud.google.com/kubernetes-engine/docs/how-to/tpu-all-capacity-mode",
+    "Unlike managed mode, where Google keeps part of the capacity to handle hardware failures, All "
+    "Capacity mode gives the whole reservation and shifts managing node failures and planned "
+    "maintenance to the user.",
 )
 GKE_FLEX = Source(
     "GKE, About flex-start provisioning mode",
     "https://cloud.google.com/kubernetes-engine/docs/concepts/dws",
     "Flex-start node pools get VMs when capacity becomes available, for at most 7 days; TPU v3 "
-    "and v4 are not supported; the page lists its own zones.",
+    "and v4 are not supported; TPUs in v6e asia-northeast1-b, us-east5-a, us-east5-b, v5e "
+    "us-west4-a, v5p us-east5-a (no TPU7x), on GKE 1.33.0-gke.1712000 or later.",
 )
 GKE_PRICING = Source(
     "GKE pricing",
@@ -438,6 +591,12 @@ _GONE_RECREATE = Reaction("the slice's MIG, node or queued resource is gone (del
 _NO_CAPACITY_RETRY = Reaction(
     "the zone has no capacity for the slice now (ZONE_RESOURCE_POOL_EXHAUSTED)", RETRY
 )
+_PARTLY_CREATED = Reaction(
+    "the zone has not every host now: the MIG creates what it can and the rest when capacity comes "
+    "(partly created, each missing host's last attempt says why); the controller deletes a slice "
+    "not whole in time and asks again after a back-off",
+    RETRY,
+)
 _WAITS = Reaction("waiting for capacity: the request waits until the zone has the whole slice", KEEP_WAITING)
 _PREEMPTED = Reaction("preempted: Google took the Spot hosts back for other work", RECREATE)
 
@@ -486,13 +645,17 @@ def _compute(
     price_key: str,
     sources: tuple[Source, ...],
     unsettled: tuple[Unsettled, ...] = (),
+    grace: int | None = GOOGLE_REPAIR_GRACE_S,
 ) -> Cell:
     """A compute cell: a template, a workload policy and a MIG (plus its hosts' createInstances
-    where the MIG starts empty)."""
-    # pulumi-gcp refuses SPOT without preemptible and without automatic restart off; flex-start
-    # hosts do not restart by themselves either (pulumi-gcp's ResizeRequest example template:
-    # automatic_restart False); on-demand and reservation-bound hosts restart after a host error.
-    restarts = model in (STANDARD_MODEL, RESERVATION_BOUND_MODEL)
+    where the MIG starts empty); `grace`: how long a broken slice whose hosts exist is left to
+    Google (None where nobody at Google repairs it)."""
+    # pulumi-gcp refuses SPOT without preemptible and without automatic restart off (and
+    # Scheduling.automaticRestart, compute v1: "Preemptible instances cannot be automatically
+    # restarted"). Every other model keeps Compute Engine's default, true: failure recovery
+    # "is controlled by the automatic restart setting", and with it off a failed host stays
+    # TERMINATED while the cell waits for Google's recovery (FLEX_AUTO_RESTART).
+    restarts = model != SPOT_MODEL
     scheduling: dict[str, Any] = {
         "provisioningModel": model,
         "onHostMaintenance": ON_HOST_MAINTENANCE,
@@ -540,16 +703,20 @@ def _compute(
         failure_action=DO_NOTHING,
         run_duration=run_duration,
         repaired_by=repaired_by,
-        repair_grace_s=None if repaired_by == RAYSLICE else GOOGLE_REPAIR_GRACE_S,
+        repair_grace_s=grace,
         events={
             **events,
-            NO_CAPACITY: _WAITS if target == TARGET_AT_INSERT else _NO_CAPACITY_RETRY,
+            # A bulk MIG waits for every host (Compute Engine, "About bulk mode"), whether its
+            # target size was set at insert or by one createInstances; an individual one makes
+            # what the zone has and the rest later.
+            NO_CAPACITY: _WAITS if mode == BULK else _PARTLY_CREATED,
             GONE: _GONE_RECREATE,
         },
         elastic_allowed=True,
         price_key=price_key,
         sources=(TPU_MIG, COMPUTE_DISCOVERY, *sources),
         unsettled=(_DO_NOTHING_EVERYWHERE, *unsettled),
+        whole_within_s=None if mode == BULK else WHOLE_WITHIN_S,
     )
 
 
@@ -583,10 +750,26 @@ _FLEX_ZONES_COMPUTE = Unsettled(
     "validate takes the v6e zones both list and SkyPilot's TPU7x zone, refuses the others naming these "
     "(catalog.FLEX_START_ZONES), and offers no v5p flex-start on compute.",
 )
+_FLEX_AUTO_RESTART = Unsettled(
+    "Whether Compute Engine takes automatic restart on a flex-start TPU template: no page read "
+    "refuses it (the ResizeRequest example turns it off for A3 GPUs), and failure recovery needs it.",
+    "Keep the default, on (SkyPilot does so): a failed host is recovered by Compute Engine within "
+    "the cell's grace; if Google refused the template, `pulumi up` would fail with its message "
+    "before any slice is made.",
+)
+_ALL_CAPACITY_SPARES = Unsettled(
+    "Where a slice recreated out of an All Capacity reservation lands: Google says the user "
+    "reschedules onto spare hardware set aside in the reservation; rayslice cannot pick hosts.",
+    f"The controller waits {ALL_CAPACITY_GRACE_S // 60} min for the in-place repair, then deletes the "
+    "slice and asks the same reservation again (one createInstances in bulk mode), which places it "
+    "on healthy hosts if the reservation has spares, or waits for them.",
+)
 _FLEX_ZONES_GKE = Unsettled(
-    "Which zones GKE's flex-start takes for TPUs: its page lists them, and rayslice has not read the list.",
-    "validate passes any zone of the generation on to GKE (refusing v3 and v4, as the page says); a zone "
-    "GKE refuses fails when the node pool is created, with GKE's message.",
+    "Which zones GKE's flex-start takes for TPUs: the list is taken from a review's quote of GKE's "
+    "page, not re-read from the page itself; the page also asks for GKE 1.33.0-gke.1712000 or later.",
+    "validate takes the listed zones per generation and refuses the others, and TPU7x, naming them "
+    "(catalog.FLEX_START_ZONES); the GKE version is the release channel's, which rayslice does not "
+    "pin, so an older cluster fails when the node pool is created, with GKE's message.",
 )
 _CALENDAR_COMPUTE = Unsettled(
     "Whether a calendar-mode reservation asks more of a Compute Engine instance than a named "
@@ -598,7 +781,7 @@ _CALENDAR_COMPUTE = Unsettled(
 _COMPUTE_CELLS = (
     _compute(
         ON_DEMAND,
-        "standard VMs at list price, created at once or refused",
+        "standard VMs at list price, each host created when the zone has it",
         model=STANDARD_MODEL,
         termination=None,
         affinity=None,
@@ -625,6 +808,7 @@ _COMPUTE_CELLS = (
         price_key=SPOT,
         sources=(SPOT_TPU, FAILURE_RECOVERY),
         unsettled=(_INDIVIDUAL_FORM,),
+        grace=None,
     ),
     _compute(
         RESERVED,
@@ -662,6 +846,31 @@ _COMPUTE_CELLS = (
         unsettled=(_CALENDAR_COMPUTE, _GRACE),
     ),
     _compute(
+        RESERVED_ALL_CAPACITY,
+        "hosts of a named reservation in All Capacity mode (reservation-bound; you route around failures)",
+        model=RESERVATION_BOUND_MODEL,
+        termination=DELETE,
+        affinity=SPECIFIC_RESERVATION,
+        mode=BULK,
+        target=TARGET_FROM_ZERO,
+        run_duration=False,
+        repaired_by=RAYSLICE,
+        events={
+            MAINTENANCE: Reaction(
+                "host maintenance: Google works on the hosts in place and does not move the slice",
+                WAIT_FOR_REPAIR,
+            ),
+            HOST_ERROR: Reaction(
+                "a host failed: Google repairs it in place and never moves the slice to other hosts",
+                WAIT_FOR_REPAIR,
+            ),
+        },
+        price_key=RESERVED,
+        sources=(COMPUTE_CONSUME, ALL_CAPACITY, ALL_CAPACITY_GKE, BULK_MODE, PULUMI_BULK_CONFIG),
+        unsettled=(_ALL_CAPACITY_SPARES,),
+        grace=ALL_CAPACITY_GRACE_S,
+    ),
+    _compute(
         FLEX_START,
         "waits for the whole slice, then runs at most maxRunHours (flex-start)",
         model=FLEX_START_MODEL,
@@ -676,8 +885,16 @@ _COMPUTE_CELLS = (
             RUN_DURATION: Reaction("ended: run duration reached; Compute Engine deleted the hosts", END),
         },
         price_key=FLEX_START,
-        sources=(BULK_MODE, SKYPILOT_MIG, RESIZE_REQUESTS, FAILURE_RECOVERY, FLEX_TPU),
-        unsettled=(_FLEX_ZONES_COMPUTE, _GRACE),
+        sources=(
+            BULK_MODE,
+            BULK_WAIT,
+            SKYPILOT_MIG,
+            FLEX_VMS,
+            FAILURE_RECOVERY,
+            SCHEDULING_RESTART,
+            FLEX_TPU,
+        ),
+        unsettled=(_FLEX_ZONES_COMPUTE, _FLEX_AUTO_RESTART, _GRACE),
     ),
 )
 
@@ -1005,11 +1222,13 @@ def by_key(key: str) -> Cell:
 
 def capacity_of(spec: SpecLike) -> str:
     """The table's capacity key for a stack's keys: ``reserved`` splits by whether a reservation
-    is named and whether it was created in calendar mode."""
+    is named, whether it was created in calendar mode and whether it is in All Capacity mode."""
     if spec.capacity != RESERVED:
         return spec.capacity
     if spec.calendar_mode:
         return RESERVED_CALENDAR
+    if spec.capacity_mode == ALL_CAPACITY_MODE:
+        return RESERVED_ALL_CAPACITY
     return RESERVED if spec.reservation else RESERVED_ANY
 
 
@@ -1029,7 +1248,14 @@ _QUEUED_ELSEWHERE = {
     GKE: "capacity=flex-start, a node pool that waits for capacity (GKE's queued provisioning needs "
     "Kueue and ProvisioningRequest objects, which rayslice does not install: docs/capacity.md)",
 }
+_ALL_CAPACITY_ELSEWHERE = (
+    "capacityMode=all-capacity is offered on platform=compute only (rayslice recreates the slice "
+    "there; on tpu-vm and gke it has not read how such a reservation is consumed): use platform=compute"
+)
 _NOT_OFFERED = {
+    (TPU_VM, RESERVED_ALL_CAPACITY, False): _ALL_CAPACITY_ELSEWHERE,
+    (TPU_VM, RESERVED_ALL_CAPACITY, True): _ALL_CAPACITY_ELSEWHERE,
+    (GKE, RESERVED_ALL_CAPACITY, False): _ALL_CAPACITY_ELSEWHERE,
     (TPU_VM, FLEX_START, False): "capacity=flex-start on platform=tpu-vm is a queued request: set "
     "queued=true (the TPU API takes flex-start only through a queued resource)",
     (TPU_VM, RESERVED, False): "reservation on platform=tpu-vm is named through a queued resource: set "
@@ -1085,7 +1311,7 @@ def queued_cell(request: Mapping[str, Any]) -> Cell:
 
 
 # The spec's ``capacity`` value of each table capacity (the spec says ``reserved`` for all three).
-SPEC_CAPACITY = {RESERVED_ANY: RESERVED, RESERVED_CALENDAR: RESERVED}
+SPEC_CAPACITY = {RESERVED_ANY: RESERVED, RESERVED_CALENDAR: RESERVED, RESERVED_ALL_CAPACITY: RESERVED}
 
 
 def stack_lines(spec: SpecLike, *, controller_runs: bool) -> list[str]:

@@ -760,12 +760,18 @@ CAPACITIES = ("on-demand", "spot", "reserved", "flex-start")
 #   TPU flex-start MIGs): ct6e asia-northeast1-b, us-east5-a, us-south1-ai1b; tpu7x us-central1-c.
 #   The v6e zones are the Cloud TPU page's; us-south1-ai1b is not a zone name the spec takes.
 #   Compute Engine's own pages list none, and no source offers v5p there.
-# - gke: GKE, "About flex-start provisioning mode" (https://cloud.google.com/kubernetes-engine/docs/concepts/dws):
-#   "TPU v3 and v4 are not supported"; its zone list was not read.
+# - gke: GKE, "About flex-start provisioning mode" (https://cloud.google.com/kubernetes-engine/docs/concepts/dws),
+#   its TPU section as a review of it quoted (the page itself not re-read here): v6e in
+#   asia-northeast1-b, us-east5-a and us-east5-b; v5e in us-west4-a; v5p in us-east5-a; no TPU7x
+#   (and TPU v3 and v4 are not supported); GKE 1.33.0-gke.1712000 or later.
 FLEX_START_ZONES: dict[str, dict[str, tuple[str, ...] | None]] = {
     "tpu-vm": {"v6e": ("asia-northeast1-b", "us-east5-a"), "v5litepod": ("us-west4-a", "us-central1-a")},
     "compute": {"v6e": ("asia-northeast1-b", "us-east5-a"), "tpu7x": ("us-central1-c",)},
-    "gke": {"v5litepod": None, "v5p": None, "v6e": None, "tpu7x": None},
+    "gke": {
+        "v5litepod": ("us-west4-a",),
+        "v5p": ("us-east5-a",),
+        "v6e": ("asia-northeast1-b", "us-east5-a", "us-east5-b"),
+    },
 }
 
 

@@ -714,7 +714,10 @@ RULES: tuple[Rule, ...] = (
     Rule("resource-name", _NAME_SOURCE, _names, False),
     Rule("labels", _LABELS_SOURCE, _labels, False),
     Rule("tpu-boot-disk", _DISK_SOURCE, _boot_disk_per_generation, False),
-    Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False),
+    # Google's page uses STOP and refuses nothing else: a Spot template that deletes on
+    # preemption is accepted; rayslice keeps STOP so the preempted hosts stay listed (an event
+    # can say "preempted") until the controller recreates the slice whole.
+    Rule("spot-tpu-stop", _SPOT_SOURCE, _spot_tpu_template_stops, False, ours=True),
     # REPAIR is the MIG's default: Google accepts it; the repaired host could not rejoin the slice.
     Rule("tpu-mig-do-nothing", _TPU_MIG_SOURCE, _tpu_mig_does_nothing, True, ours=True),
     Rule("resize-request-run-duration", _RUN_DURATION_SOURCE, _resize_request_run_duration, False),

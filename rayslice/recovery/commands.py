@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from rayslice import clusters, names, printable
+from rayslice import capacity_table, clusters, names, printable
 from rayslice import spec as spec_module
 from rayslice.cli import load_spec, spec_options
 from rayslice.cloud.capacity import ACTIVE as QUEUED_ACTIVE
@@ -153,8 +153,9 @@ def gather(client: CloudClient, spec: ClusterSpec) -> dict[str, Any]:
     kind = kinds.of(spec.platform)
     if kind is None:  # GKE: node pools, read through the container API
         return _gather_gke(client, spec)
+    cell = capacity_table.cell_for(spec)
     slices = [
-        kind.status(client, spec.slice_name(i), spec.tpu.hosts, waits=spec.waits_for_capacity)
+        kind.status(client, spec.slice_name(i), spec.tpu.hosts, waits=spec.waits_for_capacity, cell=cell)
         for i in range(spec.slices)
     ]
     head: dict[str, Any] | None = None
@@ -191,7 +192,8 @@ def render_text(data: dict[str, Any]) -> str:
         if "phase" in item:  # a GKE node pool
             lines += _pool_lines(item)
             continue
-        lines.append(f"slice {item['name']}: {item['state']}")
+        meaning = f": {item['meaning']}" if item.get("meaning") else ""
+        lines.append(f"slice {item['name']}: {item['state']}{meaning}")
         if item.get("request"):
             lines.append(f"  {_request_line(item['request'])}")
         for host in item["hosts"]:

@@ -65,7 +65,7 @@ from rayslice.recovery import kinds
 from rayslice.recovery.cloud import CloudClient, Location, RefusedResource
 from rayslice.recovery.demand import Demand, parse
 from rayslice.recovery.events import Event, FileSink, GuestAttributeSink, Recorder, Sink, StreamSink
-from rayslice.recovery.journal import DELETE, Entry, Journal, Recreation
+from rayslice.recovery.journal import DELETE, INSERT, Entry, Journal, Recreation
 from rayslice.recovery.kinds import Observation, Operation, SliceKind
 from rayslice.recovery.scaling import Decision, ScalingPolicy, decide, instances_of
 
@@ -127,6 +127,12 @@ class SliceState:
     # process began it.
     recreation: Recreation | None = None
     inherited: bool = False
+    # When the controller first saw the slice partly created (`Observation.partly`), and how many
+    # times in a row it gave a partly created slice up (its back-off grows with each).
+    partly_since: float | None = None
+    partials: int = 0
+    # Its capacity ended: nothing is asked again, by recovery or by elastic scaling.
+    ended: bool = False
 
 
 # What the controller does about one slice on one pass (`reconcile`).
@@ -134,6 +140,8 @@ HEALTHY = "healthy"  # nothing to do; a recovery by Google, if it was waited for
 ENDED = "ended"  # its capacity ended: recorded once, nothing requested again
 LEAVE_TO_GOOGLE = "leave-to-google"  # broken where Google repairs: recorded once, then waited on
 WAITING = "waiting"  # still within Google's grace, or backing off after a failure: nothing now
+CREATING = "creating"  # partly created, first seen: its bound starts counting
+GIVE_UP = "give-up"  # partly created past the cell's bound: deleted, asked again after a back-off
 NO_SPEC = "no-spec"  # broken, and nothing recorded to recreate it from
 RECREATE = "recreate"  # recreate it whole from its recorded spec
 FINISH = "finish"  # finish the recreation under way from the step it reached
@@ -154,19 +162,36 @@ def reconcile(
     `cell` says who repairs it) and what was seen (`observation`, and what the controller knows
     of the slice: `state`). Decides only; `Controller.act_on` acts.
 
-    Where the cell says Google repairs the slice (``repaired_by`` not rayslice), a slice whose
-    hosts still exist is never deleted while Google may be recovering it: it is left to Google
-    (recorded once, with the cell's words) and recreated only once it is gone or still broken
-    after the cell's ``repair_grace_s``. Spot slices, and a slice that is gone, are recreated at
-    once. A queued slice's cell is its request's (`Observation.cell`): the stack's capacity key
-    alone names no cell for a queued reservation or flex-start request."""
+    Where the cell gives Google a repair grace (``repair_grace_s``: Google recovers the slice,
+    or, in an All Capacity reservation, repairs its hosts in place), a slice whose hosts still
+    exist is never deleted while Google may be repairing it: it is left to Google (recorded once,
+    with the cell's words) and recreated only once it is gone or still broken after the grace.
+    Spot slices, and a slice that is gone, are recreated at once. A slice partly created (some
+    hosts made, the rest not) is given up once it is not whole within the cell's
+    ``whole_within_s``: deleted, and asked again after a back-off. A slice whose capacity ended
+    is recorded once and its MIG resized to 0. A queued slice's cell is its request's
+    (`Observation.cell`): the stack's capacity key alone names no cell for a queued reservation
+    or flex-start request."""
     if state.recreation is not None:
         return Plan(FINISH) if now >= state.next_try else Plan(WAITING)
-    if not observation.broken:
-        return Plan(ENDED if observation.ended else HEALTHY)
-    note = ""
+    if observation.ended:
+        return Plan(ENDED)
     cell = observation.cell or cell
-    if not observation.gone and cell is not None and cell.repaired_by != capacity_table.RAYSLICE:
+    if observation.partly:
+        # Some hosts billing, the slice not whole: bounded by the cell (`Cell.whole_within_s`).
+        bound = cell.whole_within_s if cell is not None else None
+        if bound is None or state.partly_since is None:
+            return Plan(CREATING)
+        if now - state.partly_since < bound:
+            return Plan(WAITING)
+        if state.recorded is None:
+            return Plan(NO_SPEC)
+        minutes = (now - state.partly_since) / 60
+        return Plan(GIVE_UP, f"not whole {minutes:.0f} min after its creation began; ")
+    if not observation.broken:
+        return Plan(HEALTHY)
+    note = ""
+    if not observation.gone and cell is not None and cell.repair_grace_s is not None:
         if state.broken_since is None:
             return Plan(LEAVE_TO_GOOGLE)
         if now - state.broken_since < float(cell.repair_grace_s or 0):
@@ -230,7 +255,12 @@ class Controller:
         state = self.slices.get(name)
         if state is None:  # first look since the controller started: what an earlier one kept
             entry = self.journal.load(name)
-            state = SliceState(recorded=entry.spec, recreation=entry.recreation)
+            state = SliceState(
+                recorded=entry.spec,
+                recreation=entry.recreation,
+                was_whole=entry.was_whole,
+                ended=entry.ended,
+            )
             state.inherited = entry.recreation is not None
             self.slices[name] = state
         try:
@@ -246,12 +276,21 @@ class Controller:
         keep = not observation.broken or state.recorded is None
         if observation.recorded is not None and state.recreation is None and keep:
             self._remember(name, state, observation.recorded)
-        state.was_whole = state.was_whole or observation.whole
+        if observation.whole and not state.was_whole:
+            state.was_whole = True
+            if state.recreation is None:  # else the journal holds the recreation, kept whole
+                self._keep(name, state)
         now = self.clock()
         plan = reconcile(observation, state, self.target.cell, now)
-        if plan.action in (HEALTHY, ENDED):
-            if plan.action == ENDED and state.last_seen != observation.seen:
-                self.recorder.record(Event.now(name, observation.seen, "none", ENDED_OUTCOME, 1))
+        if plan.action == ENDED:
+            self._end(name, state, observation.seen)
+        elif plan.action == CREATING:
+            self._creating(name, state, observation, now)
+        elif plan.action == GIVE_UP:
+            self._give_up(name, state, observation.seen, plan.note)
+        elif plan.action == HEALTHY:
+            if observation.whole:
+                state.partly_since, state.partials = None, 0
             if state.broken_since is not None:  # Google's recovery brought it back
                 minutes = (now - state.broken_since) / 60
                 self.recorder.record(
@@ -291,15 +330,71 @@ class Controller:
         self, name: str, state: SliceState, recorded: dict[str, Any], *, force: bool = False
     ) -> None:
         """Keeps `recorded` as the slice's spec, in the journal too when it changed (or `force`:
-        a recreation just ended). A journal that cannot be written is said on stderr; the
-        controller goes on with its memory."""
+        a recreation just ended)."""
         if recorded == state.recorded and not force:
             return
         state.recorded = recorded
+        self._keep(name, state)
+
+    def _keep(self, name: str, state: SliceState) -> None:
+        """Writes what a successor needs of a slice at rest (its spec, whether it was whole,
+        whether its capacity ended) to the journal. A journal that cannot be written is said on
+        stderr; the controller goes on with its memory."""
         try:
-            self.journal.save(name, Entry(recorded))
+            self.journal.save(name, Entry(state.recorded, None, state.was_whole, state.ended))
         except OSError as exc:
             print(f"rayslice-recovery: could not keep {name}'s spec: {exc}", file=sys.stderr)
+
+    def _end(self, name: str, state: SliceState, seen: str) -> None:
+        """A slice whose capacity ended: its MIG resized to 0, so that whatever Google does with
+        the target size no new run is bought and nothing bills (`SliceKind.end`), recorded once
+        (and again for each resize it sends); nothing is asked again."""
+        outcome = self.target.kind.end(self.operation, name)
+        if not state.ended or outcome:
+            words = ENDED_OUTCOME + (f"; {outcome}" if outcome else "")
+            self.recorder.record(Event.now(name, seen, "none", words, 1))
+        if not state.ended:
+            state.ended = True
+            self._keep(name, state)
+        state.failures, state.next_try, state.last_seen = 0, 0.0, seen
+
+    def _creating(self, name: str, state: SliceState, observation: Observation, now: float) -> None:
+        """A slice first seen partly created: when (its cell's bound counts from then). Nothing
+        is recorded: every slice is partly created for a while as its hosts come up; the event
+        comes if it is given up (`_give_up`), and `rayslice status` says it meanwhile."""
+        if state.partly_since is None:
+            state.partly_since = now
+
+    def _give_up(self, name: str, state: SliceState, seen: str, note: str) -> None:
+        """A slice still partly created past its cell's bound: deleted now (its hosts stop
+        billing), its recreation journaled at the insert step and finished after a back-off that
+        grows with each slice given up in a row (`reconcile` then says FINISH)."""
+        spec = state.recorded
+        assert spec is not None  # `reconcile` gives up only a slice with a recorded spec
+        state.partials += 1
+        attempt = state.partials
+        recreation = Recreation(DELETE, seen, attempt)
+        state.recreation = recreation
+
+        def begin(step: str) -> None:
+            recreation.step = step
+            self.journal.save(name, Entry(spec, recreation))
+
+        try:
+            outcome = self.target.kind.recreate(
+                self.operation, name, spec, DELETE, begin, cell=self.target.cell, pause_before=INSERT
+            )
+        except (CloudError, OSError) as exc:
+            outcome = f"failed: {exc}"
+        if outcome.startswith("failed"):
+            self._failed(state, attempt)
+            outcome += f"; next try in {self.backoff(state.failures):.0f}s"
+        else:
+            begin(INSERT)  # the successor (or the next pass) asks again from the insert
+            state.next_try = self.clock() + self.backoff(attempt)
+            state.partly_since, state.was_whole = None, False
+            outcome = f"{outcome}; asked again in {self.backoff(attempt):.0f}s"
+        self.recorder.record(Event.now(name, seen, "recreate", note + outcome, attempt))
 
     def _recreate(self, name: str, state: SliceState, seen: str, attempt: int, note: str = "") -> None:
         """Recreates the slice from its recorded spec, or finishes the recreation under way from
@@ -352,8 +447,10 @@ class Controller:
         # a resize to 0 (Compute Engine, "About bulk mode").
         cell = self.target.cell
         bulk = by_size or (cell is not None and cell.mig_mode == capacity_table.BULK)
+        # A slice whose capacity ended is never asked again, by demand either.
+        slice_names = tuple(n for n in self.target.slice_names if not self.slices.get(n, SliceState()).ended)
         try:
-            sizes = {name: kind.hosts_held(self.client, name) for name in self.target.slice_names}
+            sizes = {name: kind.hosts_held(self.client, name) for name in slice_names}
             # A bulk MIG (flex-start, reservation-bound) with a target size and no instance waits
             # for capacity.
             waiting = {n for n, (target, held) in sizes.items() if target > 0 and held == 0}
@@ -367,7 +464,7 @@ class Controller:
         try:
             decision = decide(
                 policy,
-                self.target.slice_names,
+                slice_names,
                 with_hosts,
                 demand,
                 self.wall_clock(),

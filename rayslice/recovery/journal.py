@@ -57,11 +57,21 @@ class Entry:
 
     spec: dict[str, Any] | None = None
     recreation: Recreation | None = None
+    # Seen whole since it was (re)created: a successor must not read an ended run's MIG, which
+    # may wait to make its hosts again, as a slice still waiting for its first hosts.
+    was_whole: bool = False
+    # Its capacity ended (a flex-start run, a calendar period): nothing is asked again.
+    ended: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Entry:
         recreation = data.get("recreation")
-        return cls(data.get("spec"), Recreation(**recreation) if recreation else None)
+        return cls(
+            data.get("spec"),
+            Recreation(**recreation) if recreation else None,
+            bool(data.get("was_whole", False)),
+            bool(data.get("ended", False)),
+        )
 
 
 @dataclass
@@ -85,7 +95,7 @@ class Journal:
     def save(self, name: str, entry: Entry) -> None:
         """Replaces the slice's entry whole; OSError if the directory cannot be written."""
         if self.directory is None:
-            self._memory[name] = Entry(entry.spec, entry.recreation)
+            self._memory[name] = Entry(entry.spec, entry.recreation, entry.was_whole, entry.ended)
             return
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         text = json.dumps(asdict(entry), sort_keys=True)

@@ -50,9 +50,12 @@ from rayslice.recovery.cloud import CloudClient, managed_instance_name
 from rayslice.recovery.journal import CREATE_HOSTS, DELETE, INSERT, STEPS
 from rayslice.recovery.permissions import RolePart
 
-# Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself.
+# Cloud TPU v2 Node.state values (tpu.v2.json) that mean the node will not come back by itself:
+# UNKNOWN is "TPU node is in an unknown state after a failed repair", so nothing is left for
+# Google to finish and the node is recreated at once, as a PREEMPTED one is.
 TPU_TERMINATED = "TERMINATED"
-TPU_BROKEN_STATES = frozenset({"PREEMPTED", TPU_TERMINATED})
+TPU_UNKNOWN = "UNKNOWN"
+TPU_BROKEN_STATES = frozenset({"PREEMPTED", TPU_TERMINATED, TPU_UNKNOWN})
 # Compute v1 ManagedInstance.instanceStatus of a serving host; any other status breaks a slice
 # that was once whole.
 COMPUTE_SERVING_STATUS = "RUNNING"
@@ -62,7 +65,7 @@ COMPUTE_BROKEN_STATUSES = frozenset({"STOPPED", "STOPPING", "TERMINATED", "SUSPE
 COMPUTE_REPLACING_ACTIONS = frozenset({"RECREATING"})
 # What a recreated MIG does with a failed host (compute v1,
 # InstanceGroupManagerInstanceLifecyclePolicy.defaultActionOnFailure): nothing; the controller
-# recreates the slice whole (rule spot-tpu-do-nothing in rayslice.cloud.rules).
+# recreates the slice whole (rule tpu-mig-do-nothing in rayslice.cloud.rules).
 MIG_ACTION_ON_FAILURE = "DO_NOTHING"
 # Node fields the TPU API refuses together. tpu.v2.json, Node.networkConfig and networkConfigs:
 # "network_config and network_configs are mutually exclusive, you can only specify one of them.
@@ -92,12 +95,14 @@ TPU_CREATE_FIELDS = (
 )
 # Writable QueuedResource fields (tpu.v2alpha1.json, the version the client reads and recreates
 # queued resources with: `rayslice.recovery.cloud.QUEUED_VERSION`) carried to the new request of
-# a recreated queued slice, flex-start's included; its node keeps TPU_CREATE_FIELDS only.
+# a recreated queued slice, flex-start's included; its node keeps TPU_CREATE_FIELDS only. Not
+# queueingPolicy: the program sets a relative validUntilDuration, which the API may answer as
+# the absolute validUntilTime it became (tpu.v2alpha1.json QueueingPolicy offers both), a time
+# already past for a request made again later; the new request waits without a deadline.
 QUEUED_CREATE_FIELDS = (
     "bestEffort",
     "guaranteed",
     "provisioningModel",
-    "queueingPolicy",
     "reservationName",
     "runDuration",
     "spot",
@@ -135,6 +140,8 @@ HOUR_S = datetime.timedelta(hours=1).total_seconds()
 
 # Called with a recreation's step before its call is sent (`SliceKind.recreate`).
 Begin = Callable[[str], None]
+# `SliceKind.recreate`'s outcome when it stopped before the step it was told to pause before.
+PAUSED = "deleted"
 
 
 @dataclass
@@ -154,6 +161,13 @@ class Observation:
     # The slice's capacity ended (a flex-start run or a calendar-mode reservation over; `seen`
     # says so in the cell's words): nothing is requested again.
     ended: bool = False
+    # Some hosts made and the rest still being created (an individual-mode MIG makes what the
+    # zone has, the rest later: Compute Engine, "About bulk mode"); `seen` says why from the
+    # missing hosts' last attempt. The controller bounds how long this may last.
+    partly: bool = False
+    # Waiting for capacity for the whole slice (a bulk MIG's bulk instance operation in progress);
+    # `seen` carries Google's reason when it gives one.
+    waiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,17 +205,35 @@ class SliceKind(ABC):
         begin: Begin,
         *,
         cell: capacity_table.Cell | None,
+        pause_before: str | None = None,
     ) -> str:
         """Recreates slice `name` from `recorded` (what `observe` recorded), from step `start` on
         (`rayslice.recovery.journal.STEPS`), calling `begin(step)` before each step's call is
         sent; `cell`: the stack's capacity cell, which says how the slice is made (None: an older
-        controller's configuration). Every step looks first, so a step a killed controller already
-        sent is not sent again. Returns the outcome, ``failed: ...`` when it failed."""
+        controller's configuration); `pause_before`: the step not to begin (the delete done, the
+        controller backs off before it asks again: returns `PAUSED`). Every step looks first, so
+        a step a killed controller already sent is not sent again. Returns the outcome,
+        ``failed: ...`` when it failed."""
+
+    def end(self, op: Operation, name: str) -> str:
+        """Stops what an ended slice still asks of Google (a MIG's target size, which could buy a
+        new run); the outcome, empty when nothing was left to stop."""
+        return ""
 
     @abstractmethod
-    def status(self, client: CloudClient, name: str, hosts: int, *, waits: bool) -> dict[str, Any]:
-        """Slice `name` as `rayslice status` shows it (JSON-ready): its state and hosts; `hosts`:
-        the spec's hosts per slice; `waits`: the slice waits for capacity (flex-start, queued)."""
+    def status(
+        self,
+        client: CloudClient,
+        name: str,
+        hosts: int,
+        *,
+        waits: bool,
+        cell: capacity_table.Cell | None = None,
+    ) -> dict[str, Any]:
+        """Slice `name` as `rayslice status` shows it (JSON-ready): its state, the state in a
+        user's words (``meaning``) and its hosts; `hosts`: the spec's hosts per slice; `waits`:
+        the slice waits for capacity (flex-start, queued); `cell`: the stack's capacity cell
+        (who repairs the slice, and how long the controller leaves it)."""
 
     @abstractmethod
     def capacity_kind(self, machine_type: str | None, generation: str) -> str:
@@ -228,6 +260,48 @@ class SliceKind(ABC):
         """Deletes the slice's `hosts` (with `bulk`, every host by a resize to 0) and keeps the
         slice, empty; `why` ends the outcome. Only MIG slices scale."""
         raise self._not_elastic()
+
+
+def made_host(instance: Mapping[str, Any]) -> bool:
+    """Whether a managed instance is a host that exists: compute v1 ManagedInstance.instanceStatus
+    is empty while the instance does not exist (a host still to be created, or a bulk MIG's
+    stand-in for a host to come)."""
+    return bool(instance.get("instanceStatus"))
+
+
+def bulk_waits(mig: Mapping[str, Any], made: int) -> bool:
+    """Whether a bulk MIG waits for capacity for its hosts: its bulk instance operation is in
+    progress (compute v1 InstanceGroupManagerStatus.bulkInstanceOperation.inProgress). A MIG
+    that reports no bulk operation waits when its target size is set and it made no host."""
+    operation = (mig.get("status") or {}).get("bulkInstanceOperation")
+    if operation is not None:
+        return bool(operation.get("inProgress"))
+    return int(mig.get("targetSize", 0)) > 0 and made == 0
+
+
+def _error_words(errors: Any) -> str:
+    """An Error's ``errors[]`` (compute v1) as ``CODE: message``, each code once."""
+    seen: dict[str, str] = {}
+    for item in errors or []:
+        code = str(item.get("code") or "UNKNOWN")
+        seen.setdefault(code, str(item.get("message") or ""))
+    return "; ".join(f"{code}: {message}" if message else code for code, message in seen.items())
+
+
+def bulk_reason(mig: Mapping[str, Any]) -> str:
+    """Why a bulk MIG waits, as Google last said it (bulkInstanceOperation.lastProgressCheck.error,
+    e.g. ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS); empty when it said nothing."""
+    operation = (mig.get("status") or {}).get("bulkInstanceOperation") or {}
+    check = operation.get("lastProgressCheck") or {}
+    return _error_words((check.get("error") or {}).get("errors"))
+
+
+def _why_pending(instances: Sequence[Mapping[str, Any]]) -> str:
+    """Why hosts are not made yet, from their managed instances' last attempt
+    (ManagedInstance.lastAttempt.errors, e.g. ZONE_RESOURCE_POOL_EXHAUSTED); empty if none says."""
+    attempts = [(i.get("lastAttempt") or {}).get("errors") or {} for i in instances]
+    errors = [error for attempt in attempts for error in attempt.get("errors") or []]
+    return _error_words(errors)
 
 
 def _failed_op(verb: str, done: Mapping[str, Any]) -> str:
@@ -282,16 +356,20 @@ class MigSlices(SliceKind):
         }
         target = int(mig.get("targetSize", 0))
         bulk = capacity_table.in_bulk_mode(mig)
-        if bulk and target and not instances and not was_whole:
-            # Bulk mode creates every host at once when the zone has them, none before: a bulk MIG
-            # not yet whole with no instance waits (one that was whole has lost its hosts).
-            return Observation(False, f"MIG waits for capacity for {target} host(s)", recorded)
+        made = [i for i in instances if made_host(i)]
         ended = cell.events.get(capacity_table.RUN_DURATION) if cell is not None else None
-        if target and not instances and was_whole and ended and ended.action == capacity_table.END:
-            # Every host deleted by Compute Engine while the MIG stays: the run duration (or the
-            # reservation's period) is over, as the capacity cell says; nothing is asked again.
+        if target and not made and was_whole and ended and ended.action == capacity_table.END:
+            # Every host deleted by Compute Engine while the MIG stays (and may wait to make them
+            # again): the run duration (or the reservation's period) is over, as the capacity cell
+            # says; the controller resizes it to 0 and asks nothing again.
             seen = f"MIG 0 of {target} instances: {ended.meaning}"
             return Observation(False, seen, recorded, ended=True)
+        if bulk and not was_whole and bulk_waits(mig, len(made)):
+            # Bulk mode creates every host at once when the zone has them, none before (its
+            # managed instances meanwhile stand for the hosts to come).
+            why = bulk_reason(mig) or _why_pending(instances)
+            seen = f"MIG waits for capacity for {target} host(s)" + (f": {why}" if why else "")
+            return Observation(False, seen, recorded, waiting=True)
         problems = []
         if len(instances) < target:
             problems.append(f"{len(instances)} of {target} instances")
@@ -317,6 +395,13 @@ class MigSlices(SliceKind):
         if problems:
             gone = len(instances) < target
             return Observation(True, "MIG " + ", ".join(problems), recorded, gone=gone)
+        if target and not whole and not bulk:
+            # An individual-mode MIG made the hosts the zone had and makes the rest later.
+            pending = [i for i in instances if i.get("instanceStatus") != COMPUTE_SERVING_STATUS]
+            waiting = ", ".join(_short(name, managed_instance_name(i) or "?") for i in pending)
+            why = _why_pending(pending) or "still being created"
+            seen = f"MIG partly created: {serving} of {target} hosts running; {waiting}: {why}"
+            return Observation(False, seen, recorded, partly=True)
         return Observation(False, f"MIG {serving} of {target} instances running", recorded, whole)
 
     def recreate(
@@ -328,6 +413,7 @@ class MigSlices(SliceKind):
         begin: Begin,
         *,
         cell: capacity_table.Cell | None,
+        pause_before: str | None = None,
     ) -> str:
         """Delete the MIG, insert it again from its recorded fields (target size 0, its hosts
         named by one createInstances; a flex-start MIG with its target size, in bulk mode), the
@@ -344,6 +430,8 @@ class MigSlices(SliceKind):
                 done = wait(client.delete_mig(name, op.allowed), op.timeout_s)
                 if not _zone_done(done):
                     return _failed_op("delete", done)
+        if pause_before == INSERT:
+            return PAUSED
         body = dict(recorded["mig"])
         instances = list(recorded["instances"])
         bulk = cell is not None and cell.mig_mode == capacity_table.BULK
@@ -385,19 +473,28 @@ class MigSlices(SliceKind):
             return f"recreated; the MIG waits for capacity for {body.get('targetSize')} host(s)"
         return "recreated"
 
-    def status(self, client: CloudClient, name: str, hosts: int, *, waits: bool) -> dict[str, Any]:
-        """The MIG's instances, each with its boot state; with `waits` (a flex-start bulk MIG),
-        or for any MIG in bulk mode (a reserved slice's waits for the reservation to hold every
-        host), its wait for capacity too."""
+    def status(
+        self,
+        client: CloudClient,
+        name: str,
+        hosts: int,
+        *,
+        waits: bool,
+        cell: capacity_table.Cell | None = None,
+    ) -> dict[str, Any]:
+        """The MIG's instances, each with its boot state, and its state in a user's words
+        (``meaning``); with `waits` (a flex-start bulk MIG), or for any MIG in bulk mode (a
+        reserved slice's waits for the reservation to hold every host), its wait for capacity
+        too."""
         mig = client.get_mig(name)
         if mig is None:
             return {"name": name, "state": "MISSING", "hosts": []}
         waits = waits or capacity_table.in_bulk_mode(mig)
         target = int(mig.get("targetSize", 0))
+        instances = client.list_managed_instances(name)
         rows = []
-        for position, (host, status) in enumerate(
-            sorted(map(managed_status, client.list_managed_instances(name)), key=_by_worker(name))
-        ):
+        by_worker = sorted(map(managed_status, instances), key=_by_worker(name))
+        for position, (host, status) in enumerate(by_worker):
             boot = (
                 boot_state(client.instance_guest_attributes(host, STATE_QUERY))
                 if status == "RUNNING"
@@ -412,28 +509,87 @@ class MigSlices(SliceKind):
                     "boot": boot,
                 }
             )
+        made = sum(1 for i in instances if made_host(i))
         running = sum(1 for h in rows if h["instance"] == "RUNNING")
         if target == 0:  # an elastic cluster's slice without hosts, or one the controller is removing
             state = EMPTY if not rows else f"{EMPTY} ({len(rows)} host(s) being deleted)"
         else:
             state = "READY" if running == target else f"DEGRADED ({running} of {target} hosts running)"
+        words = self._meaning(client, name, mig, instances, cell)
+        found: dict[str, Any] = {"name": name, "state": state, "meaning": words, "hosts": rows}
         if not waits:
-            return {"name": name, "state": state, "hosts": rows}
+            return found
         joined = sum(1 for h in rows if h["boot"] == names.STATE_JOINED)
-        request = bulk_wait_status(mig, len(rows), joined) if target else None
-        if request is not None and not rows:
-            state = f"REQUEST {request['state']}"  # no hosts yet: the wait is the slice's state
-        return {"name": name, "state": state, "hosts": rows, "request": request}
+        request = bulk_wait_status(mig, made, joined) if target else None
+        if request is not None and request["state"] == QUEUED_WAITING:
+            found["state"] = f"REQUEST {request['state']}"  # no hosts yet: the wait is the slice's state
+        return {**found, "request": request}
+
+    def _meaning(
+        self,
+        client: CloudClient,
+        name: str,
+        mig: Mapping[str, Any],
+        instances: Sequence[Mapping[str, Any]],
+        cell: capacity_table.Cell | None,
+    ) -> str:
+        """The slice's state in a user's words: waiting for capacity (with Google's reason), partly
+        created, preempted, being repaired by Google, ended, running."""
+        target = int(mig.get("targetSize", 0))
+        made = [i for i in instances if made_host(i)]
+        running = [i for i in made if i.get("instanceStatus") == COMPUTE_SERVING_STATUS]
+        if target == 0:
+            return "no hosts (an elastic slice without demand, or a slice whose capacity ended)"
+        if capacity_table.in_bulk_mode(mig) and bulk_waits(mig, len(made)):
+            why = bulk_reason(mig) or _why_pending(instances) or "Google has not said why"
+            return f"waiting for capacity for all {target} hosts: {why}"
+        if len(running) == target:
+            return "running"
+        down = {managed_instance_name(i) for i in made if i.get("instanceStatus") != COMPUTE_SERVING_STATUS}
+        preempted = _preempted(client, down) if down else set()
+        if preempted:
+            return (
+                f"preempted: Google took back {len(preempted)} host(s); "
+                "the recovery controller recreates the slice"
+            )
+        if down:
+            if cell is not None and cell.repair_grace_s is not None:
+                who = (
+                    "Google is repairing it in place"
+                    if cell.repaired_by == capacity_table.RAYSLICE
+                    else ("being repaired by Google")
+                )
+                return (
+                    f"{who} ({len(down)} host(s) down); the recovery controller recreates it if not "
+                    f"back within {cell.repair_grace_s // 60} min"
+                )
+            return f"{len(down)} host(s) down; the recovery controller recreates the slice"
+        if not made and cell is not None and cell.action(capacity_table.RUN_DURATION) == capacity_table.END:
+            return "ended: its run (or its reservation's period) is over; nothing is asked again"
+        why = _why_pending([i for i in instances if not made_host(i)]) or "still being created"
+        return f"partly created: {len(running)} of {target} hosts running; the rest: {why}"
+
+    def end(self, op: Operation, name: str) -> str:
+        """A resize to 0 of an ended slice's MIG while its target size is set: its hosts are gone,
+        and a MIG that keeps the size may make them again (a bulk MIG waits for them anew), which
+        would be a second paid run."""
+        mig = op.client.get_mig(name)
+        if mig is None or not int(mig.get("targetSize", 0)):
+            return ""
+        return _resize(op, name, 0, "its capacity ended, so no new run is bought")
 
     def capacity_kind(self, machine_type: str | None, generation: str) -> str:
         """The hosts' machine type (Compute Engine counts instances of it)."""
         return machine_type or generation
 
     def hosts_held(self, client: CloudClient, name: str) -> tuple[int, int]:
+        """The target size and the hosts that exist (a bulk MIG's stand-ins for hosts to come
+        are no hosts: `made_host`)."""
         mig = client.get_mig(name)
         if mig is None:
             return 0, 0
-        return int(mig.get("targetSize", 0)), len(client.list_managed_instances(name))
+        made = [i for i in client.list_managed_instances(name) if made_host(i)]
+        return int(mig.get("targetSize", 0)), len(made)
 
     def add_hosts(
         self, op: Operation, name: str, instances: Sequence[Mapping[str, Any]], *, bulk: int | None
@@ -583,13 +739,14 @@ class TpuNodeSlices(SliceKind):
         begin: Begin,
         *,
         cell: capacity_table.Cell | None,
+        pause_before: str | None = None,
     ) -> str:
         """Delete the node and create it again with the same id from its recorded fields; a
         queued slice the way it was made: its request deleted with ``force`` (its node first) and
         made again under the same name, so it waits for capacity as the first did. (`cell` is not
         needed: the recorded node or request carries its capacity.)"""
         if "queued" in recorded:
-            return self._recreate_queued(op, name, recorded["queued"], start, begin)
+            return self._recreate_queued(op, name, recorded["queued"], start, begin, pause_before)
         client, wait = op.client, op.client.wait_tpu_operation
         if STEPS.index(start) <= STEPS.index(DELETE):
             begin(DELETE)
@@ -597,6 +754,8 @@ class TpuNodeSlices(SliceKind):
                 done = wait(client.delete_node(name, op.allowed), op.timeout_s)
                 if not _tpu_done(done):
                     return _failed_op("delete", done)
+        if pause_before == INSERT:
+            return PAUSED
         begin(INSERT)
         if client.get_node(name) is not None:
             return "recreated"  # a killed controller's create was accepted: the node is there
@@ -607,7 +766,13 @@ class TpuNodeSlices(SliceKind):
         return f"failed: create: {error}" if error else "recreated"
 
     def _recreate_queued(
-        self, op: Operation, name: str, recorded: Mapping[str, Any], start: str, begin: Begin
+        self,
+        op: Operation,
+        name: str,
+        recorded: Mapping[str, Any],
+        start: str,
+        begin: Begin,
+        pause_before: str | None,
     ) -> str:
         client, wait = op.client, op.client.wait_tpu_operation
         request = names.request_name(name)
@@ -618,6 +783,8 @@ class TpuNodeSlices(SliceKind):
                 done = wait(client.delete_queued_resource(request, allowed, force=True), op.timeout_s)
                 if not _tpu_done(done):
                     return _failed_op("delete request", done)
+        if pause_before == INSERT:
+            return PAUSED
         begin(INSERT)
         if client.get_queued_resource(request) is None:  # else a killed controller made it
             done = wait(client.create_queued_resource(request, recorded, allowed), op.timeout_s)
@@ -625,8 +792,17 @@ class TpuNodeSlices(SliceKind):
                 return _failed_op("queued resource", done)
         return f"recreated; queued resource {request} waits for capacity"
 
-    def status(self, client: CloudClient, name: str, hosts: int, *, waits: bool) -> dict[str, Any]:
-        """The node's workers, each with its boot state; with `waits` (queued), its request too."""
+    def status(
+        self,
+        client: CloudClient,
+        name: str,
+        hosts: int,
+        *,
+        waits: bool,
+        cell: capacity_table.Cell | None = None,
+    ) -> dict[str, Any]:
+        """The node's workers, each with its boot state, and the node's state in a user's words;
+        with `waits` (queued), its request too."""
         node = client.get_node(name)
         rows = (
             [
@@ -641,18 +817,53 @@ class TpuNodeSlices(SliceKind):
             else []
         )
         state = "MISSING" if node is None else str(node.get("state", "STATE_UNSPECIFIED"))
+        meaning = _node_meaning(state, cell)
+        found: dict[str, Any] = {"name": name, "state": state, "meaning": meaning, "hosts": rows}
         if not waits:
-            return {"name": name, "state": state, "hosts": rows}
+            return found
         joined = sum(1 for h in rows if h["boot"] == names.STATE_JOINED)
         queued = client.get_queued_resource(names.request_name(name))
         request = queued_resource_status(queued, hosts, joined) if queued is not None else None
         if request is not None and request["state"] != QUEUED_ACTIVE:
-            state = f"REQUEST {request['state']}"  # no node yet (or no more): the request is the state
-        return {"name": name, "state": state, "hosts": rows, "request": request}
+            # no node yet (or no more): the request is the state
+            found["state"] = f"REQUEST {request['state']}"
+            found["meaning"] = _request_meaning(request)
+        return {**found, "request": request}
 
     def capacity_kind(self, machine_type: str | None, generation: str) -> str:
         """The TPU generation (the TPU API counts a node's hosts by it, `twin.node_kind`)."""
         return generation
+
+
+def _node_meaning(state: str, cell: capacity_table.Cell | None) -> str:
+    """A TPU node's state (tpu v2 Node.state) in a user's words, with what the controller does."""
+    if state == "READY":
+        return "running"
+    if state == "MISSING":
+        return "missing: the recovery controller creates it again"
+    if state == "PREEMPTED":
+        return "preempted: Google took the Spot TPUs back; the recovery controller recreates the slice"
+    if state == TPU_UNKNOWN:
+        return "unknown after a failed repair: the recovery controller recreates the slice"
+    if state in (TPU_TERMINATED, "REPAIRING") and cell is not None and cell.repair_grace_s is not None:
+        return (
+            f"being repaired by Google ({state}); the recovery controller recreates it if not back within "
+            f"{cell.repair_grace_s // 60} min"
+        )
+    if state in ("CREATING", "STARTING", "RESTARTING"):
+        return "being created"
+    return state.lower()
+
+
+def _request_meaning(request: Mapping[str, Any]) -> str:
+    """A queued slice's request in a user's words, while it, not its node, is the slice's state."""
+    state = request["state"]
+    if state == QUEUED_WAITING:
+        reason = f": {request['reason']}" if request["reason"] else ""
+        return f"waiting for capacity for the whole slice{reason}"
+    if state == QUEUED_SUSPENDED:
+        return str(request["reason"] or "suspended: its node was deleted")
+    return str(state).lower().replace("_", " ")
 
 
 def _node_spec(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -747,22 +958,24 @@ def _after(timestamp: str, seconds: float) -> str:
     return (start + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def bulk_wait_status(mig: dict[str, Any], running: int, joined: int) -> dict[str, Any]:
-    """A flex-start slice's bulk MIG as status shows its wait (the same keys as
-    `queued_resource_status`): WAITING_FOR_RESOURCES while its target size is set and no host
-    exists (bulk mode creates them all at once when the zone has them, Compute Engine "About bulk
-    mode"), ACTIVE once they exist; since the MIG was made; no deadline (it waits until resized to
-    0 or deleted). The run duration is its template's, which status does not read."""
+def bulk_wait_status(mig: dict[str, Any], made: int, joined: int) -> dict[str, Any]:
+    """A bulk MIG as status shows its wait (the same keys as `queued_resource_status`):
+    WAITING_FOR_RESOURCES while its bulk instance operation is in progress (`bulk_waits`; bulk
+    mode creates every host at once when the zone has them, Compute Engine "About bulk mode"),
+    with Google's reason (`bulk_reason`), ACTIVE once the hosts exist; since the MIG was made;
+    no deadline (it waits until resized to 0 or deleted). The run duration is its template's,
+    which status does not read. `made`: the hosts that exist."""
+    waits = bulk_waits(mig, made)
     return {
         "kind": "bulk MIG",
         "name": str(mig.get("name", "")),
-        "state": QUEUED_ACTIVE if running else QUEUED_WAITING,
+        "state": QUEUED_WAITING if waits else QUEUED_ACTIVE,
         "since": str(mig.get("creationTimestamp", "")),
         "deadline": None,
         "run_hours": None,
         "hosts_asked": int(mig.get("targetSize", 0)),
         "hosts_joined": joined,
-        "reason": None,
+        "reason": (bulk_reason(mig) or None) if waits else None,
     }
 
 

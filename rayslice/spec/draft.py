@@ -21,6 +21,7 @@ from rayslice.spec.model import (
     KEYS,
     Bool,
     Capacity,
+    CapacityMode,
     ClusterSpec,
     Head,
     Int,
@@ -57,6 +58,7 @@ class Draft:
     capacity: Capacity | None
     reservation: Str | None
     calendar_mode: Bool | None
+    capacity_mode: CapacityMode | None
     max_run_hours: Int | None
     queued: Bool | None
     queue_deadline_hours: Int | None

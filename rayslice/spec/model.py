@@ -138,6 +138,8 @@ Strings = Annotated[tuple[str, ...], BeforeValidator(_strings)]
 StrMap = Annotated[dict[str, str], BeforeValidator(_mapping)]
 Platform = Annotated[Literal["compute", "tpu-vm", "gke"], BeforeValidator(_string)]
 Capacity = Annotated[Literal["on-demand", "spot", "reserved", "flex-start"], BeforeValidator(_string)]
+# `capacity_table.CAPACITY_MODES`: a reservation's operational mode.
+CapacityMode = Annotated[Literal["managed", "all-capacity"], BeforeValidator(_string)]
 Head = Annotated[Literal["slice", "vm"], BeforeValidator(_string)]
 Preset = Annotated[Literal["jax", "xla"], BeforeValidator(_string)]
 RayAuth = Annotated[Literal["token", "none"], BeforeValidator(_string)]
@@ -252,6 +254,14 @@ class ClusterSpec:
         description="capacity=reserved with a named reservation only: the reservation is a future "
         "reservation created in calendar mode (1 to 90 days); its slices are reservation-bound and "
         "end with it. compute, and tpu-vm with queued=true.",
+    )
+    capacity_mode: CapacityMode = Field(
+        "managed",
+        description="capacity=reserved with a named reservation only: the reservation's mode. "
+        "managed (default): Google recovers a failed slice; all-capacity (an All Capacity mode "
+        "reservation): Google repairs hosts in place and never moves a slice, so the recovery "
+        "controller recreates a slice still broken after 15 min on the reservation's spare hosts. "
+        "compute only.",
     )
     # Google's limit on a flex-start run (`catalog.MAX_RUN_HOURS`, 7 days).
     max_run_hours: Int | None = Field(
@@ -431,7 +441,7 @@ class ClusterSpec:
         """Whether each slice is a request that waits for capacity (a flex-start MIG, a queued
         resource) rather than a direct create; its hosts exist only once it is fulfilled, named by
         the cloud, not by rayslice. The stack's cell says so: no capacity means keep waiting."""
-        return capacity_table.cell_for(self).action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
+        return capacity_table.cell_for(self).waits_for_capacity
 
     @property
     def max_run_seconds(self) -> int | None:

@@ -251,7 +251,7 @@ def _check_head(draft: Draft, problems: list[str]) -> None:
     slices, found = draft.slices, _cell(draft)
     # The stack's capacity cell: a request that waits for capacity has no hosts to put a head on
     # meanwhile; a preemptible host takes the head with it. (No cell: refused in _check_capacity.)
-    waits = found is not None and found.action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
+    waits = found is not None and found.waits_for_capacity
     preemptible = found is not None and capacity_table.PREEMPTION in found.events
     if draft.platform == "gke":
         # KubeRay runs the Ray head as a pod on the CPU node pool (headMachineType,
@@ -540,6 +540,19 @@ def _check_capacity(draft: Draft, problems: list[str]) -> None:
             "created in calendar mode): set reservation=<its name>, or remove calendarMode"
         )
         return
+    if draft.capacity_mode == capacity_table.ALL_CAPACITY_MODE:
+        if _missing(draft, "reservation"):
+            problems.append(
+                "capacityMode=all-capacity applies to capacity=reserved with a named reservation (an "
+                "All Capacity mode reservation): set reservation=<its name>, or remove capacityMode"
+            )
+            return
+        if draft.calendar_mode:
+            problems.append(
+                "capacityMode=all-capacity and calendarMode name two kinds of reservation: keep the "
+                "one your reservation is"
+            )
+            return
     if "queued" in draft.refused or (capacity == capacity_table.RESERVED and "reservation" in draft.refused):
         return  # refused above: which cell the stack names is not known
     cell = _cell(draft)

@@ -26,6 +26,11 @@ KEYS: dict[str, dict[str, Any]] = {
         "reservation": RESERVATION,
         "calendarMode": True,
     },
+    capacity_table.RESERVED_ALL_CAPACITY: {
+        "capacity": "reserved",
+        "reservation": RESERVATION,
+        "capacityMode": "all-capacity",
+    },
     capacity_table.FLEX_START: {"capacity": "flex-start", "maxRunHours": 2},
 }
 VALUES = {
@@ -143,3 +148,24 @@ def test_a_gke_slices_node_pool_is_its_cell(cell: capacity_table.Cell) -> None:
     pools = [body["nodePool"] for body in _sent(cell, bodies.NODE_POOL)]
     tpu_pools = [p for p in pools if "-slice-" in p["name"]]  # not the head's CPU pool
     assert tpu_pools and all(_holds(p, wanted) for p in tpu_pools), (tpu_pools, wanted)
+
+
+@pytest.mark.parametrize("cell", COMPUTE, ids=lambda c: c.key)
+def test_a_compute_template_restarts_its_hosts_unless_spot(cell: capacity_table.Cell) -> None:
+    """Failure recovery of a slice 'is controlled by the automatic restart setting': every model
+    but Spot (which cannot restart) keeps Compute Engine's default, flex-start included."""
+    [template] = _sent(cell, bodies.TEMPLATE)
+    restarts = template["properties"]["scheduling"]["automaticRestart"]
+    assert restarts is (cell.provisioning_model != capacity_table.SPOT_MODEL)
+
+
+@pytest.mark.parametrize("cell", COMPUTE, ids=lambda c: c.key)
+def test_a_compute_cells_stockout_reaction_follows_its_mig_mode(cell: capacity_table.Cell) -> None:
+    """A bulk MIG waits for every host whatever set its target size; an individual one makes what
+    the zone has and is bounded by the cell's `whole_within_s`."""
+    bulk = cell.mig_mode == capacity_table.BULK
+    waits = cell.action(capacity_table.NO_CAPACITY) == capacity_table.KEEP_WAITING
+    assert waits is bulk and (cell.whole_within_s is None) is bulk
+    states = [w.state for w in cell.waits]
+    assert ("partly created" in states) is not bulk and ("waiting for capacity" in states) is bulk
+    assert any("partly created: up to 15 min" in line for line in cell.describe()) is not bulk

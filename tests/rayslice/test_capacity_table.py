@@ -19,8 +19,15 @@ def test_every_cell_is_complete_and_sourced() -> None:
         assert set(c.events) <= set(table.EVENTS), c.key
         assert {r.action for r in c.events.values()} <= set(table.ACTIONS), c.key
         assert table.GONE in c.events and table.NO_CAPACITY in c.events, c.key
-        # Google repairs it, so the controller waits; nobody does, so it does not.
-        assert (c.repair_grace_s is not None) == (c.repaired_by in (table.COMPUTE_ENGINE, table.CLOUD_TPU))
+        # Google repairs it (whole, or in place in an All Capacity reservation), so the controller
+        # waits; nobody does, so it does not.
+        waits = table.WAIT_FOR_REPAIR in {r.action for r in c.events.values()}
+        assert (c.repair_grace_s is not None) == waits, c.key
+        assert (
+            c.repaired_by in (table.COMPUTE_ENGINE, table.CLOUD_TPU)
+            or not waits
+            or c.capacity == (table.RESERVED_ALL_CAPACITY)
+        ), c.key
         assert (table.PREEMPTION in c.events) == (c.capacity == table.SPOT), c.key
         assert (table.SUSPENDED in c.events) == c.queued, c.key
 

@@ -50,6 +50,7 @@ def test_declared_keys_are_exactly_the_declarable_ones():
             "idleTimeoutSeconds",
             "capacity",
             "calendarMode",
+            "capacityMode",
             "queued",
             "headMachineType",
             "externalIps",

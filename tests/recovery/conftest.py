@@ -300,3 +300,11 @@ def seed_queued(cloud: CloudApiEmulator, slices: int = 2, **fields: object) -> N
         cloud.state.create_queued_resource(
             PROJECT, ZONE, names.request_name(slice_name), queued_body(slice_name, **fields)
         )
+
+
+def hosts_made(cloud: CloudApiEmulator, slice_name: str) -> list[str]:
+    """The names of slice `slice_name`'s hosts that exist: a bulk MIG that waits lists managed
+    instances for the hosts to come, without an instanceStatus (compute v1 ManagedInstance), and
+    they are no hosts."""
+    records = cloud.state.instances.get((PROJECT, ZONE, slice_name), [])
+    return [str(r["name"]) for r in records if r.get("instanceStatus")]

@@ -19,6 +19,7 @@ from tests.recovery.conftest import (
     Clock,
     bulk_mig_fields,
     controller_violations,
+    hosts_made,
     make_controller,
     mig_fields,
     old_mig_fields,
@@ -424,14 +425,14 @@ def test_a_flex_start_slice_is_recreated_as_a_bulk_mig_that_waits_for_capacity(
     insert = cloud.mutations()[1].request
     assert insert["targetSize"] == 4 and insert["targetSizePolicy"] == {"mode": "BULK"}
     # The new MIG waits: no hosts, and a waiting slice is not a broken one.
-    assert cloud.state.instances[key] == [] and not cloud.state.resize_requests_of(*key)
+    assert hosts_made(cloud, SLICE1) == [] and not cloud.state.resize_requests_of(*key)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["outcome"] for e in events] == ["recreated; the MIG waits for capacity for 4 host(s)"]
     controller.step()
     assert len(cloud.mutations()) == 2  # left alone while it waits
 
     cloud.state.set_capacity(ZONE, "", 4)  # capacity comes: all four hosts at once, named by the MIG
-    assert len(cloud.state.instances[key]) == 4 and cloud.state.migs[key]["targetSize"] == 4
+    assert len(hosts_made(cloud, SLICE1)) == 4 and cloud.state.migs[key]["targetSize"] == 4
     controller.step()
     assert len(cloud.mutations()) == 2
 
@@ -586,8 +587,9 @@ def test_a_flex_start_slice_whose_hosts_all_went_has_ended_and_is_not_asked_agai
     cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
 ) -> None:
     """The compute flex-start cell: at the end of the run duration Compute Engine deletes the
-    hosts; the controller records that the slice ended and makes nothing again (maxRunHours
-    bounds the cost). A MIG that is gone is still recreated."""
+    hosts; the controller records that the slice ended, resizes its MIG to 0 (a bulk MIG that kept
+    its target size could make the hosts again: a second paid run) and makes nothing again
+    (maxRunHours bounds the cost)."""
     seed_flex(cloud)
     controller, stream = make_controller(client, "compute", controller_metadata, capacity="flex-start")
     controller.step()
@@ -596,7 +598,9 @@ def test_a_flex_start_slice_whose_hosts_all_went_has_ended_and_is_not_asked_agai
         cloud.state.lose(cloud.state.vms[(PROJECT, ZONE, record["name"])], deleted=True)
     controller.step()
     controller.step()
-    assert cloud.mutations() == []
+    assert [c.method_id for c in cloud.mutations()] == ["compute.instanceGroupManagers.resize"]
+    assert cloud.state.migs[key]["targetSize"] == 0
     [event] = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert event["seen"].startswith("MIG 0 of 4 instances: ended: run duration reached")
     assert event["outcome"].startswith("ended: not requested again")
+    assert "MIG resized to 0 host(s)" in event["outcome"]

@@ -15,7 +15,7 @@ from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery import controller as controller_module
 from rayslice.recovery.cloud import CloudClient
-from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, make_controller, mig_fields
+from tests.recovery.conftest import CLUSTER, PROJECT, ZONE, hosts_made, make_controller, mig_fields
 from tests.recovery.test_scaling import POLICY as SCALING
 
 SLICE0, SLICE1 = names.slice_name(CLUSTER, 0), names.slice_name(CLUSTER, 1)
@@ -212,7 +212,7 @@ def _add_slice0(cloud: CloudApiEmulator, controller, head: dict) -> None:
     assert resize.method_id == "compute.instanceGroupManagers.resize" and SLICE0 in resize.path
     assert resize.query == {"size": "4"} and resize.status == 200
     key = (PROJECT, ZONE, SLICE0)
-    assert cloud.state.migs[key]["targetSize"] == 4 and cloud.state.instances[key] == []
+    assert cloud.state.migs[key]["targetSize"] == 4 and hosts_made(cloud, SLICE0) == []
     assert not cloud.state.resize_requests_of(*key)  # bulk mode takes no resize request
     controller.step()  # still pending, and the slice waits for capacity: no second resize
     assert len(cloud.mutations()) == 1
@@ -229,7 +229,7 @@ def test_a_flex_start_slice_waits_for_capacity_comes_whole_and_goes_by_a_resize_
     assert _events(stream)[-1] == (SLICE0, "add slice", "MIG resized to 4 host(s): waits for capacity")
 
     cloud.state.set_capacity(ZONE, "", 4)  # capacity comes: all four hosts at once, named by the MIG
-    hosts = sorted(i["name"] for i in cloud.state.instances[(PROJECT, ZONE, SLICE0)])
+    hosts = sorted(hosts_made(cloud, SLICE0))
     assert len(hosts) == 4 and not set(hosts) & set(names.slice_host_names(SLICE0, 4))
     head["demand"] = _reading(slices={SLICE0: {"nodes": 4, "busy": True, "idle_s": 0}})
     controller.step()  # a job runs on it: nothing changes
@@ -252,7 +252,7 @@ def test_a_flex_start_slice_waits_for_capacity_comes_whole_and_goes_by_a_resize_
     head["demand"] = _reading(PENDING_SLICE)  # needed again: grown from 0 again
     controller.step()
     controller.step()
-    assert len(cloud.state.instances[(PROJECT, ZONE, SLICE0)]) == 4  # the zone has the hosts back
+    assert len(hosts_made(cloud, SLICE0)) == 4  # the zone has the hosts back
 
 
 def test_a_slice_whose_demand_went_before_capacity_came_is_resized_back_to_zero(
@@ -271,7 +271,7 @@ def test_a_slice_whose_demand_went_before_capacity_came_is_resized_back_to_zero(
         "MIG resized to 0 host(s): no demand for it before capacity came",
     )
     cloud.state.set_capacity(ZONE, "", 8)  # capacity comes later: no host arrives for nothing
-    assert not cloud.state.instances[(PROJECT, ZONE, SLICE0)]
+    assert not hosts_made(cloud, SLICE0)
     controller.step()
     assert len(cloud.mutations()) == 2
 

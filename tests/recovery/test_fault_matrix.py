@@ -106,8 +106,12 @@ def test_the_controller_does_what_the_cell_says(
     [seen] = [json.loads(line) for line in stream.getvalue().splitlines()]
     if action == table.WAIT_FOR_REPAIR:
         assert methods == [] and seen["action"] == table.WAIT_FOR_REPAIR
-    elif action == table.END:  # recorded once, nothing asked again
-        assert methods == [] and seen["outcome"].startswith("ended")
+    elif action == table.END:  # recorded once, its MIG resized to 0 so no new run starts
+        assert methods == ["compute.instanceGroupManagers.resize"], methods
+        assert seen["outcome"].startswith("ended") and "resized to 0" in seen["outcome"], seen
+        assert cloud.state.migs[(PROJECT, ZONE, SLICE1)]["targetSize"] == 0
+        controller.step()  # nothing asked again
+        assert [c.method_id for c in cloud.mutations()] == methods
     else:  # recreated whole, at once
         assert "compute.instanceGroupManagers.insert" in methods and seen["action"] == "recreate"
         assert not seen["outcome"].startswith("failed"), seen

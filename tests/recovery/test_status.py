@@ -26,6 +26,7 @@ from tests.recovery.conftest import (
     LOCATION,
     PROJECT,
     ZONE,
+    hosts_made,
     make_controller,
     mig_fields,
     queued_body,
@@ -271,14 +272,16 @@ def test_status_shows_a_flex_start_slice_waiting_then_its_hosts_joining(
         4,
         0,
     )
-    assert request["deadline"] is None and request["reason"] is None
+    # Google's reason, where the MIG's bulk instance operation gives one (lastProgressCheck).
+    assert request["deadline"] is None
+    assert request["reason"] is None or request["reason"].startswith("ZONE_RESOURCE_POOL_EXHAUSTED")
     assert cli.main(flex) == 0
     text = capsys.readouterr().out
     assert f"slice {SLICE0}: REQUEST WAITING_FOR_RESOURCES" in text
     assert "waiting for capacity since" in text and "0 of 4 hosts joined" in text
 
     cloud.state.set_capacity(ZONE, "", 4)  # enough for the first slice only, in order
-    hosts = [r["name"] for r in cloud.state.instances[(PROJECT, ZONE, SLICE0)]]
+    hosts = hosts_made(cloud, SLICE0)
     ns = names.GUEST_ATTRIBUTE_NAMESPACE
     for host in hosts[:3]:
         cloud.guest[host] = {ns: {names.STATE_KEY: names.STATE_JOINED}}
