@@ -6,11 +6,12 @@ apart from the twin so that its resources and its capacity can be read and teste
 
 - A zone holds a number of free hosts per machine or accelerator type (`Capacity.set`). Where a
   zone was never given a number, capacity is unlimited (the twin's behaviour so far).
-- A direct create (an instance, a MIG's instances, a TPU node) takes its hosts at once or fails
+- A direct create (an instance, a TPU node, a GKE pool's nodes) takes its hosts at once or fails
   with `ZONE_RESOURCE_POOL_EXHAUSTED`, the Compute Engine error for a zone without the resources
   (Compute Engine, "Troubleshooting resource availability errors",
   https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-resource-availability),
-  and the message names the requests that wait instead.
+  and the message names the requests that wait instead. An individual-mode MIG takes what there
+  is (`free_of`) and puts a one-host request in line for each instance it could not create.
 - A request that waits (a flex-start MIG's resize request, a TPU queued resource) is accepted
   at once and waits while the zone lacks capacity for all its hosts; it is fulfilled whole
   when there is ("the resize request ... creates all the VMs at the same time", Compute Engine,

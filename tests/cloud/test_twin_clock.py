@@ -119,3 +119,16 @@ def test_the_bill_charges_running_hosts_at_the_catalogs_price_for_the_time_they_
 
 def test_a_manual_clock_is_its_own_object() -> None:
     assert TwinClock.manual(3.0).now == 3.0
+
+
+def test_a_clock_moved_by_hand_runs_what_fell_due_at_the_next_catch_up_and_never_goes_back() -> None:
+    twin, _ = twin_at(0.0)
+    seen: list[float] = []
+    twin.at(100.0, "mark", lambda: seen.append(twin.clock.now))
+    twin.clock.now += 150  # as the controller's tests move a clock they share with the twin
+    assert seen == []
+    twin.catch_up()
+    assert seen == [150.0]
+    with pytest.raises(TwinTimeError, match="time-moves-forward"):
+        twin.clock.now -= 1
+    assert twin.clock.now == 150.0

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from rayslice import catalog
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.capacity import CapacityExhausted
 from rayslice.cloud.states import GCE_STOCKOUT, POOL_ERROR, POOL_RUNNING
 from rayslice.cloud.twin import CloudTwin
+from rayslice.cloud.twin.clock import TwinClock
 from rayslice.cloud.twin.state import CloudRuleError
 from rayslice.infra import preview
 from rayslice.infra.network import SUBNET_CIDR
@@ -171,3 +173,26 @@ def test_a_flex_start_pool_without_auto_repair_stays_down_and_its_run_end_delete
     twin.end_node_pool_run(PROJECT, ZONE, cluster, name)
     assert _nodes(twin, pool) == [] and _pool(twin, name) is pool  # the pool stays, empty
     assert twin.capacity.free[(ZONE, HOST_TYPE)] == 4  # its hosts went back to the zone
+
+
+def test_a_flex_start_pools_nodes_end_at_max_run_duration_on_the_clock_and_the_cluster_bills_its_fee():
+    twin = CloudTwin(default_range=SUBNET_CIDR)
+    twin.clock = TwinClock.manual(1_800_000_000.0)
+    twin.set_capacity(ZONE, HOST_TYPE, 0)
+    preview.deploy(preview.stack_config(str(STACKS / FLEX), [f"zone={ZONE}"]), twin)
+    pool = _pool(twin, "gke-flex-v6e-16-slice-0")
+    twin.advance(3600)  # waiting: no TPU node, the cluster's fee
+    fee = catalog.gke_cluster_hour_price()[0]
+    charges = twin.bill.by_resource()
+    [cluster] = [c for r, c in charges.items() if r.endswith("/clusters/gke-flex-v6e-16")]
+    assert cluster.usd == pytest.approx(fee) and cluster.host_hours == 0
+    assert not any(c.host_hours for r, c in charges.items() if "slice" in r)
+    twin.set_capacity(ZONE, HOST_TYPE, 4)
+    assert len(_nodes(twin, pool)) == 4
+    twin.advance(86400 - 1)  # maxRunDuration: 86400s from when the nodes were made
+    assert len(_nodes(twin, pool)) == 4
+    twin.advance(1)
+    assert _nodes(twin, pool) == [] and twin.capacity.free[(ZONE, HOST_TYPE)] == 4
+    [nodes] = [c for r, c in twin.bill.by_resource().items() if r.endswith("slice-0-grp")]
+    assert nodes.host_hours == pytest.approx(4 * 24) and nodes.wasted_host_hours == 0
+    assert nodes.unpriced_host_hours == pytest.approx(4 * 24) and nodes.usd == 0  # flex: not priced

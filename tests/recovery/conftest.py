@@ -14,6 +14,7 @@ import pytest
 from rayslice import names
 from rayslice.cloud import bodies, rules
 from rayslice.cloud.rest import default_session
+from rayslice.cloud.twin.clock import TwinClock
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.metadata_server import MetadataServer
 from rayslice.recovery.cloud import CloudClient, Location
@@ -308,3 +309,13 @@ def hosts_made(cloud: CloudApiEmulator, slice_name: str) -> list[str]:
     they are no hosts."""
     records = cloud.state.instances.get((PROJECT, ZONE, slice_name), [])
     return [str(r["name"]) for r in records if r.get("instanceStatus")]
+
+
+def shared_clock(cloud: CloudApiEmulator, start: float = 1000.0) -> TwinClock:
+    """One clock for the twin and the controller (pass it as `make_controller`'s ``clock``):
+    ``cloud.state.advance(seconds)`` moves both and runs what Google does meanwhile in time
+    order; ``clock.now += seconds`` moves both too, and what fell due runs at the emulated APIs'
+    next request (`CloudTwin.catch_up`)."""
+    clock = TwinClock.manual(start)
+    cloud.state.clock = clock
+    return clock

@@ -14,6 +14,9 @@ view of the resources, subnetworks' addresses, capacity, clock, hooks, hosts), `
 `container` (GKE node pools, over Compute Engine's MIGs). `CloudTwin` is the whole project: one
 object whose attributes the emulated servers and the tests read, each API's methods on it.
 
+What happens between calls is on the twin's clock (`rayslice.cloud.twin.clock`): tests own it,
+`advance` runs what falls due, and `bill` (`rayslice.cloud.billing`) says what the timeline cost.
+
 Core-level (no platform code): `rayslice preview` (infra) and the simulator (local) both use it.
 """
 

@@ -69,12 +69,30 @@ Behaviour, by source:
   size (at insert or by ``resize``) or one ``createInstances``, and only while its target size is
   0: growth of a bulk MIG whose target size is above 0 is refused (`BulkModeError`), and so is
   any resize request (bulk mode "does not support resize requests"; rule
-  bulk-no-resize-request). It shrinks by a resize to 0, which deletes every host and withdraws a
+  bulk-no-resize-request, run by `insert_resize_request` itself, so the emulated HTTP API refuses
+  it as the program does). It shrinks by a resize to 0, which deletes every host and withdraws a
   wait, or, once no bulk instance operation is in progress (its hosts exist), to any smaller size
   (the page's limitations: to reduce to a non-zero size, ``bulkInstanceOperation.inProgress`` must
   be false; read in its Chinese copy, the English page's limitations were not readable here).
-  While the zone lacks hosts for all of it, it waits with its target size set and no instance;
-  when they come, it creates them all (auto-named, or as the ``createInstances`` named them).
+  While the zone lacks hosts for all of it, it waits with its target size set and one
+  placeholder managed instance per host ("During this waiting period, the MIG creates managed
+  instances": name, ``currentAction`` CREATING, no ``instanceStatus``, no VM, nothing billed),
+  and its ``status.bulkInstanceOperation`` says so ("View or cancel bulk creation of instances
+  in a MIG"; compute v1 discovery, InstanceGroupManagerStatusBulkInstanceOperation):
+  ``inProgress`` true and ``lastProgressCheck`` with the check's ``timestamp`` and
+  ``error.errors[].code`` ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS. When the hosts come, it
+  creates them all under the placeholders' names (auto-named, or as the ``createInstances``
+  named them) and ``inProgress`` turns false. A resize to 0 drops the placeholders.
+- Individual mode (the default; "About bulk mode": "If there is not enough capacity to create
+  all the instances specified in the target size, then the MIG creates as many instances as
+  possible with the available capacity and attempts to create the remaining instances as
+  capacity becomes available"; "Overview of adding instances all at once in a MIG": individual
+  creation "can lead to partial provisioning"): an insert, resize or ``createInstances`` creates
+  what the zone has, and lists each other instance as CREATING with no ``instanceStatus`` and
+  ``lastAttempt.errors.errors[]`` ZONE_RESOURCE_POOL_EXHAUSTED (ManagedInstance.lastAttempt:
+  "Information about the last attempt to create or delete the instance"); each is created, under
+  its name, when a host comes (one host each, in the order they came). The target size counts
+  them; deleting one, or shrinking the MIG (instances not created go first), withdraws it.
 - ``createInstances`` naming an instance that exists in the zone is refused and creates nothing:
   an instance's name is unique in its project and zone (compute v1 discovery, Instance.name "The
   name of the resource ... must be 1-63 characters long", and Compute Engine's naming convention
@@ -90,6 +108,25 @@ Behaviour, by source:
   in GoogleCloudPlatform/python-docs-samples, filters zoneOperations.list on
   ``operationType="compute.instances.preempted"``), shaped as the compute v1 discovery document's
   Operation (`preemptions`).
+- Over time (`rayslice.cloud.twin.clock`): after a host error or a maintenance event
+  (`host_error`, `maintenance`) Compute Engine restarts the stopped hosts together where
+  ``scheduling.automaticRestart`` is on (compute v1 discovery, Scheduling.automaticRestart:
+  "Specifies whether the instance should be automatically restarted if it is terminated by
+  Compute Engine ... By default, this is set to true"; Spot instances "cannot be automatically
+  restarted"; Cloud TPU, "Failure recovery of TPU instances": with automatic restart off "a
+  failure leaves the instance TERMINATED"): on healthy hardware (a new
+  ``resourceStatus.physicalHost``, `_Vm.physical_host`) after `Timings.restart_after_s`, or, for
+  a reservation in All Capacity mode (`all_capacity`: the mode is set with Google, no field of
+  the v1 API carries it), repaired in place on the same host after `Timings.repair_in_place_s`
+  (Cloud TPU, "TPU capacity modes": "Hardware failures are repaired on the existing host without
+  automatically relocating instances"). A host with automatic restart off stays TERMINATED.
+  An instance with ``scheduling.maxRunDuration`` ("the instance termination action will be
+  performed at the end of the run duration") is deleted or stopped per its
+  ``instanceTerminationAction`` when it ends (`ended` lists them); a run of 0 s or less is
+  refused before any host is made (`TwinEventError`, rule run-ends-after-it-starts).
+- The bill (`rayslice.cloud.billing`): each MIG's RUNNING hosts at the catalog's price for the
+  template's provisioning model, all of them wasted while the MIG is not whole (fewer RUNNING
+  hosts than its target size); each RUNNING lone VM, never wasted.
 - Capacity (`rayslice.cloud.twin.state`): a MIG resize request (compute v1 discovery,
   instanceGroupManagerResizeRequests.insert; "About resize requests in a MIG") is ACCEPTED at
   once and waits while the zone lacks hosts for all of it; when they come, the MIG creates all

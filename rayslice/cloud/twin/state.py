@@ -16,12 +16,21 @@ same way).
   (`rayslice.platforms.COMPUTE_TPU_ATTRIBUTES`, whose comment gives the published log); a
   Cloud TPU API worker the attributes of `rayslice.platforms.TPU_API_ATTRIBUTES`. Where no
   source gives an order, the worker id of a MIG's instance is its creation order.
-- Capacity (`rayslice.cloud.capacity`, sources there): every direct create (a MIG's target
-  size, ``createInstances``, an instance, a TPU node) takes its hosts from the zone's capacity or
-  fails with ``ZONE_RESOURCE_POOL_EXHAUSTED`` and creates nothing; a zone never given a number
-  has room for everything. Deleting a slice (MIG or TPU node) gives its hosts back to the zone; a
-  preempted host's capacity stays with Google. What waits for capacity, and how, is each API's
-  (a bulk MIG, a resize request, a queued resource, a flex-start node pool).
+- Capacity (`rayslice.cloud.capacity`, sources there): a direct create of an instance or a TPU
+  node takes its hosts from the zone's capacity or fails with ``ZONE_RESOURCE_POOL_EXHAUSTED``
+  and creates nothing; an individual-mode MIG creates what the zone has and the rest as hosts
+  come (`rayslice.cloud.twin.compute`); a zone never given a number has room for everything.
+  Deleting a slice (MIG or TPU node) gives its hosts back to the zone; a preempted host's
+  capacity stays with Google. What waits for capacity, and how, is each API's (a bulk MIG, a
+  resize request, a queued resource, a flex-start node pool).
+- Time (`rayslice.cloud.twin.clock`): `clock` is the wall clock unless a test sets its own;
+  `advance` moves it and runs, in time order, every event due on the `schedule`: what Google
+  does later (a restart after a host error, the end of a run, a queued request's deadline, its
+  provisioning) and what a test put there (`at`, `schedule_capacity`). How long the transitions
+  Google gives no figure for take is `timings`. Time never moves back (`TwinTimeError`).
+- The bill (`rayslice.cloud.billing`): after every change and clock move the twin tells `bill`
+  what bills now (`_bill_lines`, each API's), so a test can ask what a timeline cost and how many
+  host-hours bought nothing.
 """
 
 from __future__ import annotations

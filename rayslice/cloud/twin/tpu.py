@@ -20,6 +20,24 @@ Behaviour, by source:
 - A flex-start queued resource whose run duration ends: its node is deleted and the request turns
   SUSPENDED (Cloud TPU, "Request Cloud TPUs using flex-start": when the run duration ends "the
   TPU VMs are deleted and the queued resource moves to the SUSPENDED state"; `end_run`).
+
+Over time (`rayslice.cloud.twin.clock`), by the states of the tpu v2 discovery document
+(QueuedResourceState.state, Node.state):
+
+- A queued resource is WAITING_FOR_RESOURCES until the zone has room; then PROVISIONING ("The
+  associated resources are currently being provisioned") for `Timings.queued_provisioning_s`
+  with its node CREATING, then ACTIVE with its node READY. Its ``validUntilDuration`` deadline is
+  on the schedule: it turns FAILED then, whether or not anyone reads it. Its run
+  (``runDuration.maxRunDuration``, v2alpha1) ends that long after it turned ACTIVE; a run of 0 s
+  or less, or `end_run` on a request that never turned ACTIVE, is refused (`TwinEventError`, rule
+  run-ends-after-it-starts). Losing its node to the service (a preemption, the end of a run)
+  makes it SUSPENDING ("The resources ... are being deleted ... initiated by ... the Cloud TPU
+  service") for `Timings.queued_suspending_s`, then SUSPENDED.
+- A host error on a node (`node_host_error`) makes it REPAIRING ("being repaired and may be
+  unusable"); the repair ends READY, or, when it fails, UNKNOWN ("unknown state after a failed
+  repair"), which nothing brings back.
+- The bill (`rayslice.cloud.billing`): a READY node's hosts at its generation's per-chip price
+  for its capacity; a node in any other state, and a queued request, bill nothing.
 """
 
 from __future__ import annotations
