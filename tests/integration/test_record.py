@@ -114,3 +114,30 @@ def test_a_host_sees_only_its_own_record_folder_and_what_it_plants_there_steers_
         assert not any("planted-root/" in k or "job-driver-rayslice_" in k for k in keys)
     finally:
         cluster.exec_in(head, [bash, "-c", f"rm -rf {own}/ray/planted-root {own}/ray/session_2026_x"])
+
+
+@on("2 x tpu7x-16 spot")
+def test_the_controllers_vm_writes_its_events_and_its_own_logs_and_nothing_else(cluster) -> None:
+    """The controller's VM has its events/<vm>/ and hosts/<vm>/ of the record bound in, as its
+    conditioned grant allows on the cloud; a host of a slice has no events/ at all."""
+    controller = cluster.plan.controller
+    assert controller is not None
+    mount = cluster.record_mount
+    bash = str(Path("/bin/bash"))
+    probe = f"{mount}/{record.EVENTS_DIR}/{controller.name}/probe"
+    seen = cluster.exec_in(controller.name, [bash, "-c", f"ls -A {mount}; echo x > {probe} && echo wrote"])
+    try:
+        assert seen.stdout.split() == [record.EVENTS_DIR, record.HOSTS_DIR, "wrote"], (
+            seen.stdout + seen.stderr
+        )
+        assert (cluster.record_folder / record.EVENTS_DIR / controller.name / "probe").read_text() == "x\n"
+    finally:
+        cluster.exec_in(controller.name, ["rm", "-f", probe])
+    host = cluster.plan.hosts[0].name
+    listed = cluster.exec_in(host, [bash, "-c", f"ls -A {mount}"])
+    assert listed.stdout.split() == [record.HOSTS_DIR], listed.stdout + listed.stderr
+    boot_logs = cluster.record_folder / record.HOSTS_DIR / controller.name / record.BOOT_LOG
+    deadline = time.monotonic() + 120
+    while not (boot_logs.is_dir() and any(boot_logs.iterdir())):  # its shipper writes there
+        assert time.monotonic() < deadline, "the controller's VM shipped no boot log"
+        time.sleep(0.5)
