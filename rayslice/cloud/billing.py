@@ -78,7 +78,7 @@ class Bill:
 
     clock: Callable[[], float]
     lines_now: Callable[[], list[Line]]
-    segments: list[_Segment] = field(default_factory=list)
+    segments: list[_Segment] = field(default_factory=list)  # in time order; the last one open
 
     def observe(self) -> None:
         now, lines = self.clock(), self.lines_now()
@@ -87,6 +87,8 @@ class Bill:
             if now <= last.start:
                 last.lines = lines
                 return
+            if lines == last.lines:
+                return  # nothing changed: the open segment goes on (the segments grow with changes only)
             last.end = now
         self.segments.append(_Segment(now, lines))
 

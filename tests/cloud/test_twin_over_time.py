@@ -36,6 +36,18 @@ def _slice(twin: CloudTwin, link: str, *, bulk: bool = False) -> dict[str, Any]:
     return made
 
 
+def _reserved_slice(twin: CloudTwin, reservation: str) -> None:
+    """Bulk MIG ``s`` of four reservation-bound hosts consuming `reservation`."""
+    link = template(
+        twin,
+        reservation,
+        reservation=reservation,
+        provisioningModel="RESERVATION_BOUND",
+        instanceTerminationAction="DELETE",
+    )
+    _slice(twin, link, bulk=True)
+
+
 @pytest.mark.parametrize("restart", [True, False])
 def test_a_host_error_is_recovered_only_where_automatic_restart_is_on(restart: bool) -> None:
     """Compute v1 discovery, Scheduling.automaticRestart: restarted "if it is terminated by
@@ -61,14 +73,7 @@ def test_an_all_capacity_reservations_host_is_repaired_in_place_never_relocated(
     existing host without automatically relocating instances" (N4)."""
     twin, _ = twin_at()
     twin.all_capacity.add("r1")
-    link = template(
-        twin,
-        "reserved",
-        reservation="r1",
-        provisioningModel="RESERVATION_BOUND",
-        instanceTerminationAction="DELETE",
-    )
-    _slice(twin, link, bulk=True)
+    _reserved_slice(twin, "r1")
     where = {vm.name: vm.physical_host for vm in twin.vms.values()}
     twin.host_error(PROJECT, ZONE, "s")
     twin.advance(twin.timings.restart_after_s)  # no relocation after the managed-mode delay
@@ -217,3 +222,15 @@ def test_the_bill_of_a_spot_slice_preempted_and_made_again() -> None:
     assert twin.bill.total() == pytest.approx(4 * 4 * 3 * per_chip)  # 4 hosts x 4 chips x 3 h
     assert twin.bill.wasted() == 0  # never partly up
     assert twin.bill.total(since=START + 2 * 3600, until=START + 2 * 3600 + 1800) == 0
+
+
+def test_a_calendar_reservations_period_ends_its_hosts_when_due() -> None:
+    twin, _ = twin_at()
+    _reserved_slice(twin, "cal-1")
+    twin.at(START + 3 * 3600, "cal-1's period ends", lambda: twin.end_reservation(PROJECT, ZONE, "cal-1"))
+    twin.advance(3 * 3600 - 1)
+    assert len(twin.vms) == 4
+    twin.advance(1)
+    assert twin.vms == {} and sorted(twin.ended) == ["s-w0", "s-w1", "s-w2", "s-w3"]
+    with pytest.raises(NoSuchResource, match="period-ends-for-existing-hosts"):
+        twin.end_reservation(PROJECT, ZONE, "cal-1")

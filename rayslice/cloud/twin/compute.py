@@ -123,7 +123,9 @@ Behaviour, by source:
   An instance with ``scheduling.maxRunDuration`` ("the instance termination action will be
   performed at the end of the run duration") is deleted or stopped per its
   ``instanceTerminationAction`` when it ends (`ended` lists them); a run of 0 s or less is
-  refused before any host is made (`TwinEventError`, rule run-ends-after-it-starts).
+  refused before any host is made (`TwinEventError`, rule run-ends-after-it-starts). The end of
+  a calendar reservation's period (`end_reservation`, scheduled by a test with `at`) ends every
+  instance that consumes it the same way.
 - The bill (`rayslice.cloud.billing`): each MIG's RUNNING hosts at the catalog's price for the
   template's provisioning model, all of them wasted while the MIG is not whole (fewer RUNNING
   hosts than its target size); each RUNNING lone VM, never wasted.
@@ -1061,6 +1063,29 @@ class ComputeTwin(TwinState):
             if record["name"] == vm.name:
                 record["instanceStatus"] = INSTANCE_RUNNING
         self._hook(self.on_host_up, vm)
+
+    def end_reservation(self, project: str, zone: str, reservation: str) -> list[str]:
+        """Reservation `reservation`'s period ended (a future reservation in calendar mode:
+        "Compute Engine deletes the reservation at its end time", and the VMs that consume it
+        end with it, "About resize requests in a MIG"): each instance consuming it ends as at the
+        end of its run (`_end_run`). The instances it ended; `NoSuchResource` when none consumes
+        it (a period cannot end for hosts that never existed)."""
+        hit = [
+            vm
+            for vm in list(self.vms.values())
+            if vm.project == project
+            and vm.zone == zone
+            and reservation
+            in [short_name(v) for v in (vm.properties.get("reservationAffinity") or {}).get("values") or []]
+        ]
+        if not hit:
+            raise NoSuchResource(
+                "period-ends-for-existing-hosts",
+                f"no instance in {project}/{zone} consumes reservation {reservation}",
+            )
+        for vm in hit:
+            self._end_run(vm)
+        return [vm.name for vm in hit]
 
     def _end_run(self, vm: _Vm) -> None:
         """`vm`'s run duration ended (Scheduling.maxRunDuration: "the instance termination

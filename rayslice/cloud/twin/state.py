@@ -237,7 +237,9 @@ class TwinState:
 
     @clock.setter
     def clock(self, clock: TwinClock | Callable[[], float]) -> None:
+        """A new clock; the bill starts afresh on it (its times are that clock's)."""
         self._clock = clock if isinstance(clock, TwinClock) else TwinClock(clock)
+        self.bill.segments.clear()
         self.bill.observe()
 
     def _now(self) -> float:

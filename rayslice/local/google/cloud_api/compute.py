@@ -121,7 +121,8 @@ class ComputeApi(EmulatedProject):
 
         def finish() -> str | None:
             _running(created)
-            self._hook(self.on_slice_up, p["name"])
+            if created:  # not when every instance still waits for a host (individual mode) or a bulk wait
+                self._hook(self.on_slice_up, p["name"])
             return None
 
         return self._compute_operation(p["project"], p["zone"], "createInstances", mig["selfLink"], finish)
