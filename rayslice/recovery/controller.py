@@ -359,9 +359,10 @@ class Controller:
         state.failures, state.next_try, state.last_seen = 0, 0.0, seen
 
     def _creating(self, name: str, state: SliceState, observation: Observation, now: float) -> None:
-        """A slice first seen partly created: when (its cell's bound counts from then). Nothing
-        is recorded: every slice is partly created for a while as its hosts come up; the event
-        comes if it is given up (`_give_up`), and `rayslice status` says it meanwhile."""
+        """A slice first seen partly created, whose creation this controller did not begin: its
+        cell's bound counts from now. Nothing is recorded: every slice is partly created for a
+        while as its hosts come up; the event comes if it is given up (`_give_up`), and
+        `rayslice status` says it meanwhile."""
         if state.partly_since is None:
             state.partly_since = now
 
@@ -423,9 +424,10 @@ class Controller:
             self._failed(state, attempt)
             outcome += f"; next try in {self.backoff(state.failures):.0f}s"
         else:
-            # New hosts are being created: the slice is not broken again until it was whole.
+            # New hosts are being created: the slice is not broken again until it was whole, and
+            # a partly created one is bounded from now, when its creation began.
             state.failures, state.next_try, state.was_whole = 0, 0.0, False
-            state.broken_since = None
+            state.broken_since, state.partly_since = None, self.clock()
         if inherited:
             note = (
                 f"finished the recreation an earlier controller began (it saw {recreation.seen}) "

@@ -26,6 +26,7 @@ from tests.recovery.conftest import (
     ZONE,
     Clock,
     bulk_mig_fields,
+    hosts_made,
     make_controller,
     seed,
     seed_flex,
@@ -275,3 +276,47 @@ def test_status_says_partly_created_and_preempted_in_words(
     [second] = [line for line in lines if line.startswith(f"slice {SLICE1}:")]
     assert "preempted: Google took back 4 host(s)" in first, first
     assert "partly created: 3 of 4 hosts running; the rest: ZONE_RESOURCE_POOL_EXHAUSTED" in second, second
+
+
+class TwinClock(Clock):
+    """The controller's clock read from the twin's, so that the two agree on how long passed."""
+
+    def __init__(self, cloud: CloudApiEmulator) -> None:
+        self.cloud = cloud
+
+    @property  # type: ignore[override]
+    def now(self) -> float:
+        return self.cloud.state.clock.now
+
+
+def test_a_slice_the_twin_creates_partly_bills_at_most_its_bound_of_wasted_host_hours(
+    cloud: CloudApiEmulator, client: CloudClient, controller_metadata: MetadataServer
+) -> None:
+    """Driven through the twin's clock: a Spot slice gone, recreated into a zone that has two of
+    its four hosts. The twin's individual-mode MIG makes those two and lists the other two
+    as CREATING with ZONE_RESOURCE_POOL_EXHAUSTED; the controller gives the slice up after its
+    cell's bound, so the hosts billed for nothing stay within 2 hosts x the bound."""
+    seed(cloud, "compute")
+    controller, stream = make_controller(
+        client, "compute", controller_metadata, capacity=table.SPOT, clock=TwinClock(cloud)
+    )
+    controller.step()
+    cloud.state.delete_mig(PROJECT, ZONE, SLICE1)  # the slice is gone (its hosts back to the zone)
+    cloud.state.set_capacity(ZONE, "", 2)  # and the zone has two hosts left for it
+    start = cloud.state.clock.now
+    controller.step()  # recreated: two hosts made, two waiting for the zone
+    assert len(hosts_made(cloud, SLICE1)) == 2
+    step_s = 60.0
+    bound = float(table.WHOLE_WITHIN_S)
+    gave_up: list[dict[str, Any]] = []
+    while not gave_up and cloud.state.clock.now - start < bound + 2 * step_s:
+        cloud.state.advance(step_s)
+        controller.step()
+        gave_up = [e for e in _events(stream) if "not whole" in e["outcome"]]
+    assert len(gave_up) == 1 and "ZONE_RESOURCE_POOL_EXHAUSTED" in gave_up[0]["seen"], _events(stream)
+    assert KEY not in cloud.state.migs  # given up: deleted, nothing bills while it backs off
+    wasted = cloud.state.bill.wasted(since=start)
+    assert 0 < wasted <= 2 * (bound + step_s) / 3600, wasted
+    cloud.state.advance(step_s)
+    controller.step()  # the back-off over: asked again
+    assert KEY in cloud.state.migs
