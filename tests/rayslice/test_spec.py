@@ -403,6 +403,53 @@ ERRORS = [
         {"platform": "compute", "acceleratorType": "v5p-16", "zone": "us-east5-a", "capacity": "flex-start"},
         ["capacity=flex-start on compute does not offer v5p", "takes tpu7x, v6e"],
     ),
+    (  # N5 (issue 51): GKE's flex-start zones and generations
+        "flex-start-zone-gke",
+        {"platform": "gke", "capacity": "flex-start", "zone": "us-central1-b"},
+        ["capacity=flex-start on gke is not offered for v6e in zone us-central1-b", "use zone=us-east5-a"],
+    ),
+    (
+        "flex-start-generation-gke",
+        {
+            "platform": "gke",
+            "acceleratorType": "tpu7x-128",
+            "zone": "us-central1-c",
+            "capacity": "flex-start",
+        },
+        ["capacity=flex-start on gke does not offer tpu7x", "takes v5litepod, v5p, v6e"],
+    ),
+    (  # N4 (issue 51): All Capacity reservations
+        "choice-capacity-mode",
+        {"capacity": "reserved", "reservation": "r1", "capacityMode": "self-managed"},
+        ["capacityMode='self-managed' is not valid", "managed, all-capacity"],
+    ),
+    (
+        "all-capacity-needs-a-reservation",
+        {"platform": "compute", "capacity": "reserved", "capacityMode": "all-capacity"},
+        ["capacityMode=all-capacity applies to capacity=reserved with a named reservation"],
+    ),
+    (
+        "all-capacity-on-compute-only",
+        {
+            "platform": "tpu-vm",
+            "capacity": "reserved",
+            "reservation": "r1",
+            "queued": "true",
+            "capacityMode": "all-capacity",
+        },
+        ["capacityMode=all-capacity is offered on platform=compute only"],
+    ),
+    (
+        "all-capacity-not-calendar",
+        {
+            "platform": "compute",
+            "capacity": "reserved",
+            "reservation": "r1",
+            "calendarMode": "true",
+            "capacityMode": "all-capacity",
+        },
+        ["capacityMode=all-capacity and calendarMode name two kinds of reservation"],
+    ),
     (  # D6: a calendar-mode reservation is named, and consumed through a queued resource on tpu-vm
         "calendar-needs-a-reservation",
         {"platform": "tpu-vm", "capacity": "reserved", "queued": "true", "calendarMode": "true"},
