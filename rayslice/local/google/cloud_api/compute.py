@@ -3,9 +3,11 @@ listManagedInstances / listPerInstanceConfigs / createInstances / deleteInstance
 deletePerInstanceConfigs, ``zoneOperations`` get / list (the preemptions) and
 ``instances.getGuestAttributes``.
 
-A create the zone has no capacity for (`rayslice.cloud.capacity`) is accepted and its operation
-ends with Google's ``ZONE_RESOURCE_POOL_EXHAUSTED`` error, creating nothing; a bulk MIG's insert
-or resize from 0 ends at once and the MIG waits for capacity. A createInstances or a resize that
+A MIG create the zone has no capacity for (`rayslice.cloud.capacity`) is accepted and its
+operation ends at once: an individual-mode MIG creates what the zone has and lists the rest as
+still being created (each with its last attempt's ``ZONE_RESOURCE_POOL_EXHAUSTED``), a bulk MIG
+waits with a placeholder per host (`rayslice.cloud.twin.compute`). A request whose run would end
+before it starts is refused (400, the twin's rule). A createInstances or a resize that
 bulk mode refuses, a createInstances naming an instance that exists, and a deleteInstances or
 deletePerInstanceConfigs request the twin fails (`InstanceValidationError`: Google's discovery
 document says "the operation fails") are accepted and their operation ends with the twin's
@@ -19,8 +21,8 @@ import copy
 from typing import Any
 
 from rayslice.cloud.bodies import MIG, Request
-from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED, CapacityExhausted
 from rayslice.cloud.states import PREEMPTED_OPERATION
+from rayslice.cloud.twin.clock import TwinEventError
 from rayslice.cloud.twin.compute import BulkModeError, DuplicateInstanceError, InstanceValidationError
 from rayslice.cloud.twin.state import CloudRuleError, Create
 from rayslice.local.google.cloud_api.project import EmulatedProject
@@ -78,8 +80,8 @@ class ComputeApi(EmulatedProject):
             raise ApiError(400, "INVALID_ARGUMENT", "; ".join(str(v) for v in exc.violations)) from exc
         try:
             mig = self.state.insert_mig(p["project"], p["zone"], body)
-        except CapacityExhausted as exc:
-            return self._exhausted(p, "insert", name, exc)
+        except TwinEventError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", str(exc)) from exc
         created = self._existing(key[:2], self.state.instances[key])
         _creating(created)
         failing = self._take_failure()
@@ -110,8 +112,8 @@ class ComputeApi(EmulatedProject):
             raise ApiError(400, "INVALID_ARGUMENT", "createInstances needs instances with names")
         try:
             created = self.state.create_instances(p["project"], p["zone"], mig, wanted)
-        except CapacityExhausted as exc:
-            return self._exhausted(p, "createInstances", p["name"], exc)
+        except TwinEventError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", str(exc)) from exc
         except (BulkModeError, DuplicateInstanceError) as exc:  # the operation fails, nothing created
             message = str(exc)
             return self._compute_operation(
@@ -181,8 +183,8 @@ class ComputeApi(EmulatedProject):
             return self._compute_operation(
                 p["project"], p["zone"], "resize", mig["selfLink"], lambda: message
             )
-        except CapacityExhausted as exc:
-            return self._exhausted(p, "resize", p["name"], exc)
+        except TwinEventError as exc:
+            raise ApiError(400, "INVALID_ARGUMENT", str(exc)) from exc
         records = self.state.instances[resource_key(p)]
         created = self._existing((p["project"], p["zone"]), [r for r in records if r["name"] not in before])
         _creating(created)
@@ -230,13 +232,6 @@ class ComputeApi(EmulatedProject):
         """The operation of a request Google accepts and then fails: it ends with the error."""
         message = str(exc)
         return self._compute_operation(p["project"], p["zone"], kind, target, lambda: message)
-
-    def _exhausted(self, p: dict[str, str], verb: str, name: str, exc: CapacityExhausted) -> Any:
-        """The operation of a create the zone has no capacity for: it ends with Google's error."""
-        target = f"https://www.googleapis.com/compute/v1/projects/{p['project']}/zones/{p['zone']}/instanceGroupManagers/{name}"
-        return self._compute_operation(
-            p["project"], p["zone"], verb, target, lambda: str(exc), code=ZONE_RESOURCE_POOL_EXHAUSTED
-        )
 
     def compute_operation(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         key = f"{p['project']}/{p['zone']}/{p['name']}"
