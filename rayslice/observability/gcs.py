@@ -29,7 +29,7 @@ from typing import Any
 import requests
 
 from rayslice.errors import NoCredentials
-from rayslice.observability.record import MAX_KEYS, MAX_OBJECT_BYTES, check_key
+from rayslice.observability.record import MAX_KEYS, MAX_OBJECT_BYTES, check_key, is_key
 
 ENDPOINT = "https://storage.googleapis.com/"
 ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE"  # gcloud's spelling of the override
@@ -112,5 +112,5 @@ class GcsBucket:
             if len(names) > MAX_KEYS:
                 raise OSError(errno.E2BIG, f"more than {MAX_KEYS} objects under gs://{self.name}/{prefix}")
             if not page.get("nextPageToken"):
-                return sorted(names)
+                return sorted(n for n in names if is_key(n))  # any other name is not the record's
             params = {"prefix": prefix, "pageToken": page["nextPageToken"]}

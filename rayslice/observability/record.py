@@ -35,9 +35,10 @@ simulator, what each machine has bound in): the hosts (every Ray job on them) on
 ``hosts/``, the controller's VM only under ``events/`` and its own ``hosts/<host>/``; ``jobs/``
 and ``cluster.json`` only `rayslice run` and `rayslice local` with their user's own credentials.
 So a job can add objects to any host's logs of its cluster (the hosts share one account), never
-to the controller's events, a job's record or ``cluster.json``. Readers take every object as a job may have written it
-(`rayslice.observability.untrusted`): a cluster record is ordered by when its ``cluster.json``
-was created, never by what it says; a job's record must name the job its key names.
+to the controller's events, a job's record or ``cluster.json``. Readers take every object as a
+job may have written it (`rayslice.observability.untrusted`): a cluster record is ordered by
+when its ``cluster.json`` was created, never by what it says; a job's record must name the job
+its key names; a name that is no record key is not listed.
 
 Every object is written whole and exactly once: a bucket has no append, and one with a retention
 policy refuses to overwrite an object younger than its period, so nothing here ever rewrites one
@@ -114,10 +115,14 @@ def join(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
 
+def is_key(key: str) -> bool:
+    """Whether every part of `key` is a plain name (no "..", no empty part, no absolute path)."""
+    return all(KEY_PART.fullmatch(p) for p in key.split("/"))
+
+
 def check_key(key: str) -> str:
-    """`key` if every part of it is a plain name (no "..", no empty part, no absolute path)."""
-    parts = key.split("/")
-    if not parts or not all(KEY_PART.fullmatch(p) for p in parts):
+    """`key` if it is a record key (`is_key`)."""
+    if not is_key(key):
         raise InvalidInput(f"{key[:120]!r} is not a record key")
     return key
 
@@ -141,8 +146,10 @@ class FolderBucket:
         return nofollow.read_regular(self.root, check_key(key).split("/"), MAX_OBJECT_BYTES)
 
     def list(self, prefix: str = "") -> list[str]:
+        """Every object under `prefix`; a file whose name is no record key (a machine can make
+        one in its folder) is not an object the bucket could hold, and is left out."""
         parts = check_key(prefix.strip("/")).split("/") if prefix.strip("/") else []
-        return nofollow.regular_files(self.root, parts, MAX_KEYS)
+        return [key for key in nofollow.regular_files(self.root, parts, MAX_KEYS) if is_key(key)]
 
     def created(self, key: str) -> float:
         return nofollow.modified(self.root, check_key(key).split("/"))

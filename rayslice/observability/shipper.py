@@ -49,7 +49,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rayslice.errors import InvalidInput, RaysliceError
+from rayslice.errors import RaysliceError
 from rayslice.observability import record, redaction
 
 # The most one object holds; a longer run without a newline is shipped cut at this size.
@@ -84,16 +84,8 @@ class Sources:
                     for path in sorted(session.glob(pattern)):
                         relative = path.relative_to(session / RAY_LOGS).as_posix()
                         stream = record.join(record.HOSTS_DIR, host, record.RAY_DIR, session.name, relative)
-                        if not path.is_symlink() and _is_key(stream):
+                        if not path.is_symlink() and record.is_key(stream):
                             yield stream, path
-
-
-def _is_key(key: str) -> bool:
-    try:
-        record.check_key(key)
-    except InvalidInput:
-        return False
-    return True
 
 
 def piece(path: Path, offset: int) -> tuple[bytes, int]:

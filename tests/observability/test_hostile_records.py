@@ -132,6 +132,13 @@ SHAPES: dict[str, Callable[[Path], None]] = {
         r, record.chunk_key("events/ctl", 0, 999_999_999_999), b'{"time": "9"}\n'
     ),
     "events a link to /proc": _link("events", "/proc/self"),
+    "a driver log named with escapes": lambda r: _put(
+        r, f"hosts/rayslice-head/ray/session_2/job-driver-x{OSC52}.log/000000000000-000000000003", b"hi\n"
+    ),
+    "a host file named with a space": lambda r: _put(r, "hosts/rayslice-head/boot.log/a b", b"x\n"),
+    "a job folder named with escapes": lambda r: _put(
+        r, f"jobs/{OSC52}/submitted.json", _json({"job_id": OSC52})
+    ),
 }
 COMMANDS = (
     ("history",),
