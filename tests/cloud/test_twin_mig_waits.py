@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 
 from rayslice import catalog
 from rayslice.cloud.capacity import ZONE_RESOURCE_POOL_EXHAUSTED
 from rayslice.cloud.twin.clock import TwinClock
 from rayslice.local.google.cloud_api.emulator import CloudApiEmulator
 from rayslice.local.google.cloud_api.routes import ApiError
+from tests import serving
 from tests.cloud.timeline import PROJECT, V6E_HOST, ZONE, hosts, mig, template
 from tests.recovery.discovery import problems
 
@@ -24,13 +26,13 @@ START = 1_800_000_000.0
 
 @pytest.fixture
 def cloud() -> Iterator[CloudApiEmulator]:
-    """The emulated APIs over a twin on the test's clock (handlers called directly)."""
+    """The emulated APIs over a twin on the test's clock, serving (handlers are also called
+    directly)."""
     emulator = CloudApiEmulator()
     emulator.state.clock = TwinClock.manual(START)
-    try:
-        yield emulator
-    finally:
-        emulator.server_close()
+    serving.start(emulator)
+    yield emulator
+    serving.stop(emulator)
 
 
 def _where(name: str) -> dict[str, str]:
@@ -159,3 +161,19 @@ def test_a_resize_request_on_a_bulk_mig_is_refused_through_the_api(cloud) -> Non
     assert answer["kind"] == "compute#operation"
     [request] = twin.resize_requests_of(PROJECT, ZONE, "individual")
     assert request["name"] == "r1" and request["state"] == "SUCCEEDED"  # an unlimited zone
+
+
+def test_what_fell_due_happens_before_the_emulated_api_answers(cloud) -> None:
+    """A clock moved by hand (as a controller test moves the clock it shares with the twin): the
+    capacity that arrived meanwhile is applied before the next HTTP request is answered."""
+    twin = cloud.state
+    twin.set_capacity(ZONE, V6E_HOST, 0)
+    twin.create_instances(PROJECT, ZONE, mig(twin, "s", template(twin, "od")), hosts(1))
+    twin.schedule_capacity(ZONE, V6E_HOST, 1, at=START + 600)
+    twin.clock.now += 600  # nothing runs yet
+    assert _being_created(twin.instances[(PROJECT, ZONE, "s")]) == ["s-w0"]
+    cloud.tokens.add("t")
+    mig_url = f"{cloud.url}/compute/v1/projects/{PROJECT}/zones/{ZONE}/instanceGroupManagers/s"
+    url = f"{mig_url}/listManagedInstances"
+    answer = requests.post(url, headers={"Authorization": "Bearer t"}, timeout=10).json()
+    assert [(r["name"], r["instanceStatus"]) for r in answer["managedInstances"]] == [("s-w0", "RUNNING")]
