@@ -123,12 +123,20 @@ def regular_files(root: Path, parts: Sequence[str], limit: int) -> list[str]:
     return found
 
 
+def _too_many(limit: int, prefix: str) -> OSError:
+    return OSError(errno.E2BIG, f"more than {limit} objects under {prefix or 'the record'}")
+
+
 def _walk(fd: int, prefix: str, found: list[str], limit: int, depth: int) -> None:
+    listed = []
     with os.scandir(fd) as entries:
-        listed = sorted(
-            (entry.name, entry.is_dir(follow_symlinks=False), entry.is_file(follow_symlinks=False))
-            for entry in entries
-        )
+        for entry in entries:  # counted as read: a folder of millions of names is not held
+            listed.append(
+                (entry.name, entry.is_dir(follow_symlinks=False), entry.is_file(follow_symlinks=False))
+            )
+            if len(found) + len(listed) > limit:
+                raise _too_many(limit, prefix)
+    listed.sort()
     for name, is_dir, is_file in listed:
         if name.startswith("."):
             continue
@@ -136,7 +144,7 @@ def _walk(fd: int, prefix: str, found: list[str], limit: int, depth: int) -> Non
         if is_file:
             found.append(key)
             if len(found) > limit:
-                raise OSError(errno.E2BIG, f"more than {limit} objects under {prefix or 'the record'}")
+                raise _too_many(limit, prefix)
         elif is_dir and depth > 0:
             try:
                 inner = _open_dir(name, fd, create=False)
