@@ -36,6 +36,8 @@ SHIPPED = (
     "rayslice/workloads/__init__.py",
     "rayslice/workloads/_cluster.py",
     "rayslice/workloads/_jax_hosts.py",
+    "rayslice/workloads/_lm_data.py",
+    "rayslice/workloads/jax_lm.py",
     "rayslice/workloads/jax_multihost.py",
     "rayslice/workloads/jax_multislice.py",
     "rayslice/workloads/jax_single_host.py",

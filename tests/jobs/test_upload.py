@@ -23,6 +23,7 @@ from rayslice.jobs import upload, working_dir
 from tests.imports import PACKAGE, closure, module_name
 
 ALL = [
+    "jax_lm",
     "jax_multihost",
     "jax_multislice",
     "jax_single_host",
