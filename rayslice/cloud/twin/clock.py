@@ -24,10 +24,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rayslice.errors import InvalidInput
+
+
+KEPT = 10_000  # events `Schedule.done` keeps
 
 
 class TwinTimeError(InvalidInput):
@@ -132,7 +136,9 @@ class Schedule:
     def __init__(self) -> None:
         self._heap: list[TwinEvent] = []
         self._seq = itertools.count()
-        self.done: list[TwinEvent] = []  # what ran, in order (for tests and status)
+        # What ran, in order (for tests), the latest `KEPT` only: a wall-clock twin (the
+        # simulator's) runs events for as long as it serves.
+        self.done: deque[TwinEvent] = deque(maxlen=KEPT)
 
     def add(self, at: float, what: str, run: Callable[[], None]) -> TwinEvent:
         event = TwinEvent(at, next(self._seq), what, run)
