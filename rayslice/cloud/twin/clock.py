@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 from rayslice.errors import InvalidInput
 
-
 KEPT = 10_000  # events `Schedule.done` keeps
 
 
