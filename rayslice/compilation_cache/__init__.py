@@ -31,10 +31,23 @@ CACHE_DIR_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 # minimum size is optimal for the filesystem" (``jax_persistent_cache_min_entry_size_bytes`` = 0);
 # -1 there "disables the size restriction and prevents overrides" (jax/_src/config.py's help),
 # as the guide's quick start sets it, with a minimum compile time of 0.
+#
+# And no XLA cache beside JAX's own: by default JAX also points XLA's GPU autotuning cache at a
+# folder under the cache's location (``jax_persistent_cache_enable_xla_caches``, jax/_src/
+# compiler.py's get_compile_options), which puts that path in every compile's options, and so in
+# every entry's key (jax/_src/cache_key.py hashes the serialized options). A step `fill` compiled
+# against a folder of its own would then never match a host's key; the GPU cache is of no use
+# on a TPU. Any value that names none of XLA's caches turns them off.
 SETTINGS = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+    "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
 }
+# What JAX adds to LIBTPU_INIT_ARGS when it starts on a machine with TPU chips
+# (jax/_src/cloud_tpu_init.py, jax 0.10.2), which every cache key includes (cache_key.py's
+# ``_hash_xla_flags`` reads the variable): a deployer compiling for a topology without chips
+# must set it too for its keys to be a host's.
+TPU_HOST_LIBTPU_ARGS = ("--xla_tpu_use_enhanced_launch_barrier=true",)
 # The cache's folder in the bucket or the shared folder: the rest stays free for other uses.
 FOLDER = "jax-compilation-cache"
 

@@ -45,7 +45,11 @@ def target_of(
     metavar="LOCATION",
     help="Also write the compiled step into the cluster's compilation cache (a folder, or the "
     "gs:// URL `pulumi stack output compilation_cache` prints), so the hosts skip compiling it. "
-    "Helps only where this machine's jax, jaxlib and libtpu match the hosts'.",
+    "Helps only where this machine's jax, jaxlib and libtpu match the hosts' (docs/fit.md). "
+    "The step is compiled afresh, never read from LOCATION, and only entries it lacks are written.",
+)
+@click.option(
+    "--verbose", is_flag=True, help="Show libtpu's own lines (by default they go to its log folder)."
 )
 def fit_command(
     job: str,
@@ -55,6 +59,7 @@ def fit_command(
     topology: str | None,
     slices: int,
     fill_cache: str | None,
+    verbose: bool,
 ) -> int:
     """Compile a job's step for the stack's TPU slices on this machine; exit 2 if it does not fit.
 
@@ -64,7 +69,8 @@ def fit_command(
     the step needs against the chip's, its FLOPs and time at the chip's peak, and how each array
     is sharded. Needs libtpu: pip install 'rayslice[fit]'. Creates nothing.
     """
-    found = check(job, job_args, target_of(stack_file, overrides, topology, slices), cache=fill_cache)
+    target = target_of(stack_file, overrides, topology, slices)
+    found = check(job, job_args, target, cache=fill_cache, verbose=verbose)
     for line in found.lines():
         click.echo(line)
     return EXIT_OK

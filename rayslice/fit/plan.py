@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayslice import catalog, workloads
+from rayslice import catalog, compilation_cache, workloads
 from rayslice.catalog import TpuType
 from rayslice.errors import InvalidInput
 
@@ -36,6 +36,12 @@ _HOST_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
 # it into each session's logs, log_monitor.py tails it): a compile-only libtpu here holds no chip,
 # and its compile errors (a whole HBM listing) must not turn up in some local Ray job's log.
 LIBTPU_LOG_DIR = Path("~/.cache/rayslice/tpu_logs")
+# What libtpu writes to the terminal while fit runs goes to this file there (`_stderr_to_log`).
+STDERR_LOG = "rayslice-fit-stderr.log"
+# JAX's cache key covers a Pallas kernel's serialized form, which keeps the source locations (file
+# paths) of the machine that lowered it (jax/_src/tpu_custom_call.py serializes the kernel with
+# ``enable_debug_info=True``); a step with one gets another key on each machine and path.
+PALLAS_CALL = "tpu_custom_call"
 
 
 def _require_libtpu() -> None:
@@ -130,6 +136,47 @@ def _libtpu_logs_out_of_tmp() -> Iterator[None]:
         del os.environ["TPU_LOG_DIR"]
 
 
+@contextlib.contextmanager
+def _as_on_a_tpu_host() -> Iterator[None]:
+    """LIBTPU_INIT_ARGS as JAX sets it on a machine with TPU chips, for the block: libtpu reads it
+    when it loads, and JAX's cache key hashes it, so a step compiled here gets a host's key."""
+    saved = os.environ.get("LIBTPU_INIT_ARGS")
+    args = (saved or "").split()
+    given = {a.split("=")[0] for a in args}
+    extra = [a for a in compilation_cache.TPU_HOST_LIBTPU_ARGS if a.split("=")[0] not in given]
+    os.environ["LIBTPU_INIT_ARGS"] = " ".join(args + extra)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["LIBTPU_INIT_ARGS"]
+        else:
+            os.environ["LIBTPU_INIT_ARGS"] = saved
+
+
+@contextlib.contextmanager
+def _stderr_to_log(verbose: bool) -> Iterator[None]:
+    """libtpu's own start-up and compile lines (written to file descriptor 2 by C++, warnings about
+    the TPU environment a compile-only libtpu has no use for) into `STDERR_LOG` under libtpu's log
+    folder, not the terminal; with `verbose`, left where they are. Python's own errors are raised
+    past this block and printed by the command once it is over."""
+    if verbose:
+        yield
+        return
+    log_dir = Path(os.environ.get("TPU_LOG_DIR") or LIBTPU_LOG_DIR).expanduser()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(log_dir / STDERR_LOG, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 FitEntry = Callable[[Sequence[Any], Sequence[str]], tuple[Any, tuple[Any, ...]]]
 
 
@@ -195,6 +242,8 @@ class Fit:
     # With a cache location (`fit(cache=...)`): the entries this compile added there (none when the
     # cache held the step already); None without one.
     cache_added: tuple[str, ...] | None = None
+    cache_present: tuple[str, ...] = ()  # entries of the same names the cache held already
+    cache_unmatched: str | None = None  # why hosts will not find the entries, when they will not
 
     @property
     def devices_per_chip(self) -> int:
@@ -249,10 +298,12 @@ class Fit:
                 f"{_dims(a.shard_shape)} ({a.bytes_per_device / 2**20:.1f} MiB)"
             )
         if self.cache_added is not None:
-            lines.append(
-                f"compilation cache: {len(self.cache_added)} entries added"
-                + ("" if self.cache_added else " (it held this step already)")
+            held = (
+                f", {len(self.cache_present)} there already (left as they were)" if self.cache_present else ""
             )
+            lines.append(f"compilation cache: {len(self.cache_added)} entries added{held}")
+            if self.cache_unmatched:
+                lines.append(f"  hosts will not use them: {self.cache_unmatched}")
         return lines
 
 
@@ -318,13 +369,30 @@ def memory_of(compiled: Any) -> dict[str, int] | None:
     }
 
 
-def fit(job: str, argv: Sequence[str], target: Target, cache: str | None = None) -> Fit:
+def fit(
+    job: str, argv: Sequence[str], target: Target, cache: str | None = None, verbose: bool = False
+) -> Fit:
     """Compile `job`'s step for the target's chips and read the plan; raises `InvalidInput` when
     the entry point, the topology or the compile fails. With `cache` (a folder or gs:// URL, the
     cluster's compilation cache), the compile goes through `compilation_cache.fill`, so the hosts
-    that compile the same step for the same chips find it there and skip compiling."""
+    that compile the same step for the same chips find it there and skip compiling. libtpu's own
+    lines go to its log folder unless `verbose`."""
     entry = load_entry(job)
-    devices = topology_devices(target)
+    with _as_on_a_tpu_host():
+        with _stderr_to_log(verbose):
+            devices = topology_devices(target)
+        return _compile(job, entry, devices, argv, target, cache, verbose)
+
+
+def _compile(
+    job: str,
+    entry: FitEntry,
+    devices: list[Any],
+    argv: Sequence[str],
+    target: Target,
+    cache: str | None,
+    verbose: bool,
+) -> Fit:
     import jax
 
     from rayslice.compilation_cache.fill import fill
@@ -333,24 +401,34 @@ def fit(job: str, argv: Sequence[str], target: Target, cache: str | None = None)
         step, args = entry(devices, list(argv))
     except SystemExit:
         raise  # the job's own argument parser refused its arguments, and said why
+    except InvalidInput:
+        raise  # the job's own one-line refusal (jax_lm's sizes that do not divide the mesh)
     except Exception as exc:  # the job's code: any failure means it cannot lay out this topology
         raise InvalidInput(f"{job}'s {ENTRY_POINT} failed for {target.name}: {_first_line(exc)}") from None
     jitted = step if hasattr(step, "lower") else jax.jit(step)
     name = target.name
     added: tuple[str, ...] | None = None
+    present: tuple[str, ...] = ()
+    unmatched = None
     try:
         lowered = jitted.lower(*args)
-        if cache is None:
-            compiled = lowered.compile()
-        else:
-            filled = fill(lowered, cache)
-            compiled, added = filled.compiled, filled.added
+        with _stderr_to_log(verbose):
+            if cache is None:
+                compiled = lowered.compile()
+            else:
+                filled = fill(lowered, cache)
+                compiled, added, present = filled.compiled, filled.added, filled.present
     except Exception as exc:  # XLA's errors come as several types; each is the job's failure here
         # XLA:TPU refuses at compile time a step whose buffers exceed the chip's HBM.
         verdict = "does not fit" if "RESOURCE_EXHAUSTED" in str(exc) else "does not compile for"
         raise InvalidInput(
             f"{job} {verdict} {name}: {_first_line(exc)} (arguments: {_describe_args(args)})"
         ) from None
+    if cache is not None and PALLAS_CALL in lowered.as_text():
+        unmatched = (
+            "the step holds Pallas kernels, whose cache key includes the source paths of the machine "
+            "that lowered them, so hosts compute other keys and compile it themselves"
+        )
     memory = memory_of(compiled)
     if memory is None:  # the TPU compiler always gives one; a plugin that does not is no TPU
         raise InvalidInput(f"XLA gave no memory analysis for {job} on {name}")
@@ -370,12 +448,16 @@ def fit(job: str, argv: Sequence[str], target: Target, cache: str | None = None)
         bytes_accessed_per_device=float(costs.get("bytes accessed", 0.0)),
         arrays=tuple(arrays),
         cache_added=added,
+        cache_present=present,
+        cache_unmatched=unmatched,
     )
 
 
-def check(job: str, argv: Sequence[str], target: Target, cache: str | None = None) -> Fit:
+def check(
+    job: str, argv: Sequence[str], target: Target, cache: str | None = None, verbose: bool = False
+) -> Fit:
     """`fit`, refusing a step that does not fit a chip's HBM (`InvalidInput`, one line)."""
-    result = fit(job, argv, target, cache)
+    result = fit(job, argv, target, cache, verbose)
     if not result.fits:
         gib = 2**30
         raise InvalidInput(

@@ -52,6 +52,36 @@ def test_fill_writes_the_step_where_a_host_finds_it_and_compiles_nothing(tmp_pat
     assert {e for e in entries(str(location)) if e.startswith("jit__step-")} == set(filled.added)
 
 
+def test_fill_never_reads_the_location_and_never_replaces_an_entry_there(tmp_path):
+    """Any job on the cluster can write the cache, so fit's compile must not come from it: an entry
+    planted under the step's own key is neither loaded (the step is compiled) nor replaced."""
+    (name,) = fill(_lowered(), str(tmp_path / "clean")).added
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / name).write_bytes(b"not an executable")
+    filled = fill(_lowered(), str(planted))
+    assert filled.added == () and filled.present == (name,)
+    assert filled.compiled.cost_analysis()  # compiled here: the planted bytes would not load
+    assert (planted / name).read_bytes() == b"not an executable"
+
+
+def test_an_entrys_key_does_not_depend_on_where_the_cache_lies(tmp_path):
+    """JAX by default puts a folder under the cache's location into every compile's options, and so
+    into the key: the hosts' settings turn that off, so a step filled through a folder of fit's own
+    has the key a host computes with its cache at the bucket."""
+    first = fill(_lowered(), str(tmp_path / "a")).added
+    assert first and fill(_lowered(), str(tmp_path / "elsewhere/b")).added == first
+    env_key = _host_key(tmp_path / "host-cache")
+    assert env_key + "-cache" in first
+
+
+def _host_key(location: Path) -> str:
+    """The key a host's job computes for the step, with the cache where the boot script puts it."""
+    _host_runs_the_step(location)
+    (entry,) = {e for e in entries(str(location)) if e.startswith("jit__step-")}
+    return entry.removesuffix("-cache")
+
+
 def _settings() -> list[object]:
     names = ["jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs"]
     return [getattr(jax.config, name) for name in names]
@@ -69,6 +99,7 @@ def test_the_hosts_cache_every_step_however_small():
         "JAX_COMPILATION_CACHE_DIR": "gs://b/f",
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+        "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
     }
     assert compilation_cache.bucket_location("b") == f"gs://b/{compilation_cache.FOLDER}"
     assert compilation_cache.folder_location("/x/shared/") == f"/x/shared/{compilation_cache.FOLDER}"
