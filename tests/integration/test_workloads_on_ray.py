@@ -183,6 +183,34 @@ def test_jax_train_streams_its_steps_learns_reports_flops_and_resumes_from_its_c
         shutil.rmtree(checkpoints, ignore_errors=True)
 
 
+@MULTISLICE
+def test_jax_lm_trains_over_two_slices_on_the_standard_librarys_text_and_resumes(cluster):
+    """The language model as one program over both slices (data parallel between them): its loss
+    falls on the hosts' own Python sources, and a second run goes on from the first's checkpoint."""
+    checkpoints = Path(tempfile.mkdtemp(prefix="lm-checkpoints-", dir=cluster.plan.shared_dir))
+    tiny = ("--d-model", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "16")
+    options = (*tiny, "--mlp", "128", "--seq", "64", "--batch-per-device", "2", "--slices", "2")
+    options += ("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "6")
+    try:
+        first = rayslice_run(cluster, "jax_lm", "--steps", "12", *options)
+        assert first.returncode == 0
+        curve = losses_of_lm(first.stdout)
+        assert len(curve) == 12 and sum(curve[-3:]) / 3 < curve[0] - 0.3, curve
+        devices = cluster.spec().slices * cluster.spec().tpu.chips  # as jax_multislice counts them
+        assert re.search(rf"^{devices} x cpu, mesh data 1 x fsdp {devices} x tensor 1, ", first.stdout, re.M)
+        second = rayslice_run(cluster, "jax_lm", "--steps", "14", *options)
+        assert second.returncode == 0
+        assert re.search(r"resumed from step 12$", second.stdout, re.M)
+        assert losses_of_lm(second.stdout)[0] < curve[0] - 0.3
+    finally:
+        shutil.rmtree(checkpoints, ignore_errors=True)
+
+
+def losses_of_lm(output: str) -> list[float]:
+    """jax_lm's step lines: jax_train's, with its tokens/s and MFU after the loss."""
+    return [float(x) for x in re.findall(r"^step +\d+ +loss ([0-9.]+)", output, re.M)]
+
+
 # ---- TPU7x on Compute Engine, from its example stack (issue 19's acceptance) -----------------------
 
 TPU7X_EXAMPLE = "infra/Pulumi.example-compute-tpu7x-16.yaml"  # the smallest TPU7x shape: 2 hosts
@@ -205,6 +233,10 @@ RUN_ELSEWHERE = {
     ),
     "jax_train": (
         "test_recovery.py::test_acceptance_spot_slices_heal_and_the_training_job_resumes_from_its_checkpoint",
+        lambda tpu: tpu.hosts > 1,
+    ),
+    "jax_lm": (
+        "test_jax_lm_trains_over_two_slices_on_the_standard_librarys_text_and_resumes",
         lambda tpu: tpu.hosts > 1,
     ),
     "jax_trainer": (
