@@ -18,7 +18,10 @@ the Pulumi program and the boot script's rendering read it; `fill` (``.fill``) c
 
 JAX treats its cache as trusted: whoever can write to it can run code in every process that
 reads it (the guide's warning). Only the hosts write to it: the bucket grants its objects to the
-hosts' account alone, and a simulated host's shared folder is writable by its root only.
+hosts' account alone, and a simulated host's shared folder is writable by its root only. Every
+Ray job on a host runs as that account, so any job can plant an entry that later jobs load;
+`fill` (what `rayslice fit --fill-cache` runs on a deployer's machine) therefore never reads the
+cache, and never replaces what is in it.
 """
 
 from __future__ import annotations
