@@ -234,3 +234,19 @@ def test_a_calendar_reservations_period_ends_its_hosts_when_due() -> None:
     assert twin.vms == {} and sorted(twin.ended) == ["s-w0", "s-w1", "s-w2", "s-w3"]
     with pytest.raises(NoSuchResource, match="period-ends-for-existing-hosts"):
         twin.end_reservation(PROJECT, ZONE, "cal-1")
+
+
+def test_a_preempted_spot_hosts_capacity_is_googles_so_deleting_it_frees_nothing() -> None:
+    """Google preempts a Spot host to take its capacity back: once the zone is full, deleting the
+    stopped slice leaves no room for a new one (a direct create asks for the zone's free hosts)."""
+    twin, _ = twin_at()
+    link = template(twin, "spot", provisioningModel="SPOT", instanceTerminationAction="STOP")
+    twin.set_capacity(ZONE, V6E_HOST, 4)
+    _slice(twin, link)
+    twin.preempt(PROJECT, ZONE, "s")
+    twin.delete_mig(PROJECT, ZONE, "s")
+    assert twin.capacity.free[(ZONE, V6E_HOST)] == 0
+    twin.set_capacity(ZONE, V6E_HOST, 4)  # capacity comes back; a slice deleted while running frees its hosts
+    _slice(twin, link)
+    twin.delete_mig(PROJECT, ZONE, "s")
+    assert twin.capacity.free[(ZONE, V6E_HOST)] == 4

@@ -250,6 +250,10 @@ class _Vm:
     # Where it runs (Instance.resourceStatus.physicalHost, "blockId/subBlockId/hostId"): a
     # restart on healthy hardware moves it, a repair in place does not.
     physical_host: str = ""
+    # Whether it holds a host of its zone's capacity: a preempted Spot host's goes back to Google
+    # at once ("Spot VMs": Compute Engine preempts them "to reclaim those resources"), so deleting the
+    # stopped instance later frees nothing for the next create.
+    holds_capacity: bool = True
 
 
 class ComputeTwin(TwinState):
@@ -506,7 +510,7 @@ class ComputeTwin(TwinState):
         self.instances[key] = [r for r in self.instances[key] if r["name"] not in names]
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in names]
         mig["targetSize"] = size
-        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock.now)
+        self.capacity.give_back(zone, self._machine_of(mig), _holding(gone), self.clock.now)
 
     def _auto_names(self, project: str, zone: str, mig: dict[str, Any], count: int) -> list[dict[str, Any]]:
         """`count` new names as a MIG names its instances: ``<baseInstanceName>-<4 characters>``,
@@ -810,7 +814,7 @@ class ComputeTwin(TwinState):
         self.instances[key] = [r for r in self.instances[key] if r["name"] not in deleted]
         self.configs[key] = [c for c in self.configs[key] if c["name"] not in deleted]
         mig["targetSize"] = max(0, int(mig.get("targetSize", 0)) - len(deleted))
-        self.capacity.give_back(zone, self._machine_of(mig), len(gone), self.clock.now)
+        self.capacity.give_back(zone, self._machine_of(mig), _holding(gone), self.clock.now)
         return deleted
 
     def delete_per_instance_configs(self, project: str, zone: str, mig_name: str, names: list[str]) -> None:
@@ -929,7 +933,7 @@ class ComputeTwin(TwinState):
         for table in (self.migs, self.instances, self.configs):
             table.pop(key, None)
         if mig is not None:
-            self.capacity.give_back(zone, self._machine_of(mig), len(held), self.clock.now)
+            self.capacity.give_back(zone, self._machine_of(mig), _holding(held), self.clock.now)
 
     def _remove_vm(self, vm: _Vm) -> None:
         self.vms.pop((vm.project, vm.zone, vm.name), None)
@@ -957,6 +961,7 @@ class ComputeTwin(TwinState):
         for vm in hit:
             self._record_preemption(vm)
             self.lose(vm, deleted=(action or _termination(vm)) == rules.DELETE, repair=repair)
+            vm.holds_capacity = vm.status == INSTANCE_RUNNING  # its MIG repaired it, else Google took it
         return before
 
     def _record_preemption(self, vm: _Vm) -> None:
@@ -1278,6 +1283,11 @@ def _run_seconds(properties: dict[str, Any]) -> float | None:
             "run-ends-after-it-starts", f"a run duration of {seconds} s ends before the run starts"
         )
     return seconds
+
+
+def _holding(vms: list[_Vm]) -> int:
+    """How many of `vms` hold a host of their zone's capacity (`_Vm.holds_capacity`)."""
+    return sum(1 for vm in vms if vm.holds_capacity)
 
 
 def _termination(vm: _Vm) -> str | None:
