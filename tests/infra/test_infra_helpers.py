@@ -211,7 +211,9 @@ def test_compute_scheduling_per_capacity():
     assert reserved.on_host_maintenance == "TERMINATE" and reserved.automatic_restart is True
     flex = compute_template.scheduling(_spec(capacity="flex-start", maxRunHours=2, zone="us-east5-a"))
     assert (flex.provisioning_model, flex.instance_termination_action) == ("FLEX_START", "DELETE")
-    assert flex.max_run_duration.seconds == 7200 and flex.automatic_restart is False
+    assert (
+        flex.max_run_duration.seconds == 7200 and flex.automatic_restart is True
+    )  # Compute Engine restarts it after a host error
 
 
 def test_every_compute_mig_does_nothing_on_a_failed_host():
