@@ -8,9 +8,8 @@
    `peak_bytes_in_use` after training;
 3. cache: `rayslice fit jax_lm --fill-cache` in a child process, and from folders filled on other
    machines (`--cache-from`, e.g. a deployer's without a TPU), then the chip's own compile of the
-   same step with the cache there: a hit, or a miss where fit said hosts would not use the entry;
-   each part of JAX's cache key (jax/_src/cache_key.py) is recorded on both sides, so a miss
-   names the parts that differ;
+   same step with the cache there, which must be a hit; each part of JAX's cache key
+   (jax/_src/cache_key.py) is recorded on both sides, so a miss names the parts that differ;
 4. train: jax_lm (the transformer) and jax_train at the sizes they pick for the chip (and any
    `--lm-also`/`--also` sizes): MFU against the catalog's peak and the loss; then a checkpoint
    and a resume of each at small sizes;
@@ -30,8 +29,8 @@ key's parts beside the entry):
 
 Exits 1 unless every check holds: the devices as the catalog says, fit's memory analysis equal
 to the chips' own, the measured peak under it, jax_lm and jax_train at >= 50 % of peak with a
-falling loss, the resumes going on from the saved step, the cache entries hitting where fit
-says they will, slice_check flagging nothing and its matmul >= 90 % of peak. Results on hardware
+falling loss, the resumes going on from the saved step, the entries filled elsewhere hitting
+on the chip, slice_check flagging nothing and its matmul >= 90 % of peak. Results on hardware
 are recorded in docs/benchmarks.md and docs/fit.md.
 """
 
@@ -257,7 +256,7 @@ def fill_only(location: str, topology: str, job_args: list[str]) -> None:
 
     record = recording_key_parts()
     found = plan.fit("jax_lm", job_args, plan.Target.parse(topology), cache=location)
-    summary = {"added": found.cache_added, "unmatched": found.cache_unmatched, "args": job_args}
+    summary = {"added": found.cache_added, "args": job_args}
     print(json.dumps({**summary, **key_summary(record)}))
 
 
@@ -443,6 +442,7 @@ def main() -> int:
     parser.add_argument("--skip-jax-train", action="store_true", help="only jax_lm and the cache checks")
     parser.add_argument("--skip-lm-fit", action="store_true", help="no fit of jax_lm at its chip size")
     parser.add_argument("--lm-fit-json", help="jax_lm's fit figures from an earlier run, instead of fitting")
+    parser.add_argument("--cache-only", action="store_true", help="stop after the cache checks")
     parser.add_argument("--deployer-child", action="store_true", help="also fill from a child without TPU_*")
     parser.add_argument(
         "--cache-from",
@@ -520,13 +520,16 @@ def main() -> int:
     report["device_count"] = jax.device_count()
     report["cache"] = cache_hit_check(args.topology, {k: v for k, v in locations.items() if Path(v).is_dir()})
     # An entry filled without a TPU (a deployer's machine, or a child here without TPU_*) is a hit
-    # on the chip, unless fit said hosts would not use it (a step with Pallas kernels), which must
-    # then be a miss.
+    # on the chip, Pallas kernels (jax_lm's splash attention) included.
     elsewhere = {k: v for k, v in report["cache"].items() if k != "host_env" and v["filled"]}
-    checks["deployer_entries_hit_where_fit_says_they_will"] = bool(elsewhere) and all(
-        v["hit"] == (v["filled"].get("unmatched") is None) for v in elsewhere.values()
-    )
+    checks["deployer_entries_are_chip_hits"] = bool(elsewhere) and all(v["hit"] for v in elsewhere.values())
 
+    if args.cache_only:
+        report["checks"] = checks
+        print(json.dumps(checks, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1))
+        return 0 if all(checks.values()) else 1
     if "memory" in report.get("lm_fit", {}):
         report["lm_chip_compile"] = chip_compile([], "jax_lm")
         same = {f: report["lm_fit"]["memory"][f] == report["lm_chip_compile"][f] for f in MEMORY_FIELDS}

@@ -45,7 +45,14 @@ SETTINGS = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
     "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
+    "JAX_HLO_SOURCE_FILE_CANONICALIZATION_REGEX": ".*/",
 }
+# The last setting keeps source files' names but drops their folders wherever JAX writes a
+# location (jax/_src/interpreters/mlir.py, ``get_canonical_source_file``). JAX strips locations
+# from a step before hashing it, except inside a Pallas kernel, which it serializes with them
+# (jax/_src/tpu_custom_call.py): without it, the key of a step with a kernel would hold the
+# folders the job and JAX were installed in, which differ between a deployer and the hosts (Ray
+# unpacks a job's files under a folder of its session).
 # What JAX adds to LIBTPU_INIT_ARGS when it starts on a machine with TPU chips
 # (jax/_src/cloud_tpu_init.py, jax 0.10.2), which every cache key includes (cache_key.py's
 # ``_hash_xla_flags`` reads the variable): a deployer compiling for a topology without chips

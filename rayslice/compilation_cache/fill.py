@@ -63,13 +63,10 @@ def entries(location: str) -> set[str]:
     return {path.name for path in folder.iterdir() if path.name.endswith(ENTRY_SUFFIX)}
 
 
-@contextmanager
-def hosts_cache_at(location: str) -> Iterator[None]:
-    """JAX's persistent cache at `location` with the hosts' settings, for the block only. JAX opens
-    its cache once per process; `reset_cache` makes it open `location` now, and the one configured
-    before once the block is over."""
-    # The hosts' settings as JAX's config states take them: each variable's name in lower case.
-    values: dict[str, object] = {
+def _host_config(location: str | None) -> dict[str, object]:
+    """The hosts' settings as JAX's config states take them (each variable's name in lower case),
+    with the cache at `location`, or without a cache for None."""
+    return {
         CACHE_DIR_VARIABLE.lower(): location,
         "jax_persistent_cache_min_compile_time_secs": float(
             SETTINGS["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
@@ -78,9 +75,13 @@ def hosts_cache_at(location: str) -> Iterator[None]:
             SETTINGS["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]
         ),
         "jax_persistent_cache_enable_xla_caches": SETTINGS["JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"],
+        "jax_hlo_source_file_canonicalization_regex": SETTINGS["JAX_HLO_SOURCE_FILE_CANONICALIZATION_REGEX"],
     }
+
+
+@contextmanager
+def _configured(values: dict[str, object]) -> Iterator[None]:
     saved = {name: getattr(jax.config, name) for name in values}
-    compilation_cache.reset_cache()
     try:
         for name, value in values.items():
             jax.config.update(name, value)
@@ -88,6 +89,28 @@ def hosts_cache_at(location: str) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             jax.config.update(name, value)
+
+
+@contextmanager
+def as_on_the_hosts() -> Iterator[None]:
+    """The hosts' settings for the block, the cache's location aside: what a step is lowered
+    under (the source files' names in a Pallas kernel) when its entry is to match a host's."""
+    values = _host_config(None)
+    del values[CACHE_DIR_VARIABLE.lower()]
+    with _configured(values):
+        yield
+
+
+@contextmanager
+def hosts_cache_at(location: str) -> Iterator[None]:
+    """JAX's persistent cache at `location` with the hosts' settings, for the block only. JAX opens
+    its cache once per process; `reset_cache` makes it open `location` now, and the one configured
+    before once the block is over."""
+    compilation_cache.reset_cache()
+    try:
+        with _configured(_host_config(location)):
+            yield
+    finally:
         compilation_cache.reset_cache()
 
 
@@ -113,9 +136,10 @@ def _upload(source: Path, location: str) -> bool:
 
 
 def fill(lowered: jax.stages.Lowered, location: str) -> Filled:
-    """Compile `lowered` (``jax.jit(f).lower(...)``) as a host would, against an empty cache of
-    this process's own, and copy the entries that wrote to `location` create-only; returns the
-    compiled step with what was added and what `location` held already.
+    """Compile `lowered` (``jax.jit(f).lower(...)``, lowered under `as_on_the_hosts`) as a host
+    would, against an empty cache of this process's own, and copy the entries that wrote to
+    `location` create-only; returns the compiled step with what was added and what `location`
+    held already.
 
     The process's in-memory compilations are cleared first (``jax.clear_caches``): a step this
     process has compiled before would otherwise come from memory and never reach the cache.

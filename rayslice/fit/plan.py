@@ -38,10 +38,6 @@ _HOST_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
 LIBTPU_LOG_DIR = Path("~/.cache/rayslice/tpu_logs")
 # What libtpu writes to the terminal while fit runs goes to this file there (`_stderr_to_log`).
 STDERR_LOG = "rayslice-fit-stderr.log"
-# JAX's cache key covers a Pallas kernel's serialized form, which keeps the source locations (file
-# paths) of the machine that lowered it (jax/_src/tpu_custom_call.py serializes the kernel with
-# ``enable_debug_info=True``); a step with one gets another key on each machine and path.
-PALLAS_CALL = "tpu_custom_call"
 
 
 def _require_libtpu() -> None:
@@ -243,7 +239,6 @@ class Fit:
     # cache held the step already); None without one.
     cache_added: tuple[str, ...] | None = None
     cache_present: tuple[str, ...] = ()  # entries of the same names the cache held already
-    cache_unmatched: str | None = None  # why hosts will not find the entries, when they will not
 
     @property
     def devices_per_chip(self) -> int:
@@ -302,8 +297,6 @@ class Fit:
                 f", {len(self.cache_present)} there already (left as they were)" if self.cache_present else ""
             )
             lines.append(f"compilation cache: {len(self.cache_added)} entries added{held}")
-            if self.cache_unmatched:
-                lines.append(f"  hosts will not use them: {self.cache_unmatched}")
         return lines
 
 
@@ -395,7 +388,7 @@ def _compile(
 ) -> Fit:
     import jax
 
-    from rayslice.compilation_cache.fill import fill
+    from rayslice.compilation_cache.fill import as_on_the_hosts, fill
 
     try:
         step, args = entry(devices, list(argv))
@@ -409,9 +402,9 @@ def _compile(
     name = target.name
     added: tuple[str, ...] | None = None
     present: tuple[str, ...] = ()
-    unmatched = None
     try:
-        lowered = jitted.lower(*args)
+        with as_on_the_hosts():
+            lowered = jitted.lower(*args)
         with _stderr_to_log(verbose):
             if cache is None:
                 compiled = lowered.compile()
@@ -424,11 +417,6 @@ def _compile(
         raise InvalidInput(
             f"{job} {verdict} {name}: {_first_line(exc)} (arguments: {_describe_args(args)})"
         ) from None
-    if cache is not None and PALLAS_CALL in lowered.as_text():
-        unmatched = (
-            "the step holds Pallas kernels, whose cache key includes the source paths of the machine "
-            "that lowered them, so hosts compute other keys and compile it themselves"
-        )
     memory = memory_of(compiled)
     if memory is None:  # the TPU compiler always gives one; a plugin that does not is no TPU
         raise InvalidInput(f"XLA gave no memory analysis for {job} on {name}")
@@ -449,7 +437,6 @@ def _compile(
         arrays=tuple(arrays),
         cache_added=added,
         cache_present=present,
-        cache_unmatched=unmatched,
     )
 
 

@@ -100,6 +100,7 @@ def test_the_hosts_cache_every_step_however_small():
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
         "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES": "none",
+        "JAX_HLO_SOURCE_FILE_CANONICALIZATION_REGEX": ".*/",
     }
     assert compilation_cache.bucket_location("b") == f"gs://b/{compilation_cache.FOLDER}"
     assert compilation_cache.folder_location("/x/shared/") == f"/x/shared/{compilation_cache.FOLDER}"

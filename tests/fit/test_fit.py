@@ -238,18 +238,40 @@ def test_fit_compiles_with_the_libtpu_arguments_jax_gives_a_tpu_host(monkeypatch
     assert os.environ["LIBTPU_INIT_ARGS"] == "--xla_tpu_use_enhanced_launch_barrier=false --xla_x=1"
 
 
-def test_fit_says_when_hosts_will_not_use_the_entries_it_filled(tmp_path, capsys):
-    """A Pallas kernel carries the lowering machine's source paths into the key (seen on a v5e chip:
-    jax_lm's splash attention filled here missed there, with only the computation differing)."""
-    cache = tmp_path / "cache"
-    tiny = ["--d-model", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "128"]
-    tiny += ["--mlp", "128", "--seq", "512", "--batch-per-device", "1"]
-    argv = ["fit", "jax_lm", "--topology", "v5e:1x1", "--fill-cache", str(cache), "--", *tiny]
-    assert cli.main(argv) == EXIT_OK
-    out = capsys.readouterr().out
-    assert (
-        "compilation cache: 1 entries added\n  hosts will not use them: the step holds Pallas kernels" in out
-    )
-    assert cli.main([*argv, "--attention", "reference"]) == EXIT_OK
-    out = capsys.readouterr().out
-    assert "compilation cache: 1 entries added\n" in out and "hosts will not use them" not in out
+PALLAS_JOB = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def _add(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def fit_step(devices, argv):
+    mesh = jax.make_mesh((1,), ("x",), devices=list(devices)[:1])
+
+    @jax.jit
+    def step(x, y):
+        return pl.pallas_call(_add, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+    a = jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    return step, (a, a)
+"""
+
+
+def test_a_pallas_kernels_entry_has_one_key_wherever_its_files_lie(tmp_path, capsys):
+    """JAX hashes a Pallas kernel with its source locations (seen on a v5e chip: jax_lm's splash
+    attention filled here missed there, only the computation differing). Lowered as on the hosts,
+    which keep source files' names without their folders, the same program from two folders
+    fills one entry, as a host running it from Ray's own folder computes."""
+    names = []
+    for folder in (tmp_path / "a", tmp_path / "b/deeper"):
+        folder.mkdir(parents=True)
+        (folder / "pallas_job.py").write_text(PALLAS_JOB)
+        cache = folder / "cache"
+        argv = ["fit", str(folder / "pallas_job.py"), "--topology", "v5e:1x1", "--fill-cache", str(cache)]
+        assert cli.main(argv) == EXIT_OK, capsys.readouterr()
+        names.append(sorted(p.name for p in cache.iterdir()))
+    assert len(names[0]) == 1 and names[0] == names[1]
