@@ -655,7 +655,16 @@ def train(
     peak = catalog.device_peak_flops(kind)
     peak = None if peak is None else peak * len(devices)
     tokens = tokens_at(model, text, seed, start)
-    compiled = model.step.lower(params, opt_state, tokens).compile()
+    try:
+        compiled = model.step.lower(params, opt_state, tokens).compile()
+    except Exception as exc:  # XLA's errors come as several types; only running out of HBM is the user's
+        if "RESOURCE_EXHAUSTED" not in str(exc):
+            raise
+        raise InvalidInput(
+            f"jax_lm at {model.sizes.describe()}, batch {model.global_batch}, does not fit a {kind}'s "
+            "HBM: shrink --batch-per-device, --seq or --layers, or use --remat full "
+            "(`rayslice fit jax_lm -- ARGS` says before a run)"
+        ) from None
     costs = compiled.cost_analysis() or {}
     losses: list[float] = []
     timed, started = 0.0, time.perf_counter()
@@ -783,9 +792,12 @@ def run(args: argparse.Namespace) -> LmReport:
         progress=progress,
         **_given_sizes(args),
     )
-    reports = _jax_hosts.run_on_hosts(
-        job, slices, coordinator_port=args.coordinator_port, timeout_s=args.timeout, progress=progress
-    )
+    try:
+        reports = _jax_hosts.run_on_hosts(
+            job, slices, coordinator_port=args.coordinator_port, timeout_s=args.timeout, progress=progress
+        )
+    except InvalidInput as exc:  # a host's refusal (sizes that do not fit), without Ray's traceback
+        raise InvalidInput(str(getattr(exc, "cause", exc))) from None
     report = reports[0].result  # the loss is replicated: every process computed the same
     print(report.summary())
     return report

@@ -185,3 +185,26 @@ def test_fit_compiles_jax_lm_with_splash_attention_for_a_v5e_slice(capsys):
         "6 heads do not divide over the tensor-parallel degree 4: pick a --tensor-parallel that divides 6"
     )
     assert err == [f"rayslice: {refusal}"]
+
+
+def test_a_hosts_refusal_reaches_the_user_as_one_line(monkeypatch, capsys):
+    """A size that passes the driver's checks but not a host's (its HBM, found when the step
+    compiles there) comes back through Ray wrapped in the task's traceback: the job prints the
+    host's one line and exits 2, as `rayslice fit` would have."""
+    import ray.exceptions
+
+    from rayslice.errors import EXIT_INVALID
+    from rayslice.workloads import _cluster, _jax_hosts
+
+    refusal = InvalidInput("jax_lm at 9000M parameters does not fit a TPU v5 lite's HBM: shrink it")
+    wrapped = ray.exceptions.RayTaskError("_host_task", "Traceback (most recent call last):\n  ...", refusal)
+    monkeypatch.setattr(_cluster, "connect", lambda: None)
+    monkeypatch.setattr(_cluster, "choose_slices", lambda *a, **k: slices_of(v6e_16("a")))
+    monkeypatch.setattr(_cluster, "Progress", lambda: None)
+
+    def fail(*args, **kwargs):
+        raise wrapped.as_instanceof_cause()
+
+    monkeypatch.setattr(_jax_hosts, "run_on_hosts", fail)
+    assert jax_lm.main(["--steps", "3"]) == EXIT_INVALID
+    assert capsys.readouterr().err.splitlines() == [f"error: {refusal}"]
