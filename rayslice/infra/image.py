@@ -12,7 +12,7 @@ fingerprint and skips the install (docs/boot-script.md, "Booting from an image")
   host would, clears its own traces, publishes ``image ready`` and powers the instance off;
 - the **image**, `gcp.compute.Image` from the builder's boot disk, named after the digest of what
   the hosts install (`image_name`: the boot script's install fingerprint, its reboot fast-path
-  key; a lock's digest takes its place once installs are locked, issue 23 item 3).
+  key; a lock's digest is to take its place once installs are locked, which is not built yet).
 
 What Pulumi alone cannot sequence: an image may only be taken of a disk no running instance uses
 (`rayslice.cloud.twin`, rule image-source-disk-in-use, with its source), and nothing in Pulumi waits
