@@ -66,13 +66,18 @@ def test_a_journal_reads_back_as_the_runs_attempts(tmp_path: Path) -> None:
     assert history.run_goodput(run, []).steps_lost == 1
 
 
-def test_recording_never_fails_the_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_journal_whose_folder_is_blocked_by_a_file_says_so_once_and_raises_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     journal = record.open_journal(str(blocked / "clusters/c/r"), "raysubmit_1", None, "x")
     journal.lines("step   0  loss 1.0\n")
     journal.end("SUCCEEDED")
     assert capsys.readouterr().err.count("not recording job raysubmit_1") == 1
+
+
+def test_a_job_without_a_record_location_gets_the_journal_that_writes_nothing() -> None:
     assert record.open_journal(None, "raysubmit_1", None, "x") is record.NO_JOURNAL
 
 
