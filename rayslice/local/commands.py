@@ -127,7 +127,8 @@ def local_group() -> None:
     type=click.IntRange(0),
     metavar="HOSTS",
     help="The zone's free hosts of the slices' type before the program runs (default: room for all). "
-    "A flex-start slice then waits for `rayslice local capacity`; a direct create beyond it fails.",
+    "A flex-start or reserved slice then waits for `rayslice local capacity`, an on-demand or Spot "
+    "slice is made in part (the rest later); a TPU node beyond it fails.",
 )
 def up_command(
     stack_file: str | None,
@@ -338,9 +339,11 @@ def preempt_command(state_dir: Path | None, notice_s: float, slice_name: str) ->
 def capacity_command(state_dir: Path | None, zone: str | None, kind: str | None, hosts: int) -> int:
     """Give the emulated zone HOSTS free hosts of a type, as Google's capacity comes and goes.
 
-    From then on a direct create that needs more fails with ZONE_RESOURCE_POOL_EXHAUSTED, and
-    waiting requests (a flex-start slice's resize request) that now fit are fulfilled whole, in
-    the order they came: their hosts boot and join. `rayslice status` shows each request's state.
+    From then on a TPU node, a lone VM or a fixed GKE pool that needs more fails with
+    ZONE_RESOURCE_POOL_EXHAUSTED; an on-demand or Spot MIG makes the hosts the zone has and the
+    rest as they come; waiting requests (a bulk MIG's wait, a queued resource) that now fit are
+    fulfilled whole, in the order they came: their hosts boot and join. `rayslice status` shows
+    each slice's state.
     """
     require_root()
     answer = request_capacity(state_dir or default_state_dir(), hosts, zone, kind)

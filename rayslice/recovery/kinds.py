@@ -493,7 +493,9 @@ class MigSlices(SliceKind):
         target = int(mig.get("targetSize", 0))
         instances = client.list_managed_instances(name)
         rows = []
-        by_worker = sorted(map(managed_status, instances), key=_by_worker(name))
+        # A bulk MIG's stand-ins for the hosts it waits for are no hosts: its wait says so.
+        listed = [i for i in instances if made_host(i) or not capacity_table.in_bulk_mode(mig)]
+        by_worker = sorted(map(managed_status, listed), key=_by_worker(name))
         for position, (host, status) in enumerate(by_worker):
             boot = (
                 boot_state(client.instance_guest_attributes(host, STATE_QUERY))
