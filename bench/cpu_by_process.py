@@ -1,6 +1,6 @@
 """CPU-seconds by kind of process while a command runs: where a loaded machine's time goes.
 
-On the 2-core machine the suite is CPU-bound (docs/benchmarks.md): its three pytest workers,
+On the 2-core machine the suite is CPU-bound (dev/suite-timings.md): its three pytest workers,
 every simulated host's Ray and the jobs they run share two cores, so a test's wall time follows
 the CPU everything else uses. `--durations` says which tests are long, not what costs the CPU.
 This runs a command and samples /proc every `--interval` seconds meanwhile, adding each
