@@ -106,3 +106,40 @@ def test_nothing_points_outside_the_repository():
         text = path.read_text(encoding="utf-8", errors="replace")
         offenders += [f"{path.relative_to(REPO)}: {ref}" for ref in OUTSIDE_REFERENCES if ref in text]
     assert not offenders, "these cite files that are not in the repository: " + "; ".join(offenders)
+
+
+# A tracker's numbers mean nothing to a reader of a clone: name the rule, page or test instead.
+TRACKER_REFERENCE = re.compile(r"\b(?:issue|defect)s?\s+#?\d+", re.I)
+
+
+def _shipped_text_files() -> list[Path]:
+    """The package (every file), docs/ and the README: what a user of a clone reads."""
+    shipped = []
+    for path in _repository_files():
+        relative = path.relative_to(REPO)
+        if relative.parts[0] in {"rayslice", "docs"} or relative == Path("README.md"):
+            shipped.append(path)
+    return shipped
+
+
+def test_the_tracker_pattern_matches_numbered_references_only():
+    assert TRACKER_REFERENCE.findall("fixed in Issue 23, item 3; see defect 7 and issues #4")
+    assert not TRACKER_REFERENCE.findall("an issue with 2 hosts; no defect; issue-free in 10 s")
+
+
+def test_no_tracker_numbers_in_the_package_docs_or_readme():
+    offenders = []
+    for path in _shipped_text_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        offenders += [f"{path.relative_to(REPO)}: {m}" for m in TRACKER_REFERENCE.findall(text)]
+    assert not offenders, (
+        "these cite a tracker's numbers, which a reader of a clone cannot follow; "
+        "name the rule, page or test instead: " + "; ".join(offenders)
+    )
+
+
+def test_the_docs_index_lists_every_page():
+    index = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    listed = {target.split("#", 1)[0] for target in relative_links(index)}
+    missing = [p.name for p in DOCS if p.name != "README.md" and p.name not in listed]
+    assert not missing, f"docs/README.md does not list {missing}; add a line for each"
