@@ -30,6 +30,9 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 # (test_catalog's lookup, DeadlineExceeded). Performance is measured in bench/, never in tests.
 settings.register_profile("rayslice", deadline=None)
 settings.load_profile("rayslice")
+# `pytest --hypothesis-profile timelines-long tests/recovery/test_timelines.py`: the controller's
+# timelines at a nightly run's length (dev/testing.md); the suite's own run is short.
+settings.register_profile("timelines-long", deadline=None, max_examples=400, stateful_step_count=40)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -77,7 +80,7 @@ _NO_RAY_OF_THEIR_OWN = (
 _WAITING_QUICK_MODULES = ("tests/startup_scripts/test_boot_sandbox.py",)
 # Seconds each unit that starts simulated hosts or Ray took in a full run (the sum of its tests'
 # setup, call and teardown in the suite's pytest line with `--durations=0` on the 2-core machine,
-# the run that ended 2026-12-07 10:11 UTC; docs/benchmarks.md): the scheduler hands the longest
+# the run that ended 2026-12-07 10:11 UTC; dev/suite-timings.md): the scheduler hands the longest
 # out first, so that the two Ray workers end together. A unit missing here goes first (it may be the longest);
 # tests/test_scheduling.py fails until it is added.
 RAY_UNIT_SECONDS = {
