@@ -386,7 +386,9 @@ class TpuTwin(TwinState):
         scheduling = node.get("schedulingConfig") or {}
         queued = next((r for r in self.queued.values() if r["name"] == node.get("queuedResource")), {})
         model = queued.get("provisioningModel")
-        if scheduling.get("spot") or scheduling.get("preemptible") or "spot" in queued or model == "SPOT":
+        # QueuedResource.spot is an empty message when the request is Spot: present, not truthy.
+        spot_request = queued.get("spot") is not None
+        if scheduling.get("spot") or scheduling.get("preemptible") or spot_request or model == "SPOT":
             capacity = billing.SPOT
         elif scheduling.get("reserved") or queued.get("reservationName") or model == "RESERVATION_BOUND":
             capacity = billing.RESERVED
